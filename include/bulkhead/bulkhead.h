@@ -1,0 +1,417 @@
+/*
+ * bulkhead.h -- public interface of bulkhead's C core.
+ *
+ * bulkhead runs ComfyUI node packs in worker processes, each under its own
+ * interpreter and environment.  This header is the core those processes
+ * share: the typed value codec, the framed channel between a host and one
+ * worker (a SOCK_SEQPACKET socketpair with memfd blocks passed by
+ * SCM_RIGHTS), the pool of shared-memory blocks that tensors travel in, and
+ * the supervisor that spawns, watches and stops a worker.
+ *
+ * Conventions (see STYLE.md):
+ *  - functions return int: >= 0 on success, a negative errno or a negative
+ *    BH_E* code on failure; bh_strerror() names either.  No global state.
+ *  - ownership of returned memory and fds is stated on every prototype.
+ *  - every fd bulkhead creates is close-on-exec.
+ */
+#ifndef BULKHEAD_BULKHEAD_H
+#define BULKHEAD_BULKHEAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define BH_EXTERN __attribute__((visibility("default")))
+#else
+#define BH_EXTERN
+#endif
+
+/* ------------------------------------------------------------------ errors */
+
+/* Error codes beyond errno.  X(name, value, message).  Values are returned
+ * negated, like errno values: a function fails with -BH_EMAGIC. */
+#define BH_ERRNO_MAP(X)                                                        \
+  X(BH_EMAGIC, 10001, "frame has a bad magic number")                          \
+  X(BH_EVERSION, 10002, "frame has an unsupported protocol version")           \
+  X(BH_EKIND, 10003, "frame has an unknown kind")                              \
+  X(BH_ESHORT, 10004, "frame is shorter than its header says")                 \
+  X(BH_E2BIG, 10005, "frame is larger than the channel's limit")               \
+  X(BH_EFDCOUNT, 10006, "frame carries a different number of fds than its header says") \
+  X(BH_ECTRUNC, 10007, "frame's control data was truncated (fds dropped)")     \
+  X(BH_EPEERCRED, 10008, "frame came from a peer with the wrong credentials")  \
+  X(BH_EEOF, 10009, "peer closed the channel")                                 \
+  X(BH_EHEADER, 10010, "frame header has nonzero reserved bits")               \
+  X(BH_EBADTAG, 10020, "value has an unknown type tag")                        \
+  X(BH_EOVERRUN, 10021, "value runs past the end of its frame")                \
+  X(BH_EDEPTH, 10022, "value nests deeper than the limit")                     \
+  X(BH_EUTF8, 10023, "string is not valid UTF-8")                              \
+  X(BH_ETRAILING, 10024, "frame has bytes after its value")                    \
+  X(BH_ECOUNT, 10025, "container claims more items than its frame can hold")   \
+  X(BH_ETENSOR, 10026, "tensor reference is malformed")                        \
+  X(BH_EDTYPE, 10027, "tensor reference has an unknown dtype")                 \
+  X(BH_EBLOCK, 10028, "reference to an unknown shared-memory block")           \
+  X(BH_ESEALS, 10029, "shared-memory block is not a sealed memfd of the declared size") \
+  X(BH_EBLOCKSEC, 10030, "frame's block section is malformed")                 \
+  X(BH_ETOOMANY, 10031, "too many items for one frame")
+
+enum {
+#define BH__ERR_ENUM(name, value, msg) name = value,
+  BH_ERRNO_MAP(BH__ERR_ENUM)
+#undef BH__ERR_ENUM
+};
+
+/* Names an error code, negative or positive, BH_E* or errno.  The returned
+ * string is static. */
+BH_EXTERN const char *bh_strerror(int err);
+/* The symbolic name ("BH_EMAGIC", "ETIMEDOUT") of an error code, or NULL. */
+BH_EXTERN const char *bh_errname(int err);
+
+/* ------------------------------------------------------------------ dtypes */
+
+/* Element types a tensor-ref can carry.  Codes are wire values: never
+ * renumber. */
+#define BH_DTYPE_MAP(X)                                                        \
+  X(BH_DT_BOOL, 1, 1, "bool")                                                  \
+  X(BH_DT_INT8, 2, 1, "int8")                                                  \
+  X(BH_DT_UINT8, 3, 1, "uint8")                                                \
+  X(BH_DT_INT16, 4, 2, "int16")                                                \
+  X(BH_DT_UINT16, 5, 2, "uint16")                                              \
+  X(BH_DT_INT32, 6, 4, "int32")                                                \
+  X(BH_DT_UINT32, 7, 4, "uint32")                                              \
+  X(BH_DT_INT64, 8, 8, "int64")                                                \
+  X(BH_DT_UINT64, 9, 8, "uint64")                                              \
+  X(BH_DT_FLOAT16, 10, 2, "float16")                                           \
+  X(BH_DT_BFLOAT16, 11, 2, "bfloat16")                                         \
+  X(BH_DT_FLOAT32, 12, 4, "float32")                                           \
+  X(BH_DT_FLOAT64, 13, 8, "float64")                                           \
+  X(BH_DT_COMPLEX32, 14, 4, "complex32")                                       \
+  X(BH_DT_COMPLEX64, 15, 8, "complex64")                                       \
+  X(BH_DT_COMPLEX128, 16, 16, "complex128")                                    \
+  X(BH_DT_FLOAT8_E4M3FN, 17, 1, "float8_e4m3fn")                               \
+  X(BH_DT_FLOAT8_E5M2, 18, 1, "float8_e5m2")                                   \
+  X(BH_DT_FLOAT8_E4M3FNUZ, 19, 1, "float8_e4m3fnuz")                           \
+  X(BH_DT_FLOAT8_E5M2FNUZ, 20, 1, "float8_e5m2fnuz")                           \
+  X(BH_DT_LONGDOUBLE, 21, 16, "longdouble")                                    \
+  X(BH_DT_CLONGDOUBLE, 22, 32, "clongdouble")
+
+enum {
+#define BH__DT_ENUM(name, code, size, str) name = code,
+  BH_DTYPE_MAP(BH__DT_ENUM)
+#undef BH__DT_ENUM
+};
+
+/* Bytes per element of a dtype code, or 0 for an unknown code. */
+BH_EXTERN unsigned bh_dtype_itemsize(unsigned dtype);
+/* Name of a dtype code ("bfloat16"), or NULL for an unknown code. */
+BH_EXTERN const char *bh_dtype_name(unsigned dtype);
+
+/* ------------------------------------------------------------------- codec */
+
+/* Value tags on the wire.  Every value starts with one tag byte; integers
+ * are little-endian. */
+enum bh_tag {
+  BH_TAG_NIL = 0x00,
+  BH_TAG_FALSE = 0x01,
+  BH_TAG_TRUE = 0x02,
+  BH_TAG_INT = 0x03,     /* int64 */
+  BH_TAG_FLOAT = 0x04,   /* IEEE-754 float64 */
+  BH_TAG_STR = 0x05,     /* u32 length, UTF-8 bytes */
+  BH_TAG_BYTES = 0x06,   /* u32 length, bytes */
+  BH_TAG_LIST = 0x07,    /* u32 count, values */
+  BH_TAG_MAP = 0x08,     /* u32 count, key/value pairs */
+  BH_TAG_TENSOR = 0x09,  /* struct bh_tensor_ref, see bh_enc_tensor */
+  BH_TAG_HANDLE = 0x0a,  /* u8 space, u64 id */
+  BH_TAG_TUPLE = 0x0b,   /* u32 count, values; a list the host reads as a tuple */
+};
+
+#define BH_MAX_DIMS 16
+#define BH_MAX_DEPTH 64
+#define BH_BLOCK_NONE UINT32_MAX /* tensor-ref of an empty tensor */
+
+/* Which library a tensor came from, so the receiver rebuilds the same kind. */
+enum { BH_TENSOR_NUMPY = 0, BH_TENSOR_TORCH = 1 };
+
+/* A tensor living in a shared-memory block of the sender's pool.  Strides
+ * are in elements and non-negative; shape * strides stays within nbytes. */
+typedef struct bh_tensor_ref {
+  uint8_t lib;    /* BH_TENSOR_* */
+  uint8_t dtype;  /* BH_DT_* */
+  uint8_t ndim;   /* <= BH_MAX_DIMS */
+  uint32_t block; /* sender's block id, BH_BLOCK_NONE when nbytes == 0 */
+  uint64_t offset;
+  uint64_t nbytes;
+  int64_t shape[BH_MAX_DIMS];
+  int64_t strides[BH_MAX_DIMS];
+} bh_tensor_ref;
+
+/* A reference to an object that stays in the process that owns it. */
+typedef struct bh_handle_ref {
+  uint8_t space; /* which table of the owner, e.g. BH_HANDLE_CALLABLE */
+  uint64_t id;
+} bh_handle_ref;
+
+enum { BH_HANDLE_CALLABLE = 1, BH_HANDLE_OBJECT = 2 };
+
+/* A growable output buffer.  Encoders append to it; the first failure
+ * (allocation) is sticky in `err` so a caller checks once at the end. */
+typedef struct bh_buf {
+  uint8_t *data; /* owned; free with bh_buf_free */
+  size_t len;
+  size_t cap;
+  int err;
+} bh_buf;
+
+BH_EXTERN void bh_buf_init(bh_buf *b);
+BH_EXTERN void bh_buf_free(bh_buf *b);
+/* Ensures room for `extra` more bytes.  Returns 0 or -ENOMEM (also stored
+ * in b->err). */
+BH_EXTERN int bh_buf_reserve(bh_buf *b, size_t extra);
+
+/* Encoders: append one value (or a container header followed by the
+ * caller's count of values).  Return 0 or the sticky error. */
+BH_EXTERN int bh_enc_nil(bh_buf *b);
+BH_EXTERN int bh_enc_bool(bh_buf *b, int v);
+BH_EXTERN int bh_enc_int(bh_buf *b, int64_t v);
+BH_EXTERN int bh_enc_float(bh_buf *b, double v);
+BH_EXTERN int bh_enc_str(bh_buf *b, const char *s, size_t n);
+BH_EXTERN int bh_enc_bytes(bh_buf *b, const void *p, size_t n);
+BH_EXTERN int bh_enc_list(bh_buf *b, uint32_t count);
+BH_EXTERN int bh_enc_tuple(bh_buf *b, uint32_t count);
+BH_EXTERN int bh_enc_map(bh_buf *b, uint32_t count);
+/* Fails with -EINVAL for a ref bh_tensor_ref_check() rejects. */
+BH_EXTERN int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t);
+BH_EXTERN int bh_enc_handle(bh_buf *b, const bh_handle_ref *h);
+
+/* Validates a tensor ref on its own: known dtype, ndim, non-negative
+ * shape and strides, nbytes == itemsize * product(shape), the strided
+ * extent within nbytes, block NONE exactly when nbytes is 0.  Returns 0 or
+ * -BH_ETENSOR / -BH_EDTYPE. */
+BH_EXTERN int bh_tensor_ref_check(const bh_tensor_ref *t);
+
+/* One decoded item.  Strings and bytes point into the reader's buffer. */
+typedef struct bh_item {
+  uint8_t tag; /* enum bh_tag */
+  union {
+    int64_t i;
+    double f;
+    struct {
+      const uint8_t *p;
+      uint32_t n;
+    } s;            /* STR, BYTES */
+    uint32_t count; /* LIST, TUPLE, MAP (pairs) */
+    bh_tensor_ref t;
+    bh_handle_ref h;
+  } u;
+} bh_item;
+
+/* A bounds-checked reader over a borrowed buffer. */
+typedef struct bh_reader {
+  const uint8_t *p;
+  size_t len;
+  size_t pos;
+} bh_reader;
+
+BH_EXTERN void bh_reader_init(bh_reader *r, const void *p, size_t len);
+/* Reads the next item.  Containers yield their header; the caller reads
+ * their items next.  Total: any byte string yields an item or a negative
+ * BH_E* code (EOVERRUN, EBADTAG, EUTF8, ECOUNT, ETENSOR, EDTYPE), never an
+ * over-read.  A container's count is checked against the bytes left (each
+ * item takes at least one byte). */
+BH_EXTERN int bh_dec_next(bh_reader *r, bh_item *it);
+/* Walks one whole value from the reader's position, nesting at most
+ * max_depth, and then requires the buffer to end.  Returns 0 or a negative
+ * BH_E* code naming the first problem. */
+BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
+
+/* ------------------------------------------------------------------ frames */
+
+#define BH_PROTOCOL_VERSION 1
+#define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
+#define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
+#define BH_FRAME_FDS_MAX 64u
+#define BH_FRAME_PAYLOAD_MAX (1u << 30) /* 1 GiB, spilled or not */
+
+enum bh_kind {
+  BH_KIND_HELLO = 1,     /* worker -> host first, host -> worker ack */
+  BH_KIND_CALL = 2,      /* host -> worker: run a function */
+  BH_KIND_RESULT = 3,    /* reply to CALL/CALLBACK with a value */
+  BH_KIND_ERROR = 4,     /* reply to CALL/CALLBACK with an exception */
+  BH_KIND_PROGRESS = 5,  /* worker -> host, no reply */
+  BH_KIND_CALLBACK = 6,  /* worker -> host: run a host callable, re-entrant */
+  BH_KIND_INTERRUPT = 7, /* host -> worker, no reply */
+  BH_KIND_RELEASE = 8,   /* host -> worker: free memory; replied with RESULT */
+  BH_KIND_RESIDENCY = 9, /* worker -> host, no reply */
+  BH_KIND_BYE = 10,      /* either side: orderly shutdown */
+  BH_KIND_BLOCKS = 11,   /* block bookkeeping only (intros/returns/retires) */
+  BH_KIND_MAX_ = 11
+};
+
+/* The fixed header in front of every frame (32 bytes, little-endian). */
+typedef struct bh_frame_header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind;
+  uint64_t request_id;
+  uint32_t flags;         /* BH_FRAME_* */
+  uint32_t payload_bytes; /* bytes after the header (or in the spill fd) */
+  uint32_t fd_count;      /* fds in this message's SCM_RIGHTS */
+  uint32_t reserved;      /* zero */
+} bh_frame_header;
+
+enum {
+  BH_FRAME_SPILLED = 1u << 0, /* payload lives in the last fd (a sealed memfd) */
+  BH_FRAME_FLAGS_KNOWN_ = BH_FRAME_SPILLED
+};
+
+/* Checks magic, version, kind, flags and reserved bits.  Returns 0 or a
+ * negative BH_E* code. */
+BH_EXTERN int bh_frame_header_check(const bh_frame_header *h);
+/* Name of a frame kind, or NULL. */
+BH_EXTERN const char *bh_kind_name(unsigned kind);
+
+/* ------------------------------------------------------------------ blocks */
+
+/* A shared-memory block: a sealed memfd mapped in this process.  A block is
+ * either our own (from our pool, possibly lent to the peer) or the peer's
+ * (mapped here, returned to the peer when our last reference goes).
+ * References are counted; bh_block_unref is safe from any thread. */
+typedef struct bh_block bh_block;
+typedef struct bh_pool bh_pool;
+
+BH_EXTERN void *bh_block_addr(const bh_block *b);
+BH_EXTERN size_t bh_block_size(const bh_block *b);
+BH_EXTERN uint32_t bh_block_id(const bh_block *b);
+BH_EXTERN int bh_block_is_own(const bh_block *b);
+BH_EXTERN void bh_block_ref(bh_block *b);
+/* Drops one reference.  The last one puts an own block back into its pool's
+ * free list, or queues a peer block's return to the peer. */
+BH_EXTERN void bh_block_unref(bh_block *b);
+
+typedef struct bh_pool_stats {
+  uint64_t own_blocks, own_bytes;   /* blocks we created and still map */
+  uint64_t free_blocks, free_bytes; /* own blocks ready for reuse */
+  uint64_t lent_blocks;             /* own blocks the peer holds */
+  uint64_t peer_blocks, peer_bytes; /* peer blocks mapped here */
+  uint64_t created, reused;         /* own blocks: fresh memfds vs reuses */
+} bh_pool_stats;
+
+BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);
+
+/* ----------------------------------------------------------------- channel */
+
+typedef struct bh_channel bh_channel;
+
+typedef struct bh_channel_opts {
+  uid_t peer_uid;           /* frames from another uid are rejected */
+  pid_t peer_pid;           /* 0: any pid; else frames must come from it */
+  size_t pool_keep_bytes;   /* free own blocks kept for reuse (0: default) */
+} bh_channel_opts;
+
+/* Takes over `fd` (one end of a SOCK_SEQPACKET socketpair) and creates the
+ * channel and its block pool.  The fd is consumed even on failure.
+ * *out is owned by the caller: bh_channel_close. */
+BH_EXTERN int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o);
+/* Closes the socket and drops the pool; blocks still referenced stay mapped
+ * until their last bh_block_unref. */
+BH_EXTERN void bh_channel_close(bh_channel *c);
+BH_EXTERN int bh_channel_fd(const bh_channel *c);
+BH_EXTERN bh_pool *bh_channel_pool(bh_channel *c);
+/* Sets the pid frames must come from (after a spawn). */
+BH_EXTERN void bh_channel_set_peer_pid(bh_channel *c, pid_t pid);
+
+/* Takes a free own block of at least nbytes from the channel's pool, or
+ * creates one (memfd, sealed against shrinking/growing, prefaulted).
+ * Returns it with one reference owned by the caller. */
+BH_EXTERN int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **out);
+
+/* An outgoing message.  `blocks` lists own blocks whose ids appear in
+ * tensor-refs of `value`; sending lends each to the peer (taking a
+ * reference until the peer returns it) and introduces the ones the peer
+ * has not mapped yet. */
+typedef struct bh_msg {
+  uint16_t kind;
+  uint64_t request_id;
+  const uint8_t *value;
+  size_t value_len;
+  bh_block *const *blocks;
+  uint32_t n_blocks;
+} bh_msg;
+
+/* Sends one frame.  Never blocks for long: a seqpacket send of at most
+ * BH_FRAME_INLINE_MAX bytes.  Returns 0, -EPIPE / -BH_EEOF when the peer is
+ * gone, -BH_E2BIG, or another negative errno. */
+BH_EXTERN int bh_channel_send(bh_channel *c, const bh_msg *m);
+
+/* A received frame.  value points into memory the channel owns until
+ * bh_channel_frame_done (or the next recv). */
+typedef struct bh_frame {
+  bh_frame_header h;
+  const uint8_t *value;
+  size_t value_len;
+  pid_t sender_pid;
+} bh_frame;
+
+/* Receives one frame, waiting until deadline_ns (CLOCK_MONOTONIC; <0 waits
+ * forever).  Block bookkeeping in the frame (intros, returns, retires) is
+ * applied before returning; BLOCKS frames are consumed here and never
+ * returned.  Returns 0, -ETIMEDOUT, -EINTR (a signal arrived: check and
+ * call again), -BH_EEOF (peer gone), or a BH_E* code naming what was wrong
+ * with the frame; after such an error the channel stays usable. */
+BH_EXTERN int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns);
+BH_EXTERN void bh_channel_frame_done(bh_channel *c, bh_frame *f);
+
+/* Looks up a block the peer introduced and takes a reference (the caller
+ * owns it: bh_block_unref).  -BH_EBLOCK if unknown. */
+BH_EXTERN int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+BH_EXTERN int64_t bh_now_ns(void);
+
+/* -------------------------------------------------------------- supervisor */
+
+typedef struct bh_proc bh_proc;
+
+typedef struct bh_spawn_opts {
+  const char *interpreter;       /* path to a python executable */
+  const char *const *argv;       /* full argv, argv[0] included; NULL-ended */
+  const char *const *envp;       /* the child's whole environment */
+  const char *cwd;               /* NULL: inherit */
+  int stderr_sink;               /* fd the child's output is copied to, or -1 */
+  const char *stderr_prefix;     /* prefix for each copied line, or NULL */
+} bh_spawn_opts;
+
+/* Creates the socketpair, spawns `interpreter` with the child end as fd 3
+ * and its stdout/stderr on a pipe that a drain thread copies to
+ * stderr_sink and keeps the tail of.  On success *proc and *chan_fd (the
+ * host end, close-on-exec) are owned by the caller: bh_proc_close and
+ * bh_channel_open.  Fails with -ENOENT / -EACCES when the interpreter
+ * cannot be executed, before any child exists. */
+BH_EXTERN int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **proc, int *chan_fd);
+BH_EXTERN pid_t bh_proc_pid(const bh_proc *p);
+/* A pollable fd that becomes readable when the child exits (a pidfd). */
+BH_EXTERN int bh_proc_pidfd(const bh_proc *p);
+/* Waits for the child to exit for at most timeout_ms (<0: forever) and
+ * reaps it.  Returns 0 with *status as from waitpid, or -ETIMEDOUT.  Once
+ * reaped, further calls return the same status at once. */
+BH_EXTERN int bh_proc_wait(bh_proc *p, int timeout_ms, int *status);
+/* The ladder after a BYE the caller sent: wait grace_ms, SIGTERM, wait
+ * term_ms, SIGKILL, reap.  Returns 0 with the status, never leaves a
+ * zombie. */
+BH_EXTERN int bh_proc_stop(bh_proc *p, int grace_ms, int term_ms, int *status);
+BH_EXTERN int bh_proc_kill(bh_proc *p, int sig);
+/* Copies the last bytes the child printed (at most n-1) into buf,
+ * NUL-terminated; returns the length. */
+BH_EXTERN size_t bh_proc_output_tail(bh_proc *p, char *buf, size_t n);
+/* Kills (SIGKILL) and reaps the child if still running, stops the drain
+ * thread and frees everything. */
+BH_EXTERN void bh_proc_close(bh_proc *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BULKHEAD_BULKHEAD_H */

@@ -1,0 +1,447 @@
+/*
+ * channel.c -- framed messages over a SOCK_SEQPACKET socketpair.
+ *
+ * One sendmsg is one frame:
+ *
+ *   [bh_frame_header, 32 bytes][block section][value]     + SCM_RIGHTS fds
+ *
+ * The block section carries the pool's bookkeeping (see shm.c):
+ *   u32 n_intro, u32 n_return, u32 n_retire,
+ *   n_intro x (u32 id, u64 size)   own blocks mapped by the peer from now on;
+ *                                  their fds are the first n_intro fds
+ *   n_return x u32 id              peer blocks we no longer hold
+ *   n_retire x u32 id              own blocks destroyed; the peer unmaps
+ * A payload (section + value) larger than BH_FRAME_INLINE_MAX is written to
+ * a memfd sealed against writes and passed as the last fd (SPILLED), so a
+ * seqpacket message never exceeds the socket buffer and a peer can never
+ * change a payload while we decode it.
+ *
+ * Every frame is checked before anything in it is used: sender uid (and pid
+ * once known) from SCM_CREDENTIALS, header magic/version/kind/flags, sizes,
+ * fd counts, MSG_TRUNC/MSG_CTRUNC.  Every fd received is either kept or
+ * closed, on every path.  Waits use SO_RCVTIMEO against an absolute
+ * deadline; the peer's death shows as EOF at once.
+ */
+#include "internal.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#define BH__HDR ((size_t)sizeof(bh_frame_header))
+#define BH__NOTES_MAX 1024u
+#define BH__CMSG_SPACE (CMSG_SPACE(sizeof(int) * BH_FRAME_FDS_MAX) + CMSG_SPACE(sizeof(struct ucred)))
+
+_Static_assert(sizeof(bh_frame_header) == 32, "frame header is 32 bytes");
+
+struct bh_channel {
+  int fd;
+  uid_t peer_uid;
+  pid_t peer_pid;
+  bh_pool *pool;
+  int64_t rcvtimeo_ns; /* what SO_RCVTIMEO is set to now; 0 = none */
+  uint8_t *rx;         /* header + inline payload */
+  void *spill_addr;    /* payload of the frame being read, if spilled */
+  size_t spill_len;
+};
+
+static const char *const bh__kind_names[] = {
+    NULL, "HELLO", "CALL", "RESULT", "ERROR", "PROGRESS", "CALLBACK",
+    "INTERRUPT", "RELEASE", "RESIDENCY", "BYE", "BLOCKS"};
+
+const char *bh_kind_name(unsigned kind) {
+  return kind >= 1 && kind <= BH_KIND_MAX_ ? bh__kind_names[kind] : NULL;
+}
+
+int bh_frame_header_check(const bh_frame_header *h) {
+  if (h->magic != BH_FRAME_MAGIC) return -BH_EMAGIC;
+  if (h->version != BH_PROTOCOL_VERSION) return -BH_EVERSION;
+  if (h->kind < 1 || h->kind > BH_KIND_MAX_) return -BH_EKIND;
+  if ((h->flags & ~(uint32_t)BH_FRAME_FLAGS_KNOWN_) || h->reserved) return -BH_EHEADER;
+  if (h->fd_count > BH_FRAME_FDS_MAX) return -BH_EFDCOUNT;
+  if (h->payload_bytes > BH_FRAME_PAYLOAD_MAX) return -BH_E2BIG;
+  return 0;
+}
+
+int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
+  int rc = -EINVAL, one = 1, sndbuf = 1 << 20;
+  bh_channel *c = NULL;
+  if (!out || fd <= 2 || !o) goto err;
+  c = calloc(1, sizeof *c);
+  if (!c) {
+    rc = -ENOMEM;
+    goto err;
+  }
+  c->fd = fd;
+  c->peer_uid = o->peer_uid;
+  c->peer_pid = o->peer_pid;
+  c->rx = malloc(BH__HDR + BH_FRAME_INLINE_MAX);
+  if (!c->rx) {
+    rc = -ENOMEM;
+    goto err;
+  }
+  if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) < 0) {
+    rc = -errno;
+    goto err;
+  }
+  /* Best effort: a bigger send buffer only means fewer waits. */
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+  struct timeval tv = {.tv_sec = 30};
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  rc = bh__pool_open(&c->pool, o->pool_keep_bytes);
+  if (rc) goto err;
+  *out = c;
+  return 0;
+err:
+  if (c) free(c->rx);
+  free(c);
+  if (fd > 2) bh__close(fd);
+  return rc;
+}
+
+void bh_channel_close(bh_channel *c) {
+  if (!c) return;
+  bh_channel_frame_done(c, NULL);
+  if (c->fd >= 0) bh__close(c->fd);
+  bh__pool_close(c->pool);
+  free(c->rx);
+  free(c);
+}
+
+int bh_channel_fd(const bh_channel *c) { return c->fd; }
+bh_pool *bh_channel_pool(bh_channel *c) { return c->pool; }
+void bh_channel_set_peer_pid(bh_channel *c, pid_t pid) { c->peer_pid = pid; }
+
+int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **out) {
+  if (!c) return -EINVAL;
+  return bh__pool_acquire(c->pool, nbytes, out);
+}
+
+int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out) {
+  if (!c || !out) return -EINVAL;
+  return bh__pool_peer_get(c->pool, id, out);
+}
+
+/* ---- send ---- */
+
+static size_t bh__section_len(uint32_t n_intro, uint32_t n_ret, uint32_t n_retire) {
+  return 12 + (size_t)n_intro * 12 + ((size_t)n_ret + n_retire) * 4;
+}
+
+static void bh__section_write(uint8_t *p, bh_block *const *intro, uint32_t n_intro,
+                              const uint32_t *ret, uint32_t n_ret,
+                              const uint32_t *retire, uint32_t n_retire) {
+  bh__put_u32(p, n_intro);
+  bh__put_u32(p + 4, n_ret);
+  bh__put_u32(p + 8, n_retire);
+  p += 12;
+  for (uint32_t i = 0; i < n_intro; i++, p += 12) {
+    bh__put_u32(p, intro[i]->id);
+    bh__put_u64(p + 4, intro[i]->size);
+  }
+  for (uint32_t i = 0; i < n_ret; i++, p += 4) bh__put_u32(p, ret[i]);
+  for (uint32_t i = 0; i < n_retire; i++, p += 4) bh__put_u32(p, retire[i]);
+}
+
+/* Writes the payload into a memfd sealed against writes; returns its fd. */
+static int bh__spill(const uint8_t *sec, size_t sec_len, const uint8_t *val, size_t val_len, int *fd_out) {
+  int fd = -1, rc;
+  rc = bh__memfd_create("bulkhead-spill", sec_len + val_len, &fd, NULL);
+  if (rc) return rc;
+  const uint8_t *parts[2] = {sec, val};
+  size_t lens[2] = {sec_len, val_len};
+  off_t off = 0;
+  for (int k = 0; k < 2; k++) {
+    size_t done = 0;
+    while (done < lens[k]) {
+      ssize_t n = pwrite(fd, parts[k] + done, lens[k] - done, off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) goto err;
+      done += (size_t)n;
+      off += n;
+    }
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) < 0) goto err;
+  *fd_out = fd;
+  return 0;
+err:
+  rc = errno ? -errno : -EIO;
+  bh__close(fd);
+  return rc;
+}
+
+static int bh__sendmsg(int fd, const struct iovec *iov, int iovcnt, const int *fds, uint32_t nfds) {
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * BH_FRAME_FDS_MAX)];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+  if (nfds) {
+    memset(u.buf, 0, sizeof u.buf);
+    mh.msg_control = u.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+  }
+  for (;;) {
+    ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (n >= 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -ETIMEDOUT;
+    if (errno == EPIPE || errno == ECONNRESET) return -BH_EEOF;
+    return -errno;
+  }
+}
+
+/* Sends one frame whose section introduces intro[0..n_intro) and carries
+ * the given notes. */
+static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, bh_block *const *intro,
+                          uint32_t n_intro, const uint32_t *ret, uint32_t n_ret,
+                          const uint32_t *retire, uint32_t n_retire, const uint8_t *value,
+                          size_t value_len) {
+  size_t sec_len = bh__section_len(n_intro, n_ret, n_retire);
+  uint8_t *sec = malloc(sec_len);
+  int fds[BH_FRAME_FDS_MAX];
+  int spill_fd = -1, rc;
+  if (!sec) return -ENOMEM;
+  bh__section_write(sec, intro, n_intro, ret, n_ret, retire, n_retire);
+  if (value_len > BH_FRAME_PAYLOAD_MAX - sec_len) {
+    rc = -BH_E2BIG;
+    goto out;
+  }
+  bh_frame_header h = {.magic = BH_FRAME_MAGIC,
+                       .version = BH_PROTOCOL_VERSION,
+                       .kind = kind,
+                       .request_id = req,
+                       .payload_bytes = (uint32_t)(sec_len + value_len),
+                       .fd_count = n_intro};
+  for (uint32_t i = 0; i < n_intro; i++) fds[i] = intro[i]->fd;
+  struct iovec iov[3] = {{&h, BH__HDR}, {sec, sec_len}, {(void *)value, value_len}};
+  int iovcnt = value_len ? 3 : 2;
+  if (sec_len + value_len > BH_FRAME_INLINE_MAX) {
+    rc = bh__spill(sec, sec_len, value, value_len, &spill_fd);
+    if (rc) goto out;
+    h.flags |= BH_FRAME_SPILLED;
+    fds[h.fd_count++] = spill_fd;
+    iovcnt = 1;
+  }
+  rc = bh__sendmsg(c->fd, iov, iovcnt, fds, h.fd_count);
+out:
+  if (spill_fd >= 0) bh__close(spill_fd);
+  free(sec);
+  return rc;
+}
+
+int bh_channel_send(bh_channel *c, const bh_msg *m) {
+  if (!c || !m || !bh_kind_name(m->kind) || (m->n_blocks && !m->blocks)) return -EINVAL;
+  bh_block **intro = NULL;
+  uint32_t n_intro = 0, n_lent = 0;
+  uint32_t *notes = NULL, n_ret = 0, n_retire = 0;
+  int rc = 0;
+  if (m->n_blocks) {
+    intro = malloc(sizeof *intro * m->n_blocks);
+    if (!intro) return -ENOMEM;
+  }
+  for (; n_lent < m->n_blocks; n_lent++) {
+    int needs_fd = 0;
+    rc = bh__pool_lend(c->pool, m->blocks[n_lent], &needs_fd);
+    if (rc) goto rollback;
+    if (needs_fd) intro[n_intro++] = m->blocks[n_lent];
+  }
+  notes = malloc(2 * BH__NOTES_MAX * sizeof *notes);
+  if (!notes) {
+    rc = -ENOMEM;
+    goto rollback;
+  }
+  bh__pool_take_notes(c->pool, notes, &n_ret, notes + BH__NOTES_MAX, &n_retire, BH__NOTES_MAX);
+  /* Introductions beyond one frame's fds go first in BLOCKS frames. */
+  uint32_t sent = 0, per = BH_FRAME_FDS_MAX - 1;
+  while (n_intro - sent > per) {
+    rc = bh__send_frame(c, BH_KIND_BLOCKS, 0, intro + sent, per, NULL, 0, NULL, 0, NULL, 0);
+    if (rc) goto rollback;
+    sent += per;
+  }
+  rc = bh__send_frame(c, m->kind, m->request_id, intro + sent, n_intro - sent, notes, n_ret,
+                      notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
+  if (rc) goto rollback;
+  free(intro);
+  free(notes);
+  return 0;
+rollback:
+  /* The peer never saw these loans; give the references back.  Notes taken
+   * are dropped: a failed send means the peer is gone. */
+  for (uint32_t i = 0; i < n_lent; i++) {
+    bh_block *b = m->blocks[i];
+    bh__pool_returned(c->pool, b->id);
+  }
+  for (uint32_t i = 0; i < n_intro; i++) intro[i]->peer_mapped = 0;
+  free(intro);
+  free(notes);
+  return rc;
+}
+
+/* ---- receive ---- */
+
+static void bh__close_fds(int *fds, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    if (fds[i] > 2) bh__close(fds[i]);
+}
+
+/* Sets SO_RCVTIMEO so a blocking recvmsg wakes no later than the deadline;
+ * a setting up to 1% + 1 ms earlier than needed is kept to save a syscall. */
+static int bh__arm_timeout(bh_channel *c, int64_t deadline_ns) {
+  int64_t want;
+  if (deadline_ns < 0) {
+    want = 0;
+    if (c->rcvtimeo_ns == 0) return 0;
+  } else {
+    want = deadline_ns - bh_now_ns();
+    if (want <= 0) return -ETIMEDOUT;
+    if (want < 1000) want = 1000; /* 0 would mean forever */
+    if (c->rcvtimeo_ns > 0 && c->rcvtimeo_ns <= want) return 0;
+    if (c->rcvtimeo_ns > 0 && c->rcvtimeo_ns - want < want / 100 + 1000000 && c->rcvtimeo_ns < want)
+      return 0;
+  }
+  struct timeval tv = {.tv_sec = want / 1000000000, .tv_usec = (want % 1000000000) / 1000};
+  if (want && tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
+  if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0) return -errno;
+  c->rcvtimeo_ns = want;
+  return 0;
+}
+
+static int bh__parse_section(bh_channel *c, const uint8_t *p, size_t len, int *fds,
+                             uint32_t n_fds, size_t *sec_len) {
+  if (len < 12) return -BH_EBLOCKSEC;
+  uint32_t n_intro = bh__get_u32(p), n_ret = bh__get_u32(p + 4), n_retire = bh__get_u32(p + 8);
+  if (n_intro > BH_FRAME_FDS_MAX || n_ret > BH__NOTES_MAX || n_retire > BH__NOTES_MAX)
+    return -BH_EBLOCKSEC;
+  size_t need = bh__section_len(n_intro, n_ret, n_retire);
+  if (need > len) return -BH_EBLOCKSEC;
+  if (n_intro != n_fds) return -BH_EFDCOUNT;
+  int rc = 0, r;
+  const uint8_t *q = p + 12;
+  for (uint32_t i = 0; i < n_intro; i++, q += 12) {
+    r = bh__pool_adopt(c->pool, bh__get_u32(q), fds[i], bh__get_u64(q + 4));
+    fds[i] = -1; /* consumed either way */
+    if (r && !rc) rc = r;
+  }
+  for (uint32_t i = 0; i < n_ret; i++, q += 4)
+    if ((r = bh__pool_returned(c->pool, bh__get_u32(q))) && !rc) rc = r;
+  for (uint32_t i = 0; i < n_retire; i++, q += 4)
+    if ((r = bh__pool_retire_peer(c->pool, bh__get_u32(q))) && !rc) rc = r;
+  *sec_len = need;
+  return rc;
+}
+
+/* One recvmsg; fills the header and the fds.  On any error every fd
+ * received has been closed. */
+static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, size_t *inline_len) {
+  union {
+    char buf[BH__CMSG_SPACE];
+    struct cmsghdr align;
+  } u;
+  struct iovec iov = {c->rx, BH__HDR + BH_FRAME_INLINE_MAX};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                      .msg_controllen = sizeof u.buf};
+  ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -ETIMEDOUT;
+    if (errno == ECONNRESET) return -BH_EEOF;
+    return -errno;
+  }
+  int have_cred = 0, rc = 0;
+  struct ucred cred = {0};
+  *n_fds = 0;
+  for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET) continue;
+    if (cm->cmsg_type == SCM_RIGHTS) {
+      size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const unsigned char *data = CMSG_DATA(cm);
+      for (size_t i = 0; i < k; i++) {
+        int one;
+        memcpy(&one, data + i * sizeof(int), sizeof(int));
+        if (*n_fds < BH_FRAME_FDS_MAX) fds[(*n_fds)++] = one;
+        else bh__close(one), rc = -BH_EFDCOUNT;
+      }
+    } else if (cm->cmsg_type == SCM_CREDENTIALS && cm->cmsg_len >= CMSG_LEN(sizeof cred)) {
+      memcpy(&cred, CMSG_DATA(cm), sizeof cred);
+      have_cred = 1;
+    }
+  }
+  if (n == 0 && *n_fds == 0 && !(mh.msg_flags & MSG_CTRUNC)) return -BH_EEOF;
+  if (!rc && (mh.msg_flags & MSG_CTRUNC)) rc = -BH_ECTRUNC;
+  if (!rc && (mh.msg_flags & MSG_TRUNC)) rc = -BH_E2BIG;
+  if (!rc && (!have_cred || cred.uid != c->peer_uid || (c->peer_pid && cred.pid != c->peer_pid)))
+    rc = -BH_EPEERCRED;
+  if (!rc && (size_t)n < BH__HDR) rc = -BH_ESHORT;
+  if (!rc) {
+    memcpy(&f->h, c->rx, BH__HDR);
+    rc = bh_frame_header_check(&f->h);
+  }
+  if (!rc && f->h.fd_count != *n_fds) rc = -BH_EFDCOUNT;
+  if (rc) {
+    bh__close_fds(fds, *n_fds);
+    *n_fds = 0;
+    return rc;
+  }
+  f->sender_pid = cred.pid;
+  *inline_len = (size_t)n - BH__HDR;
+  return 0;
+}
+
+void bh_channel_frame_done(bh_channel *c, bh_frame *f) {
+  if (c->spill_addr) munmap(c->spill_addr, c->spill_len);
+  c->spill_addr = NULL;
+  c->spill_len = 0;
+  if (f) f->value = NULL, f->value_len = 0;
+}
+
+int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
+  if (!c || !f) return -EINVAL;
+  bh_channel_frame_done(c, f);
+  for (;;) {
+    int fds[BH_FRAME_FDS_MAX];
+    uint32_t n_fds = 0;
+    size_t inline_len = 0, sec_len = 0;
+    int rc = bh__arm_timeout(c, deadline_ns);
+    if (rc) return rc;
+    rc = bh__recv_one(c, f, fds, &n_fds, &inline_len);
+    if (rc) return rc;
+    const uint8_t *payload = c->rx + BH__HDR;
+    size_t payload_len = f->h.payload_bytes;
+    if (f->h.flags & BH_FRAME_SPILLED) {
+      int sfd = n_fds ? fds[--n_fds] : -1;
+      if (sfd < 0 || inline_len != 0) rc = -BH_ESHORT;
+      else if (payload_len == 0 || (rc = bh__memfd_check(sfd, payload_len))) rc = rc ? rc : -BH_ESHORT;
+      else if (!(fcntl(sfd, F_GET_SEALS) & F_SEAL_WRITE)) rc = -BH_ESEALS;
+      else {
+        void *a = mmap(NULL, payload_len, PROT_READ, MAP_PRIVATE, sfd, 0);
+        if (a == MAP_FAILED) rc = -errno;
+        else c->spill_addr = a, c->spill_len = payload_len, payload = a;
+      }
+      if (sfd >= 0) bh__close(sfd);
+    } else if (inline_len != payload_len) {
+      rc = -BH_ESHORT;
+    }
+    if (!rc) rc = bh__parse_section(c, payload, payload_len, fds, n_fds, &sec_len);
+    bh__close_fds(fds, n_fds); /* adopted ones are -1 already */
+    if (rc) {
+      bh_channel_frame_done(c, f);
+      return rc;
+    }
+    if (f->h.kind == BH_KIND_BLOCKS) {
+      bh_channel_frame_done(c, f);
+      continue;
+    }
+    f->value = payload + sec_len;
+    f->value_len = payload_len - sec_len;
+    return 0;
+  }
+}

@@ -1,0 +1,80 @@
+/*
+ * internal.h -- declarations shared by the files of src/core/ and nothing
+ * else.  Public names live in include/bulkhead/bulkhead.h.
+ */
+#ifndef BULKHEAD_INTERNAL_H
+#define BULKHEAD_INTERNAL_H
+
+#include "bulkhead/bulkhead.h"
+#include "config.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* "Can't happen" branches: abort under BH_TESTING so tests see them. */
+#ifdef BH_TESTING
+#define BH__UNREACHABLE(what) bh__die(__FILE__, __LINE__, what)
+#else
+#define BH__UNREACHABLE(what) ((void)0)
+#endif
+void bh__die(const char *file, int line, const char *what) __attribute__((noreturn));
+
+/* close() that keeps errno and refuses stdio fds. */
+void bh__close(int fd);
+
+/* Little-endian loads/stores on unaligned bytes. */
+static inline void bh__put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void bh__put_u32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void bh__put_u64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline uint16_t bh__get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t bh__get_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t bh__get_u64(const uint8_t *p) {
+  return (uint64_t)bh__get_u32(p) | (uint64_t)bh__get_u32(p + 4) << 32;
+}
+
+/* ---- shm.c: the block pool behind a channel ---- */
+
+struct bh_block {
+  bh_pool *pool;
+  uint32_t id;
+  uint8_t own;         /* ours (1) or the peer's (0) */
+  uint8_t peer_mapped; /* own: the peer has our fd mapped */
+  int fd;              /* own blocks keep their memfd; peer blocks close it */
+  void *addr;
+  size_t size;
+  atomic_int refs;     /* holders; an own block lent to the peer counts 1 */
+  int lent;            /* own: times lent and not yet returned */
+  uint64_t last_used;  /* own: reuse order for trimming */
+};
+
+int bh__pool_open(bh_pool **out, size_t keep_bytes);
+/* Drops the channel's reference; the pool goes when its last block does. */
+void bh__pool_close(bh_pool *p);
+int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out);
+/* Marks an own block lent (one more reference) and tells whether its fd
+ * must travel with this frame (the peer has not mapped it yet). */
+int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd);
+/* The peer returned own block `id` (drop the lent reference). */
+int bh__pool_returned(bh_pool *p, uint32_t id);
+/* Maps a peer block introduced by a frame; consumes fd. */
+int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size);
+/* The peer retired its block `id`: unmap it (it must hold no references). */
+int bh__pool_retire_peer(bh_pool *p, uint32_t id);
+int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out);
+/* Moves queued returns (peer ids) and retires (own ids) into the arrays,
+ * at most max of each; returns counts through the pointers. */
+void bh__pool_take_notes(bh_pool *p, uint32_t *returns, uint32_t *n_returns,
+                         uint32_t *retires, uint32_t *n_retires, uint32_t max);
+/* Creates a sealed memfd of `size` bytes, mapped; for spilled payloads too. */
+int bh__memfd_create(const char *name, size_t size, int *fd_out, void **addr_out);
+/* Checks a received fd is a memfd sealed against shrinking, at least size
+ * bytes long. */
+int bh__memfd_check(int fd, uint64_t size);
+
+#endif

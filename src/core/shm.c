@@ -1,0 +1,428 @@
+/*
+ * shm.c -- shared-memory blocks and the per-channel pool that reuses them.
+ *
+ * Tensors cross a channel in blocks: memfds sealed against shrinking and
+ * growing (so a peer can never truncate a mapping under us and turn a read
+ * into SIGBUS), mapped once in each process and kept mapped.  A fresh
+ * memfd's first touch costs several memcpys (page allocation + zeroing), so
+ * blocks are created prefaulted and reused:
+ *
+ *   own block   created here; free -> acquired (copy data in) -> lent to
+ *               the peer with the frame that references it -> returned by
+ *               the peer (a note on a later frame) -> free again.  The fd
+ *               travels once, the first time the block is lent; after that
+ *               only its id does.
+ *   peer block  the peer's block, mapped here on its first introduction
+ *               and kept mapped; references are held by the objects that
+ *               wrap it, and when the last one goes its id is queued as a
+ *               return note for the next outgoing frame.
+ *
+ * Free own blocks beyond keep_bytes are destroyed least recently used
+ * first; if the peer had mapped one, a retire note tells it to unmap.
+ *
+ * Locking: one mutex per pool guards every block's refs and the pool's
+ * lists; bh_block_unref may run on any thread (a tensor's deleter).  The
+ * pool lives until the channel closed it and its last referenced block
+ * went.
+ */
+#include "internal.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#ifndef MFD_CLOEXEC
+#define MFD_CLOEXEC 0x0001U
+#define MFD_ALLOW_SEALING 0x0002U
+#endif
+
+struct bh_pool {
+  pthread_mutex_t mu;
+  int closed;
+  size_t keep_bytes;
+  uint32_t next_id;
+  uint64_t clock;
+  bh_block **own;
+  size_t n_own, cap_own;
+  bh_block **peer;
+  size_t n_peer, cap_peer;
+  uint32_t *returns; /* peer ids to hand back */
+  size_t n_returns, cap_returns;
+  uint32_t *retires; /* own ids the peer must unmap */
+  size_t n_retires, cap_retires;
+  uint64_t created, reused;
+};
+
+#define BH__PAGE 4096u
+#define BH__DEFAULT_KEEP (256u << 20)
+
+int bh__memfd_create(const char *name, size_t size, int *fd_out, void **addr_out) {
+  int fd = -1;
+  void *addr = MAP_FAILED;
+  int rc;
+  fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -errno;
+  if (ftruncate(fd, (off_t)size) < 0) goto err;
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) goto err;
+  if (addr_out && size) {
+    addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) goto err;
+  }
+  *fd_out = fd;
+  if (addr_out) *addr_out = size ? addr : NULL;
+  return 0;
+err:
+  rc = -errno;
+  bh__close(fd);
+  return rc;
+}
+
+int bh__memfd_check(int fd, uint64_t size) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) return -BH_ESEALS;
+  struct stat st;
+  if (fstat(fd, &st) < 0 || st.st_size < 0 || (uint64_t)st.st_size < size) return -BH_ESEALS;
+  return 0;
+}
+
+/* Faults every page in now, so the first copy runs at memcpy speed. */
+static void bh__prefault(void *addr, size_t size) {
+#ifdef BH_HAS_MADV_POPULATE_WRITE
+  if (madvise(addr, size, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  volatile uint8_t *p = addr;
+  for (size_t off = 0; off < size; off += BH__PAGE) p[off] = 0;
+}
+
+int bh__pool_open(bh_pool **out, size_t keep_bytes) {
+  bh_pool *p = calloc(1, sizeof *p);
+  if (!p) return -ENOMEM;
+  pthread_mutex_init(&p->mu, NULL);
+  p->keep_bytes = keep_bytes ? keep_bytes : BH__DEFAULT_KEEP;
+  p->next_id = 1;
+  *out = p;
+  return 0;
+}
+
+static int bh__push_ptr(bh_block ***arr, size_t *n, size_t *cap, bh_block *b) {
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : 16;
+    bh_block **na = realloc(*arr, nc * sizeof *na);
+    if (!na) return -ENOMEM;
+    *arr = na;
+    *cap = nc;
+  }
+  (*arr)[(*n)++] = b;
+  return 0;
+}
+
+static int bh__push_id(uint32_t **arr, size_t *n, size_t *cap, uint32_t id) {
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : 16;
+    uint32_t *na = realloc(*arr, nc * sizeof *na);
+    if (!na) return -ENOMEM;
+    *arr = na;
+    *cap = nc;
+  }
+  (*arr)[(*n)++] = id;
+  return 0;
+}
+
+static void bh__block_destroy(bh_block *b) {
+  if (b->addr && b->size) munmap(b->addr, b->size);
+  if (b->fd >= 0) bh__close(b->fd);
+  free(b);
+}
+
+static void bh__remove_at(bh_block **arr, size_t *n, size_t i) {
+  arr[i] = arr[--*n];
+}
+
+static void bh__pool_free(bh_pool *p) {
+  pthread_mutex_destroy(&p->mu);
+  free(p->own);
+  free(p->peer);
+  free(p->returns);
+  free(p->retires);
+  free(p);
+}
+
+/* Called with the lock held when the pool is closed: is anything left? */
+static int bh__pool_empty(bh_pool *p) { return p->n_own == 0 && p->n_peer == 0; }
+
+void bh__pool_close(bh_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->closed = 1;
+  for (size_t i = p->n_own; i-- > 0;) {
+    bh_block *b = p->own[i];
+    /* Lent references die with the peer: nobody will return them. */
+    atomic_fetch_sub(&b->refs, b->lent);
+    b->lent = 0;
+    if (atomic_load(&b->refs) == 0) {
+      bh__remove_at(p->own, &p->n_own, i);
+      bh__block_destroy(b);
+    }
+  }
+  for (size_t i = p->n_peer; i-- > 0;) {
+    bh_block *b = p->peer[i];
+    if (atomic_load(&b->refs) == 0) {
+      bh__remove_at(p->peer, &p->n_peer, i);
+      bh__block_destroy(b);
+    }
+  }
+  int empty = bh__pool_empty(p);
+  pthread_mutex_unlock(&p->mu);
+  if (empty) bh__pool_free(p);
+}
+
+/* Destroys least recently used free own blocks until the free bytes fit
+ * keep_bytes.  Lock held. */
+static void bh__pool_trim(bh_pool *p) {
+  for (;;) {
+    size_t free_bytes = 0, victim = SIZE_MAX;
+    uint64_t oldest = UINT64_MAX;
+    for (size_t i = 0; i < p->n_own; i++) {
+      bh_block *b = p->own[i];
+      if (atomic_load(&b->refs) != 0) continue;
+      free_bytes += b->size;
+      if (b->last_used < oldest) oldest = b->last_used, victim = i;
+    }
+    if (free_bytes <= p->keep_bytes || victim == SIZE_MAX) return;
+    bh_block *b = p->own[victim];
+    if (b->peer_mapped && bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id))
+      return; /* keep it rather than leave the peer a stale mapping */
+    bh__remove_at(p->own, &p->n_own, victim);
+    bh__block_destroy(b);
+  }
+}
+
+int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
+  if (!p || !out || nbytes == 0) return -EINVAL;
+  if (nbytes > (size_t)1 << 46) return -BH_E2BIG;
+  size_t size = (nbytes + BH__PAGE - 1) & ~(size_t)(BH__PAGE - 1);
+  pthread_mutex_lock(&p->mu);
+  bh_block *best = NULL;
+  for (size_t i = 0; i < p->n_own; i++) {
+    bh_block *b = p->own[i];
+    /* best fit, but never more than twice the need */
+    if (atomic_load(&b->refs) == 0 && b->size >= size && b->size / 2 <= size &&
+        (!best || b->size < best->size))
+      best = b;
+  }
+  if (best) {
+    atomic_store(&best->refs, 1);
+    best->last_used = ++p->clock;
+    p->reused++;
+    pthread_mutex_unlock(&p->mu);
+    *out = best;
+    return 0;
+  }
+  uint32_t id = p->next_id++;
+  pthread_mutex_unlock(&p->mu);
+
+  bh_block *b = calloc(1, sizeof *b);
+  if (!b) return -ENOMEM;
+  char name[32];
+  snprintf(name, sizeof name, "bulkhead-block-%u", id);
+  int rc = bh__memfd_create(name, size, &b->fd, &b->addr);
+  if (rc) {
+    free(b);
+    return rc;
+  }
+  bh__prefault(b->addr, size);
+  b->pool = p;
+  b->id = id;
+  b->own = 1;
+  b->size = size;
+  atomic_init(&b->refs, 1);
+
+  pthread_mutex_lock(&p->mu);
+  b->last_used = ++p->clock;
+  rc = bh__push_ptr(&p->own, &p->n_own, &p->cap_own, b);
+  if (!rc) p->created++;
+  pthread_mutex_unlock(&p->mu);
+  if (rc) {
+    bh__block_destroy(b);
+    return rc;
+  }
+  *out = b;
+  return 0;
+}
+
+static bh_block *bh__find(bh_block **arr, size_t n, uint32_t id, size_t *at) {
+  for (size_t i = 0; i < n; i++)
+    if (arr[i]->id == id) {
+      if (at) *at = i;
+      return arr[i];
+    }
+  return NULL;
+}
+
+int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd) {
+  if (!b->own || b->pool != p) return -EINVAL;
+  pthread_mutex_lock(&p->mu);
+  atomic_fetch_add(&b->refs, 1);
+  b->lent++;
+  *needs_fd = !b->peer_mapped;
+  b->peer_mapped = 1;
+  pthread_mutex_unlock(&p->mu);
+  return 0;
+}
+
+/* Drop one reference with the lock held; returns 1 if the pool must be
+ * freed by the caller after unlocking. */
+static int bh__unref_locked(bh_pool *p, bh_block *b) {
+  int left = atomic_fetch_sub(&b->refs, 1) - 1;
+  if (left > 0) return 0;
+  if (left < 0) {
+    BH__UNREACHABLE("block reference count below zero");
+    atomic_store(&b->refs, 0);
+    return 0;
+  }
+  size_t at;
+  if (p->closed) {
+    bh_block **arr = b->own ? p->own : p->peer;
+    size_t *n = b->own ? &p->n_own : &p->n_peer;
+    if (bh__find(arr, *n, b->id, &at) == b) bh__remove_at(arr, n, at);
+    bh__block_destroy(b);
+    return bh__pool_empty(p);
+  }
+  if (b->own) {
+    b->last_used = ++p->clock;
+    bh__pool_trim(p);
+  } else if (bh__push_id(&p->returns, &p->n_returns, &p->cap_returns, b->id)) {
+    /* Out of memory for the note: the peer keeps the block lent.  It is
+     * only memory held longer, never memory reused too early. */
+  }
+  return 0;
+}
+
+int bh__pool_returned(bh_pool *p, uint32_t id) {
+  pthread_mutex_lock(&p->mu);
+  bh_block *b = bh__find(p->own, p->n_own, id, NULL);
+  if (!b || b->lent == 0) {
+    pthread_mutex_unlock(&p->mu);
+    return -BH_EBLOCK;
+  }
+  b->lent--;
+  int free_pool = bh__unref_locked(p, b);
+  pthread_mutex_unlock(&p->mu);
+  if (free_pool) bh__pool_free(p);
+  return 0;
+}
+
+int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
+  int rc = bh__memfd_check(fd, size);
+  if (rc) goto out;
+  if (size == 0 || size > SIZE_MAX) {
+    rc = -BH_EBLOCKSEC;
+    goto out;
+  }
+  pthread_mutex_lock(&p->mu);
+  bh_block *old = bh__find(p->peer, p->n_peer, id, NULL);
+  pthread_mutex_unlock(&p->mu);
+  if (old) {
+    rc = -BH_EBLOCK;
+    goto out;
+  }
+  bh_block *b = calloc(1, sizeof *b);
+  if (!b) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  b->addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (b->addr == MAP_FAILED) {
+    rc = -errno;
+    free(b);
+    goto out;
+  }
+  b->pool = p;
+  b->id = id;
+  b->size = (size_t)size;
+  b->fd = -1;
+  atomic_init(&b->refs, 0);
+  pthread_mutex_lock(&p->mu);
+  rc = bh__push_ptr(&p->peer, &p->n_peer, &p->cap_peer, b);
+  pthread_mutex_unlock(&p->mu);
+  if (rc) bh__block_destroy(b);
+out:
+  bh__close(fd);
+  return rc;
+}
+
+int bh__pool_retire_peer(bh_pool *p, uint32_t id) {
+  size_t at;
+  pthread_mutex_lock(&p->mu);
+  bh_block *b = bh__find(p->peer, p->n_peer, id, &at);
+  if (!b || atomic_load(&b->refs) != 0) {
+    pthread_mutex_unlock(&p->mu);
+    return -BH_EBLOCK;
+  }
+  bh__remove_at(p->peer, &p->n_peer, at);
+  pthread_mutex_unlock(&p->mu);
+  bh__block_destroy(b);
+  return 0;
+}
+
+int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out) {
+  pthread_mutex_lock(&p->mu);
+  bh_block *b = bh__find(p->peer, p->n_peer, id, NULL);
+  if (b) atomic_fetch_add(&b->refs, 1);
+  pthread_mutex_unlock(&p->mu);
+  if (!b) return -BH_EBLOCK;
+  *out = b;
+  return 0;
+}
+
+static void bh__take(uint32_t *src, size_t *n_src, uint32_t *dst, uint32_t *n_dst, uint32_t max) {
+  uint32_t n = *n_src < max ? (uint32_t)*n_src : max;
+  memcpy(dst, src + (*n_src - n), n * sizeof *dst);
+  *n_src -= n;
+  *n_dst = n;
+}
+
+void bh__pool_take_notes(bh_pool *p, uint32_t *returns, uint32_t *n_returns,
+                         uint32_t *retires, uint32_t *n_retires, uint32_t max) {
+  pthread_mutex_lock(&p->mu);
+  bh__take(p->returns, &p->n_returns, returns, n_returns, max);
+  bh__take(p->retires, &p->n_retires, retires, n_retires, max);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- public block accessors ---- */
+
+void *bh_block_addr(const bh_block *b) { return b->addr; }
+size_t bh_block_size(const bh_block *b) { return b->size; }
+uint32_t bh_block_id(const bh_block *b) { return b->id; }
+int bh_block_is_own(const bh_block *b) { return b->own; }
+
+void bh_block_ref(bh_block *b) { atomic_fetch_add(&b->refs, 1); }
+
+void bh_block_unref(bh_block *b) {
+  if (!b) return;
+  bh_pool *p = b->pool;
+  pthread_mutex_lock(&p->mu);
+  int free_pool = bh__unref_locked(p, b);
+  pthread_mutex_unlock(&p->mu);
+  if (free_pool) bh__pool_free(p);
+}
+
+int bh_pool_stats_get(bh_pool *p, bh_pool_stats *s) {
+  if (!p || !s) return -EINVAL;
+  memset(s, 0, sizeof *s);
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < p->n_own; i++) {
+    bh_block *b = p->own[i];
+    s->own_blocks++;
+    s->own_bytes += b->size;
+    if (atomic_load(&b->refs) == 0) s->free_blocks++, s->free_bytes += b->size;
+    if (b->lent) s->lent_blocks++;
+  }
+  for (size_t i = 0; i < p->n_peer; i++) s->peer_blocks++, s->peer_bytes += p->peer[i]->size;
+  s->created = p->created;
+  s->reused = p->reused;
+  pthread_mutex_unlock(&p->mu);
+  return 0;
+}

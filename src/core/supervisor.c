@@ -1,0 +1,310 @@
+/*
+ * supervisor.c -- spawn, watch and stop one worker process.
+ *
+ * bh_proc_spawn makes the channel's socketpair first (so there is no
+ * listening address to find or steal), then posix_spawns the interpreter
+ * with: fd 0 /dev/null, fds 1 and 2 a pipe, fd 3 the child's end of the
+ * socketpair, default signal dispositions, an empty signal mask, its own
+ * process group (a terminal's Ctrl-C reaches the host, which decides), and
+ * exactly the environment the caller built.  Every other fd bulkhead holds
+ * is close-on-exec, so the child inherits nothing else of ours.
+ *
+ * A drain thread copies the child's output to a sink fd (the host's
+ * stderr), prefixing each line, and keeps the last BH__TAIL bytes so an
+ * error can quote what the worker said before it died.  Death is seen
+ * through a pidfd (and, by the channel, as EOF); the child is reaped
+ * exactly once, by bh_proc_wait.
+ */
+#include "internal.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define BH__TAIL 8192
+
+struct bh_proc {
+  pid_t pid;
+  int pidfd;
+  int reaped;
+  int status;
+  int out_fd;  /* read end of the child's stdout/stderr pipe */
+  int stop_fd; /* pipe: written to stop the drain thread */
+  int stop_wr;
+  int sink;
+  char prefix[64];
+  pthread_t drain;
+  int drain_started;
+  pthread_mutex_t mu; /* guards tail and drained */
+  pthread_cond_t cv;
+  int drained; /* the pipe reached EOF */
+  char tail[BH__TAIL];
+  size_t tail_len;
+};
+
+static void bh__tail_add(bh_proc *p, const char *s, size_t n) {
+  pthread_mutex_lock(&p->mu);
+  if (n >= BH__TAIL) {
+    memcpy(p->tail, s + n - BH__TAIL, BH__TAIL);
+    p->tail_len = BH__TAIL;
+  } else {
+    size_t keep = p->tail_len + n > BH__TAIL ? BH__TAIL - n : p->tail_len;
+    memmove(p->tail, p->tail + p->tail_len - keep, keep);
+    memcpy(p->tail + keep, s, n);
+    p->tail_len = keep + n;
+  }
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void bh__write_all(int fd, const char *s, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, s, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+static void *bh__drain_main(void *arg) {
+  bh_proc *p = arg;
+  char buf[4096];
+  int at_line_start = 1;
+  size_t plen = strlen(p->prefix);
+  for (;;) {
+    struct pollfd pf[2] = {{p->out_fd, POLLIN, 0}, {p->stop_fd, POLLIN, 0}};
+    int r = poll(pf, 2, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    int stopping = pf[1].revents != 0;
+    /* On stop, take what is already in the pipe but do not wait for more. */
+    ssize_t n = (pf[0].revents || stopping) ? read(p->out_fd, buf, sizeof buf) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0) {
+      bh__tail_add(p, buf, (size_t)n);
+      if (p->sink >= 0) {
+        size_t i = 0;
+        while (i < (size_t)n) {
+          if (at_line_start && plen) bh__write_all(p->sink, p->prefix, plen);
+          char *nl = memchr(buf + i, '\n', (size_t)n - i);
+          size_t end = nl ? (size_t)(nl - buf) + 1 : (size_t)n;
+          bh__write_all(p->sink, buf + i, end - i);
+          at_line_start = nl != NULL;
+          i = end;
+        }
+      }
+      continue;
+    }
+    if (n < 0 && errno == EAGAIN && !stopping) continue;
+    if (n == 0 || stopping || n < 0) break;
+  }
+  pthread_mutex_lock(&p->mu);
+  p->drained = 1;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+/* Moves fd above the low numbers the child's layout uses. */
+static int bh__lift(int *fd) {
+  if (*fd > 3) return 0;
+  int n = fcntl(*fd, F_DUPFD_CLOEXEC, 10);
+  if (n < 0) return -errno;
+  close(*fd);
+  *fd = n;
+  return 0;
+}
+
+static int bh__pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
+  int sv[2] = {-1, -1}, outp[2] = {-1, -1}, stopp[2] = {-1, -1};
+  int rc, fa_init = 0, attr_init = 0;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  bh_proc *p = NULL;
+  if (!o || !o->interpreter || !o->argv || !o->argv[0] || !o->envp || !out || !chan_fd)
+    return -EINVAL;
+  p = calloc(1, sizeof *p);
+  if (!p) return -ENOMEM;
+  p->pidfd = p->out_fd = p->stop_fd = p->stop_wr = -1;
+  p->sink = o->stderr_sink;
+  if (o->stderr_prefix) snprintf(p->prefix, sizeof p->prefix, "%s", o->stderr_prefix);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
+      pipe2(outp, O_CLOEXEC) < 0 || pipe2(stopp, O_CLOEXEC) < 0) {
+    rc = -errno;
+    goto err;
+  }
+  if ((rc = bh__lift(&sv[1])) || (rc = bh__lift(&outp[1]))) goto err;
+
+  if ((rc = posix_spawn_file_actions_init(&fa))) goto err_rc;
+  fa_init = 1;
+  if ((rc = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0)) ||
+      (rc = posix_spawn_file_actions_adddup2(&fa, outp[1], 1)) ||
+      (rc = posix_spawn_file_actions_adddup2(&fa, outp[1], 2)) ||
+      (rc = posix_spawn_file_actions_adddup2(&fa, sv[1], 3)))
+    goto err_rc;
+  if (o->cwd) {
+#ifdef BH_HAS_ADDCHDIR_NP
+    if ((rc = posix_spawn_file_actions_addchdir_np(&fa, o->cwd))) goto err_rc;
+#else
+    rc = ENOSYS;
+    goto err_rc;
+#endif
+  }
+  if ((rc = posix_spawnattr_init(&attr))) goto err_rc;
+  attr_init = 1;
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  sigdelset(&all, SIGKILL);
+  sigdelset(&all, SIGSTOP);
+  if ((rc = posix_spawnattr_setsigmask(&attr, &none)) ||
+      (rc = posix_spawnattr_setsigdefault(&attr, &all)) ||
+      (rc = posix_spawnattr_setpgroup(&attr, 0)) ||
+      (rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                                POSIX_SPAWN_SETPGROUP)))
+    goto err_rc;
+  rc = posix_spawn(&p->pid, o->interpreter, &fa, &attr, (char *const *)o->argv,
+                   (char *const *)o->envp);
+  if (rc) goto err_rc;
+
+  bh__close(sv[1]);
+  sv[1] = -1;
+  bh__close(outp[1]);
+  outp[1] = -1;
+  p->pidfd = bh__pidfd_open(p->pid);
+  p->out_fd = outp[0];
+  outp[0] = -1;
+  fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
+  p->stop_fd = stopp[0];
+  p->stop_wr = stopp[1];
+  stopp[0] = stopp[1] = -1;
+  if (pthread_create(&p->drain, NULL, bh__drain_main, p) == 0) p->drain_started = 1;
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  *chan_fd = sv[0];
+  *out = p;
+  return 0;
+
+err_rc:
+  rc = -rc;
+err:
+  if (fa_init) posix_spawn_file_actions_destroy(&fa);
+  if (attr_init) posix_spawnattr_destroy(&attr);
+  for (int i = 0; i < 2; i++) {
+    if (sv[i] > 2) bh__close(sv[i]);
+    if (outp[i] > 2) bh__close(outp[i]);
+    if (stopp[i] > 2) bh__close(stopp[i]);
+  }
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+  return rc;
+}
+
+pid_t bh_proc_pid(const bh_proc *p) { return p->pid; }
+int bh_proc_pidfd(const bh_proc *p) { return p->pidfd; }
+
+int bh_proc_wait(bh_proc *p, int timeout_ms, int *status) {
+  if (!p) return -EINVAL;
+  if (!p->reaped) {
+    if (p->pidfd >= 0 && timeout_ms != 0) {
+      int64_t deadline = timeout_ms < 0 ? -1 : bh_now_ns() + (int64_t)timeout_ms * 1000000;
+      for (;;) {
+        int left = -1;
+        if (deadline >= 0) {
+          int64_t ns = deadline - bh_now_ns();
+          left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
+        }
+        struct pollfd pf = {p->pidfd, POLLIN, 0};
+        int r = poll(&pf, 1, left);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) return -ETIMEDOUT;
+        break;
+      }
+    }
+    int st = 0;
+    pid_t r;
+    do r = waitpid(p->pid, &st, p->pidfd >= 0 || timeout_ms < 0 ? 0 : WNOHANG);
+    while (r < 0 && errno == EINTR);
+    if (r == 0) return -ETIMEDOUT;
+    if (r < 0) return -errno;
+    p->reaped = 1;
+    p->status = st;
+  }
+  if (status) *status = p->status;
+  return 0;
+}
+
+int bh_proc_kill(bh_proc *p, int sig) {
+  if (!p) return -EINVAL;
+  if (p->reaped) return -ESRCH;
+  /* Not reaped yet, so the pid cannot have been reused. */
+  return kill(p->pid, sig) < 0 ? -errno : 0;
+}
+
+int bh_proc_stop(bh_proc *p, int grace_ms, int term_ms, int *status) {
+  if (!p) return -EINVAL;
+  if (bh_proc_wait(p, grace_ms, status) == 0) return 0;
+  bh_proc_kill(p, SIGTERM);
+  if (bh_proc_wait(p, term_ms, status) == 0) return 0;
+  bh_proc_kill(p, SIGKILL);
+  return bh_proc_wait(p, -1, status);
+}
+
+size_t bh_proc_output_tail(bh_proc *p, char *buf, size_t n) {
+  if (!p || !buf || n == 0) return 0;
+  pthread_mutex_lock(&p->mu);
+  if (p->reaped && p->drain_started) {
+    /* The child is gone; give the drain thread a moment to read its last
+     * words (a grandchild may still hold the pipe, so don't wait long). */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 200 * 1000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    while (!p->drained)
+      if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT) break;
+  }
+  size_t k = p->tail_len < n - 1 ? p->tail_len : n - 1;
+  memcpy(buf, p->tail + p->tail_len - k, k);
+  buf[k] = 0;
+  pthread_mutex_unlock(&p->mu);
+  return k;
+}
+
+void bh_proc_close(bh_proc *p) {
+  if (!p) return;
+  if (!p->reaped) {
+    bh_proc_kill(p, SIGKILL);
+    bh_proc_wait(p, -1, NULL);
+  }
+  if (p->drain_started) {
+    bh__write_all(p->stop_wr, "x", 1);
+    pthread_join(p->drain, NULL);
+  }
+  if (p->pidfd >= 0) bh__close(p->pidfd);
+  if (p->out_fd >= 0) bh__close(p->out_fd);
+  if (p->stop_fd >= 0) bh__close(p->stop_fd);
+  if (p->stop_wr >= 0) bh__close(p->stop_wr);
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
