@@ -1,0 +1,162 @@
+"""numpy arrays and torch CPU tensors <-> bulkhead tensor refs.
+
+Sending copies the data once, straight into a pooled shared-memory block
+(non-contiguous sources are made contiguous by that same copy).  Receiving
+wraps the peer's block with no copy: numpy through the lease's
+``__array_interface__``, torch through a DLPack capsule; the received
+object keeps the block alive, and when it goes the block goes back to its
+owner's pool.  Neither library is imported here unless the process already
+has it loaded or a tensor of it arrives.
+"""
+
+import sys
+
+from . import _native
+
+_CODES = {name: code for name, (code, _size) in _native.dtypes().items()}
+
+# numpy dtype names that map directly; longdouble is platform-sized.
+_NUMPY_NAMES = {
+    "bool": "bool", "int8": "int8", "uint8": "uint8", "int16": "int16",
+    "uint16": "uint16", "int32": "int32", "uint32": "uint32", "int64": "int64",
+    "uint64": "uint64", "float16": "float16", "float32": "float32",
+    "float64": "float64", "complex64": "complex64", "complex128": "complex128",
+}
+
+_TORCH_NAMES = {
+    "bool": "bool", "int8": "int8", "uint8": "uint8", "int16": "int16",
+    "uint16": "uint16", "int32": "int32", "uint32": "uint32", "int64": "int64",
+    "uint64": "uint64", "float16": "float16", "bfloat16": "bfloat16",
+    "float32": "float32", "float64": "float64", "complex32": "complex32",
+    "complex64": "complex64", "complex128": "complex128",
+    "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
+    "float8_e4m3fnuz": "float8_e4m3fnuz", "float8_e5m2fnuz": "float8_e5m2fnuz",
+}
+
+
+def _numpy_code(np, dtype):
+    if dtype.kind == "f" and dtype.itemsize == 16:
+        name = "longdouble"
+    elif dtype.kind == "c" and dtype.itemsize == 32:
+        name = "clongdouble"
+    else:
+        name = _NUMPY_NAMES.get(dtype.name)
+    if name is None or not dtype.isnative:
+        raise TypeError(
+            f"cannot send a numpy array of dtype {dtype!s}: bulkhead carries bool, "
+            "int/uint 8-64, float16/32/64, longdouble and complex in native byte order "
+            "(convert with .astype(...))")
+    return _CODES[name]
+
+
+_torch_by_code = None
+
+
+def _torch_dtypes(torch):
+    global _torch_by_code
+    if _torch_by_code is None:
+        table = {}
+        for ours, attr in _TORCH_NAMES.items():
+            dt = getattr(torch, attr, None)
+            if dt is not None:
+                table[_CODES[ours]] = dt
+        _torch_by_code = table
+    return _torch_by_code
+
+
+def _torch_code(torch, dtype):
+    for code, dt in _torch_dtypes(torch).items():
+        if dt == dtype:
+            return code
+    raise TypeError(f"cannot send a torch tensor of dtype {dtype}: bulkhead has no code for it")
+
+
+def encode(chan, obj):
+    """Copies obj into a block of chan's pool.  Returns the tuple the C
+    encoder expects, or None if obj is neither a numpy array nor a torch
+    tensor."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject or obj.dtype.fields is not None:
+            raise TypeError(f"cannot send a numpy array of dtype {obj.dtype!s} (objects or records)")
+        code = _numpy_code(np, obj.dtype)
+        lease = None
+        if obj.nbytes:
+            lease = chan.acquire(obj.nbytes)
+            dst = np.asarray(lease)[: obj.nbytes].view(obj.dtype).reshape(obj.shape)
+            np.copyto(dst, obj, casting="no")
+            del dst
+        return (0, _native.TENSOR_NUMPY, code, obj.shape, lease)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise TypeError(
+                f"cannot send a torch tensor on device {obj.device}: bulkhead moves CPU "
+                "tensors; call .cpu() first")
+        if obj.layout != torch.strided:
+            raise TypeError(f"cannot send a torch tensor with layout {obj.layout}; call .to_dense()")
+        code = _torch_code(torch, obj.dtype)
+        t = obj.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        nbytes = t.numel() * t.element_size()
+        lease = None
+        if nbytes:
+            lease = chan.acquire(nbytes)
+            dst = _torch_view(torch, lease, nbytes, t.dtype, tuple(t.shape))
+            dst.copy_(t)
+            del dst
+        return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)
+    return None
+
+
+def _torch_view(torch, lease, nbytes, dtype, shape):
+    raw = torch.from_dlpack(lease.dlpack())
+    if raw.numel() != nbytes:
+        raw = raw[:nbytes]
+    return raw.view(dtype).view(shape) if shape else raw.view(dtype).view(())
+
+
+def decode(lib, code, shape, strides, lease):
+    """Wraps a received tensor ref without copying."""
+    if lib == _native.TENSOR_TORCH:
+        import torch
+        dtype = _torch_dtypes(torch).get(code)
+        if dtype is None:
+            raise TypeError(f"this torch has no dtype for bulkhead code {code}")
+        if lease is None:
+            return torch.empty(shape, dtype=dtype)
+        t = _torch_view(torch, lease, lease.nbytes, dtype, (-1,))
+        if tuple(strides) == _contiguous(shape):
+            return t.view(shape)
+        return t.as_strided(shape, strides)
+    import numpy as np
+    name = _native_name(code)
+    dtype = np.dtype(name if name not in ("longdouble", "clongdouble") else getattr(np, name))
+    if lease is None:
+        return np.empty(shape, dtype=dtype)
+    flat = np.asarray(lease).view(dtype)
+    if tuple(strides) == _contiguous(shape):
+        return flat.reshape(shape)
+    isz = dtype.itemsize
+    return np.lib.stride_tricks.as_strided(flat, shape, tuple(s * isz for s in strides))
+
+
+def _contiguous(shape):
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
+
+
+_NAMES = {code: name for name, code in _CODES.items()}
+
+
+def _native_name(code):
+    name = _NAMES.get(code)
+    if name is None or (name not in _NUMPY_NAMES and name not in ("longdouble", "clongdouble")):
+        raise TypeError(f"numpy has no dtype for bulkhead code {code} ({name})")
+    return name

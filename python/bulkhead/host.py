@@ -1,0 +1,361 @@
+"""The host side: ``Worker``, one persistent process under another
+interpreter, and the calls into it.
+
+A worker is spawned by the C supervisor as ``<python> -m bulkhead.worker``
+with the channel on fd 3 and an environment built here from an allow-list
+(nothing of the host's Python setup leaks in: no PYTHONHOME, no
+VIRTUAL_ENV, no host site-packages).  It says HELLO with its interpreter
+and protocol version; the host answers with the generation number.  A
+worker that dies is noticed at once (EOF), reaped, and reported with how it
+ended and what it printed last; the next call starts the next generation.
+"""
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import weakref
+
+from . import _native
+from ._rpc import BulkheadError, Peer, interpreter_info  # noqa: F401 (re-exported)
+
+ProtocolError = _native.ProtocolError
+
+
+class WorkerStartError(BulkheadError):
+    """The worker could not be started, or died before its HELLO."""
+
+
+class WorkerDied(BulkheadError):
+    """The worker died while a call waited on it."""
+
+    def __init__(self, message, status=None, output=""):
+        super().__init__(message)
+        self.status = status
+        self.output = output
+
+    @property
+    def signal(self):
+        return os.WTERMSIG(self.status) if self.status is not None and os.WIFSIGNALED(self.status) else None
+
+    @property
+    def exit_code(self):
+        return os.WEXITSTATUS(self.status) if self.status is not None and os.WIFEXITED(self.status) else None
+
+
+class CallTimeout(BulkheadError):
+    """A call did not finish in time; the worker was killed."""
+
+
+# Variables a worker inherits from the host's environment; everything else
+# must be passed explicitly in env=.
+_PASS = frozenset("""
+PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR TERM SHELL
+CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER NVIDIA_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
+OMP_NUM_THREADS MKL_NUM_THREADS OPENBLAS_NUM_THREADS OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
+XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
+""".split())
+_PASS_PREFIXES = ("LC_", "BULKHEAD_")
+
+
+def describe_status(status):
+    """Words for a waitpid status."""
+    if status is None:
+        return "is still running"
+    if os.WIFSIGNALED(status):
+        n = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(n).name
+        except ValueError:
+            name = f"signal {n}"
+        return f"was killed by signal {n} ({name})"
+    if os.WIFEXITED(status):
+        return f"exited with status {os.WEXITSTATUS(status)}"
+    return f"ended with wait status {status:#x}"
+
+
+_root_lock = threading.Lock()
+_root = None
+
+
+def worker_pythonpath():
+    """A directory holding only the ``bulkhead`` package, for a worker's
+    PYTHONPATH.  The package's own parent when it holds nothing else (a
+    build tree); otherwise a per-user directory with a symlink, so a host
+    installed into site-packages does not leak that site-packages."""
+    global _root
+    with _root_lock:
+        if _root is not None:
+            return _root
+        pkg = os.path.dirname(os.path.abspath(__file__))
+        parent = os.path.dirname(pkg)
+        others = [e for e in os.listdir(parent) if e != "bulkhead" and not e.startswith(".")]
+        if not others:
+            _root = parent
+            return _root
+        base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/bulkhead-{os.getuid()}"
+        root = os.path.join(base, "bulkhead-pkgroot")
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        link = os.path.join(root, "bulkhead")
+        if os.path.realpath(link) != os.path.realpath(pkg):
+            tmp = f"{link}.{os.getpid()}"
+            os.symlink(pkg, tmp)
+            os.replace(tmp, link)
+        _root = root
+        return _root
+
+
+def build_env(extra=None, inherit=True):
+    """The worker's whole environment as a dict."""
+    env = {}
+    if inherit:
+        for k, v in os.environ.items():
+            if k in _PASS or k.startswith(_PASS_PREFIXES):
+                env[k] = v
+    extra = dict(extra or {})
+    path = worker_pythonpath()
+    user_pp = extra.pop("PYTHONPATH", "")
+    env.update(extra)
+    env["PYTHONPATH"] = path + (os.pathsep + user_pp if user_pp else "")
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["BULKHEAD_FD"] = "3"
+    env["BULKHEAD_HOST_PID"] = str(os.getpid())
+    return env
+
+
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for w in list(_live):
+        try:
+            w.close()
+        except Exception:
+            pass
+
+
+class Worker:
+    """A persistent worker process running ``python`` (a path to an
+    interpreter, typically a venv's ``bin/python``).
+
+    ``call("module:function", *args, **kwargs)`` runs a function there and
+    returns its result; callables among the arguments can be called back by
+    the worker while the host waits (re-entrantly: the callback may call
+    the worker again).  numpy arrays and torch CPU tensors cross through
+    shared memory with at most one copy.  The process starts on first use
+    (or ``start()``) and is restarted, as the next generation, after it
+    dies.  Calls are serialized per worker.
+    """
+
+    def __init__(self, python, *, name=None, env=None, cwd=None, inherit_env=True,
+                 start_timeout=60.0, call_timeout=None, stop_grace=2.0, stop_term=1.0,
+                 output=True):
+        self.python = os.fspath(python)
+        self.name = name or os.path.basename(os.path.dirname(os.path.dirname(self.python))) or self.python
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.inherit_env = inherit_env
+        self.start_timeout = start_timeout
+        self.call_timeout = call_timeout
+        self.stop_grace = stop_grace
+        self.stop_term = stop_term
+        self.output = output
+        self.generation = 0
+        self.info = {}
+        self._lock = threading.RLock()
+        self._proc = None
+        self._chan = None
+        self._exposed = {}
+        self._peer = None
+        _live.add(self)
+
+    # --- lifecycle ---
+
+    @property
+    def pid(self):
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self):
+        return self._chan is not None and self._proc is not None and self._proc.wait(0) is None
+
+    def describe(self):
+        return (f"worker {self.name!r} (pid {self.pid}, {self.python}, generation {self.generation})"
+                if self._proc is not None else f"worker {self.name!r} ({self.python})")
+
+    def start(self):
+        """Starts the process if it is not running.  Returns self."""
+        with self._lock:
+            if self._chan is None:
+                self._start()
+        return self
+
+    def _start(self):
+        gen = self.generation + 1
+        env = build_env(self.env, self.inherit_env)
+        envlist = [f"{k}={v}" for k, v in env.items()]
+        argv = [self.python, "-m", "bulkhead.worker"]
+        sink = -1
+        if self.output:
+            try:
+                sink = sys.stderr.fileno()
+            except (AttributeError, ValueError, OSError):
+                sink = 2
+        try:
+            proc, fd = _native.spawn(self.python, argv, envlist, self.cwd, sink, f"[{self.name}] ")
+        except OSError as e:
+            what = "not found" if e.errno == 2 else e.strerror
+            raise WorkerStartError(
+                f"cannot start worker {self.name!r}: interpreter {self.python}: {what}"
+                + (f" (cwd {self.cwd})" if self.cwd and e.errno == 2 else "")) from None
+        peer = Peer(describe=self.describe, outgoing=_native.CALL, resolve=self._resolve_exposed)
+        try:
+            chan = _native.channel_open(fd, peer, os.getuid(), proc.pid, first_id=1)
+        except BaseException:
+            proc.close()
+            raise
+        peer.channel = chan
+        where = f"worker {self.name!r} ({self.python}, pid {proc.pid})"
+        try:
+            kind, _, hello = chan.recv(self.start_timeout)
+            if kind != _native.HELLO or not isinstance(hello, dict):
+                raise WorkerStartError(f"{where} sent frame kind {kind} before HELLO")
+            if hello.get("protocol") != _native.PROTOCOL_VERSION:
+                raise WorkerStartError(
+                    f"{where} speaks bulkhead protocol {hello.get('protocol')}, this host "
+                    f"speaks {_native.PROTOCOL_VERSION}; reinstall bulkhead in one place")
+            chan.notify(_native.HELLO, {"generation": gen, "name": self.name})
+        except BaseException as e:
+            chan.close()
+            if isinstance(e, _native.PeerClosed):
+                status = proc.wait(5.0)
+                tail = proc.output_tail()
+                proc.close()
+                raise WorkerStartError(
+                    f"{where} {describe_status(status)} during start-up"
+                    + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else " (it printed nothing)")) from None
+            proc.kill(signal.SIGKILL)
+            proc.wait()
+            tail = proc.output_tail()
+            proc.close()
+            if isinstance(e, _native.Timeout):
+                raise WorkerStartError(
+                    f"{where} did not say HELLO within {self.start_timeout:g} s; killed"
+                    + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else "")) from None
+            if isinstance(e, _native.ProtocolError):
+                raise WorkerStartError(f"{where} broke the protocol during start-up: {e}") from None
+            raise
+        self._proc, self._chan, self._peer = proc, chan, peer
+        peer.timeout = self.call_timeout
+        self.generation = gen
+        self.info = hello
+
+    def _teardown(self):
+        chan, proc = self._chan, self._proc
+        self._chan = self._proc = self._peer = None
+        if chan is not None:
+            chan.close()
+        if proc is not None:
+            proc.close()
+
+    def close(self):
+        """BYE, then the ladder: wait stop_grace s, SIGTERM, wait stop_term
+        s, SIGKILL.  Returns the exit status, or None if not running."""
+        with self._lock:
+            if self._chan is None:
+                return None
+            try:
+                self._chan.notify(_native.BYE)
+            except _native.Error:
+                pass
+            status = self._proc.stop(self.stop_grace, self.stop_term)
+            self._teardown()
+            return status
+
+    def kill(self, sig=signal.SIGKILL):
+        """Sends a signal to the worker process (tests, hung workers)."""
+        if self._proc is not None:
+            self._proc.kill(sig)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "running" if self._chan is not None else "stopped"
+        return f"<bulkhead.Worker {self.name!r} {state} gen={self.generation} pid={self.pid}>"
+
+    # --- calls ---
+
+    def expose(self, name, fn):
+        """Lets the worker call ``fn`` by name (``bulkhead.worker.call_host``)."""
+        self._exposed[name] = fn
+
+    def _resolve_exposed(self, target):
+        try:
+            return self._exposed[target]
+        except KeyError:
+            raise PermissionError(
+                f"the host exposes no callable named {target!r} to {self.describe()} "
+                f"(exposed: {sorted(self._exposed) or 'none'}; see Worker.expose)") from None
+
+    def call(self, target, /, *args, **kwargs):
+        """Runs ``target`` ('module:function' or 'module.function') in the
+        worker with the arguments and returns its result."""
+        with self._lock:
+            if self._chan is None:
+                self._start()
+            chan, peer = self._chan, self._peer
+            try:
+                return chan.request(_native.CALL, (target, args, kwargs), self.call_timeout)
+            except _native.PeerClosed:
+                self._died(f"during call {target!r}")
+            except _native.Timeout:
+                self._hung(target)
+            except _native.ProtocolError as e:
+                self._broken(target, e)
+            finally:
+                if peer.exports and chan.depth == 0:
+                    peer.exports.clear()
+
+    def _died(self, during):
+        proc = self._proc
+        status = proc.wait(2.0)
+        if status is None:  # closed the socket but lingers: finish it
+            proc.kill(signal.SIGKILL)
+            status = proc.wait()
+        tail = proc.output_tail()
+        what = f"{self.describe()} {describe_status(status)} {during}"
+        self._teardown()
+        msg = f"{what}; the next call starts generation {self.generation + 1}"
+        if tail:
+            msg += "\n--- last worker output ---\n" + tail.rstrip()
+        raise WorkerDied(msg, status, tail) from None
+
+    def _hung(self, target):
+        what = self.describe()
+        self._proc.kill(signal.SIGKILL)
+        self._proc.wait()
+        self._teardown()
+        raise CallTimeout(
+            f"{what} did not answer call {target!r} within {self.call_timeout:g} s; "
+            f"it was killed and the next call starts generation {self.generation + 1}") from None
+
+    def _broken(self, target, err):
+        what = self.describe()
+        self._proc.kill(signal.SIGKILL)
+        self._proc.wait()
+        self._teardown()
+        raise ProtocolError(f"{what} sent a malformed frame during call {target!r}: {err}; "
+                            f"it was killed and the next call starts generation {self.generation + 1}") from None
+
+    def stats(self):
+        """Block-pool statistics of this side of the channel."""
+        return self._chan.stats() if self._chan is not None else {}

@@ -1,0 +1,64 @@
+"""The worker process: ``<python> -m bulkhead.worker``.
+
+Started by the host's supervisor with the channel on fd 3.  It says HELLO
+(interpreter, protocol), takes the host's answer (its generation), then
+serves calls until BYE or EOF.  A watchdog thread ends the process if the
+host dies while a call is still running here.
+"""
+
+import os
+import select
+import sys
+import threading
+
+from . import _native
+from ._rpc import Peer, interpreter_info, resolve_target
+
+_peer = None
+
+
+def call_host(target, /, *args, **kwargs):
+    """Calls a function the host exposed by name (``Worker.expose``),
+    serving nested calls while it waits."""
+    if _peer is None:
+        raise RuntimeError("bulkhead.worker.call_host works only inside a bulkhead worker")
+    return _peer.channel.request(_native.CALLBACK, (target, args, kwargs), None)
+
+
+def _watch_host(host_pid):
+    try:
+        pidfd = os.pidfd_open(host_pid)
+    except (AttributeError, OSError):
+        return
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.poll()
+    os._exit(70)
+
+
+def main():
+    global _peer
+    fd = int(os.environ.pop("BULKHEAD_FD", "3"))
+    host_pid = int(os.environ.pop("BULKHEAD_HOST_PID", os.getppid()))
+    if host_pid != os.getppid():
+        print(f"bulkhead.worker: started by pid {os.getppid()}, expected host {host_pid}", file=sys.stderr)
+        return 2
+    peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
+    chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)
+    peer.channel = chan
+    _peer = peer
+    threading.Thread(target=_watch_host, args=(host_pid,), name="bulkhead-host-watch", daemon=True).start()
+    hello = interpreter_info()
+    hello.update(protocol=_native.PROTOCOL_VERSION, pid=os.getpid())
+    chan.notify(_native.HELLO, hello)
+    kind, _, ack = chan.recv(60.0)
+    if kind != _native.HELLO:
+        print(f"bulkhead.worker: expected HELLO from the host, got frame kind {kind}", file=sys.stderr)
+        return 2
+    chan.serve()
+    chan.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

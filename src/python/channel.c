@@ -1,0 +1,582 @@
+/*
+ * channel.c (binding) -- the Channel type: one end of a host<->worker
+ * channel and the request loop both ends run.
+ *
+ * Host and worker are symmetric peers.  request() sends a CALL (or
+ * CALLBACK, RELEASE) and waits for the RESULT/ERROR with its id; while it
+ * waits it serves whatever the peer asks (a CALLBACK from a worker, a
+ * nested CALL from a host inside that callback), so calls nest to any
+ * depth on one thread.  A reply that belongs to an outer wait is stashed
+ * for it; a reply nobody waits for (an abandoned call) is dropped.
+ * serve() is the worker's idle loop: serve requests until BYE or EOF.
+ *
+ * The hot path (encode, send, wait, decode, dispatch by a cached target)
+ * is all C; Python hooks are called only for what C cannot decide: to
+ * resolve a target the first time, to adapt tensors and handles, to build
+ * or format an exception.  Every wait releases the GIL.
+ */
+#include "common.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#define BH__NEST_MAX 64
+
+typedef struct {
+  PyObject_HEAD
+  bh_channel *c;
+  PyObject *module;
+  PyObject *hooks;
+  PyObject *h_encode_other, *h_decode_tensor, *h_decode_handle, *h_resolve;
+  PyObject *h_format_exc, *h_make_error, *h_on_frame, *h_on_request;
+  PyObject *resolved; /* target str -> callable */
+  PyObject *stash;    /* request id -> (kind, value), for outer waits */
+  uint64_t next_id;
+  uint64_t waiters[BH__NEST_MAX];
+  int n_waiters;
+  unsigned long owner; /* thread receiving now, 0 if none */
+  int owner_depth;
+} bh_chan_obj;
+
+static bh_state *chan_state(bh_chan_obj *self) { return bh_py_state(self->module); }
+
+static int Channel_traverse(PyObject *op, visitproc visit, void *arg) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  Py_VISIT(Py_TYPE(op));
+  Py_VISIT(self->module);
+  Py_VISIT(self->hooks);
+  Py_VISIT(self->h_encode_other);
+  Py_VISIT(self->h_decode_tensor);
+  Py_VISIT(self->h_decode_handle);
+  Py_VISIT(self->h_resolve);
+  Py_VISIT(self->h_format_exc);
+  Py_VISIT(self->h_make_error);
+  Py_VISIT(self->h_on_frame);
+  Py_VISIT(self->h_on_request);
+  Py_VISIT(self->resolved);
+  Py_VISIT(self->stash);
+  return 0;
+}
+
+static int Channel_clear(PyObject *op) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  Py_CLEAR(self->hooks);
+  Py_CLEAR(self->h_encode_other);
+  Py_CLEAR(self->h_decode_tensor);
+  Py_CLEAR(self->h_decode_handle);
+  Py_CLEAR(self->h_resolve);
+  Py_CLEAR(self->h_format_exc);
+  Py_CLEAR(self->h_make_error);
+  Py_CLEAR(self->h_on_frame);
+  Py_CLEAR(self->h_on_request);
+  Py_CLEAR(self->resolved);
+  Py_CLEAR(self->stash);
+  return 0;
+}
+
+static void chan_close(bh_chan_obj *self) {
+  bh_channel *c = self->c;
+  self->c = NULL;
+  if (c) bh_channel_close(c);
+}
+
+static void Channel_dealloc(PyObject *op) {
+  PyTypeObject *tp = Py_TYPE(op);
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  PyObject_GC_UnTrack(op);
+  chan_close(self);
+  Channel_clear(op);
+  Py_CLEAR(self->module);
+  freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+  tp_free(op);
+  Py_DECREF(tp);
+}
+
+static bh_channel *chan_live(bh_chan_obj *self) {
+  if (!self->c) {
+    PyObject *e = chan_state(self)->PeerClosed;
+    PyErr_SetString(e, "channel is closed");
+  }
+  return self->c;
+}
+
+static int64_t deadline_of(PyObject *timeout, int *err) {
+  *err = 0;
+  if (!timeout || timeout == Py_None) return -1;
+  double s = PyFloat_AsDouble(timeout);
+  if (s == -1.0 && PyErr_Occurred()) return *err = -1, 0;
+  if (s < 0) s = 0;
+  if (s > 1e9) return -1;
+  return bh_now_ns() + (int64_t)(s * 1e9);
+}
+
+/* Claims the channel for this thread (re-entrant). */
+static int chan_enter(bh_chan_obj *self) {
+  unsigned long me = PyThread_get_thread_ident();
+  if (self->owner && self->owner != me) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "bulkhead channel is in use by another thread; calls to one worker are serialized by its Worker lock");
+    return -1;
+  }
+  self->owner = me;
+  self->owner_depth++;
+  return 0;
+}
+
+static void chan_leave(bh_chan_obj *self) {
+  if (--self->owner_depth == 0) self->owner = 0;
+}
+
+/* Encodes and sends one frame.  0, or -1 with an exception. */
+static int chan_send(bh_chan_obj *self, int kind, uint64_t req, PyObject *value) {
+  bh_channel *c = chan_live(self);
+  if (!c) return -1;
+  bh_enc_ctx e;
+  bh_py_enc_init(&e, chan_state(self), self->h_encode_other);
+  if (bh_py_encode(&e, value ? value : Py_None) < 0) {
+    bh_py_enc_free(&e);
+    return -1;
+  }
+  bh_msg m = {.kind = (uint16_t)kind, .request_id = req, .value = e.buf.data,
+              .value_len = e.buf.len, .blocks = e.blocks, .n_blocks = e.n_blocks};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_channel_send(c, &m);
+  Py_END_ALLOW_THREADS
+  bh_py_enc_free(&e);
+  if (rc < 0) {
+    bh_py_raise(chan_state(self), rc, "send");
+    return -1;
+  }
+  return 0;
+}
+
+/* Receives one frame; retries after signals Python does not turn into an
+ * exception. */
+static int chan_recv(bh_chan_obj *self, bh_frame *f, int64_t deadline) {
+  for (;;) {
+    bh_channel *c = chan_live(self);
+    if (!c) return -1;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bh_channel_recv(c, f, deadline);
+    Py_END_ALLOW_THREADS
+    if (rc == -EINTR) {
+      if (PyErr_CheckSignals() < 0) return -1;
+      continue;
+    }
+    if (rc < 0) {
+      bh_py_raise(chan_state(self), rc, "recv");
+      return -1;
+    }
+    return 0;
+  }
+}
+
+static PyObject *chan_decode(bh_chan_obj *self, bh_frame *f) {
+  bh_dec_ctx d = {chan_state(self), self->c, self->h_decode_tensor, self->h_decode_handle};
+  PyObject *v = bh_py_decode(&d, f->value, f->value_len);
+  bh_channel_frame_done(self->c, f);
+  return v;
+}
+
+/* Turns the current exception into an ERROR reply for request `req`.
+ * Returns 0 if the exception was an ordinary one (cleared and sent), -1 if
+ * it must propagate here too (BaseException, or the send failed). */
+static int chan_reply_error(bh_chan_obj *self, uint64_t req) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb && value) PyException_SetTraceback(value, tb);
+  int ordinary = PyErr_GivenExceptionMatches(type, PyExc_Exception);
+  PyObject *payload = PyObject_CallFunctionObjArgs(self->h_format_exc, value ? value : Py_None, NULL);
+  int rc = 0;
+  if (!payload || chan_send(self, BH_KIND_ERROR, req, payload) < 0) {
+    Py_XDECREF(payload);
+    /* Reporting failed: let the formatting/sending error win. */
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return -1;
+  }
+  Py_DECREF(payload);
+  if (ordinary) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+  } else {
+    PyErr_Restore(type, value, tb);
+    rc = -1;
+  }
+  return rc;
+}
+
+/* Finds the callable for a CALL target: a cached str, or what a handle
+ * decoded to.  New reference. */
+static PyObject *chan_target(bh_chan_obj *self, PyObject *target) {
+  if (PyUnicode_Check(target)) {
+    PyObject *fn = PyDict_GetItem(self->resolved, target); /* borrowed */
+    if (fn) return bh_py_newref(fn);
+    fn = PyObject_CallFunctionObjArgs(self->h_resolve, target, NULL);
+    if (fn && PyDict_SetItem(self->resolved, target, fn) < 0) Py_CLEAR(fn);
+    return fn;
+  }
+  if (PyCallable_Check(target)) return bh_py_newref(target);
+  PyErr_Format(PyExc_TypeError, "call target must be 'module:function' or a callable handle, not %R",
+               (PyObject *)Py_TYPE(target));
+  return NULL;
+}
+
+/* Serves one incoming request frame: runs it and sends the reply.
+ * Returns 0, or -1 when an exception must propagate. */
+static int chan_handle_request(bh_chan_obj *self, bh_frame *f) {
+  uint64_t req = f->h.request_id;
+  int kind = f->h.kind;
+  PyObject *res = NULL;
+  PyObject *v = chan_decode(self, f);
+  if (!v) return chan_reply_error(self, req);
+  if (kind == BH_KIND_CALL || kind == BH_KIND_CALLBACK) {
+    PyObject *target, *args, *kwargs;
+    if (!PyTuple_Check(v) || PyTuple_Size(v) != 3 ||
+        !PyTuple_Check(args = PyTuple_GetItem(v, 1)) ||
+        !PyDict_Check(kwargs = PyTuple_GetItem(v, 2))) {
+      PyErr_SetString(PyExc_TypeError, "a call must be (target, args tuple, kwargs dict)");
+    } else {
+      target = PyTuple_GetItem(v, 0);
+      PyObject *fn = chan_target(self, target);
+      if (fn) {
+        res = PyObject_Call(fn, args, PyDict_Size(kwargs) ? kwargs : NULL);
+        Py_DECREF(fn);
+      }
+    }
+  } else {
+    res = PyObject_CallFunction(self->h_on_request, "iO", kind, v);
+  }
+  Py_DECREF(v);
+  if (!res) return chan_reply_error(self, req);
+  int rc = chan_send(self, BH_KIND_RESULT, req, res);
+  Py_DECREF(res);
+  if (rc < 0) {
+    /* The result could not be sent (a type that cannot cross, say): the
+     * peer gets that error instead, unless the channel itself failed. */
+    if (PyErr_ExceptionMatches(chan_state(self)->Error)) return -1;
+    return chan_reply_error(self, req);
+  }
+  return 0;
+}
+
+/* RESULT -> value; ERROR -> the exception make_error builds. */
+static PyObject *chan_finish(bh_chan_obj *self, int kind, PyObject *value) {
+  if (kind == BH_KIND_RESULT) return value;
+  PyObject *exc = PyObject_CallFunctionObjArgs(self->h_make_error, value, NULL);
+  Py_DECREF(value);
+  if (!exc) return NULL;
+  PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+  Py_DECREF(exc);
+  return NULL;
+}
+
+static int chan_is_waiting(bh_chan_obj *self, uint64_t id) {
+  for (int i = 0; i < self->n_waiters; i++)
+    if (self->waiters[i] == id) return 1;
+  return 0;
+}
+
+static int chan_dispatch_other(bh_chan_obj *self, bh_frame *f) {
+  int kind = f->h.kind;
+  PyObject *v = chan_decode(self, f);
+  if (!v) return -1;
+  PyObject *r = PyObject_CallFunction(self->h_on_frame, "iO", kind, v);
+  Py_DECREF(v);
+  if (!r) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+/* The wait for reply `id`, serving the peer meanwhile. */
+static PyObject *chan_wait(bh_chan_obj *self, uint64_t id, int64_t deadline) {
+  PyObject *key = PyLong_FromUnsignedLongLong(id), *out = NULL;
+  if (!key) return NULL;
+  self->waiters[self->n_waiters++] = id;
+  for (;;) {
+    PyObject *stashed = PyDict_GetItem(self->stash, key); /* borrowed */
+    if (stashed) {
+      int kind = (int)PyLong_AsLong(PyTuple_GetItem(stashed, 0));
+      PyObject *value = bh_py_newref(PyTuple_GetItem(stashed, 1));
+      PyDict_DelItem(self->stash, key);
+      out = chan_finish(self, kind, value);
+      break;
+    }
+    bh_frame f;
+    if (chan_recv(self, &f, deadline) < 0) break;
+    int kind = f.h.kind;
+    uint64_t req = f.h.request_id;
+    if (kind == BH_KIND_RESULT || kind == BH_KIND_ERROR) {
+      PyObject *value = chan_decode(self, &f);
+      if (req == id) {
+        out = value ? chan_finish(self, kind, value) : NULL;
+        break;
+      }
+      if (!value) { /* a broken reply for a call nobody here waits on */
+        if (chan_is_waiting(self, req)) break;
+        PyErr_Clear();
+        continue;
+      }
+      if (chan_is_waiting(self, req)) {
+        PyObject *k = PyLong_FromUnsignedLongLong(req);
+        PyObject *t = Py_BuildValue("(iN)", kind, value);
+        int bad = !k || !t || PyDict_SetItem(self->stash, k, t) < 0;
+        Py_XDECREF(k);
+        Py_XDECREF(t);
+        if (bad) break;
+      } else {
+        Py_DECREF(value); /* the reply of an abandoned call */
+      }
+    } else if (kind == BH_KIND_CALL || kind == BH_KIND_CALLBACK || kind == BH_KIND_RELEASE) {
+      if (chan_handle_request(self, &f) < 0) break;
+    } else if (kind == BH_KIND_BYE) {
+      bh_channel_frame_done(self->c, &f);
+      PyErr_SetString(chan_state(self)->PeerClosed, "peer said BYE while a call was waiting");
+      break;
+    } else if (chan_dispatch_other(self, &f) < 0) {
+      break;
+    }
+  }
+  self->n_waiters--;
+  Py_DECREF(key);
+  return out;
+}
+
+static PyObject *Channel_request(PyObject *op, PyObject *args) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  int kind, err;
+  PyObject *payload, *timeout = Py_None;
+  if (!PyArg_ParseTuple(args, "iO|O:request", &kind, &payload, &timeout)) return NULL;
+  int64_t deadline = deadline_of(timeout, &err);
+  if (err) return NULL;
+  if (self->n_waiters >= BH__NEST_MAX) {
+    PyErr_Format(PyExc_RecursionError, "bulkhead calls nest deeper than %d", BH__NEST_MAX);
+    return NULL;
+  }
+  if (chan_enter(self) < 0) return NULL;
+  uint64_t id = self->next_id;
+  self->next_id += 2;
+  PyObject *out = NULL;
+  if (chan_send(self, kind, id, payload) == 0) out = chan_wait(self, id, deadline);
+  chan_leave(self);
+  return out;
+}
+
+static PyObject *Channel_notify(PyObject *op, PyObject *args) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  int kind;
+  PyObject *payload = Py_None;
+  unsigned long long req = 0;
+  if (!PyArg_ParseTuple(args, "i|OK:notify", &kind, &payload, &req)) return NULL;
+  if (!bh_kind_name((unsigned)kind)) {
+    PyErr_Format(PyExc_ValueError, "unknown frame kind %d", kind);
+    return NULL;
+  }
+  if (chan_send(self, kind, req, payload) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *Channel_recv(PyObject *op, PyObject *args) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  PyObject *timeout = Py_None;
+  int err;
+  if (!PyArg_ParseTuple(args, "|O:recv", &timeout)) return NULL;
+  int64_t deadline = deadline_of(timeout, &err);
+  if (err || chan_enter(self) < 0) return NULL;
+  bh_frame f;
+  PyObject *out = NULL;
+  if (chan_recv(self, &f, deadline) == 0) {
+    int kind = f.h.kind;
+    unsigned long long req = f.h.request_id;
+    PyObject *v = chan_decode(self, &f);
+    if (v) out = Py_BuildValue("(iKN)", kind, req, v);
+  }
+  chan_leave(self);
+  return out;
+}
+
+static PyObject *Channel_serve(PyObject *op, PyObject *unused) {
+  (void)unused;
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  if (chan_enter(self) < 0) return NULL;
+  PyObject *out = NULL;
+  for (;;) {
+    bh_frame f;
+    if (chan_recv(self, &f, -1) < 0) {
+      if (PyErr_ExceptionMatches(chan_state(self)->PeerClosed)) {
+        PyErr_Clear();
+        out = PyUnicode_FromString("eof");
+      }
+      break;
+    }
+    int kind = f.h.kind;
+    if (kind == BH_KIND_CALL || kind == BH_KIND_CALLBACK || kind == BH_KIND_RELEASE) {
+      if (chan_handle_request(self, &f) < 0) break;
+    } else if (kind == BH_KIND_BYE) {
+      bh_channel_frame_done(self->c, &f);
+      out = PyUnicode_FromString("bye");
+      break;
+    } else if (kind == BH_KIND_RESULT || kind == BH_KIND_ERROR) {
+      PyObject *v = chan_decode(self, &f); /* stale reply: drop it */
+      if (!v) PyErr_Clear();
+      Py_XDECREF(v);
+    } else if (chan_dispatch_other(self, &f) < 0) {
+      break;
+    }
+  }
+  chan_leave(self);
+  return out;
+}
+
+static PyObject *Channel_acquire(PyObject *op, PyObject *arg) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  bh_channel *c = chan_live(self);
+  if (!c) return NULL;
+  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (n == 0) {
+    PyErr_SetString(PyExc_ValueError, "acquire(0): empty tensors need no block");
+    return NULL;
+  }
+  bh_block *b;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_channel_block_acquire(c, (size_t)n, &b);
+  Py_END_ALLOW_THREADS
+  if (rc < 0) return bh_py_raise(chan_state(self), rc, "acquire");
+  PyObject *l = bh_py_lease_new(chan_state(self), b, 0, n);
+  bh_block_unref(b);
+  return l;
+}
+
+static PyObject *Channel_stats(PyObject *op, PyObject *unused) {
+  (void)unused;
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  bh_channel *c = chan_live(self);
+  bh_pool_stats s;
+  if (!c) return NULL;
+  bh_pool_stats_get(bh_channel_pool(c), &s);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "own_blocks", s.own_blocks,
+                       "own_bytes", s.own_bytes, "free_blocks", s.free_blocks, "free_bytes",
+                       s.free_bytes, "lent_blocks", s.lent_blocks, "peer_blocks", s.peer_blocks,
+                       "peer_bytes", s.peer_bytes, "created", s.created, "reused", s.reused);
+}
+
+static PyObject *Channel_close(PyObject *op, PyObject *unused) {
+  (void)unused;
+  chan_close((bh_chan_obj *)op);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Channel_fileno(PyObject *op, PyObject *unused) {
+  (void)unused;
+  bh_channel *c = chan_live((bh_chan_obj *)op);
+  return c ? PyLong_FromLong(bh_channel_fd(c)) : NULL;
+}
+
+static PyObject *Channel_set_peer_pid(PyObject *op, PyObject *arg) {
+  bh_channel *c = chan_live((bh_chan_obj *)op);
+  long pid = PyLong_AsLong(arg);
+  if (!c || (pid == -1 && PyErr_Occurred())) return NULL;
+  bh_channel_set_peer_pid(c, (pid_t)pid);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Channel_forget(PyObject *op, PyObject *unused) {
+  (void)unused;
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  PyDict_Clear(self->resolved);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Channel_closed(PyObject *op, void *c) {
+  (void)c;
+  return PyBool_FromLong(((bh_chan_obj *)op)->c == NULL);
+}
+
+static PyObject *Channel_depth(PyObject *op, void *c) {
+  (void)c;
+  return PyLong_FromLong(((bh_chan_obj *)op)->n_waiters);
+}
+
+static PyMethodDef Channel_methods[] = {
+    {"request", Channel_request, METH_VARARGS,
+     "request(kind, payload, timeout=None) -> value\n"
+     "Sends a request and waits for its reply, serving the peer meanwhile."},
+    {"notify", Channel_notify, METH_VARARGS, "notify(kind, payload=None, request_id=0): send, no reply"},
+    {"recv", Channel_recv, METH_VARARGS, "recv(timeout=None) -> (kind, request_id, value)"},
+    {"serve", Channel_serve, METH_NOARGS, "serve() -> 'bye' | 'eof': answer requests until the peer goes"},
+    {"acquire", Channel_acquire, METH_O, "acquire(nbytes) -> Lease over a free own block"},
+    {"stats", Channel_stats, METH_NOARGS, "block pool statistics"},
+    {"close", Channel_close, METH_NOARGS, "close the socket; blocks stay while referenced"},
+    {"fileno", Channel_fileno, METH_NOARGS, "the socket fd"},
+    {"set_peer_pid", Channel_set_peer_pid, METH_O, "frames must come from this pid from now on"},
+    {"forget_targets", Channel_forget, METH_NOARGS, "drop the cache of resolved call targets"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Channel_getset[] = {
+    {"closed", Channel_closed, NULL, "True once closed", NULL},
+    {"depth", Channel_depth, NULL, "requests waiting on this channel now (nesting)", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyType_Slot Channel_slots[] = {
+    {Py_tp_dealloc, Channel_dealloc},
+    {Py_tp_traverse, Channel_traverse},
+    {Py_tp_clear, Channel_clear},
+    {Py_tp_methods, Channel_methods},
+    {Py_tp_getset, Channel_getset},
+    {Py_tp_doc, "One end of a bulkhead channel (see channel_open)."},
+    {0, NULL}};
+
+PyType_Spec bh_channel_spec = {"bulkhead._native.Channel", sizeof(bh_chan_obj), 0,
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Channel_slots};
+
+static int hook(PyObject *hooks, const char *name, PyObject **slot) {
+  *slot = PyObject_GetAttrString(hooks, name);
+  return *slot ? 0 : -1;
+}
+
+PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"fd", "hooks", "peer_uid", "peer_pid", "pool_keep_bytes", "first_id", NULL};
+  int fd;
+  PyObject *hooks;
+  unsigned long uid;
+  long pid = 0;
+  unsigned long long keep = 0, first_id = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iOk|lKK:channel_open", kwlist, &fd, &hooks, &uid, &pid,
+                                   &keep, &first_id))
+    return NULL;
+  bh_state *st = bh_py_state(module);
+  bh_chan_obj *self = PyObject_GC_New(bh_chan_obj, st->Channel);
+  if (!self) return NULL;
+  memset((char *)self + sizeof(PyObject), 0, sizeof *self - sizeof(PyObject));
+  self->module = bh_py_newref(module);
+  self->hooks = bh_py_newref(hooks);
+  self->next_id = first_id ? first_id : 1;
+  PyObject_GC_Track((PyObject *)self);
+  if (hook(hooks, "encode_other", &self->h_encode_other) < 0 ||
+      hook(hooks, "decode_tensor", &self->h_decode_tensor) < 0 ||
+      hook(hooks, "decode_handle", &self->h_decode_handle) < 0 ||
+      hook(hooks, "resolve", &self->h_resolve) < 0 ||
+      hook(hooks, "format_exc", &self->h_format_exc) < 0 ||
+      hook(hooks, "make_error", &self->h_make_error) < 0 ||
+      hook(hooks, "on_frame", &self->h_on_frame) < 0 ||
+      hook(hooks, "on_request", &self->h_on_request) < 0 ||
+      !(self->resolved = PyDict_New()) || !(self->stash = PyDict_New())) {
+    close(fd);
+    Py_DECREF(self);
+    return NULL;
+  }
+  bh_channel_opts o = {.peer_uid = (uid_t)uid, .peer_pid = (pid_t)pid, .pool_keep_bytes = keep};
+  int rc = bh_channel_open(&self->c, fd, &o);
+  if (rc < 0) {
+    Py_DECREF(self);
+    return bh_py_raise(st, rc, "channel_open");
+  }
+  return (PyObject *)self;
+}

@@ -1,0 +1,330 @@
+/*
+ * codec.c (binding) -- Python values to bulkhead's encoding and back.
+ *
+ * Plain values (None, bool, int64, float, str, bytes, bytearray, list,
+ * tuple, dict) are walked here in C.  Anything else goes to the channel's
+ * encode_other hook, which answers with a tensor description (and a Lease
+ * over the shm block it copied the data into) or a handle, or raises
+ * TypeError naming the type: nothing is ever pickled.  Decoding validates
+ * as it goes (bh_dec_next is total) and hands tensor refs and handles to
+ * the decode hooks, which build numpy/torch objects or proxies.
+ */
+#include "common.h"
+
+#include <stdlib.h>
+
+void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other) {
+  memset(e, 0, sizeof *e);
+  e->st = st;
+  e->encode_other = encode_other;
+  bh_buf_init(&e->buf);
+}
+
+void bh_py_enc_free(bh_enc_ctx *e) {
+  bh_buf_free(&e->buf);
+  Py_CLEAR(e->keep);
+  free(e->blocks);
+  e->blocks = NULL;
+  e->n_blocks = e->cap_blocks = 0;
+}
+
+static int enc_fail(bh_enc_ctx *e) {
+  if (!PyErr_Occurred()) PyErr_NoMemory();
+  (void)e;
+  return -1;
+}
+
+static int enc_count(bh_enc_ctx *e, Py_ssize_t n, int (*hdr)(bh_buf *, uint32_t)) {
+  if (n < 0) return -1;
+  if ((size_t)n > UINT32_MAX) {
+    PyErr_SetString(PyExc_ValueError, "container too large for bulkhead (more than 2**32-1 items)");
+    return -1;
+  }
+  return hdr(&e->buf, (uint32_t)n) ? enc_fail(e) : 0;
+}
+
+static int enc_value(bh_enc_ctx *e, PyObject *o, int depth);
+
+/* Seconds of a (kind, ...) tuple from encode_other. */
+static int enc_other(bh_enc_ctx *e, PyObject *o) {
+  if (!e->encode_other) {
+    PyErr_Format(PyExc_TypeError, "cannot send an object of type %R", (PyObject *)Py_TYPE(o));
+    return -1;
+  }
+  PyObject *r = PyObject_CallFunctionObjArgs(e->encode_other, o, NULL);
+  if (!r) return -1;
+  int rc = -1;
+  long kind;
+  if (!PyTuple_Check(r) || PyTuple_Size(r) < 1 ||
+      ((kind = PyLong_AsLong(PyTuple_GetItem(r, 0))) == -1 && PyErr_Occurred())) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "encode_other must return a tuple");
+    goto out;
+  }
+  if (kind == 1) { /* (1, space, id): a handle */
+    bh_handle_ref h;
+    unsigned char space;
+    unsigned long long id;
+    if (!PyArg_ParseTuple(r, "lbK", &kind, &space, &id)) goto out;
+    h.space = space;
+    h.id = id;
+    rc = bh_enc_handle(&e->buf, &h) ? enc_fail(e) : 0;
+    goto out;
+  }
+  /* (0, lib, dtype, shape, lease-or-None): a C-contiguous tensor */
+  bh_tensor_ref t;
+  memset(&t, 0, sizeof t);
+  unsigned char lib, dtype;
+  PyObject *shape, *lease;
+  if (!PyArg_ParseTuple(r, "lbbOO", &kind, &lib, &dtype, &shape, &lease)) goto out;
+  Py_ssize_t nd = PySequence_Size(shape);
+  if (nd < 0) goto out;
+  if (nd > BH_MAX_DIMS) {
+    PyErr_Format(PyExc_ValueError, "tensor has %zd dimensions; bulkhead carries at most %d", nd,
+                 BH_MAX_DIMS);
+    goto out;
+  }
+  t.lib = lib;
+  t.dtype = dtype;
+  t.ndim = (uint8_t)nd;
+  unsigned isz = bh_dtype_itemsize(dtype);
+  uint64_t count = 1;
+  for (Py_ssize_t i = 0; i < nd; i++) {
+    PyObject *d = PySequence_GetItem(shape, i);
+    if (!d) goto out;
+    t.shape[i] = PyLong_AsLongLong(d);
+    Py_DECREF(d);
+    if (t.shape[i] == -1 && PyErr_Occurred()) goto out;
+  }
+  int64_t stride = 1;
+  for (Py_ssize_t i = nd; i-- > 0;) {
+    t.strides[i] = stride;
+    if (t.shape[i] > 0) stride *= t.shape[i];
+  }
+  for (Py_ssize_t i = 0; i < nd; i++) count *= (uint64_t)(t.shape[i] < 0 ? 0 : t.shape[i]);
+  t.nbytes = count * isz;
+  t.block = BH_BLOCK_NONE;
+  if (lease != Py_None) {
+    if (!PyObject_TypeCheck(lease, e->st->Lease) || !((bh_lease_obj *)lease)->block) {
+      PyErr_SetString(PyExc_TypeError, "encode_other must return a live Lease");
+      goto out;
+    }
+    bh_lease_obj *l = (bh_lease_obj *)lease;
+    if (!bh_block_is_own(l->block) || l->nbytes < t.nbytes) {
+      PyErr_SetString(PyExc_ValueError, "lease is not an own block large enough for the tensor");
+      goto out;
+    }
+    t.block = bh_block_id(l->block);
+    t.offset = l->offset;
+    if (t.nbytes == 0) t.block = BH_BLOCK_NONE, t.offset = 0;
+    if (t.block != BH_BLOCK_NONE) {
+      if (!e->keep && !(e->keep = PyList_New(0))) goto out;
+      if (PyList_Append(e->keep, lease) < 0) goto out;
+      if (e->n_blocks == e->cap_blocks) {
+        uint32_t nc = e->cap_blocks ? e->cap_blocks * 2 : 8;
+        bh_block **nb = realloc(e->blocks, nc * sizeof *nb);
+        if (!nb) {
+          PyErr_NoMemory();
+          goto out;
+        }
+        e->blocks = nb;
+        e->cap_blocks = nc;
+      }
+      e->blocks[e->n_blocks++] = l->block;
+    }
+  }
+  if (bh_tensor_ref_check(&t)) {
+    PyErr_Format(PyExc_ValueError, "tensor (dtype code %d, %d dims) does not describe its bytes",
+                 (int)dtype, (int)nd);
+    goto out;
+  }
+  rc = bh_enc_tensor(&e->buf, &t) ? enc_fail(e) : 0;
+out:
+  Py_DECREF(r);
+  return rc;
+}
+
+static int enc_seq(bh_enc_ctx *e, PyObject *o, int depth, int (*hdr)(bh_buf *, uint32_t)) {
+  Py_ssize_t n = PySequence_Size(o);
+  if (enc_count(e, n, hdr) < 0) return -1;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = PySequence_GetItem(o, i);
+    if (!item) return -1;
+    int rc = enc_value(e, item, depth + 1);
+    Py_DECREF(item);
+    if (rc < 0) return -1;
+  }
+  return 0;
+}
+
+static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
+  if (depth > BH_MAX_DEPTH) {
+    PyErr_Format(PyExc_ValueError, "value nests deeper than %d levels (a cycle?)", BH_MAX_DEPTH);
+    return -1;
+  }
+  bh_buf *b = &e->buf;
+  if (o == Py_None) return bh_enc_nil(b) ? enc_fail(e) : 0;
+  if (o == Py_True || o == Py_False) return bh_enc_bool(b, o == Py_True) ? enc_fail(e) : 0;
+  if (PyLong_Check(o)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow) {
+      PyErr_Format(PyExc_OverflowError, "int %R does not fit bulkhead's int64", o);
+      return -1;
+    }
+    if (v == -1 && PyErr_Occurred()) return -1;
+    return bh_enc_int(b, v) ? enc_fail(e) : 0;
+  }
+  if (PyFloat_Check(o)) {
+    double v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred()) return -1;
+    return bh_enc_float(b, v) ? enc_fail(e) : 0;
+  }
+  if (PyUnicode_Check(o)) {
+    PyObject *u = PyUnicode_AsUTF8String(o);
+    char *s;
+    Py_ssize_t n;
+    if (!u) return -1;
+    int rc = PyBytes_AsStringAndSize(u, &s, &n) < 0 ? -1 : bh_enc_str(b, s, (size_t)n) ? enc_fail(e) : 0;
+    Py_DECREF(u);
+    return rc;
+  }
+  if (PyBytes_Check(o)) {
+    char *s;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(o, &s, &n) < 0) return -1;
+    return bh_enc_bytes(b, s, (size_t)n) ? enc_fail(e) : 0;
+  }
+  if (PyByteArray_Check(o))
+    return bh_enc_bytes(b, PyByteArray_AsString(o), (size_t)PyByteArray_Size(o)) ? enc_fail(e) : 0;
+  if (PyList_Check(o)) return enc_seq(e, o, depth, bh_enc_list);
+  if (PyTuple_Check(o)) return enc_seq(e, o, depth, bh_enc_tuple);
+  if (PyDict_Check(o)) {
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    if (enc_count(e, PyDict_Size(o), bh_enc_map) < 0) return -1;
+    while (PyDict_Next(o, &pos, &k, &v))
+      if (enc_value(e, k, depth + 1) < 0 || enc_value(e, v, depth + 1) < 0) return -1;
+    return 0;
+  }
+  return enc_other(e, o);
+}
+
+int bh_py_encode(bh_enc_ctx *e, PyObject *obj) {
+  if (Py_EnterRecursiveCall(" while encoding a bulkhead value")) return -1;
+  int rc = enc_value(e, obj, 0);
+  Py_LeaveRecursiveCall();
+  if (rc == 0 && e->buf.len > BH_FRAME_PAYLOAD_MAX - 4096) {
+    PyErr_Format(PyExc_ValueError,
+                 "value encodes to %zu bytes; one message carries at most %u (send large data as arrays)",
+                 e->buf.len, BH_FRAME_PAYLOAD_MAX - 4096);
+    return -1;
+  }
+  return rc;
+}
+
+/* ---- decode ---- */
+
+static PyObject *dec_error(bh_dec_ctx *d, int rc) { return bh_py_raise(d->st, rc, "decode"); }
+
+static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth);
+
+static PyObject *dec_tensor(bh_dec_ctx *d, const bh_tensor_ref *t) {
+  PyObject *lease = Py_None, *res = NULL;
+  bh_block *blk = NULL;
+  Py_INCREF(lease);
+  if (t->block != BH_BLOCK_NONE) {
+    int rc = bh_channel_peer_block(d->chan, t->block, &blk);
+    if (rc) {
+      Py_DECREF(lease);
+      return dec_error(d, rc);
+    }
+    if (t->offset > bh_block_size(blk) || t->nbytes > bh_block_size(blk) - t->offset) {
+      bh_block_unref(blk);
+      Py_DECREF(lease);
+      return dec_error(d, -BH_ETENSOR);
+    }
+    Py_DECREF(lease);
+    lease = bh_py_lease_new(d->st, blk, t->offset, t->nbytes);
+    bh_block_unref(blk); /* the lease holds its own */
+    if (!lease) return NULL;
+  }
+  PyObject *shape = PyTuple_New(t->ndim), *strides = PyTuple_New(t->ndim);
+  if (!shape || !strides) goto out;
+  for (unsigned i = 0; i < t->ndim; i++) {
+    PyObject *a = PyLong_FromLongLong(t->shape[i]), *s = PyLong_FromLongLong(t->strides[i]);
+    if (!a || !s) {
+      Py_XDECREF(a);
+      Py_XDECREF(s);
+      goto out;
+    }
+    PyTuple_SetItem(shape, i, a);
+    PyTuple_SetItem(strides, i, s);
+  }
+  res = PyObject_CallFunction(d->decode_tensor, "iiOOO", (int)t->lib, (int)t->dtype, shape,
+                              strides, lease);
+out:
+  Py_XDECREF(shape);
+  Py_XDECREF(strides);
+  Py_DECREF(lease);
+  return res;
+}
+
+static PyObject *dec_items(bh_dec_ctx *d, bh_reader *r, int depth, const bh_item *it) {
+  if (depth + 1 > BH_MAX_DEPTH) return dec_error(d, -BH_EDEPTH);
+  uint32_t n = it->u.count;
+  if (it->tag == BH_TAG_MAP) {
+    PyObject *m = PyDict_New();
+    for (uint32_t i = 0; m && i < n; i++) {
+      PyObject *k = dec_value(d, r, depth + 1);
+      PyObject *v = k ? dec_value(d, r, depth + 1) : NULL;
+      if (!v || PyDict_SetItem(m, k, v) < 0) Py_CLEAR(m);
+      Py_XDECREF(k);
+      Py_XDECREF(v);
+    }
+    return m;
+  }
+  PyObject *s = it->tag == BH_TAG_LIST ? PyList_New(n) : PyTuple_New(n);
+  for (uint32_t i = 0; s && i < n; i++) {
+    PyObject *v = dec_value(d, r, depth + 1);
+    if (!v) Py_CLEAR(s);
+    else if (it->tag == BH_TAG_LIST) PyList_SetItem(s, i, v);
+    else PyTuple_SetItem(s, i, v);
+  }
+  return s;
+}
+
+static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
+  bh_item it;
+  int rc = bh_dec_next(r, &it);
+  if (rc) return dec_error(d, rc);
+  switch (it.tag) {
+  case BH_TAG_NIL: Py_RETURN_NONE;
+  case BH_TAG_FALSE: Py_RETURN_FALSE;
+  case BH_TAG_TRUE: Py_RETURN_TRUE;
+  case BH_TAG_INT: return PyLong_FromLongLong(it.u.i);
+  case BH_TAG_FLOAT: return PyFloat_FromDouble(it.u.f);
+  case BH_TAG_STR: return PyUnicode_DecodeUTF8((const char *)it.u.s.p, it.u.s.n, "strict");
+  case BH_TAG_BYTES: return PyBytes_FromStringAndSize((const char *)it.u.s.p, it.u.s.n);
+  case BH_TAG_LIST:
+  case BH_TAG_TUPLE:
+  case BH_TAG_MAP: return dec_items(d, r, depth, &it);
+  case BH_TAG_TENSOR: return dec_tensor(d, &it.u.t);
+  case BH_TAG_HANDLE:
+    return PyObject_CallFunction(d->decode_handle, "iK", (int)it.u.h.space,
+                                 (unsigned long long)it.u.h.id);
+  }
+  return dec_error(d, -BH_EBADTAG);
+}
+
+PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n) {
+  bh_reader r;
+  bh_reader_init(&r, p, n);
+  if (Py_EnterRecursiveCall(" while decoding a bulkhead value")) return NULL;
+  PyObject *v = dec_value(d, &r, 0);
+  Py_LeaveRecursiveCall();
+  if (v && r.pos != r.len) {
+    Py_DECREF(v);
+    return dec_error(d, -BH_ETRAILING);
+  }
+  return v;
+}

@@ -1,0 +1,86 @@
+/*
+ * common.h -- what the files of the bulkhead._native extension share: the
+ * module state, the object layouts that cross files, and the one helper
+ * that turns a core error code into a Python exception.
+ *
+ * The extension is built against the limited API of Python 3.9 so one
+ * .abi3.so loads in every interpreter from 3.9 on.  That rules out
+ * PyType_GetModule (3.10), so objects keep a strong reference to their
+ * module and find the state through it.
+ */
+#ifndef BULKHEAD_PY_COMMON_H
+#define BULKHEAD_PY_COMMON_H
+
+#define Py_LIMITED_API 0x03090000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "bulkhead/bulkhead.h"
+
+typedef struct bh_state {
+  PyTypeObject *Channel;
+  PyTypeObject *Lease;
+  PyTypeObject *Proc;
+  PyObject *Error;          /* base of everything below */
+  PyObject *ProtocolError;  /* a malformed frame or value */
+  PyObject *PeerClosed;     /* EOF, BYE, EPIPE */
+  PyObject *Timeout;        /* a deadline passed */
+} bh_state;
+
+typedef struct {
+  PyObject_HEAD
+  bh_block *block; /* one reference, owned */
+  uint64_t offset;
+  uint64_t nbytes;
+} bh_lease_obj;
+
+bh_state *bh_py_state(PyObject *module);
+
+/* Raises the exception for core error `rc` from `call` and returns NULL.
+ * Always returns NULL. */
+PyObject *bh_py_raise(bh_state *st, int rc, const char *call);
+
+/* New references to small ints etc. without Py_NewRef (3.10+). */
+static inline PyObject *bh_py_newref(PyObject *o) {
+  Py_INCREF(o);
+  return o;
+}
+
+/* ---- codec.c: Python values <-> bulkhead's encoding ---- */
+
+typedef struct bh_enc_ctx {
+  bh_state *st;
+  PyObject *encode_other; /* hook for what is not a plain value (borrowed) */
+  bh_buf buf;
+  PyObject *keep;         /* leases referenced by the value, until sent */
+  bh_block **blocks;      /* their blocks, for bh_msg.blocks */
+  uint32_t n_blocks, cap_blocks;
+} bh_enc_ctx;
+
+void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other);
+void bh_py_enc_free(bh_enc_ctx *e);
+/* Appends obj.  Returns 0, or -1 with a Python exception set (TypeError
+ * naming the type of anything that cannot cross). */
+int bh_py_encode(bh_enc_ctx *e, PyObject *obj);
+
+typedef struct bh_dec_ctx {
+  bh_state *st;
+  bh_channel *chan;
+  PyObject *decode_tensor; /* hooks (borrowed) */
+  PyObject *decode_handle;
+} bh_dec_ctx;
+
+/* Decodes one whole value from p[0..n).  New reference, or NULL with
+ * ProtocolError naming what was malformed. */
+PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
+
+/* Per-file type specs and module-level functions. */
+extern PyType_Spec bh_channel_spec;
+extern PyType_Spec bh_lease_spec;
+extern PyType_Spec bh_proc_spec;
+PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw);
+/* New Lease over [offset, offset+nbytes) of b; takes its own reference. */
+PyObject *bh_py_lease_new(bh_state *st, bh_block *b, uint64_t offset, uint64_t nbytes);
+
+#endif

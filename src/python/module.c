@@ -1,0 +1,178 @@
+/*
+ * module.c -- the bulkhead._native module: its method table, its state
+ * (types and exception classes) and its exec function.  The bindings live
+ * beside what they wrap: channel.c, codec.c, shm.c, supervisor.c.
+ */
+#include "common.h"
+
+#include <errno.h>
+
+bh_state *bh_py_state(PyObject *module) { return (bh_state *)PyModule_GetState(module); }
+
+PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
+  const char *msg = bh_strerror(rc);
+  const char *name = bh_errname(rc);
+  int code = rc < 0 ? -rc : rc;
+  PyObject *type;
+  if (code == ETIMEDOUT) type = st->Timeout;
+  else if (code == BH_EEOF || code == EPIPE || code == ECONNRESET) type = st->PeerClosed;
+  else if (code >= BH_EMAGIC) type = st->ProtocolError;
+  else {
+    PyObject *e = Py_BuildValue("(is)", code, msg);
+    if (e) {
+      PyErr_SetObject(PyExc_OSError, e);
+      Py_DECREF(e);
+    }
+    return NULL;
+  }
+  PyObject *text = PyUnicode_FromFormat("%s: %s (%s)", call, msg, name ? name : "?");
+  PyObject *exc = text ? PyObject_CallFunctionObjArgs(type, text, NULL) : NULL;
+  Py_XDECREF(text);
+  if (!exc) return NULL;
+  PyObject *pycode = PyLong_FromLong(code);
+  PyObject *pyname = PyUnicode_FromString(name ? name : "");
+  if (pycode && pyname && PyObject_SetAttrString(exc, "code", pycode) == 0 &&
+      PyObject_SetAttrString(exc, "errname", pyname) == 0)
+    PyErr_SetObject(type, exc);
+  Py_XDECREF(pycode);
+  Py_XDECREF(pyname);
+  Py_DECREF(exc);
+  return NULL;
+}
+
+static PyObject *bh_py_strerror(PyObject *module, PyObject *arg) {
+  (void)module;
+  long code = PyLong_AsLong(arg);
+  if (code == -1 && PyErr_Occurred()) return NULL;
+  return PyUnicode_FromString(bh_strerror((int)code));
+}
+
+static PyObject *bh_py_dtypes(PyObject *module, PyObject *unused) {
+  (void)module, (void)unused;
+  PyObject *d = PyDict_New();
+  if (!d) return NULL;
+#define BH__DT_ENTRY(name, code, size, str)                                   \
+  {                                                                           \
+    PyObject *v = Py_BuildValue("(ii)", code, size);                          \
+    if (!v || PyDict_SetItemString(d, str, v) < 0) {                          \
+      Py_XDECREF(v);                                                          \
+      Py_DECREF(d);                                                           \
+      return NULL;                                                            \
+    }                                                                         \
+    Py_DECREF(v);                                                             \
+  }
+  BH_DTYPE_MAP(BH__DT_ENTRY)
+#undef BH__DT_ENTRY
+  return d;
+}
+
+static PyMethodDef bh_methods[] = {
+    {"channel_open", (PyCFunction)(void (*)(void))bh_py_channel_open, METH_VARARGS | METH_KEYWORDS,
+     "channel_open(fd, hooks, peer_uid, peer_pid=0, pool_keep_bytes=0) -> Channel\n"
+     "Takes over fd (one end of a SOCK_SEQPACKET socketpair)."},
+    {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
+     "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
+     "Starts a worker with the channel's child end as fd 3."},
+    {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
+    {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
+    {NULL, NULL, 0, NULL}};
+
+static int bh_add_type(PyObject *m, PyTypeObject **slot, PyType_Spec *spec) {
+  *slot = (PyTypeObject *)PyType_FromSpec(spec);
+  if (!*slot) return -1;
+  const char *dot = strrchr(spec->name, '.');
+  Py_INCREF(*slot);
+  if (PyModule_AddObject(m, dot ? dot + 1 : spec->name, (PyObject *)*slot) < 0) {
+    Py_DECREF(*slot);
+    return -1;
+  }
+  return 0;
+}
+
+static int bh_add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *base, const char *doc) {
+  char full[96];
+  snprintf(full, sizeof full, "bulkhead._native.%s", name);
+  *slot = PyErr_NewExceptionWithDoc(full, doc, base, NULL);
+  if (!*slot) return -1;
+  Py_INCREF(*slot);
+  if (PyModule_AddObject(m, name, *slot) < 0) {
+    Py_DECREF(*slot);
+    return -1;
+  }
+  return 0;
+}
+
+static int bh_exec(PyObject *m) {
+  bh_state *st = bh_py_state(m);
+  if (bh_add_type(m, &st->Channel, &bh_channel_spec) < 0 ||
+      bh_add_type(m, &st->Lease, &bh_lease_spec) < 0 ||
+      bh_add_type(m, &st->Proc, &bh_proc_spec) < 0)
+    return -1;
+  if (bh_add_exc(m, &st->Error, "Error", PyExc_Exception, "Base of bulkhead's channel errors.") < 0 ||
+      bh_add_exc(m, &st->ProtocolError, "ProtocolError", st->Error,
+                 "A frame or value broke the protocol; .code and .errname name how.") < 0 ||
+      bh_add_exc(m, &st->PeerClosed, "PeerClosed", st->Error, "The other end is gone.") < 0 ||
+      bh_add_exc(m, &st->Timeout, "Timeout", st->Error, "A deadline passed.") < 0)
+    return -1;
+  if (PyModule_AddIntConstant(m, "PROTOCOL_VERSION", BH_PROTOCOL_VERSION) < 0 ||
+      PyModule_AddIntConstant(m, "INLINE_MAX", BH_FRAME_INLINE_MAX) < 0 ||
+      PyModule_AddIntConstant(m, "MAX_DEPTH", BH_MAX_DEPTH) < 0 ||
+      PyModule_AddIntConstant(m, "HELLO", BH_KIND_HELLO) < 0 ||
+      PyModule_AddIntConstant(m, "CALL", BH_KIND_CALL) < 0 ||
+      PyModule_AddIntConstant(m, "RESULT", BH_KIND_RESULT) < 0 ||
+      PyModule_AddIntConstant(m, "ERROR", BH_KIND_ERROR) < 0 ||
+      PyModule_AddIntConstant(m, "PROGRESS", BH_KIND_PROGRESS) < 0 ||
+      PyModule_AddIntConstant(m, "CALLBACK", BH_KIND_CALLBACK) < 0 ||
+      PyModule_AddIntConstant(m, "INTERRUPT", BH_KIND_INTERRUPT) < 0 ||
+      PyModule_AddIntConstant(m, "RELEASE", BH_KIND_RELEASE) < 0 ||
+      PyModule_AddIntConstant(m, "RESIDENCY", BH_KIND_RESIDENCY) < 0 ||
+      PyModule_AddIntConstant(m, "BYE", BH_KIND_BYE) < 0 ||
+      PyModule_AddIntConstant(m, "TENSOR_NUMPY", BH_TENSOR_NUMPY) < 0 ||
+      PyModule_AddIntConstant(m, "TENSOR_TORCH", BH_TENSOR_TORCH) < 0 ||
+      PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
+      PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0)
+    return -1;
+  return 0;
+}
+
+static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
+  bh_state *st = bh_py_state(m);
+  Py_VISIT(st->Channel);
+  Py_VISIT(st->Lease);
+  Py_VISIT(st->Proc);
+  Py_VISIT(st->Error);
+  Py_VISIT(st->ProtocolError);
+  Py_VISIT(st->PeerClosed);
+  Py_VISIT(st->Timeout);
+  return 0;
+}
+
+static int bh_clear(PyObject *m) {
+  bh_state *st = bh_py_state(m);
+  Py_CLEAR(st->Channel);
+  Py_CLEAR(st->Lease);
+  Py_CLEAR(st->Proc);
+  Py_CLEAR(st->Error);
+  Py_CLEAR(st->ProtocolError);
+  Py_CLEAR(st->PeerClosed);
+  Py_CLEAR(st->Timeout);
+  return 0;
+}
+
+static void bh_free(void *m) { bh_clear((PyObject *)m); }
+
+static PyModuleDef_Slot bh_slots[] = {{Py_mod_exec, (void *)bh_exec}, {0, NULL}};
+
+static struct PyModuleDef bh_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "bulkhead._native",
+    .m_doc = "bulkhead's C core: channels, shared-memory blocks, worker processes.",
+    .m_size = sizeof(bh_state),
+    .m_methods = bh_methods,
+    .m_slots = bh_slots,
+    .m_traverse = bh_traverse,
+    .m_clear = bh_clear,
+    .m_free = bh_free,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModuleDef_Init(&bh_module); }
