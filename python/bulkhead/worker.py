@@ -61,4 +61,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as bulkhead.worker, not __main__, so `from bulkhead.worker import
+    # call_host` in pack code sees this process's channel.
+    from bulkhead import worker as _module
+    sys.exit(_module.main())

@@ -1,0 +1,85 @@
+# bulkhead -- the two set-up commands are `make demo` and `make check`.
+# Everything they need is installed here, into .venv, when missing.
+
+PYTHON     ?= python3
+VENV       := .venv
+VPY        := $(VENV)/bin/python
+BUILD      := build
+REL        := $(BUILD)/rel
+ASAN       := $(BUILD)/asan
+WORKER_VENVS := $(BUILD)/venvs
+# Worker interpreters for the demo and the cross-interpreter tests: every
+# pyenv CPython 3.9-3.13 present, and Debian's own python3.
+INTERPRETERS := $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3 $(HOME)/.pyenv/versions/3.1[0-3].*/bin/python3) \
+                $(wildcard /usr/bin/python3)
+PYTEST_FLAGS ?=
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: all build demo check check-c check-py check-asan bench clean worker-venvs
+
+all: build
+
+$(VENV)/.stamp:
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q meson ninja pytest numpy torch==2.13.0
+	touch $@
+
+# A venv with numpy per worker interpreter (the tests' and demo's "other
+# interpreters"); one that cannot be made is skipped with a message.
+$(WORKER_VENVS)/.stamp: $(VENV)/.stamp
+	@mkdir -p $(WORKER_VENVS)
+	@for py in $(INTERPRETERS); do \
+	  v=$$($$py -c 'import sys; print("%s-%d.%d.%d" % ("debian" if sys.base_prefix == "/usr" else "pyenv", *sys.version_info[:3]))') || continue; \
+	  [ -x $(WORKER_VENVS)/$$v/bin/python ] && continue; \
+	  echo "worker venv $$v ($$py)"; \
+	  ( $$py -m venv $(WORKER_VENVS)/$$v && $(WORKER_VENVS)/$$v/bin/python -m pip install -q numpy ) \
+	    || { echo "  skipped: cannot build a venv with numpy for $$py"; rm -rf $(WORKER_VENVS)/$$v; }; \
+	done
+	touch $@
+
+worker-venvs: $(WORKER_VENVS)/.stamp
+
+$(REL)/build.ninja: $(VENV)/.stamp meson.build
+	$(VENV)/bin/meson setup --reconfigure $(REL) -Dbuildtype=release -Dpython.install_env=auto -Dtesting=true >/dev/null || \
+	  $(VENV)/bin/meson setup $(REL) -Dbuildtype=release -Dtesting=true
+
+$(ASAN)/build.ninja: $(VENV)/.stamp meson.build
+	$(VENV)/bin/meson setup --reconfigure $(ASAN) -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dtesting=true >/dev/null || \
+	  $(VENV)/bin/meson setup $(ASAN) -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dtesting=true
+
+build: $(REL)/build.ninja
+	$(VENV)/bin/ninja -C $(REL)
+
+build-asan: $(ASAN)/build.ninja
+	$(VENV)/bin/ninja -C $(ASAN)
+
+demo: build worker-venvs
+	PYTHONPATH=$(REL)/python $(VPY) examples/demo.py $(WORKER_VENVS)
+
+check-c: build build-asan
+	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
+	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
+
+check-py: build worker-venvs
+	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
+	  $(VPY) -m pytest -q tests/py $(PYTEST_FLAGS)
+
+# The Python tests once more with the extension built under ASan+UBSan; the
+# runtime is preloaded into the host and, through the environment, every
+# worker.  Leak checking is off: CPython itself does not free at exit.
+check-asan: build-asan worker-venvs
+	BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  $(VPY) -m pytest -q tests/py -m "not torch" $(PYTEST_FLAGS)
+
+check: check-c check-py check-asan
+
+bench: build worker-venvs
+	@mkdir -p $(BUILD)/bench
+	PYTHONPATH=$(REL)/python $(VPY) bench/ipc.py --pingpong $(REL)/bench/pingpong --out $(BUILD)/bench/ipc.json
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,145 @@
+"""Functions the tests call inside workers."""
+
+import os
+import signal
+import struct
+import sys
+import time
+
+_cache = {}
+
+
+def echo(*args, **kwargs):
+    return args, kwargs
+
+
+def version():
+    return "%d.%d.%d" % sys.version_info[:3]
+
+
+def numpy_version():
+    import numpy
+    return numpy.__version__
+
+
+def pid():
+    return os.getpid()
+
+
+def boom(message):
+    raise KeyError(message)
+
+
+class PackError(RuntimeError):
+    pass
+
+
+def custom_boom():
+    def inner():
+        raise PackError("the pack failed in inner()")
+    inner()
+
+
+def call_back(fn, *args):
+    return fn(*args)
+
+
+def call_back_twice_nested(fn, depth):
+    """fn is a host callable that calls this worker again."""
+    return fn(depth)
+
+
+def host_named(name, *args):
+    from bulkhead.worker import call_host
+    return call_host(name, *args)
+
+
+def sleep(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def die(sig):
+    os.kill(os.getpid(), sig)
+    time.sleep(10)
+
+
+def exit_now(code, message=""):
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def unsendable():
+    return object()
+
+
+def make_array(n, dtype="float32"):
+    import numpy as np
+    return np.arange(n, dtype=dtype)
+
+
+def big(nbytes):
+    import numpy as np
+    a = _cache.get(nbytes)
+    if a is None:
+        a = _cache[nbytes] = np.ones(nbytes // 4, dtype=np.float32)
+    return a
+
+
+def describe(a):
+    """What the worker received: type, dtype, shape, sum, and whether it
+    was wrapped without a copy (its memory is a bulkhead Lease)."""
+    mod = type(a).__module__.split(".")[0]
+    if mod == "torch":
+        return {"lib": "torch", "dtype": str(a.dtype).replace("torch.", ""), "shape": list(a.shape)}
+    base = a
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    return {"lib": mod, "dtype": str(a.dtype), "shape": list(a.shape),
+            "zero_copy": type(base).__name__ == "Lease"}
+
+
+def _header(version=1, kind=3, req=0, flags=0, payload=0, fds=0, reserved=0, magic=0x4B484C42):
+    return struct.pack("<IHHQIIII", magic, version, kind, req, flags, payload, fds, reserved)
+
+
+def send_raw(what):
+    """Writes a malformed frame straight onto the channel socket (fd 3 is
+    where the supervisor put it; the worker's channel owns it)."""
+    import socket
+    s = socket.socket(fileno=os.dup(3))
+    try:
+        if what == "garbage":
+            s.send(b"this is not a frame at all, not even close")
+        elif what == "version":
+            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            s.send(_header(version=99, payload=len(body)) + body)
+        elif what == "kind":
+            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            s.send(_header(kind=77, payload=len(body)) + body)
+        elif what == "short":
+            s.send(_header(payload=1000) + b"\x00" * 10)
+        elif what == "oversized":
+            s.send(_header(payload=(1 << 30) + 1))
+        elif what == "badvalue":
+            body = struct.pack("<III", 0, 0, 0) + b"\xee"
+            s.send(_header(payload=len(body)) + body)
+        elif what == "uid":
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setuid(65534)
+                    body = struct.pack("<III", 0, 0, 0) + b"\x00"
+                    s.send(_header(payload=len(body)) + body)
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+    finally:
+        s.close()
+    time.sleep(5)  # the host should give up on us before this returns
+    return "sent"
+
+
+def stop_self():
+    os.kill(os.getpid(), signal.SIGSTOP)

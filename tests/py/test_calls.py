@@ -1,0 +1,155 @@
+"""Calls, results, exceptions and callbacks across a real process."""
+
+import math
+
+import pytest
+
+import bulkhead
+
+from conftest import WORKER_VENVS
+
+
+def test_call_roundtrip_plain_values(worker):
+    values = [None, True, False, 0, -1, 2**63 - 1, -2**63, 1.5, float("inf"), "", "héllo ✓",
+              b"\x00\xff", [1, [2, [3]]], (1, (2,)), {"a": 1, 2: "b", (1, 2): None}, bytearray(b"xy")]
+    for v in values:
+        args, kwargs = worker.call("bh_testmod:echo", v, key=v)
+        expect = bytes(v) if isinstance(v, bytearray) else v
+        assert args == (expect,) and kwargs == {"key": expect}
+        assert type(args[0]) is type(expect)
+    nan = worker.call("bh_testmod:echo", float("nan"))[0][0]
+    assert math.isnan(nan)
+
+
+def test_module_dot_function_target(worker):
+    assert worker.call("math.sqrt", 16.0) == 4.0
+    assert worker.call("os.path:join", "a", "b") == "a/b"
+
+
+def test_call_under_other_interpreter(make_worker):
+    for name, py in WORKER_VENVS.items():
+        w = make_worker(py, name=name)
+        v = w.call("bh_testmod:version")
+        assert w.info["python"] == v
+        assert w.call("operator:mul", 6, 7) == 42
+        w.close()
+    if not WORKER_VENVS:
+        pytest.skip("no worker venvs built")
+
+
+def test_builtin_exception_crosses_as_builtin(worker):
+    with pytest.raises(KeyError) as ei:
+        worker.call("bh_testmod:boom", "missing-thing")
+    e = ei.value
+    assert isinstance(e, bulkhead.RemoteError)
+    assert e.remote_type == "KeyError"
+    assert "missing-thing" in e.remote_message
+    assert "bh_testmod.py" in e.remote_traceback and "boom" in e.remote_traceback
+
+
+def test_custom_exception_carries_type_and_traceback(worker):
+    with pytest.raises(bulkhead.RemoteError) as ei:
+        worker.call("bh_testmod:custom_boom")
+    e = ei.value
+    assert e.remote_type == "bh_testmod.PackError"
+    assert isinstance(e, RuntimeError)  # nearest builtin base
+    assert "inner()" in e.remote_message
+    assert "in inner" in e.remote_traceback
+    assert "worker 'test'" in str(e)
+
+
+def test_unknown_target_is_a_clear_error(worker):
+    with pytest.raises(ModuleNotFoundError):
+        worker.call("no_such_module_xyz:f")
+    with pytest.raises(AttributeError):
+        worker.call("math:no_such_function")
+    with pytest.raises(ValueError, match="module:function"):
+        worker.call("justaname")
+    assert worker.call("math:floor", 2.5) == 2  # still usable
+
+
+def test_unsendable_argument_is_typeerror_naming_type(worker):
+    class Thing:
+        pass
+    with pytest.raises(TypeError, match=r"test_calls\..*Thing.*no pickle"):
+        worker.call("bh_testmod:echo", Thing())
+    with pytest.raises(OverflowError, match="int64"):
+        worker.call("bh_testmod:echo", 2**64)
+    assert worker.call("operator:add", 1, 1) == 2
+
+
+def test_unsendable_result_is_typeerror_naming_type(worker):
+    with pytest.raises(TypeError, match="builtins.object"):
+        worker.call("bh_testmod:unsendable")
+    assert worker.call("operator:add", 2, 2) == 4
+
+
+def test_callback_and_nested_reentry(worker):
+    seen = []
+
+    def host_fn(depth):
+        seen.append(depth)
+        if depth == 0:
+            return "bottom"
+        # re-enter the worker while it waits for this callback
+        return worker.call("bh_testmod:call_back_twice_nested", host_fn, depth - 1)
+
+    assert worker.call("bh_testmod:call_back_twice_nested", host_fn, 5) == "bottom"
+    assert seen == [5, 4, 3, 2, 1, 0]
+    assert worker.call("bh_testmod:call_back", lambda a, b: a * b, 6, 7) == 42
+
+
+def test_callback_exception_reaches_worker_and_back(worker):
+    def bad():
+        raise ValueError("host side failure")
+    with pytest.raises(ValueError, match="host side failure"):
+        worker.call("bh_testmod:call_back", bad)
+
+
+def test_named_host_function(worker):
+    worker.expose("double", lambda x: 2 * x)
+    assert worker.call("bh_testmod:host_named", "double", 21) == 42
+    with pytest.raises(PermissionError, match="exposes no callable named 'nope'"):
+        worker.call("bh_testmod:host_named", "nope")
+
+
+def test_worker_env_is_controlled(make_worker, monkeypatch):
+    monkeypatch.setenv("PYTHONHOME", "/nonexistent")  # would break the worker if it leaked
+    monkeypatch.setenv("SOME_HOST_SECRET", "x")
+    w = make_worker(env={"PACK_SETTING": "on"})
+    env = w.call("os:environ.copy")
+    assert env["PACK_SETTING"] == "on"
+    assert "SOME_HOST_SECRET" not in env and "PYTHONHOME" not in env
+    assert "BULKHEAD_FD" not in env
+
+
+def test_cwd_option(make_worker, tmp_path):
+    w = make_worker(cwd=str(tmp_path))
+    assert w.call("os:getcwd") == str(tmp_path)
+
+
+def test_calls_from_two_threads_are_serialized(worker):
+    import threading
+    out = []
+
+    def run():
+        for i in range(50):
+            out.append(worker.call("operator:add", i, 1))
+    ts = [threading.Thread(target=run) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sorted(out) == sorted([i + 1 for i in range(50)] * 3)
+
+
+def test_close_and_restart(worker):
+    pid1 = worker.pid
+    assert worker.close() == 0  # BYE: the worker exits on its own
+    assert worker.call("bh_testmod:pid") != pid1
+    assert worker.generation == 2
+
+
+def test_many_calls_keep_working(worker):
+    for i in range(3000):
+        assert worker.call("operator:add", i, 1) == i + 1

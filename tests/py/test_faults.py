@@ -1,0 +1,133 @@
+"""Workers that die, hang, never start, or send garbage."""
+
+import os
+import signal
+import stat
+import sys
+import time
+
+import pytest
+
+import bulkhead
+
+
+def test_sigkill_mid_call_fails_fast_and_names_everything(worker):
+    pid = worker.pid
+    import threading
+    threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+    t = time.monotonic()
+    with pytest.raises(bulkhead.WorkerDied) as ei:
+        worker.call("bh_testmod:sleep", 30)
+    elapsed = time.monotonic() - t
+    e = ei.value
+    msg = str(e)
+    assert "worker 'test'" in msg and str(pid) in msg and sys.executable in msg
+    assert "signal 9 (SIGKILL)" in msg and "bh_testmod:sleep" in msg
+    assert "generation 2" in msg
+    assert e.signal == signal.SIGKILL
+    assert elapsed < 10  # generous: the point is "not the 30 s call"
+    assert worker.call("bh_testmod:pid") != pid
+    assert worker.generation == 2
+
+
+def test_worker_exit_mid_call_quotes_its_output(worker):
+    with pytest.raises(bulkhead.WorkerDied) as ei:
+        worker.call("bh_testmod:exit_now", 7, "last words from the pack")
+    assert ei.value.exit_code == 7
+    assert "exited with status 7" in str(ei.value)
+    assert "last words from the pack" in str(ei.value)
+    assert worker.call("operator:add", 1, 2) == 3
+
+
+def test_missing_interpreter_fails_fast(make_worker):
+    w = make_worker("/nonexistent/bin/python3", name="ghost")
+    t = time.monotonic()
+    with pytest.raises(bulkhead.WorkerStartError, match=r"ghost.*/nonexistent/bin/python3.*not found"):
+        w.start()
+    assert time.monotonic() - t < 5
+
+
+def _script(tmp_path, body):
+    p = tmp_path / "python"
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return str(p)
+
+
+def test_death_during_startup_reports_stderr(make_worker, tmp_path):
+    py = _script(tmp_path, "echo 'ImportError: no module named torch_special' >&2\nexit 3\n")
+    w = make_worker(py, name="broken", start_timeout=60)
+    t = time.monotonic()
+    with pytest.raises(bulkhead.WorkerStartError) as ei:
+        w.start()
+    assert time.monotonic() - t < 10  # never the 60 s start timeout
+    msg = str(ei.value)
+    assert "exited with status 3 during start-up" in msg
+    assert "torch_special" in msg
+
+
+def test_worker_that_never_says_hello_times_out(make_worker, tmp_path):
+    py = _script(tmp_path, "exec sleep 30\n")
+    w = make_worker(py, name="mute", start_timeout=0.5)
+    with pytest.raises(bulkhead.WorkerStartError, match="did not say HELLO within 0.5 s"):
+        w.start()
+
+
+def test_hung_call_times_out_and_is_killed(make_worker):
+    w = make_worker(name="slow", call_timeout=0.5)
+    pid = w.start().pid
+    with pytest.raises(bulkhead.CallTimeout, match="did not answer call 'bh_testmod:sleep' within 0.5 s"):
+        w.call("bh_testmod:sleep", 30)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert w.call("operator:add", 1, 1) == 2
+
+
+def test_stopped_worker_is_killed_on_close(make_worker):
+    w = make_worker(name="stopped", stop_grace=0.2, stop_term=0.2)
+    w.start()
+    os.kill(w.pid, signal.SIGSTOP)
+    status = w.close()
+    assert os.WIFSIGNALED(status)
+
+
+@pytest.mark.parametrize("what,named", [
+    ("garbage", "BH_EMAGIC"), ("version", "BH_EVERSION"), ("kind", "BH_EKIND"),
+    ("short", "BH_ESHORT"), ("oversized", "BH_E2BIG"), ("badvalue", "BH_EBADTAG"),
+    ("uid", "BH_EPEERCRED")])
+def test_malformed_frames_are_named_errors(make_worker, what, named):
+    if what == "uid" and os.getuid() != 0:
+        pytest.skip("needs root to send from another uid")
+    w = make_worker(name="liar")
+    w.start()
+    with pytest.raises(bulkhead.ProtocolError, match=named) as ei:
+        w.call("bh_testmod:send_raw", what)
+    assert "worker 'liar'" in str(ei.value)
+    assert w.call("operator:add", 2, 3) == 5  # a fresh generation
+
+
+def test_host_death_ends_workers(tmp_path):
+    import subprocess
+    code = (
+        "import bulkhead, sys, time\n"
+        "w = bulkhead.Worker(sys.executable, name='orphan')\n"
+        "print(w.start().pid, flush=True)\n"
+        "time.sleep(60)\n")
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    try:
+        wpid = int(host.stdout.readline())
+        host.kill()
+        host.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(wpid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(wpid, signal.SIGKILL)
+            pytest.fail(f"worker {wpid} outlived its host")
+    finally:
+        host.stdout.close()

@@ -1,0 +1,156 @@
+"""numpy arrays and torch CPU tensors through shared memory."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from conftest import WORKER_VENVS
+
+NUMPY_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                "float16", "float32", "float64", "complex64", "complex128", "longdouble"]
+
+
+def _sample(dtype, shape):
+    n = int(np.prod(shape)) if shape else 1
+    a = (np.arange(n) % 7).astype(dtype).reshape(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * a[::-1] if a.ndim else a + 1j
+    return a
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (5,), (3, 4, 5)])
+def test_numpy_roundtrip(worker, dtype, shape):
+    a = _sample(dtype, shape)
+    b = worker.call("numpy:asarray", a)
+    assert isinstance(b, np.ndarray)
+    assert b.dtype == a.dtype and b.shape == a.shape
+    assert np.array_equal(a, b)
+
+
+def test_worker_receives_without_copy(worker):
+    d = worker.call("bh_testmod:describe", np.zeros((4, 4), np.float32))
+    assert d == {"lib": "numpy", "dtype": "float32", "shape": [4, 4], "zero_copy": True}
+
+
+def test_host_receives_without_copy_and_block_returns(worker):
+    a = worker.call("bh_testmod:make_array", 1 << 20)
+    base = a
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    assert type(base).__name__ == "Lease" and not base.own
+    assert a[-1] == (1 << 20) - 1
+    del a, base
+    gc.collect()
+    worker.call("operator:add", 1, 1)  # carries the return note back
+    # the worker's block is free again: the next array reuses it
+    before = worker.call("bh_testmod:echo")  # noqa: F841
+    b = worker.call("bh_testmod:make_array", 1 << 20)
+    assert b[5] == 5
+
+
+def test_non_contiguous_is_made_contiguous(worker):
+    a = np.arange(200, dtype=np.int32).reshape(10, 20)[::2, 3::3]
+    assert not a.flags["C_CONTIGUOUS"]
+    b = worker.call("numpy:asarray", a)
+    assert b.flags["C_CONTIGUOUS"] and np.array_equal(a, b)
+    f = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    assert np.array_equal(worker.call("numpy:asarray", f), f)
+
+
+def test_received_array_is_writable_and_private(worker):
+    a = np.zeros(1000, np.float64)
+    b = worker.call("numpy:asarray", a)
+    b[:] = 7
+    c = worker.call("numpy:asarray", a)
+    assert (c == 0).all() and (b == 7).all()
+
+
+def test_pool_reuses_blocks(worker):
+    a = np.ones(4 << 20, np.uint8)
+    for _ in range(10):
+        r = worker.call("numpy:asarray", a)
+        del r
+    s = worker.stats()
+    assert s["created"] <= 4, s
+    assert s["reused"] >= 8, s
+
+
+def test_big_array_both_ways(worker):
+    a = np.random.default_rng(0).random((1024, 8192), dtype=np.float64)  # 64 MiB
+    b = worker.call("numpy:asarray", a)
+    assert np.array_equal(a, b)
+
+
+def test_unsupported_dtypes_are_typeerrors(worker):
+    with pytest.raises(TypeError, match="object"):
+        worker.call("numpy:asarray", np.array([object()]))
+    with pytest.raises(TypeError, match="dtype"):
+        worker.call("numpy:asarray", np.array(["a"]))
+    with pytest.raises(TypeError, match="byte order"):
+        worker.call("numpy:asarray", np.arange(3, dtype=">i4"))
+
+
+def test_arrays_under_other_interpreters(make_worker):
+    if not WORKER_VENVS:
+        pytest.skip("no worker venvs")
+    for name, py in WORKER_VENVS.items():
+        w = make_worker(py, name=name)
+        a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        assert np.array_equal(w.call("numpy:asarray", a), a)
+        big = np.ones(16 << 20, np.uint8)
+        assert w.call("numpy:sum", big) == 16 << 20
+        w.close()
+
+
+torch = pytest.importorskip("torch") if False else None
+
+
+@pytest.fixture
+def torch_mod():
+    return pytest.importorskip("torch")
+
+
+TORCH_DTYPES = ["bool", "int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16",
+                "float32", "float64", "complex64", "complex128", "uint16", "uint32", "uint64",
+                "float8_e4m3fn", "float8_e5m2", "complex32"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", TORCH_DTYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (2, 0), (7,), (2, 3, 4)])
+def test_torch_roundtrip(worker, torch_mod, dtype, shape):
+    torch = torch_mod
+    dt = getattr(torch, dtype, None)
+    if dt is None:
+        pytest.skip(f"this torch has no {dtype}")
+    t = (torch.arange(int(np.prod(shape)) if shape else 1) % 5).reshape(shape)
+    t = t.to(torch.float32).to(dt) if dtype not in ("complex32",) else t.to(torch.complex64).to(dt)
+    r = worker.call("bh_testmod:echo", t)[0][0]
+    assert isinstance(r, torch.Tensor) and r.dtype == dt and tuple(r.shape) == tuple(shape)
+    assert torch.equal(r.view(torch.uint8) if r.numel() else r, t.view(torch.uint8) if t.numel() else t) \
+        if dtype.startswith("float8") or dtype == "complex32" else torch.equal(r, t)
+
+
+@pytest.mark.torch
+def test_torch_non_contiguous_and_grad(worker, torch_mod):
+    torch = torch_mod
+    t = torch.arange(60, dtype=torch.float32).reshape(6, 10).t()[::2]
+    assert not t.is_contiguous()
+    r = worker.call("bh_testmod:echo", t)[0][0]
+    assert r.is_contiguous() and torch.equal(r, t)
+    g = torch.ones(3, requires_grad=True)
+    assert torch.equal(worker.call("bh_testmod:echo", g)[0][0], torch.ones(3))
+    c = torch.tensor([1 + 2j]).conj()
+    assert torch.equal(worker.call("bh_testmod:echo", c)[0][0], torch.tensor([1 - 2j]))
+
+
+@pytest.mark.torch
+def test_torch_received_without_copy(worker, torch_mod):
+    torch = torch_mod
+    d = worker.call("bh_testmod:describe", torch.zeros(3, 3, dtype=torch.bfloat16))
+    assert d == {"lib": "torch", "dtype": "bfloat16", "shape": [3, 3]}
+    big = torch.ones(8 << 20, dtype=torch.uint8)
+    r = worker.call("bh_testmod:echo", big)[0][0]
+    assert int(r.sum()) == 8 << 20
