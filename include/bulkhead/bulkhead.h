@@ -133,8 +133,9 @@ enum bh_tag {
 #define BH_MAX_DEPTH 64
 #define BH_BLOCK_NONE UINT32_MAX /* tensor-ref of an empty tensor */
 
-/* Which library a tensor came from, so the receiver rebuilds the same kind. */
-enum { BH_TENSOR_NUMPY = 0, BH_TENSOR_TORCH = 1 };
+/* Which library a tensor came from, so the receiver rebuilds the same kind
+ * (a numpy scalar travels as a 0-d array and comes back a scalar). */
+enum { BH_TENSOR_NUMPY = 0, BH_TENSOR_TORCH = 1, BH_TENSOR_NUMPY_SCALAR = 2 };
 
 /* A tensor living in a shared-memory block of the sender's pool.  Strides
  * are in elements and non-negative; shape * strides stays within nbytes. */

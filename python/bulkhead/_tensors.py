@@ -76,6 +76,9 @@ def encode(chan, obj):
     encoder expects, or None if obj is neither a numpy array nor a torch
     tensor."""
     np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.generic):
+        t = encode(chan, np.asarray(obj))
+        return t[:1] + (_native.TENSOR_NUMPY_SCALAR,) + t[2:]
     if np is not None and isinstance(obj, np.ndarray):
         if obj.dtype.hasobject or obj.dtype.fields is not None:
             raise TypeError(f"cannot send a numpy array of dtype {obj.dtype!s} (objects or records)")
@@ -135,6 +138,10 @@ def decode(lib, code, shape, strides, lease):
     import numpy as np
     name = _native_name(code)
     dtype = np.dtype(name if name not in ("longdouble", "clongdouble") else getattr(np, name))
+    if lib == _native.TENSOR_NUMPY_SCALAR:
+        if shape or lease is None:
+            raise TypeError(f"a numpy scalar must be a 0-d tensor with data, not shape {shape}")
+        return np.asarray(lease).view(dtype)[0].copy()
     if lease is None:
         return np.empty(shape, dtype=dtype)
     flat = np.asarray(lease).view(dtype)

@@ -164,7 +164,7 @@ int bh_enc_handle(bh_buf *b, const bh_handle_ref *h) {
 int bh_tensor_ref_check(const bh_tensor_ref *t) {
   unsigned isz = bh_dtype_itemsize(t->dtype);
   if (!isz) return -BH_EDTYPE;
-  if (t->lib > BH_TENSOR_TORCH || t->ndim > BH_MAX_DIMS) return -BH_ETENSOR;
+  if (t->lib > BH_TENSOR_NUMPY_SCALAR || t->ndim > BH_MAX_DIMS) return -BH_ETENSOR;
   /* count = product(shape); extent = 1 + sum((shape-1) * stride), elements */
   uint64_t count = 1, extent = 1;
   int empty = 0;

@@ -317,11 +317,7 @@ static PyObject *chan_wait(bh_chan_obj *self, uint64_t id, int64_t deadline) {
         out = value ? chan_finish(self, kind, value) : NULL;
         break;
       }
-      if (!value) { /* a broken reply for a call nobody here waits on */
-        if (chan_is_waiting(self, req)) break;
-        PyErr_Clear();
-        continue;
-      }
+      if (!value) break; /* a malformed reply: the peer is broken */
       if (chan_is_waiting(self, req)) {
         PyObject *k = PyLong_FromUnsignedLongLong(req);
         PyObject *t = Py_BuildValue("(iN)", kind, value);

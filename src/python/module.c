@@ -129,6 +129,7 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "BYE", BH_KIND_BYE) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_NUMPY", BH_TENSOR_NUMPY) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_TORCH", BH_TENSOR_TORCH) < 0 ||
+      PyModule_AddIntConstant(m, "TENSOR_NUMPY_SCALAR", BH_TENSOR_NUMPY_SCALAR) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0)
     return -1;
