@@ -378,7 +378,7 @@ int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out) {
 
 static void bh__take(uint32_t *src, size_t *n_src, uint32_t *dst, uint32_t *n_dst, uint32_t max) {
   uint32_t n = *n_src < max ? (uint32_t)*n_src : max;
-  memcpy(dst, src + (*n_src - n), n * sizeof *dst);
+  if (n) memcpy(dst, src + (*n_src - n), n * sizeof *dst);
   *n_src -= n;
   *n_dst = n;
 }
