@@ -311,6 +311,10 @@ typedef struct bh_channel_opts {
   uid_t peer_uid;           /* frames from another uid are rejected */
   pid_t peer_pid;           /* 0: any pid; else frames must come from it */
   size_t pool_keep_bytes;   /* free own blocks kept for reuse (0: default) */
+  int64_t spin_ns;          /* before blocking in recv, poll this long
+                             * yielding the CPU (0: default 20 us, <0: never;
+                             * never when only one CPU is usable).  Waking a
+                             * sleeper on another CPU costs far more here. */
 } bh_channel_opts;
 
 /* Takes over `fd` (one end of a SOCK_SEQPACKET socketpair) and creates the

@@ -26,6 +26,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -44,6 +45,7 @@ struct bh_channel {
   pid_t peer_pid;
   bh_pool *pool;
   int64_t rcvtimeo_ns; /* what SO_RCVTIMEO is set to now; 0 = none */
+  int64_t spin_ns;     /* poll before blocking; 0 = don't */
   uint8_t *rx;         /* header + inline payload */
   void *spill_addr;    /* payload of the frame being read, if spilled */
   size_t spill_len;
@@ -79,6 +81,9 @@ int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
   c->fd = fd;
   c->peer_uid = o->peer_uid;
   c->peer_pid = o->peer_pid;
+  c->spin_ns = o->spin_ns < 0 ? 0 : o->spin_ns ? o->spin_ns : 20000;
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2) c->spin_ns = 0;
   c->rx = malloc(BH__HDR + BH_FRAME_INLINE_MAX);
   if (!c->rx) {
     rc = -ENOMEM;
@@ -342,7 +347,8 @@ static int bh__parse_section(bh_channel *c, const uint8_t *p, size_t len, int *f
 
 /* One recvmsg; fills the header and the fds.  On any error every fd
  * received has been closed. */
-static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, size_t *inline_len) {
+static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, size_t *inline_len,
+                        int flags) {
   union {
     char buf[BH__CMSG_SPACE];
     struct cmsghdr align;
@@ -350,7 +356,7 @@ static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, s
   struct iovec iov = {c->rx, BH__HDR + BH_FRAME_INLINE_MAX};
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
                       .msg_controllen = sizeof u.buf};
-  ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+  ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | flags);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return -ETIMEDOUT;
     if (errno == ECONNRESET) return -BH_EEOF;
@@ -410,9 +416,22 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
     int fds[BH_FRAME_FDS_MAX];
     uint32_t n_fds = 0;
     size_t inline_len = 0, sec_len = 0;
-    int rc = bh__arm_timeout(c, deadline_ns);
-    if (rc) return rc;
-    rc = bh__recv_one(c, f, fds, &n_fds, &inline_len);
+    int rc = -ETIMEDOUT;
+    if (c->spin_ns) {
+      /* A reply usually comes within microseconds; catching it awake is
+       * much cheaper than being woken for it on another CPU. */
+      int64_t until = bh_now_ns() + c->spin_ns;
+      do {
+        rc = bh__recv_one(c, f, fds, &n_fds, &inline_len, MSG_DONTWAIT);
+        if (rc != -ETIMEDOUT) break;
+        sched_yield();
+      } while (bh_now_ns() < until);
+    }
+    if (rc == -ETIMEDOUT) {
+      rc = bh__arm_timeout(c, deadline_ns);
+      if (rc) return rc;
+      rc = bh__recv_one(c, f, fds, &n_fds, &inline_len, 0);
+    }
     if (rc) return rc;
     const uint8_t *payload = c->rx + BH__HDR;
     size_t payload_len = f->h.payload_bytes;

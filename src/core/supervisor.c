@@ -49,16 +49,15 @@ struct bh_proc {
 };
 
 static void bh__tail_add(bh_proc *p, const char *s, size_t n) {
-  pthread_mutex_lock(&p->mu);
-  if (n >= BH__TAIL) {
-    memcpy(p->tail, s + n - BH__TAIL, BH__TAIL);
-    p->tail_len = BH__TAIL;
-  } else {
-    size_t keep = p->tail_len + n > BH__TAIL ? BH__TAIL - n : p->tail_len;
-    memmove(p->tail, p->tail + p->tail_len - keep, keep);
-    memcpy(p->tail + keep, s, n);
-    p->tail_len = keep + n;
+  if (n > BH__TAIL) {
+    s += n - BH__TAIL;
+    n = BH__TAIL;
   }
+  pthread_mutex_lock(&p->mu);
+  size_t keep = p->tail_len + n > BH__TAIL ? BH__TAIL - n : p->tail_len;
+  memmove(p->tail, p->tail + p->tail_len - keep, keep);
+  memcpy(p->tail + keep, s, n);
+  p->tail_len = keep + n;
   pthread_mutex_unlock(&p->mu);
 }
 

@@ -538,14 +538,16 @@ static int hook(PyObject *hooks, const char *name, PyObject **slot) {
 }
 
 PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"fd", "hooks", "peer_uid", "peer_pid", "pool_keep_bytes", "first_id", NULL};
+  static char *kwlist[] = {"fd", "hooks", "peer_uid", "peer_pid", "pool_keep_bytes", "first_id",
+                           "spin_ns", NULL};
   int fd;
   PyObject *hooks;
   unsigned long uid;
   long pid = 0;
   unsigned long long keep = 0, first_id = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "iOk|lKK:channel_open", kwlist, &fd, &hooks, &uid, &pid,
-                                   &keep, &first_id))
+  long long spin_ns = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iOk|lKKL:channel_open", kwlist, &fd, &hooks, &uid, &pid,
+                                   &keep, &first_id, &spin_ns))
     return NULL;
   bh_state *st = bh_py_state(module);
   bh_chan_obj *self = PyObject_GC_New(bh_chan_obj, st->Channel);
@@ -568,7 +570,8 @@ PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw) {
     Py_DECREF(self);
     return NULL;
   }
-  bh_channel_opts o = {.peer_uid = (uid_t)uid, .peer_pid = (pid_t)pid, .pool_keep_bytes = keep};
+  bh_channel_opts o = {.peer_uid = (uid_t)uid, .peer_pid = (pid_t)pid, .pool_keep_bytes = keep,
+                       .spin_ns = spin_ns};
   int rc = bh_channel_open(&self->c, fd, &o);
   if (rc < 0) {
     Py_DECREF(self);
