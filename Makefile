@@ -16,7 +16,7 @@ PYTEST_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build demo check check-c check-py check-asan bench clean worker-venvs
+.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs
 
 all: build
 
