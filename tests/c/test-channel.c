@@ -1,0 +1,1223 @@
+/*
+ * test-channel.c -- frames over a SOCK_SEQPACKET socketpair: the round
+ * trip, blocks lent and returned, spilled payloads, deadlines, EOF, and
+ * every way a frame can be malformed (written by hand on a raw socket),
+ * each refused with its own code, its fds closed, and the channel still
+ * usable for the next good frame.
+ *
+ * Both ends usually live in the test's own process; where a second process
+ * matters (another uid, another pid, a real peer that echoes) a forked
+ * helper sits on the other end.  Every test checks it ends with the fds it
+ * started with.
+ */
+#include "task.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+
+#define MiB (1024u * 1024u)
+
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static bh_pool_stats stats_of(bh_channel *c) {
+  bh_pool_stats s;
+  ASSERT_OK(bh_pool_stats_get(bh_channel_pool(c), &s));
+  return s;
+}
+
+/* A tensor-ref value for `n` bytes of uint8 at the start of block `b`. */
+static bh_buf tensor_value(const bh_block *b, size_t n) {
+  bh_tensor_ref t = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 1,
+                     .block = bh_block_id(b), .nbytes = n, .shape = {(int64_t)n},
+                     .strides = {1}};
+  bh_buf v;
+  bh_buf_init(&v);
+  ASSERT_OK(bh_enc_tensor(&v, &t));
+  return v;
+}
+
+/* Reads the tensor-ref a frame carries. */
+static bh_tensor_ref frame_tensor(const bh_frame *f) {
+  bh_reader r;
+  bh_item it;
+  ASSERT_OK(bh_dec_validate(f->value, f->value_len, 0));
+  bh_reader_init(&r, f->value, f->value_len);
+  ASSERT_OK(bh_dec_next(&r, &it));
+  ASSERT_EQ(it.tag, BH_TAG_TENSOR);
+  return it.u.t;
+}
+
+/* Whether a frame (or EOF) is waiting, without reading it. */
+static int readable(bh_channel *c) {
+  struct pollfd pf = {bh_channel_fd(c), POLLIN, 0};
+  ASSERT_SYS(poll(&pf, 1, 0));
+  return pf.revents != 0;
+}
+
+static void wait_exit0(pid_t pid) {
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) FAIL("helper %d ended with status 0x%x", (int)pid, st);
+}
+
+/* A sealed memfd as bulkhead makes them, for frames written by hand. */
+static int make_memfd(size_t size, unsigned seals, int allow_sealing) {
+  int fd = memfd_create("test-memfd", MFD_CLOEXEC | (allow_sealing ? MFD_ALLOW_SEALING : 0));
+  ASSERT_SYS(fd);
+  ASSERT_SYS(ftruncate(fd, (off_t)size));
+  if (seals) ASSERT_SYS(fcntl(fd, F_ADD_SEALS, seals));
+  return fd;
+}
+
+/* ---- basics ---- */
+
+TEST_IMPL(channel_send_recv) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  ASSERT_GT(bh_channel_fd(a), 2);
+  bh_buf v;
+  bh_buf_init(&v);
+  bh_enc_list(&v, 2);
+  bh_enc_int(&v, 7);
+  bh_enc_str(&v, "x\xc3\xa9", 3);
+  ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 0x1122334455667788ull, v.data, v.len, NULL, 0));
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.magic, BH_FRAME_MAGIC);
+  ASSERT_EQ(f.h.version, BH_PROTOCOL_VERSION);
+  ASSERT_EQ(f.h.kind, BH_KIND_CALL);
+  ASSERT_UEQ(f.h.request_id, 0x1122334455667788ull);
+  ASSERT_EQ(f.h.flags, 0);
+  ASSERT_EQ(f.h.fd_count, 0);
+  ASSERT_EQ(f.h.payload_bytes, 12 + v.len);
+  ASSERT_EQ(f.value_len, v.len);
+  ASSERT_MEM_EQ(f.value, v.data, v.len);
+  ASSERT_EQ(f.sender_pid, getpid());
+  bh_channel_frame_done(b, &f);
+  ASSERT_NULL(f.value);
+  /* The other way, every kind the API lets a caller send. */
+  for (uint16_t k = 1; k <= BH_KIND_MAX_; k++) {
+    if (k == BH_KIND_BLOCKS) continue; /* consumed by recv, never returned */
+    ASSERT_OK(bh_test_send(b, k, k, v.data, v.len, NULL, 0));
+    ASSERT_OK(bh_test_recv(a, &f, 5000));
+    ASSERT_EQ(f.h.kind, k);
+    ASSERT_UEQ(f.h.request_id, k);
+  }
+  /* An empty value is a frame too (the value is the caller's to judge). */
+  ASSERT_OK(bh_test_send(a, BH_KIND_BYE, 0, NULL, 0, NULL, 0));
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.kind, BH_KIND_BYE);
+  ASSERT_EQ(f.value_len, 0);
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+TEST_IMPL(channel_bad_args) {
+  int fds0 = bh_test_fd_count();
+  bh_channel_opts o = {.peer_uid = getuid()};
+  bh_channel *c = NULL;
+  /* The fd is consumed even when opening fails. */
+  int sv[2];
+  ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  ASSERT_RC(bh_channel_open(&c, sv[0], NULL), -EINVAL);
+  ASSERT_EQ(fcntl(sv[0], F_GETFD), -1);
+  ASSERT_RC(bh_channel_open(NULL, sv[1], &o), -EINVAL);
+  ASSERT_EQ(fcntl(sv[1], F_GETFD), -1);
+  /* Not a socket: SO_PASSCRED fails, the fd is still consumed. */
+  int p[2];
+  ASSERT_SYS(pipe2(p, O_CLOEXEC));
+  ASSERT_RC(bh_channel_open(&c, p[0], &o), -ENOTSOCK);
+  ASSERT_EQ(fcntl(p[0], F_GETFD), -1);
+  close(p[1]);
+  ASSERT_RC(bh_channel_open(&c, 1, &o), -EINVAL); /* never stdio */
+  ASSERT_SYS(fcntl(1, F_GETFD));
+  ASSERT_FD_COUNT(fds0);
+
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  static const uint8_t nil = BH_TAG_NIL;
+  ASSERT_RC(bh_test_send(a, 0, 0, &nil, 1, NULL, 0), -EINVAL);
+  ASSERT_RC(bh_test_send(a, BH_KIND_MAX_ + 1, 0, &nil, 1, NULL, 0), -EINVAL);
+  ASSERT_RC(bh_test_send(a, BH_KIND_RESULT, 0, &nil, 1, NULL, 1), -EINVAL);
+  ASSERT_RC(bh_channel_send(NULL, NULL), -EINVAL);
+  bh_frame f;
+  ASSERT_RC(bh_channel_recv(a, NULL, -1), -EINVAL);
+  ASSERT_RC(bh_channel_recv(NULL, &f, -1), -EINVAL);
+  bh_block *blk;
+  ASSERT_RC(bh_channel_peer_block(a, 1, &blk), -BH_EBLOCK);
+  ASSERT_RC(bh_channel_block_acquire(a, 0, &blk), -EINVAL);
+  /* Nothing was sent by the refused calls. */
+  ASSERT(!readable(b));
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* ---- blocks ---- */
+
+TEST_IMPL(channel_block_lend_return_reuse) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  const size_t n = 3 * 4096 + 100;
+  bh_block *blk;
+  ASSERT_OK(bh_channel_block_acquire(a, n, &blk));
+  ASSERT(bh_block_is_own(blk));
+  ASSERT_GE(bh_block_size(blk), n);
+  uint32_t id = bh_block_id(blk);
+  uint8_t *p = bh_block_addr(blk);
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(i * 7 + 3);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.own_blocks, 1);
+  ASSERT_EQ(s.free_blocks, 0);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.created, 1);
+
+  bh_buf v = tensor_value(blk, n);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, v.data, v.len, &blk, 1));
+  bh_block_unref(blk); /* the loan keeps it */
+  s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 1);
+  ASSERT_EQ(s.free_blocks, 0);
+
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 1); /* the block's memfd, introduced */
+  bh_tensor_ref t = frame_tensor(&f);
+  ASSERT_UEQ(t.block, id);
+  bh_channel_frame_done(b, &f);
+  bh_block *pb;
+  ASSERT_OK(bh_channel_peer_block(b, id, &pb));
+  ASSERT(!bh_block_is_own(pb));
+  ASSERT_EQ(bh_block_id(pb), id);
+  ASSERT_EQ(bh_block_size(pb), bh_block_size(blk));
+  ASSERT_MEM_EQ(bh_block_addr(pb), p, n);
+  ASSERT_NE((uintptr_t)bh_block_addr(pb), (uintptr_t)p); /* its own mapping */
+  s = stats_of(b);
+  ASSERT_EQ(s.peer_blocks, 1);
+  ASSERT_EQ(s.own_blocks, 0);
+  bh_block_unref(pb);
+
+  /* Any frame back carries the return. */
+  ASSERT_OK(bh_test_send_nil(b, 2));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_UEQ(f.h.request_id, 2);
+  s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.free_blocks, 1);
+  ASSERT_EQ(s.own_blocks, 1);
+
+  /* The second acquire reuses it, and lending it again sends no fd. */
+  int fds_before = bh_test_fd_count();
+  bh_block *again;
+  ASSERT_OK(bh_channel_block_acquire(a, n, &again));
+  ASSERT_EQ(bh_block_id(again), id);
+  ASSERT_EQ((uintptr_t)again, (uintptr_t)blk);
+  s = stats_of(a);
+  ASSERT_EQ(s.reused, 1);
+  ASSERT_EQ(s.created, 1);
+  ASSERT_EQ(s.own_blocks, 1);
+  memset(p, 0x5a, n);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 3, v.data, v.len, &again, 1));
+  bh_block_unref(again);
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 0);
+  ASSERT_FD_COUNT(fds_before);
+  ASSERT_EQ(stats_of(b).peer_blocks, 1);
+  ASSERT_OK(bh_channel_peer_block(b, id, &pb));
+  ASSERT_EQ(((uint8_t *)bh_block_addr(pb))[0], 0x5a);
+  ASSERT_EQ(((uint8_t *)bh_block_addr(pb))[n - 1], 0x5a);
+  bh_block_unref(pb);
+  ASSERT_OK(bh_test_send_nil(b, 4));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.free_blocks, 1);
+
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* More blocks in one message than one frame may carry fds for: the extra
+ * introductions go first in BLOCKS frames, which recv consumes. */
+TEST_IMPL(channel_many_blocks) {
+  enum { N = 150 };
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *blks[N];
+  for (int i = 0; i < N; i++) {
+    ASSERT_OK(bh_channel_block_acquire(a, 4096, &blks[i]));
+    memset(bh_block_addr(blks[i]), i, 4096);
+  }
+  static const uint8_t nil = BH_TAG_NIL;
+  ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 9, &nil, 1, blks, N));
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.kind, BH_KIND_CALL); /* the BLOCKS frames were consumed */
+  ASSERT_UEQ(f.h.request_id, 9);
+  ASSERT_EQ(stats_of(b).peer_blocks, N);
+  for (int i = 0; i < N; i++) {
+    bh_block *pb;
+    ASSERT_OK(bh_channel_peer_block(b, bh_block_id(blks[i]), &pb));
+    ASSERT_EQ(((uint8_t *)bh_block_addr(pb))[4095], (uint8_t)i);
+    bh_block_unref(pb);
+    bh_block_unref(blks[i]);
+  }
+  /* Our blocks keep their memfds; b's mappings keep no fd. */
+  ASSERT_FD_COUNT(fds0 + 2 + N);
+  ASSERT_OK(bh_test_send_nil(b, 10));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.free_blocks, N);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* A send that fails half-way through lending leaves nothing lent. */
+TEST_IMPL(channel_send_rollback) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *own, *other, *pb;
+  ASSERT_OK(bh_channel_block_acquire(a, 4096, &own));
+  ASSERT_OK(bh_channel_block_acquire(b, 4096, &other));
+  bh_buf v = tensor_value(other, 8);
+  ASSERT_OK(bh_test_send(b, BH_KIND_RESULT, 1, v.data, v.len, &other, 1));
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_OK(bh_channel_peer_block(a, bh_block_id(other), &pb));
+  /* A peer block is not ours to lend: refused, and the own block before
+   * it in the list is not left lent. */
+  bh_block *list[2] = {own, pb};
+  static const uint8_t nil = BH_TAG_NIL;
+  ASSERT_RC(bh_test_send(a, BH_KIND_RESULT, 2, &nil, 1, list, 2), -EINVAL);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT(!readable(b));
+  /* Lent for real afterwards, it is introduced (its fd travels). */
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 3, &nil, 1, &own, 1));
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 1);
+  ASSERT_EQ(stats_of(a).lent_blocks, 1);
+  bh_block_unref(pb);
+  bh_block_unref(own);
+  bh_block_unref(other);
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* With a small pool, returned blocks beyond keep_bytes are destroyed and
+ * the peer is told to unmap them. */
+TEST_IMPL(channel_retire_reaches_peer) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 1 * MiB);
+  bh_block *x[3];
+  for (int i = 0; i < 3; i++) ASSERT_OK(bh_channel_block_acquire(a, MiB, &x[i]));
+  uint32_t ids[3] = {bh_block_id(x[0]), bh_block_id(x[1]), bh_block_id(x[2])};
+  static const uint8_t nil = BH_TAG_NIL;
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, &nil, 1, x, 3));
+  for (int i = 0; i < 3; i++) bh_block_unref(x[i]);
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(stats_of(b).peer_blocks, 3);
+  for (int i = 0; i < 3; i++) {
+    bh_block *pb;
+    ASSERT_OK(bh_channel_peer_block(b, ids[i], &pb));
+    bh_block_unref(pb);
+  }
+  ASSERT_OK(bh_test_send_nil(b, 2));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.own_blocks, 1);
+  ASSERT_EQ(s.free_blocks, 1);
+  ASSERT_EQ(s.lent_blocks, 0);
+  /* The next frame tells b; b unmaps the two retired ones. */
+  ASSERT_OK(bh_test_send_nil(a, 3));
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(stats_of(b).peer_blocks, 1);
+  int kept = 0;
+  for (int i = 0; i < 3; i++) {
+    bh_block *pb;
+    int rc = bh_channel_peer_block(b, ids[i], &pb);
+    if (rc == 0) {
+      kept++;
+      bh_block_unref(pb);
+    } else {
+      ASSERT_RC(rc, -BH_EBLOCK);
+    }
+  }
+  ASSERT_EQ(kept, 1);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/*
+ * CORE BUG (src/core/shm.c bh__pool_lend vs bh__unref_locked): the sender
+ * counts one loan per listing of a block in a sent message (b->lent++ per
+ * bh_msg.blocks entry), but the receiver queues one return per time its
+ * reference count drops to zero.  A block listed twice -- one message
+ * carrying the same tensor twice, e.g. a node returning (img, img), which
+ * src/python/codec.c encodes by listing the lease's block once per tensor
+ * -- is returned once and stays lent forever: never free, never reused,
+ * never trimmed.
+ */
+TEST_IMPL(channel_block_listed_twice_in_one_frame) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x;
+  ASSERT_OK(bh_channel_block_acquire(a, 4096, &x));
+  uint32_t id = bh_block_id(x);
+  bh_buf t = tensor_value(x, 16), v;
+  bh_buf_init(&v);
+  bh_enc_tuple(&v, 2);
+  bh_buf_reserve(&v, 2 * t.len);
+  memcpy(v.data + v.len, t.data, t.len);
+  memcpy(v.data + v.len + t.len, t.data, t.len);
+  v.len += 2 * t.len;
+  ASSERT_OK(bh_dec_validate(v.data, v.len, 1));
+  bh_block *twice[2] = {x, x};
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, v.data, v.len, twice, 2));
+  bh_block_unref(x);
+  bh_frame f;
+  bh_block *p1, *p2;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 1);
+  /* One reference per tensor, as the decoder takes them. */
+  ASSERT_OK(bh_channel_peer_block(b, id, &p1));
+  ASSERT_OK(bh_channel_peer_block(b, id, &p2));
+  bh_block_unref(p1);
+  bh_block_unref(p2);
+  ASSERT_OK(bh_test_send_nil(b, 2));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.free_blocks, 1);
+  bh_buf_free(&t);
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* CORE BUG: the same mismatch across two frames: a block lent in two
+ * messages before the peer answers, held across both by the peer, is
+ * returned once and stays lent. */
+TEST_IMPL(channel_block_lent_in_two_frames) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x;
+  ASSERT_OK(bh_channel_block_acquire(a, 4096, &x));
+  uint32_t id = bh_block_id(x);
+  bh_buf v = tensor_value(x, 16);
+  ASSERT_OK(bh_test_send(a, BH_KIND_PROGRESS, 1, v.data, v.len, &x, 1));
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 2, v.data, v.len, &x, 1));
+  bh_block_unref(x);
+  bh_frame f;
+  bh_block *p1, *p2;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_OK(bh_channel_peer_block(b, id, &p1));
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_OK(bh_channel_peer_block(b, id, &p2));
+  bh_block_unref(p1);
+  bh_block_unref(p2);
+  ASSERT_OK(bh_test_send_nil(b, 3));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.free_blocks, 1);
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/*
+ * CORE BUG (src/core/shm.c bh__unref_locked + bh__pool_returned): the
+ * other side of the same mismatch.  A receiver that takes and drops its
+ * reference twice for one loan (bh_channel_peer_block still succeeds for
+ * a block already queued for return) queues two returns; the sender's
+ * recv then fails the whole (good) frame with -BH_EBLOCK at the second
+ * return, and the frame's value is lost.
+ */
+TEST_IMPL(channel_block_peer_ref_twice) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x, *pb;
+  ASSERT_OK(bh_channel_block_acquire(a, 4096, &x));
+  uint32_t id = bh_block_id(x);
+  bh_buf v = tensor_value(x, 16);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, v.data, v.len, &x, 1));
+  bh_block_unref(x);
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  /* e.g. the worker wraps the tensor, drops it, wraps it again */
+  ASSERT_OK(bh_channel_peer_block(b, id, &pb));
+  bh_block_unref(pb);
+  ASSERT_OK(bh_channel_peer_block(b, id, &pb));
+  bh_block_unref(pb);
+  ASSERT_OK(bh_test_send_nil(b, 2));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_UEQ(f.h.request_id, 2);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.free_blocks, 1);
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* ---- payload sizes ---- */
+
+static void send_bytes_value(bh_channel *from, bh_channel *to, size_t n, int spilled) {
+  uint8_t *data = malloc(n);
+  ASSERT_NOT_NULL(data);
+  for (size_t i = 0; i < n; i++) data[i] = (uint8_t)(i ^ (i >> 8) ^ (i >> 16));
+  bh_buf v;
+  bh_buf_init(&v);
+  ASSERT_OK(bh_enc_bytes(&v, data, n));
+  ASSERT_OK(bh_test_send(from, BH_KIND_RESULT, n, v.data, v.len, NULL, 0));
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(to, &f, 10000));
+  ASSERT_UEQ(f.h.request_id, n);
+  ASSERT_EQ(f.h.payload_bytes, 12 + v.len);
+  ASSERT_EQ(!!(f.h.flags & BH_FRAME_SPILLED), spilled);
+  ASSERT_EQ(f.h.fd_count, spilled ? 1 : 0);
+  ASSERT_EQ(f.value_len, v.len);
+  ASSERT_OK(bh_dec_validate(f.value, f.value_len, 0));
+  ASSERT_MEM_EQ(f.value + 5, data, n);
+  bh_channel_frame_done(to, &f);
+  bh_buf_free(&v);
+  free(data);
+}
+
+TEST_IMPL(channel_spill_large) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  /* section (12) + value (5 + n) against BH_FRAME_INLINE_MAX */
+  size_t edge = BH_FRAME_INLINE_MAX - 12 - 5;
+  send_bytes_value(a, b, edge, 0);
+  send_bytes_value(a, b, edge + 1, 1);
+  send_bytes_value(a, b, 5 * MiB, 1);
+  send_bytes_value(b, a, 5 * MiB + 3, 1);
+  ASSERT_FD_COUNT(fds0 + 2); /* spill fds closed, spill mappings gone */
+  /* A spilled frame with blocks: intro fds first, the spill fd last. */
+  bh_block *x;
+  ASSERT_OK(bh_channel_block_acquire(a, 8192, &x));
+  memset(bh_block_addr(x), 0xab, 8192);
+  size_t n = 200 * 1024;
+  uint8_t *big = calloc(1, n);
+  ASSERT_NOT_NULL(big);
+  bh_buf v;
+  bh_buf_init(&v);
+  bh_enc_list(&v, 2);
+  bh_tensor_ref t = {.dtype = BH_DT_UINT8, .ndim = 1, .block = bh_block_id(x), .nbytes = 8192,
+                     .shape = {8192}, .strides = {1}};
+  bh_enc_tensor(&v, &t);
+  bh_enc_bytes(&v, big, n);
+  ASSERT_OK(v.err);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 77, v.data, v.len, &x, 1));
+  bh_block_unref(x);
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 2);
+  ASSERT(f.h.flags & BH_FRAME_SPILLED);
+  ASSERT_EQ(f.value_len, v.len);
+  ASSERT_MEM_EQ(f.value, v.data, v.len);
+  bh_block *pb;
+  ASSERT_OK(bh_channel_peer_block(b, t.block, &pb));
+  ASSERT_EQ(((uint8_t *)bh_block_addr(pb))[8191], 0xab);
+  bh_block_unref(pb);
+  bh_channel_frame_done(b, &f);
+  free(big);
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* ---- time and EOF ---- */
+
+TEST_IMPL(channel_deadline) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_frame f;
+  int64_t start = bh_now_ns(), deadline = start + 50 * 1000000;
+  ASSERT_RC(bh_channel_recv(a, &f, deadline), -ETIMEDOUT);
+  int64_t end = bh_now_ns();
+  if (end < deadline)
+    FAIL("recv returned ETIMEDOUT %.3f ms before its deadline", (double)(deadline - end) / 1e6);
+  /* A deadline already past: ETIMEDOUT at once. */
+  ASSERT_RC(bh_channel_recv(a, &f, bh_now_ns() - 1), -ETIMEDOUT);
+  /* A frame that is there is returned before the deadline. */
+  ASSERT_OK(bh_test_send_nil(b, 5));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_UEQ(f.h.request_id, 5);
+  /* And after a timeout the channel still works, deadline or none. */
+  ASSERT_OK(bh_test_send_nil(b, 6));
+  ASSERT_OK(bh_test_recv(a, &f, -1));
+  ASSERT_UEQ(f.h.request_id, 6);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/*
+ * CORE BUG (src/core/channel.c bh__arm_timeout): it keeps any SO_RCVTIMEO
+ * already set that is shorter than the time now left
+ * (`c->rcvtimeo_ns > 0 && c->rcvtimeo_ns <= want` returns early), and
+ * bh_channel_recv turns the resulting EAGAIN into -ETIMEDOUT without
+ * looking at the deadline.  So after one recv with a short deadline, a
+ * recv with a longer one times out early, at the short one.
+ */
+TEST_IMPL(channel_deadline_after_shorter) {
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_frame f;
+  ASSERT_RC(bh_test_recv(a, &f, 20), -ETIMEDOUT);
+  int64_t deadline = bh_now_ns() + 300 * 1000000;
+  ASSERT_RC(bh_channel_recv(a, &f, deadline), -ETIMEDOUT);
+  int64_t end = bh_now_ns();
+  if (end < deadline)
+    FAIL("recv returned ETIMEDOUT %.1f ms before its deadline", (double)(deadline - end) / 1e6);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  return 0;
+}
+
+static void on_alarm(int sig) { (void)sig; }
+
+/* A signal interrupts a blocking recv with -EINTR; the next recv works. */
+TEST_IMPL(channel_recv_eintr) {
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_alarm; /* no SA_RESTART */
+  ASSERT_SYS(sigaction(SIGALRM, &sa, NULL));
+  /* Repeating, so a signal that lands before recv blocks is not the
+   * only one. */
+  struct itimerval it = {.it_value = {0, 30000}, .it_interval = {0, 30000}}, off = {{0, 0}, {0, 0}};
+  ASSERT_SYS(setitimer(ITIMER_REAL, &it, NULL));
+  bh_frame f;
+  ASSERT_RC(bh_test_recv(a, &f, -1), -EINTR);
+  ASSERT_RC(bh_test_recv(a, &f, 5000), -EINTR);
+  ASSERT_SYS(setitimer(ITIMER_REAL, &off, NULL));
+  ASSERT_OK(bh_test_send_nil(b, 1));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_UEQ(f.h.request_id, 1);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  return 0;
+}
+
+TEST_IMPL(channel_eof) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  ASSERT_OK(bh_test_send_nil(b, 1));
+  bh_channel_close(b);
+  bh_frame f;
+  /* What was sent before the close still arrives, then EOF, at once and
+   * every time after. */
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  int64_t start = bh_test_now_ms();
+  ASSERT_RC(bh_test_recv(a, &f, 5000), -BH_EEOF);
+  ASSERT_RC(bh_test_recv(a, &f, -1), -BH_EEOF);
+  ASSERT_LT(bh_test_now_ms() - start, 2000);
+  int rc = bh_test_send_nil(a, 2);
+  if (rc != -BH_EEOF) ASSERT_RC(rc, -EPIPE);
+  bh_channel_close(a);
+
+  /* A peer process that dies. */
+  int sv[2];
+  ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  pid_t pid = fork();
+  ASSERT_SYS(pid);
+  if (pid == 0) {
+    close(sv[0]);
+    bh_test_sleep_ms(50);
+    _exit(0);
+  }
+  close(sv[1]);
+  bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = pid};
+  ASSERT_OK(bh_channel_open(&a, sv[0], &o));
+  ASSERT_RC(bh_test_recv(a, &f, 5000), -BH_EEOF);
+  wait_exit0(pid);
+  bh_channel_close(a);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* ---- malformed frames ---- */
+
+TEST_IMPL(channel_header_check) {
+  bh_frame_header h = {.magic = BH_FRAME_MAGIC, .version = BH_PROTOCOL_VERSION,
+                       .kind = BH_KIND_CALL, .payload_bytes = 13};
+  ASSERT_OK(bh_frame_header_check(&h));
+  bh_frame_header x = h;
+  x.magic = 0x4b484c43;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EMAGIC);
+  x = h, x.version = 0;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EVERSION);
+  x = h, x.version = 2;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EVERSION);
+  x = h, x.kind = 0;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EKIND);
+  x = h, x.kind = BH_KIND_MAX_ + 1;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EKIND);
+  x = h, x.flags = 2;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EHEADER);
+  x = h, x.flags = BH_FRAME_SPILLED;
+  ASSERT_OK(bh_frame_header_check(&x));
+  x = h, x.reserved = 0x80000000u;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EHEADER);
+  x = h, x.fd_count = BH_FRAME_FDS_MAX + 1;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EFDCOUNT);
+  x = h, x.fd_count = BH_FRAME_FDS_MAX;
+  ASSERT_OK(bh_frame_header_check(&x));
+  x = h, x.payload_bytes = BH_FRAME_PAYLOAD_MAX + 1;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_E2BIG);
+  /* The first problem wins: magic before version before kind. */
+  x = h, x.magic = 0, x.version = 9, x.kind = 0;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EMAGIC);
+  return 0;
+}
+
+/* Header fields that lie, each refused, each followed by a good frame. */
+TEST_IMPL(channel_bad_frames) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *c;
+  int raw;
+  bh_test_raw_pair(&c, &raw);
+  uint8_t payload[64] = {0}; /* empty block section + nil */
+  const uint32_t P = 13;
+  struct {
+    const char *what;
+    uint32_t magic;
+    uint16_t version, kind;
+    uint32_t flags, payload_bytes, fd_count, reserved;
+    size_t send_len; /* bytes after the header actually sent */
+    int want;
+  } cases[] = {
+      {"bad magic", 0xdeadbeef, 1, 3, 0, P, 0, 0, P, -BH_EMAGIC},
+      {"magic byte-swapped", 0x424c484b, 1, 3, 0, P, 0, 0, P, -BH_EMAGIC},
+      {"version 99", BH_FRAME_MAGIC, 99, 3, 0, P, 0, 0, P, -BH_EVERSION},
+      {"version 0", BH_FRAME_MAGIC, 0, 3, 0, P, 0, 0, P, -BH_EVERSION},
+      {"kind 0", BH_FRAME_MAGIC, 1, 0, 0, P, 0, 0, P, -BH_EKIND},
+      {"kind 200", BH_FRAME_MAGIC, 1, 200, 0, P, 0, 0, P, -BH_EKIND},
+      {"kind 12", BH_FRAME_MAGIC, 1, 12, 0, P, 0, 0, P, -BH_EKIND},
+      {"nonzero reserved", BH_FRAME_MAGIC, 1, 3, 0, P, 0, 1, P, -BH_EHEADER},
+      {"unknown flag", BH_FRAME_MAGIC, 1, 3, 4, P, 0, 0, P, -BH_EHEADER},
+      {"payload_bytes one more than sent", BH_FRAME_MAGIC, 1, 3, 0, P + 1, 0, 0, P, -BH_ESHORT},
+      {"payload_bytes one less than sent", BH_FRAME_MAGIC, 1, 3, 0, P - 1, 0, 0, P, -BH_ESHORT},
+      {"payload_bytes 0 with a payload", BH_FRAME_MAGIC, 1, 3, 0, 0, 0, 0, P, -BH_ESHORT},
+      {"payload_bytes past the limit", BH_FRAME_MAGIC, 1, 3, 0, BH_FRAME_PAYLOAD_MAX + 1, 0, 0, P, -BH_E2BIG},
+      {"fd_count past the limit", BH_FRAME_MAGIC, 1, 3, 0, P, 65, 0, P, -BH_EFDCOUNT},
+      {"payload too short for the block section", BH_FRAME_MAGIC, 1, 3, 0, 8, 0, 0, 8, -BH_EBLOCKSEC},
+      {"no payload at all", BH_FRAME_MAGIC, 1, 3, 0, 0, 0, 0, 0, -BH_EBLOCKSEC},
+  };
+  uint8_t hdr[32];
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    fprintf(stderr, "case: %s\n", cases[k].what);
+    payload[12] = BH_TAG_NIL;
+    bh_test_header(hdr, cases[k].magic, cases[k].version, cases[k].kind, 100 + k,
+                   cases[k].flags, cases[k].payload_bytes, cases[k].fd_count,
+                   cases[k].reserved);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, cases[k].send_len, NULL, 0),
+              32 + cases[k].send_len);
+    bh_frame f;
+    ASSERT_RC(bh_test_recv(c, &f, 5000), cases[k].want);
+    bh_test_raw_good(raw, k);
+    bh_test_expect_good(c, k);
+  }
+  /* Shorter than a header: 1, 10, 31 bytes. */
+  static const size_t shorts[] = {1, 10, 31};
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, 3, 0, 0, 13, 0, 0);
+  for (size_t k = 0; k < 3; k++) {
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, shorts[k], NULL, 0, NULL, 0), shorts[k]);
+    bh_frame f;
+    ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_ESHORT);
+    bh_test_raw_good(raw, 200 + k);
+    bh_test_expect_good(c, 200 + k);
+  }
+  /* Larger than a frame may be inline: truncated by the kernel, refused. */
+  size_t big = BH_FRAME_INLINE_MAX + 4096;
+  uint8_t *junk = calloc(1, big);
+  ASSERT_NOT_NULL(junk);
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, 3, 0, 0, (uint32_t)big, 0, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, junk, big, NULL, 0), 32 + big);
+  bh_frame f;
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_E2BIG);
+  free(junk);
+  bh_test_raw_good(raw, 300);
+  bh_test_expect_good(c, 300);
+  close(raw);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* A block section whose notes name nothing we know. */
+TEST_IMPL(channel_bad_block_section) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *c;
+  int raw;
+  bh_test_raw_pair(&c, &raw);
+  struct {
+    const char *what;
+    uint32_t n_intro, n_ret, n_retire;
+    uint32_t words; /* u32 entries after the counts that are sent */
+    int want;
+  } cases[] = {
+      {"return of an id never lent", 0, 1, 0, 1, -BH_EBLOCK},
+      {"retire of an id never introduced", 0, 0, 1, 1, -BH_EBLOCK},
+      {"more returns than the limit", 0, 5000, 0, 0, -BH_EBLOCKSEC},
+      {"more retires than the limit", 0, 0, 5000, 0, -BH_EBLOCKSEC},
+      {"more intros than fds could carry", 65, 0, 0, 0, -BH_EBLOCKSEC},
+      {"notes past the payload's end", 0, 3, 0, 1, -BH_EBLOCKSEC},
+      {"an intro without its fd", 1, 0, 0, 3, -BH_EFDCOUNT},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    fprintf(stderr, "case: %s\n", cases[k].what);
+    uint8_t payload[64] = {0};
+    put_u32(payload, cases[k].n_intro);
+    put_u32(payload + 4, cases[k].n_ret);
+    put_u32(payload + 8, cases[k].n_retire);
+    for (uint32_t i = 0; i < cases[k].words; i++) put_u32(payload + 12 + 4 * i, 4242);
+    size_t len = 12 + 4 * cases[k].words;
+    payload[len++] = BH_TAG_NIL;
+    uint8_t hdr[32];
+    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, k, 0, (uint32_t)len, 0, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, len, NULL, 0), 32 + len);
+    bh_frame f;
+    ASSERT_RC(bh_test_recv(c, &f, 5000), cases[k].want);
+    bh_test_raw_good(raw, k);
+    bh_test_expect_good(c, k);
+  }
+  close(raw);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Frames whose fds do not match what the header and section say: refused,
+ * and every fd that came with them closed. */
+TEST_IMPL(channel_bad_fds) {
+  bh_channel *c;
+  int raw;
+  bh_test_raw_pair(&c, &raw);
+  int fds0 = bh_test_fd_count();
+  uint8_t hdr[32], payload[64] = {0};
+  bh_frame f;
+  payload[12] = BH_TAG_NIL;
+
+  /* Header says 1, no fds. */
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 1, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, NULL, 0), 45);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
+  bh_test_raw_good(raw, 1);
+  bh_test_expect_good(c, 1);
+
+  /* fds attached, header says 0. */
+  int p[2];
+  ASSERT_SYS(pipe2(p, O_CLOEXEC));
+  int three[3] = {p[0], p[1], p[0]};
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 0, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, three, 1), 45);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, three, 3), 45);
+  close(p[0]);
+  close(p[1]);
+  ASSERT_FD_COUNT(fds0);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
+  ASSERT_FD_COUNT(fds0);
+  bh_test_raw_good(raw, 2);
+  bh_test_expect_good(c, 2);
+
+  /* Header and fds agree (2) but the section introduces none. */
+  int m1 = make_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW, 1);
+  int two[2] = {m1, m1};
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 2, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, two, 2), 45);
+  close(m1);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
+  ASSERT_FD_COUNT(fds0);
+  bh_test_raw_good(raw, 3);
+  bh_test_expect_good(c, 3);
+
+  /* More fds than a frame may carry: the kernel truncates the control
+   * data, the ones that did arrive are closed. */
+  int many[100];
+  ASSERT_SYS(pipe2(p, O_CLOEXEC));
+  for (int i = 0; i < 100; i++) many[i] = p[i & 1];
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 64, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, many, 100), 45);
+  close(p[0]);
+  close(p[1]);
+  int rc = bh_test_recv(c, &f, 5000);
+  if (rc != -BH_EFDCOUNT) ASSERT_RC(rc, -BH_ECTRUNC);
+  ASSERT_FD_COUNT(fds0);
+  bh_test_raw_good(raw, 4);
+  bh_test_expect_good(c, 4);
+
+  /* Intros whose fds are not sealed memfds (a pipe; a memfd without the
+   * shrink seal; one smaller than declared): refused, closed. */
+  struct {
+    const char *what;
+    int kind; /* 0 pipe, 1 unsealed, 2 unsealable, 3 too small, 4 size 0 */
+    int want;
+  } intros[] = {{"pipe", 0, -BH_ESEALS},
+                {"unsealed memfd", 1, -BH_ESEALS},
+                {"memfd without sealing", 2, -BH_ESEALS},
+                {"sealed memfd smaller than declared", 3, -BH_ESEALS},
+                {"declared size 0", 4, -BH_EBLOCKSEC}};
+  for (size_t k = 0; k < sizeof intros / sizeof intros[0]; k++) {
+    fprintf(stderr, "intro case: %s\n", intros[k].what);
+    int fd, other = -1;
+    switch (intros[k].kind) {
+    case 0:
+      ASSERT_SYS(pipe2(p, O_CLOEXEC));
+      fd = p[0], other = p[1];
+      break;
+    case 1: fd = make_memfd(8192, 0, 1); break;
+    case 2: fd = make_memfd(8192, 0, 0); break;
+    default: fd = make_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW, 1); break;
+    }
+    uint8_t sec[32] = {0};
+    put_u32(sec, 1);
+    put_u32(sec + 12, 50 + (uint32_t)k);
+    put_u64(sec + 16, intros[k].kind == 4 ? 0 : 8192);
+    sec[24] = BH_TAG_NIL;
+    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 25, 1, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, 25, &fd, 1), 57);
+    close(fd);
+    if (other >= 0) close(other);
+    ASSERT_RC(bh_test_recv(c, &f, 5000), intros[k].want);
+    ASSERT_FD_COUNT(fds0);
+    bh_block *blk;
+    ASSERT_RC(bh_channel_peer_block(c, 50 + (uint32_t)k, &blk), -BH_EBLOCK);
+    bh_test_raw_good(raw, 10 + k);
+    bh_test_expect_good(c, 10 + k);
+  }
+
+  /* A proper intro by hand is adopted; the same id again is refused. */
+  for (int round = 0; round < 2; round++) {
+    int fd = make_memfd(8192, F_SEAL_SHRINK | F_SEAL_GROW, 1);
+    ASSERT_EQ(pwrite(fd, "hand", 4, 0), 4);
+    uint8_t sec[32] = {0};
+    put_u32(sec, 1);
+    put_u32(sec + 12, 99);
+    put_u64(sec + 16, 8192);
+    sec[24] = BH_TAG_NIL;
+    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 25, 1, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, 25, &fd, 1), 57);
+    close(fd);
+    if (round == 0) {
+      ASSERT_OK(bh_test_recv(c, &f, 5000));
+      bh_block *blk;
+      ASSERT_OK(bh_channel_peer_block(c, 99, &blk));
+      ASSERT_MEM_EQ(bh_block_addr(blk), "hand", 4);
+      bh_block_unref(blk);
+    } else {
+      ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EBLOCK);
+    }
+    ASSERT_FD_COUNT(fds0);
+  }
+  bh_test_raw_good(raw, 20);
+  bh_test_expect_good(c, 20);
+
+  close(raw);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0 - 2);
+  return 0;
+}
+
+/* A spilled payload must come in a memfd sealed against writes and
+ * shrinking, at least as long as the header says. */
+TEST_IMPL(channel_bad_spill) {
+  bh_channel *c;
+  int raw;
+  bh_test_raw_pair(&c, &raw);
+  int fds0 = bh_test_fd_count();
+  uint8_t hdr[32], payload[13] = {0};
+  payload[12] = BH_TAG_NIL;
+  bh_frame f;
+  struct {
+    const char *what;
+    int kind;
+    int want;
+  } cases[] = {
+      {"a pipe", 0, -BH_ESEALS},
+      {"memfd without seals", 1, -BH_ESEALS},
+      {"memfd that cannot be sealed", 2, -BH_ESEALS},
+      {"memfd sealed against shrinking but still writable", 3, -BH_ESEALS},
+      {"sealed memfd shorter than payload_bytes", 4, -BH_ESEALS},
+      {"the right memfd", 5, 0},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    fprintf(stderr, "case: %s\n", cases[k].what);
+    int fd, other = -1, p[2];
+    uint32_t declared = 13;
+    switch (cases[k].kind) {
+    case 0:
+      ASSERT_SYS(pipe2(p, O_CLOEXEC));
+      ASSERT_EQ(write(p[1], payload, 13), 13);
+      fd = p[0], other = p[1];
+      break;
+    case 1: fd = make_memfd(13, 0, 1); break;
+    case 2: fd = make_memfd(13, 0, 0); break;
+    case 3: fd = make_memfd(13, F_SEAL_SHRINK | F_SEAL_GROW, 1); break;
+    case 4:
+      fd = make_memfd(13, 0, 1);
+      declared = 4096;
+      break;
+    default: fd = make_memfd(13, 0, 1); break;
+    }
+    if (cases[k].kind != 0) {
+      ASSERT_EQ(pwrite(fd, payload, 13, 0), 13);
+      if (cases[k].kind >= 4)
+        ASSERT_SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE));
+    }
+    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 7, BH_FRAME_SPILLED, declared, 1, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, NULL, 0, &fd, 1), 32);
+    close(fd);
+    if (other >= 0) close(other);
+    int rc = bh_test_recv(c, &f, 5000);
+    ASSERT_RC(rc, cases[k].want);
+    if (rc == 0) {
+      ASSERT_EQ(f.value_len, 1);
+      ASSERT_EQ(f.value[0], BH_TAG_NIL);
+      bh_channel_frame_done(c, &f);
+    }
+    ASSERT_FD_COUNT(fds0);
+    bh_test_raw_good(raw, k);
+    bh_test_expect_good(c, k);
+  }
+  /* SPILLED but no fd; SPILLED with inline bytes as well. */
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 0, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, NULL, 0, NULL, 0), 32);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_ESHORT);
+  int fd = make_memfd(13, 0, 1);
+  ASSERT_EQ(pwrite(fd, payload, 13, 0), 13);
+  ASSERT_SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE));
+  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 1, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, &fd, 1), 45);
+  close(fd);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_ESHORT);
+  ASSERT_FD_COUNT(fds0);
+  bh_test_raw_good(raw, 99);
+  bh_test_expect_good(c, 99);
+  close(raw);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0 - 2);
+  return 0;
+}
+
+/* ---- credentials ---- */
+
+TEST_IMPL(channel_peer_uid) {
+  if (getuid() != 0) {
+    fprintf(stderr, "skip: setuid to another user needs root\n");
+    return TEST_SKIP;
+  }
+  bh_channel *c;
+  int raw;
+  bh_test_raw_pair(&c, &raw);
+  int fds0 = bh_test_fd_count();
+  /* A helper as user 65534 sends a valid frame lending a block. */
+  pid_t pid = fork();
+  ASSERT_SYS(pid);
+  if (pid == 0) {
+    if (setgid(65534) < 0 || setuid(65534) < 0) _exit(10);
+    bh_channel_opts o = {.peer_uid = 0};
+    bh_channel *h;
+    bh_block *blk;
+    if (bh_channel_open(&h, raw, &o)) _exit(11);
+    if (bh_channel_block_acquire(h, 4096, &blk)) _exit(12);
+    static const uint8_t nil = BH_TAG_NIL;
+    if (bh_test_send(h, BH_KIND_HELLO, 1, &nil, 1, &blk, 1)) _exit(13);
+    _exit(0);
+  }
+  wait_exit0(pid);
+  bh_frame f;
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EPEERCRED);
+  ASSERT_FD_COUNT(fds0); /* the block's fd did not stay */
+  ASSERT_EQ(stats_of(c).peer_blocks, 0);
+  bh_test_raw_good(raw, 1);
+  bh_test_expect_good(c, 1);
+  close(raw);
+  bh_channel_close(c);
+  return 0;
+}
+
+TEST_IMPL(channel_peer_pid) {
+  int fds0 = bh_test_fd_count();
+  int sv[2], go[2];
+  ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  ASSERT_SYS(pipe2(go, O_CLOEXEC));
+  /* The helper sends a good frame when told to. */
+  pid_t pid = fork();
+  ASSERT_SYS(pid);
+  if (pid == 0) {
+    char x;
+    close(go[1]);
+    while (read(go[0], &x, 1) == 1) bh_test_raw_good(sv[1], (uint64_t)x);
+    _exit(0);
+  }
+  close(go[0]);
+  bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = pid};
+  bh_channel *c;
+  ASSERT_OK(bh_channel_open(&c, sv[0], &o));
+  bh_frame f;
+  /* From us, not the expected pid: refused. */
+  bh_test_raw_good(sv[1], 1);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EPEERCRED);
+  /* From the helper: accepted, with its pid. */
+  ASSERT_EQ(write(go[1], "\x02", 1), 1);
+  ASSERT_OK(bh_test_recv(c, &f, 5000));
+  ASSERT_UEQ(f.h.request_id, 2);
+  ASSERT_EQ(f.sender_pid, pid);
+  /* Once the expected pid is ours, ours pass and the helper's do not. */
+  bh_channel_set_peer_pid(c, getpid());
+  ASSERT_EQ(write(go[1], "\x03", 1), 1);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EPEERCRED);
+  bh_test_raw_good(sv[1], 4);
+  bh_test_expect_good(c, 4);
+  close(go[1]);
+  wait_exit0(pid);
+  close(sv[1]);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* ---- a real peer process ---- */
+
+/* The helper: for each CALL whose value is a uint8 tensor in a block,
+ * answers RESULT with a tensor in one of its own blocks holding each byte
+ * plus one; exits on BYE. */
+static int echo_peer(int fd) {
+  bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = getppid()};
+  bh_channel *c;
+  if (bh_channel_open(&c, fd, &o)) return 20;
+  for (;;) {
+    bh_frame f;
+    int rc = bh_test_recv(c, &f, 10000);
+    if (rc) return 21;
+    if (f.h.kind == BH_KIND_BYE) break;
+    if (f.h.kind != BH_KIND_CALL) return 22;
+    bh_reader r;
+    bh_item it;
+    bh_reader_init(&r, f.value, f.value_len);
+    if (bh_dec_next(&r, &it) || it.tag != BH_TAG_TENSOR) return 23;
+    bh_tensor_ref t = it.u.t;
+    bh_block *in, *out;
+    if (bh_channel_peer_block(c, t.block, &in)) return 24;
+    if (bh_channel_block_acquire(c, t.nbytes, &out)) return 25;
+    const uint8_t *src = (const uint8_t *)bh_block_addr(in) + t.offset;
+    uint8_t *dst = bh_block_addr(out);
+    for (uint64_t i = 0; i < t.nbytes; i++) dst[i] = (uint8_t)(src[i] + 1);
+    bh_block_unref(in);
+    t.block = bh_block_id(out);
+    t.offset = 0;
+    bh_buf v;
+    bh_buf_init(&v);
+    bh_enc_tensor(&v, &t);
+    rc = bh_test_send(c, BH_KIND_RESULT, f.h.request_id, v.data, v.len, &out, 1);
+    bh_block_unref(out);
+    bh_buf_free(&v);
+    if (rc) return 26;
+  }
+  bh_channel_close(c);
+  return 0;
+}
+
+TEST_IMPL(channel_helper_process_echo) {
+  int fds0 = bh_test_fd_count();
+  int sv[2];
+  ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  pid_t pid = fork();
+  ASSERT_SYS(pid);
+  if (pid == 0) {
+    close(sv[0]);
+    _exit(echo_peer(sv[1]));
+  }
+  close(sv[1]);
+  bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = pid};
+  bh_channel *c;
+  ASSERT_OK(bh_channel_open(&c, sv[0], &o));
+  for (int round = 0; round < 20; round++) {
+    size_t n = 1000 + (size_t)round * 3000;
+    bh_block *x;
+    ASSERT_OK(bh_channel_block_acquire(c, n, &x));
+    uint8_t *p = bh_block_addr(x);
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(i + round);
+    bh_buf v = tensor_value(x, n);
+    ASSERT_OK(bh_test_send(c, BH_KIND_CALL, (uint64_t)round, v.data, v.len, &x, 1));
+    bh_block_unref(x);
+    bh_buf_free(&v);
+    bh_frame f;
+    ASSERT_OK(bh_test_recv(c, &f, 5000));
+    ASSERT_EQ(f.h.kind, BH_KIND_RESULT);
+    ASSERT_UEQ(f.h.request_id, round);
+    ASSERT_EQ(f.sender_pid, pid);
+    bh_tensor_ref t = frame_tensor(&f);
+    ASSERT_UEQ(t.nbytes, n);
+    bh_block *y;
+    ASSERT_OK(bh_channel_peer_block(c, t.block, &y));
+    const uint8_t *q = bh_block_addr(y);
+    for (size_t i = 0; i < n; i++)
+      if (q[i] != (uint8_t)(i + round + 1)) FAIL("round %d byte %zu: %u", round, i, q[i]);
+    bh_block_unref(y);
+  }
+  /* Blocks went back and forth and were reused on both sides. */
+  bh_pool_stats s = stats_of(c);
+  ASSERT_GT(s.reused, 0);
+  ASSERT_LE(s.lent_blocks, 1);
+  ASSERT_OK(bh_test_send(c, BH_KIND_BYE, 0, NULL, 0, NULL, 0));
+  bh_frame f;
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EEOF);
+  wait_exit0(pid);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}

@@ -1,0 +1,363 @@
+/*
+ * test-shm.c -- the block pool behind a channel: reuse and best fit,
+ * blocks as sealed prefaulted memfds, trimming to pool_keep_bytes, blocks
+ * that outlive their channel, and unrefs from other threads.
+ *
+ * Blocks are reached through the public API (a channel's pool); a block's
+ * memfd, which the API does not expose, is found by its name in
+ * /proc/self/fd ("memfd:bulkhead-block-<id>").
+ */
+#include "task.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#define MiB (1024u * 1024u)
+
+static bh_pool_stats stats_of(bh_channel *c) {
+  bh_pool_stats s;
+  ASSERT_OK(bh_pool_stats_get(bh_channel_pool(c), &s));
+  return s;
+}
+
+/* This process's fd for own block `id`, or -1. */
+static int block_fd(uint32_t id) {
+  char want[64];
+  snprintf(want, sizeof want, "/memfd:bulkhead-block-%u (deleted)", id);
+  DIR *d = opendir("/proc/self/fd");
+  ASSERT_NOT_NULL(d);
+  struct dirent *e;
+  int found = -1;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], target[128];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n < 0) continue;
+    target[n] = 0;
+    if (strcmp(target, want) == 0) found = atoi(e->d_name);
+  }
+  closedir(d);
+  return found;
+}
+
+TEST_IMPL(shm_reuse_same_id) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x, *y;
+  ASSERT_OK(bh_channel_block_acquire(a, 10000, &x));
+  uint32_t id = bh_block_id(x);
+  ASSERT_EQ(bh_block_size(x), 12288); /* whole pages */
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.own_blocks, 1);
+  ASSERT_EQ(s.own_bytes, 12288);
+  ASSERT_EQ(s.free_blocks, 0);
+  ASSERT_EQ(s.created, 1);
+  ASSERT_EQ(s.reused, 0);
+  bh_block_unref(x);
+  s = stats_of(a);
+  ASSERT_EQ(s.free_blocks, 1);
+  ASSERT_EQ(s.free_bytes, 12288);
+  ASSERT_OK(bh_channel_block_acquire(a, 10000, &y));
+  ASSERT_EQ(bh_block_id(y), id);
+  s = stats_of(a);
+  ASSERT_EQ(s.reused, 1);
+  ASSERT_EQ(s.created, 1);
+  /* Held blocks are never handed out twice. */
+  ASSERT_OK(bh_channel_block_acquire(a, 10000, &x));
+  ASSERT_NE(bh_block_id(x), id);
+  ASSERT_EQ(stats_of(a).created, 2);
+  /* An extra reference keeps a block from the free list. */
+  bh_block_ref(x);
+  bh_block_unref(x);
+  ASSERT_EQ(stats_of(a).free_blocks, 0);
+  bh_block_unref(x);
+  bh_block_unref(y);
+  s = stats_of(a);
+  ASSERT_EQ(s.free_blocks, 2);
+  ASSERT_EQ(s.own_blocks, 2);
+  /* Smaller requests within half the size reuse too. */
+  ASSERT_OK(bh_channel_block_acquire(a, 6145, &x));
+  ASSERT_EQ(bh_block_size(x), 12288);
+  ASSERT_EQ(stats_of(a).reused, 2);
+  bh_block_unref(x);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+TEST_IMPL(shm_best_fit) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *m1, *m2, *m3, *x;
+  ASSERT_OK(bh_channel_block_acquire(a, 1 * MiB, &m1));
+  ASSERT_OK(bh_channel_block_acquire(a, 3 * MiB, &m3));
+  ASSERT_OK(bh_channel_block_acquire(a, 2 * MiB, &m2));
+  uint32_t id1 = bh_block_id(m1), id2 = bh_block_id(m2), id3 = bh_block_id(m3);
+  bh_block_unref(m1);
+  bh_block_unref(m3);
+  bh_block_unref(m2);
+  ASSERT_EQ(stats_of(a).free_blocks, 3);
+  /* 1.5 MiB: the 2 MiB block, not the 3 MiB one listed before it. */
+  ASSERT_OK(bh_channel_block_acquire(a, 3 * MiB / 2, &x));
+  ASSERT_EQ(bh_block_id(x), id2);
+  bh_block_unref(x);
+  ASSERT_OK(bh_channel_block_acquire(a, 1 * MiB, &x));
+  ASSERT_EQ(bh_block_id(x), id1);
+  bh_block_unref(x);
+  ASSERT_OK(bh_channel_block_acquire(a, 5 * MiB / 2, &x));
+  ASSERT_EQ(bh_block_id(x), id3);
+  bh_block_unref(x);
+  ASSERT_EQ(stats_of(a).created, 3);
+  /* A much smaller request does not take a big block: a new one. */
+  ASSERT_OK(bh_channel_block_acquire(a, 4096, &x));
+  ASSERT_EQ(bh_block_size(x), 4096);
+  ASSERT(bh_block_id(x) != id1 && bh_block_id(x) != id2 && bh_block_id(x) != id3);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.created, 4);
+  ASSERT_EQ(s.free_blocks, 3);
+  bh_block_unref(x);
+  /* Nor one just under half of it. */
+  ASSERT_OK(bh_channel_block_acquire(a, 1 * MiB - 4096, &x));
+  ASSERT_NE(bh_block_id(x), id2);
+  ASSERT_NE(bh_block_id(x), id3);
+  bh_block_unref(x);
+  /* Bigger than every free block: a new one. */
+  ASSERT_OK(bh_channel_block_acquire(a, 3 * MiB + 1, &x));
+  ASSERT_EQ(bh_block_size(x), 3 * MiB + 4096);
+  bh_block_unref(x);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+TEST_IMPL(shm_block_is_sealed_memfd) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x;
+  ASSERT_OK(bh_channel_block_acquire(a, 64 * 1024, &x));
+  size_t size = bh_block_size(x);
+  int fd = block_fd(bh_block_id(x));
+  if (fd < 0) {
+    bh_test_fd_dump("fds");
+    FAIL("no fd named memfd:bulkhead-block-%u", bh_block_id(x));
+  }
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 3);
+  int seals = fcntl(fd, F_GET_SEALS);
+  ASSERT_SYS(seals);
+  ASSERT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW), F_SEAL_SHRINK | F_SEAL_GROW);
+  ASSERT_EQ(seals & F_SEAL_WRITE, 0); /* we write tensors into it */
+  ASSERT(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+  struct stat st;
+  ASSERT_SYS(fstat(fd, &st));
+  ASSERT_EQ(st.st_size, size);
+  /* Neither shrinking nor growing is possible. */
+  errno = 0;
+  ASSERT_EQ(ftruncate(fd, 0), -1);
+  ASSERT_EQ(errno, EPERM);
+  ASSERT_EQ(ftruncate(fd, (off_t)size * 2), -1);
+  ASSERT_EQ(errno, EPERM);
+  ASSERT_EQ(ftruncate(fd, (off_t)size - 4096), -1);
+  ASSERT_EQ(errno, EPERM);
+  /* The mapping is the memfd's memory. */
+  ASSERT_EQ(pwrite(fd, "seal", 4, 4096), 4);
+  ASSERT_MEM_EQ((uint8_t *)bh_block_addr(x) + 4096, "seal", 4);
+  /* Prefaulted: every page is resident already. */
+  size_t pages = size / 4096;
+  unsigned char *vec = malloc(pages);
+  ASSERT_NOT_NULL(vec);
+  ASSERT_SYS(mincore(bh_block_addr(x), size, vec));
+  for (size_t i = 0; i < pages; i++)
+    if (!(vec[i] & 1)) FAIL("page %zu of the new block is not resident", i);
+  free(vec);
+
+  /* The peer maps the same memory: its writes show in ours. */
+  static const uint8_t nil = BH_TAG_NIL;
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, &nil, 1, &x, 1));
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  bh_block *pb;
+  ASSERT_OK(bh_channel_peer_block(b, bh_block_id(x), &pb));
+  ASSERT_MEM_EQ((uint8_t *)bh_block_addr(pb) + 4096, "seal", 4);
+  memcpy(bh_block_addr(pb), "peer", 4);
+  ASSERT_MEM_EQ(bh_block_addr(x), "peer", 4);
+  bh_block_unref(pb);
+  bh_block_unref(x);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+TEST_IMPL(shm_trim_keep_bytes) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 1 * MiB);
+  bh_block *x[4];
+  uint32_t id[4];
+  for (int i = 0; i < 4; i++) {
+    ASSERT_OK(bh_channel_block_acquire(a, MiB, &x[i]));
+    id[i] = bh_block_id(x[i]);
+  }
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 2 + 4);
+  static const int own_after[4] = {4, 3, 2, 1};
+  for (int i = 0; i < 4; i++) {
+    bh_block_unref(x[i]);
+    bh_pool_stats s = stats_of(a);
+    ASSERT_EQ(s.own_blocks, own_after[i]);
+    ASSERT_EQ(s.free_blocks, 1);
+    ASSERT_LE(s.free_bytes, 1 * MiB);
+  }
+  /* The oldest went, with their memfds; the last freed stays. */
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 2 + 1);
+  for (int i = 0; i < 3; i++) ASSERT_EQ(block_fd(id[i]), -1);
+  ASSERT_GT(block_fd(id[3]), 2);
+  bh_block *y;
+  ASSERT_OK(bh_channel_block_acquire(a, MiB, &y));
+  ASSERT_EQ(bh_block_id(y), id[3]);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.created, 4);
+  ASSERT_EQ(s.reused, 1);
+  /* Held blocks are never trimmed, however far over the limit. */
+  bh_block *z[3];
+  for (int i = 0; i < 3; i++) ASSERT_OK(bh_channel_block_acquire(a, MiB, &z[i]));
+  ASSERT_EQ(stats_of(a).own_blocks, 4);
+  for (int i = 0; i < 3; i++) bh_block_unref(z[i]);
+  bh_block_unref(y);
+  ASSERT_EQ(stats_of(a).own_blocks, 1);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+static void *unref_thread(void *arg) {
+  bh_block *blk = arg;
+  memset(bh_block_addr(blk), 0x77, bh_block_size(blk));
+  bh_block_unref(blk);
+  return NULL;
+}
+
+/* Blocks still referenced when their channel closes stay mapped until the
+ * last unref (the ASan build checks nothing is touched after free). */
+TEST_IMPL(shm_close_keeps_mapping) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *own, *lent_held, *lent_only, *spare, *pb;
+  ASSERT_OK(bh_channel_block_acquire(a, 8192, &own));
+  ASSERT_OK(bh_channel_block_acquire(a, 8192, &lent_held));
+  ASSERT_OK(bh_channel_block_acquire(a, 8192, &lent_only));
+  ASSERT_OK(bh_channel_block_acquire(a, 8192, &spare));
+  memset(bh_block_addr(lent_held), 0x11, 8192);
+  bh_block *lend[2] = {lent_held, lent_only};
+  static const uint8_t nil = BH_TAG_NIL;
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, &nil, 1, lend, 2));
+  bh_block_unref(lent_only); /* only the loan holds it now */
+  bh_block_unref(spare);     /* free in the pool */
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_OK(bh_channel_peer_block(b, bh_block_id(lent_held), &pb));
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 2 + 4);
+
+  /* a closes: the free block and the lent-only block go at once. */
+  bh_channel_close(a);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 1 + 2);
+  uint8_t *p = bh_block_addr(own);
+  memset(p, 0x42, 8192);
+  ASSERT_EQ(p[8191], 0x42);
+  ASSERT_EQ(bh_block_size(own), 8192);
+  ASSERT(bh_block_is_own(own));
+  bh_block_ref(own);
+  bh_block_unref(own);
+  ASSERT_EQ(p[0], 0x42);
+  bh_block_unref(own);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 1 + 1);
+  /* The last one is unreferenced from another thread. */
+  pthread_t th;
+  ASSERT_EQ(pthread_create(&th, NULL, unref_thread, lent_held), 0);
+  ASSERT_EQ(pthread_join(th, NULL), 0);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 1);
+
+  /* b closes while holding a's block: still readable, then let go. */
+  bh_channel_close(b);
+  const uint8_t *q = bh_block_addr(pb);
+  ASSERT_EQ(q[0], 0x77); /* written through a's mapping before it went */
+  ASSERT_EQ(q[8191], 0x77);
+  ((uint8_t *)bh_block_addr(pb))[100] = 1;
+  bh_block_unref(pb);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+TEST_IMPL(shm_bad_args) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x = NULL;
+  ASSERT_RC(bh_channel_block_acquire(a, 0, &x), -EINVAL);
+  ASSERT_RC(bh_channel_block_acquire(a, (size_t)1 << 47, &x), -BH_E2BIG);
+  ASSERT_RC(bh_channel_block_acquire(NULL, 4096, &x), -EINVAL);
+  ASSERT_RC(bh_channel_block_acquire(a, 4096, NULL), -EINVAL);
+  ASSERT_NULL(x);
+  bh_pool_stats s;
+  ASSERT_RC(bh_pool_stats_get(NULL, &s), -EINVAL);
+  ASSERT_RC(bh_pool_stats_get(bh_channel_pool(a), NULL), -EINVAL);
+  bh_block_unref(NULL); /* a no-op */
+  ASSERT_EQ(stats_of(a).own_blocks, 0);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  bh_channel_close(NULL);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Acquire and unref from several threads on one pool. */
+enum { THREADS = 4, ROUNDS = 300 };
+
+static void *churn_thread(void *arg) {
+  bh_channel *c = arg;
+  for (int i = 0; i < ROUNDS; i++) {
+    bh_block *x;
+    size_t n = 4096 * (size_t)(1 + (i % 4));
+    if (bh_channel_block_acquire(c, n, &x)) return (void *)1;
+    uint8_t *p = bh_block_addr(x);
+    p[0] = (uint8_t)i;
+    p[n - 1] = (uint8_t)i;
+    bh_block_ref(x);
+    bh_block_unref(x);
+    if (p[0] != (uint8_t)i || p[n - 1] != (uint8_t)i) return (void *)2; /* shared with another */
+    bh_block_unref(x);
+  }
+  return NULL;
+}
+
+TEST_IMPL(shm_threads) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  pthread_t th[THREADS];
+  for (int i = 0; i < THREADS; i++) ASSERT_EQ(pthread_create(&th[i], NULL, churn_thread, a), 0);
+  for (int i = 0; i < THREADS; i++) {
+    void *r;
+    ASSERT_EQ(pthread_join(th[i], &r), 0);
+    ASSERT_NULL(r);
+  }
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.created + s.reused, THREADS * ROUNDS);
+  ASSERT_EQ(s.free_blocks, s.own_blocks);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_LE(s.own_blocks, THREADS * 4);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
