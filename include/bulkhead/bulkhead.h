@@ -337,7 +337,9 @@ BH_EXTERN int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **
 /* An outgoing message.  `blocks` lists own blocks whose ids appear in
  * tensor-refs of `value`; sending lends each to the peer (taking a
  * reference until the peer returns it) and introduces the ones the peer
- * has not mapped yet. */
+ * has not mapped yet.  A block listed twice is lent once; a block still
+ * lent from an earlier frame fails the send with -EBUSY (acquire a new one:
+ * a block goes out once until the peer returns it). */
 typedef struct bh_msg {
   uint16_t kind;
   uint64_t request_id;

@@ -250,14 +250,26 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
   uint32_t n_intro = 0, n_lent = 0;
   uint32_t *notes = NULL, n_ret = 0, n_retire = 0;
   int rc = 0;
+  uint8_t *lent = NULL;
   if (m->n_blocks) {
     intro = malloc(sizeof *intro * m->n_blocks);
-    if (!intro) return -ENOMEM;
+    lent = calloc(m->n_blocks, 1);
+    if (!intro || !lent) {
+      free(intro);
+      free(lent);
+      return -ENOMEM;
+    }
   }
   for (; n_lent < m->n_blocks; n_lent++) {
-    int needs_fd = 0;
+    int needs_fd = 0, seen = 0;
+    for (uint32_t k = 0; k < n_lent && !seen; k++) seen = m->blocks[k] == m->blocks[n_lent];
+    if (seen) { /* listed twice in one frame: one loan */
+      lent[n_lent] = 0;
+      continue;
+    }
     rc = bh__pool_lend(c->pool, m->blocks[n_lent], &needs_fd);
     if (rc) goto rollback;
+    lent[n_lent] = 1;
     if (needs_fd) intro[n_intro++] = m->blocks[n_lent];
   }
   notes = malloc(2 * BH__NOTES_MAX * sizeof *notes);
@@ -277,17 +289,17 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
                       notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
   if (rc) goto rollback;
   free(intro);
+  free(lent);
   free(notes);
   return 0;
 rollback:
   /* The peer never saw these loans; give the references back.  Notes taken
    * are dropped: a failed send means the peer is gone. */
-  for (uint32_t i = 0; i < n_lent; i++) {
-    bh_block *b = m->blocks[i];
-    bh__pool_returned(c->pool, b->id);
-  }
+  for (uint32_t i = 0; i < n_lent; i++)
+    if (lent[i]) bh__pool_returned(c->pool, m->blocks[i]->id);
   for (uint32_t i = 0; i < n_intro; i++) intro[i]->peer_mapped = 0;
   free(intro);
+  free(lent);
   free(notes);
   return rc;
 }
@@ -431,6 +443,8 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
       rc = bh__arm_timeout(c, deadline_ns);
       if (rc) return rc;
       rc = bh__recv_one(c, f, fds, &n_fds, &inline_len, 0);
+      /* SO_RCVTIMEO may be shorter than what is left: wait again. */
+      if (rc == -ETIMEDOUT && (deadline_ns < 0 || bh_now_ns() < deadline_ns)) continue;
     }
     if (rc) return rc;
     const uint8_t *payload = c->rx + BH__HDR;

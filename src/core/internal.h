@@ -49,7 +49,7 @@ struct bh_block {
   void *addr;
   size_t size;
   atomic_int refs;     /* holders; an own block lent to the peer counts 1 */
-  int lent;            /* own: times lent and not yet returned */
+  int lent;            /* own: 1 while the peer holds it (one loan at a time) */
   uint64_t last_used;  /* own: reuse order for trimming */
 };
 
@@ -58,9 +58,11 @@ int bh__pool_open(bh_pool **out, size_t keep_bytes);
 void bh__pool_close(bh_pool *p);
 int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out);
 /* Marks an own block lent (one more reference) and tells whether its fd
- * must travel with this frame (the peer has not mapped it yet). */
+ * must travel with this frame (the peer has not mapped it yet).  -EBUSY if
+ * it is lent already: a block goes out once until the peer returns it. */
 int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd);
-/* The peer returned own block `id` (drop the lent reference). */
+/* The peer returned own block `id` (drop the lent reference); a return
+ * for a block not lent is a harmless duplicate.  -BH_EBLOCK if unknown. */
 int bh__pool_returned(bh_pool *p, uint32_t id);
 /* Maps a peer block introduced by a frame; consumes fd. */
 int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size);

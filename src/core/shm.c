@@ -263,8 +263,12 @@ static bh_block *bh__find(bh_block **arr, size_t n, uint32_t id, size_t *at) {
 int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd) {
   if (!b->own || b->pool != p) return -EINVAL;
   pthread_mutex_lock(&p->mu);
+  if (b->lent) { /* one loan at a time: the peer returns it once */
+    pthread_mutex_unlock(&p->mu);
+    return -EBUSY;
+  }
   atomic_fetch_add(&b->refs, 1);
-  b->lent++;
+  b->lent = 1;
   *needs_fd = !b->peer_mapped;
   b->peer_mapped = 1;
   pthread_mutex_unlock(&p->mu);
@@ -302,9 +306,13 @@ static int bh__unref_locked(bh_pool *p, bh_block *b) {
 int bh__pool_returned(bh_pool *p, uint32_t id) {
   pthread_mutex_lock(&p->mu);
   bh_block *b = bh__find(p->own, p->n_own, id, NULL);
-  if (!b || b->lent == 0) {
+  if (!b) {
     pthread_mutex_unlock(&p->mu);
     return -BH_EBLOCK;
+  }
+  if (b->lent == 0) { /* a duplicate return: nothing to give back */
+    pthread_mutex_unlock(&p->mu);
+    return 0;
   }
   b->lent--;
   int free_pool = bh__unref_locked(p, b);

@@ -151,7 +151,11 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
     rc = -errno;
     goto err;
   }
-  if ((rc = bh__lift(&sv[1])) || (rc = bh__lift(&outp[1]))) goto err;
+  /* Every end lives above the fds the child layout uses, and the host's
+   * ends above stdio too (a daemon host may have closed fd 0). */
+  if ((rc = bh__lift(&sv[0])) || (rc = bh__lift(&sv[1])) || (rc = bh__lift(&outp[0])) ||
+      (rc = bh__lift(&outp[1])) || (rc = bh__lift(&stopp[0])) || (rc = bh__lift(&stopp[1])))
+    goto err;
 
   if ((rc = posix_spawn_file_actions_init(&fa))) goto err_rc;
   fa_init = 1;
@@ -190,6 +194,10 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
   bh__close(outp[1]);
   outp[1] = -1;
   p->pidfd = bh__pidfd_open(p->pid);
+  if (p->pidfd >= 0 && bh__lift(&p->pidfd)) {
+    close(p->pidfd);
+    p->pidfd = -1; /* waits fall back to waitpid */
+  }
   p->out_fd = outp[0];
   outp[0] = -1;
   fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
@@ -242,7 +250,8 @@ int bh_proc_wait(bh_proc *p, int timeout_ms, int *status) {
     }
     int st = 0;
     pid_t r;
-    do r = waitpid(p->pid, &st, p->pidfd >= 0 || timeout_ms < 0 ? 0 : WNOHANG);
+    int flags = timeout_ms == 0 || (p->pidfd < 0 && timeout_ms > 0) ? WNOHANG : 0;
+    do r = waitpid(p->pid, &st, flags);
     while (r < 0 && errno == EINTR);
     if (r == 0) return -ETIMEDOUT;
     if (r < 0) return -errno;

@@ -398,7 +398,7 @@ TEST_IMPL(proc_wait_timeout_and_pidfd) {
 }
 
 /*
- * CORE BUG (src/core/supervisor.c bh_proc_wait): with a pidfd and
+ * Regression test, bug fixed in (src/core/supervisor.c bh_proc_wait): with a pidfd and
  * timeout_ms == 0 the poll is skipped and waitpid runs without WNOHANG
  * (`p->pidfd >= 0 || timeout_ms < 0 ? 0 : WNOHANG`), so a zero timeout
  * blocks until the child exits.  bh_proc_stop(p, 0, ...) inherits it: the
@@ -503,7 +503,7 @@ TEST_IMPL(proc_stderr_sink_prefix) {
 }
 
 /*
- * CORE BUG (src/core/supervisor.c bh_proc_spawn): only the child's ends
+ * Regression test, bug fixed in (src/core/supervisor.c bh_proc_spawn): only the child's ends
  * (sv[1], outp[1]) are lifted above the stdio numbers.  In a host whose
  * stdin is closed (a daemon), socketpair() hands back fd 0 as the host end,
  * bh_proc_spawn returns *chan_fd == 0, and bh_channel_open refuses any fd
