@@ -186,8 +186,8 @@ class Peer:
     # --- used by RemoteCallable ---
 
     def call_remote(self, rc, args, kwargs):
-        handle = rc  # encodes as OWNED_BY_RECEIVER
-        return self.channel.request(self.outgoing, (handle, args, kwargs), self.timeout)
+        # rc itself is the target: encode_other sends it as OWNED_BY_RECEIVER
+        return self.channel.request(self.outgoing, (rc, args, kwargs), self.timeout)
 
 
 def resolve_target(target):

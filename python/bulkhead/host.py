@@ -18,7 +18,7 @@ import threading
 import weakref
 
 from . import _native
-from ._rpc import BulkheadError, Peer, interpreter_info  # noqa: F401 (re-exported)
+from ._rpc import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
 
