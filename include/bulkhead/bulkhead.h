@@ -57,7 +57,16 @@ extern "C" {
   X(BH_EBLOCK, 10028, "reference to an unknown shared-memory block")           \
   X(BH_ESEALS, 10029, "shared-memory block is not a sealed memfd of the declared size") \
   X(BH_EBLOCKSEC, 10030, "frame's block section is malformed")                 \
-  X(BH_ETOOMANY, 10031, "too many items for one frame")
+  X(BH_ETOOMANY, 10031, "too many items for one frame") \
+  X(BH_ELEDGER, 10040, "segment is not a bulkhead ledger (bad magic or size)") \
+  X(BH_ELEDGERVER, 10041, "ledger has another layout version (every bulkhead on this machine must match)") \
+  X(BH_ELEDGERFULL, 10042, "ledger has no free record slot") \
+  X(BH_ENOTJOINED, 10043, "this process has no record in the ledger (join first)") \
+  X(BH_EMODELS, 10044, "ledger record has no room for another model or device") \
+  X(BH_ENODRIVER, 10050, "GPU driver library is not available") \
+  X(BH_ENVML, 10051, "NVML call failed") \
+  X(BH_ENODEVICE, 10052, "no GPU with that UUID or index") \
+  X(BH_ECGROUP, 10053, "cgroup or /proc memory file is malformed")
 
 enum {
 #define BH__ERR_ENUM(name, value, msg) name = value,
