@@ -5,6 +5,13 @@
  * TEST_ENTRY_CUSTOM gives a test its own timeout in ms (the default is
  * 10 s).  Tests run in the order listed.
  */
+TEST_DECLARE(policy_ask_target)
+TEST_DECLARE(policy_headroom_and_admission)
+TEST_DECLARE(policy_pending_and_reserve)
+TEST_DECLARE(policy_load_and_unload_bytes)
+TEST_DECLARE(policy_release_plan)
+TEST_DECLARE(policy_idle_sweep)
+TEST_DECLARE(policy_pin_ceiling_and_share)
 TEST_DECLARE(codec_roundtrip_scalars)
 TEST_DECLARE(codec_roundtrip_str_bytes)
 TEST_DECLARE(codec_roundtrip_nested)
@@ -130,4 +137,12 @@ TASK_LIST_START
   TEST_ENTRY(proc_close_kills_and_reaps)
   TEST_ENTRY(proc_cwd)
   TEST_ENTRY(proc_stderr_sink_prefix)
+
+  TEST_ENTRY(policy_ask_target)
+  TEST_ENTRY(policy_headroom_and_admission)
+  TEST_ENTRY(policy_pending_and_reserve)
+  TEST_ENTRY(policy_load_and_unload_bytes)
+  TEST_ENTRY(policy_release_plan)
+  TEST_ENTRY(policy_idle_sweep)
+  TEST_ENTRY(policy_pin_ceiling_and_share)
 TASK_LIST_END
