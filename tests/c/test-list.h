@@ -85,6 +85,7 @@ TEST_DECLARE(probe_ram_cgroup_v2_paths)
 TEST_DECLARE(probe_ram_cgroup_v1)
 TEST_DECLARE(probe_ram_no_cgroup)
 TEST_DECLARE(probe_ram_malformed)
+TEST_DECLARE(probe_ram_fuzz)
 TEST_DECLARE(probe_ram_bad_args)
 TEST_DECLARE(probe_ram_this_machine)
 
@@ -173,6 +174,7 @@ TASK_LIST_START
   TEST_ENTRY(probe_ram_cgroup_v1)
   TEST_ENTRY(probe_ram_no_cgroup)
   TEST_ENTRY(probe_ram_malformed)
+  TEST_ENTRY_CUSTOM(probe_ram_fuzz, 60000)
   TEST_ENTRY(probe_ram_bad_args)
   TEST_ENTRY(probe_ram_this_machine)
 TASK_LIST_END

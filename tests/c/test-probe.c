@@ -879,6 +879,50 @@ TEST_IMPL(probe_ram_malformed) {
   return 0;
 }
 
+/* Random bytes (and random mutations of good contents) in every file the
+ * reader touches: a reading or BH_ECGROUP, never a crash or another code. */
+TEST_IMPL(probe_ram_fuzz) {
+  static const char *const files[] = {
+      "proc/meminfo", "proc/swaps", "proc/self/cgroup", "proc/self/mountinfo",
+      "sys/fs/cgroup/a/memory.max", "sys/fs/cgroup/a/memory.current", "sys/fs/cgroup/a/memory.stat"};
+  static const char *const good[] = {
+      MEMINFO_16G, SWAPS_NONE "/dev/sda2 partition 8 0 -2\n", "0::/a\n", MOUNT_V2, "1000\n",
+      "10\n", "inactive_file 1\n"};
+  static const char alphabet[] = "0123456789 \t\n:-/max,kBinactive_fileMemTotal\\0\xff";
+  unsigned seed = 12345;
+  ram_tree("0::/a\n", MOUNT_V2);
+  for (int iter = 0; iter < 1500; iter++) {
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) put(ram_root, files[f], good[f]);
+    size_t f = (size_t)rand_r(&seed) % (sizeof files / sizeof *files);
+    char buf[256];
+    size_t n;
+    if (iter & 1) { /* mutate the good contents */
+      n = strlen(good[f]) < sizeof buf - 1 ? strlen(good[f]) : sizeof buf - 1;
+      memcpy(buf, good[f], n);
+      for (int k = 0; k < 1 + rand_r(&seed) % 4 && n; k++)
+        buf[(size_t)rand_r(&seed) % n] = alphabet[(size_t)rand_r(&seed) % (sizeof alphabet - 1)];
+    } else {
+      n = (size_t)rand_r(&seed) % 64;
+      for (size_t k = 0; k < n; k++)
+        buf[k] = (iter & 2) ? (char)(rand_r(&seed) & 0xff)
+                            : alphabet[(size_t)rand_r(&seed) % (sizeof alphabet - 1)];
+    }
+    buf[n] = 0;
+    for (size_t k = 0; k < n; k++)
+      if (!buf[k]) buf[k] = '0'; /* put() writes C strings; NUL has its own test */
+    put(ram_root, files[f], buf);
+    bh_ram_reading r;
+    char err[512];
+    int rc = bh_ram_read(ram_root, &r, err, sizeof err);
+    if (rc != 0 && rc != -BH_ECGROUP)
+      FAIL("%s = \"%s\": %s (%s)", files[f], buf, bh_test_errname(rc), err);
+    if (rc == 0) ASSERT_LE(r.available_bytes, r.total_bytes);
+    ASSERT_EQ(r.valid, rc == 0);
+  }
+  rm_rf(ram_root);
+  return 0;
+}
+
 TEST_IMPL(probe_ram_bad_args) {
   bh_ram_reading r;
   char err[256];
