@@ -77,6 +77,19 @@ static void putf(const char *root, const char *rel, const char *fmt, ...) {
   put(root, rel, buf);
 }
 
+/* The errno values the probes return have names (the Python exceptions
+ * carry them as .errname). */
+TEST_IMPL(probe_error_names) {
+  static const struct {
+    int e;
+    const char *name;
+  } errs[] = {{ENOTSUP, "ENOTSUP"}, {ENODATA, "ENODATA"}, {ENOTUNIQ, "ENOTUNIQ"},
+              {ERANGE, "ERANGE"}, {ENOSPC, "ENOSPC"}, {ENAMETOOLONG, "ENAMETOOLONG"},
+              {BH_ENODRIVER, "BH_ENODRIVER"}, {BH_ECGROUP, "BH_ECGROUP"}};
+  for (size_t i = 0; i < sizeof errs / sizeof *errs; i++) ASSERT_STR_EQ(bh_errname(-errs[i].e), errs[i].name);
+  return 0;
+}
+
 /* ------------------------------------------------- the table backend */
 
 typedef struct {
