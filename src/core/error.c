@@ -33,6 +33,12 @@ const char *bh_errname(int err) {
   case EINVAL: return "EINVAL";
   case ENOMEM: return "ENOMEM";
   case ECONNRESET: return "ECONNRESET";
+  case ENOTSUP: return "ENOTSUP";
+  case ENODATA: return "ENODATA";
+  case ENOTUNIQ: return "ENOTUNIQ";
+  case ERANGE: return "ERANGE";
+  case ENOSPC: return "ENOSPC";
+  case ENAMETOOLONG: return "ENAMETOOLONG";
   }
   return NULL;
 }

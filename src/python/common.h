@@ -21,10 +21,13 @@ typedef struct bh_state {
   PyTypeObject *Channel;
   PyTypeObject *Lease;
   PyTypeObject *Proc;
+  PyTypeObject *Gpu;
   PyObject *Error;          /* base of everything below */
   PyObject *ProtocolError;  /* a malformed frame or value */
   PyObject *PeerClosed;     /* EOF, BYE, EPIPE */
   PyObject *Timeout;        /* a deadline passed */
+  PyObject *ProbeError;     /* a memory probe failed (.code, .errname) */
+  PyObject *DriverUnavailable; /* ProbeError: no GPU driver (BH_ENODRIVER) */
 } bh_state;
 
 typedef struct {
@@ -78,8 +81,12 @@ PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
 extern PyType_Spec bh_channel_spec;
 extern PyType_Spec bh_lease_spec;
 extern PyType_Spec bh_proc_spec;
+extern PyType_Spec bh_gpu_spec;
 PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);
+/* probe.c's part of the module's exec, after the types exist. */
+int bh_py_probe_exec(PyObject *module, bh_state *st);
 /* New Lease over [offset, offset+nbytes) of b; takes its own reference. */
 PyObject *bh_py_lease_new(bh_state *st, bh_block *b, uint64_t offset, uint64_t nbytes);
 

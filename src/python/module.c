@@ -1,7 +1,7 @@
 /*
  * module.c -- the bulkhead._native module: its method table, its state
  * (types and exception classes) and its exec function.  The bindings live
- * beside what they wrap: channel.c, codec.c, shm.c, supervisor.c.
+ * beside what they wrap: channel.c, codec.c, shm.c, supervisor.c, probe.c.
  */
 #include "common.h"
 
@@ -73,6 +73,12 @@ static PyMethodDef bh_methods[] = {
     {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
      "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
      "Starts a worker with the channel's child end as fd 3."},
+    {"ram", (PyCFunction)(void (*)(void))bh_py_ram, METH_VARARGS | METH_KEYWORDS,
+     "ram(root=None) -> dict of byte counts: total_bytes, available_bytes (MemTotal and\n"
+     "MemAvailable clamped by the cgroup), meminfo_total_bytes, meminfo_available_bytes,\n"
+     "cgroup_version (0, 1, 2), limited, cgroup_limit_bytes, cgroup_current_bytes,\n"
+     "cgroup_reclaimable_bytes (of the tightest level), swap_total_bytes.  root: read\n"
+     "proc/ and sys/fs/cgroup/ below this directory instead of /."},
     {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
     {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
     {NULL, NULL, 0, NULL}};
@@ -106,14 +112,20 @@ static int bh_exec(PyObject *m) {
   bh_state *st = bh_py_state(m);
   if (bh_add_type(m, &st->Channel, &bh_channel_spec) < 0 ||
       bh_add_type(m, &st->Lease, &bh_lease_spec) < 0 ||
-      bh_add_type(m, &st->Proc, &bh_proc_spec) < 0)
+      bh_add_type(m, &st->Proc, &bh_proc_spec) < 0 ||
+      bh_add_type(m, &st->Gpu, &bh_gpu_spec) < 0)
     return -1;
   if (bh_add_exc(m, &st->Error, "Error", PyExc_Exception, "Base of bulkhead's channel errors.") < 0 ||
       bh_add_exc(m, &st->ProtocolError, "ProtocolError", st->Error,
                  "A frame or value broke the protocol; .code and .errname name how.") < 0 ||
       bh_add_exc(m, &st->PeerClosed, "PeerClosed", st->Error, "The other end is gone.") < 0 ||
-      bh_add_exc(m, &st->Timeout, "Timeout", st->Error, "A deadline passed.") < 0)
+      bh_add_exc(m, &st->Timeout, "Timeout", st->Error, "A deadline passed.") < 0 ||
+      bh_add_exc(m, &st->ProbeError, "ProbeError", st->Error,
+                 "A memory probe failed; .code and .errname name how.") < 0 ||
+      bh_add_exc(m, &st->DriverUnavailable, "DriverUnavailable", st->ProbeError,
+                 "No usable GPU driver (BH_ENODRIVER): keep upstream's own semantics.") < 0)
     return -1;
+  if (bh_py_probe_exec(m, st) < 0) return -1;
   if (PyModule_AddIntConstant(m, "PROTOCOL_VERSION", BH_PROTOCOL_VERSION) < 0 ||
       PyModule_AddIntConstant(m, "INLINE_MAX", BH_FRAME_INLINE_MAX) < 0 ||
       PyModule_AddIntConstant(m, "MAX_DEPTH", BH_MAX_DEPTH) < 0 ||
@@ -141,10 +153,13 @@ static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->Channel);
   Py_VISIT(st->Lease);
   Py_VISIT(st->Proc);
+  Py_VISIT(st->Gpu);
   Py_VISIT(st->Error);
   Py_VISIT(st->ProtocolError);
   Py_VISIT(st->PeerClosed);
   Py_VISIT(st->Timeout);
+  Py_VISIT(st->ProbeError);
+  Py_VISIT(st->DriverUnavailable);
   return 0;
 }
 
@@ -153,10 +168,13 @@ static int bh_clear(PyObject *m) {
   Py_CLEAR(st->Channel);
   Py_CLEAR(st->Lease);
   Py_CLEAR(st->Proc);
+  Py_CLEAR(st->Gpu);
   Py_CLEAR(st->Error);
   Py_CLEAR(st->ProtocolError);
   Py_CLEAR(st->PeerClosed);
   Py_CLEAR(st->Timeout);
+  Py_CLEAR(st->ProbeError);
+  Py_CLEAR(st->DriverUnavailable);
   return 0;
 }
 
