@@ -1,7 +1,7 @@
 /*
  * module.c -- the bulkhead._native module: its method table, its state
  * (types and exception classes) and its exec function.  The bindings live
- * beside what they wrap: channel.c, codec.c, shm.c, supervisor.c.
+ * beside what they wrap: channel.c, codec.c, ledger.c, shm.c, supervisor.c.
  */
 #include "common.h"
 
@@ -16,6 +16,7 @@ PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
   PyObject *type;
   if (code == ETIMEDOUT) type = st->Timeout;
   else if (code == BH_EEOF || code == EPIPE || code == ECONNRESET) type = st->PeerClosed;
+  else if (code >= BH_ELEDGER && code <= BH_EMODELS) type = st->LedgerError;
   else if (code >= BH_EMAGIC) type = st->ProtocolError;
   else {
     PyObject *e = Py_BuildValue("(is)", code, msg);
@@ -73,6 +74,8 @@ static PyMethodDef bh_methods[] = {
     {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
      "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
      "Starts a worker with the channel's child end as fd 3."},
+    {"ledger_default_path", bh_py_ledger_default_path, METH_NOARGS,
+     "ledger_default_path() -> $BULKHEAD_LEDGER, else /dev/shm/bulkhead-ledger-<uid>"},
     {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
     {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
     {NULL, NULL, 0, NULL}};
@@ -106,13 +109,17 @@ static int bh_exec(PyObject *m) {
   bh_state *st = bh_py_state(m);
   if (bh_add_type(m, &st->Channel, &bh_channel_spec) < 0 ||
       bh_add_type(m, &st->Lease, &bh_lease_spec) < 0 ||
-      bh_add_type(m, &st->Proc, &bh_proc_spec) < 0)
+      bh_add_type(m, &st->Proc, &bh_proc_spec) < 0 ||
+      bh_add_type(m, &st->Ledger, &bh_ledger_spec) < 0)
     return -1;
   if (bh_add_exc(m, &st->Error, "Error", PyExc_Exception, "Base of bulkhead's channel errors.") < 0 ||
       bh_add_exc(m, &st->ProtocolError, "ProtocolError", st->Error,
                  "A frame or value broke the protocol; .code and .errname name how.") < 0 ||
       bh_add_exc(m, &st->PeerClosed, "PeerClosed", st->Error, "The other end is gone.") < 0 ||
-      bh_add_exc(m, &st->Timeout, "Timeout", st->Error, "A deadline passed.") < 0)
+      bh_add_exc(m, &st->Timeout, "Timeout", st->Error, "A deadline passed.") < 0 ||
+      bh_add_exc(m, &st->LedgerError, "LedgerError", st->Error,
+                 "The ledger refused: not a ledger, another layout version, full, not joined, "
+                 "no room for another model; .code and .errname name which.") < 0)
     return -1;
   if (PyModule_AddIntConstant(m, "PROTOCOL_VERSION", BH_PROTOCOL_VERSION) < 0 ||
       PyModule_AddIntConstant(m, "INLINE_MAX", BH_FRAME_INLINE_MAX) < 0 ||
@@ -131,7 +138,11 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_TORCH", BH_TENSOR_TORCH) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_NUMPY_SCALAR", BH_TENSOR_NUMPY_SCALAR) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
-      PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0)
+      PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_VERSION", BH_LEDGER_VERSION) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_SLOTS", BH_LEDGER_SLOTS) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_DEVICES", BH_LEDGER_DEVICES) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_MODELS", BH_LEDGER_MODELS) < 0)
     return -1;
   return 0;
 }
@@ -141,10 +152,12 @@ static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->Channel);
   Py_VISIT(st->Lease);
   Py_VISIT(st->Proc);
+  Py_VISIT(st->Ledger);
   Py_VISIT(st->Error);
   Py_VISIT(st->ProtocolError);
   Py_VISIT(st->PeerClosed);
   Py_VISIT(st->Timeout);
+  Py_VISIT(st->LedgerError);
   return 0;
 }
 
@@ -153,10 +166,12 @@ static int bh_clear(PyObject *m) {
   Py_CLEAR(st->Channel);
   Py_CLEAR(st->Lease);
   Py_CLEAR(st->Proc);
+  Py_CLEAR(st->Ledger);
   Py_CLEAR(st->Error);
   Py_CLEAR(st->ProtocolError);
   Py_CLEAR(st->PeerClosed);
   Py_CLEAR(st->Timeout);
+  Py_CLEAR(st->LedgerError);
   return 0;
 }
 
@@ -167,7 +182,7 @@ static PyModuleDef_Slot bh_slots[] = {{Py_mod_exec, (void *)bh_exec}, {0, NULL}}
 static struct PyModuleDef bh_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "bulkhead._native",
-    .m_doc = "bulkhead's C core: channels, shared-memory blocks, worker processes.",
+    .m_doc = "bulkhead's C core: channels, shared-memory blocks, worker processes, the ledger.",
     .m_size = sizeof(bh_state),
     .m_methods = bh_methods,
     .m_slots = bh_slots,
