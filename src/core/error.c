@@ -33,6 +33,11 @@ const char *bh_errname(int err) {
   case EINVAL: return "EINVAL";
   case ENOMEM: return "ENOMEM";
   case ECONNRESET: return "ECONNRESET";
+  case ESRCH: return "ESRCH";
+  case EAGAIN: return "EAGAIN";
+  case EPERM: return "EPERM";
+  case ENAMETOOLONG: return "ENAMETOOLONG";
+  case ELOOP: return "ELOOP";
   }
   return NULL;
 }
