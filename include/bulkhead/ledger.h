@@ -36,7 +36,7 @@
  *
  * Conventions are those of bulkhead.h: >= 0 on success, a negative errno or
  * -BH_E* code on failure.  A bh_ledger handle may be used from several
- * threads at once.  After fork() the child's copy of a handle does not own
+ * threads at once (not during or after its bh_ledger_close).  After fork() the child's copy of a handle does not own
  * the parent's record (writers fail with -BH_ENOTJOINED); the child may join
  * on its own, and closing the copy neither leaves nor unlinks anything.
  */

@@ -604,7 +604,7 @@ static int bh__slot_is(bh_ledger *l, int i, pid_t pid, uint64_t start_time) {
 
 int bh_ledger_join(bh_ledger *l, int role, const char *pack, const char *interpreter,
                    uint32_t generation, pid_t host_pid) {
-  int rc, slot = -1, fresh = 0;
+  int rc, slot = -1, fresh = 0, locked = 0;
   uint64_t st;
   if (!l || role < BH_ROLE_HOST || role > BH_ROLE_TOOL || host_pid < 0) return -EINVAL;
   if ((rc = bh__str_ok(pack, BH_LEDGER_PACK_MAX)) < 0 ||
@@ -614,9 +614,11 @@ int bh_ledger_join(bh_ledger *l, int role, const char *pack, const char *interpr
   if ((rc = bh__proc_start_time(me, &st)) < 0) return rc;
   pthread_mutex_lock(&l->wmu);
   if ((rc = bh__ledger_lock(l)) < 0) goto out;
+  locked = 1;
   /* Already there (a second join, another handle of this process)? */
   for (int i = 0; i < BH_LEDGER_SLOTS && slot < 0; i++)
     if (bh__slot_is(l, i, me, st)) slot = i;
+  /* Else a free slot; only a full ledger pays for a reap. */
   for (int pass = 0; pass < 2 && slot < 0; pass++) {
     if (pass == 1 && bh__reap_locked(l) == 0) break;
     for (int i = 0; i < BH_LEDGER_SLOTS && slot < 0; i++)
@@ -624,7 +626,7 @@ int bh_ledger_join(bh_ledger *l, int role, const char *pack, const char *interpr
   }
   if (slot < 0) {
     rc = -BH_ELEDGERFULL;
-    goto unlock;
+    goto out;
   }
   bh__slot *s = &l->slots[slot];
   bh__write_begin(s);
@@ -643,9 +645,8 @@ int bh_ledger_join(bh_ledger *l, int role, const char *pack, const char *interpr
   atomic_store(&l->slot, slot);
   atomic_store(&l->joined_pid, me);
   rc = slot;
-unlock:
-  bh__ledger_unlock(l);
 out:
+  if (locked) bh__ledger_unlock(l);
   pthread_mutex_unlock(&l->wmu);
   return rc;
 }
