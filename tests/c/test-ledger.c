@@ -717,7 +717,8 @@ static void seq_writer(const char *p, int ready, volatile sig_atomic_t *stop) {
   ASSERT_OK(bh_ledger_open(&l, p));
   ASSERT_GE(bh_ledger_join(l, BH_ROLE_WORKER, "writer", "", 0, 0), 0);
   bh_ledger_device d = {.device = "cuda:0"};
-  bh_ledger_model m = {.id = 1, .name = "m", .device = "cuda:0"};
+  /* The first value already follows the pattern (resident == ~size). */
+  bh_ledger_model m = {.id = 1, .name = "m", .device = "cuda:0", .resident_bytes = ~0ull};
   ASSERT_OK(bh_ledger_set_device(l, &d));
   ASSERT_OK(bh_ledger_set_model(l, &m));
   put_byte(ready);
