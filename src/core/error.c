@@ -39,6 +39,10 @@ const char *bh_errname(int err) {
   case ERANGE: return "ERANGE";
   case ENOSPC: return "ENOSPC";
   case ENAMETOOLONG: return "ENAMETOOLONG";
+  case ESRCH: return "ESRCH";
+  case EAGAIN: return "EAGAIN";
+  case EPERM: return "EPERM";
+  case ELOOP: return "ELOOP";
   }
   return NULL;
 }

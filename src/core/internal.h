@@ -6,6 +6,7 @@
 #define BULKHEAD_INTERNAL_H
 
 #include "bulkhead/bulkhead.h"
+#include "bulkhead/ledger.h"
 #include "config.h"
 
 #include <errno.h>
@@ -78,5 +79,19 @@ int bh__memfd_create(const char *name, size_t size, int *fd_out, void **addr_out
 /* Checks a received fd is a memfd sealed against shrinking, at least size
  * bytes long. */
 int bh__memfd_check(int fd, uint64_t size);
+
+/* ---- ledger.c ---- */
+
+/* Start time of process pid (/proc/<pid>/stat field 22, clock ticks since
+ * boot), parsed after the LAST ')' so any comm is safe.  0, -ESRCH when
+ * there is no such process, -EINVAL for a line it cannot parse. */
+int bh__proc_start_time(pid_t pid, uint64_t *out);
+/* The segment's robust mutex (EOWNERDEAD is recovered here).  For tests:
+ * a process may take it and die holding it. */
+int bh__ledger_lock(bh_ledger *l);
+void bh__ledger_unlock(bh_ledger *l);
+/* For tests: makes slot a LIVE record of (pid, start_time), as a crashed
+ * process or one whose pid was reused would have left it. */
+int bh__ledger_forge(bh_ledger *l, int slot, pid_t pid, uint64_t start_time);
 
 #endif

@@ -16,18 +16,21 @@
 #include <Python.h>
 
 #include "bulkhead/bulkhead.h"
+#include "bulkhead/ledger.h"
 
 typedef struct bh_state {
   PyTypeObject *Channel;
   PyTypeObject *Lease;
   PyTypeObject *Proc;
   PyTypeObject *Gpu;
+  PyTypeObject *Ledger;
   PyObject *Error;          /* base of everything below */
   PyObject *ProtocolError;  /* a malformed frame or value */
   PyObject *PeerClosed;     /* EOF, BYE, EPIPE */
   PyObject *Timeout;        /* a deadline passed */
   PyObject *ProbeError;     /* a memory probe failed (.code, .errname) */
   PyObject *DriverUnavailable; /* ProbeError: no GPU driver (BH_ENODRIVER) */
+  PyObject *LedgerError;    /* BH_ELEDGER..BH_EMODELS: the ledger refused */
 } bh_state;
 
 typedef struct {
@@ -87,6 +90,22 @@ PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);
 /* probe.c's part of the module's exec, after the types exist. */
 int bh_py_probe_exec(PyObject *module, bh_state *st);
+extern PyType_Spec bh_ledger_spec;
+PyObject *bh_py_ledger_default_path(PyObject *module, PyObject *unused);
+
+/* ---- ledger.c: for other bindings (a StandIn reading residency) ---- */
+
+/* The core handle behind a Ledger object: borrowed, valid only while obj
+ * is open and referenced, so call this on every use rather than keeping
+ * the pointer (it is a type check and a load).  NULL with TypeError when
+ * obj is not a Ledger, ValueError when it is closed.  Typical use, with
+ * the GIL held and a per-(stand-in) int hint initialised to -1:
+ *
+ *   bh_ledger *l = bh_py_ledger_get(st, self->ledger_obj);
+ *   if (!l) return NULL;
+ *   rc = bh_ledger_model_read(l, pid, id, &self->hint, &size, &resident);
+ */
+bh_ledger *bh_py_ledger_get(bh_state *st, PyObject *obj);
 /* New Lease over [offset, offset+nbytes) of b; takes its own reference. */
 PyObject *bh_py_lease_new(bh_state *st, bh_block *b, uint64_t offset, uint64_t nbytes);
 

@@ -1,7 +1,8 @@
 /*
  * module.c -- the bulkhead._native module: its method table, its state
  * (types and exception classes) and its exec function.  The bindings live
- * beside what they wrap: channel.c, codec.c, shm.c, supervisor.c, probe.c.
+ * beside what they wrap: channel.c, codec.c, ledger.c, policy.c, probe.c, shm.c,
+ * standin.c, supervisor.c.
  */
 #include "common.h"
 
@@ -16,6 +17,7 @@ PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
   PyObject *type;
   if (code == ETIMEDOUT) type = st->Timeout;
   else if (code == BH_EEOF || code == EPIPE || code == ECONNRESET) type = st->PeerClosed;
+  else if (code >= BH_ELEDGER && code <= BH_EMODELS) type = st->LedgerError;
   else if (code >= BH_EMAGIC) type = st->ProtocolError;
   else {
     PyObject *e = Py_BuildValue("(is)", code, msg);
@@ -79,6 +81,8 @@ static PyMethodDef bh_methods[] = {
      "cgroup_version (0, 1, 2), limited, cgroup_limit_bytes, cgroup_current_bytes,\n"
      "cgroup_reclaimable_bytes (of the tightest level), swap_total_bytes.  root: read\n"
      "proc/ and sys/fs/cgroup/ below this directory instead of /."},
+    {"ledger_default_path", bh_py_ledger_default_path, METH_NOARGS,
+     "ledger_default_path() -> $BULKHEAD_LEDGER, else /dev/shm/bulkhead-ledger-<uid>"},
     {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
     {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
     {NULL, NULL, 0, NULL}};
@@ -113,7 +117,8 @@ static int bh_exec(PyObject *m) {
   if (bh_add_type(m, &st->Channel, &bh_channel_spec) < 0 ||
       bh_add_type(m, &st->Lease, &bh_lease_spec) < 0 ||
       bh_add_type(m, &st->Proc, &bh_proc_spec) < 0 ||
-      bh_add_type(m, &st->Gpu, &bh_gpu_spec) < 0)
+      bh_add_type(m, &st->Gpu, &bh_gpu_spec) < 0 ||
+      bh_add_type(m, &st->Ledger, &bh_ledger_spec) < 0)
     return -1;
   if (bh_add_exc(m, &st->Error, "Error", PyExc_Exception, "Base of bulkhead's channel errors.") < 0 ||
       bh_add_exc(m, &st->ProtocolError, "ProtocolError", st->Error,
@@ -123,7 +128,10 @@ static int bh_exec(PyObject *m) {
       bh_add_exc(m, &st->ProbeError, "ProbeError", st->Error,
                  "A memory probe failed; .code and .errname name how.") < 0 ||
       bh_add_exc(m, &st->DriverUnavailable, "DriverUnavailable", st->ProbeError,
-                 "No usable GPU driver (BH_ENODRIVER): keep upstream's own semantics.") < 0)
+                 "No usable GPU driver (BH_ENODRIVER): keep upstream's own semantics.") < 0 ||
+      bh_add_exc(m, &st->LedgerError, "LedgerError", st->Error,
+                 "The ledger refused: not a ledger, another layout version, full, not joined, "
+                 "no room for another model; .code and .errname name which.") < 0)
     return -1;
   if (bh_py_probe_exec(m, st) < 0) return -1;
   if (PyModule_AddIntConstant(m, "PROTOCOL_VERSION", BH_PROTOCOL_VERSION) < 0 ||
@@ -143,7 +151,11 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_TORCH", BH_TENSOR_TORCH) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_NUMPY_SCALAR", BH_TENSOR_NUMPY_SCALAR) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
-      PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0)
+      PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_VERSION", BH_LEDGER_VERSION) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_SLOTS", BH_LEDGER_SLOTS) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_DEVICES", BH_LEDGER_DEVICES) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_MODELS", BH_LEDGER_MODELS) < 0)
     return -1;
   return 0;
 }
@@ -154,12 +166,14 @@ static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->Lease);
   Py_VISIT(st->Proc);
   Py_VISIT(st->Gpu);
+  Py_VISIT(st->Ledger);
   Py_VISIT(st->Error);
   Py_VISIT(st->ProtocolError);
   Py_VISIT(st->PeerClosed);
   Py_VISIT(st->Timeout);
   Py_VISIT(st->ProbeError);
   Py_VISIT(st->DriverUnavailable);
+  Py_VISIT(st->LedgerError);
   return 0;
 }
 
@@ -169,12 +183,14 @@ static int bh_clear(PyObject *m) {
   Py_CLEAR(st->Lease);
   Py_CLEAR(st->Proc);
   Py_CLEAR(st->Gpu);
+  Py_CLEAR(st->Ledger);
   Py_CLEAR(st->Error);
   Py_CLEAR(st->ProtocolError);
   Py_CLEAR(st->PeerClosed);
   Py_CLEAR(st->Timeout);
   Py_CLEAR(st->ProbeError);
   Py_CLEAR(st->DriverUnavailable);
+  Py_CLEAR(st->LedgerError);
   return 0;
 }
 
@@ -185,7 +201,7 @@ static PyModuleDef_Slot bh_slots[] = {{Py_mod_exec, (void *)bh_exec}, {0, NULL}}
 static struct PyModuleDef bh_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "bulkhead._native",
-    .m_doc = "bulkhead's C core: channels, shared-memory blocks, worker processes.",
+    .m_doc = "bulkhead's C core: channels, shared-memory blocks, worker processes, the ledger.",
     .m_size = sizeof(bh_state),
     .m_methods = bh_methods,
     .m_slots = bh_slots,

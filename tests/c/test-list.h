@@ -1,7 +1,26 @@
 /*
  * test-list.h -- every C test, declared and listed once (libuv
  * test/test-list.h).  The runner (runner.c) defines TASK_LIST_START,
- * TEST_ENTRY, TEST_ENTRY_CUSTOM and TASK_LIST_END before including this;
+ * TEST_ENTRY, TEST_ENTRY_CUSTOM and 
+  TEST_ENTRY(ledger_open_init)
+  TEST_ENTRY(ledger_default_path)
+  TEST_ENTRY(ledger_bad_magic)
+  TEST_ENTRY(ledger_wrong_version)
+  TEST_ENTRY(ledger_truncated)
+  TEST_ENTRY(ledger_permissions)
+  TEST_ENTRY(ledger_bad_args)
+  TEST_ENTRY(ledger_join_leave)
+  TEST_ENTRY(ledger_models_devices)
+  TEST_ENTRY(ledger_snapshot_child)
+  TEST_ENTRY(ledger_reap_killed)
+  TEST_ENTRY(ledger_robust_mutex)
+  TEST_ENTRY_CUSTOM(ledger_seqlock_no_torn_reads, 60000)
+  TEST_ENTRY_CUSTOM(ledger_full, 30000)
+  TEST_ENTRY(ledger_fork_child_not_owner)
+  TEST_ENTRY(ledger_last_leaver_unlinks)
+  TEST_ENTRY_CUSTOM(ledger_open_close_race, 60000)
+  TEST_ENTRY(ledger_proc_start_time)
+TASK_LIST_END before including this;
  * TEST_ENTRY_CUSTOM gives a test its own timeout in ms (the default is
  * 10 s).  Tests run in the order listed.
  */
@@ -96,6 +115,24 @@ TEST_DECLARE(probe_ram_malformed)
 TEST_DECLARE(probe_ram_fuzz)
 TEST_DECLARE(probe_ram_bad_args)
 TEST_DECLARE(probe_ram_this_machine)
+TEST_DECLARE(ledger_open_init)
+TEST_DECLARE(ledger_default_path)
+TEST_DECLARE(ledger_bad_magic)
+TEST_DECLARE(ledger_wrong_version)
+TEST_DECLARE(ledger_truncated)
+TEST_DECLARE(ledger_permissions)
+TEST_DECLARE(ledger_bad_args)
+TEST_DECLARE(ledger_join_leave)
+TEST_DECLARE(ledger_models_devices)
+TEST_DECLARE(ledger_snapshot_child)
+TEST_DECLARE(ledger_reap_killed)
+TEST_DECLARE(ledger_robust_mutex)
+TEST_DECLARE(ledger_seqlock_no_torn_reads)
+TEST_DECLARE(ledger_full)
+TEST_DECLARE(ledger_fork_child_not_owner)
+TEST_DECLARE(ledger_last_leaver_unlinks)
+TEST_DECLARE(ledger_open_close_race)
+TEST_DECLARE(ledger_proc_start_time)
 
 TASK_LIST_START
   TEST_ENTRY(codec_roundtrip_scalars)
@@ -194,4 +231,23 @@ TASK_LIST_START
   TEST_ENTRY_CUSTOM(probe_ram_fuzz, 60000)
   TEST_ENTRY(probe_ram_bad_args)
   TEST_ENTRY(probe_ram_this_machine)
+
+  TEST_ENTRY(ledger_open_init)
+  TEST_ENTRY(ledger_default_path)
+  TEST_ENTRY(ledger_bad_magic)
+  TEST_ENTRY(ledger_wrong_version)
+  TEST_ENTRY(ledger_truncated)
+  TEST_ENTRY(ledger_permissions)
+  TEST_ENTRY(ledger_bad_args)
+  TEST_ENTRY(ledger_join_leave)
+  TEST_ENTRY(ledger_models_devices)
+  TEST_ENTRY(ledger_snapshot_child)
+  TEST_ENTRY(ledger_reap_killed)
+  TEST_ENTRY(ledger_robust_mutex)
+  TEST_ENTRY_CUSTOM(ledger_seqlock_no_torn_reads, 60000)
+  TEST_ENTRY_CUSTOM(ledger_full, 30000)
+  TEST_ENTRY(ledger_fork_child_not_owner)
+  TEST_ENTRY(ledger_last_leaver_unlinks)
+  TEST_ENTRY_CUSTOM(ledger_open_close_race, 60000)
+  TEST_ENTRY(ledger_proc_start_time)
 TASK_LIST_END

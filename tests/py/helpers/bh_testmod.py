@@ -143,3 +143,35 @@ def send_raw(what):
 
 def stop_self():
     os.kill(os.getpid(), signal.SIGSTOP)
+
+
+# --- the ledger, from inside a worker (BULKHEAD_LEDGER names the file) ---
+
+_ledger = None
+
+
+def ledger_join(role, pack, generation):
+    """Opens the ledger at $BULKHEAD_LEDGER and joins; returns (slot, path)."""
+    global _ledger
+    from bulkhead import _native
+    _ledger = _native.Ledger()
+    slot = _ledger.join(role, pack=pack, interpreter=version(), generation=generation,
+                        host_pid=os.getppid())
+    return slot, _ledger.path
+
+
+def ledger_set_model(model_id, name, device, size_bytes, resident_bytes):
+    _ledger.set_model(model_id, name, device, size_bytes, resident_bytes)
+    return True
+
+
+def ledger_set_run(run):
+    _ledger.set_run(run)
+    return True
+
+
+def ledger_close():
+    global _ledger
+    _ledger.close()
+    _ledger = None
+    return True
