@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 
 from . import _native
@@ -172,6 +173,8 @@ class Worker:
         self._chan = None
         self._exposed = {}
         self._peer = None
+        self.busy = 0               # requests in flight (nested ones count)
+        self.last_used = time.monotonic()
         _live.add(self)
 
     # --- lifecycle ---
@@ -309,19 +312,55 @@ class Worker:
     def call(self, target, /, *args, **kwargs):
         """Runs ``target`` ('module:function' or 'module.function') in the
         worker with the arguments and returns its result."""
+        return self._request(_native.CALL, (target, args, kwargs), self.call_timeout, f"call {target!r}")
+
+    def release(self, op="all", model_id=None, nbytes=None, timeout=None):
+        """Asks the worker to release memory and waits for its receipt (a
+        dict with ``before_bytes``, ``after_bytes``, ``freed_bytes``).  op:
+        'all' (the full ladder: models, cast buffers, pins, allocator
+        cache), 'model' (model_id; nbytes of it, or all of it when None),
+        'pins', or 'load' (model_id: load nbytes more).  Starts nothing: a
+        worker that is not running holds nothing and answers None."""
+        with self._lock:
+            if self._chan is None:
+                return None
+            return self._request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
+                                 timeout, f"release {op!r}")
+
+    def post_release(self, op="all", model_id=None, nbytes=None):
+        """The same ask without waiting for it (request id 0: no reply), for
+        pressure on an idle worker from inside ComfyUI's eviction loop.
+        Returns False, sending nothing, when the worker is not running or
+        another thread is using it (then it is not idle)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._chan is None:
+                return False
+            self._chan.notify(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes}, 0)
+            return True
+        except _native.Error:
+            return False
+        finally:
+            self._lock.release()
+
+    def _request(self, kind, payload, timeout, what):
         with self._lock:
             if self._chan is None:
                 self._start()
             chan, peer = self._chan, self._peer
+            self.busy += 1
             try:
-                return chan.request(_native.CALL, (target, args, kwargs), self.call_timeout)
+                return chan.request(kind, payload, timeout)
             except _native.PeerClosed:
-                self._died(f"during call {target!r}")
+                self._died(f"during {what}")
             except _native.Timeout:
-                self._hung(target)
+                self._hung(what, timeout)
             except _native.ProtocolError as e:
-                self._broken(target, e)
+                self._broken(what, e)
             finally:
+                self.busy -= 1
+                self.last_used = time.monotonic()
                 if peer.exports and chan.depth == 0:
                     peer.exports.clear()
 
@@ -339,13 +378,13 @@ class Worker:
             msg += "\n--- last worker output ---\n" + tail.rstrip()
         raise WorkerDied(msg, status, tail) from None
 
-    def _hung(self, target):
+    def _hung(self, target, timeout):
         what = self.describe()
         self._proc.kill(signal.SIGKILL)
         self._proc.wait()
         self._teardown()
         raise CallTimeout(
-            f"{what} did not answer call {target!r} within {self.call_timeout:g} s; "
+            f"{what} did not answer {target} within {timeout:g} s; "
             f"it was killed and the next call starts generation {self.generation + 1}") from None
 
     def _broken(self, target, err):
@@ -353,7 +392,7 @@ class Worker:
         self._proc.kill(signal.SIGKILL)
         self._proc.wait()
         self._teardown()
-        raise ProtocolError(f"{what} sent a malformed frame during call {target!r}: {err}; "
+        raise ProtocolError(f"{what} sent a malformed frame during {target}: {err}; "
                             f"it was killed and the next call starts generation {self.generation + 1}") from None
 
     def stats(self):

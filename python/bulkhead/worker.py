@@ -55,9 +55,37 @@ def main():
     if kind != _native.HELLO:
         print(f"bulkhead.worker: expected HELLO from the host, got frame kind {kind}", file=sys.stderr)
         return 2
-    chan.serve()
+    memory = None
+    if os.environ.get("BULKHEAD_MEMORY") == "1":
+        memory = _attach_memory(peer, ack, host_pid)
+    idle = memory.idle_release_s if memory is not None and memory.idle_release_s > 0 else None
+    while chan.serve(idle) == "idle":
+        memory.on_idle()
     chan.close()
     return 0
+
+
+def _attach_memory(peer, ack, host_pid):
+    """Joins the host's memory budget (worker_memory.py): RELEASE frames go
+    to the release ladders, every call ends with the node-boundary census."""
+    from .worker_memory import WorkerMemory
+    memory = WorkerMemory(os.environ.get("BULKHEAD_LEDGER"), str(ack.get("name", "")),
+                          int(ack.get("generation", 0)), host_pid, call_host,
+                          float(os.environ.get("BULKHEAD_IDLE_RELEASE_S", "0") or 0))
+    peer.request_handlers[_native.RELEASE] = memory.release
+    resolve = peer._resolve
+
+    def resolve_and_count(target):
+        fn = resolve(target)
+
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                memory.after_call()
+        return call
+    peer._resolve = resolve_and_count
+    return memory
 
 
 if __name__ == "__main__":

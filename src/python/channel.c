@@ -253,6 +253,20 @@ static int chan_handle_request(bh_chan_obj *self, bh_frame *f) {
     res = PyObject_CallFunction(self->h_on_request, "iO", kind, v);
   }
   Py_DECREF(v);
+  if (req == 0) {
+    /* Request id 0 asks for no reply (an asynchronous ask, such as a
+     * pressure RELEASE): the outcome stays here; only exceptions that are
+     * not ordinary errors (KeyboardInterrupt, SystemExit) propagate. */
+    if (res) {
+      Py_DECREF(res);
+      return 0;
+    }
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+      PyErr_WriteUnraisable(self->h_on_request);
+      return 0;
+    }
+    return -1;
+  }
   if (!res) return chan_reply_error(self, req);
   int rc = chan_send(self, BH_KIND_RESULT, req, res);
   Py_DECREF(res);
@@ -396,17 +410,33 @@ static PyObject *Channel_recv(PyObject *op, PyObject *args) {
   return out;
 }
 
-static PyObject *Channel_serve(PyObject *op, PyObject *unused) {
-  (void)unused;
+static PyObject *Channel_serve(PyObject *op, PyObject *args) {
   bh_chan_obj *self = (bh_chan_obj *)op;
+  PyObject *timeout = Py_None;
+  if (!PyArg_ParseTuple(args, "|O:serve", &timeout)) return NULL;
+  int64_t idle_ns = -1;
+  if (timeout != Py_None) {
+    double s = PyFloat_AsDouble(timeout);
+    if (s == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(s >= 0)) {
+      PyErr_SetString(PyExc_ValueError, "serve(timeout): timeout must be >= 0 seconds");
+      return NULL;
+    }
+    idle_ns = s > 1e9 ? -1 : (int64_t)(s * 1e9);
+  }
   if (chan_enter(self) < 0) return NULL;
   PyObject *out = NULL;
   for (;;) {
     bh_frame f;
-    if (chan_recv(self, &f, -1) < 0) {
+    /* The idle deadline restarts after every frame served. */
+    int64_t deadline = idle_ns < 0 ? -1 : bh_now_ns() + idle_ns;
+    if (chan_recv(self, &f, deadline) < 0) {
       if (PyErr_ExceptionMatches(chan_state(self)->PeerClosed)) {
         PyErr_Clear();
         out = PyUnicode_FromString("eof");
+      } else if (idle_ns >= 0 && PyErr_ExceptionMatches(chan_state(self)->Timeout)) {
+        PyErr_Clear();
+        out = PyUnicode_FromString("idle");
       }
       break;
     }
@@ -506,7 +536,9 @@ static PyMethodDef Channel_methods[] = {
      "Sends a request and waits for its reply, serving the peer meanwhile."},
     {"notify", Channel_notify, METH_VARARGS, "notify(kind, payload=None, request_id=0): send, no reply"},
     {"recv", Channel_recv, METH_VARARGS, "recv(timeout=None) -> (kind, request_id, value)"},
-    {"serve", Channel_serve, METH_NOARGS, "serve() -> 'bye' | 'eof': answer requests until the peer goes"},
+    {"serve", Channel_serve, METH_VARARGS,
+     "serve(timeout=None) -> 'bye' | 'eof' | 'idle': answer requests until the peer goes,\n"
+     "or until nothing arrived for timeout seconds ('idle')"},
     {"acquire", Channel_acquire, METH_O, "acquire(nbytes) -> Lease over a free own block"},
     {"stats", Channel_stats, METH_NOARGS, "block pool statistics"},
     {"close", Channel_close, METH_NOARGS, "close the socket; blocks stay while referenced"},

@@ -24,6 +24,8 @@ typedef struct bh_state {
   PyTypeObject *Proc;
   PyTypeObject *Gpu;
   PyTypeObject *Ledger;
+  PyTypeObject *StandIn;
+  PyTypeObject *RemoteModel;
   PyObject *Error;          /* base of everything below */
   PyObject *ProtocolError;  /* a malformed frame or value */
   PyObject *PeerClosed;     /* EOF, BYE, EPIPE */
@@ -85,6 +87,24 @@ extern PyType_Spec bh_channel_spec;
 extern PyType_Spec bh_lease_spec;
 extern PyType_Spec bh_proc_spec;
 extern PyType_Spec bh_gpu_spec;
+extern PyType_Spec bh_standin_spec;
+extern PyType_Spec bh_remote_model_spec;
+PyObject *bh_py_standin_new(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *bh_py_standin_info(PyObject *module, PyObject *o);
+PyObject *bh_py_standin_retire(PyObject *module, PyObject *o);
+/* policy.c: the memory rules, one module function each. */
+PyObject *bh_py_policy_ask_target(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_admission_need(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_pending(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_reserve(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_load_bytes(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_unload_bytes(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_release_plan(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_idle_sweep(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_pin_ceiling(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_share(PyObject *m, PyObject *args);
+/* New reference: COMFY_SURFACE, the 18 member names, as a tuple. */
+PyObject *bh_py_comfy_surface(void);
 PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);

@@ -83,6 +83,22 @@ static PyMethodDef bh_methods[] = {
      "proc/ and sys/fs/cgroup/ below this directory instead of /."},
     {"ledger_default_path", bh_py_ledger_default_path, METH_NOARGS,
      "ledger_default_path() -> $BULKHEAD_LEDGER, else /dev/shm/bulkhead-ledger-<uid>"},
+    {"standin", (PyCFunction)(void (*)(void))bh_py_standin_new, METH_VARARGS | METH_KEYWORDS,
+     "standin(owner, ledger, pid, model_id, *, generation, name, size_bytes, model,\n"
+     "        load_device, offload_device, dtype=None, clone_base_uuid=None) -> StandIn"},
+    {"standin_info", bh_py_standin_info, METH_O, "standin_info(s) -> dict (bulkhead's own view)"},
+    {"standin_retire", bh_py_standin_retire, METH_O,
+     "standin_retire(s): its worker's generation ended; reads 0, sends nothing."},
+    {"policy_ask_target", bh_py_policy_ask_target, METH_VARARGS, "policy_ask_target(need, upstream_free, host_cache, true_free, true_free_valid) -> memory_required for free_memory"},
+    {"policy_admission_need", bh_py_policy_admission_need, METH_VARARGS, "policy_admission_need(weights, memory_required, minimum_inference, extra_reserved, cast_buffers=0) -> bytes"},
+    {"policy_pending", bh_py_policy_pending, METH_VARARGS, "policy_pending(admitted, held_at_admission, held_now) -> bytes no reading shows yet"},
+    {"policy_reserve", bh_py_policy_reserve, METH_VARARGS, "policy_reserve(base, pendings) -> EXTRA_RESERVED_VRAM to publish"},
+    {"policy_load_bytes", bh_py_policy_load_bytes, METH_VARARGS, "policy_load_bytes(extra_memory, size, resident) -> bytes to load"},
+    {"policy_unload_bytes", bh_py_policy_unload_bytes, METH_VARARGS, "policy_unload_bytes(memory_to_free, resident) -> bytes to release"},
+    {"policy_release_plan", bh_py_policy_release_plan, METH_VARARGS, "policy_release_plan([(idle, last_used_ns, resident, floor)...], shortfall) -> ([(index, bytes)...], uncovered)"},
+    {"policy_idle_sweep", bh_py_policy_idle_sweep, METH_VARARGS, "policy_idle_sweep(workers, now_ns, idle_after_ns) -> [index...]"},
+    {"policy_pin_ceiling", bh_py_policy_pin_ceiling, METH_VARARGS, "policy_pin_ceiling(ram, swap, windows=False) -> upstream pinned-memory ceiling"},
+    {"policy_share", bh_py_policy_share, METH_VARARGS, "policy_share(total, n_processes) -> one process's share"},
     {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
     {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
     {NULL, NULL, 0, NULL}};
@@ -118,8 +134,15 @@ static int bh_exec(PyObject *m) {
       bh_add_type(m, &st->Lease, &bh_lease_spec) < 0 ||
       bh_add_type(m, &st->Proc, &bh_proc_spec) < 0 ||
       bh_add_type(m, &st->Gpu, &bh_gpu_spec) < 0 ||
-      bh_add_type(m, &st->Ledger, &bh_ledger_spec) < 0)
+      bh_add_type(m, &st->Ledger, &bh_ledger_spec) < 0 ||
+      bh_add_type(m, &st->StandIn, &bh_standin_spec) < 0 ||
+      bh_add_type(m, &st->RemoteModel, &bh_remote_model_spec) < 0)
     return -1;
+  PyObject *surface = bh_py_comfy_surface();
+  if (!surface || PyModule_AddObject(m, "COMFY_SURFACE", surface) < 0) {
+    Py_XDECREF(surface);
+    return -1;
+  }
   if (bh_add_exc(m, &st->Error, "Error", PyExc_Exception, "Base of bulkhead's channel errors.") < 0 ||
       bh_add_exc(m, &st->ProtocolError, "ProtocolError", st->Error,
                  "A frame or value broke the protocol; .code and .errname name how.") < 0 ||
@@ -167,6 +190,8 @@ static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->Proc);
   Py_VISIT(st->Gpu);
   Py_VISIT(st->Ledger);
+  Py_VISIT(st->StandIn);
+  Py_VISIT(st->RemoteModel);
   Py_VISIT(st->Error);
   Py_VISIT(st->ProtocolError);
   Py_VISIT(st->PeerClosed);
@@ -184,6 +209,8 @@ static int bh_clear(PyObject *m) {
   Py_CLEAR(st->Proc);
   Py_CLEAR(st->Gpu);
   Py_CLEAR(st->Ledger);
+  Py_CLEAR(st->StandIn);
+  Py_CLEAR(st->RemoteModel);
   Py_CLEAR(st->Error);
   Py_CLEAR(st->ProtocolError);
   Py_CLEAR(st->PeerClosed);

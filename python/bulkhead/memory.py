@@ -1,0 +1,347 @@
+"""Host side of the one memory budget: stand-ins in ComfyUI's ledger,
+admission for worker loads, the published reserve.
+
+One ``HostMemory`` per ComfyUI process.  It joins the machine-wide shared
+ledger (``_native.Ledger``) as a host; each worker attached to it joins
+the same ledger from inside and publishes its models there.  The host
+never asks a worker what it holds: it reads the ledger.
+
+What this module writes into ComfyUI is exactly one value,
+``EXTRA_RESERVED_VRAM`` (``_publish_reserve``); a test scans the host-side
+sources for any other assignment to a ``comfy`` module.  Everything else
+goes through upstream's own functions: ``LoadedModel`` entries in
+``current_loaded_models`` (one per stand-in, reconciled on every drain),
+``free_memory`` for the residual of an admission, ``get_free_memory``.
+
+Arithmetic that decides memory lives in ``policy.c``; this file measures
+and acts.
+"""
+
+import os
+import sys
+import threading
+import time
+import weakref
+
+from . import _native
+from .host import CallTimeout, ProtocolError, WorkerDied
+
+# How long an eviction-path release may take before the worker is declared
+# hung and killed (a hung worker must never block ComfyUI's eviction loop).
+RELEASE_TIMEOUT_S = float(os.environ.get("BULKHEAD_RELEASE_TIMEOUT", "30"))
+
+_DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
+
+
+def _torch_device(name):
+    import torch
+    return torch.device(name)
+
+
+def _remote_class(name, _cache={}):
+    """A RemoteModel subclass named after the worker's model class, so
+    ComfyUI's 'Unloading <name>' log says what is being unloaded."""
+    cls = _cache.get(name)
+    if cls is None:
+        safe = name if name.isidentifier() else "RemoteModel"
+        cls = _cache[name] = type(safe, (_native.RemoteModel,), {"__module__": "bulkhead.remote"})
+    return cls
+
+
+class _Owner:
+    """The host-side runtime of one worker: its stand-ins, and the three
+    actions a stand-in forwards (StandIn calls these)."""
+
+    def __init__(self, host, worker):
+        self.host = host
+        self.worker = worker
+        self.generation = None
+        self.pid = None
+        self.standins = {}   # model_id -> StandIn (strong: the ledger entry holds a weakref)
+
+    # --- StandIn -> worker ---
+
+    def standin_release(self, model_id, nbytes):
+        op = "model"
+        try:
+            self.worker.release(op, model_id, nbytes, timeout=RELEASE_TIMEOUT_S)
+        except _DEAD:
+            pass  # a dead worker's memory is gone: counted as freed
+        self.host.note_release(self.worker)
+
+    def standin_load(self, model_id, nbytes):
+        receipt = self.worker.release("load", model_id, nbytes, timeout=RELEASE_TIMEOUT_S)
+        return (receipt or {}).get("loaded_bytes", 0)
+
+    def standin_pressure(self, model_id, nbytes):
+        self.host.pressure(self.worker, nbytes)
+
+    # --- reconciliation ---
+
+    def _retire_all(self, mm):
+        if not self.standins:
+            return
+        gone = set(self.standins.values())
+        for s in gone:
+            _native.standin_retire(s)
+        mm.current_loaded_models[:] = [lm for lm in mm.current_loaded_models if lm.model not in gone]
+        self.standins.clear()
+
+    def reconcile(self, mm, ledger):
+        """Makes ComfyUI's ledger match the worker's record: stand-ins for
+        new models, a LoadedModel re-inserted for any resident model that
+        upstream popped, stand-ins of models the worker dropped (or of a
+        generation that ended) removed."""
+        w = self.worker
+        if not w.alive or w.generation != self.generation or w.pid != self.pid:
+            self._retire_all(mm)
+            self.generation, self.pid = (w.generation, w.pid) if w.alive else (None, None)
+        if self.pid is None:
+            return
+        record = ledger.read(self.pid)
+        if record is None:
+            return
+        listed = {id(lm.model): lm for lm in mm.current_loaded_models if lm.model is not None}
+        seen = set()
+        for m in record["models"]:
+            mid = m["id"]
+            seen.add(mid)
+            s = self.standins.get(mid)
+            if s is None:
+                dev = _torch_device(m["device"])
+                s = _native.standin(
+                    self, ledger, self.pid, mid, generation=self.generation, name=m["name"],
+                    size_bytes=m["size_bytes"], model=_remote_class(m["name"])(),
+                    load_device=dev, offload_device=_torch_device("cpu"))
+                self.standins[mid] = s
+            if m["resident_bytes"] > 0 and id(s) not in listed:
+                self.host.register(mm, s)
+        for mid in [k for k in self.standins if k not in seen]:
+            s = self.standins.pop(mid)
+            _native.standin_retire(s)
+            mm.current_loaded_models[:] = [lm for lm in mm.current_loaded_models if lm.model is not s]
+
+
+class HostMemory:
+    """The host's half of bulkhead's memory management (see module doc)."""
+
+    def __init__(self, mm=None, ledger_path=None, pack="host"):
+        if mm is None:
+            import comfy.model_management as mm
+        self.mm = mm
+        self.ledger = _native.Ledger(ledger_path)
+        v = sys.version_info
+        self.ledger.join("host", pack=pack, interpreter=f"{v[0]}.{v[1]}.{v[2]}")
+        self.base_reserve = int(getattr(mm, "EXTRA_RESERVED_VRAM", 0))
+        self._published = None
+        self.owners = {}          # Worker -> _Owner
+        self.pending = {}         # Worker -> (device, admitted, held_at_admission)
+        self.events = []          # (time, kind, worker name, bytes): releases and evictions
+        self._gpu = None
+        self._gpu_tried = False
+        self._lock = threading.RLock()
+
+    # --- workers ---
+
+    def attach(self, worker):
+        """Puts a worker under this budget: it publishes into this ledger
+        and asks for admission before it loads.  Call before it starts."""
+        worker.env["BULKHEAD_LEDGER"] = self.ledger.path
+        worker.env["BULKHEAD_MEMORY"] = "1"
+        worker.expose("bulkhead.admit", self.admit)
+        worker.expose("bulkhead.loads_done", self.loads_done)
+        self.owners[worker] = _Owner(self, worker)
+        return worker
+
+    def detach_worker(self, worker):
+        owner = self.owners.pop(worker, None)
+        if owner is not None:
+            owner._retire_all(self.mm)
+        self.pending.pop(worker, None)
+        self._publish_reserve()
+
+    def close(self):
+        for w in list(self.owners):
+            self.detach_worker(w)
+        self.ledger.close()
+        if self._gpu is not None:
+            self._gpu.close()
+
+    # --- ComfyUI's ledger ---
+
+    def register(self, mm, standin):
+        """Inserts a LoadedModel for a stand-in the way load_models_gpu
+        would have, but with currently_used False: it is a worker's model,
+        not part of the prompt running here."""
+        lm = mm.LoadedModel(standin)
+        real = standin.model
+        lm.real_model = weakref.ref(real)
+        lm.model_finalizer = weakref.finalize(real, mm.cleanup_models)
+        lm.currently_used = False
+        mm.current_loaded_models.insert(0, lm)
+        return lm
+
+    def reconcile(self):
+        """The drain: every worker's stand-ins made to match the ledger, and
+        the reserve re-published.  Runs on ComfyUI's execution thread (after
+        each proxied call, at admission), never concurrently with its
+        eviction loop."""
+        with self._lock:
+            for owner in list(self.owners.values()):
+                owner.reconcile(self.mm, self.ledger)
+            self._publish_reserve()
+
+    def standins(self, worker=None):
+        owners = [self.owners[worker]] if worker is not None else self.owners.values()
+        return [s for o in owners for s in o.standins.values()]
+
+    def worker_entries(self):
+        mine = set(id(s) for s in self.standins())
+        return [lm for lm in self.mm.current_loaded_models if id(lm.model) in mine]
+
+    # --- measuring ---
+
+    def _gpu_probe(self):
+        if not self._gpu_tried:
+            self._gpu_tried = True
+            try:
+                self._gpu = _native.Gpu()
+            except _native.Error:
+                self._gpu = None  # no driver: upstream's own semantics
+        return self._gpu
+
+    def true_free(self, device):
+        """(valid, bytes): the device-wide truth.  cpu: available RAM
+        clamped to the cgroup; cuda: NVML by UUID.  Invalid when there is
+        no way to know (then upstream's own figure stands)."""
+        if device.type == "cpu":
+            return True, _native.ram()["available_bytes"]
+        if device.type == "cuda":
+            gpu = self._gpu_probe()
+            if gpu is None:
+                return False, 0
+            try:
+                import torch
+                uuid = str(torch.cuda.get_device_properties(device).uuid)
+                index = gpu.find(uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid)
+            except Exception:
+                index = gpu.visible(os.environ.get("CUDA_VISIBLE_DEVICES"), device.index or 0)
+            return True, gpu.memory(index)[1]
+        return False, 0
+
+    def upstream_free(self, device):
+        """(upstream's free figure, this process's allocator cache).  On cpu
+        upstream reports its free figure as its torch figure too; there is
+        no cache there."""
+        total, torch_free = self.mm.get_free_memory(device, torch_free_too=True)
+        return total, (0 if device.type == "cpu" else torch_free)
+
+    # --- pressure and admission ---
+
+    def _idle_workers(self, exclude=None):
+        """Workers that may be asked to release: running, not the asker,
+        not in a call (nobody holds their lock)."""
+        out = []
+        for w in self.owners:
+            if w is exclude or not w.alive or w.busy:
+                continue
+            out.append(w)
+        return out
+
+    def _plan(self, device_name, shortfall, exclude=None):
+        workers = self._idle_workers(exclude)
+        rows = []
+        for w in workers:
+            rec = self.ledger.read(w.pid) or {"devices": [], "models": []}
+            resident = sum(m["resident_bytes"] for m in rec["models"] if m["device"] == device_name)
+            floor = sum(d["floor_bytes"] for d in rec["devices"] if d["device"] == device_name)
+            rows.append((True, int(w.last_used * 1e9), resident, floor))
+        asks, uncovered = _native.policy_release_plan(rows, shortfall)
+        return [(workers[i], n) for i, n in asks], uncovered
+
+    def pressure(self, asker, nbytes):
+        """A stand-in of `asker` was asked for nbytes inside ComfyUI's
+        eviction loop: post the same shortfall to idle siblings, least
+        recently used first, without waiting for them."""
+        for owner in self.owners.values():
+            if owner.worker is asker:
+                dev = next(iter(s.load_device for s in owner.standins.values()), None)
+                break
+        else:
+            return
+        if dev is None:
+            return
+        plan, _ = self._plan(str(dev), nbytes, exclude=asker)
+        for w, n in plan:
+            if w.post_release("bytes", None, n):
+                self.events.append((time.time(), "pressure", w.name, n))
+
+    def note_release(self, worker):
+        self.events.append((time.time(), "evict", worker.name, 0))
+        del self.events[:-256]
+
+    def admit(self, device, need_bytes, worker_pid=None):
+        """CALLBACK from a worker about to load need_bytes onto device.
+        Phase one: idle sibling workers release, least recently used first,
+        re-measuring true free after each.  Phase two: the residual goes to
+        upstream's free_memory with the change-of-variables target and the
+        workers' entries kept loaded, so every victim there is the host's
+        own.  Then the load is published in the reserve until the worker's
+        census shows it."""
+        with self._lock:
+            dev = _torch_device(device)
+            asker = next((w for w in self.owners if w.pid == worker_pid), None)
+            self.reconcile()
+            valid, true_free = self.true_free(dev)
+            released = 0
+            if valid and need_bytes > true_free:
+                plan, _ = self._plan(str(dev), need_bytes - true_free, exclude=asker)
+                for w, n in plan:
+                    try:
+                        receipt = w.release("bytes", None, n, timeout=RELEASE_TIMEOUT_S) or {}
+                        released += receipt.get("freed_bytes", 0)
+                        self.events.append((time.time(), "admission", w.name, receipt.get("freed_bytes", 0)))
+                    except _DEAD:
+                        pass
+                    valid, true_free = self.true_free(dev)
+                    if true_free >= need_bytes:
+                        break
+                self.reconcile()
+            upstream_free, cache = self.upstream_free(dev)
+            target = _native.policy_ask_target(need_bytes, upstream_free, cache, true_free, valid)
+            evicted = self.mm.free_memory(target, dev, keep_loaded=self.worker_entries())
+            if asker is not None:
+                rec = self.ledger.read(asker.pid) or {"devices": []}
+                held = sum(d["held_bytes"] for d in rec["devices"] if d["device"] == str(dev))
+                self.pending[asker] = (str(dev), need_bytes, held)
+            self._publish_reserve()
+            valid, free_after = self.true_free(dev)
+            return {"granted": True, "free_bytes": free_after, "released_bytes": released,
+                    "host_evicted": len(evicted or ())}
+
+    def loads_done(self, worker_pid=None):
+        """CALLBACK: the worker's load finished and its census is published;
+        what was admitted now shows in a reading."""
+        with self._lock:
+            for w in [w for w in self.pending if w.pid == worker_pid]:
+                del self.pending[w]
+            self._publish_reserve()
+
+    def _publish_reserve(self):
+        pendings = []
+        for w, (dev, admitted, held_at) in list(self.pending.items()):
+            if not w.alive:
+                del self.pending[w]
+                continue
+            rec = self.ledger.read(w.pid) or {"devices": []}
+            held = sum(d["held_bytes"] for d in rec["devices"] if d["device"] == dev)
+            p = _native.policy_pending(admitted, held_at, held)
+            if p == 0:
+                del self.pending[w]
+            else:
+                pendings.append(p)
+        value = _native.policy_reserve(self.base_reserve, pendings)
+        if value != self._published:
+            # The one value bulkhead writes into ComfyUI.
+            self.mm.EXTRA_RESERVED_VRAM = value
+            self._published = value

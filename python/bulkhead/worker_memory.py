@@ -1,0 +1,258 @@
+"""Worker side of the one memory budget: the census, the release ladders,
+admission before a load.
+
+A worker is a real ComfyUI process: the pack's models live in the
+worker's own ``comfy.model_management.current_loaded_models`` and its own
+upstream manager handles them.  This module (active when the host attached
+the worker to its budget: ``BULKHEAD_MEMORY=1``, ``BULKHEAD_LEDGER``)
+adds four things:
+
+* the census: after every call and every release, each model's size and
+  residency, and per device the bytes held, go into this worker's record
+  in the shared ledger (instantaneous allocator bytes, never a high-water
+  mark), which is what the host's stand-ins read;
+* the release ladders, reached from the host by RELEASE frames: a model
+  (n bytes of it, through upstream's own partial/full escalation), n bytes
+  of the worker (upstream's own ``free_memory`` choosing the victims), the
+  full ladder (models, cast buffers, pins, allocator cache), pins only;
+* the node boundary (soft cache release after each call) and the idle
+  sweep (a full release after the configured idle time, from the serve
+  loop's idle timeout, on the main thread);
+* admission: the worker's ``load_models_gpu`` is wrapped (in the worker
+  only: here bulkhead is every caller) to ask the host for the bytes first.
+
+ComfyUI is imported by the pack, not by bulkhead: the hooks install
+themselves once ``comfy.model_management`` appears in ``sys.modules``.
+"""
+
+import ctypes
+import gc
+import itertools
+import os
+import sys
+import weakref
+
+from . import _native
+
+_libc = None
+
+
+def _trim_heap():
+    """Returns freed heap pages to the OS (glibc keeps them otherwise, and
+    RAM the worker freed must show as available)."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None)
+        _libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class WorkerMemory:
+    def __init__(self, ledger_path, pack, generation, host_pid, call_host, idle_release_s=0.0):
+        v = sys.version_info
+        self.ledger = _native.Ledger(ledger_path)
+        self.ledger.join("worker", pack=pack, interpreter=f"{v[0]}.{v[1]}.{v[2]}",
+                         generation=generation, host_pid=host_pid)
+        self.call_host = call_host
+        self.idle_release_s = idle_release_s
+        self.mm = None
+        self._ids = weakref.WeakKeyDictionary()   # patcher -> model id (stable for its life)
+        self._next_id = itertools.count(1)
+        self._published = {}                      # model id -> tuple published
+        self._devices = set()
+        self._in_load = False
+
+    # --- ComfyUI hooks ---
+
+    def _hook(self):
+        if self.mm is not None:
+            return True
+        mm = sys.modules.get("comfy.model_management")
+        if mm is None:
+            return False
+        self.mm = mm
+        original = mm.load_models_gpu
+        wm = self
+
+        def load_models_gpu(models, memory_required=0, force_patch_weights=False,
+                            minimum_memory_required=None, force_full_load=False):
+            wm.admit(models, memory_required)
+            try:
+                return original(models, memory_required=memory_required,
+                                force_patch_weights=force_patch_weights,
+                                minimum_memory_required=minimum_memory_required,
+                                force_full_load=force_full_load)
+            finally:
+                wm.census()
+                wm.call_host("bulkhead.loads_done", os.getpid())
+
+        load_models_gpu.__wrapped__ = original
+        mm.load_models_gpu = load_models_gpu  # worker-side patch (never in the host)
+        return True
+
+    def _model_id(self, patcher):
+        mid = self._ids.get(patcher)
+        if mid is None:
+            mid = self._ids[patcher] = next(self._next_id)
+        return mid
+
+    def _entries(self):
+        """(id, LoadedModel) of every live entry of this worker's ledger."""
+        out = []
+        for lm in list(self.mm.current_loaded_models):
+            p = lm.model
+            if p is not None:
+                out.append((self._model_id(p), lm))
+        return out
+
+    # --- census ---
+
+    def census(self):
+        if not self._hook():
+            return
+        held = {}
+        seen = set()
+        for mid, lm in self._entries():
+            p = lm.model
+            try:
+                size, resident = int(p.model_size()), int(p.loaded_size())
+            except Exception:
+                continue
+            dev = str(lm.device)
+            inner = getattr(p, "model", None)
+            name = type(inner).__name__ if inner is not None else type(p).__name__
+            row = (name[:47], dev, size, resident)
+            seen.add(mid)
+            held[dev] = held.get(dev, 0) + resident
+            if self._published.get(mid) != row:
+                self.ledger.set_model(mid, row[0], dev, size, resident)
+                self._published[mid] = row
+        for mid in [m for m in self._published if m not in seen]:
+            self.ledger.drop_model(mid)
+            del self._published[mid]
+        for dev in self._devices | set(held):
+            self.ledger.set_device(dev, held_bytes=self._allocator_bytes(dev, held.get(dev, 0)))
+        self._devices |= set(held)
+
+    def _allocator_bytes(self, dev, weights):
+        """Instantaneous bytes held on dev: torch's reserved bytes on CUDA
+        (never the peak), the models' resident bytes elsewhere."""
+        if dev.startswith("cuda"):
+            torch = sys.modules.get("torch")
+            try:
+                return int(torch.cuda.memory_reserved(torch.device(dev)))
+            except Exception:
+                pass
+        return weights
+
+    # --- admission ---
+
+    def admit(self, models, memory_required):
+        mm = self.mm
+        device = mm.get_torch_device()
+        weights = 0
+        for m in models:
+            try:
+                size, loaded = int(m.model_size()), int(m.loaded_size())
+            except Exception:
+                continue
+            on_device = str(getattr(m, "current_loaded_device", lambda: None)()) == str(device)
+            weights += size - loaded if on_device else size
+        need = _native.policy_admission_need(weights, int(memory_required), int(mm.minimum_inference_memory()),
+                                             int(mm.extra_reserved_memory()), 0)
+        return self.call_host("bulkhead.admit", str(device), need, os.getpid())
+
+    # --- the release ladders ---
+
+    def _find(self, model_id):
+        for mid, lm in self._entries():
+            if mid == model_id:
+                return lm
+        return None
+
+    def _drop_entries(self, doomed):
+        ids = set(id(lm) for lm in doomed)
+        self.mm.current_loaded_models[:] = [lm for lm in self.mm.current_loaded_models if id(lm) not in ids]
+
+    def _resident(self):
+        return sum(int(lm.model.loaded_size()) for _, lm in self._entries())
+
+    def release(self, req):
+        """RELEASE frame: {op, model_id, bytes}.  Returns the receipt."""
+        op, model_id, nbytes = req.get("op"), req.get("model_id"), req.get("bytes")
+        if not self._hook():
+            return {"before_bytes": 0, "after_bytes": 0, "freed_bytes": 0, "note": "ComfyUI not loaded"}
+        self.ledger.set_run("releasing")
+        before = self._resident()
+        loaded = 0
+        try:
+            if op == "model":
+                lm = self._find(model_id)
+                if lm is not None:
+                    if nbytes is None:
+                        lm.model_unload()
+                        self._drop_entries([lm])
+                    elif lm.model_unload(memory_to_free=nbytes):
+                        self._drop_entries([lm])
+            elif op == "load":
+                lm = self._find(model_id)
+                if lm is not None and nbytes:
+                    was = int(lm.model.loaded_size())
+                    lm.model_use_more_vram(nbytes)
+                    loaded = max(0, int(lm.model.loaded_size()) - was)
+            elif op == "bytes":
+                # n bytes of this worker: upstream's own walk picks the victims
+                device = self.mm.get_torch_device()
+                self.mm.free_memory(self.mm.get_free_memory(device) + int(nbytes or 0), device)
+            elif op == "all":
+                self._full_release()
+            elif op == "pins":
+                self._release_pins()
+            else:
+                raise ValueError(f"unknown release op {op!r} (model, load, bytes, all, pins)")
+            if op != "load":
+                self.mm.soft_empty_cache()
+                gc.collect()
+                _trim_heap()
+        finally:
+            self.census()
+            self.ledger.set_run("idle")
+        after = self._resident()
+        freed = max(0, before - after)
+        if freed:
+            self.ledger.note_release(freed)
+        return {"before_bytes": before, "after_bytes": after, "freed_bytes": freed, "loaded_bytes": loaded}
+
+    def _full_release(self):
+        mm = self.mm
+        entries = [lm for _, lm in self._entries()]
+        for lm in entries:
+            lm.model_unload()
+        self._drop_entries(entries)
+        reset = getattr(mm, "reset_cast_buffers", None)
+        if callable(reset):
+            reset()
+        self._release_pins()
+
+    def _release_pins(self):
+        free_pins = getattr(self.mm, "free_pins", None)
+        if callable(free_pins):
+            try:
+                free_pins(1 << 62)
+            except TypeError:
+                pass
+
+    # --- node boundary and idle ---
+
+    def after_call(self):
+        """The node boundary: the allocator cache goes back, the census is
+        published."""
+        if self._hook():
+            self.mm.soft_empty_cache()
+            self.census()
+
+    def on_idle(self):
+        if self.mm is not None and self._entries():
+            self.release({"op": "all"})
