@@ -49,6 +49,40 @@ def _trim_heap():
         pass
 
 
+class _ImportWatch:
+    """A meta-path finder that lets the real finders find
+    ``comfy.model_management`` and runs a callback right after the module
+    executes, so the load_models_gpu wrap is in place before the pack's
+    first call into it (the pack imports ComfyUI inside its own call)."""
+
+    def __init__(self, name, callback):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, callback = spec.loader, self.callback
+
+        class Loader:
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                callback(module)
+        spec.loader = Loader()
+        return spec
+
+
 class WorkerMemory:
     def __init__(self, ledger_path, pack, generation, host_pid, call_host, idle_release_s=0.0):
         v = sys.version_info
@@ -62,16 +96,21 @@ class WorkerMemory:
         self._next_id = itertools.count(1)
         self._published = {}                      # model id -> tuple published
         self._devices = set()
-        self._in_load = False
+        if not self._hook():
+            self._watch = _ImportWatch("comfy.model_management", lambda m: self._hook(m))
+            sys.meta_path.insert(0, self._watch)
 
     # --- ComfyUI hooks ---
 
-    def _hook(self):
+    def _hook(self, mm=None):
         if self.mm is not None:
             return True
-        mm = sys.modules.get("comfy.model_management")
+        mm = mm or sys.modules.get("comfy.model_management")
         if mm is None:
             return False
+        watch = getattr(self, "_watch", None)
+        if watch is not None and watch in sys.meta_path:
+            sys.meta_path.remove(watch)
         self.mm = mm
         original = mm.load_models_gpu
         wm = self

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import HERE
 
-BUILD = os.environ.get("BULKHEAD_BUILD", os.path.join(HERE, "..", "..", "build", "rel"))
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(HERE, "..", "..", "build", "rel")))
 
 pytestmark = pytest.mark.torch
 
@@ -68,7 +68,8 @@ def scenario(tmp_path, body, timeout=240):
     script = PREAMBLE.format(helpers=os.path.join(HERE, "helpers"), comfy=comfy_root(),
                              ledger=str(tmp_path / "ledger")) + textwrap.dedent(body)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(BUILD, "python"), comfy_root()])
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(BUILD, "python"), comfy_root(),
+                                         os.path.join(HERE, "helpers")])
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=timeout, env=env, cwd=str(tmp_path))
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
