@@ -168,7 +168,7 @@ class SpyPatcher:
         self._log("detach", unpatch_all)
         if unpatch_all:
             self._shrink(self._inner.resident)
-            self._inner.where = self.offload_device
+            self._inner.where = object.__getattribute__(self, "offload_device")   # not a read by upstream
         return self._inner
 
     def loaded_ram_size(self):                 # DYNAMIC_ONLY
