@@ -16,15 +16,34 @@ PYTEST_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs
+.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs comfyui-deps
 
 all: build
 
 $(VENV)/.stamp:
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q meson ninja pytest numpy torch==2.13.0
+	$(VPY) -m pip install -q meson ninja pytest numpy psutil torch==2.13.0
 	touch $@
+
+# psutil joined that list after venvs had been made: add it to those too.
+# (The ComfyUI tests' memory manager reads free RAM through it.)
+$(VENV)/.stamp-psutil: $(VENV)/.stamp
+	$(VPY) -c 'import psutil' 2>/dev/null || $(VPY) -m pip install -q psutil
+	touch $@
+
+# What a real ComfyUI checkout imports for `comfy.model_management` and
+# `comfy.model_patcher` under --cpu, for running tests/py/test_comfy_stub.py
+# (and the memory tests) against it: COMFYUI_PATH=<checkout> make check-py.
+# torch stays at the pinned version; torchvision is left out (PyPI has only
+# CUDA builds, which cannot load beside the CPU torch: tests/py/comfyenv.py
+# puts an empty stand-in on the path when the real one fails to import).
+COMFYUI_DEPS := psutil numpy safetensors einops pillow tqdm pyyaml comfy-aimdo comfy-kitchen
+
+comfyui-deps: $(VENV)/.stamp
+	@mkdir -p $(BUILD)
+	echo 'torch==2.13.0' > $(BUILD)/torch-pin.txt
+	$(VPY) -m pip install -q -c $(BUILD)/torch-pin.txt $(COMFYUI_DEPS)
 
 # A venv with numpy per worker interpreter (the tests' and demo's "other
 # interpreters"); one that cannot be made is skipped with a message.
@@ -62,7 +81,7 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
-check-py: build worker-venvs
+check-py: build worker-venvs $(VENV)/.stamp-psutil
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q tests/py $(PYTEST_FLAGS)
 

@@ -1,0 +1,1 @@
+"""A small stand-in for ComfyUI's `comfy` package (tests only; see ../README.md)."""
