@@ -17,6 +17,7 @@ Arithmetic that decides memory lives in ``policy.c``; this file measures
 and acts.
 """
 
+import logging
 import os
 import sys
 import threading
@@ -24,7 +25,10 @@ import time
 import weakref
 
 from . import _native
+from ._rpc import RemoteError
 from .host import CallTimeout, ProtocolError, WorkerDied
+
+log = logging.getLogger("bulkhead")
 
 # How long an eviction-path release may take before the worker is declared
 # hung and killed (a hung worker must never block ComfyUI's eviction loop).
@@ -62,11 +66,21 @@ class _Owner:
     # --- StandIn -> worker ---
 
     def standin_release(self, model_id, nbytes):
-        op = "model"
         try:
-            self.worker.release(op, model_id, nbytes, timeout=RELEASE_TIMEOUT_S)
+            self.worker.release("model", model_id, nbytes, timeout=RELEASE_TIMEOUT_S)
         except _DEAD:
-            pass  # a dead worker's memory is gone: counted as freed
+            # A dead (or hung, now killed) worker's memory is gone: its
+            # stand-ins read 0 from now on, so upstream counts it freed.
+            # They leave ComfyUI's list at the next reconcile, not now:
+            # upstream is iterating that list by index.
+            for s in self.standins.values():
+                _native.standin_retire(s)
+        except RemoteError as e:
+            # The pack's model failed to unload; upstream's loop must go on
+            # (the stand-in reports what was actually freed, and the rest is
+            # posted to idle siblings).
+            log.warning("bulkhead: %s could not release model %s: %s",
+                        self.worker.describe(), model_id, e)
         self.host.note_release(self.worker)
 
     def standin_load(self, model_id, nbytes):

@@ -149,17 +149,23 @@ class WorkerMemory:
     # --- census ---
 
     def census(self):
+        """Publishes every live model this worker has loaded, resident or
+        not: a model upstream unloaded (popped from its list) keeps its
+        entry at 0 resident while the pack still holds it, so the host's
+        stand-in survives and is re-listed when it loads again.  A model
+        leaves the ledger when its patcher is collected."""
         if not self._hook():
             return
+        for _mid, lm in self._entries():   # assigns ids to new entries
+            self._devices.add(str(lm.device))
         held = {}
         seen = set()
-        for mid, lm in self._entries():
-            p = lm.model
+        for p, mid in list(self._ids.items()):
             try:
                 size, resident = int(p.model_size()), int(p.loaded_size())
+                dev = str(p.load_device)
             except Exception:
                 continue
-            dev = str(lm.device)
             inner = getattr(p, "model", None)
             name = type(inner).__name__ if inner is not None else type(p).__name__
             row = (name[:47], dev, size, resident)

@@ -361,8 +361,10 @@ static PyObject *StandIn_partially_load(PyObject *self, PyObject *args, PyObject
 
 /* partially_unload(device_to, memory_to_free=0, force_patch_weights=False)
  * -> bytes actually freed (residency before minus after).  Asks for
- * exactly memory_to_free bytes, and first tells the owner the shortfall so
- * idle siblings can release in parallel (it must not block). */
+ * exactly memory_to_free bytes; what its worker could not free is handed
+ * to the owner's pressure hook, which posts it to idle siblings without
+ * waiting (upstream's next re-measure sees what they freed).  Posting the
+ * whole ask up front would free it twice. */
 static PyObject *StandIn_partially_unload(PyObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"device_to", "memory_to_free", "force_patch_weights", NULL};
   PyObject *device, *amount = NULL, *force = Py_False;
@@ -374,15 +376,19 @@ static PyObject *StandIn_partially_unload(PyObject *self, PyObject *args, PyObje
   read_residency(s, &size, &before);
   uint64_t want = bh_policy_unload_bytes(x, before);
   if (want == 0) return PyLong_FromLong(0);
-  PyObject *r = call_owner(s, "standin_pressure", want, 0);
-  if (r) Py_DECREF(r);
-  else swallow(s, "pressure hook");
-  r = call_owner(s, "standin_release", want, 0);
+  PyObject *r = call_owner(s, "standin_release", want, 0);
   if (r) Py_DECREF(r);
   else swallow(s, "partial release");
   uint64_t after;
   read_residency(s, &size, &after);
-  return PyLong_FromUnsignedLongLong(bh_policy_freed(before, after));
+  uint64_t freed = bh_policy_freed(before, after);
+  uint64_t asked = bh_policy_unload_bytes(x, UINT64_MAX);
+  if (freed < asked) {
+    r = call_owner(s, "standin_pressure", asked - freed, 0);
+    if (r) Py_DECREF(r);
+    else swallow(s, "pressure hook");
+  }
+  return PyLong_FromUnsignedLongLong(freed);
 }
 
 /* detach(unpatch_all=True): a full release of the model; with

@@ -10,104 +10,94 @@ named by COMFYUI_PATH, with workers under the project venv's interpreter
 """
 
 import ast
-import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import HERE
-
-BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(HERE, "..", "..", "build", "rel")))
+from comfyenv import run_comfy_script
 
 pytestmark = pytest.mark.torch
 
 MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PY_SRC = os.path.join(ROOT, "python", "bulkhead")
-
-
-def comfy_root():
-    return os.environ.get("COMFYUI_PATH") or os.path.join(ROOT, "tests", "comfyui")
-
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(ROOT, "build", "rel")))
 
 PREAMBLE = """
-import json, os, sys, time
-sys.argv = ["main.py", "--cpu"]
-import comfy.options
-comfy.options.enable_args_parsing()
-import comfy.model_management as mm
+import time
 import bulkhead
 from bulkhead import _native
 from bulkhead.memory import HostMemory
 MiB = 1 << 20
-HELPERS = {helpers!r}
-COMFY = {comfy!r}
 hm = HostMemory(mm, ledger_path={ledger!r})
+WORKER_PATH = os.pathsep.join([{helpers!r}, os.getcwd()])
 
 def worker(name, **env):
-    env.setdefault("PYTHONPATH", HELPERS + os.pathsep + COMFY)
-    w = bulkhead.Worker(sys.executable, name=name, env=env)
-    return hm.attach(w)
+    env.setdefault("PYTHONPATH", WORKER_PATH)
+    return hm.attach(bulkhead.Worker(sys.executable, name=name, env=env))
 
 def resident(w):
     rec = hm.ledger.read(w.pid)
     return sum(m["resident_bytes"] for m in rec["models"]) if rec else 0
 
+def rss(w):
+    with open("/proc/%d/status" % w.pid) as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) * 1024
+
 def avail():
     return _native.ram()["available_bytes"]
 
-def out(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
+out = emit
 """
 
 
 def scenario(tmp_path, body, timeout=240):
-    script = PREAMBLE.format(helpers=os.path.join(HERE, "helpers"), comfy=comfy_root(),
-                             ledger=str(tmp_path / "ledger")) + textwrap.dedent(body)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(BUILD, "python"), comfy_root(),
-                                         os.path.join(HERE, "helpers")])
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                       timeout=timeout, env=env, cwd=str(tmp_path))
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, f"scenario failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
-    return json.loads(lines[-1][len("RESULT "):])
+    code = PREAMBLE.format(ledger=str(tmp_path / "ledger"), helpers=os.path.join(HERE, "helpers")) + \
+        textwrap.dedent(body)
+    env = {"PYTHONPATH": os.pathsep.join([os.path.join(BUILD, "python"), os.path.join(HERE, "helpers")])}
+    return run_comfy_script(code, timeout=timeout, env=env)
 
 
 def test_eviction_frees_real_ram_and_stops_at_the_minimum(tmp_path):
+    # Models are large next to the kernel's own lag: MemAvailable (what
+    # upstream re-measures on cpu) does not count pages parked on per-CPU
+    # free lists, up to ~190 MiB per CPU here, so a walk over small models
+    # would look like over-eviction that no policy could avoid.
     r = scenario(tmp_path, """
         a, b = worker("pack-a"), worker("pack-b")
-        a.call("bh_mempack:load", "UNetA", 64 * MiB)
-        a.call("bh_mempack:load", "VAEA", 64 * MiB)
-        b.call("bh_mempack:load", "UNetB", 64 * MiB)
-        b.call("bh_mempack:load", "ClipB", 64 * MiB)
+        for w, names in ((a, ("UNetA", "VAEA")), (b, ("UNetB", "ClipB"))):
+            for n in names:
+                w.call("bh_mempack:load", n, 512 * MiB)
         hm.reconcile()
         standins = hm.standins()
         listed = sum(1 for lm in mm.current_loaded_models if lm.model in standins)
         held_before = resident(a) + resident(b)
-        free_before = mm.get_free_memory(mm.get_torch_device())
-        ask = 100 * MiB
-        required = free_before + ask
-        mm.free_memory(required, mm.get_torch_device())
-        free_after = mm.get_free_memory(mm.get_torch_device())
+        rss_before = rss(a) + rss(b)
+        dev = mm.get_torch_device()
+        free_before = mm.get_free_memory(dev)
+        ask = 768 * MiB
+        mm.free_memory(free_before + ask, dev)
+        free_after = mm.get_free_memory(dev)
         held_after = resident(a) + resident(b)
-        out(n_standins=len(standins), listed=listed, held_before=held_before, held_after=held_after,
-            ask=ask, free_gain=free_after - free_before,
-            worker_view=[a.call("bh_mempack:resident"), b.call("bh_mempack:resident")])
+        out(dict(n_standins=len(standins), listed=listed, held_before=held_before,
+                 held_after=held_after, ask=ask, free_gain=free_after - free_before,
+                 rss_drop=rss_before - rss(a) - rss(b),
+                 worker_view=[a.call("bh_mempack:resident"), b.call("bh_mempack:resident")]))
         hm.close(); a.close(); b.close()
     """)
     assert r["n_standins"] == 4 and r["listed"] == 4
-    assert r["held_before"] == 256 * MiB
+    assert r["held_before"] == 4 * 512 * MiB
     evicted = r["held_before"] - r["held_after"]
-    # The workers freed real bytes, upstream's re-measure saw them (the
-    # walk stopped), and it stopped at the minimum: no more than the ask
-    # plus one model.
-    assert evicted >= r["ask"] - 16 * MiB, r
-    assert evicted <= r["ask"] + 64 * MiB, r
-    assert r["free_gain"] >= evicted * 0.6, r
+    # Real bytes left the workers (their RSS fell by what the ledger says),
+    # upstream's re-measure saw them (the walk stopped), and it stopped at
+    # the minimum: at least the ask, at most the ask plus one model.
+    assert r["rss_drop"] >= evicted * 0.9, r
+    assert evicted >= r["ask"] - 64 * MiB, r
+    assert evicted <= r["ask"] + 512 * MiB, r
+    assert r["held_after"] > 0, r
     assert sum(sum(v.values()) for v in r["worker_view"]) == r["held_after"]
 
 
@@ -149,7 +139,7 @@ def test_standin_survives_loads_unload_all_crash_and_respawn(tmp_path):
         steps["respawn_resident"] = s2.loaded_size()
         steps["respawn_listed"] = sum(1 for lm in mm.current_loaded_models if lm.model is s2)
         steps["old_retired"] = _native.standin_info(s)["retired"]
-        out(**steps)
+        out(steps)
         hm.close(); a.close()
     """)
     assert r["after_two_loads"] == 1
@@ -175,8 +165,8 @@ def test_admission_releases_idle_workers_first(tmp_path):
         b.call("bh_mempack:load", "UNetB", 32 * MiB)
         hm.true_free = real_true_free
         hm.reconcile()
-        out(a_resident=resident(a), b_resident=resident(b), events=[e[1:] for e in hm.events],
-            reserve=mm.EXTRA_RESERVED_VRAM, base=hm.base_reserve)
+        out(dict(a_resident=resident(a), b_resident=resident(b), events=[e[1:] for e in hm.events],
+            reserve=mm.EXTRA_RESERVED_VRAM, base=hm.base_reserve))
         hm.close(); a.close(); b.close()
     """)
     assert r["a_resident"] == 0, r
@@ -185,25 +175,25 @@ def test_admission_releases_idle_workers_first(tmp_path):
     assert r["reserve"] == r["base"]  # the load showed: nothing pending
 
 
-def test_pressure_hook_asks_idle_siblings_without_blocking(tmp_path):
+def test_pressure_hook_posts_the_shortfall_to_idle_siblings(tmp_path):
     r = scenario(tmp_path, """
         a, b = worker("pack-a"), worker("pack-b")
-        a.call("bh_mempack:load", "UNetA", 64 * MiB)
+        a.call("bh_mempack:load", "Stuck", 64 * MiB, True)   # cannot shrink
         b.call("bh_mempack:load", "UNetB", 64 * MiB)
         hm.reconcile()
         sa = hm.standins(a)[0]
-        t0 = time.monotonic()
         freed = sa.partially_unload(sa.offload_device, 16 * MiB)
-        took = time.monotonic() - t0
         for _ in range(100):  # the sibling's release is asynchronous
             if resident(b) < 64 * MiB:
                 break
             time.sleep(0.05)
-        out(freed=freed, a_resident=resident(a), b_resident=resident(b))
+        out(dict(freed=freed, a_resident=resident(a), b_resident=resident(b),
+                 events=[e[1:] for e in hm.events]))
         hm.close(); a.close(); b.close()
     """)
-    assert r["freed"] == 16 * MiB and r["a_resident"] == 48 * MiB
-    assert r["b_resident"] <= 48 * MiB, r
+    assert r["freed"] == 0 and r["a_resident"] == 64 * MiB
+    assert 32 * MiB <= r["b_resident"] <= 48 * MiB, r
+    assert ["pressure", "pack-b", 16 * MiB] in r["events"], r
 
 
 def test_idle_sweep_fully_releases_an_idle_worker(tmp_path):
@@ -216,8 +206,8 @@ def test_idle_sweep_fully_releases_an_idle_worker(tmp_path):
                 break
             time.sleep(0.05)
         rec = hm.ledger.read(a.pid)
-        out(before=before, after=resident(a), releases=rec["release_count"],
-            worker_view=a.call("bh_mempack:resident"))
+        out(dict(before=before, after=resident(a), releases=rec["release_count"],
+            worker_view=a.call("bh_mempack:resident")))
         hm.close(); a.close()
     """)
     assert r["before"] == 32 * MiB and r["after"] == 0

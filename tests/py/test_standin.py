@@ -133,7 +133,7 @@ def test_residency_is_a_live_ledger_reading(made):
 def test_partially_unload_asks_exactly_n_and_returns_what_was_freed(made):
     s, owner = made
     assert s.partially_unload("cpu", 10 * MiB) == 10 * MiB
-    assert owner.log == [("pressure", 7, 10 * MiB), ("release", 7, 10 * MiB)]
+    assert owner.log == [("release", 7, 10 * MiB)]  # freed it all: no pressure
     owner.log.clear()
     assert s.partially_unload("cpu", 1.5) == 2  # a float: rounded up to whole bytes
     assert owner.log[-1] == ("release", 7, 2)
@@ -143,6 +143,21 @@ def test_partially_unload_asks_exactly_n_and_returns_what_was_freed(made):
     owner.log.clear()
     assert s.partially_unload("cpu", 5 * MiB) == 0  # nothing resident: nothing sent
     assert owner.log == []
+
+
+def test_what_the_worker_could_not_free_goes_to_the_pressure_hook(made):
+    s, owner = made
+    owner.release_cap = 4 * MiB
+    real = owner.standin_release
+
+    def capped(model_id, nbytes):
+        owner.log.append(("release", model_id, nbytes))
+        owner.resident -= min(nbytes, owner.release_cap)
+        owner.publish()
+    owner.standin_release = capped
+    assert s.partially_unload("cpu", 10 * MiB) == 4 * MiB
+    assert owner.log == [("release", 7, 10 * MiB), ("pressure", 7, 6 * MiB)]
+    owner.standin_release = real
 
 
 def test_partially_load_obeys_its_argument(made):
@@ -180,6 +195,7 @@ def test_eviction_paths_never_raise(made):
     finally:
         sys.unraisablehook = old
     assert len(seen) == 2 and "worker went away badly" in str(seen[0].exc_value)
+    assert owner.log[-2] == ("pressure", 7, 10 * MiB)  # nothing freed: all of it posted
 
 
 def test_retired_standin_reads_zero_and_sends_nothing(made):

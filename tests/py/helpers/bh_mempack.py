@@ -37,7 +37,7 @@ class RamModule:
 
 
 class RamPatcher:
-    def __init__(self, name, size_bytes):
+    def __init__(self, name, size_bytes, stuck=False):
         import torch
         self.torch = torch
         mm = _comfy()
@@ -50,6 +50,7 @@ class RamPatcher:
         self.parent = None
         self.clone_base_uuid = uuid.uuid4()
         self.calls = []
+        self.stuck = stuck  # a broken model: unloading it raises
 
     # accounting
     def model_size(self):
@@ -86,6 +87,8 @@ class RamPatcher:
 
     def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
         self.calls.append(("partially_unload", memory_to_free))
+        if self.stuck:
+            raise RuntimeError(f"{self.name} cannot be unloaded")
         freed = 0
         while self.chunks and freed < memory_to_free:
             freed += self.chunks.pop().numel()
@@ -93,6 +96,8 @@ class RamPatcher:
 
     def detach(self, unpatch_all=True):
         self.calls.append(("detach", unpatch_all))
+        if unpatch_all and self.stuck:
+            raise RuntimeError(f"{self.name} cannot be unloaded")
         if unpatch_all:
             self.chunks = []
         return self.model
@@ -116,13 +121,13 @@ class RamPatcher:
 _models = {}
 
 
-def load(name, size_bytes):
+def load(name, size_bytes, stuck=False):
     """Creates a model and loads it through the worker's load_models_gpu
     (wrapped by bulkhead: admission first).  Returns its resident bytes."""
     mm = _comfy()
     p = _models.get(name)
     if p is None:
-        p = _models[name] = RamPatcher(name, size_bytes)
+        p = _models[name] = RamPatcher(name, size_bytes, stuck)
     mm.load_models_gpu([p])
     return p.loaded_size()
 
