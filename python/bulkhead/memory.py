@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 
-from . import _native
+from . import _native, pager
 from ._rpc import RemoteError
 from .host import CallTimeout, ProtocolError, WorkerDied
 
@@ -162,6 +162,13 @@ class HostMemory:
         and asks for admission before it loads.  Call before it starts."""
         worker.env["BULKHEAD_LEDGER"] = self.ledger.path
         worker.env["BULKHEAD_MEMORY"] = "1"
+        # The worker follows the host's pager and VRAM state; a pack's own
+        # env_vars (already in worker.env) outrank these.
+        worker.env.setdefault("BULKHEAD_WORKER_PAGER", "1" if pager.host_pager_enabled() else "0")
+        worker.env.setdefault("BULKHEAD_PAGER_HEADROOM", str(self.base_reserve))
+        state = getattr(getattr(self.mm, "vram_state", None), "name", None)
+        if state:
+            worker.env.setdefault("BULKHEAD_VRAM_STATE", state)
         worker.expose("bulkhead.admit", self.admit)
         worker.expose("bulkhead.loads_done", self.loads_done)
         self.owners[worker] = _Owner(self, worker)

@@ -32,7 +32,7 @@ import os
 import sys
 import weakref
 
-from . import _native
+from . import _native, pager
 
 _libc = None
 
@@ -96,6 +96,9 @@ class WorkerMemory:
         self._next_id = itertools.count(1)
         self._published = {}                      # model id -> tuple published
         self._devices = set()
+        self.pager = None          # comfy_aimdo.control when the pager is up
+        self.pager_reason = ""
+        self._floor = {}           # device -> bytes held with no model resident
         if not self._hook():
             self._watch = _ImportWatch("comfy.model_management", lambda m: self._hook(m))
             sys.meta_path.insert(0, self._watch)
@@ -129,7 +132,31 @@ class WorkerMemory:
 
         load_models_gpu.__wrapped__ = original
         mm.load_models_gpu = load_models_gpu  # worker-side patch (never in the host)
+        self._follow_host()
         return True
+
+    def _follow_host(self):
+        """vram_state and the pager follow the host's (seed 004)."""
+        mm = self.mm
+        state = os.environ.get("BULKHEAD_VRAM_STATE")
+        if state and hasattr(mm, "VRAMState") and state in mm.VRAMState.__members__:
+            if mm.vram_state != mm.VRAMState.DISABLED:  # a cpu worker stays on cpu
+                mm.vram_state = mm.VRAMState[state]  # worker-side
+        env = os.environ.get("BULKHEAD_WORKER_PAGER")
+        device = mm.get_torch_device()
+        control = pager.import_control() if env == "1" else None
+        enabled, reason = pager.decide(env, device.type, control)
+        if enabled:
+            try:
+                pager.bring_up(control, int(os.environ.get("BULKHEAD_PAGER_HEADROOM", "0") or 0),
+                               [device.index or 0])
+                self.pager = control
+            except Exception as e:  # the host's choice could not be followed: say so, go on
+                enabled, reason = False, f"comfy-aimdo failed to start: {e}"
+        if env == "1" and not enabled:
+            print(f"bulkhead: WARNING: this worker runs the legacy ledger while its host pages: {reason}",
+                  file=sys.stderr)
+        self.pager_reason = reason
 
     def _model_id(self, patcher):
         mid = self._ids.get(patcher)
@@ -177,8 +204,19 @@ class WorkerMemory:
         for mid in [m for m in self._published if m not in seen]:
             self.ledger.drop_model(mid)
             del self._published[mid]
+        pinned = int(getattr(self.mm, "TOTAL_PINNED_MEMORY", 0) or 0)
+        ceiling = max(0, int(getattr(self.mm, "MAX_PINNED_MEMORY", 0) or 0))
         for dev in self._devices | set(held):
-            self.ledger.set_device(dev, held_bytes=self._allocator_bytes(dev, held.get(dev, 0)))
+            total = self._allocator_bytes(dev, held.get(dev, 0))
+            if held.get(dev, 0) == 0:
+                # The floor: what this process holds with no model resident
+                # (CUDA context, allocator slack), the lowest seen after the
+                # first call (warm-up), never the first reading.
+                self._floor[dev] = min(self._floor.get(dev, total), total)
+            pager_held = pager.pager_bytes(self.pager) if self.pager and dev.startswith("cuda") else 0
+            self.ledger.set_device(dev, held_bytes=max(total, pager_held), pinned_bytes=pinned,
+                                   pin_ceiling_bytes=ceiling, pager_bytes=pager_held,
+                                   floor_bytes=self._floor.get(dev, 0))
         self._devices |= set(held)
 
     def _allocator_bytes(self, dev, weights):

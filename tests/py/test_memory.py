@@ -214,25 +214,80 @@ def test_idle_sweep_fully_releases_an_idle_worker(tmp_path):
     assert r["releases"] >= 1 and r["worker_view"] == {"UNetA": 0}
 
 
+# Host-side code may assign exactly one thing in a comfy module.  Worker-
+# side code (its own process, where bulkhead is every caller) is exempt:
+# these files, and these functions in shared files.
+WORKER_FILES = {"worker.py", "worker_memory.py"}
+WORKER_FUNCTIONS = {("pager.py", "bring_up")}
+ALLOWED = {"EXTRA_RESERVED_VRAM"}
+
+
+def comfy_assignments(source, filename):
+    """'file:line: target' for every assignment to an attribute of a comfy
+    module: names bound by `import comfy...`, `from comfy... import`,
+    `x = sys.modules.get("comfy...")`, and the conventional `mm`/`self.mm`."""
+    tree = ast.parse(source, filename)
+    comfy_names = {"mm", "self.mm"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "comfy":
+                    comfy_names.add(a.asname or a.name)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "comfy":
+            comfy_names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            call = ast.unparse(node.value)
+            if "sys.modules" in call and "comfy" in call:
+                comfy_names.update(ast.unparse(t) for t in node.targets)
+    exempt = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and (filename, node.name) in WORKER_FUNCTIONS:
+            exempt.update(id(n) for n in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr=ast.unparse(node.args[1])
+                                     if len(node.args) > 1 else "?")]
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr not in ALLOWED:
+                base = ast.unparse(t.value)
+                if base in comfy_names or base.split(".")[0] == "comfy":
+                    found.append((node.lineno, f"{filename}:{node.lineno}: {base}.{t.attr}"))
+    return [text for _, text in sorted(found)]
+
+
 def test_host_writes_only_extra_reserved_vram():
     """Any assignment to a comfy module from host-side code is a bug, except
     the one published value (DESIGN.md 5)."""
-    worker_side = {"worker.py", "worker_memory.py"}
     offenders = []
     for fn in sorted(os.listdir(PY_SRC)):
-        if not fn.endswith(".py") or fn in worker_side:
-            continue
-        tree = ast.parse(open(os.path.join(PY_SRC, fn)).read(), fn)
-        for node in ast.walk(tree):
-            targets = []
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr":
-                targets = [ast.Attribute(value=node.args[0], attr="?")] if node.args else []
-            for t in targets:
-                if not isinstance(t, ast.Attribute):
-                    continue
-                base = ast.unparse(t.value)
-                if ("mm" in base.split(".") or base.startswith("comfy")) and t.attr != "EXTRA_RESERVED_VRAM":
-                    offenders.append(f"{fn}:{node.lineno}: {ast.unparse(t)}")
+        if fn.endswith(".py") and fn not in WORKER_FILES:
+            with open(os.path.join(PY_SRC, fn)) as f:
+                offenders += comfy_assignments(f.read(), fn)
     assert offenders == []
+
+
+def test_the_scan_finds_what_it_forbids():
+    bad = textwrap.dedent("""
+        import comfy.model_management as cmm
+        from comfy import utils
+        import sys
+        mem = sys.modules.get("comfy.memory_management")
+        cmm.vram_state = 3
+        utils.PROGRESS_BAR_HOOK = print
+        mem.aimdo_enabled = True
+        setattr(cmm, "current_loaded_models", [])
+        cmm.EXTRA_RESERVED_VRAM = 1
+        def bring_up():
+            mem.aimdo_enabled = True
+    """)
+    found = comfy_assignments(bad, "x.py")
+    assert [f.split(": ")[1] for f in found] == [
+        "cmm.vram_state", "utils.PROGRESS_BAR_HOOK", "mem.aimdo_enabled",
+        "cmm.'current_loaded_models'", "mem.aimdo_enabled"]
+    assert len(comfy_assignments(bad, "pager.py")) == 4  # bring_up is worker-side there
