@@ -96,9 +96,11 @@ check-asan: build-asan worker-venvs
 
 check: check-c check-py check-asan
 
-bench: build worker-venvs
+bench: build worker-venvs $(VENV)/.stamp-psutil
 	@mkdir -p $(BUILD)/bench
 	PYTHONPATH=$(REL)/python $(VPY) bench/ipc.py --pingpong $(REL)/bench/pingpong --out $(BUILD)/bench/ipc.json
+	PYTHONPATH=$(REL)/python $(VPY) bench/memory.py --pingpong $(REL)/bench/pingpong \
+	  --fake-nvml $(REL)/tests/c/fake_nvml/libnvidia-ml.so.1 --out $(BUILD)/bench/memory.json
 
 clean:
 	rm -rf $(BUILD)

@@ -13,8 +13,8 @@ it asked for.
   nvml_read_us             one device memory reading through the probe
                            (the fake driver the tests build)              <= 10
   evict_overshoot_ratio    bytes evicted / bytes asked when upstream's
-                           free_memory walks four 64 MiB worker models
-                           for 100 MiB of real RAM                        <= 1.1
+                           free_memory walks four 512 MiB worker models
+                           for 768 MiB of real RAM                        <= 1.1
 
 Prints a table and writes every figure to --out as JSON.  Exit status 0
 whether targets are met or not; nonzero only when something failed.
@@ -113,12 +113,12 @@ def resident(w):
     return sum(m["resident_bytes"] for m in rec["models"]) if rec else 0
 out = {}
 if MODE == "rtt":
-    a = worker("bench-a", 64 * 1024)
-    a.call("bh_mempack:load", "UNet", 256 * MiB)
+    a = worker("bench-a", 256 * 1024)
+    a.call("bh_mempack:load", "UNet", 256 * MiB)   # 1024 chunks: each 1-byte ask frees one
     hm.reconcile()
     s = hm.standins(a)[0]
     dev = s.offload_device
-    for _ in range(50):
+    for _ in range(24):
         s.partially_unload(dev, 1)
     ts = []
     for _ in range(1000):
@@ -131,14 +131,18 @@ if MODE == "rtt":
 else:
     ws = [worker("bench-a", 8 * MiB), worker("bench-b", 8 * MiB)]
     for i, w in enumerate(ws):
-        w.call("bh_mempack:load", "M%da" % i, 64 * MiB)
-        w.call("bh_mempack:load", "M%db" % i, 64 * MiB)
+        w.call("bh_mempack:load", "M%da" % i, MODEL)
+        w.call("bh_mempack:load", "M%db" % i, MODEL)
     hm.reconcile()
     before = sum(resident(w) for w in ws)
     dev = mm.get_torch_device()
-    ask = 100 * MiB
-    mm.free_memory(mm.get_free_memory(dev) + ask, dev)
+    ask = ASK
+    free0 = mm.get_free_memory(dev)
+    mm.free_memory(free0 + ask, dev)
     out["evicted"] = before - sum(resident(w) for w in ws)
+    out["seen_gain"] = mm.get_free_memory(dev) - free0
+    time.sleep(3)
+    out["settled_gain"] = mm.get_free_memory(dev) - free0
     out["ask"] = ask
     for w in ws:
         w.close()
@@ -147,8 +151,9 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def run_scenario(mode, comfy, tmp):
-    code = f"MODE={mode!r}\nTMP={tmp!r}\nHELPERS={HELPERS!r}\nCOMFY={comfy!r}\n" + SCENARIO
+def run_scenario(mode, comfy, tmp, model=512 * MIB, ask=768 * MIB):
+    code = (f"MODE={mode!r}\nTMP={tmp!r}\nHELPERS={HELPERS!r}\nCOMFY={comfy!r}\n"
+            f"MODEL={model}\nASK={ask}\n" + SCENARIO)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(x for x in (os.environ.get("PYTHONPATH"), comfy) if x)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
@@ -170,18 +175,22 @@ def main(argv=None):
              "standin_loaded_size_ns": round(bench_loaded_size(tmp), 1),
              "nvml_read_us": round(bench_nvml(a.fake_nvml, tmp), 3)}
         r["partial_unload_rtt_us"] = round(run_scenario("rtt", a.comfy, tmp)["rtt_us"], 1)
-        ratios = []
+        ratios, lags = [], []
         for _ in range(a.reps):
             sc = run_scenario("evict", a.comfy, tmp)
             ratios.append(sc["evicted"] / sc["ask"])
+            lags.append((sc["evicted"] - sc["seen_gain"]) / MIB)
     r["partial_unload_ratio"] = round(r["partial_unload_rtt_us"] / r["pingpong_median_us"], 2)
     r["evict_overshoot_ratio"] = round(statistics.median(ratios), 3)
     r["evict_overshoot_ratios"] = [round(x, 3) for x in ratios]
+    # What the kernel's free figure (MemAvailable, upstream's cpu reading)
+    # had not yet shown of the freed bytes when the walk re-measured.
+    r["free_figure_lag_mib"] = round(statistics.median(lags), 1)
     r["targets"] = {"standin_loaded_size_ns": r["standin_loaded_size_ns"] <= 1000,
                     "nvml_read_us": r["nvml_read_us"] <= 10,
                     "evict_overshoot_ratio": r["evict_overshoot_ratio"] <= 1.1}
     for k in ("pingpong_median_us", "standin_loaded_size_ns", "partial_unload_rtt_us",
-              "partial_unload_ratio", "nvml_read_us", "evict_overshoot_ratio"):
+              "partial_unload_ratio", "nvml_read_us", "evict_overshoot_ratio", "free_figure_lag_mib"):
         t = r["targets"].get(k)
         print(f"  {k:28s} {r[k]:>10}  {'' if t is None else ('ok' if t else 'MISSED')}")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

@@ -44,6 +44,7 @@ class RamPatcher:
         self.name = name
         self.size = size_bytes
         self.chunks = []
+        self.loaded = 0
         self.model = type(name, (RamModule,), {})()
         self.load_device = mm.get_torch_device()
         self.offload_device = self.load_device
@@ -57,7 +58,7 @@ class RamPatcher:
         return self.size
 
     def loaded_size(self):
-        return sum(c.numel() for c in self.chunks)
+        return self.loaded
 
     def current_loaded_device(self):
         return self.load_device
@@ -76,6 +77,7 @@ class RamPatcher:
             t = self.torch.empty(n, dtype=self.torch.uint8)
             t.fill_(1)  # touch every page: real RSS
             self.chunks.append(t)
+            self.loaded += n
             added += n
         return added
 
@@ -92,6 +94,7 @@ class RamPatcher:
         freed = 0
         while self.chunks and freed < memory_to_free:
             freed += self.chunks.pop().numel()
+        self.loaded -= freed
         return freed
 
     def detach(self, unpatch_all=True):
@@ -100,6 +103,7 @@ class RamPatcher:
             raise RuntimeError(f"{self.name} cannot be unloaded")
         if unpatch_all:
             self.chunks = []
+            self.loaded = 0
         return self.model
 
     def model_patches_to(self, device):
