@@ -244,8 +244,26 @@ class WorkerMemory:
             on_device = str(getattr(m, "current_loaded_device", lambda: None)()) == str(device)
             weights += size - loaded if on_device else size
         need = _native.policy_admission_need(weights, int(memory_required), int(mm.minimum_inference_memory()),
-                                             int(mm.extra_reserved_memory()), 0)
+                                             int(mm.extra_reserved_memory()),
+                                             self._cast_buffer_bytes(models, device))
         return self.call_host("bulkhead.admit", str(device), need, os.getpid())
+
+    def _cast_buffer_bytes(self, models, device):
+        """What the incoming load's cast buffers will take (seed 004: one per
+        offload stream, sized to the largest weight cast): booked into the
+        ask, since no reading shows them at admission.  None off CUDA."""
+        streams = int(getattr(self.mm, "NUM_STREAMS", 0) or 0)
+        if device.type != "cuda" or streams <= 0:
+            return 0
+        largest = 0
+        for m in models:
+            module = getattr(m, "model", None)
+            params = getattr(module, "parameters", None)
+            if not callable(params):
+                continue
+            for t in params():
+                largest = max(largest, t.numel() * t.element_size())
+        return streams * largest
 
     # --- the release ladders ---
 
@@ -295,10 +313,8 @@ class WorkerMemory:
                 self._release_pins()
             else:
                 raise ValueError(f"unknown release op {op!r} (model, load, bytes, all, pins)")
-            if op != "load":
+            if op not in ("load", "all"):
                 self.mm.soft_empty_cache()
-                if op == "all":
-                    gc.collect()  # ~40 ms with torch loaded: only for the full ladder
                 _trim_heap()
         finally:
             self.census()
@@ -310,15 +326,30 @@ class WorkerMemory:
         return {"before_bytes": before, "after_bytes": after, "freed_bytes": freed, "loaded_bytes": loaded}
 
     def _full_release(self):
+        """The full ladder, in dependency order: models off the device, then
+        a collection (cycles still holding blocks hand them back), then the
+        cast buffers, pins, the device allocator cache, and torch's pinned
+        host cache last (it would miss buffers the collection returned),
+        then the heap."""
         mm = self.mm
         entries = [lm for _, lm in self._entries()]
         for lm in entries:
             lm.model_unload()
         self._drop_entries(entries)
+        gc.collect()  # ~40 ms with torch loaded: only on this ladder
         reset = getattr(mm, "reset_cast_buffers", None)
         if callable(reset):
             reset()
         self._release_pins()
+        mm.soft_empty_cache()
+        torch = sys.modules.get("torch")
+        host_empty = getattr(getattr(torch, "_C", None), "_host_emptyCache", None)
+        if callable(host_empty):
+            try:
+                host_empty()
+            except RuntimeError:
+                pass  # no CUDA in this build: nothing pinned
+        _trim_heap()
 
     def _release_pins(self):
         free_pins = getattr(self.mm, "free_pins", None)

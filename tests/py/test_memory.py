@@ -214,6 +214,36 @@ def test_idle_sweep_fully_releases_an_idle_worker(tmp_path):
     assert r["releases"] >= 1 and r["worker_view"] == {"UNetA": 0}
 
 
+def test_release_ladders_reachable_from_host(tmp_path):
+    r = scenario(tmp_path, """
+        a = worker("pack-a")
+        a.call("bh_mempack:load", "UNetA", 64 * MiB)
+        a.call("bh_mempack:load", "VAEA", 32 * MiB)
+        hm.reconcile()
+        mid = {s_.model.__class__.__name__: _native.standin_info(s_)["model_id"] for s_ in hm.standins()}
+        steps = {}
+        steps["partial"] = a.release("model", mid["VAEA"], 8 * MiB)
+        steps["pins"] = a.release("pins")
+        steps["all"] = a.release("all")
+        steps["resident_after_all"] = resident(a)
+        try:
+            a.release("sideways")
+        except bulkhead.RemoteError as e:
+            steps["bad_op"] = str(e)
+        rec = hm.ledger.read(a.pid)
+        steps["device"] = rec["devices"][0]
+        steps["releases"] = rec["release_count"]
+        out(steps)
+        hm.close(); a.close()
+    """)
+    assert r["partial"]["freed_bytes"] == 8 * MiB and r["partial"]["before_bytes"] == 96 * MiB
+    assert r["pins"]["freed_bytes"] == 0
+    assert r["all"]["freed_bytes"] == 88 * MiB and r["resident_after_all"] == 0
+    assert "unknown release op 'sideways'" in r["bad_op"]
+    assert r["device"]["device"] == "cpu" and r["device"]["held_bytes"] == 0
+    assert r["releases"] == 2
+
+
 # Host-side code may assign exactly one thing in a comfy module.  Worker-
 # side code (its own process, where bulkhead is every caller) is exempt:
 # these files, and these functions in shared files.
