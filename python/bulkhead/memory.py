@@ -139,7 +139,7 @@ class _Owner:
 class HostMemory:
     """The host's half of bulkhead's memory management (see module doc)."""
 
-    def __init__(self, mm=None, ledger_path=None, pack="host"):
+    def __init__(self, mm=None, ledger_path=None, pack="host", control=True):
         if mm is None:
             import comfy.model_management as mm
         self.mm = mm
@@ -154,6 +154,10 @@ class HostMemory:
         self._gpu = None
         self._gpu_tried = False
         self._lock = threading.RLock()
+        self.control = None
+        if control:
+            from .control import ControlServer
+            self.control = ControlServer(self, RELEASE_TIMEOUT_S)
 
     # --- workers ---
 
@@ -182,6 +186,8 @@ class HostMemory:
         self._publish_reserve()
 
     def close(self):
+        if self.control is not None:
+            self.control.close()
         for w in list(self.owners):
             self.detach_worker(w)
         self.ledger.close()

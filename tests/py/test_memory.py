@@ -244,6 +244,49 @@ def test_release_ladders_reachable_from_host(tmp_path):
     assert r["releases"] == 2
 
 
+CONTROL_CLIENT = r"""
+import os, socket, sys, json
+from bulkhead import _native
+from bulkhead._rpc import Peer
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+peer = Peer(describe="host", outgoing=_native.CALL)
+chan = _native.channel_open(s.detach(), peer, os.getuid(), 0, first_id=1)
+peer.channel = chan
+out = {"workers": chan.request(_native.CALL, ("workers", (), {}), 10.0),
+       "release": chan.request(_native.CALL, ("release", (sys.argv[2],), {}), 30.0)}
+try:
+    chan.request(_native.CALL, ("release", ("nope",), {}), 10.0)
+except Exception as e:
+    out["error"] = str(e)
+chan.close()
+print(json.dumps(out))
+"""
+
+
+def test_control_socket_releases_a_worker_for_another_process(tmp_path):
+    r = scenario(tmp_path, """
+        import subprocess
+        a = worker("pack-a")
+        a.call("bh_mempack:load", "UNetA", 64 * MiB)
+        p = subprocess.run([sys.executable, "-c", CLIENT, hm.control.path, "pack-a"],
+                           capture_output=True, text=True, timeout=60)
+        res = json.loads(p.stdout) if p.returncode == 0 else {"stderr": p.stderr}
+        res["resident_after"] = resident(a)
+        path = hm.control.path
+        hm.close()
+        res["socket_left"] = os.path.exists(path)
+        a.close()
+        out(res)
+    """.replace("CLIENT", repr(CONTROL_CLIENT)))
+    assert r["workers"][0]["pack"] == "pack-a", r
+    assert r["release"]["pack"] == "pack-a" and r["release"]["freed_bytes"] == 64 * MiB
+    assert r["release"]["before_bytes"] == 64 * MiB and r["release"]["after_bytes"] == 0
+    assert r["resident_after"] == 0
+    assert "no running worker 'nope'" in r["error"] and "pack-a" in r["error"]
+    assert r["socket_left"] is False
+
+
 # Host-side code may assign exactly one thing in a comfy module.  Worker-
 # side code (its own process, where bulkhead is every caller) is exempt:
 # these files, and these functions in shared files.

@@ -1,0 +1,154 @@
+"""The host's control socket: how the ``bulkhead`` command (and anything
+else on the machine running as this user) asks a host to act on its
+workers.
+
+Reading needs no host: everything a process holds is in the shared ledger.
+Acting does, because only the host holds a worker's channel.  Each host
+listens on ``control_path(pid)`` — ``$XDG_RUNTIME_DIR/bulkhead/host-<pid>.sock``
+when that directory is usable, else ``/tmp/bulkhead-<uid>/host-<pid>.sock``
+(directory 0700, socket 0600) — a ``SOCK_SEQPACKET`` socket speaking the
+same frames as a worker channel, with the peer's uid checked on every
+frame.  A client sends CALL frames ``(target, args, kwargs)``:
+
+    release(who, nbytes=None) -> {"worker_pid", "pack", "before_bytes",
+                                  "after_bytes", "freed_bytes"}
+        who: a worker pid or a pack name; nbytes None: the full ladder.
+    workers() -> [{"pid", "pack", "generation", "busy"}...]
+
+and gets a RESULT, or an ERROR whose message says what went wrong.  One
+connection is served at a time, on a thread of its own; a release waits
+for the worker's current call to finish (up to the release timeout).
+"""
+
+import os
+import socket
+import threading
+
+from . import _native
+from ._rpc import Peer
+
+
+def control_dir():
+    """The directory control sockets live in (created 0700 if missing)."""
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    if run and os.path.isdir(run) and os.access(run, os.W_OK):
+        d = os.path.join(run, "bulkhead")
+    else:
+        d = f"/tmp/bulkhead-{os.getuid()}"
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{d} must be a directory owned by uid {os.getuid()} with mode 0700 "
+                              f"(it is uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}); remove it")
+    return d
+
+
+def control_path(pid):
+    return os.path.join(control_dir(), f"host-{pid}.sock")
+
+
+class ControlServer:
+    """Listens on this host's control socket and serves requests against a
+    HostMemory's workers.  close() stops it and removes the socket."""
+
+    def __init__(self, host_memory, release_timeout=30.0):
+        self.hm = host_memory
+        self.release_timeout = release_timeout
+        self.path = control_path(os.getpid())
+        try:
+            os.unlink(self.path)  # a previous process with our pid
+        except FileNotFoundError:
+            pass
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            old = os.umask(0o177)
+            try:
+                self.sock.bind(self.path)
+            finally:
+                os.umask(old)
+            self.sock.listen(4)
+        except BaseException:
+            self.sock.close()
+            raise
+        self._stop = False
+        self._calls = {"release": self.release, "workers": self.workers}
+        self._thread = threading.Thread(target=self._serve, name="bulkhead-control", daemon=True)
+        self._thread.start()
+
+    # --- requests ---
+
+    def _find(self, who):
+        workers = [w for w in self.hm.owners if w.alive]
+        if isinstance(who, int):
+            match = [w for w in workers if w.pid == who]
+        else:
+            match = [w for w in workers if w.name == who]
+        if not match:
+            known = ", ".join(f"{w.name} (pid {w.pid})" for w in workers) or "none running"
+            raise LookupError(f"no running worker {who!r} in host {os.getpid()} (workers: {known})")
+        if len(match) > 1:
+            raise LookupError(f"pack {who!r} has {len(match)} workers here; name one by pid: "
+                              + ", ".join(str(w.pid) for w in match))
+        return match[0]
+
+    def release(self, who, nbytes=None):
+        w = self._find(who)
+        op = "all" if nbytes is None else "bytes"
+        receipt = w.release(op, None, nbytes, timeout=self.release_timeout) or {}
+        self.hm.note_release(w)
+        return {"worker_pid": w.pid, "pack": w.name,
+                "before_bytes": receipt.get("before_bytes", 0),
+                "after_bytes": receipt.get("after_bytes", 0),
+                "freed_bytes": receipt.get("freed_bytes", 0)}
+
+    def workers(self):
+        return [{"pid": w.pid, "pack": w.name, "generation": w.generation, "busy": bool(w.busy)}
+                for w in self.hm.owners if w.alive]
+
+    def _resolve(self, target):
+        fn = self._calls.get(target)
+        if fn is None:
+            raise LookupError(f"the control socket serves {sorted(self._calls)}, not {target!r}")
+        return fn
+
+    # --- serving ---
+
+    def _serve(self):
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            fd = conn.detach()
+            if self._stop:
+                os.close(fd)
+                return
+            peer = Peer(describe="bulkhead control client", outgoing=_native.CALLBACK,
+                        resolve=self._resolve)
+            try:
+                chan = _native.channel_open(fd, peer, os.getuid(), 0, first_id=2)
+            except Exception:
+                os.close(fd)
+                continue
+            peer.channel = chan
+            try:
+                chan.serve(30.0)  # a client idle for 30 s is dropped
+            except Exception:
+                pass  # a client sending garbage ends its own connection, nothing else
+            finally:
+                chan.close()
+
+    def close(self):
+        if self._stop:
+            return
+        self._stop = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self._thread.join(5.0)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
