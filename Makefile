@@ -13,10 +13,11 @@ WORKER_VENVS := $(BUILD)/venvs
 INTERPRETERS := $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3 $(HOME)/.pyenv/versions/3.1[0-3].*/bin/python3) \
                 $(wildcard /usr/bin/python3)
 PYTEST_FLAGS ?=
+GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs comfyui-deps
+.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs comfyui-deps gpu-check
 
 all: build
 
@@ -95,6 +96,13 @@ check-asan: build-asan worker-venvs
 	  $(VPY) -m pytest -q tests/py -m "not torch" $(PYTEST_FLAGS)
 
 check: check-c check-py check-asan
+
+# The memory layer on a real NVIDIA GPU, C only (tools/gpu-check.c): workers
+# allocate with cuMemAlloc, NVML must see it by UUID, the ledger and the
+# change-of-variables target must agree.  Under 5 minutes; without an NVIDIA
+# driver it says so and exits 0.  GPU_CHECK_FLAGS: see --help.
+gpu-check: build
+	$(REL)/tools/bulkhead-gpu-check $(GPU_CHECK_FLAGS)
 
 bench: build worker-venvs $(VENV)/.stamp-psutil
 	@mkdir -p $(BUILD)/bench
