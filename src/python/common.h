@@ -47,6 +47,10 @@ bh_state *bh_py_state(PyObject *module);
 /* Raises the exception for core error `rc` from `call` and returns NULL.
  * Always returns NULL. */
 PyObject *bh_py_raise(bh_state *st, int rc, const char *call);
+/* The same with the exception class chosen by the caller, and the core's
+ * own explanation `detail` appended when not NULL or empty.  Always
+ * returns NULL. */
+PyObject *bh_py_raise_as(PyObject *type, int rc, const char *call, const char *detail);
 
 /* New references to small ints etc. without Py_NewRef (3.10+). */
 static inline PyObject *bh_py_newref(PyObject *o) {

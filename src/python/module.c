@@ -10,24 +10,13 @@
 
 bh_state *bh_py_state(PyObject *module) { return (bh_state *)PyModule_GetState(module); }
 
-PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
-  const char *msg = bh_strerror(rc);
+PyObject *bh_py_raise_as(PyObject *type, int rc, const char *call, const char *detail) {
   const char *name = bh_errname(rc);
   int code = rc < 0 ? -rc : rc;
-  PyObject *type;
-  if (code == ETIMEDOUT) type = st->Timeout;
-  else if (code == BH_EEOF || code == EPIPE || code == ECONNRESET) type = st->PeerClosed;
-  else if (code >= BH_ELEDGER && code <= BH_EMODELS) type = st->LedgerError;
-  else if (code >= BH_EMAGIC) type = st->ProtocolError;
-  else {
-    PyObject *e = Py_BuildValue("(is)", code, msg);
-    if (e) {
-      PyErr_SetObject(PyExc_OSError, e);
-      Py_DECREF(e);
-    }
-    return NULL;
-  }
-  PyObject *text = PyUnicode_FromFormat("%s: %s (%s)", call, msg, name ? name : "?");
+  PyObject *text = detail && detail[0]
+                       ? PyUnicode_FromFormat("%s: %s (%s): %s", call, bh_strerror(rc),
+                                              name ? name : "?", detail)
+                       : PyUnicode_FromFormat("%s: %s (%s)", call, bh_strerror(rc), name ? name : "?");
   PyObject *exc = text ? PyObject_CallFunctionObjArgs(type, text, NULL) : NULL;
   Py_XDECREF(text);
   if (!exc) return NULL;
@@ -40,6 +29,24 @@ PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
   Py_XDECREF(pyname);
   Py_DECREF(exc);
   return NULL;
+}
+
+PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
+  int code = rc < 0 ? -rc : rc;
+  PyObject *type;
+  if (code == ETIMEDOUT) type = st->Timeout;
+  else if (code == BH_EEOF || code == EPIPE || code == ECONNRESET) type = st->PeerClosed;
+  else if (code >= BH_ELEDGER && code <= BH_EMODELS) type = st->LedgerError;
+  else if (code >= BH_EMAGIC) type = st->ProtocolError;
+  else {
+    PyObject *e = Py_BuildValue("(is)", code, bh_strerror(rc));
+    if (e) {
+      PyErr_SetObject(PyExc_OSError, e);
+      Py_DECREF(e);
+    }
+    return NULL;
+  }
+  return bh_py_raise_as(type, rc, call, NULL);
 }
 
 static PyObject *bh_py_strerror(PyObject *module, PyObject *arg) {

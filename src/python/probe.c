@@ -37,24 +37,8 @@ typedef struct {
 static PyObject *probe_raise(bh_state *st, int rc, const char *call, const char *detail) {
   int code = rc < 0 ? -rc : rc;
   if (code == ENOMEM) return PyErr_NoMemory();
-  const char *name = bh_errname(rc);
-  PyObject *type = code == BH_ENODRIVER ? st->DriverUnavailable : st->ProbeError;
-  PyObject *text = detail && detail[0]
-                       ? PyUnicode_FromFormat("%s: %s (%s): %s", call, bh_strerror(rc),
-                                              name ? name : "?", detail)
-                       : PyUnicode_FromFormat("%s: %s (%s)", call, bh_strerror(rc), name ? name : "?");
-  PyObject *exc = text ? PyObject_CallFunctionObjArgs(type, text, NULL) : NULL;
-  Py_XDECREF(text);
-  if (!exc) return NULL;
-  PyObject *pycode = PyLong_FromLong(code);
-  PyObject *pyname = PyUnicode_FromString(name ? name : "");
-  if (pycode && pyname && PyObject_SetAttrString(exc, "code", pycode) == 0 &&
-      PyObject_SetAttrString(exc, "errname", pyname) == 0)
-    PyErr_SetObject(type, exc);
-  Py_XDECREF(pycode);
-  Py_XDECREF(pyname);
-  Py_DECREF(exc);
-  return NULL;
+  return bh_py_raise_as(code == BH_ENODRIVER ? st->DriverUnavailable : st->ProbeError, rc, call,
+                        detail);
 }
 
 static bh_state *gpu_state(bh_gpu_obj *g) { return bh_py_state(g->module); }

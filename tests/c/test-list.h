@@ -1,26 +1,7 @@
 /*
  * test-list.h -- every C test, declared and listed once (libuv
  * test/test-list.h).  The runner (runner.c) defines TASK_LIST_START,
- * TEST_ENTRY, TEST_ENTRY_CUSTOM and 
-  TEST_ENTRY(ledger_open_init)
-  TEST_ENTRY(ledger_default_path)
-  TEST_ENTRY(ledger_bad_magic)
-  TEST_ENTRY(ledger_wrong_version)
-  TEST_ENTRY(ledger_truncated)
-  TEST_ENTRY(ledger_permissions)
-  TEST_ENTRY(ledger_bad_args)
-  TEST_ENTRY(ledger_join_leave)
-  TEST_ENTRY(ledger_models_devices)
-  TEST_ENTRY(ledger_snapshot_child)
-  TEST_ENTRY(ledger_reap_killed)
-  TEST_ENTRY(ledger_robust_mutex)
-  TEST_ENTRY_CUSTOM(ledger_seqlock_no_torn_reads, 60000)
-  TEST_ENTRY_CUSTOM(ledger_full, 30000)
-  TEST_ENTRY(ledger_fork_child_not_owner)
-  TEST_ENTRY(ledger_last_leaver_unlinks)
-  TEST_ENTRY_CUSTOM(ledger_open_close_race, 60000)
-  TEST_ENTRY(ledger_proc_start_time)
-TASK_LIST_END before including this;
+ * TEST_ENTRY, TEST_ENTRY_CUSTOM and TASK_LIST_END before including this;
  * TEST_ENTRY_CUSTOM gives a test its own timeout in ms (the default is
  * 10 s).  Tests run in the order listed.
  */
