@@ -95,10 +95,10 @@ class _Owner:
     def _retire_all(self, mm):
         if not self.standins:
             return
-        gone = set(self.standins.values())
-        for s in gone:
+        for s in self.standins.values():
             _native.standin_retire(s)
-        mm.current_loaded_models[:] = [lm for lm in mm.current_loaded_models if lm.model not in gone]
+        gone = set(id(s) for s in self.standins.values())
+        mm.current_loaded_models[:] = [lm for lm in mm.current_loaded_models if id(lm.model) not in gone]
         self.standins.clear()
 
     def reconcile(self, mm, ledger):

@@ -57,7 +57,10 @@ def main():
         return 2
     memory = None
     if os.environ.get("BULKHEAD_MEMORY") == "1":
-        memory = _attach_memory(peer, ack, host_pid)
+        try:
+            memory = _attach_memory(peer, ack, host_pid)
+        except Exception as e:  # the worker still serves calls; the host sees no record
+            print(f"bulkhead.worker: WARNING: not under the host's memory budget: {e}", file=sys.stderr)
     idle = memory.idle_release_s if memory is not None and memory.idle_release_s > 0 else None
     while chan.serve(idle) == "idle":
         memory.on_idle()
