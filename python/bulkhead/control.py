@@ -47,6 +47,31 @@ def control_path(pid):
     return os.path.join(control_dir(), f"host-{pid}.sock")
 
 
+class ControlUnreachable(ConnectionError):
+    """No host is listening at a control path (it exited, or never opted
+    in to a control socket)."""
+
+
+def request(host_pid, target, *args, timeout=30.0):
+    """Calls `target` on host `host_pid`'s control socket and returns the
+    result (raises what the host raised, as RemoteError; Timeout past
+    `timeout`; ControlUnreachable when nothing listens there)."""
+    path = control_path(host_pid)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        s.connect(path)
+    except OSError as e:
+        s.close()
+        raise ControlUnreachable(f"no bulkhead host listens at {path} ({e.strerror})") from None
+    peer = Peer(describe=f"bulkhead host {host_pid}", outgoing=_native.CALL)
+    chan = _native.channel_open(s.detach(), peer, os.getuid(), 0, first_id=1)
+    peer.channel = chan
+    try:
+        return chan.request(_native.CALL, (target, args, {}), timeout)
+    finally:
+        chan.close()
+
+
 class ControlServer:
     """Listens on this host's control socket and serves requests against a
     HostMemory's workers.  close() stops it and removes the socket."""

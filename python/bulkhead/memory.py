@@ -265,26 +265,53 @@ class HostMemory:
 
     # --- pressure and admission ---
 
-    def _idle_workers(self, exclude=None):
-        """Workers that may be asked to release: running, not the asker,
-        not in a call (nobody holds their lock)."""
+    def _candidates(self, device_name, exclude=None, foreign=True):
+        """Workers that may be asked to release on device_name, as
+        (label, last_used_ns, resident, floor, release(nbytes) -> freed):
+        this host's running workers that are not the asker and not in a
+        call, and (foreign=True) idle workers of other bulkhead hosts on
+        the machine, asked through their host's control socket."""
         out = []
-        for w in self.owners:
-            if w is exclude or not w.alive or w.busy:
-                continue
-            out.append(w)
-        return out
+        records = {r["pid"]: r for r in self.ledger.records()}
 
-    def _plan(self, device_name, shortfall, exclude=None):
-        workers = self._idle_workers(exclude)
-        rows = []
-        for w in workers:
-            rec = self.ledger.read(w.pid) or {"devices": [], "models": []}
+        def on_device(rec):
             resident = sum(m["resident_bytes"] for m in rec["models"] if m["device"] == device_name)
             floor = sum(d["floor_bytes"] for d in rec["devices"] if d["device"] == device_name)
-            rows.append((True, int(w.last_used * 1e9), resident, floor))
+            return resident, floor
+
+        for w in self.owners:
+            if w is exclude or not w.alive or w.busy or w.pid not in records:
+                continue
+            rec = records[w.pid]
+            resident, floor = on_device(rec)
+
+            def release(n, w=w):
+                receipt = w.release("bytes", None, n, timeout=RELEASE_TIMEOUT_S) or {}
+                return receipt.get("freed_bytes", 0)
+            out.append((w.name, rec["last_used_ns"], resident, floor, release, w))
+        if not foreign:
+            return out
+        me = os.getpid()
+        for rec in records.values():
+            if rec["role"] != "worker" or rec["host_pid"] in (0, me) or rec["run"] != "idle":
+                continue
+            if records.get(rec["host_pid"], {}).get("role") != "host":
+                continue  # its host is gone or never joined: nobody to ask
+            resident, floor = on_device(rec)
+
+            def release(n, rec=rec):
+                from .control import request
+                receipt = request(rec["host_pid"], "release", rec["pid"], n, timeout=RELEASE_TIMEOUT_S)
+                return receipt.get("freed_bytes", 0)
+            out.append((f"{rec['pack']} (pid {rec['pid']}, host {rec['host_pid']})",
+                        rec["last_used_ns"], resident, floor, release, None))
+        return out
+
+    def _plan(self, device_name, shortfall, exclude=None, foreign=True):
+        cands = self._candidates(device_name, exclude, foreign)
+        rows = [(True, c[1], c[2], c[3]) for c in cands]
         asks, uncovered = _native.policy_release_plan(rows, shortfall)
-        return [(workers[i], n) for i, n in asks], uncovered
+        return [(cands[i], n) for i, n in asks], uncovered
 
     def pressure(self, asker, nbytes):
         """A stand-in of `asker` was asked for nbytes inside ComfyUI's
@@ -298,8 +325,9 @@ class HostMemory:
             return
         if dev is None:
             return
-        plan, _ = self._plan(str(dev), nbytes, exclude=asker)
-        for w, n in plan:
+        plan, _ = self._plan(str(dev), nbytes, exclude=asker, foreign=False)
+        for cand, n in plan:
+            w = cand[5]
             if w.post_release("bytes", None, n):
                 self.events.append((time.time(), "pressure", w.name, n))
 
@@ -323,13 +351,14 @@ class HostMemory:
             released = 0
             if valid and need_bytes > true_free:
                 plan, _ = self._plan(str(dev), need_bytes - true_free, exclude=asker)
-                for w, n in plan:
+                for cand, n in plan:
                     try:
-                        receipt = w.release("bytes", None, n, timeout=RELEASE_TIMEOUT_S) or {}
-                        released += receipt.get("freed_bytes", 0)
-                        self.events.append((time.time(), "admission", w.name, receipt.get("freed_bytes", 0)))
-                    except _DEAD:
-                        pass
+                        freed = cand[4](n)
+                    except (_DEAD + (RemoteError, ConnectionError, _native.Error)) as e:
+                        log.warning("bulkhead: %s could not release for an admission: %s", cand[0], e)
+                        freed = 0
+                    released += freed
+                    self.events.append((time.time(), "admission", cand[0], freed))
                     valid, true_free = self.true_free(dev)
                     if true_free >= need_bytes:
                         break

@@ -82,6 +82,7 @@ def _attach_memory(peer, ack, host_pid):
         fn = resolve(target)
 
         def call(*args, **kwargs):
+            memory.call_started()
             try:
                 return fn(*args, **kwargs)
             finally:

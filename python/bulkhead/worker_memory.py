@@ -99,6 +99,7 @@ class WorkerMemory:
         self.pager = None          # comfy_aimdo.control when the pager is up
         self.pager_reason = ""
         self._floor = {}           # device -> bytes held with no model resident
+        self._depth = 0            # calls from the host in progress (nested through callbacks)
         if not self._hook():
             self._watch = _ImportWatch("comfy.model_management", lambda m: self._hook(m))
             sys.meta_path.insert(0, self._watch)
@@ -318,7 +319,7 @@ class WorkerMemory:
                 _trim_heap()
         finally:
             self.census()
-            self.ledger.set_run("idle")
+            self.ledger.set_run("busy" if self._depth else "idle")
         after = self._resident()
         freed = max(0, before - after)
         if freed:
@@ -361,12 +362,22 @@ class WorkerMemory:
 
     # --- node boundary and idle ---
 
+    def call_started(self):
+        """A call from the host begins (calls nest through callbacks)."""
+        self._depth += 1
+        if self._depth == 1:
+            self.ledger.set_run("busy")
+
     def after_call(self):
         """The node boundary: the allocator cache goes back, the census is
-        published."""
+        published, the worker is idle again (and its last use stamped)."""
+        self._depth -= 1
+        if self._depth > 0:
+            return
         if self._hook():
             self.mm.soft_empty_cache()
             self.census()
+        self.ledger.set_run("idle")
 
     def on_idle(self):
         if self.mm is not None and self._entries():

@@ -244,6 +244,56 @@ def test_release_ladders_reachable_from_host(tmp_path):
     assert r["releases"] == 2
 
 
+def test_two_instances_arbitrate_through_the_ledger(tmp_path):
+    """Host B's admission asks host A's idle worker to release, through A's
+    control socket, because both see each other's workers in the ledger."""
+    import subprocess
+    ready, done = tmp_path / "a-ready", tmp_path / "a-done"
+    instance_a = subprocess.Popen([sys.executable, "-c", "import comfyenv, sys\n"
+                                   "print(comfyenv.run_comfy_script(sys.argv[1], timeout=200,"
+                                   " env={'PYTHONPATH': sys.argv[2]}))",
+                                   PREAMBLE.format(ledger=str(tmp_path / "ledger"),
+                                                   helpers=os.path.join(HERE, "helpers")) + textwrap.dedent(f"""
+        a = worker("pack-a")
+        a.call("bh_mempack:load", "UNetA", 96 * MiB)
+        open({str(ready)!r}, "w").close()
+        for _ in range(2000):
+            if os.path.exists({str(done)!r}):
+                break
+            time.sleep(0.05)
+        out(dict(a_resident=resident(a), events=[e[1:] for e in hm.events]))
+        hm.close(); a.close()
+    """), os.pathsep.join([os.path.join(BUILD, "python"), os.path.join(HERE, "helpers")])],
+        stdout=subprocess.PIPE, text=True, cwd=HERE)
+    try:
+        r = scenario(tmp_path, f"""
+            for _ in range(2000):
+                if os.path.exists({str(ready)!r}):
+                    break
+                time.sleep(0.05)
+            others = [r_ for r_ in hm.ledger.records() if r_["role"] == "worker"]
+            b = worker("pack-b")
+            baseline = avail() - 64 * MiB
+            hm.true_free = lambda dev: (True, max(0, avail() - baseline))
+            b.call("bh_mempack:load", "UNetB", 32 * MiB)
+            open({str(done)!r}, "w").close()
+            out(dict(seen=[(o["pack"], o["run"]) for o in others], events=[e[1:] for e in hm.events],
+                     b_resident=resident(b)))
+            hm.close(); b.close()
+        """)
+        a_out, _ = instance_a.communicate(timeout=200)
+    finally:
+        if instance_a.poll() is None:
+            instance_a.kill()
+            instance_a.wait()
+    a = ast.literal_eval(a_out.strip().splitlines()[-1])
+    assert ("pack-a", "idle") in [tuple(x) for x in r["seen"]], r
+    assert any(e[0] == "admission" and e[1].startswith("pack-a (pid") and e[2] >= 96 * MiB
+               for e in r["events"]), r
+    assert a["a_resident"] == 0, a
+    assert r["b_resident"] == 32 * MiB
+
+
 CONTROL_CLIENT = r"""
 import os, socket, sys, json
 from bulkhead import _native
