@@ -92,8 +92,13 @@ class WorkerMemory:
         self.call_host = call_host
         self.idle_release_s = idle_release_s
         self.mm = None
-        self._ids = weakref.WeakKeyDictionary()   # patcher -> model id (stable for its life)
+        # A model is the module its patchers wrap: ComfyUI clones patchers
+        # freely (a LoRA, a sampler option) and clones share the module, so
+        # they are one model here, counted once.
+        self._ids = weakref.WeakKeyDictionary()   # inner module -> model id (stable for its life)
+        self._patcher = {}                        # model id -> weakref to its latest patcher
         self._next_id = itertools.count(1)
+        self._full_warned = False
         self._published = {}                      # model id -> tuple published
         self._devices = set()
         self.pager = None          # comfy_aimdo.control when the pager is up
@@ -160,9 +165,18 @@ class WorkerMemory:
         self.pager_reason = reason
 
     def _model_id(self, patcher):
-        mid = self._ids.get(patcher)
-        if mid is None:
-            mid = self._ids[patcher] = next(self._next_id)
+        inner = getattr(patcher, "model", None)
+        key = inner if inner is not None else patcher
+        try:
+            mid = self._ids.get(key)
+            if mid is None:
+                mid = self._ids[key] = next(self._next_id)
+        except TypeError:  # an inner object that cannot be weakly referenced
+            key = patcher
+            mid = self._ids.get(key)
+            if mid is None:
+                mid = self._ids[key] = next(self._next_id)
+        self._patcher[mid] = weakref.ref(patcher)
         return mid
 
     def _entries(self):
@@ -188,7 +202,11 @@ class WorkerMemory:
             self._devices.add(str(lm.device))
         held = {}
         seen = set()
-        for p, mid in list(self._ids.items()):
+        for mid, ref in list(self._patcher.items()):
+            p = ref()
+            if p is None:
+                del self._patcher[mid]
+                continue
             try:
                 size, resident = int(p.model_size()), int(p.loaded_size())
                 dev = str(p.load_device)
@@ -200,7 +218,14 @@ class WorkerMemory:
             seen.add(mid)
             held[dev] = held.get(dev, 0) + resident
             if self._published.get(mid) != row:
-                self.ledger.set_model(mid, row[0], dev, size, resident)
+                try:
+                    self.ledger.set_model(mid, row[0], dev, size, resident)
+                except _native.LedgerError as e:  # a record holds so many models; the rest go unseen
+                    if not self._full_warned:
+                        self._full_warned = True
+                        print(f"bulkhead.worker: WARNING: {e}; models beyond it are not published",
+                              file=sys.stderr)
+                    continue
                 self._published[mid] = row
         for mid in [m for m in self._published if m not in seen]:
             self.ledger.drop_model(mid)

@@ -214,6 +214,21 @@ def test_idle_sweep_fully_releases_an_idle_worker(tmp_path):
     assert r["releases"] >= 1 and r["worker_view"] == {"UNetA": 0}
 
 
+def test_clones_are_one_model(tmp_path):
+    r = scenario(tmp_path, """
+        a = worker("pack-a")
+        a.call("bh_mempack:load", "UNetA", 32 * MiB)
+        a.call("bh_mempack:load_clone", "UNetA", "UNetA+lora")
+        hm.reconcile()
+        rec = hm.ledger.read(a.pid)
+        out(dict(models=[(m["name"], m["resident_bytes"]) for m in rec["models"]],
+                 standins=len(hm.standins()), held=rec["devices"][0]["held_bytes"]))
+        hm.close(); a.close()
+    """)
+    assert r["models"] == [["UNetA", 32 * MiB]] and r["standins"] == 1
+    assert r["held"] == 32 * MiB
+
+
 def test_release_ladders_reachable_from_host(tmp_path):
     r = scenario(tmp_path, """
         a = worker("pack-a")

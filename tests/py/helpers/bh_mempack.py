@@ -121,6 +121,13 @@ class RamPatcher:
     def is_dynamic(self):
         return False
 
+    def clone(self):
+        """A clone as ComfyUI makes them: another patcher over the same
+        module (here: the same state)."""
+        c = object.__new__(RamPatcher)
+        c.__dict__ = self.__dict__
+        return c
+
 
 _models = {}
 
@@ -134,6 +141,14 @@ def load(name, size_bytes, stuck=False):
         p = _models[name] = RamPatcher(name, size_bytes, stuck)
     mm.load_models_gpu([p])
     return p.loaded_size()
+
+
+def load_clone(name, clone_name):
+    """Loads a clone of model `name` as `clone_name` (same module)."""
+    mm = _comfy()
+    c = _models[clone_name] = _models[name].clone()
+    mm.load_models_gpu([c])
+    return c.loaded_size()
 
 
 def drop(name):
