@@ -20,6 +20,13 @@
   TEST_ENTRY(ledger_last_leaver_unlinks)
   TEST_ENTRY_CUSTOM(ledger_open_close_race, 60000)
   TEST_ENTRY(ledger_proc_start_time)
+  TEST_ENTRY(cli_bytes_parse)
+  TEST_ENTRY(cli_bytes_format)
+  TEST_ENTRY(cli_seconds_and_idle)
+  TEST_ENTRY(cli_json_escaping)
+  TEST_ENTRY(cli_text_fit)
+  TEST_ENTRY(cli_line_clip_and_bar)
+  TEST_ENTRY(cli_appendf_grows)
 TASK_LIST_END before including this;
  * TEST_ENTRY_CUSTOM gives a test its own timeout in ms (the default is
  * 10 s).  Tests run in the order listed.
@@ -133,6 +140,13 @@ TEST_DECLARE(ledger_fork_child_not_owner)
 TEST_DECLARE(ledger_last_leaver_unlinks)
 TEST_DECLARE(ledger_open_close_race)
 TEST_DECLARE(ledger_proc_start_time)
+TEST_DECLARE(cli_bytes_parse)
+TEST_DECLARE(cli_bytes_format)
+TEST_DECLARE(cli_seconds_and_idle)
+TEST_DECLARE(cli_json_escaping)
+TEST_DECLARE(cli_text_fit)
+TEST_DECLARE(cli_line_clip_and_bar)
+TEST_DECLARE(cli_appendf_grows)
 
 TASK_LIST_START
   TEST_ENTRY(codec_roundtrip_scalars)
@@ -250,4 +264,11 @@ TASK_LIST_START
   TEST_ENTRY(ledger_last_leaver_unlinks)
   TEST_ENTRY_CUSTOM(ledger_open_close_race, 60000)
   TEST_ENTRY(ledger_proc_start_time)
+  TEST_ENTRY(cli_bytes_parse)
+  TEST_ENTRY(cli_bytes_format)
+  TEST_ENTRY(cli_seconds_and_idle)
+  TEST_ENTRY(cli_json_escaping)
+  TEST_ENTRY(cli_text_fit)
+  TEST_ENTRY(cli_line_clip_and_bar)
+  TEST_ENTRY(cli_appendf_grows)
 TASK_LIST_END
