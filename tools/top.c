@@ -25,8 +25,8 @@
  *
  *   bulkhead top  3 processes  every 1.0s  q quits                 12:34:56
  *   ledger /dev/shm/bulkhead-ledger-1000
- *   cpu      [|||||||||||.........................]  5.4 GiB of 15.6 GiB used
- *   cuda:0   [|||.................................]  12.0 GiB of 140.0 GiB used
+ *   cpu      [||||||||||||......................]    5.4 GiB of   15.6 GiB used
+ *   cuda:0   [|||...............................]   12.0 GiB of  140.0 GiB used
  *
  *   PID       ROLE   PACK               STATE     IDLE       HELD  OF DEVICE
  *   4100      host   host               idle       12s    1.2 GiB  [|.......]
@@ -158,7 +158,7 @@ static void bh__frame(bh_buf *b, const bh_cli_snap *s, double interval, unsigned
     char tail[64];
     bh_cli_bytes_format(used, x, sizeof x);
     bh_cli_bytes_format(d->total_bytes, y, sizeof y);
-    snprintf(tail, sizeof tail, "  %s of %s used", x, y);
+    snprintf(tail, sizeof tail, "  %10s of %10s used", x, y); /* fixed width: bars line up */
     int w = (int)cols - 8 - 1 - 2 - (int)strlen(tail);
     BH__LINE_BEGIN();
     bh_cli_appendf(b, "%-8s ", d->device);
