@@ -27,6 +27,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Exit codes a script can rely on (also in every --help text). */
 enum {
@@ -172,7 +173,6 @@ int bh_cli_release_main(int argc, char **argv);
 
 /* Usage texts (bulkhead.c): print `verb`'s help ("" for the command's
  * own) to f and return code. */
-#include <stdio.h>
 int bh_cli_usage(FILE *f, const char *verb, int code);
 
 /* For option errors: "bulkhead VERB: unknown option '--x'" and the verb's
