@@ -1,0 +1,426 @@
+/*
+ * release.c -- `bulkhead release PID|PACK [--bytes N]`: asks a worker,
+ * through its host, to give memory back, and prints what it held before
+ * and after.
+ *
+ * Only a host holds its workers' channels, so the command finds the worker
+ * in the ledger (by pid, or by pack name: a pack with several workers is
+ * an error that lists their pids), takes its host from the record
+ * (host_pid) and talks to that host's control socket, served by
+ * python/bulkhead/control.py:
+ *
+ *   path   $XDG_RUNTIME_DIR/bulkhead/host-<pid>.sock when XDG_RUNTIME_DIR
+ *          is a directory we can write, else /tmp/bulkhead-<uid>/host-<pid>.sock
+ *          (the host may have seen another environment than ours, so the
+ *          other of the two is tried when the first is missing)
+ *   socket SOCK_SEQPACKET, the frames of a worker channel (bh_channel with
+ *          peer_uid = our uid and peer_pid = the host's pid: a frame from
+ *          anyone else is rejected)
+ *   ask    CALL, request id 1, payload ("release", (worker_pid,) or
+ *          (worker_pid, nbytes), {}) -- the worker is named by pid even
+ *          when the user gave a pack, since the ledger already resolved it
+ *   answer RESULT {"worker_pid", "pack", "before_bytes", "after_bytes",
+ *          "freed_bytes"}, or ERROR {"type", "message", "traceback"}
+ *
+ * Exit codes: 0 released; 1 no such worker (or an ambiguous pack); 2
+ * usage; 3 the host cannot be reached (no socket, refused, closed, or no
+ * answer within --timeout); 4 the host answered with an error (its
+ * message printed); 5 the ledger cannot be read.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* What the host's RESULT or ERROR said. */
+typedef struct bh__answer {
+  int64_t worker_pid, before_bytes, after_bytes, freed_bytes;
+  char pack[BH_LEDGER_PACK_MAX];
+  char type[128], message[2048];
+} bh__answer;
+
+/* ------------------------------------------------------ finding it */
+
+/* "pack-a (pid 12, host 10), ..." for error messages. */
+static void bh__list_workers(const bh_cli_snap *s, char *out, size_t len) {
+  size_t o = 0;
+  int shown = 0;
+  out[0] = 0;
+  for (int i = 0; i < s->n_records && o + 1 < len; i++) {
+    const bh_ledger_record *r = &s->records[i];
+    char pack[4 * 32 + 1];
+    if (r->role != BH_ROLE_WORKER) continue;
+    if (shown == 12) {
+      snprintf(out + o, len - o, ", ...");
+      return;
+    }
+    bh_cli_text_fit(pack, sizeof pack, r->pack, 32, 0);
+    int n = snprintf(out + o, len - o, "%s%s (pid %d, host %d)", shown ? ", " : "", pack, (int)r->pid,
+                     (int)r->host_pid);
+    if (n < 0) break;
+    o += (size_t)n;
+    shown++;
+  }
+  if (!shown) snprintf(out, len, "none");
+}
+
+static int bh__is_pid(const char *t, pid_t *pid) {
+  char *end = NULL;
+  if (!t[0] || strspn(t, "0123456789") != strlen(t)) return 0;
+  errno = 0;
+  long v = strtol(t, &end, 10);
+  if (errno || v <= 0 || v > 0x7fffffffL) return 0;
+  *pid = (pid_t)v;
+  return 1;
+}
+
+/* Finds the one worker `target` names.  Returns its record index, or -1
+ * after printing why (the exit code in *code). */
+static int bh__find(const bh_cli_snap *s, const char *target, int *code) {
+  char list[1024], shown[4 * 64 + 1];
+  pid_t pid;
+  int found = -1, matches = 0;
+  *code = BH_CLI_EXIT_NOTFOUND;
+  bh_cli_text_fit(shown, sizeof shown, target, 64, 0);
+  if (!s->ledger_present) {
+    fprintf(stderr, "bulkhead release: no worker '%s': no bulkhead processes (no ledger at %s)\n", shown,
+            s->ledger_path);
+    return -1;
+  }
+  bh__list_workers(s, list, sizeof list);
+  if (bh__is_pid(target, &pid)) {
+    for (int i = 0; i < s->n_records; i++)
+      if (s->records[i].pid == pid) found = i;
+    if (found < 0) {
+      fprintf(stderr, "bulkhead release: no bulkhead process with pid %d in %s; workers: %s\n", (int)pid,
+              s->ledger_path, list);
+      return -1;
+    }
+    if (s->records[found].role != BH_ROLE_WORKER) {
+      fprintf(stderr, "bulkhead release: pid %d is a %s, not a worker; workers: %s\n", (int)pid,
+              bh_cli_role_name(s->records[found].role), list);
+      return -1;
+    }
+    return found;
+  }
+  char pids[512];
+  size_t o = 0;
+  pids[0] = 0;
+  for (int i = 0; i < s->n_records; i++) {
+    const bh_ledger_record *r = &s->records[i];
+    if (r->role != BH_ROLE_WORKER || strcmp(r->pack, target) != 0) continue;
+    found = i;
+    matches++;
+    int n = snprintf(pids + o, sizeof pids - o, "%s%d", o ? ", " : "", (int)r->pid);
+    if (n > 0 && (size_t)n < sizeof pids - o) o += (size_t)n;
+  }
+  if (matches == 0) {
+    fprintf(stderr, "bulkhead release: no worker of pack '%s' in %s; workers: %s\n", shown, s->ledger_path,
+            list);
+    return -1;
+  }
+  if (matches > 1) {
+    fprintf(stderr, "bulkhead release: pack '%s' has %d workers (pids %s): name one by pid\n", shown, matches,
+            pids);
+    return -1;
+  }
+  return found;
+}
+
+/* ------------------------------------------------------- the socket */
+
+/* The two places a host's control socket may be, the one control.py
+ * picks in our environment first.  Returns how many were written. */
+static int bh__control_paths(pid_t host, char paths[2][sizeof(((struct sockaddr_un *)0)->sun_path)]) {
+  const char *run = getenv("XDG_RUNTIME_DIR");
+  struct stat st;
+  char xdg[PATH_MAX + 64], tmp[128];
+  int have_xdg = run && run[0] && stat(run, &st) == 0 && S_ISDIR(st.st_mode);
+  int xdg_first = have_xdg && access(run, W_OK) == 0;
+  int n = 0;
+  size_t cap = sizeof paths[0];
+  snprintf(tmp, sizeof tmp, "/tmp/bulkhead-%u/host-%d.sock", (unsigned)getuid(), (int)host);
+  if (have_xdg) snprintf(xdg, sizeof xdg, "%s/bulkhead/host-%d.sock", run, (int)host);
+  const char *order[2] = {xdg_first ? xdg : tmp, xdg_first ? tmp : have_xdg ? xdg : NULL};
+  for (int i = 0; i < 2; i++) {
+    if (!order[i] || strlen(order[i]) >= cap) continue; /* too long to bind: the host could not either */
+    strcpy(paths[n++], order[i]);
+  }
+  return n;
+}
+
+/* Connects to a SOCK_SEQPACKET socket at path before deadline_ns.
+ * Returns the fd (close-on-exec, blocking) or -errno. */
+static int bh__connect(const char *path, int64_t deadline_ns) {
+  struct sockaddr_un sa;
+  int fd = -1, rc;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof sa.sun_path) return -ENAMETOOLONG;
+  strcpy(sa.sun_path, path);
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -errno;
+  /* A host busy with another client leaves us in its backlog; a full
+   * backlog answers EAGAIN, so wait for room until the deadline. */
+  while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof sa)) < 0 && errno == EAGAIN &&
+         bh_now_ns() < deadline_ns) {
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  if (rc < 0 || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
+    rc = -errno;
+    close(fd);
+    return rc;
+  }
+  return fd;
+}
+
+/* -------------------------------------------------------- the answer */
+
+/* Steps over the rest of a value whose first item is `it`. */
+static int bh__skip(bh_reader *r, const bh_item *it) {
+  uint64_t n = it->tag == BH_TAG_MAP ? 2ull * it->u.count
+             : (it->tag == BH_TAG_LIST || it->tag == BH_TAG_TUPLE) ? it->u.count : 0;
+  for (uint64_t i = 0; i < n; i++) {
+    bh_item sub;
+    int rc = bh_dec_next(r, &sub);
+    if (rc < 0 || (rc = bh__skip(r, &sub)) < 0) return rc;
+  }
+  return 0;
+}
+
+static void bh__copy_str(char *dst, size_t len, const bh_item *it) {
+  size_t n = it->u.s.n < len - 1 ? it->u.s.n : len - 1;
+  memcpy(dst, it->u.s.p, n);
+  dst[n] = 0;
+}
+
+/* Reads a RESULT or ERROR map into *a.  Returns 0 or a BH_E* code. */
+static int bh__read_answer(const uint8_t *p, size_t n, bh__answer *a) {
+  bh_reader r;
+  bh_item it, key, val;
+  int rc = bh_dec_validate(p, n, BH_MAX_DEPTH);
+  if (rc < 0) return rc;
+  bh_reader_init(&r, p, n);
+  if ((rc = bh_dec_next(&r, &it)) < 0) return rc;
+  if (it.tag != BH_TAG_MAP) return -BH_EBADTAG;
+  for (uint32_t i = 0; i < it.u.count; i++) {
+    if ((rc = bh_dec_next(&r, &key)) < 0 || (rc = bh__skip(&r, &key)) < 0) return rc;
+    if ((rc = bh_dec_next(&r, &val)) < 0) return rc;
+    if (key.tag == BH_TAG_STR) {
+      const char *k = (const char *)key.u.s.p;
+      size_t kn = key.u.s.n;
+#define BH__KEY(name) (kn == sizeof(name) - 1 && memcmp(k, name, kn) == 0)
+      if (val.tag == BH_TAG_INT) {
+        if (BH__KEY("worker_pid")) a->worker_pid = val.u.i;
+        else if (BH__KEY("before_bytes")) a->before_bytes = val.u.i;
+        else if (BH__KEY("after_bytes")) a->after_bytes = val.u.i;
+        else if (BH__KEY("freed_bytes")) a->freed_bytes = val.u.i;
+      } else if (val.tag == BH_TAG_STR) {
+        if (BH__KEY("pack")) bh__copy_str(a->pack, sizeof a->pack, &val);
+        else if (BH__KEY("type")) bh__copy_str(a->type, sizeof a->type, &val);
+        else if (BH__KEY("message")) bh__copy_str(a->message, sizeof a->message, &val);
+      }
+#undef BH__KEY
+    }
+    if ((rc = bh__skip(&r, &val)) < 0) return rc;
+  }
+  return 0;
+}
+
+/* Asks the host; fills *a.  Returns an exit code (messages printed). */
+static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, double timeout_s,
+                   bh__answer *a, int *is_error) {
+  char paths[2][sizeof(((struct sockaddr_un *)0)->sun_path)];
+  bh_channel *c = NULL;
+  bh_buf req;
+  int fd = -1, rc, code = BH_CLI_EXIT_UNREACHABLE, used = 0;
+  int64_t deadline = bh_now_ns() + (int64_t)(timeout_s * 1e9);
+  bh_buf_init(&req);
+  int n = bh__control_paths(host, paths);
+  if (n == 0) {
+    fprintf(stderr, "bulkhead release: host %d: its control socket's path is too long for a socket\n",
+            (int)host);
+    goto out;
+  }
+  int errs[2] = {0, 0};
+  for (used = 0; used < n; used++) {
+    fd = bh__connect(paths[used], deadline);
+    if (fd >= 0) break;
+    errs[used] = fd;
+    if (fd != -ENOENT && fd != -ECONNREFUSED) break; /* it is there but broken: say so */
+  }
+  if (fd < 0) {
+    fprintf(stderr, "bulkhead release: host %d is unreachable: %s: %s", (int)host, paths[0],
+            bh_strerror(errs[0]));
+    if (errs[1]) fprintf(stderr, " (and %s: %s)", paths[1], bh_strerror(errs[1]));
+    fprintf(stderr, "\n");
+    goto out;
+  }
+  bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = host, .spin_ns = -1};
+  rc = bh_channel_open(&c, fd, &o); /* consumes fd */
+  fd = -1;
+  if (rc < 0) {
+    fprintf(stderr, "bulkhead release: %s: %s\n", paths[used], bh_strerror(rc));
+    goto out;
+  }
+  bh_enc_tuple(&req, 3);
+  bh_enc_str(&req, "release", 7);
+  bh_enc_tuple(&req, with_bytes ? 2 : 1);
+  bh_enc_int(&req, worker);
+  if (with_bytes) bh_enc_int(&req, (int64_t)nbytes);
+  bh_enc_map(&req, 0);
+  if (req.err) {
+    rc = req.err;
+    fprintf(stderr, "bulkhead release: %s\n", bh_strerror(rc));
+    goto out;
+  }
+  bh_msg m = {.kind = BH_KIND_CALL, .request_id = 1, .value = req.data, .value_len = req.len};
+  rc = bh_channel_send(c, &m);
+  if (rc < 0) {
+    fprintf(stderr, "bulkhead release: host %d is unreachable: sending to %s: %s\n", (int)host, paths[used],
+            bh_strerror(rc));
+    goto out;
+  }
+  for (;;) {
+    bh_frame f;
+    rc = bh_channel_recv(c, &f, deadline);
+    if (rc == -EINTR) continue;
+    if (rc == -ETIMEDOUT) {
+      fprintf(stderr, "bulkhead release: host %d did not answer within %g s (%s)\n", (int)host, timeout_s,
+              paths[used]);
+      goto out;
+    }
+    if (rc < 0) {
+      fprintf(stderr, "bulkhead release: host %d: %s (%s)\n", (int)host, bh_strerror(rc), paths[used]);
+      goto out;
+    }
+    if ((f.h.kind == BH_KIND_RESULT || f.h.kind == BH_KIND_ERROR) && f.h.request_id == 1) {
+      *is_error = f.h.kind == BH_KIND_ERROR;
+      rc = bh__read_answer(f.value, f.value_len, a);
+      bh_channel_frame_done(c, &f);
+      if (rc < 0) {
+        fprintf(stderr, "bulkhead release: host %d sent a malformed answer: %s\n", (int)host, bh_strerror(rc));
+        goto out;
+      }
+      code = *is_error ? BH_CLI_EXIT_REFUSED : BH_CLI_EXIT_OK;
+      break;
+    }
+    bh_channel_frame_done(c, &f); /* anything else is not for us */
+  }
+out:
+  bh_buf_free(&req);
+  bh_channel_close(c);
+  return code;
+}
+
+/* ------------------------------------------------------------- verb */
+
+int bh_cli_release_main(int argc, char **argv) {
+  enum { O_LEDGER = 256, O_BYTES, O_TIMEOUT, O_JSON };
+  static const struct option longs[] = {{"help", no_argument, NULL, 'h'},
+                                        {"bytes", required_argument, NULL, O_BYTES},
+                                        {"ledger", required_argument, NULL, O_LEDGER},
+                                        {"timeout", required_argument, NULL, O_TIMEOUT},
+                                        {"json", no_argument, NULL, O_JSON},
+                                        {NULL, 0, NULL, 0}};
+  const char *ledger = NULL;
+  double timeout_s = 60;
+  uint64_t nbytes = 0;
+  int with_bytes = 0, json = 0, c, code, is_error = 0;
+  bh_cli_snap snap;
+  bh__answer a;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
+    if (c == 'h') return bh_cli_usage(stdout, "release", BH_CLI_EXIT_OK);
+    if (c == '?') return bh_cli_usage_error("release", "unknown option '%s'", argv[optind - 1]);
+    if (c == ':') return bh_cli_usage_error("release", "option '%s' needs a value", argv[optind - 1]);
+    if (c == O_LEDGER) ledger = optarg;
+    if (c == O_JSON) json = 1;
+    if (c == O_TIMEOUT && bh_cli_seconds_parse(optarg, 0.1, 86400, &timeout_s) < 0)
+      return bh_cli_usage_error("release", "--timeout wants seconds in [0.1, 86400], got '%s'", optarg);
+    if (c == O_BYTES) {
+      int rc = bh_cli_bytes_parse(optarg, &nbytes);
+      if (rc == 0 && (nbytes == 0 || nbytes > (uint64_t)INT64_MAX)) rc = -ERANGE;
+      if (rc < 0)
+        return bh_cli_usage_error("release",
+                                  "--bytes wants a size from 1 byte to 8 EiB such as 512M, 1.5GiB or "
+                                  "1000000, got '%s'",
+                                  optarg);
+      with_bytes = 1;
+    }
+  }
+  if (optind >= argc) return bh_cli_usage_error("release", "which worker? give a PID or a PACK name");
+  if (optind + 1 < argc) return bh_cli_usage_error("release", "unexpected argument '%s'", argv[optind + 1]);
+  if (ledger && !ledger[0]) return bh_cli_usage_error("release", "--ledger needs a path");
+  const char *target = argv[optind];
+  if (!target[0]) return bh_cli_usage_error("release", "the worker's PID or PACK is empty");
+
+  int rc = bh_cli_snap_take(&snap, ledger, NULL);
+  if (rc < 0) {
+    fprintf(stderr, "bulkhead release: cannot read the ledger %s: %s\n", snap.ledger_path, bh_strerror(rc));
+    code = BH_CLI_EXIT_LEDGER;
+    goto out;
+  }
+  int i = bh__find(&snap, target, &code);
+  if (i < 0) goto out;
+  const bh_ledger_record *w = &snap.records[i];
+  char pack[4 * 64 + 1];
+  bh_cli_text_fit(pack, sizeof pack, w->pack, 64, 0);
+  if (w->host_pid <= 0) {
+    fprintf(stderr, "bulkhead release: worker %d (%s) has no host to ask (host_pid 0)\n", (int)w->pid, pack);
+    code = BH_CLI_EXIT_UNREACHABLE;
+    goto out;
+  }
+  memset(&a, 0, sizeof a);
+  code = bh__ask(w->host_pid, w->pid, with_bytes, nbytes, timeout_s, &a, &is_error);
+  if (code == BH_CLI_EXIT_REFUSED) {
+    char type[4 * 64 + 1];
+    bh_cli_text_fit(type, sizeof type, a.type[0] ? a.type : "error", 64, 0);
+    fprintf(stderr, "bulkhead release: host %d refused: %s: %s\n", (int)w->host_pid, type, a.message);
+  } else if (code == BH_CLI_EXIT_OK) {
+    bh_buf out;
+    bh_buf_init(&out);
+    if (json) {
+      bh_cli_appendf(&out, "{\"worker_pid\": %" PRId64 ", \"pack\": ", a.worker_pid);
+      bh_cli_json_str(&out, a.pack, strlen(a.pack));
+      bh_cli_appendf(&out, ", \"host_pid\": %d, \"asked_bytes\": ", (int)w->host_pid);
+      if (with_bytes) bh_cli_appendf(&out, "%" PRIu64, nbytes);
+      else bh_cli_appendf(&out, "null");
+      bh_cli_appendf(&out,
+                     ", \"before_bytes\": %" PRId64 ", \"after_bytes\": %" PRId64 ", \"freed_bytes\": %" PRId64
+                     "}\n",
+                     a.before_bytes, a.after_bytes, a.freed_bytes);
+    } else {
+      char x[16], shown[4 * 64 + 1];
+      const struct { const char *label; int64_t v; } rows[] = {
+          {"before", a.before_bytes}, {"after", a.after_bytes}, {"freed", a.freed_bytes}};
+      bh_cli_text_fit(shown, sizeof shown, a.pack[0] ? a.pack : w->pack, 64, 0);
+      bh_cli_appendf(&out, "released worker %" PRId64 " (%s) of host %d", a.worker_pid, shown, (int)w->host_pid);
+      if (with_bytes) {
+        bh_cli_bytes_format(nbytes, x, sizeof x);
+        bh_cli_appendf(&out, ", asked for %s", x);
+      }
+      bh_cli_appendf(&out, "\n");
+      for (size_t k = 0; k < 3; k++) {
+        uint64_t v = rows[k].v > 0 ? (uint64_t)rows[k].v : 0;
+        bh_cli_bytes_format(v, x, sizeof x);
+        bh_cli_appendf(&out, "  %-7s %10s  (%" PRIu64 " bytes)\n", rows[k].label, x, v);
+      }
+    }
+    if (out.err == 0) (void)bh_cli_write_all(STDOUT_FILENO, out.data, out.len);
+    bh_buf_free(&out);
+  }
+out:
+  bh_cli_snap_free(&snap);
+  return code;
+}
