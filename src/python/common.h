@@ -107,6 +107,8 @@ PyObject *bh_py_policy_release_plan(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_idle_sweep(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_pin_ceiling(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_share(PyObject *m, PyObject *args);
+/* status.c: the `bulkhead status --json` document, from the same C code. */
+PyObject *bh_py_status_json(PyObject *module, PyObject *args, PyObject *kw);
 /* New reference: COMFY_SURFACE, the 18 member names, as a tuple. */
 PyObject *bh_py_comfy_surface(void);
 PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw);

@@ -106,6 +106,8 @@ static PyMethodDef bh_methods[] = {
     {"policy_idle_sweep", bh_py_policy_idle_sweep, METH_VARARGS, "policy_idle_sweep(workers, now_ns, idle_after_ns) -> [index...]"},
     {"policy_pin_ceiling", bh_py_policy_pin_ceiling, METH_VARARGS, "policy_pin_ceiling(ram, swap, windows=False) -> upstream pinned-memory ceiling"},
     {"policy_share", bh_py_policy_share, METH_VARARGS, "policy_share(total, n_processes) -> one process's share"},
+    {"status_json", (PyCFunction)(void (*)(void))bh_py_status_json, METH_VARARGS | METH_KEYWORDS,
+     "status_json(ledger=None) -> str: the document `bulkhead status --json` prints"},
     {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
     {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
     {NULL, NULL, 0, NULL}};

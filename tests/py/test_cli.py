@@ -699,3 +699,27 @@ def test_release_pack_through_a_real_host(env, tmp_path):
     after = {p["pid"]: p for p in json.loads(r["after"]["out"])["processes"]}
     assert [m["resident_bytes"] for m in after[a_pid]["models"]] == [0]
     assert after[a_pid]["release_count"] >= 1 and after[a_pid]["released_bytes"] >= 64 * MiB
+
+
+def test_extension_serves_the_same_document(tmp_path):
+    """ComfyUI's GET /bulkhead/status serves _native.status_json(), built by
+    the command's own C code: one schema, two doors."""
+    import json as _json
+    from bulkhead import _native
+    path = str(tmp_path / "ledger")
+    led = _native.Ledger(path)
+    led.join("worker", pack="same-doc", interpreter="3.12.1", generation=3)
+    led.set_model(1, "UNet", "cpu", 100, 40)
+    try:
+        mine = _json.loads(_native.status_json(path))
+        cmd = _json.loads(subprocess.run([CLI, "status", "--json", "--ledger", path],
+                                         capture_output=True, text=True, check=True).stdout)
+    finally:
+        led.close()
+    for doc in (mine, cmd):
+        for p in doc["processes"]:
+            p.pop("idle_s", None)
+        for d in doc["devices"]:
+            d.pop("free_bytes", None)
+    assert mine == cmd
+    assert mine["processes"][0]["pack"] == "same-doc"
