@@ -7,3 +7,5 @@ __version__ = "0.1.0"
 from ._native import PeerClosed, ProtocolError, Timeout  # noqa: F401
 from ._rpc import BulkheadError, RemoteCallable, RemoteError  # noqa: F401
 from .host import CallTimeout, Worker, WorkerDied, WorkerStartError, describe_status  # noqa: F401
+from .envs import EnvBuildError, EnvStatus, env_status, install  # noqa: F401
+from .packconfig import PackConfig, PackConfigError, PackConfigWarning  # noqa: F401
