@@ -347,10 +347,13 @@ def _norm_name(name):
 
 
 def _norm_req(req):
-    """One requirement string: whitespace collapsed, the name in PEP 503
-    normal form.  Strings that do not start with a name (a URL, a path)
-    keep their text."""
-    req = " ".join(req.split())
+    """One requirement string: no whitespace in the name-and-specifier part
+    (where PEP 508 gives it no meaning), a marker's whitespace collapsed,
+    the name in PEP 503 normal form.  Strings that do not start with a name
+    (a URL, a path) keep their text."""
+    head, sep, marker = req.partition(";")
+    head = " ".join(head.split()) if "@" in head else "".join(head.split())
+    req = head + (f"; {' '.join(marker.split())}" if sep else "")
     m = _REQ_NAME.match(req)
     if m and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", req):
         return _norm_name(m.group(1)) + m.group(2)

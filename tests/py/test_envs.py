@@ -264,10 +264,10 @@ def test_stale_after_editing_the_config(tmp_path, home, offline):
     assert f"bulkhead.install({pack!r})" in st.fix
     r = cli("env", pack)
     assert r.returncode == 1 and "pack: stale" in r.stdout and f"fix:     rebuild it with: bulkhead install {pack}" in r.stdout
-    # editing only run-time settings does not make it stale
     [again] = bulkhead.install(pack, progress=lambda l: None)
     assert again.ok and again.env_dir != first.env_dir
     assert not os.path.exists(first.env_dir)           # the superseded one is removed
+    # editing only run-time settings does not make it stale
     with open(os.path.join(pack, "comfy-env.toml"), "a") as f:
         f.write('[env_vars]\nX = "1"\n[bulkhead]\nidle_release_s = 3\n')
     assert bulkhead.env_status(only_config(pack)).ok

@@ -84,7 +84,7 @@ def test_only_subdirs_and_none(tmp_path):
 def test_full_config(tmp_path):
     c = load_text(tmp_path, """
         python = "3.12"
-        requirements = ["Pillow>=9", "  scipy   <2 ", "numpy<2"]
+        requirements = ["Pillow>=9", "  scipy   <2 ", "numpy<2", "Foo_Bar [X] >= 1 ; python_version  <  '3.13'"]
 
         [env_vars]
         OMP_NUM_THREADS = "1"
@@ -110,7 +110,8 @@ def test_full_config(tmp_path):
     assert c.python == "3.12"
     assert dict(c.env_vars) == {"OMP_NUM_THREADS": "1", "LEVEL": "3"}
     assert c.requirements == tuple(sorted([
-        "numpy<2", "pillow>=9", "scipy <2", "trimesh[easy]>=4", "any-thing", "exact==1.2.3",
+        "numpy<2", "pillow>=9", "scipy<2", "trimesh[easy]>=4", "any-thing", "exact==1.2.3",
+        "foo-bar[X]>=1; python_version < '3.13'",
         f"local @ file://{d}/wheels/local-1.0-py3-none-any.whl",
         "fromgit @ git+https://example.org/x.git@abc123",
         "fromurl @ https://example.org/y-1.0.tar.gz"]))
