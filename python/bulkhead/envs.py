@@ -235,6 +235,10 @@ def _accept(path, want, source, why, rejected, need_ensurepip):
         rejected.append(f"{path} ({source}): does not run: {err.strip().splitlines()[-1] if err.strip() else e}")
         return None
     version = lines[0].strip()
+    if _version_tuple(version)[:2] < packconfig.MIN_PYTHON:
+        rejected.append(f"{path} ({source}): is Python {version}; a bulkhead worker needs "
+                        f"{'.'.join(map(str, packconfig.MIN_PYTHON))} or newer")
+        return None
     if _version_tuple(version)[:len(want)] != want:
         rejected.append(f"{path} ({source}): is Python {version}")
         return None
@@ -303,15 +307,16 @@ def find_interpreter(request=None, *, installer_uv=None):
     mm = f"{want[0]}.{want[1]}"
     exact = len(want) == 3
 
-    pyenv = [(t, n, p) for t, n, p in _pyenv_versions() if t[:len(want)] == want]
-    for i, (t, n, p) in enumerate(pyenv):
-        others = [x[1] for x in pyenv if x[1] != n]
-        why = (f"pyenv {n}" + ("" if exact else f", the newest {mm} patch in {os.path.dirname(os.path.dirname(os.path.dirname(p)))}")
+    pyenv = [(n, p) for t, n, p in _pyenv_versions() if t[:len(want)] == want]
+    versions_dir = os.path.join(_pyenv_root(), "versions")
+    for n, p in pyenv:
+        others = [x for x, _ in pyenv if x != n]
+        why = (f"pyenv {n}" + ("" if exact else f", the newest {mm} patch in {versions_dir}")
                + (f" (also there: {', '.join(others)})" if others else ""))
         it = _accept(p, want, "pyenv", why0 + why, rejected, need_ensurepip)
         if it:
             return it
-    tried = [f"pyenv ({_pyenv_root()}/versions/{request}{'' if exact else '.*'})"]
+    tried = [f"pyenv ({versions_dir}/{request}{'' if exact else '.*'})"]
     on_path = shutil.which(f"python{mm}")
     tried.append(f"python{mm} on PATH")
     if on_path:
@@ -568,11 +573,11 @@ def build(config, progress=None, force=False, *, pip_args=None):
             if n.startswith((f".{base}.tmp-", f".{base}.old-")):
                 _remove(os.path.join(envs, n))
         progress(f"{config.name}: building {final} ({st.state}: {st.reason})")
-        interp = find_interpreter(config.python)
-        progress(f"interpreter: {interp.path} (Python {interp.version}): {interp.why}")
         uv = _uv()
         if os.environ.get("BULKHEAD_INSTALLER") == "uv" and not uv:
             raise EnvBuildError("BULKHEAD_INSTALLER=uv but uv is not on PATH")
+        interp = find_interpreter(config.python, installer_uv=uv)
+        progress(f"interpreter: {interp.path} (Python {interp.version}): {interp.why}")
         args = _pip_args(pip_args)
         tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=envs)
         old = None

@@ -73,6 +73,9 @@ from ._rpc import BulkheadError
 
 CONFIG_NAME = "comfy-env.toml"
 
+# The oldest Python a worker runs on (the extension's limited API).
+MIN_PYTHON = (3, 9)
+
 # Version of the normalised form the hash is taken over: bump it when the
 # normalisation changes, so every environment is seen as stale once.
 HASH_FORMAT = 1
@@ -448,9 +451,14 @@ def load(path, root=None, *, warn=True):
             if not os.path.isabs(p):
                 p = os.path.join(os.path.dirname(path), p)
             python = os.path.normpath(p)
-        elif not _PY_VERSION.match(python):
-            r.error(f'python = {python!r}: expected a version like "3.12" or "3.12.1", '
-                    "or a path to an interpreter", "python")
+        else:
+            m = _PY_VERSION.match(python)
+            if not m:
+                r.error(f'python = {python!r}: expected a version like "3.12" or "3.12.1", '
+                        "or a path to an interpreter", "python")
+            if (int(m.group(1)), int(m.group(2))) < MIN_PYTHON:
+                r.error(f"python = {python!r}: a bulkhead worker needs Python "
+                        f"{'.'.join(map(str, MIN_PYTHON))} or newer", "python")
 
     env_vars = {}
     ev = data.get("env_vars", {})

@@ -167,6 +167,10 @@ def test_explicit_and_default_interpreter(tmp_path):
         envs.find_interpreter(str(tmp_path / "nope" / "python3"))
     with pytest.raises(InterpreterNotFound, match="cannot be used: does not run"):
         envs.find_interpreter("/bin/false")
+    old = [p for v, p, _ in envs.list_interpreters() if tuple(map(int, v.split(".")))[:2] < (3, 9)]
+    if old:
+        with pytest.raises(InterpreterNotFound, match="a bulkhead worker needs 3.9 or newer"):
+            envs.find_interpreter(old[0])
     it = envs.find_interpreter(None)
     assert it.version.startswith(HOST_MM + ".") and f"the host's version {HOST_MM}" in it.why
 

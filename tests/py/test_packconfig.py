@@ -204,6 +204,7 @@ def test_bulkhead_key_as_dotted_and_inline(tmp_path):
 
 @pytest.mark.parametrize("text, line, expected", [
     ('python = "three"\n', 1, 'expected a version like "3.12"'),
+    ('# c\npython = "3.8"\n', 2, "needs Python 3.9 or newer"),
     ('[bulkhead]\ncall_timeout_s = 0\n', 2, "must be > 0"),
     ('[bulkhead]\nidle_release_s = -1\n', 2, "must be >= 0"),
     ('[bulkhead]\nrelease_timeout_s = nan\n', 2, "must be > 0"),
