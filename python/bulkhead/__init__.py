@@ -7,3 +7,25 @@ __version__ = "0.1.0"
 from ._native import PeerClosed, ProtocolError, Timeout  # noqa: F401
 from ._rpc import BulkheadError, RemoteCallable, RemoteError  # noqa: F401
 from .host import CallTimeout, Worker, WorkerDied, WorkerStartError, describe_status  # noqa: F401
+
+# The environment tools are imported on first use: a worker imports this
+# package on every start and needs none of them (they cost more to import
+# than the rest of the package).
+_LAZY = {
+    "install": "envs", "env_status": "envs", "EnvStatus": "envs", "EnvBuildError": "envs",
+    "PackConfig": "packconfig", "PackConfigError": "packconfig", "PackConfigWarning": "packconfig",
+}
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -24,6 +24,23 @@ def test_public_api():
     assert _native.PROTOCOL_VERSION >= 1
 
 
+def test_pack_environment_api():
+    # exported lazily: `import bulkhead` (every worker start) does not load them
+    r = subprocess.run([sys.executable, "-c", "import bulkhead, sys; "
+                        "print(sorted(m for m in sys.modules if m in ('bulkhead.envs', 'bulkhead.packconfig')))"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+    for name in ("install", "env_status", "EnvStatus", "EnvBuildError", "PackConfig", "PackConfigError",
+                 "PackConfigWarning"):
+        assert hasattr(bulkhead, name) and name in dir(bulkhead), name
+    assert issubclass(bulkhead.PackConfigError, bulkhead.BulkheadError)
+    assert issubclass(bulkhead.PackConfigError, ValueError)
+    assert issubclass(bulkhead.EnvBuildError, bulkhead.BulkheadError)
+    assert issubclass(bulkhead.PackConfigWarning, UserWarning)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        bulkhead.nope
+
+
 def test_native_is_one_abi3_binary():
     assert _native.__file__.endswith(".abi3.so")
     d = os.path.dirname(_native.__file__)

@@ -1,0 +1,674 @@
+"""Per-pack environments: finding an interpreter, building a venv with a
+pack's requirements, and telling whether a built one may be used.
+
+Layout.  Everything lives in one per-user workspace, ``workspace()``:
+``$BULKHEAD_HOME``, else ``$XDG_DATA_HOME/bulkhead``, else
+``~/.local/share/bulkhead``::
+
+    <workspace>/envs/<name>-<hash12>/            one environment per config
+    <workspace>/envs/<name>-<hash12>/bin/python  the worker's interpreter
+    <workspace>/envs/<name>-<hash12>/bulkhead-stamp.json
+    <workspace>/envs/.<name>-<hash12>.lock       serialises installs of it
+    <workspace>/envs/.<name>-<hash12>.tmp-XXXX   a build in progress
+
+``<hash12>`` is the start of the config's ``config_hash`` (packconfig.py):
+a config whose requirements or python change gets a new directory, and the
+old one is then found as STALE by the config path its stamp records.
+
+What an environment holds: exactly the pack's requirements, nothing else.
+bulkhead itself is NOT installed there -- a worker imports it from the host
+through PYTHONPATH (``host.worker_pythonpath``), so the host and its workers
+can never disagree about bulkhead's version.  numpy is needed in a worker
+only to receive or send arrays, and then the pack must list it.
+
+Building (``build``, ``install``): under an fcntl lock on the lock file (a
+second install of the same environment waits, then finds it built), in a
+temporary directory next to the target: find the interpreter, ``python -m
+venv`` (``uv venv`` when uv is on PATH), install the requirements with pip
+(``uv pip``), rewrite the temporary path in ``bin/`` scripts to the final
+one, write the stamp (tmp + rename), and rename the directory into place.
+The stamp is written last and the rename is the commit: a failed or killed
+install leaves only a ``.tmp-`` directory, which no check mistakes for an
+environment and the next install of that environment removes.
+
+Checking (``env_status``): ready, missing, stale (the config changed),
+foreign (built for another bulkhead protocol, or its interpreter is gone or
+changed minor version) or broken (no readable stamp, a python that does not
+run).  Every state but ready carries the command that rebuilds it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+from . import _native, packconfig
+from ._rpc import BulkheadError
+from .packconfig import PackConfigError
+
+STAMP = "bulkhead-stamp.json"
+STAMP_FORMAT = 1
+STATES = ("ready", "missing", "stale", "foreign", "broken")
+
+# Variables of the host's environment that must not reach an interpreter
+# probe, venv or pip: they would point it at the host's own Python setup.
+_DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONEXECUTABLE", "VIRTUAL_ENV",
+             "__PYVENV_LAUNCHER__", "CONDA_PREFIX")
+
+_PROBE = ("import sys, importlib.util as u; print('%d.%d.%d' % sys.version_info[:3]); "
+          "print(sys.executable); print(int(u.find_spec('venv') is not None)); "
+          "print(int(u.find_spec('ensurepip') is not None))")
+_PROBE_ENV = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+
+
+class EnvBuildError(BulkheadError):
+    """An environment could not be built.  ``output_tail`` holds the last
+    lines of the failing command's output, ``returncode`` its status."""
+
+    def __init__(self, message, output_tail="", returncode=None):
+        super().__init__(message)
+        self.output_tail = output_tail
+        self.returncode = returncode
+
+
+class InterpreterNotFound(EnvBuildError):
+    """No interpreter of the requested version.  ``found`` lists
+    ``(version, path, source)`` of every interpreter that was seen."""
+
+    def __init__(self, message, found=()):
+        super().__init__(message)
+        self.found = list(found)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interpreter:
+    """An interpreter chosen for an environment: ``path``, its full
+    ``version`` ("3.12.1"), ``source`` (pyenv, PATH, debian, uv, explicit)
+    and ``why`` it was chosen, in words."""
+
+    path: str
+    version: str
+    source: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvStatus:
+    """Where a config's environment stands.
+
+    ``state``   one of STATES.
+    ``python``  the environment's interpreter (for ``Worker``) when it has
+                one, else None.
+    ``reason``  why it is in that state, in words.
+    ``fix``     the command that (re)builds it; empty when ready.
+    """
+
+    state: str
+    python: Optional[str]
+    reason: str
+    fix: str
+    name: str = ""
+    env_dir: str = ""
+    config_path: str = ""
+    version: str = ""
+
+    @property
+    def ok(self):
+        return self.state == "ready"
+
+    def __str__(self):
+        text = f"{self.name}: {self.state}: {self.reason}"
+        return text + (f"\n  {self.fix}" if self.fix else "")
+
+
+# --- places ---
+
+def workspace():
+    """The per-user workspace directory (it may not exist yet)."""
+    home = os.environ.get("BULKHEAD_HOME")
+    if home:
+        return os.path.abspath(os.path.expanduser(home))
+    data = os.environ.get("XDG_DATA_HOME")
+    if not data or not os.path.isabs(data):     # XDG: a relative value is to be ignored
+        data = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(data, "bulkhead")
+
+
+def _safe_name(name):
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".") or "pack"
+    return s[:80]
+
+
+def env_dir(config):
+    """The directory of ``config``'s environment (it may not exist)."""
+    return os.path.join(workspace(), "envs", f"{_safe_name(config.name)}-{config.hash12}")
+
+
+def env_python(directory):
+    return os.path.join(directory, "bin", "python")
+
+
+def rebuild_command(config_or_root):
+    """The command line that builds a pack's environments, as text."""
+    root = getattr(config_or_root, "root", config_or_root)
+    return f"bulkhead install {shlex.quote(os.fspath(root))}"
+
+
+def _fix_text(config, verb="rebuild"):
+    q = shlex.quote(config.root)
+    return (f"{verb} it with: bulkhead install {q}  (same as: python -m bulkhead install {q}; "
+            f"from Python: bulkhead.install({config.root!r}))")
+
+
+def _clean_env():
+    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+# --- interpreters ---
+
+def _probe(path, script=_PROBE, timeout=30):
+    """Runs ``path -I -c script``: its output lines, or raises OSError /
+    CalledProcessError / TimeoutExpired."""
+    out = subprocess.run([path, "-I", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=_clean_env(), timeout=timeout, check=True,
+                         universal_newlines=True)
+    return out.stdout.split("\n")
+
+
+def _version_tuple(v):
+    return tuple(int(x) for x in v.split("."))
+
+
+def _pyenv_root():
+    return os.environ.get("PYENV_ROOT") or os.path.join(os.path.expanduser("~"), ".pyenv")
+
+
+def _pyenv_versions():
+    """(version tuple, name, python path) of every pyenv CPython, newest first."""
+    vroot = os.path.join(_pyenv_root(), "versions")
+    out = []
+    try:
+        names = os.listdir(vroot)
+    except OSError:
+        return out
+    for n in names:
+        if not re.fullmatch(r"\d+\.\d+\.\d+", n):
+            continue
+        for exe in ("python3", "python"):
+            p = os.path.join(vroot, n, "bin", exe)
+            if os.access(p, os.X_OK):
+                out.append((_version_tuple(n), n, p))
+                break
+    out.sort(reverse=True)
+    return out
+
+
+def _uv():
+    if os.environ.get("BULKHEAD_INSTALLER", "auto") == "pip":
+        return None
+    return shutil.which("uv")
+
+
+def _accept(path, want, source, why, rejected, need_ensurepip):
+    """Probes a candidate: an Interpreter when it runs and is the wanted
+    version (``want``: a (major, minor[, patch]) tuple), else None with the
+    reason appended to ``rejected``."""
+    try:
+        lines = _probe(path)
+    except (OSError, subprocess.SubprocessError) as e:
+        err = getattr(e, "stderr", None) or str(e)
+        rejected.append(f"{path} ({source}): does not run: {err.strip().splitlines()[-1] if err.strip() else e}")
+        return None
+    version = lines[0].strip()
+    if _version_tuple(version)[:2] < packconfig.MIN_PYTHON:
+        rejected.append(f"{path} ({source}): is Python {version}; a bulkhead worker needs "
+                        f"{'.'.join(map(str, packconfig.MIN_PYTHON))} or newer")
+        return None
+    if _version_tuple(version)[:len(want)] != want:
+        rejected.append(f"{path} ({source}): is Python {version}")
+        return None
+    if lines[2].strip() != "1":
+        rejected.append(f"{path} ({source}): Python {version} has no venv module")
+        return None
+    if need_ensurepip and lines[3].strip() != "1":
+        rejected.append(f"{path} ({source}): Python {version} has no ensurepip "
+                        f"(on Debian: apt install python{want[0]}.{want[1]}-venv)")
+        return None
+    return Interpreter(path, version, source, why)
+
+
+def list_interpreters():
+    """Every CPython 3 bulkhead can see: (version, path, source), by
+    version.  For error messages and ``python -m bulkhead env``."""
+    seen = {}
+    for _, n, p in _pyenv_versions():
+        if n.startswith("3."):
+            seen.setdefault(os.path.realpath(p), (n, p, "pyenv"))
+    for minor in range(6, 30):
+        for p, src in ((shutil.which(f"python3.{minor}"), "PATH"), (f"/usr/bin/python3.{minor}", "debian")):
+            if not p or not os.access(p, os.X_OK):
+                continue
+            real = os.path.realpath(p)
+            if real in seen or "/shims/" in p:      # a pyenv shim is the pyenv entry again
+                continue
+            try:
+                v = _probe(p, _PROBE_ENV, timeout=10)[0].strip()
+            except (OSError, subprocess.SubprocessError):
+                continue
+            seen[real] = (v, p, src)
+    return sorted(seen.values(), key=lambda t: _version_tuple(t[0]))
+
+
+def find_interpreter(request=None, *, installer_uv=None):
+    """The interpreter for a config's ``python`` request.
+
+    ``request`` is "3.12" (the newest 3.12.x found), "3.12.1" (exactly
+    that), an absolute path (used as is: it must exist and run), or None
+    (the host's own major.minor).  Candidates for a version, in order:
+    pyenv (``$PYENV_ROOT/versions/3.12.*``, newest patch first),
+    ``python3.12`` on PATH, Debian's ``/usr/bin/python3.12``, and
+    ``uv python find 3.12`` when uv is on PATH.  Each is run once to check
+    its version.  Returns an ``Interpreter``; raises ``InterpreterNotFound``
+    listing what was tried and every interpreter seen."""
+    uv = _uv() if installer_uv is None else installer_uv
+    need_ensurepip = not uv
+    rejected = []
+    if request and os.path.isabs(request):
+        if not os.path.exists(request):
+            raise InterpreterNotFound(f"interpreter {request} does not exist")
+        it = _accept(request, (), "explicit", f"python = {request!r} in the config", rejected, need_ensurepip)
+        if it is None:
+            raise InterpreterNotFound(f"interpreter {request} cannot be used: {rejected[0].split(': ', 1)[1]}")
+        return it
+    host = "%d.%d" % sys.version_info[:2]
+    if not request:
+        request, why0 = host, f"no python key in the config: the host's version {host}; "
+    else:
+        why0 = ""
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", request)
+    if not m:
+        raise InterpreterNotFound(f"python = {request!r} is neither a version nor an absolute path")
+    want = tuple(int(x) for x in m.groups() if x is not None)
+    mm = f"{want[0]}.{want[1]}"
+    exact = len(want) == 3
+
+    pyenv = [(n, p) for t, n, p in _pyenv_versions() if t[:len(want)] == want]
+    versions_dir = os.path.join(_pyenv_root(), "versions")
+    for n, p in pyenv:
+        others = [x for x, _ in pyenv if x != n]
+        why = (f"pyenv {n}" + ("" if exact else f", the newest {mm} patch in {versions_dir}")
+               + (f" (also there: {', '.join(others)})" if others else ""))
+        it = _accept(p, want, "pyenv", why0 + why, rejected, need_ensurepip)
+        if it:
+            return it
+    tried = [f"pyenv ({versions_dir}/{request}{'' if exact else '.*'})"]
+    on_path = shutil.which(f"python{mm}")
+    tried.append(f"python{mm} on PATH")
+    if on_path:
+        it = _accept(on_path, want, "PATH", why0 + f"python{mm} on PATH ({on_path})", rejected, need_ensurepip)
+        if it:
+            return it
+    deb = f"/usr/bin/python{mm}"
+    tried.append(deb)
+    if os.access(deb, os.X_OK) and (not on_path or os.path.realpath(on_path) != os.path.realpath(deb)):
+        it = _accept(deb, want, "debian", why0 + f"the system's {deb}", rejected, need_ensurepip)
+        if it:
+            return it
+    if uv:
+        tried.append(f"uv python find {request}")
+        try:
+            out = subprocess.run([uv, "python", "find", request], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_clean_env(),
+                                 timeout=60, universal_newlines=True)
+            p = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+        except (OSError, subprocess.SubprocessError):
+            p = ""
+        if p:
+            it = _accept(p, want, "uv", why0 + f"uv python find {request} ({p})", rejected, need_ensurepip)
+            if it:
+                return it
+    found = list_interpreters()
+    msg = (f"no Python {request} interpreter found; looked at: {', '.join(tried)}."
+           + ("\nrejected:\n  " + "\n  ".join(rejected) if rejected else "")
+           + "\ninterpreters on this machine: "
+           + (", ".join(f"{v} ({p})" for v, p, _ in found) if found else "none")
+           + f"\ninstall Python {request} (pyenv install {request}"
+           + (f", or uv python install {request}" if uv else "")
+           + ") or name an interpreter path in the config's python key")
+    raise InterpreterNotFound(msg, found)
+
+
+# --- stamps and status ---
+
+def read_stamp(directory):
+    """The stamp of an environment directory as a dict, or None when it
+    has none or it cannot be read."""
+    try:
+        with open(os.path.join(directory, STAMP), encoding="utf-8") as f:
+            s = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return s if isinstance(s, dict) else None
+
+
+def _write_stamp(directory, stamp):
+    path = os.path.join(directory, STAMP)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(stamp, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _siblings(config):
+    """Other environment directories built from the same config file."""
+    envs = os.path.join(workspace(), "envs")
+    pat = re.compile(re.escape(_safe_name(config.name)) + r"-[0-9a-f]{12}\Z")
+    mine = os.path.basename(env_dir(config))
+    out = []
+    try:
+        names = sorted(os.listdir(envs))
+    except OSError:
+        return out
+    for n in names:
+        if n != mine and pat.match(n):
+            d = os.path.join(envs, n)
+            s = read_stamp(d)
+            if s is not None and s.get("config") == config.path:
+                out.append((d, s))
+    return out
+
+
+def env_status(config):
+    """Where ``config``'s environment stands, as an ``EnvStatus``.  Runs
+    the environment's python once (to see that it runs and which version
+    it is); builds nothing."""
+    d = env_dir(config)
+    py = env_python(d)
+    P = _native.PROTOCOL_VERSION
+
+    def status(state, reason, python=None, version=""):
+        fix = "" if state == "ready" else _fix_text(config, "build" if state == "missing" else "rebuild")
+        return EnvStatus(state, python, reason, fix, config.name, d, config.path, version)
+
+    if not os.path.isdir(d):
+        for sib, s in _siblings(config):
+            if s.get("protocol") != P:
+                return status("foreign", f"the environment {sib} was built for bulkhead protocol "
+                                         f"{s.get('protocol')}; this bulkhead speaks protocol {P}")
+            return status("stale", f"{config.path} changed since {sib} was built "
+                                   f"(config hash {str(s.get('config_hash'))[:12]}, now {config.hash12})")
+        return status("missing", f"no environment has been built for {config.path} (it would be {d})")
+    s = read_stamp(d)
+    if s is None:
+        return status("broken", f"{d} has no readable {STAMP} (an install was interrupted or the "
+                                "directory was changed by hand)")
+    if s.get("protocol") != P:
+        return status("foreign", f"{d} was built for bulkhead protocol {s.get('protocol')}; this "
+                                 f"bulkhead speaks protocol {P}")
+    interp = s.get("interpreter") or {}
+    ipath, iver = str(interp.get("path", "")), str(interp.get("version", ""))
+    if not ipath or not os.path.exists(ipath):
+        return status("foreign", f"the interpreter {d} was built with ({ipath or 'unrecorded'}, "
+                                 f"Python {iver or '?'}) is gone")
+    try:
+        now = _probe(py, _PROBE_ENV)[0].strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        err = (getattr(e, "stderr", None) or str(e)).strip()
+        return status("broken", f"{py} does not run: {err.splitlines()[-1] if err else e}")
+    if now.split(".")[:2] != iver.split(".")[:2]:
+        return status("foreign", f"the interpreter {d} was built with ({ipath}) changed version: "
+                                 f"built with Python {iver}, now {now}", py, now)
+    if s.get("config_hash") != config.config_hash:
+        return status("stale", f"{config.path} changed since {d} was built "
+                               f"(config hash {str(s.get('config_hash'))[:12]}, now {config.hash12})", py, now)
+    return status("ready", f"built {s.get('created', '?')} with Python {now} ({ipath})", py, now)
+
+
+# --- building ---
+
+def _default_progress(name):
+    def progress(line):
+        print(f"[bulkhead install {name}] {line}", file=sys.stderr, flush=True)
+    return progress
+
+
+def _pip_args(pip_args):
+    if pip_args is None:
+        return shlex.split(os.environ.get("BULKHEAD_PIP_ARGS", ""))
+    if isinstance(pip_args, str):
+        return shlex.split(pip_args)
+    return [os.fspath(a) for a in pip_args]
+
+
+def _stream(cmd, progress, what, tail_lines=40):
+    """Runs ``cmd``, handing each output line (stdout and stderr merged) to
+    ``progress``.  Raises EnvBuildError with the output's tail when it
+    fails.  On any exception (KeyboardInterrupt included) the command is
+    killed and reaped before the exception goes on."""
+    tail = collections.deque(maxlen=tail_lines)
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=_clean_env(), universal_newlines=True,
+                                errors="replace", bufsize=1)
+    except OSError as e:
+        raise EnvBuildError(f"{what}: cannot run {cmd[0]}: {e.strerror}") from None
+    try:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            progress(line)
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    if rc != 0:
+        text = "\n".join(tail)
+        raise EnvBuildError(f"{what} failed (exit status {rc})" +
+                            (f"\n--- last lines of its output ---\n{text}" if text else ""), text, rc)
+
+
+def _relocate(tmp, final):
+    """Rewrites the temporary directory's path to the final one where a
+    venv records its own location: script shebangs and activate scripts in
+    bin/, and pyvenv.cfg."""
+    pairs = [(tmp.encode(), final.encode()),
+             (os.path.basename(tmp).encode(), os.path.basename(final).encode())]
+    files = [os.path.join(tmp, "pyvenv.cfg")]
+    bindir = os.path.join(tmp, "bin")
+    if os.path.isdir(bindir):
+        files += [os.path.join(bindir, n) for n in os.listdir(bindir)]
+    for p in files:
+        if os.path.islink(p) or not os.path.isfile(p) or os.path.getsize(p) > (1 << 20):
+            continue
+        with open(p, "rb") as f:
+            data = f.read()
+        if b"\0" in data and not data.startswith(b"#!"):
+            continue
+        fixed = data
+        for old, new in pairs:
+            fixed = fixed.replace(old, new)
+        if fixed != data:
+            mode = os.stat(p).st_mode
+            with open(p, "wb") as f:
+                f.write(fixed)
+            os.chmod(p, mode)
+
+
+class _Lock:
+    """An exclusive fcntl lock on a file, held while in the ``with``."""
+
+    def __init__(self, path, progress, name):
+        self.path, self.progress, self.name, self.fd = path, progress, name, -1
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.progress(f"waiting for another install of {self.name} (lock {self.path})")
+                fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(self.fd)
+            self.fd = -1
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+        self.fd = -1
+
+
+def _remove(path):
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):       # a file, or what rmtree could not take
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def build(config, progress=None, force=False, *, pip_args=None):
+    """Builds ``config``'s environment unless it is ready (or rebuilds it
+    when ``force``).  ``progress(line)`` gets every line of progress
+    (default: stderr, prefixed ``[bulkhead install <name>]``); ``pip_args``
+    (a list or a shell-quoted string) go to pip/uv before the
+    requirements, default ``$BULKHEAD_PIP_ARGS``.  Returns the
+    ``EnvStatus`` afterwards (ready).  Raises ``InterpreterNotFound``,
+    ``EnvBuildError``; leaves nothing behind when it fails."""
+    progress = progress or _default_progress(config.name)
+    envs = os.path.join(workspace(), "envs")
+    os.makedirs(envs, exist_ok=True)
+    final = env_dir(config)
+    base = os.path.basename(final)
+    with _Lock(os.path.join(envs, f".{base}.lock"), progress, config.name):
+        st = env_status(config)
+        if st.ok and not force:
+            progress(f"{config.name}: ready: {st.python} ({st.reason})")
+            return st
+        # Under the lock nothing else builds this environment: whatever
+        # temporary directories it has are left from a killed install.
+        for n in os.listdir(envs):
+            if n.startswith((f".{base}.tmp-", f".{base}.old-")):
+                _remove(os.path.join(envs, n))
+        progress(f"{config.name}: building {final} ({st.state}: {st.reason})")
+        uv = _uv()
+        if os.environ.get("BULKHEAD_INSTALLER") == "uv" and not uv:
+            raise EnvBuildError("BULKHEAD_INSTALLER=uv but uv is not on PATH")
+        interp = find_interpreter(config.python, installer_uv=uv)
+        progress(f"interpreter: {interp.path} (Python {interp.version}): {interp.why}")
+        args = _pip_args(pip_args)
+        tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=envs)
+        old = None
+        try:
+            os.chmod(tmp, 0o755)
+            if uv:
+                _stream([uv, "venv", "--prompt", config.name, "--python", interp.path, tmp], progress, "uv venv")
+            else:
+                _stream([interp.path, "-m", "venv", "--prompt", config.name, tmp], progress,
+                        f"{interp.path} -m venv")
+            py = env_python(tmp)
+            reqs = list(config.requirements)
+            if reqs:
+                progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
+                if uv:
+                    cmd = [uv, "pip", "install", "--python", py] + args + reqs
+                else:
+                    cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"] + args + reqs
+                tool = "uv pip" if uv else "pip"
+                try:
+                    _stream(cmd, progress, f"{tool} install for {config.name}")
+                except EnvBuildError as e:
+                    if e.returncode is None:
+                        raise
+                    raise EnvBuildError(
+                        f"{tool} install for {config.name} ({config.path}) failed with exit status "
+                        f"{e.returncode}; no environment was made\n--- last lines of {tool}'s output ---\n"
+                        f"{e.output_tail}", e.output_tail, e.returncode) from None
+            _relocate(tmp, final)
+            from . import __version__
+            now = time.time()
+            _write_stamp(tmp, {
+                "format": STAMP_FORMAT,
+                "pack": config.name,
+                "config": config.path,
+                "root": config.root,
+                "config_hash": config.config_hash,
+                "protocol": _native.PROTOCOL_VERSION,
+                "bulkhead_version": __version__,
+                "interpreter": {"path": interp.path, "version": interp.version,
+                                "source": interp.source, "why": interp.why},
+                "installer": "uv" if uv else "pip",
+                "requirements": reqs,
+                "pip_args": args,
+                "created": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
+                "created_unix": now,
+            })
+            if os.path.lexists(final):
+                old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=envs)
+                os.rename(final, os.path.join(old, "env"))
+            os.rename(tmp, final)
+            tmp = None
+        finally:
+            if tmp is not None:
+                _remove(tmp)
+            if old is not None:
+                _remove(old)
+        for sib, _ in _siblings(config):
+            progress(f"removing the environment this config was built into before: {sib}")
+            _remove(sib)
+        st = env_status(config)
+        progress(f"{config.name}: built {final} ({st.state})")
+        if not st.ok:
+            raise EnvBuildError(f"the environment just built for {config.name} is {st.state}: {st.reason}")
+        return st
+
+
+def install(pack_dir, progress=None, force=False, *, pip_args=None):
+    """Builds the environment of every ``comfy-env.toml`` in a pack (see
+    packconfig.find_configs) that is not ready -- or every one, when
+    ``force``.  What a pack's ``install.py`` calls::
+
+        import bulkhead
+        bulkhead.install(os.path.dirname(os.path.abspath(__file__)))
+
+    ``progress(line)`` receives progress and the configs' warnings
+    (default: stderr, prefixed ``[bulkhead install <name>]``).  Returns one
+    ``EnvStatus`` per config.  Raises ``PackConfigError`` (including for a
+    pack without a config), ``InterpreterNotFound``, ``EnvBuildError``."""
+    pack_dir = os.path.abspath(os.fspath(pack_dir))
+    try:
+        configs = packconfig.load_pack(pack_dir, warn=False)
+    except OSError as e:
+        raise PackConfigError(pack_dir, e.strerror or str(e)) from None
+    if not configs:
+        raise PackConfigError(pack_dir, f"no {packconfig.CONFIG_NAME} in the pack's root, nodes/ or "
+                                        "nodes/<subdir>/: it does not ask for isolation")
+    out = []
+    for c in configs:
+        p = progress or _default_progress(c.name)
+        for w in c.warnings:
+            p(f"warning: {w}")
+        out.append(build(c, p, force, pip_args=pip_args))
+    return out

@@ -1,0 +1,544 @@
+"""A pack's declaration: finding and reading ``comfy-env.toml``.
+
+A node pack asks for isolation with a ``comfy-env.toml`` -- the file packs
+already ship for the existing comfy-env tool.  bulkhead reads the part of
+it that decides a worker environment and a worker's run time, and says
+so, once, about every part it does not read.
+
+Where configs are found (``find_configs``), in this order:
+
+  1. ``<pack>/comfy-env.toml``            -- governs the whole pack;
+  2. ``<pack>/nodes/comfy-env.toml``      -- governs ``nodes/``;
+  3. ``<pack>/nodes/<subdir>/comfy-env.toml`` for each subdirectory, in
+     name order                           -- each governs its subdirectory.
+
+Every config found is one worker environment and one worker; a config's
+directory is the code it governs, and for any file in the pack the
+DEEPEST config directory above it wins (``config_for``).  So a pack with
+only a root config runs entirely in one worker, and a pack with
+``nodes/a/comfy-env.toml`` and ``nodes/b/comfy-env.toml`` runs ``a`` and
+``b`` in two workers (with a root config too, the rest of the pack runs
+in a third).  Only these three places are looked at: a config deeper
+than ``nodes/<subdir>/`` is not a bulkhead config.
+
+What is read:
+
+  ``python``               "3.12" (newest 3.12.x found), "3.12.1" (that
+                           patch), or an interpreter path (absolute, ``~``,
+                           or relative to the config's directory).  Absent:
+                           the host's own major.minor.
+  ``requirements``         a list of pip requirement strings.
+  ``[pypi-dependencies]``  pixi style: ``name = "<2"``, ``name = "*"``,
+                           ``name = { version = ">=1", extras = ["x"] }``,
+                           ``{ path = "..." }``, ``{ url = "..." }``,
+                           ``{ git = "...", rev = "..." }``.
+  ``[env_vars]``           set in the worker only (never in the host).
+  ``[bulkhead]``           bulkhead's own options (``OPTIONS`` below); an
+                           unknown key here is an error.
+
+Anything else -- conda ``[dependencies]``, ``[cuda]``, ``[apt]``,
+``[tasks]``, ... -- is one ``PackConfigWarning`` per table naming the
+table, the file and what not reading it means.  Errors are
+``PackConfigError`` with ``path:line[:column]: message`` (a TOML syntax
+error carries the parser's line and column; a wrong type names the key and
+the type expected, with the key's line found in the source text, best
+effort).
+
+The result is a frozen ``PackConfig``.  Its ``config_hash`` is a sha256
+over what decides the ENVIRONMENT -- the python request and the normalised
+requirements -- plus the bulkhead protocol version.  ``[env_vars]`` and
+``[bulkhead]`` apply at run time, so editing them does not make an
+environment stale.
+
+This module needs ``tomllib`` (Python 3.11+) or ``tomli`` only when it
+parses: importing it (as every worker does, through ``bulkhead``) costs
+nothing on Python 3.9.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import types
+import warnings
+from typing import Mapping, Optional, Tuple
+
+from . import _native
+from ._rpc import BulkheadError
+
+CONFIG_NAME = "comfy-env.toml"
+
+# The oldest Python a worker runs on (the extension's limited API).
+MIN_PYTHON = (3, 9)
+
+# Version of the normalised form the hash is taken over: bump it when the
+# normalisation changes, so every environment is seen as stale once.
+HASH_FORMAT = 1
+
+# [bulkhead] keys: name -> (what it is, smallest value allowed, whether
+# the smallest value itself is allowed).  All are seconds.
+OPTIONS = {
+    "idle_release_s": ("seconds a worker may sit idle before a full release (0: never)", 0.0, True),
+    "call_timeout_s": ("seconds one node call may take before the worker is killed", 0.0, False),
+    "release_timeout_s": ("seconds a release ask may take before the worker is counted as stuck", 0.0, False),
+    "start_timeout_s": ("seconds a worker may take to start (import the pack and say HELLO)", 0.0, False),
+}
+
+# Tables bulkhead knows it does not implement, with what that means.
+_UNIMPLEMENTED = {
+    "dependencies": "its conda packages are NOT installed: bulkhead builds environments with "
+                    "pip only{pixi}; list PyPI equivalents under [pypi-dependencies]",
+    "cuda": "its CUDA wheels are NOT resolved or installed; list them under "
+            "[pypi-dependencies] with a URL or an index in BULKHEAD_PIP_ARGS",
+    "apt": "its system packages are NOT installed; install them yourself",
+    "brew": "its system packages are NOT installed; install them yourself",
+    "node_reqs": "the node packs it names are NOT installed; install them in ComfyUI yourself",
+    "tasks": "its tasks are NOT run",
+    "system-requirements": "its system requirements are NOT checked",
+    "target": "its per-platform settings are NOT applied",
+    "feature": "its features are NOT applied; only the top-level tables are read",
+    "environments": "its environments are NOT built; one config is one environment",
+}
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_PY_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?\Z")
+_DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
+_REQ_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(.*)\Z", re.S)
+_TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+class PackConfigError(BulkheadError, ValueError):
+    """A ``comfy-env.toml`` that cannot be used.  ``path``, ``line`` and
+    ``column`` (either may be None) say where; ``key`` names the key at
+    fault when there is one."""
+
+    def __init__(self, path, message, line=None, column=None, key=None):
+        where = str(path)
+        if line:
+            where += f":{line}"
+            if column:
+                where += f":{column}"
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line = line
+        self.column = column
+        self.key = key
+        self.reason = message
+
+
+class PackConfigWarning(UserWarning):
+    """A part of a ``comfy-env.toml`` that bulkhead does not implement."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PackConfig:
+    """One ``comfy-env.toml``, read and normalised.
+
+    ``path``          the config file (absolute).
+    ``root``          the pack's root directory (what ``bulkhead install``
+                      takes).
+    ``name``          the worker's and environment's name: the pack
+                      directory's name, and ``<pack>.<subdir>`` for a config
+                      in ``nodes/<subdir>/``.
+    ``python``        the request as written ("3.12", "3.12.1", an absolute
+                      path), or None for the host's major.minor.
+    ``env_vars``      read-only mapping str -> str, for the worker only.
+    ``requirements``  tuple of pip requirement strings, normalised, sorted,
+                      without duplicates: exactly what the environment gets.
+    ``options``       read-only mapping of the ``[bulkhead]`` table.
+    ``warnings``      tuple of the warnings this file produced.
+    ``config_hash``   hex sha256 of the environment-deciding content and the
+                      protocol version.
+    """
+
+    path: str
+    root: str
+    name: str
+    python: Optional[str]
+    env_vars: Mapping[str, str] = dataclasses.field(hash=False)
+    requirements: Tuple[str, ...]
+    options: Mapping[str, float] = dataclasses.field(hash=False)
+    warnings: Tuple[str, ...]
+    config_hash: str
+
+    @property
+    def directory(self):
+        """The directory this config governs (the one it lies in)."""
+        return os.path.dirname(self.path)
+
+    @property
+    def hash12(self):
+        return self.config_hash[:12]
+
+
+# --- discovery ---
+
+def find_configs(pack_dir):
+    """The ``comfy-env.toml`` files of a pack, as absolute paths, in the
+    order described at the top of this module.  An empty list when there
+    are none; ``NotADirectoryError``/``FileNotFoundError`` when
+    ``pack_dir`` is not a directory."""
+    pack_dir = os.path.abspath(os.fspath(pack_dir))
+    if not os.path.isdir(pack_dir):
+        if os.path.exists(pack_dir):
+            raise NotADirectoryError(f"pack directory {pack_dir} is not a directory")
+        raise FileNotFoundError(f"pack directory {pack_dir} does not exist")
+    found = []
+    for d in (pack_dir, os.path.join(pack_dir, "nodes")):
+        f = os.path.join(d, CONFIG_NAME)
+        if os.path.isfile(f):
+            found.append(f)
+    nodes = os.path.join(pack_dir, "nodes")
+    if os.path.isdir(nodes):
+        for sub in sorted(os.listdir(nodes)):
+            if sub.startswith((".", "__")):
+                continue
+            f = os.path.join(nodes, sub, CONFIG_NAME)
+            if os.path.isfile(f):
+                found.append(f)
+    return found
+
+
+def load_pack(pack_dir, *, warn=True):
+    """Every config of a pack, loaded (``find_configs`` order)."""
+    pack_dir = os.path.abspath(os.fspath(pack_dir))
+    return [load(p, root=pack_dir, warn=warn) for p in find_configs(pack_dir)]
+
+
+def config_for(configs, path):
+    """The config governing file or directory ``path``: the one whose
+    directory is the deepest above it, or None."""
+    path = os.path.abspath(os.fspath(path))
+    best = None
+    for c in configs:
+        d = c.directory
+        if (path == d or path.startswith(d + os.sep)) and (best is None or len(d) > len(best.directory)):
+            best = c
+    return best
+
+
+def _pack_root(path):
+    """The pack root for a config file found in one of the three places."""
+    d = os.path.dirname(path)
+    if os.path.basename(d) == "nodes":
+        return os.path.dirname(d)
+    parent = os.path.dirname(d)
+    if os.path.basename(parent) == "nodes":
+        return os.path.dirname(parent)
+    return d
+
+
+def _pack_name(path, root):
+    name = os.path.basename(root.rstrip(os.sep)) or "pack"
+    d = os.path.dirname(path)
+    if os.path.dirname(d) == os.path.join(root, "nodes"):
+        name += "." + os.path.basename(d)
+    return name
+
+
+# --- parsing ---
+
+def _toml_loads(text, path):
+    try:
+        import tomllib as toml
+    except ImportError:
+        try:
+            import tomli as toml
+        except ImportError:
+            raise PackConfigError(
+                path, "cannot read TOML: this Python has no tomllib (3.11+) and no tomli; "
+                      f"install it with: {sys.executable} -m pip install tomli") from None
+    try:
+        return toml.loads(text)
+    except toml.TOMLDecodeError as e:
+        msg = str(e)
+        m = _TOML_POS.search(msg)
+        line = int(m.group(1)) if m else getattr(e, "lineno", None)
+        col = int(m.group(2)) if m else getattr(e, "colno", None)
+        reason = _TOML_POS.sub("", msg).strip()
+        raise PackConfigError(path, f"TOML syntax error: {reason}", line, col) from None
+
+
+def _unquote(k):
+    k = k.strip()
+    if len(k) >= 2 and k[0] == k[-1] and k[0] in "\"'":
+        return k[1:-1]
+    return k
+
+
+def _split_dotted(key):
+    # Dotted keys, quoted parts kept whole.
+    parts = re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', key)
+    return [_unquote(p) for p in parts if p.strip()]
+
+
+_HEADER = re.compile(r"\s*\[\[?\s*(.+?)\s*\]\]?\s*(?:#.*)?\Z")
+_KEYPART = r"""(?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+)"""
+_KEYLINE = re.compile(r"\s*(%s(?:\s*\.\s*%s)*)\s*=" % (_KEYPART, _KEYPART))
+
+
+def _find_line(text, *path):
+    """The 1-based line that defines ``path`` (table names, then a key),
+    by scanning the source: a ``[table]`` header, a ``key =`` line under
+    the right header, or a dotted key.  None when not found."""
+    want = list(path)
+    table = []
+    partial = None      # a line defining a prefix of path (an inline table)
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        m = _HEADER.match(s)
+        if m and s.startswith("["):
+            table = _split_dotted(m.group(1))
+            if table == want:
+                return i
+            continue
+        m = _KEYLINE.match(s)
+        if m:
+            full = table + _split_dotted(m.group(1))
+            if full[:len(want)] == want:
+                return i
+            if partial is None and len(full) < len(want) and want[:len(full)] == full:
+                partial = i
+    return partial
+
+
+class _Reader:
+    """Checks one parsed document against what bulkhead reads."""
+
+    def __init__(self, path, text):
+        self.path = path
+        self.text = text
+
+    def error(self, message, *keypath):
+        raise PackConfigError(self.path, message, _find_line(self.text, *keypath) if keypath else None,
+                              key=".".join(keypath) or None)
+
+    def type_error(self, keypath, expected, value):
+        self.error(f"{'.'.join(_q(k) for k in keypath)} must be {expected}, not "
+                   f"{_toml_type(value)} ({value!r})", *keypath)
+
+
+def _q(k):
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def _toml_type(v):
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a float"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "a table"
+    return type(v).__name__
+
+
+def _norm_name(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _norm_req(req):
+    """One requirement string: no whitespace in the name-and-specifier part
+    (where PEP 508 gives it no meaning), a marker's whitespace collapsed,
+    the name in PEP 503 normal form.  Strings that do not start with a name
+    (a URL, a path) keep their text."""
+    head, sep, marker = req.partition(";")
+    head = " ".join(head.split()) if "@" in head else "".join(head.split())
+    req = head + (f"; {' '.join(marker.split())}" if sep else "")
+    m = _REQ_NAME.match(req)
+    if m and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", req):
+        return _norm_name(m.group(1)) + m.group(2)
+    return req
+
+
+def _dep_from_table(r, name, spec):
+    """A [pypi-dependencies] entry written as a table -> a requirement."""
+    keypath = ("pypi-dependencies", name)
+    allowed = {"version", "extras", "path", "url", "git", "rev", "tag", "branch", "subdirectory", "editable"}
+    for k in spec:
+        if k not in allowed:
+            r.error(f"[pypi-dependencies] {name}: unknown key {k!r} (known: {', '.join(sorted(allowed))})",
+                    *keypath)
+    extras = spec.get("extras", [])
+    if not isinstance(extras, list) or not all(isinstance(e, str) and _DIST_NAME.match(e) for e in extras):
+        r.type_error(keypath + ("extras",), "an array of extra names", extras)
+    for k in ("version", "path", "url", "git", "rev", "tag", "branch", "subdirectory"):
+        if k in spec and not isinstance(spec[k], str):
+            r.type_error(keypath + (k,), "a string", spec[k])
+    if spec.get("editable"):
+        r.error(f"[pypi-dependencies] {name}: editable installs are not supported "
+                "(an environment is built once and must not depend on a working tree)", *keypath)
+    sources = [k for k in ("path", "url", "git") if k in spec]
+    if len(sources) > 1:
+        r.error(f"[pypi-dependencies] {name}: give one of path, url, git (got {', '.join(sources)})", *keypath)
+    head = _norm_name(name) + (f"[{','.join(sorted(_norm_name(e) for e in extras))}]" if extras else "")
+    if sources:
+        if "version" in spec:
+            r.error(f"[pypi-dependencies] {name}: version cannot be combined with {sources[0]}", *keypath)
+        if "path" in spec:
+            p = os.path.expanduser(spec["path"])
+            if not os.path.isabs(p):
+                p = os.path.join(os.path.dirname(r.path), p)
+            url = "file://" + os.path.normpath(p)
+        elif "url" in spec:
+            url = spec["url"]
+        else:
+            url = "git+" + spec["git"]
+            refs = [spec[k] for k in ("rev", "tag", "branch") if k in spec]
+            if len(refs) > 1:
+                r.error(f"[pypi-dependencies] {name}: give one of rev, tag, branch", *keypath)
+            if refs:
+                url += "@" + refs[0]
+        if "subdirectory" in spec:
+            url += "#subdirectory=" + spec["subdirectory"]
+        return f"{head} @ {url}"
+    for k in ("rev", "tag", "branch", "subdirectory"):
+        if k in spec:
+            r.error(f"[pypi-dependencies] {name}: {k} needs git (or url/path)", *keypath)
+    return head + _version_spec(r, keypath, spec.get("version", "*"))
+
+
+def _version_spec(r, keypath, v):
+    v = v.strip()
+    if v in ("", "*"):
+        return ""
+    if re.match(r"\d", v):          # a bare version means exactly that version
+        v = "==" + v
+    if not re.match(r"(===|==|!=|~=|<=|>=|<|>)", v):
+        r.error(f"{'.'.join(_q(k) for k in keypath)}: {v!r} is not a version specifier "
+                "(like \"<2\", \">=1.2,<2\", \"==1.26.4\" or \"*\")", *keypath)
+    return v.replace(" ", "")
+
+
+def load(path, root=None, *, warn=True):
+    """Reads one ``comfy-env.toml`` into a ``PackConfig``.  ``root`` is the
+    pack's root (inferred from where the file lies when None).  Each
+    warning is also issued as a ``PackConfigWarning`` when ``warn`` is true
+    (Python's warning filter shows each one once per process).  Raises
+    ``PackConfigError``; ``OSError`` when the file cannot be read."""
+    path = os.path.abspath(os.fspath(path))
+    root = os.path.abspath(os.fspath(root)) if root is not None else _pack_root(path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise PackConfigError(path, "not UTF-8 text (TOML files must be UTF-8)", line) from None
+    data = _toml_loads(text, path)
+    r = _Reader(path, text)
+    notes = []
+
+    python = data.get("python")
+    if python is not None:
+        if not isinstance(python, str):
+            r.type_error(("python",), 'a string (a version like "3.12" or an interpreter path)', python)
+        python = python.strip()
+        if "/" in python or python.startswith("~"):
+            p = os.path.expanduser(python)
+            if not os.path.isabs(p):
+                p = os.path.join(os.path.dirname(path), p)
+            python = os.path.normpath(p)
+        else:
+            m = _PY_VERSION.match(python)
+            if not m:
+                r.error(f'python = {python!r}: expected a version like "3.12" or "3.12.1", '
+                        "or a path to an interpreter", "python")
+            if (int(m.group(1)), int(m.group(2))) < MIN_PYTHON:
+                r.error(f"python = {python!r}: a bulkhead worker needs Python "
+                        f"{'.'.join(map(str, MIN_PYTHON))} or newer", "python")
+
+    env_vars = {}
+    ev = data.get("env_vars", {})
+    if not isinstance(ev, dict):
+        r.type_error(("env_vars",), "a table of NAME = \"value\"", ev)
+    for k, v in ev.items():
+        if not _ENV_NAME.match(k):
+            r.error(f"[env_vars] {k!r} is not a valid environment variable name", "env_vars", k)
+        if k.startswith("BULKHEAD_") or k in ("PYTHONHOME", "PYTHONNOUSERSITE"):
+            r.error(f"[env_vars] {k} is set by bulkhead itself and cannot be set here", "env_vars", k)
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            r.type_error(("env_vars", k), "a string", v)
+        env_vars[k] = v if isinstance(v, str) else repr(v)
+
+    reqs = []
+    deps = data.get("pypi-dependencies", {})
+    if not isinstance(deps, dict):
+        r.type_error(("pypi-dependencies",), 'a table of name = "version spec"', deps)
+    for name, spec in deps.items():
+        if not _DIST_NAME.match(name):
+            r.error(f"[pypi-dependencies] {name!r} is not a valid distribution name", "pypi-dependencies", name)
+        if isinstance(spec, str):
+            reqs.append(_norm_name(name) + _version_spec(r, ("pypi-dependencies", name), spec))
+        elif isinstance(spec, dict):
+            reqs.append(_dep_from_table(r, name, spec))
+        else:
+            r.type_error(("pypi-dependencies", name), 'a version spec string or a table', spec)
+    rl = data.get("requirements", [])
+    if not isinstance(rl, list):
+        r.type_error(("requirements",), "an array of pip requirement strings", rl)
+    for i, req in enumerate(rl):
+        if not isinstance(req, str):
+            r.type_error(("requirements",), f"an array of strings (item {i})", req)
+        if not req.strip():
+            r.error(f"requirements item {i} is empty", "requirements")
+        if req.strip().startswith("-") or "\n" in req:
+            r.error(f"requirements item {i} ({req!r}): only requirement strings are accepted, not pip "
+                    "options (pass index options through BULKHEAD_PIP_ARGS)", "requirements")
+        reqs.append(_norm_req(req))
+    requirements = tuple(sorted(set(reqs)))
+
+    options = {}
+    bh = data.get("bulkhead", {})
+    if not isinstance(bh, dict):
+        r.type_error(("bulkhead",), "a table", bh)
+    for k, v in bh.items():
+        if k not in OPTIONS:
+            r.error(f"[bulkhead] unknown key {k!r}; known keys: {', '.join(OPTIONS)}", "bulkhead", k)
+        what, low, closed = OPTIONS[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            r.type_error(("bulkhead", k), "a number of seconds", v)
+        if v < low or (v == low and not closed) or v != v:
+            r.error(f"[bulkhead] {k} = {v!r}: must be {'>=' if closed else '>'} {low:g} ({what})", "bulkhead", k)
+        options[k] = float(v)
+
+    for k, v in data.items():
+        if k in ("python", "requirements", "env_vars", "pypi-dependencies", "bulkhead"):
+            continue
+        line = _find_line(text, k)
+        loc = f"{path}:{line}" if line else path
+        if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(e, dict) for e in v)):
+            why = _UNIMPLEMENTED.get(k, "nothing in it is read")
+            if "{pixi}" in why:
+                why = why.format(pixi="; pixi is on this machine, but bulkhead does not drive it"
+                                 if shutil.which("pixi") else " and pixi is not on this machine")
+            notes.append(f"{loc}: table [{k}] is not implemented by bulkhead: {why}")
+        else:
+            notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect")
+    if warn:
+        for n in notes:
+            warnings.warn(n, PackConfigWarning, stacklevel=2)
+
+    digest = hashlib.sha256(json.dumps({
+        "format": HASH_FORMAT,
+        "protocol": _native.PROTOCOL_VERSION,
+        "python": python,
+        "requirements": list(requirements),
+    }, sort_keys=True).encode()).hexdigest()
+
+    return PackConfig(
+        path=path, root=root, name=_pack_name(path, root), python=python,
+        env_vars=types.MappingProxyType(env_vars), requirements=requirements,
+        options=types.MappingProxyType(options), warnings=tuple(notes), config_hash=digest)

@@ -1,0 +1,380 @@
+"""comfy-env.toml: where configs are found, what is read, every error and
+warning, and the config hash."""
+
+import hashlib
+import json
+import os
+import sys
+import textwrap
+import types
+import warnings
+
+import pytest
+
+import bulkhead
+from bulkhead import packconfig
+from bulkhead.packconfig import PackConfigError, PackConfigWarning
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(text).lstrip("\n"))
+    return str(path)
+
+
+def load_text(tmp_path, text, name="pack", warn=False):
+    return packconfig.load(write(os.path.join(tmp_path, name, "comfy-env.toml"), text), warn=warn)
+
+
+def error_of(tmp_path, text):
+    with pytest.raises(PackConfigError) as ei:
+        load_text(tmp_path, text)
+    return ei.value
+
+
+# --- discovery ---
+
+def test_discovery_order_names_and_roots(tmp_path):
+    pack = tmp_path / "MyPack"
+    for d in ("", "nodes", "nodes/b", "nodes/a"):
+        write(os.path.join(pack, d, "comfy-env.toml"), "")
+    write(os.path.join(pack, "nodes/a/deeper/comfy-env.toml"), "")   # too deep: not a config
+    write(os.path.join(pack, "nodes/.hidden/comfy-env.toml"), "")
+    write(os.path.join(pack, "nodes/c/other.toml"), "")
+    write(os.path.join(pack, "other/comfy-env.toml"), "")            # not one of the three places
+    found = packconfig.find_configs(pack)
+    assert found == [os.path.join(pack, p, "comfy-env.toml") for p in ("", "nodes", "nodes/a", "nodes/b")]
+    configs = packconfig.load_pack(pack)
+    assert [c.name for c in configs] == ["MyPack", "MyPack", "MyPack.a", "MyPack.b"]
+    assert {c.root for c in configs} == {str(pack)}
+    # load() on its own infers the same root from where the file lies
+    assert [packconfig.load(p).root for p in found] == [str(pack)] * 4
+    assert [c.directory for c in configs] == [os.path.dirname(p) for p in found]
+
+
+def test_config_for_picks_the_deepest(tmp_path):
+    pack = tmp_path / "p"
+    for d in ("", "nodes/a"):
+        write(os.path.join(pack, d, "comfy-env.toml"), "")
+    root, a = packconfig.load_pack(pack)
+    assert packconfig.config_for([root, a], pack / "nodes" / "a" / "x.py") is a
+    assert packconfig.config_for([root, a], pack / "nodes" / "a") is a
+    assert packconfig.config_for([root, a], pack / "nodes" / "ab" / "x.py") is root
+    assert packconfig.config_for([root, a], pack / "__init__.py") is root
+    assert packconfig.config_for([a], pack / "__init__.py") is None
+
+
+def test_only_subdirs_and_none(tmp_path):
+    pack = tmp_path / "p"
+    write(os.path.join(pack, "nodes/z/comfy-env.toml"), "")
+    write(os.path.join(pack, "nodes/y/comfy-env.toml"), "")
+    assert [c.name for c in packconfig.load_pack(pack)] == ["p.y", "p.z"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert packconfig.find_configs(empty) == []
+    with pytest.raises(FileNotFoundError):
+        packconfig.find_configs(tmp_path / "nope")
+    with pytest.raises(NotADirectoryError):
+        packconfig.find_configs(write(os.path.join(tmp_path, "f"), ""))
+
+
+# --- what is read ---
+
+def test_full_config(tmp_path):
+    c = load_text(tmp_path, """
+        python = "3.12"
+        requirements = ["Pillow>=9", "  scipy   <2 ", "numpy<2", "Foo_Bar [X] >= 1 ; python_version  <  '3.13'"]
+
+        [env_vars]
+        OMP_NUM_THREADS = "1"
+        LEVEL = 3
+
+        [pypi-dependencies]
+        numpy = "<2"
+        Trimesh = { version = ">=4", extras = ["easy"] }
+        any_thing = "*"
+        exact = "1.2.3"
+        local = { path = "wheels/local-1.0-py3-none-any.whl" }
+        fromgit = { git = "https://example.org/x.git", rev = "abc123" }
+        fromurl = { url = "https://example.org/y-1.0.tar.gz" }
+
+        [bulkhead]
+        idle_release_s = 30
+        call_timeout_s = 1.5
+        release_timeout_s = 10
+        start_timeout_s = 120
+    """)
+    d = os.path.join(tmp_path, "pack")
+    assert c.path == os.path.join(d, "comfy-env.toml") and c.root == d and c.name == "pack"
+    assert c.python == "3.12"
+    assert dict(c.env_vars) == {"OMP_NUM_THREADS": "1", "LEVEL": "3"}
+    assert c.requirements == tuple(sorted([
+        "numpy<2", "pillow>=9", "scipy<2", "trimesh[easy]>=4", "any-thing", "exact==1.2.3",
+        "foo-bar[X]>=1; python_version < '3.13'",
+        f"local @ file://{d}/wheels/local-1.0-py3-none-any.whl",
+        "fromgit @ git+https://example.org/x.git@abc123",
+        "fromurl @ https://example.org/y-1.0.tar.gz"]))
+    assert dict(c.options) == {"idle_release_s": 30.0, "call_timeout_s": 1.5,
+                               "release_timeout_s": 10.0, "start_timeout_s": 120.0}
+    assert c.warnings == ()
+    # frozen and read-only all the way down, yet usable as a dict key
+    with pytest.raises(Exception):
+        c.name = "x"
+    with pytest.raises(TypeError):
+        c.env_vars["X"] = "1"
+    assert {c: 1}[c] == 1
+    assert isinstance(c, bulkhead.PackConfig)
+
+
+def test_python_forms(tmp_path):
+    assert load_text(tmp_path, "").python is None
+    assert load_text(tmp_path, 'python = "3.11.7"').python == "3.11.7"
+    assert load_text(tmp_path, 'python = "../py/bin/python3"').python == os.path.join(tmp_path, "py/bin/python3")
+    assert load_text(tmp_path, 'python = "/opt/x/bin/python"').python == "/opt/x/bin/python"
+    assert load_text(tmp_path, 'python = "~/bin/python3"').python == os.path.expanduser("~/bin/python3")
+
+
+def test_empty_file_is_a_valid_config(tmp_path):
+    c = load_text(tmp_path, "# nothing\n")
+    assert c.requirements == () and dict(c.env_vars) == {} and dict(c.options) == {} and c.warnings == ()
+
+
+# --- errors ---
+
+def test_syntax_error_names_file_line_and_column(tmp_path):
+    e = error_of(tmp_path, """
+        python = "3.12"
+
+        [env_vars]
+        A = "1"
+        B = = 2
+    """)
+    assert e.path.endswith("comfy-env.toml") and e.line == 5 and e.column == 5
+    assert str(e).startswith(f"{e.path}:5:5: TOML syntax error: ")
+    assert "(at line" not in str(e)
+    assert isinstance(e, bulkhead.PackConfigError) and isinstance(e, ValueError)
+
+
+def test_unterminated_table_header(tmp_path):
+    e = error_of(tmp_path, 'python = "3.12"\n[bulkhead\n')
+    assert e.line == 2 and ":2:" in str(e)
+
+
+@pytest.mark.parametrize("text, key, line, expected", [
+    ('python = 3.12\n', "python", 1, "must be a string"),
+    ('# x\n\nrequirements = "numpy"\n', "requirements", 3, "must be an array of pip requirement strings"),
+    ('requirements = ["a",\n  7]\n', "requirements", 1, "must be an array of strings (item 1)"),
+    ('[env_vars]\nA = "1"\nB = [1]\n', "env_vars.B", 3, "must be a string, not an array"),
+    ('[env_vars]\nA = true\n', "env_vars.A", 2, "must be a string, not a boolean"),
+    ('[pypi-dependencies]\nnumpy = 2\n', "pypi-dependencies.numpy", 2, "a version spec string or a table"),
+    ('[pypi-dependencies]\nx = { version = 2 }\n', "pypi-dependencies.x.version", 2, "must be a string"),
+    ('[pypi-dependencies]\nx = { extras = "a" }\n', "pypi-dependencies.x.extras", 2, "an array of extra names"),
+    ('[bulkhead]\nidle_release_s = "30"\n', "bulkhead.idle_release_s", 2, "must be a number of seconds, not a string"),
+    ('[bulkhead]\n\ncall_timeout_s = true\n', "bulkhead.call_timeout_s", 3, "not a boolean"),
+    ('env_vars = 3\n', "env_vars", 1, "must be a table"),
+    ('bulkhead = []\n', "bulkhead", 1, "must be a table"),
+])
+def test_type_errors_name_key_type_and_line(tmp_path, text, key, line, expected):
+    e = error_of(tmp_path, text)
+    assert e.key == key and e.line == line, str(e)
+    assert expected in str(e)
+    assert str(e).startswith(f"{e.path}:{line}: ")
+    assert key.split(".")[-1] in str(e)
+
+
+def test_unknown_bulkhead_key_names_key_file_line(tmp_path):
+    e = error_of(tmp_path, """
+        python = "3.12"
+        [bulkhead]
+        idle_release_s = 3
+        idel_timeout = 4
+    """)
+    assert e.line == 4 and e.key == "bulkhead.idel_timeout"
+    assert str(e).startswith(f"{e.path}:4: [bulkhead] unknown key 'idel_timeout'")
+    assert "idle_release_s" in str(e)           # the known keys are listed
+
+
+def test_bulkhead_key_as_dotted_and_inline(tmp_path):
+    e = error_of(tmp_path, 'python = "3.12"\nbulkhead.nope = 1\n')
+    assert e.line == 2 and "nope" in str(e)
+    e = error_of(tmp_path, 'python = "3.12"\n\nbulkhead = { idle_release_s = 1, nope = 2 }\n')
+    assert e.line == 3 and "nope" in str(e)
+
+
+@pytest.mark.parametrize("text, line, expected", [
+    ('python = "three"\n', 1, 'expected a version like "3.12"'),
+    ('# c\npython = "3.8"\n', 2, "needs Python 3.9 or newer"),
+    ('[bulkhead]\ncall_timeout_s = 0\n', 2, "must be > 0"),
+    ('[bulkhead]\nidle_release_s = -1\n', 2, "must be >= 0"),
+    ('[bulkhead]\nrelease_timeout_s = nan\n', 2, "must be > 0"),
+    ('requirements = ["--index-url=http://x"]\n', 1, "not pip options"),
+    ('requirements = [" "]\n', 1, "is empty"),
+    ('[env_vars]\nBULKHEAD_FD = "9"\n', 2, "set by bulkhead itself"),
+    ('[env_vars]\n"A-B" = "1"\n', 2, "not a valid environment variable name"),
+    ('[pypi-dependencies]\nnumpy = "two"\n', 2, "is not a version specifier"),
+    ('[pypi-dependencies]\nx = { path = "a", git = "b" }\n', 2, "give one of path, url, git"),
+    ('[pypi-dependencies]\nx = { version = "1", wat = 1 }\n', 2, "unknown key 'wat'"),
+    ('[pypi-dependencies]\nx = { path = "a", editable = true }\n', 2, "editable installs are not supported"),
+])
+def test_value_errors(tmp_path, text, line, expected):
+    e = error_of(tmp_path, text)
+    assert e.line == line and expected in str(e), str(e)
+
+
+def test_not_utf8(tmp_path):
+    p = os.path.join(tmp_path, "pack", "comfy-env.toml")
+    os.makedirs(os.path.dirname(p))
+    with open(p, "wb") as f:
+        f.write(b'python = "3.12"\n# caf\xe9\n')
+    with pytest.raises(PackConfigError, match=r":2: not UTF-8"):
+        packconfig.load(p)
+
+
+def test_without_a_toml_parser(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    with pytest.raises(PackConfigError, match=r"no tomllib \(3.11\+\) and no tomli; install it with: .* -m pip install tomli"):
+        load_text(tmp_path, 'python = "3.12"\n')
+
+
+def test_tomli_fallback(tmp_path, monkeypatch):
+    tomllib = pytest.importorskip("tomllib")
+    calls = []
+
+    def loads(text):
+        calls.append(text)
+        return tomllib.loads(text)
+    fake = types.ModuleType("tomli")
+    fake.loads, fake.TOMLDecodeError = loads, tomllib.TOMLDecodeError
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    monkeypatch.setitem(sys.modules, "tomli", fake)
+    assert load_text(tmp_path, 'python = "3.12"\n').python == "3.12" and calls
+    e = error_of(tmp_path, 'python = \n')
+    assert e.line == 1
+
+
+# --- warnings ---
+
+def test_unimplemented_tables_warn_once_each(tmp_path):
+    text = """
+        python = "3.12"
+        channels = ["conda-forge"]
+
+        [dependencies]
+        ffmpeg = "*"
+        python = "3.12.*"
+
+        [tasks]
+        start = "python x.py"
+
+        [cuda]
+        packages = ["nvdiffrast"]
+
+        [[feature.gpu.tasks]]
+        x = 1
+
+        [pypi-dependencies]
+        numpy = "*"
+    """
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        c = load_text(tmp_path, text, warn=True)
+    got = [str(w.message) for w in rec if issubclass(w.category, PackConfigWarning)]
+    assert got == list(c.warnings)
+    assert len(got) == 5, got
+    by = {}
+    for w in got:
+        assert w.startswith(c.path + ":")
+        for t in ("dependencies", "tasks", "cuda", "feature"):
+            if f"table [{t}]" in w:
+                by[t] = w
+    assert set(by) == {"dependencies", "tasks", "cuda", "feature"}
+    assert by["dependencies"].startswith(f"{c.path}:4: table [dependencies] is not implemented by bulkhead")
+    assert "conda packages are NOT installed" in by["dependencies"] and "pixi" in by["dependencies"]
+    assert f"{c.path}:8: table [tasks]" in by["tasks"] and "NOT run" in by["tasks"]
+    assert "CUDA wheels are NOT" in by["cuda"]
+    assert [w for w in got if "'channels'" in w and "has no effect" in w and ":2:" in w]
+    # still read: the parts it implements
+    assert c.requirements == ("numpy",) and c.python == "3.12"
+
+
+def test_warning_once_per_process_by_default(tmp_path):
+    text = '[tasks]\nx = "y"\n'
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            load_text(tmp_path, text, name="once", warn=True)
+    assert len([w for w in rec if issubclass(w.category, PackConfigWarning)]) == 1
+
+
+def test_known_tables_do_not_warn(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = load_text(tmp_path, """
+            python = "3.11"
+            requirements = []
+            [env_vars]
+            [pypi-dependencies]
+            [bulkhead]
+        """, warn=True)
+    assert c.warnings == ()
+
+
+# --- the hash ---
+
+BASE = """
+    python = "3.12"
+    requirements = ["scipy"]
+    [pypi-dependencies]
+    numpy = "<2"
+    pillow = "*"
+"""
+
+def test_hash_is_stable_under_formatting_and_runtime_keys(tmp_path):
+    h = load_text(tmp_path, BASE).config_hash
+    # reordered, re-spaced, commented, names in another case, another pack
+    # name, and the run-time tables changed: the same environment
+    c = load_text(tmp_path, """
+        # a comment
+        python = "3.12"
+        requirements = ["  SciPy "]
+        [pypi-dependencies]
+        Pillow="*"
+        NumPy   =   " <2 "
+        [env_vars]
+        X = "1"
+        [bulkhead]
+        idle_release_s = 5
+        [tasks]
+        t = "warned about, not hashed"
+    """, name="other-name")
+    assert c.config_hash == h and len(h) == 64 and c.hash12 == h[:12]
+    # a requirement listed in either place, or twice, is the same requirement
+    c2 = load_text(tmp_path, 'python = "3.12"\nrequirements = ["numpy<2", "pillow", "scipy", "scipy"]\n', name="x2")
+    assert c2.config_hash == h
+
+
+@pytest.mark.parametrize("change", [
+    BASE.replace('"3.12"', '"3.11"'),
+    BASE.replace('"<2"', '">=2"'),
+    BASE.replace('"scipy"', '"scipy", "torch"'),
+    BASE.replace('python = "3.12"\n', ""),
+])
+def test_hash_changes_with_the_environment(tmp_path, change):
+    assert load_text(tmp_path, change, name="b").config_hash != load_text(tmp_path, BASE, name="a").config_hash
+
+
+def test_hash_is_the_documented_digest(tmp_path):
+    # The hash names every environment's directory: a change to the
+    # normalisation must bump packconfig.HASH_FORMAT (and this value).
+    c = load_text(tmp_path, BASE)
+    want = hashlib.sha256(json.dumps({
+        "format": packconfig.HASH_FORMAT, "protocol": bulkhead._native.PROTOCOL_VERSION, "python": "3.12",
+        "requirements": ["numpy<2", "pillow", "scipy"]}, sort_keys=True).encode()).hexdigest()
+    assert c.config_hash == want
+    if packconfig.HASH_FORMAT == 1 and bulkhead._native.PROTOCOL_VERSION == 1:
+        assert want == GOLDEN
+
+
+GOLDEN = "19ebc1c90d35fc11e70c36de7171a4e13c205594ce7fdd6fd3e3998b4e551ddc"
