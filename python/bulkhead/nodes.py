@@ -419,6 +419,8 @@ class _Progress:
         if self.utils is None or not isinstance(v, dict):
             return
         value, total = v.get("value"), v.get("total")
+        if not isinstance(value, (int, float)) or not isinstance(total, (int, float)):
+            return
         mm = self.mm
         if mm is not None and mm.processing_interrupted():
             return  # the interrupt is on its way to the worker; leave the flag to ComfyUI
