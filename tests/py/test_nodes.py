@@ -156,6 +156,19 @@ class Lists:
         return (ckpt,)
 
 
+class Show:
+    """An output node answering with a UI payload."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"multiline": True})}}
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "show"
+    OUTPUT_NODE = True
+
+    def show(self, text):
+        return {"ui": {"text": [text]}, "result": (text.upper(),)}
+
+
 class Broken:
     @classmethod
     def INPUT_TYPES(cls):
@@ -165,7 +178,7 @@ class Broken:
 
 
 NODE_CLASS_MAPPINGS = {"MakeModel": MakeModel, "UseModel": UseModel, "Counter": Counter,
-                       "Odd": Odd, "Lists": Lists, "Broken": Broken}
+                       "Odd": Odd, "Lists": Lists, "Show": Show, "Broken": Broken}
 NODE_DISPLAY_NAME_MAPPINGS = {"MakeModel": "Make a model", "UseModel": "Use a model"}
 ''',
 }
@@ -260,7 +273,7 @@ def test_proxies_carry_the_real_nodes_metadata(tmp_path, base, host):
     pack = write_pack(tmp_path, "fullpack", FULL_PACK)
     mappings, display = nodes.load_pack(pack, py, options={"comfyui": base})
     real = _import_real(pack)
-    assert set(mappings) == {"MakeModel", "UseModel", "Counter", "Odd", "Lists"}  # Broken left out
+    assert set(mappings) == {"MakeModel", "UseModel", "Counter", "Odd", "Lists", "Show"}  # Broken left out
     assert display == {"MakeModel": "Make a model", "UseModel": "Use a model"}
     for key in ("MakeModel", "UseModel", "Counter"):
         proxy, cls = mappings[key], real.NODE_CLASS_MAPPINGS[key]
@@ -295,6 +308,7 @@ def test_proxies_carry_the_real_nodes_metadata(tmp_path, base, host):
     c = mappings["Counter"]()
     assert [c.count()[0] for _ in range(3)] == [1, 2, 3]  # one worker instance per proxy instance
     assert mappings["Counter"]().count() == (1,)
+    assert mappings["Show"]().show(text="hi") == {"ui": {"text": ["hi"]}, "result": ("HI",)}
 
 
 def test_what_ComfyUI_cannot_take_is_converted_and_reported(tmp_path, base, host, caplog):
