@@ -576,6 +576,7 @@ class State:
         import folder_paths
         logging.info("pack says hello at info")
         logging.debug("pack says hello at debug")
+        logging.warning("pack log done")
         a = comfy.cli_args.args
         return (json.dumps({
             "cpu": a.cpu, "force_fp32": a.force_fp32, "reserve_vram": a.reserve_vram,
@@ -698,6 +699,9 @@ def test_flags_folders_and_logging_are_mirrored(tmp_path):
         m, _ = nodes.load_pack(PACK, sys.executable)
         state = json.loads(m["State"]().go()[0])
         rt = nodes.runtime(PACK)
+        deadline = time.monotonic() + 10  # the supervisor drains the worker's output as it comes
+        while "pack log done" not in rt.worker._proc.output_tail() and time.monotonic() < deadline:
+            time.sleep(0.02)
         tail = rt.worker._proc.output_tail()
         host = {{"checkpoints": folder_paths.get_folder_paths("checkpoints"),
                  "output": folder_paths.get_output_directory()}}
@@ -713,3 +717,4 @@ def test_flags_folders_and_logging_are_mirrored(tmp_path):
     assert s["output"] == r["host"]["output"]
     assert "INFO: pack says hello at info" in r["tail"]
     assert "pack says hello at debug" not in r["tail"]
+    assert "WARNING: pack log done" in r["tail"]
