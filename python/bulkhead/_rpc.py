@@ -6,13 +6,27 @@ in the sender's export table; the receiver gets a ``RemoteCallable`` that
 sends a CALLBACK when called.  A handle carries the OWNED_BY_RECEIVER bit
 when it goes back to the process that exported it, so each side can tell
 its own objects from the peer's.
+
+Object handles (HANDLE_OBJECT): an object the codec cannot carry (a model a
+node pack made, say) stays in the process that made it, in that peer's
+object table, when it is sent wrapped in ``Held`` (see ``Peer.hold``); the
+other side gets a ``RemoteObject``.  Sent back to the same peer it resolves
+to the original; sent anywhere else (another worker, or the same worker
+after a restart: another Peer) it is a ``HandleError`` naming the object's
+type and its owner.  The table counts how many times each entry was sent;
+the receiver keeps one RemoteObject per entry (counting what it received)
+and, once it drops that RemoteObject, queues a release of that count,
+which its owner (host.Worker) sends in batches.  An entry is gone when the
+releases have matched the sends.
 """
 
 import builtins
 import importlib
 import itertools
 import sys
+import threading
 import traceback
+import weakref
 
 from . import _native, _tensors
 
@@ -84,6 +98,77 @@ def format_exception(exc):
     return {"type": name, "message": message, "traceback": tb, "builtin": builtin}
 
 
+class HandleError(BulkheadError, TypeError):
+    """An object handle used where it does not resolve: passed to another
+    worker than the one holding the object, used after that worker was
+    restarted, or released."""
+
+
+class Held:
+    """Marks an object to be sent by handle (it stays here, in the peer's
+    object table).  Made by ``Peer.hold``."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, ident):
+        self.ident = ident
+
+
+def type_name(obj):
+    t = type(obj)
+    mod = t.__module__
+    return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
+
+
+class RemoteObject:
+    """An object held by a worker, seen from the host.  Opaque: pass it to
+    a node (or a call) of the same worker, which gets the original object;
+    anything else fails with a HandleError naming the type and the pack."""
+
+    __slots__ = ("_peer", "_id", "_type", "_count", "__weakref__")
+
+    def __init__(self, peer, ident, count):
+        self._peer = peer
+        self._id = ident
+        self._type = None
+        self._count = count  # a one-item list shared with the finalizer
+
+    @property
+    def remote_type(self):
+        """The qualified type name of the object in the worker, when known."""
+        return self._type or "object"
+
+    def _where(self):
+        p = self._peer
+        return f"pack {p.name!r}, worker generation {p.generation}"
+
+    def __repr__(self):
+        return f"<bulkhead.RemoteObject {self.remote_type} #{self._id} of {self._where()}>"
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{self!r} has no attribute {name!r} here: the {self.remote_type} lives in the "
+            f"worker of pack {self._peer.name!r} and the host holds only a handle to it; "
+            "pass it to a node of the same pack")
+
+    def __reduce__(self):
+        raise TypeError(f"{self!r} cannot be pickled or copied: it is a handle to an object in a worker")
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _release_later(peer_ref, ident, count):
+    peer = peer_ref()
+    if peer is not None:
+        peer.queue_release(ident, count[0])
+
+
 class RemoteCallable:
     """A callable of the peer.  Calling it sends a CALLBACK (or a CALL from
     the host) and waits, serving nested calls meanwhile."""
@@ -117,6 +202,65 @@ class Peer:
         self.frame_handlers = {}
         self.request_handlers = {}
         self.timeout = None
+        # what the object handles say about their owner
+        self.name = "?"
+        self.generation = 0
+        # objects held here for the peer: ident -> [object, times sent]
+        self.objects = {}
+        self._object_ids = {}
+        self._object_lock = threading.Lock()
+        # the peer's objects seen here: ident -> RemoteObject
+        self.remote_objects = weakref.WeakValueDictionary()
+        self.pending_releases = []   # (ident, count) to tell the owner
+        self.on_release_queued = None
+
+    # --- object handles ---
+
+    def hold(self, obj):
+        """Enters obj into this side's object table (once per object) and
+        returns a Held to send in its place."""
+        with self._object_lock:
+            ident = self._object_ids.get(id(obj))
+            if ident is None or self.objects.get(ident, (None,))[0] is not obj:
+                ident = next(self._ids)
+                self._object_ids[id(obj)] = ident
+                self.objects[ident] = [obj, 0]
+        return Held(ident)
+
+    def held_object(self, ident):
+        entry = self.objects.get(ident)
+        return entry[0] if entry is not None else None
+
+    def release_objects(self, pairs):
+        """Drops (ident, count) sends the peer no longer holds; an entry
+        goes when every send is released."""
+        with self._object_lock:
+            for ident, count in pairs:
+                entry = self.objects.get(ident)
+                if entry is None:
+                    continue
+                entry[1] -= count
+                if entry[1] <= 0:
+                    del self.objects[ident]
+                    self._object_ids.pop(id(entry[0]), None)
+
+    def drop_unsent(self):
+        """Forgets entries held for a send that never happened (the reply
+        that would have carried them failed to encode)."""
+        with self._object_lock:
+            for ident in [i for i, e in self.objects.items() if e[1] <= 0]:
+                entry = self.objects.pop(ident)
+                self._object_ids.pop(id(entry[0]), None)
+
+    def queue_release(self, ident, count):
+        self.pending_releases.append((ident, count))
+        hook = self.on_release_queued
+        if hook is not None:
+            hook(self)
+
+    def take_releases(self):
+        out, self.pending_releases = self.pending_releases, []
+        return out
 
     def describe(self):
         return self._describe() if callable(self._describe) else self._describe
@@ -127,6 +271,24 @@ class Peer:
         t = _tensors.encode(self.channel, obj)
         if t is not None:
             return t
+        if isinstance(obj, Held):
+            entry = self.objects.get(obj.ident)
+            if entry is None:
+                raise HandleError(f"object #{obj.ident} is no longer held by {self.describe()}")
+            entry[1] += 1
+            return (1, _native.HANDLE_OBJECT, obj.ident)
+        if isinstance(obj, RemoteObject):
+            mine = obj._peer
+            if mine is not self:
+                if mine.name == self.name:
+                    why = (f"that worker has ended since (this is generation {self.generation}); "
+                           "run the node that made it again")
+                else:
+                    why = (f"it cannot be passed to pack {self.name!r}: an object a worker "
+                           "holds stays in that worker")
+                raise HandleError(f"the {obj.remote_type} made by pack {mine.name!r} is held by "
+                                  f"worker generation {mine.generation}; {why}")
+            return (1, _native.HANDLE_OBJECT | OWNED_BY_RECEIVER, obj._id)
         if isinstance(obj, RemoteCallable):
             if obj._peer is not self:
                 raise TypeError(f"{obj!r} belongs to another worker; it cannot be sent to {self.describe()}")
@@ -155,6 +317,23 @@ class Peer:
             return fn
         if space == _native.HANDLE_CALLABLE:
             return RemoteCallable(self, ident)
+        if space == _native.HANDLE_OBJECT | OWNED_BY_RECEIVER:
+            entry = self.objects.get(ident)
+            if entry is None:
+                raise HandleError(f"object #{ident} is no longer held by this process "
+                                  "(its handle was released)")
+            return entry[0]
+        if space == _native.HANDLE_OBJECT:
+            ro = self.remote_objects.get(ident)
+            if ro is not None:
+                ro._count[0] += 1
+                return ro
+            count = [1]
+            ro = RemoteObject(self, ident, count)
+            fin = weakref.finalize(ro, _release_later, weakref.ref(self), ident, count)
+            fin.atexit = False
+            self.remote_objects[ident] = ro
+            return ro
         raise TypeError(f"unknown handle space {space:#x} from {self.describe()}")
 
     def resolve(self, target):

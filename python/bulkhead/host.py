@@ -11,7 +11,9 @@ ended and what it printed last; the next call starts the next generation.
 """
 
 import atexit
+import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -125,7 +127,45 @@ def build_env(extra=None, inherit=True):
     env["PYTHONUNBUFFERED"] = "1"
     env["BULKHEAD_FD"] = "3"
     env["BULKHEAD_HOST_PID"] = str(os.getpid())
+    env.setdefault("BULKHEAD_LOG_LEVEL", str(logging.getLogger().getEffectiveLevel()))
     return env
+
+
+# Object-handle releases: a RemoteObject's finalizer (any thread, any time,
+# even inside an encode) only queues; this thread sends the batch to each
+# worker that is idle, and a worker that is busy sends its own at the end
+# of the call that keeps it busy.
+_flush_queue = queue.SimpleQueue()
+_flusher = None
+_flusher_lock = threading.Lock()
+FLUSH_DELAY_S = 0.05
+
+
+def _flush_loop():
+    while True:
+        pending = {}
+        item = _flush_queue.get()
+        time.sleep(FLUSH_DELAY_S)  # gather a batch
+        while True:
+            if item is not None:
+                w = item()
+                if w is not None:
+                    pending[id(w)] = w
+            try:
+                item = _flush_queue.get_nowait()
+            except queue.Empty:
+                break
+        for w in pending.values():
+            w._try_flush()
+        del pending, item
+
+
+def _start_flusher():
+    global _flusher
+    with _flusher_lock:
+        if _flusher is None:
+            _flusher = threading.Thread(target=_flush_loop, name="bulkhead-release", daemon=True)
+            _flusher.start()
 
 
 _live = weakref.WeakSet()
@@ -173,8 +213,12 @@ class Worker:
         self._chan = None
         self._exposed = {}
         self._peer = None
+        self._notify_lock = threading.Lock()  # interrupt() vs teardown
+        self.frame_handlers = {}    # frame kind -> handler(value), shared with every generation's Peer
+        self.env_hooks = []         # callables -> dict of variables, evaluated at each start
         self.busy = 0               # requests in flight (nested ones count)
         self.last_used = time.monotonic()
+        self._ref = weakref.ref(self)
         _live.add(self)
 
     # --- lifecycle ---
@@ -198,9 +242,18 @@ class Worker:
                 self._start()
         return self
 
+    @property
+    def peer(self):
+        """This generation's channel hooks (None when not running)."""
+        return self._peer
+
     def _start(self):
         gen = self.generation + 1
-        env = build_env(self.env, self.inherit_env)
+        extra = dict(self.env)
+        for hook in self.env_hooks:
+            for k, v in hook().items():
+                extra.setdefault(k, v)  # the caller's env= outranks a hook
+        env = build_env(extra, self.inherit_env)
         envlist = [f"{k}={v}" for k, v in env.items()]
         argv = [self.python, "-m", "bulkhead.worker"]
         sink = -1
@@ -217,6 +270,11 @@ class Worker:
                 f"cannot start worker {self.name!r}: interpreter {self.python}: {what}"
                 + (f" (cwd {self.cwd})" if self.cwd and e.errno == 2 else "")) from None
         peer = Peer(describe=self.describe, outgoing=_native.CALL, resolve=self._resolve_exposed)
+        peer.frame_handlers = self.frame_handlers
+        peer.name = self.name
+        peer.generation = gen
+        ref = self._ref
+        peer.on_release_queued = lambda _peer: _flush_queue.put(ref)
         try:
             chan = _native.channel_open(fd, peer, os.getuid(), proc.pid, first_id=1)
         except BaseException:
@@ -253,14 +311,16 @@ class Worker:
             if isinstance(e, _native.ProtocolError):
                 raise WorkerStartError(f"{where} broke the protocol during start-up: {e}") from None
             raise
+        _start_flusher()
         self._proc, self._chan, self._peer = proc, chan, peer
         peer.timeout = self.call_timeout
         self.generation = gen
         self.info = hello
 
     def _teardown(self):
-        chan, proc = self._chan, self._proc
-        self._chan = self._proc = self._peer = None
+        with self._notify_lock:
+            chan, proc = self._chan, self._proc
+            self._chan = self._proc = self._peer = None
         if chan is not None:
             chan.close()
         if proc is not None:
@@ -284,6 +344,47 @@ class Worker:
         """Sends a signal to the worker process (tests, hung workers)."""
         if self._proc is not None:
             self._proc.kill(sig)
+
+    def interrupt(self, frame=True):
+        """Tells the worker to stop what it is running: an INTERRUPT frame
+        (read when the worker next reads its channel) and SIGUSR1 (acted on
+        at once by a worker busy in Python code).  Safe from any thread,
+        while another thread waits on a call.  Returns False when the
+        worker is not running."""
+        with self._notify_lock:
+            chan, proc = self._chan, self._proc
+            if chan is None or proc is None:
+                return False
+            try:
+                if frame:
+                    chan.notify(_native.INTERRUPT, None)
+                proc.kill(signal.SIGUSR1)
+            except (_native.Error, OSError, ValueError):
+                return False
+            return True
+
+    # --- object handles ---
+
+    def _try_flush(self):
+        """Sends queued object-handle releases unless another thread is
+        using the worker (its call sends them when it ends)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._flush_releases()
+            return True
+        finally:
+            self._lock.release()
+
+    def _flush_releases(self):
+        peer, chan = self._peer, self._chan
+        if peer is None or chan is None or not peer.pending_releases:
+            return
+        pairs = peer.take_releases()
+        try:  # request id 0: served in order, no reply
+            chan.notify(_native.CALL, ("bulkhead.worker:release_objects", (pairs,), {}), 0)
+        except _native.Error:
+            pass
 
     def __enter__(self):
         return self.start()
@@ -361,8 +462,11 @@ class Worker:
             finally:
                 self.busy -= 1
                 self.last_used = time.monotonic()
-                if peer.exports and chan.depth == 0:
-                    peer.exports.clear()
+                if chan.depth == 0:
+                    if peer.exports:
+                        peer.exports.clear()
+                    if peer.pending_releases and self._peer is peer:
+                        self._flush_releases()
 
     def _died(self, during):
         proc = self._proc

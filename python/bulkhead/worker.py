@@ -4,10 +4,18 @@ Started by the host's supervisor with the channel on fd 3.  It says HELLO
 (interpreter, protocol), takes the host's answer (its generation), then
 serves calls until BYE or EOF.  A watchdog thread ends the process if the
 host dies while a call is still running here.
+
+Interrupts arrive twice, as an INTERRUPT frame (seen when the channel is
+next read) and as SIGUSR1 (seen between two bytecodes of whatever Python
+code runs now); both run every function in ``interrupt_handlers``.
+Python ``logging`` goes to stderr (which the host prefixes with the pack
+name) at the host's level.
 """
 
+import logging
 import os
 import select
+import signal
 import sys
 import threading
 
@@ -15,6 +23,36 @@ from . import _native
 from ._rpc import Peer, interpreter_info, resolve_target
 
 _peer = None
+
+# Called (no arguments) on every interrupt, on the main thread.
+interrupt_handlers = []
+
+
+def _interrupted(*_args):
+    for fn in list(interrupt_handlers):
+        try:
+            fn()
+        except Exception as e:  # a handler must not break the call it interrupts
+            print(f"bulkhead.worker: interrupt handler {fn!r} failed: {e!r}", file=sys.stderr)
+
+
+def release_objects(pairs):
+    """The host dropped these object handles: (ident, count) pairs."""
+    if _peer is not None:
+        _peer.release_objects(pairs)
+
+
+def _setup_logging():
+    try:
+        level = int(os.environ.get("BULKHEAD_LOG_LEVEL", logging.INFO))
+    except ValueError:
+        level = logging.INFO
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level)
 
 
 def call_host(target, /, *args, **kwargs):
@@ -43,7 +81,12 @@ def main():
     if host_pid != os.getppid():
         print(f"bulkhead.worker: started by pid {os.getppid()}, expected host {host_pid}", file=sys.stderr)
         return 2
+    # Before HELLO: the host signals only running workers, and SIGUSR1's
+    # default action would end this one.
+    signal.signal(signal.SIGUSR1, _interrupted)
+    _setup_logging()
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
+    peer.frame_handlers[_native.INTERRUPT] = _interrupted
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)
     peer.channel = chan
     _peer = peer
@@ -55,6 +98,8 @@ def main():
     if kind != _native.HELLO:
         print(f"bulkhead.worker: expected HELLO from the host, got frame kind {kind}", file=sys.stderr)
         return 2
+    peer.name = str(ack.get("name", ""))
+    peer.generation = int(ack.get("generation", 0))
     memory = None
     if os.environ.get("BULKHEAD_MEMORY") == "1":
         try:

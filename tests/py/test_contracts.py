@@ -15,7 +15,8 @@ from conftest import WORKER_VENVS
 
 def test_public_api():
     for name in ("Worker", "WorkerDied", "WorkerStartError", "CallTimeout", "RemoteError",
-                 "BulkheadError", "ProtocolError", "PeerClosed", "Timeout", "RemoteCallable"):
+                 "BulkheadError", "ProtocolError", "PeerClosed", "Timeout", "RemoteCallable",
+                 "RemoteObject", "HandleError"):
         assert hasattr(bulkhead, name), name
     assert issubclass(bulkhead.WorkerDied, bulkhead.BulkheadError)
     assert issubclass(bulkhead.ProtocolError, _native.Error)

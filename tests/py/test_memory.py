@@ -355,7 +355,7 @@ def test_control_socket_releases_a_worker_for_another_process(tmp_path):
 # Host-side code may assign exactly one thing in a comfy module.  Worker-
 # side code (its own process, where bulkhead is every caller) is exempt:
 # these files, and these functions in shared files.
-WORKER_FILES = {"worker.py", "worker_memory.py"}
+WORKER_FILES = {"worker.py", "worker_memory.py", "worker_nodes.py"}
 WORKER_FUNCTIONS = {("pager.py", "bring_up")}
 ALLOWED = {"EXTRA_RESERVED_VRAM"}
 

@@ -1,0 +1,796 @@
+"""Isolated node packs in ComfyUI: the host side.
+
+A pack's ``__init__.py`` (in the host) makes one call::
+
+    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = load_pack(pack_dir, python)
+
+and gets V1 proxy classes: each carries the real node's INPUT_TYPES,
+RETURN_TYPES, RETURN_NAMES, FUNCTION, CATEGORY, OUTPUT_NODE, INPUT_IS_LIST,
+OUTPUT_IS_LIST, DESCRIPTION (every upper-case class attribute, in fact) and,
+where the real node has them, IS_CHANGED, VALIDATE_INPUTS (with the real
+signature, which ComfyUI inspects) and check_lazy_status.  The real nodes
+live in the pack's worker (``bulkhead.worker_nodes``), one persistent
+process under the pack's interpreter.
+
+Start-up does not wait for workers: the metadata is cached on disk, keyed
+by the environment's identity (interpreter path and a stamp), the hashes of
+the pack's sources and the host ComfyUI's version; with a warm cache no
+worker starts until a node first runs.  Lists INPUT_TYPES got from
+``folder_paths.get_filename_list`` are re-read from the host's
+``folder_paths`` every time ComfyUI asks, as they would be in-process.
+
+A run: the proxy's FUNCTION sends the inputs to the worker, which runs the
+real node on its own instance of the class (one per proxy instance, held by
+handle) and answers with the outputs.  Objects the codec cannot carry (a
+MODEL the pack made) stay in the worker and come back as
+``bulkhead.RemoteObject`` handles; see ``_rpc``.  While the call runs:
+
+* PROGRESS frames from the worker's ComfyUI progress hook drive a
+  ``comfy.utils.ProgressBar`` here, in the node's own thread and context;
+* a watcher thread polls ComfyUI's non-consuming ``processing_interrupted()``
+  every few milliseconds and, when it is set, interrupts the worker at once
+  (``Worker.interrupt``: a frame and SIGUSR1); the worker's node stops on its
+  own ComfyUI flag and the host raises its own InterruptProcessingException,
+  leaving its flag set for ComfyUI's own check;
+* an out-of-memory error in the worker is raised here as ComfyUI's
+  ``OOM_EXCEPTION`` with the worker's message and traceback.
+
+The worker mirrors the host's dtype and memory flags into its own
+``comfy.cli_args.args`` (``MIRRORED_ARGS``; not the VRAM-state flags, which
+the memory layer carries) and the host's ``folder_paths`` directories.
+
+``fallback(pack_dir, reason)`` imports a pack in-process instead, with one
+warning per pack naming the reason and the fix; load_pack uses it when it
+finds no ComfyUI or no built environment, and the config layer calls it for
+its own reasons (``REASONS``).
+
+This module only reads ComfyUI's state; it never assigns to a comfy module.
+"""
+
+import glob
+import hashlib
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+from . import _native
+from ._rpc import BulkheadError, RemoteError, RemoteObject
+from .host import Worker
+
+log = logging.getLogger("bulkhead")
+
+FORMAT = 1
+
+# comfy.cli_args flags (argparse dests) that decide dtype and memory
+# behaviour, mirrored into every pack worker.  Not mirrored: --gpu-only,
+# --highvram, --normalvram, --lowvram, --novram (the VRAM state; the memory
+# layer makes a worker follow the host's), cache and server flags.  --cpu is
+# mirrored: it decides the device, and a worker cannot run on a device its
+# host was told to leave alone (on a machine without CUDA, ComfyUI does not
+# even import without it).
+MIRRORED_ARGS = (
+    # device and dtype
+    "cpu", "cpu_vae", "directml", "deterministic", "force_fp32", "force_fp16",
+    "fp32_unet", "fp64_unet", "bf16_unet", "fp16_unet", "fp8_e4m3fn_unet", "fp8_e5m2_unet",
+    "fp8_e8m0fnu_unet", "fp16_vae", "fp32_vae", "bf16_vae", "fp8_e4m3fn_text_enc",
+    "fp8_e5m2_text_enc", "fp16_text_enc", "fp32_text_enc", "bf16_text_enc",
+    "supports_fp8_compute", "fast", "force_channels_last",
+    # attention
+    "use_split_cross_attention", "use_quad_cross_attention", "use_pytorch_cross_attention",
+    "use_sage_attention", "use_flash_attention", "disable_xformers", "force_upcast_attention",
+    "dont_upcast_attention", "disable_ipex_optimize",
+    # memory
+    "reserve_vram", "disable_smart_memory", "async_offload", "disable_async_offload",
+    "disable_pinned_memory", "disable_mmap", "mmap_torch_files", "fast_disk", "high_ram",
+    "cuda_malloc", "disable_cuda_malloc",
+    # where things are
+    "base_directory", "output_directory", "input_directory", "temp_directory", "user_directory",
+)
+NOT_MIRRORED = ("gpu_only", "highvram", "normalvram", "lowvram", "novram")
+
+# Why a pack runs in-process: reason -> (what, fix).  {pack} is the pack
+# directory, {detail} what the caller adds.
+NO_COMFYUI = "no-comfyui"
+NO_CONFIG = "no-config"
+STAMP_REFUSED = "stamp-refused"
+ENV_NOT_BUILT = "env-not-built"
+DIR_WITHOUT_CONFIG = "dir-without-config"
+REASONS = {
+    NO_COMFYUI: ("no ComfyUI base was found (folder_paths / comfy are not imported here, "
+                 "options['comfyui'] and COMFYUI_PATH are unset){detail}",
+                 "load it from ComfyUI (or set COMFYUI_PATH=<ComfyUI dir>), then "
+                 "`bulkhead install {pack}`"),
+    NO_CONFIG: ("it has no comfy-env.toml{detail}",
+                "add a comfy-env.toml to the pack, then `bulkhead install {pack}`"),
+    STAMP_REFUSED: ("its environment's stamp was refused{detail}",
+                    "rebuild the environment: `bulkhead install {pack}`"),
+    ENV_NOT_BUILT: ("its environment is not built{detail}",
+                    "build it: `bulkhead install {pack}`"),
+    DIR_WITHOUT_CONFIG: ("this directory has no comfy-env.toml of its own{detail}",
+                         "to isolate it, add a comfy-env.toml to it and run `bulkhead install {pack}`"),
+}
+
+
+class PackLoadError(BulkheadError, ImportError):
+    """A pack's nodes could not be described (its import failed in the
+    worker, or the worker could not start)."""
+
+
+class NodeInterrupted(BulkheadError):
+    """A worker node stopped on an interrupt, in a host without ComfyUI
+    (inside ComfyUI, its own InterruptProcessingException is raised)."""
+
+
+# --- where things are ---
+
+def find_comfyui(options=None):
+    """The host's ComfyUI directory: options['comfyui'], else where the
+    imported ``folder_paths`` or ``comfy`` came from, else $COMFYUI_PATH;
+    None when there is none."""
+    given = (options or {}).get("comfyui")
+    if given:
+        return os.path.realpath(given)
+    fp = sys.modules.get("folder_paths")
+    if getattr(fp, "__file__", None):
+        return os.path.dirname(os.path.realpath(fp.__file__))
+    comfy = sys.modules.get("comfy")
+    if getattr(comfy, "__file__", None):
+        return os.path.dirname(os.path.dirname(os.path.realpath(comfy.__file__)))
+    env = os.environ.get("COMFYUI_PATH")
+    if env and os.path.isdir(os.path.join(env, "comfy")):
+        return os.path.realpath(env)
+    return None
+
+
+def cache_dir():
+    """$BULKHEAD_HOME/cache/nodes, else $XDG_CACHE_HOME/bulkhead/nodes, else
+    ~/.cache/bulkhead/nodes."""
+    home = os.environ.get("BULKHEAD_HOME")
+    if home:
+        return os.path.join(home, "cache", "nodes")
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "bulkhead", "nodes")
+
+
+# --- what the worker mirrors ---
+
+def _encode_arg(v):
+    import enum
+    if isinstance(v, enum.Enum):
+        return {"enum": type(v).__name__, "value": v.value}
+    if isinstance(v, (set, frozenset)):
+        return {"set": [_encode_arg(x) for x in v]}
+    if isinstance(v, (list, tuple)):
+        return {"list": [_encode_arg(x) for x in v]}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise TypeError(type(v).__name__)
+
+
+def host_args():
+    """The mirrored flags of this process's comfy.cli_args.args (JSON-able)."""
+    cli = sys.modules.get("comfy.cli_args")
+    args = getattr(cli, "args", None)
+    out = {}
+    if args is None:
+        return out
+    for name in MIRRORED_ARGS:
+        if hasattr(args, name):
+            try:
+                out[name] = _encode_arg(getattr(args, name))
+            except TypeError:
+                log.debug("bulkhead: --%s is not mirrored (a value of type %s)", name,
+                          type(getattr(args, name)).__name__)
+    return out
+
+
+def host_folders():
+    """This process's folder_paths directories (JSON-able), or None."""
+    fp = sys.modules.get("folder_paths")
+    table = getattr(fp, "folder_names_and_paths", None)
+    if not isinstance(table, dict):
+        return None
+    folders = {}
+    for name, entry in table.items():
+        try:
+            paths, exts = entry
+            folders[str(name)] = [[str(p) for p in paths], sorted(str(e) for e in exts)]
+        except (TypeError, ValueError):
+            continue
+    dirs = {}
+    for kind in ("output", "input", "temp", "user"):
+        getter = getattr(fp, f"get_{kind}_directory", None)
+        try:
+            value = getter() if getter is not None else getattr(fp, f"{kind}_directory", None)
+        except Exception:
+            value = None
+        if isinstance(value, str):
+            dirs[kind] = value
+    out = {"folders": folders, "dirs": dirs}
+    for attr in ("models_dir", "base_path"):
+        if isinstance(getattr(fp, attr, None), str):
+            out[attr] = getattr(fp, attr)
+    return out
+
+
+# --- the metadata cache ---
+
+_SKIP_DIRS = {"__pycache__", "node_modules", "venv", ".venv", "env", "site-packages"}
+_SOURCE_NAMES = {"comfy-env.toml", "pyproject.toml", "requirements.txt"}
+
+
+def source_hash(pack_dir):
+    """sha256 over the pack's Python sources and config files (relative
+    path and contents)."""
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(pack_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
+        for f in sorted(files):
+            if not (f.endswith(".py") or f in _SOURCE_NAMES):
+                continue
+            path = os.path.join(root, f)
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                continue
+            h.update(os.path.relpath(path, pack_dir).encode() + b"\0")
+            h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def default_stamp(python):
+    """The environment's identity when the caller gives none: the
+    interpreter's mtime, and the mtimes of the venv's config and
+    site-packages directories (which change when packages do)."""
+    parts = []
+    for path in [python] + [os.path.join(os.path.dirname(os.path.dirname(python)), "pyvenv.cfg")] + \
+            sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(python)), "lib*", "python*",
+                                          "site-packages"))):
+        try:
+            parts.append(str(os.stat(path).st_mtime_ns))
+        except OSError:
+            parts.append("-")
+    return ":".join(parts)
+
+
+def _comfyui_version(base):
+    h = hashlib.sha256()
+    for rel in ("comfyui_version.py", os.path.join("comfy", "cli_args.py"), os.path.join("comfy", "samplers.py")):
+        try:
+            with open(os.path.join(base, rel), "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(b"-")
+    return h.hexdigest()[:32]
+
+
+class MetadataCache:
+    """One JSON file per pack under cache_dir(): the key it was made for
+    and the worker's description.  A file whose key differs is a miss; a
+    write replaces the pack's older files."""
+
+    def __init__(self, directory=None):
+        self.directory = directory or cache_dir()
+
+    def _prefix(self, pack_dir):
+        return hashlib.sha256(pack_dir.encode()).hexdigest()[:16]
+
+    def path(self, pack_dir, key):
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+        return os.path.join(self.directory, f"{self._prefix(pack_dir)}-{digest}.json")
+
+    def load(self, pack_dir, key):
+        try:
+            with open(self.path(pack_dir, key), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("meta"), str):
+            return None
+        return data["meta"]
+
+    def store(self, pack_dir, key, meta):
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            path = self.path(pack_dir, key)
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"key": key, "meta": meta}, f)
+            os.replace(tmp, path)
+            prefix = self._prefix(pack_dir) + "-"
+            for old in os.listdir(self.directory):
+                if old.startswith(prefix) and old.endswith(".json") and \
+                        os.path.join(self.directory, old) != path:
+                    try:
+                        os.unlink(os.path.join(self.directory, old))
+                    except OSError:
+                        pass
+        except OSError as e:
+            log.warning("bulkhead: cannot write the node metadata cache %s: %s", self.directory, e)
+
+
+# --- metadata -> the values ComfyUI gets ---
+
+class AnyType(str):
+    """ComfyUI packs' "any type" string: equal to every type (the pack's
+    own class of that kind, rebuilt on this side)."""
+
+    def __ne__(self, other):
+        return False
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+def _folder_list(name, files):
+    fp = sys.modules.get("folder_paths")
+    getter = getattr(fp, "get_filename_list", None)
+    if getter is not None:
+        try:
+            return getter(name)
+        except Exception:
+            pass
+    return list(files)
+
+
+def decode_meta(v):
+    """The tagged JSON of worker_nodes._Meta -> Python values."""
+    if isinstance(v, list):
+        return [decode_meta(x) for x in v]
+    if isinstance(v, dict):
+        tag = v.get("__bh__")
+        if tag is None:
+            return {k: decode_meta(x) for k, x in v.items()}
+        if tag == "tuple":
+            return tuple(decode_meta(x) for x in v["items"])
+        if tag == "any":
+            return AnyType(v["value"])
+        if tag == "folder":
+            return _folder_list(v["name"], decode_meta(v["files"]))
+        if tag == "dict":
+            out = {}
+            for k, x in v["items"]:
+                k = decode_meta(k)
+                out[tuple(k) if isinstance(k, list) else k] = decode_meta(x)
+            return out
+        raise ValueError(f"unknown metadata tag {tag!r}")
+    return v
+
+
+def _signature(spec):
+    """An inspect.Signature presenting the real method's parameters as
+    ComfyUI sees them on the class (first parameter: the bound class)."""
+    P = inspect.Parameter
+    args = list(spec.get("args") or [])
+    if not spec.get("bound"):
+        args.insert(0, "cls" if "cls" not in args else "_cls")
+    defaults = [decode_meta(d) for d in spec.get("defaults") or []]
+    first_default = len(args) - len(defaults)
+    params = []
+    for i, name in enumerate(args):
+        if i >= first_default:
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD, default=defaults[i - first_default]))
+        else:
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD))
+    if spec.get("varargs"):
+        params.append(P(spec["varargs"], P.VAR_POSITIONAL))
+    kwd = spec.get("kwonlydefaults") or {}
+    for name in spec.get("kwonly") or []:
+        params.append(P(name, P.KEYWORD_ONLY, default=decode_meta(kwd[name]) if name in kwd else P.empty))
+    if spec.get("varkw"):
+        params.append(P(spec["varkw"], P.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+# --- the host's ComfyUI, read only ---
+
+def _mm():
+    return sys.modules.get("comfy.model_management")
+
+
+def _comfy_utils():
+    utils = sys.modules.get("comfy.utils")
+    if utils is None and "comfy" in sys.modules:
+        try:
+            import comfy.utils as utils
+        except Exception:
+            return None
+    return utils
+
+
+class _Progress:
+    """PROGRESS frames -> a comfy.utils.ProgressBar of the node running here."""
+
+    def __init__(self, mm):
+        self.mm = mm
+        self.utils = _comfy_utils()
+        self.bar = None
+        self.frames = 0
+
+    def on_frame(self, v):
+        self.frames += 1
+        if self.utils is None or not isinstance(v, dict):
+            return
+        value, total = v.get("value"), v.get("total")
+        if not isinstance(value, (int, float)) or not isinstance(total, (int, float)):
+            return
+        mm = self.mm
+        if mm is not None and mm.processing_interrupted():
+            return  # the interrupt is on its way to the worker; leave the flag to ComfyUI
+        try:
+            if self.bar is None:
+                self.bar = self.utils.ProgressBar(total)
+            self.bar.update_absolute(value, total)
+        except BaseException as e:
+            if mm is not None and isinstance(e, mm.InterruptProcessingException):
+                # ComfyUI's hook consumed the click (a race with the check
+                # above): give it back, for the watcher and ComfyUI's own check.
+                mm.interrupt_current_processing(True)
+            elif isinstance(e, Exception):
+                log.debug("bulkhead: progress update failed: %r", e)
+            else:
+                raise
+
+
+class _InterruptWatch:
+    """Polls the host's interrupt flag (non-consuming) while a worker call
+    runs; when it is set, interrupts the worker, then keeps signalling
+    until the call ends (a signal that arrives between two calls is
+    harmless: each call starts with the worker's flag clear)."""
+
+    POLL_S = 0.005
+    RESIGNAL_S = 0.025
+
+    def __init__(self, worker, mm):
+        self.worker = worker
+        self.mm = mm
+        self.fired_at = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bulkhead-interrupt", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        poll = self.mm.processing_interrupted
+        while not self._stop.wait(self.POLL_S):
+            if poll():
+                self.fired_at = time.perf_counter()
+                self.worker.interrupt(frame=True)
+                while not self._stop.wait(self.RESIGNAL_S):
+                    self.worker.interrupt(frame=False)
+                return
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def _to_worker(v, where, depth=0):
+    """Inputs as they can cross: device tensors copied to the CPU;
+    anything the host made that cannot cross is a clear error."""
+    if v is None or isinstance(v, (bool, int, float, str, bytes, bytearray, RemoteObject)):
+        return v
+    if depth < 32:
+        if isinstance(v, (list, tuple)):
+            items = [_to_worker(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
+            return tuple(items) if isinstance(v, tuple) else items
+        if isinstance(v, dict):
+            return {k: _to_worker(x, f"{where}[{k!r}]", depth + 1) for k, x in v.items()}
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, (np.ndarray, np.generic)):
+        return v
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        return v if v.device.type == "cpu" else v.detach().cpu()
+    t = type(v)
+    raise TypeError(
+        f"input {where} is a {t.__module__}.{t.__qualname__} made in the host process; an isolated "
+        "node takes plain values, tensors and objects its own pack made (none of another pack's "
+        "or ComfyUI's own objects)")
+
+
+# --- one pack ---
+
+class PackRuntime:
+    """One isolated pack: its worker, its metadata, its proxy classes."""
+
+    def __init__(self, pack_dir, python, name, env, options, comfyui):
+        self.pack_dir = pack_dir
+        self.python = os.fspath(python)
+        self.name = name
+        self.options = options
+        self.comfyui = comfyui
+        module = options.get("module", "auto")
+        if module == "auto":
+            from .worker_nodes import default_module
+            module = default_module(pack_dir)
+        self.module = module
+        self.worker = Worker(self.python, name=name, env=env, cwd=comfyui,
+                             start_timeout=options.get("start_timeout", 120.0),
+                             call_timeout=options.get("call_timeout"))
+        self.worker.env_hooks.append(self._worker_env)
+        attach = options.get("attach")
+        if attach is not None:
+            attach(self.worker)
+        self.meta = None
+        self.last_interrupt_at = None
+        self.from_cache = False
+        self.classes = {}
+        self.display = {}
+
+    def _worker_env(self):
+        env = {
+            "BULKHEAD_COMFYUI": self.comfyui,
+            "BULKHEAD_PACK_DIR": self.pack_dir,
+            "BULKHEAD_PACK_MODULE": self.module or "",
+            "BULKHEAD_PACK_NAME": self.name,
+            "BULKHEAD_COMFY_ARGS": json.dumps(host_args()),
+        }
+        folders = host_folders()
+        if folders is not None:
+            env["BULKHEAD_COMFY_FOLDERS"] = json.dumps(folders)
+        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        if alloc:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = alloc
+        return env
+
+    # metadata
+
+    def cache_key(self):
+        return {
+            "format": FORMAT,
+            "protocol": _native.PROTOCOL_VERSION,
+            "pack": self.pack_dir,
+            "module": self.module,
+            "python": self.python,
+            "stamp": str(self.options.get("stamp") or default_stamp(self.python)),
+            "sources": source_hash(self.pack_dir),
+            "comfyui": [self.comfyui, _comfyui_version(self.comfyui)],
+        }
+
+    def load_metadata(self):
+        cache = None if self.options.get("cache", True) is False else MetadataCache(self.options.get("cache_dir"))
+        key = self.cache_key() if cache is not None else None
+        text = cache.load(self.pack_dir, key) if cache is not None else None
+        self.from_cache = text is not None
+        if text is None:
+            text = self.describe()
+            if cache is not None:
+                cache.store(self.pack_dir, key, text)
+        self.meta = json.loads(text)
+        for problem in self.meta.get("problems", []):
+            log.warning("bulkhead: pack %r: %s", self.name, problem)
+        return self.meta
+
+    def describe(self):
+        try:
+            return self.worker.call("bulkhead.worker_nodes:describe")
+        except RemoteError as e:
+            self.worker.close()
+            raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}) failed to import in its worker "
+                                f"({self.python}): {e}") from None
+        except BulkheadError as e:
+            raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}): {e}") from None
+
+    def build(self):
+        self.classes = {key: self._proxy(key, node) for key, node in self.meta["nodes"].items()}
+        self.display = {k: v for k, v in self.meta.get("display", {}).items() if k in self.classes}
+        return self.classes, self.display
+
+    def _proxy(self, key, node):
+        rt = self
+        ns = {"__module__": f"bulkhead.nodes.{self.name}", "__doc__": f"{node['class_name']} "
+              f"of pack {self.name!r}, run in its worker ({self.python})."}
+        input_types = node["input_types"]
+
+        def INPUT_TYPES(cls):
+            return decode_meta(input_types)
+        ns["INPUT_TYPES"] = classmethod(INPUT_TYPES)
+        for attr, value in node["attrs"].items():
+            ns[attr] = decode_meta(value)
+        function = node["function"]
+        ns["FUNCTION"] = function
+
+        def run(self, **kwargs):
+            return rt.run(self, key, kwargs)
+        run.__name__ = run.__qualname__ = function
+        ns[function] = run
+        methods = node.get("methods", {})
+        for mname in ("IS_CHANGED", "VALIDATE_INPUTS"):
+            if mname in methods:
+                ns[mname] = classmethod(self._class_method(key, mname, methods[mname]))
+        if "check_lazy_status" in methods:
+            def check_lazy_status(self, **kwargs):
+                return rt.run(self, key, kwargs, method="check_lazy_status")
+            ns["check_lazy_status"] = check_lazy_status
+        ns["_bulkhead_pack"] = self.name
+        name = node["class_name"].rsplit(".", 1)[-1]
+        cls = type(name if name.isidentifier() else "ProxyNode", (), ns)
+        cls.__qualname__ = node["class_name"]
+        return cls
+
+    def _class_method(self, key, mname, spec):
+        rt = self
+
+        def method(*_cls, **kwargs):
+            return rt.call_class(key, mname, kwargs)
+        method.__name__ = method.__qualname__ = mname
+        try:
+            method.__signature__ = _signature(spec)
+        except (ValueError, TypeError) as e:
+            log.warning("bulkhead: pack %r: the signature of %s.%s cannot be rebuilt (%s); ComfyUI "
+                        "will pass it every input", self.name, key, mname, e)
+        return method
+
+    # calls
+
+    def run(self, node, key, kwargs, method=None):
+        mm = _mm()
+        if mm is not None and mm.processing_interrupted():
+            raise mm.InterruptProcessingException()
+        kwargs = {k: _to_worker(v, f"{k!r} of node {key!r} (pack {self.name!r})") for k, v in kwargs.items()}
+        w = self.worker
+        with w._lock:
+            w.start()
+            peer = w.peer
+            instance = node.__dict__.get("_bulkhead_instance")
+            if instance is not None and instance._peer is not peer:
+                instance = None  # the worker was restarted: a new instance there
+            res = self._call(w, mm, "bulkhead.worker_nodes:run", key, kwargs, instance, method)
+        types = res.get("types") or {}
+        for ident, tname in types.items():
+            ro = peer.remote_objects.get(int(ident))
+            if ro is not None:
+                ro._type = tname
+        node._bulkhead_instance = res["instance"]
+        return res["outputs"]
+
+    def call_class(self, key, mname, kwargs):
+        kwargs = {k: _to_worker(v, f"{k!r} of {key}.{mname} (pack {self.name!r})") for k, v in kwargs.items()}
+        with self.worker._lock:
+            return self._call(self.worker, _mm(), "bulkhead.worker_nodes:call_class", key, mname, kwargs)
+
+    def _call(self, w, mm, target, *args):
+        progress = _Progress(mm)
+        w.frame_handlers[_native.PROGRESS] = progress.on_frame
+        watch = _InterruptWatch(w, mm) if mm is not None and hasattr(mm, "processing_interrupted") else None
+        try:
+            return w.call(target, *args)
+        except RemoteError as e:
+            raise self._translate(e, mm) from None
+        finally:
+            if watch is not None:
+                watch.stop()
+                self.last_interrupt_at = watch.fired_at
+            w.frame_handlers.pop(_native.PROGRESS, None)
+
+    def _translate(self, e, mm):
+        kind = e.remote_type
+        if kind == "bulkhead.worker_nodes.NodeInterrupted":
+            if mm is not None and hasattr(mm, "InterruptProcessingException"):
+                return mm.InterruptProcessingException()
+            return NodeInterrupted(f"a node of pack {self.name!r} was interrupted")
+        if kind == "bulkhead.worker_nodes.WorkerOutOfMemory":
+            text = (f"{e.remote_message} [in {e.worker}]\n--- worker traceback ---\n"
+                    f"{e.remote_traceback.rstrip()}")
+            cls = getattr(mm, "OOM_EXCEPTION", None) if mm is not None else None
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                cls = MemoryError
+            try:
+                return cls(text)
+            except Exception:
+                return MemoryError(text)
+        return e
+
+    def close(self):
+        self.worker.close()
+
+
+_runtimes = {}
+_runtimes_lock = threading.Lock()
+
+
+def runtime(pack_dir):
+    """The PackRuntime load_pack made for pack_dir, or None."""
+    with _runtimes_lock:
+        for (d, _py), rt in _runtimes.items():
+            if d == os.path.realpath(pack_dir):
+                return rt
+    return None
+
+
+def load_pack(pack_dir, python, *, name=None, env=None, options=None):
+    """NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS of an isolated pack.
+
+    pack_dir: the pack's directory (its node classes in ``nodes.py`` /
+    ``nodes/``, or options['module'], or None for the package's own
+    ``__init__``); python: the pack environment's interpreter; name: the
+    pack's name in logs and handles (default: the directory's name); env:
+    variables set in the worker only.  options: 'stamp' (the environment's
+    identity for the metadata cache; default from the interpreter's and
+    site-packages' mtimes), 'comfyui' (the ComfyUI directory; default
+    found), 'module', 'cache' (False: no cache), 'cache_dir',
+    'attach' (called with the Worker before it starts, e.g.
+    HostMemory.attach), 'start_timeout', 'call_timeout'.
+
+    With a warm cache no worker starts here.  Falls back to ``fallback``
+    (in-process) when no ComfyUI is found or the interpreter does not
+    exist; raises PackLoadError when the pack fails to import in its
+    worker.  Inside a worker (a pack importing another) the pack is
+    imported in-process."""
+    options = dict(options or {})
+    pack_dir = os.path.realpath(os.fspath(pack_dir))
+    name = name or os.path.basename(pack_dir)
+    from . import worker as _worker_mod
+    if _worker_mod._peer is not None:
+        from . import worker_nodes
+        mod = worker_nodes.import_nodes(pack_dir, options.get("module", "auto"))
+        return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
+                dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
+    comfyui = find_comfyui(options)
+    if comfyui is None:
+        return fallback(pack_dir, NO_COMFYUI, name=name, module=options.get("module", "auto"))
+    if python is None or not os.access(os.fspath(python), os.X_OK):
+        return fallback(pack_dir, ENV_NOT_BUILT, name=name, module=options.get("module", "auto"),
+                        detail=f" (no interpreter at {python})" if python else "")
+    key = (pack_dir, os.fspath(python))
+    with _runtimes_lock:
+        rt = _runtimes.get(key)
+        if rt is None:
+            rt = PackRuntime(pack_dir, python, name, env, options, comfyui)
+            _runtimes[key] = rt
+    if rt.meta is None:
+        rt.load_metadata()
+        rt.build()
+        log.info("bulkhead: pack %r: %d nodes, %s, metadata %s", name, len(rt.classes), rt.python,
+                 "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
+    return dict(rt.classes), dict(rt.display)
+
+
+_warned = set()
+_warned_lock = threading.Lock()
+
+
+def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
+    """Imports the pack in this process and returns its own
+    (NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS), after ONE warning
+    per pack naming the reason (a key of REASONS, or any text) and the
+    fix.  detail is added to the reason (e.g. what the stamp check said)."""
+    pack_dir = os.path.realpath(os.fspath(pack_dir))
+    name = name or os.path.basename(pack_dir)
+    what, fix = REASONS.get(reason, (str(reason) + "{detail}", "`bulkhead install {pack}`"))
+    detail = f": {detail}" if detail and not detail.startswith((" ", ":")) else (detail or "")
+    with _warned_lock:
+        first = pack_dir not in _warned
+        _warned.add(pack_dir)
+    if first:
+        log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir,
+                    what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail))
+    from .worker_nodes import import_nodes
+    mod = import_nodes(pack_dir, module, unique_name=True)
+    return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
+            dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
+
+
+def close_all():
+    """Stops every pack worker (their metadata stays)."""
+    with _runtimes_lock:
+        rts = list(_runtimes.values())
+    for rt in rts:
+        rt.close()
+
+
+def _forget_all():
+    """Tests: forget every runtime (as a fresh ComfyUI start would)."""
+    close_all()
+    with _runtimes_lock:
+        _runtimes.clear()
+    with _warned_lock:
+        _warned.clear()
+
