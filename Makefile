@@ -75,7 +75,16 @@ build: $(REL)/build.ninja
 build-asan: $(ASAN)/build.ninja
 	$(VENV)/bin/ninja -C $(ASAN)
 
-demo: build worker-venvs
+# The main job on an embedded default (tests/comfyui, or COMFYUI_PATH):
+# two example packs whose dependencies conflict (numpy 1.x under Python
+# 3.11, numpy 2.x under 3.12) get their environments built, then a small
+# workflow runs through both from one host.  Then the foundation's own
+# demo: calls and 64 MiB arrays through workers under two interpreters.
+DEMO_PACKS := examples/packs/old_numpy_pack examples/packs/new_numpy_pack
+
+demo: build worker-venvs $(VENV)/.stamp-psutil
+	@for p in $(DEMO_PACKS); do PYTHONPATH=$(REL)/python $(VPY) -m bulkhead install $$p || exit 1; done
+	BULKHEAD_CLI=$(REL)/tools/bulkhead PYTHONPATH=$(REL)/python $(VPY) examples/workflow.py
 	PYTHONPATH=$(REL)/python $(VPY) examples/demo.py $(WORKER_VENVS)
 
 check-c: build build-asan

@@ -14,6 +14,7 @@ from .host import CallTimeout, Worker, WorkerDied, WorkerStartError, describe_st
 _LAZY = {
     "install": "envs", "env_status": "envs", "EnvStatus": "envs", "EnvBuildError": "envs",
     "PackConfig": "packconfig", "PackConfigError": "packconfig", "PackConfigWarning": "packconfig",
+    "comfy_pack": "pack", "host_memory": "pack",
 }
 
 

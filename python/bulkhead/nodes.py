@@ -669,6 +669,9 @@ class PackRuntime:
                 watch.stop()
                 self.last_interrupt_at = watch.fired_at
             w.frame_handlers.pop(_native.PROGRESS, None)
+            after = self.options.get("after_call")
+            if after is not None:
+                after(w)  # the memory layer's drain: stand-ins made to match the ledger
 
     def _translate(self, e, mm):
         kind = e.remote_type
@@ -717,7 +720,9 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     site-packages' mtimes), 'comfyui' (the ComfyUI directory; default
     found), 'module', 'cache' (False: no cache), 'cache_dir',
     'attach' (called with the Worker before it starts, e.g.
-    HostMemory.attach), 'start_timeout', 'call_timeout'.
+    HostMemory.attach), 'after_call' (called with the Worker after every
+    proxied call, on ComfyUI's execution thread), 'start_timeout',
+    'call_timeout'.
 
     With a warm cache no worker starts here.  Falls back to ``fallback``
     (in-process) when no ComfyUI is found or the interpreter does not

@@ -1,0 +1,93 @@
+"""The one call an isolated pack's ``__init__.py`` makes:
+
+    import bulkhead
+    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
+
+It reads the pack's ``comfy-env.toml`` (packconfig), checks the pack's
+environment (envs: built, stamp current), and returns proxy node classes
+whose work runs in a worker under that environment's interpreter (nodes),
+with the worker under the host's one memory budget (memory: its models
+stand in ComfyUI's ledger, its loads are admitted, it is drained after
+every node).  Anything that keeps the pack from running isolated — no
+config, an environment not built or refused, no ComfyUI — falls back to an
+in-process import with ONE warning naming the reason and the command that
+fixes it (``bulkhead install <pack dir>``).
+"""
+
+import os
+import threading
+
+from . import nodes
+
+_memory = None
+_memory_lock = threading.Lock()
+
+
+def host_memory():
+    """This process's HostMemory, made on first use once ComfyUI's memory
+    manager is importable; None outside ComfyUI."""
+    global _memory
+    with _memory_lock:
+        if _memory is None:
+            try:
+                import comfy.model_management as mm
+            except Exception:
+                return None
+            from .memory import HostMemory
+            _memory = HostMemory(mm)
+        return _memory
+
+
+def _attach(hm):
+    def attach(worker):
+        hm.attach(worker)
+    return attach
+
+
+def _drain(hm):
+    def after_call(worker):
+        hm.reconcile()
+    return after_call
+
+
+def comfy_pack(init_file, *, module="auto"):
+    """(NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS) for the pack whose
+    ``__init__.py`` is init_file.  module: where the real node classes live
+    ('auto': ``nodes.py`` / ``nodes/``).  A pack with several configs (in
+    ``nodes/<subdir>/``) gets one worker per config, each serving the nodes
+    of its directory."""
+    from . import envs, packconfig
+    pack_dir = os.path.dirname(os.path.realpath(os.fspath(init_file)))
+    try:
+        configs = packconfig.load_pack(pack_dir)
+    except packconfig.PackConfigError as e:
+        return nodes.fallback(pack_dir, f"its comfy-env.toml is invalid ({e})", module=module)
+    if not configs:
+        return nodes.fallback(pack_dir, nodes.NO_CONFIG, module=module)
+    classes, display = {}, {}
+    hm = host_memory()
+    for config in configs:
+        st = envs.env_status(config)
+        sub_dir = config.directory
+        sub_module = module if sub_dir == pack_dir else None
+        if not st.ok:
+            reason = nodes.ENV_NOT_BUILT if st.state == "missing" else nodes.STAMP_REFUSED
+            c, d = nodes.fallback(sub_dir, reason, detail=f"{st.state}: {st.reason}", name=config.name,
+                                  module=sub_module or "auto")
+        else:
+            opts = {"stamp": f"{config.config_hash}:{st.version}", "module": sub_module or "auto"}
+            o = config.options
+            if o.get("call_timeout_s"):
+                opts["call_timeout"] = float(o["call_timeout_s"])
+            if o.get("start_timeout_s"):
+                opts["start_timeout"] = float(o["start_timeout_s"])
+            env = dict(config.env_vars)
+            if o.get("idle_release_s"):
+                env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))
+            if hm is not None:
+                opts["attach"] = _attach(hm)
+                opts["after_call"] = _drain(hm)
+            c, d = nodes.load_pack(sub_dir, st.python, name=config.name, env=env, options=opts)
+        classes.update(c)
+        display.update(d)
+    return classes, display

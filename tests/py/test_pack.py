@@ -1,0 +1,125 @@
+"""bulkhead.comfy_pack: the one call a pack's __init__.py makes.  Config ->
+environment -> proxy nodes in a worker under the host's memory budget, and
+every fallback case with its one warning.  Each case runs in a fresh host
+(tests/comfyui, or COMFYUI_PATH) through comfyenv."""
+
+import os
+import textwrap
+
+import pytest
+
+from comfyenv import run_comfy_script
+
+pytestmark = pytest.mark.torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(HERE, "..", "..", "build", "rel")))
+
+NODES = '''
+import os
+
+class WhereAmI:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"x": ("INT", {"default": 1})}}
+    RETURN_TYPES = ("INT", "INT")
+    RETURN_NAMES = ("pid", "doubled")
+    FUNCTION = "run"
+    CATEGORY = "test"
+
+    def run(self, x):
+        return (os.getpid(), 2 * x)
+
+NODE_CLASS_MAPPINGS = {"WhereAmI": WhereAmI}
+NODE_DISPLAY_NAME_MAPPINGS = {"WhereAmI": "Where am I"}
+'''
+
+INIT = '''
+import bulkhead
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
+'''
+
+
+def make_pack(root, name, config):
+    d = root / name
+    d.mkdir()
+    (d / "__init__.py").write_text(INIT)
+    (d / "nodes.py").write_text(NODES)
+    if config is not None:
+        (d / "comfy-env.toml").write_text(textwrap.dedent(config))
+    return d
+
+
+def run_host(tmp_path, pack, body):
+    code = f"""
+        import importlib.util, logging, warnings
+        logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
+        import bulkhead
+        def load(pack_dir):
+            name = os.path.basename(pack_dir)
+            spec = importlib.util.spec_from_file_location(
+                name, os.path.join(pack_dir, "__init__.py"), submodule_search_locations=[pack_dir])
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            return mod
+        PACK = {str(pack)!r}
+    """
+    code = textwrap.dedent(code) + textwrap.dedent(body)
+    env = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(tmp_path / "home"),
+           "BULKHEAD_LEDGER": str(tmp_path / "ledger")}
+    return run_comfy_script(code, timeout=240, env=env)
+
+
+HOST_VERSION = "%d.%d" % os.sys.version_info[:2]
+
+
+def test_isolated_pack_runs_in_a_worker_under_the_memory_budget(tmp_path):
+    pack = make_pack(tmp_path, "iso_pack", f'python = "{HOST_VERSION}"\n')
+    r = run_host(tmp_path, pack, """
+        statuses = bulkhead.install(PACK, progress=lambda line: None)
+        mod = load(PACK)
+        cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
+        pid, doubled = getattr(cls(), cls.FUNCTION)(x=21)
+        hm = bulkhead.host_memory()
+        rec = hm.ledger.read(pid)
+        emit(dict(state=statuses[0].state, me=os.getpid(), pid=pid, doubled=doubled,
+                  role=rec and rec["role"], host_pid=rec and rec["host_pid"], pack=rec and rec["pack"],
+                  display=mod.NODE_DISPLAY_NAME_MAPPINGS))
+        from bulkhead import nodes
+        nodes.close_all()
+        hm.close()
+    """)
+    assert r["state"] == "ready"
+    assert r["pid"] != r["me"] and r["doubled"] == 42
+    assert r["role"] == "worker" and r["host_pid"] == r["me"] and r["pack"] == "iso_pack"
+    assert r["display"] == {"WhereAmI": "Where am I"}
+
+
+@pytest.mark.parametrize("case, config, edit, expect", [
+    ("no config", None, None, "has no comfy-env.toml"),
+    ("not built", f'python = "{HOST_VERSION}"\n', None, "environment is not built"),
+    ("stale", f'python = "{HOST_VERSION}"\n', f'python = "{HOST_VERSION}"\nrequirements = ["nothing-here"]\n',
+     "stamp was refused"),
+    ("invalid", "python = \n", None, "comfy-env.toml is invalid"),
+])
+def test_fallbacks_warn_once_and_import_in_process(tmp_path, case, config, edit, expect):
+    pack = make_pack(tmp_path, "fb_pack", config)
+    r = run_host(tmp_path, pack, f"""
+        if {case!r} == "stale":
+            bulkhead.install(PACK, progress=lambda line: None)
+            open(os.path.join(PACK, "comfy-env.toml"), "w").write({edit!r})
+        import io, contextlib
+        buf = io.StringIO()
+        handler = logging.StreamHandler(buf)
+        logging.getLogger().addHandler(handler)
+        mod = load(PACK)
+        load(PACK)  # a second import warns no more
+        cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
+        pid, _ = getattr(cls(), cls.FUNCTION)(x=1)
+        emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue()))
+    """)
+    assert r["pid"] == r["me"]  # in-process
+    warnings = [l for l in r["log"].splitlines() if "runs in-process, NOT isolated" in l]
+    assert len(warnings) == 1, r["log"]
+    assert expect in warnings[0] and "bulkhead install" in warnings[0], warnings[0]
