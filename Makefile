@@ -83,7 +83,7 @@ build-asan: $(ASAN)/build.ninja
 DEMO_PACKS := examples/packs/old_numpy_pack examples/packs/new_numpy_pack
 
 demo: build worker-venvs $(VENV)/.stamp-psutil
-	@for p in $(DEMO_PACKS); do PYTHONPATH=$(REL)/python $(VPY) -m bulkhead install $$p || exit 1; done
+	@for p in $(DEMO_PACKS); do BULKHEAD_PYTHON=$(VPY) $(REL)/tools/bulkhead install $$p || exit 1; done
 	BULKHEAD_CLI=$(REL)/tools/bulkhead PYTHONPATH=$(REL)/python $(VPY) examples/workflow.py
 	PYTHONPATH=$(REL)/python $(VPY) examples/demo.py $(WORKER_VENVS)
 

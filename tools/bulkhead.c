@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -64,6 +65,8 @@ static const char bh__usage_main[] =
     "            and their residency, pins; each device's total and free\n"
     "  top       the same, live (q quits)\n"
     "  release   ask a worker, through its host, to give memory back\n"
+    "  install   build a pack's environment(s) from its comfy-env.toml\n"
+    "  env       show whether a pack's environment is built and current\n"
     "  help      this text, or a verb's: bulkhead help VERB\n"
     "\n"
     "`bulkhead VERB --help` explains a verb; --version prints the version.\n"
@@ -72,6 +75,8 @@ static const char bh__usage_main[] =
     "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-ledger-<uid>)\n"
     "  BULKHEAD_NVML_LIBRARY  the NVML library to load (default libnvidia-ml.so.1)\n"
     "  XDG_RUNTIME_DIR        where hosts' control sockets are (release --help)\n"
+    "  BULKHEAD_PYTHON        the Python that runs install/env (default python3;\n"
+    "                         use ComfyUI's own)\n"
     "\n" BH__EXITS;
 
 static const char bh__usage_status[] =
@@ -167,6 +172,44 @@ int bh_cli_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
+/* install / env: environment building is Python's job (pip, venv), so
+ * these verbs run `<python> -m bulkhead VERB ...` with the same arguments
+ * and exit status.  Next to a build tree's command the package is found in
+ * ../python; elsewhere the Python given must import bulkhead. */
+static int bh__python_verb(int argc, char **argv) {
+  const char *python = getenv("BULKHEAD_PYTHON");
+  if (!python || !python[0]) python = "python3";
+  char exe[PATH_MAX], pkg[PATH_MAX + 64];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(pkg, sizeof pkg, "%s/../python/bulkhead/__init__.py", exe);
+    if (access(pkg, R_OK) == 0) {
+      snprintf(pkg, sizeof pkg, "%s/../python", exe);
+      const char *old = getenv("PYTHONPATH");
+      char *pp = malloc(strlen(pkg) + (old ? strlen(old) : 0) + 2);
+      if (pp) {
+        sprintf(pp, "%s%s%s", pkg, old && old[0] ? ":" : "", old ? old : "");
+        setenv("PYTHONPATH", pp, 1);
+        free(pp);
+      }
+    }
+  }
+  char **av = calloc((size_t)argc + 3, sizeof *av);
+  if (!av) return BH_CLI_EXIT_NOTFOUND;
+  av[0] = (char *)python;
+  av[1] = "-m";
+  av[2] = "bulkhead";
+  for (int i = 1; i < argc; i++) av[i + 2] = argv[i];
+  execvp(python, av);
+  fprintf(stderr, "bulkhead %s: cannot run %s: %s (set BULKHEAD_PYTHON to ComfyUI's Python)\n",
+          argv[1], python, strerror(errno));
+  free(av);
+  return 127;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return bh_cli_usage_error("", "which verb? status, top or release");
   const char *verb = argv[1];
@@ -179,13 +222,14 @@ int main(int argc, char **argv) {
     if (argc > 3) return bh_cli_usage_error("", "help takes one verb at most");
     const char *of = argc == 3 ? argv[2] : "";
     if (of[0] && strcmp(of, "status") && strcmp(of, "top") && strcmp(of, "release"))
-      return bh_cli_usage_error("", "no verb '%s' (status, top, release)", of);
+      return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env)", of);
     return bh_cli_usage(stdout, of, BH_CLI_EXIT_OK);
   }
   /* The verbs parse argv[1..]: getopt sees the verb as its program name. */
   if (strcmp(verb, "status") == 0) return bh_cli_status_main(argc - 1, argv + 1);
   if (strcmp(verb, "top") == 0) return bh_cli_top_main(argc - 1, argv + 1);
   if (strcmp(verb, "release") == 0) return bh_cli_release_main(argc - 1, argv + 1);
+  if (strcmp(verb, "install") == 0 || strcmp(verb, "env") == 0) return bh__python_verb(argc, argv);
   if (verb[0] == '-') return bh_cli_usage_error("", "unknown option '%s' (options follow the verb)", verb);
-  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release)", verb);
+  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env)", verb);
 }

@@ -723,3 +723,16 @@ def test_extension_serves_the_same_document(tmp_path):
             d.pop("free_bytes", None)
     assert mine == cmd
     assert mine["processes"][0]["pack"] == "same-doc"
+
+
+def test_install_and_env_run_bulkheads_python(tmp_path):
+    """`bulkhead install|env` hand over to `<python> -m bulkhead`, with the
+    same arguments and exit status; a Python that cannot run is named."""
+    pack = tmp_path / "no_config_pack"
+    pack.mkdir()
+    env = dict(os.environ, BULKHEAD_PYTHON=sys.executable, BULKHEAD_HOME=str(tmp_path / "home"))
+    p = subprocess.run([CLI, "env", str(pack)], capture_output=True, text=True, env=env)
+    assert p.returncode == 1 and "comfy-env.toml" in (p.stdout + p.stderr)
+    env["BULKHEAD_PYTHON"] = str(tmp_path / "no-such-python")
+    p = subprocess.run([CLI, "install", str(pack)], capture_output=True, text=True, env=env)
+    assert p.returncode == 127 and "no-such-python" in p.stderr and "BULKHEAD_PYTHON" in p.stderr
