@@ -290,7 +290,7 @@ static int lx_field(lexer *lx, char q, int triple, int nest) {
       }
       if (c == ':') { /* format spec: more string body, with fields */
         lx->p++;
-        r = lx_fbody(lx, q, triple, nest, 1);
+        r = lx_fbody(lx, q, triple, nest + 1, 1);
         if (r == F_CLOSE) {
           lx_emit(lx, BH_TOK_FCLOSE, lx->p, 1);
           lx->p++;
@@ -351,6 +351,10 @@ static int lx_fbody(lexer *lx, char q, int triple, int nest, int in_spec) {
     if (c == '{') {
       if (!in_spec && lx->p + 1 < lx->n && lx->s[lx->p + 1] == '{') {
         lx->p += 2;
+        continue;
+      }
+      if (nest > MAX_NEST) { /* too deep: plain text from here */
+        lx->p++;
         continue;
       }
       if (lx_field(lx, q, triple, nest) == F_END) return F_END;
@@ -514,9 +518,16 @@ int bh_canary_tokenize(const char *src, size_t len, bh_canary_token **out, size_
 enum kind { K_UNKNOWN, K_ENTRY, K_PATCHER, K_INNER, K_ENTRIES, K_PATCHERS, K_ENUM_ENTRIES, K_ENUM_PATCHERS };
 
 typedef struct {
-  uint32_t tok; /* the name is this token's text */
+  uint32_t tok;  /* the name is this token's text */
+  int32_t prev;  /* the binding it shadows (same name, outer), or -1 */
   uint8_t kind;
 } binding;
+
+/* Names with bindings, by text: the innermost binding of each. */
+typedef struct {
+  uint32_t tok;
+  int32_t top; /* index into binds, -1 when none is live */
+} name_slot;
 
 typedef struct {
   uint32_t tok, lo, hi; /* bound inside the bracket group (lo, hi) */
@@ -550,6 +561,8 @@ typedef struct {
   int32_t *stack;
   binding *binds;
   size_t nbinds, capbinds;
+  name_slot *slots; /* open addressing; tok == UINT32_MAX is empty */
+  size_t nslots, capslots;
   comp_binding comps[MAX_COMPS];
   size_t ncomps;
   frame *frames;
@@ -703,7 +716,8 @@ static int implies(const analyzer *A, size_t s, size_t e, int pol, int lvl) {
     }
     return every;
   }
-  if (is_name(A, s, "not")) return implies(A, s + 1, e, !pol, lvl + 1);
+  while (s < e && is_name(A, s, "not")) s++, pol = !pol; /* no and/or left at this level */
+  if (s >= e) return 0;
   if (is_op(A, s, "(") && group_end(A, s, e) == e - 1) return implies(A, s + 1, e - 1, pol, lvl + 1);
   if (find_kw(A, s, e, "if") != NONE || find_kw(A, s, e, "lambda") != NONE) return 0;
   /* An atom: exactly `<chain>.is_dynamic()`. */
@@ -860,6 +874,49 @@ static frame *top(analyzer *A) { return &A->frames[A->nframes - 1]; }
 
 static size_t scope_base(const analyzer *A) { return A->frames[A->nframes - 1].bind_base; }
 
+static uint64_t hash_text(const char *s, size_t n);
+
+/* The slot of the name at token tok; with create, made when missing
+ * (NULL once out of memory). */
+static name_slot *slot_of(analyzer *A, size_t tok, int create) {
+  if (create && (A->nslots + 1) * 2 > A->capslots) {
+    size_t cap = A->capslots ? A->capslots * 2 : 64;
+    name_slot *ns = malloc(cap * sizeof *ns);
+    if (!ns) {
+      A->err = -ENOMEM;
+      return NULL;
+    }
+    for (size_t k = 0; k < cap; k++) ns[k] = (name_slot){.tok = UINT32_MAX, .top = -1};
+    for (size_t k = 0; k < A->capslots; k++) {
+      if (A->slots[k].tok == UINT32_MAX) continue;
+      size_t h = hash_text(tx(A, A->slots[k].tok), A->t[A->slots[k].tok].len) & (cap - 1);
+      while (ns[h].tok != UINT32_MAX) h = (h + 1) & (cap - 1);
+      ns[h] = A->slots[k];
+    }
+    free(A->slots);
+    A->slots = ns, A->capslots = cap;
+  }
+  if (!A->capslots) return NULL;
+  size_t h = hash_text(tx(A, tok), A->t[tok].len) & (A->capslots - 1);
+  while (A->slots[h].tok != UINT32_MAX) {
+    if (same_text(A, A->slots[h].tok, tok)) return &A->slots[h];
+    h = (h + 1) & (A->capslots - 1);
+  }
+  if (!create) return NULL;
+  A->slots[h] = (name_slot){.tok = (uint32_t)tok, .top = -1};
+  A->nslots++;
+  return &A->slots[h];
+}
+
+/* Drops the bindings from index base on (a function's scope ended). */
+static void unbind_to(analyzer *A, size_t base) {
+  while (A->nbinds > base) {
+    const binding *b = &A->binds[--A->nbinds];
+    name_slot *sl = slot_of(A, b->tok, 0);
+    if (sl) sl->top = b->prev;
+  }
+}
+
 /* The kind of the name at token i (at: where it is used, for
  * comprehension variables; NONE for none). */
 static int lookup(const analyzer *A, size_t i, size_t at) {
@@ -872,20 +929,21 @@ static int lookup(const analyzer *A, size_t i, size_t at) {
     }
     if (best != NONE) return A->comps[best].kind;
   }
-  for (size_t b = A->nbinds; b-- > 0;)
-    if (same_text(A, A->binds[b].tok, i)) return A->binds[b].kind;
+  const name_slot *sl = slot_of((analyzer *)A, i, 0); /* no create: nothing changes */
+  if (sl && sl->top >= 0) return A->binds[sl->top].kind;
   if (teq(A, i, "current_loaded_models")) return K_ENTRIES;
   return K_UNKNOWN;
 }
 
 static void bind(analyzer *A, size_t tok, int kind) {
   if (A->err) return;
-  for (size_t b = scope_base(A); b < A->nbinds; b++)
-    if (same_text(A, A->binds[b].tok, tok)) {
-      A->binds[b].kind = (uint8_t)kind;
-      return;
-    }
-  if (kind == K_UNKNOWN && lookup(A, tok, NONE) == K_UNKNOWN) return;
+  name_slot *sl = slot_of(A, tok, 1);
+  if (!sl) return;
+  if (sl->top >= 0 && (size_t)sl->top >= scope_base(A)) { /* rebound in this function */
+    A->binds[sl->top].kind = (uint8_t)kind;
+    return;
+  }
+  if (kind == K_UNKNOWN && (sl->top < 0 || A->binds[sl->top].kind == K_UNKNOWN)) return;
   if (A->nbinds == A->capbinds) {
     size_t cap = A->capbinds ? A->capbinds * 2 : 64;
     binding *nb = realloc(A->binds, cap * sizeof *nb);
@@ -895,7 +953,8 @@ static void bind(analyzer *A, size_t tok, int kind) {
     }
     A->binds = nb, A->capbinds = cap;
   }
-  A->binds[A->nbinds++] = (binding){.tok = (uint32_t)tok, .kind = (uint8_t)kind};
+  A->binds[A->nbinds] = (binding){.tok = (uint32_t)tok, .prev = sl->top, .kind = (uint8_t)kind};
+  sl->top = (int32_t)A->nbinds++;
 }
 
 static void comp_bind(analyzer *A, size_t tok, int kind, size_t lo, size_t hi) {
@@ -1012,8 +1071,9 @@ static void use(analyzer *A, const char *s, size_t n, size_t at, unsigned how, s
     if (!R->gated_line) R->gated_line = line;
     return;
   }
+  /* The first use that decides the class: a real use outranks a probe. */
+  if (!R->line || (how != BH_CANARY_PROBE && R->uses == BH_CANARY_PROBE)) R->line = line;
   R->uses |= how;
-  if (!R->line) R->line = line;
   if (how != BH_CANARY_CALL || open == NONE || R->nshapes >= MAX_SHAPES) return;
   bh_canary_shape sh;
   int rc = call_shape(A, open, e, &sh);
@@ -1332,7 +1392,7 @@ static void pop_frame(analyzer *A) {
     if (!f->last_term) p->chain_all_term = 0;
     else if (f->chain_ok && f->cond_false_dyn) p->rest_gated = 1;
   }
-  if (f->kind == FR_DEF) A->nbinds = f->bind_base;
+  if (f->kind == FR_DEF) unbind_to(A, f->bind_base);
   A->nframes--;
 }
 
@@ -1659,6 +1719,12 @@ out:
   return rc;
 }
 
+static int change_order(const void *a, const void *b) {
+  const bh_canary_change *x = a, *y = b;
+  if (x->line != y->line) return (x->line > y->line) - (x->line < y->line);
+  return strcmp(x->shape, y->shape);
+}
+
 static int verdict(bh_canary_report *r) {
   for (size_t i = 0; i < r->nnames; i++) {
     bh_canary_name *R = &r->names[i];
@@ -1684,6 +1750,7 @@ static int verdict(bh_canary_report *r) {
     const bh_canary_name *R = bh_canary_report_find(r, BASELINE[b].name);
     if (!R || !(R->uses & ~(unsigned)BH_CANARY_PROBE)) r->unread[r->nunread++] = BASELINE[b].name;
   }
+  if (r->nchanges > 1) qsort(r->changes, r->nchanges, sizeof *r->changes, change_order);
   return 0;
 }
 
@@ -1693,6 +1760,7 @@ static void analyzer_free(analyzer *A) {
   free(A->dyn);
   free(A->stack);
   free(A->binds);
+  free(A->slots);
   free(A->frames);
   free(A->hash);
 }
