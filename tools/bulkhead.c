@@ -25,6 +25,7 @@
  *
  * It links the core library only (no Python).
  */
+#include "canary.h"
 #include "cli.h"
 
 #include <errno.h>
@@ -67,6 +68,8 @@ static const char bh__usage_main[] =
     "  release   ask a worker, through its host, to give memory back\n"
     "  install   build a pack's environment(s) from its comfy-env.toml\n"
     "  env       show whether a pack's environment is built and current\n"
+    "  canary    check the StandIn against what a ComfyUI checkout reads off\n"
+    "            its ledger entries (bulkhead canary --help)\n"
     "  help      this text, or a verb's: bulkhead help VERB\n"
     "\n"
     "`bulkhead VERB --help` explains a verb; --version prints the version.\n"
@@ -222,7 +225,7 @@ int main(int argc, char **argv) {
     if (argc > 3) return bh_cli_usage_error("", "help takes one verb at most");
     const char *of = argc == 3 ? argv[2] : "";
     if (of[0] && strcmp(of, "status") && strcmp(of, "top") && strcmp(of, "release"))
-      return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env)", of);
+      return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env, canary)", of);
     return bh_cli_usage(stdout, of, BH_CLI_EXIT_OK);
   }
   /* The verbs parse argv[1..]: getopt sees the verb as its program name. */
@@ -230,6 +233,7 @@ int main(int argc, char **argv) {
   if (strcmp(verb, "top") == 0) return bh_cli_top_main(argc - 1, argv + 1);
   if (strcmp(verb, "release") == 0) return bh_cli_release_main(argc - 1, argv + 1);
   if (strcmp(verb, "install") == 0 || strcmp(verb, "env") == 0) return bh__python_verb(argc, argv);
+  if (strcmp(verb, "canary") == 0) return bh_canary_main(argc - 1, argv + 1);
   if (verb[0] == '-') return bh_cli_usage_error("", "unknown option '%s' (options follow the verb)", verb);
-  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env)", verb);
+  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env, canary)", verb);
 }

@@ -1,7 +1,26 @@
 /*
  * test-list.h -- every C test, declared and listed once (libuv
  * test/test-list.h).  The runner (runner.c) defines TASK_LIST_START,
- * TEST_ENTRY, TEST_ENTRY_CUSTOM and TASK_LIST_END before including this;
+ * TEST_ENTRY, TEST_ENTRY_CUSTOM and 
+  TEST_ENTRY(canary_tokenize_basics)
+  TEST_ENTRY(canary_direct_model_access)
+  TEST_ENTRY(canary_alias_through_local)
+  TEST_ENTRY(canary_loop_variable)
+  TEST_ENTRY(canary_incoming_models)
+  TEST_ENTRY(canary_unload_model_and_clones)
+  TEST_ENTRY(canary_is_dynamic_gating)
+  TEST_ENTRY(canary_keyword_call_shapes)
+  TEST_ENTRY(canary_removed_member)
+  TEST_ENTRY(canary_renamed_member)
+  TEST_ENTRY(canary_new_keyword)
+  TEST_ENTRY(canary_strings_and_comments)
+  TEST_ENTRY(canary_probes)
+  TEST_ENTRY(canary_main_exit_status)
+  TEST_ENTRY_CUSTOM(canary_fuzz_random, 120000)
+  TEST_ENTRY_CUSTOM(canary_fuzz_token_soup, 120000)
+  TEST_ENTRY_CUSTOM(canary_fuzz_mutations, 120000)
+  TEST_ENTRY_CUSTOM(canary_deep_nesting, 120000)
+TASK_LIST_END before including this;
  * TEST_ENTRY_CUSTOM gives a test its own timeout in ms (the default is
  * 10 s).  Tests run in the order listed.
  */
@@ -121,6 +140,24 @@ TEST_DECLARE(cli_json_escaping)
 TEST_DECLARE(cli_text_fit)
 TEST_DECLARE(cli_line_clip_and_bar)
 TEST_DECLARE(cli_appendf_grows)
+TEST_DECLARE(canary_tokenize_basics)
+TEST_DECLARE(canary_direct_model_access)
+TEST_DECLARE(canary_alias_through_local)
+TEST_DECLARE(canary_loop_variable)
+TEST_DECLARE(canary_incoming_models)
+TEST_DECLARE(canary_unload_model_and_clones)
+TEST_DECLARE(canary_is_dynamic_gating)
+TEST_DECLARE(canary_keyword_call_shapes)
+TEST_DECLARE(canary_removed_member)
+TEST_DECLARE(canary_renamed_member)
+TEST_DECLARE(canary_new_keyword)
+TEST_DECLARE(canary_strings_and_comments)
+TEST_DECLARE(canary_probes)
+TEST_DECLARE(canary_main_exit_status)
+TEST_DECLARE(canary_fuzz_random)
+TEST_DECLARE(canary_fuzz_token_soup)
+TEST_DECLARE(canary_fuzz_mutations)
+TEST_DECLARE(canary_deep_nesting)
 
 TASK_LIST_START
   TEST_ENTRY(codec_roundtrip_scalars)
@@ -245,4 +282,24 @@ TASK_LIST_START
   TEST_ENTRY(cli_text_fit)
   TEST_ENTRY(cli_line_clip_and_bar)
   TEST_ENTRY(cli_appendf_grows)
+
+
+  TEST_ENTRY(canary_tokenize_basics)
+  TEST_ENTRY(canary_direct_model_access)
+  TEST_ENTRY(canary_alias_through_local)
+  TEST_ENTRY(canary_loop_variable)
+  TEST_ENTRY(canary_incoming_models)
+  TEST_ENTRY(canary_unload_model_and_clones)
+  TEST_ENTRY(canary_is_dynamic_gating)
+  TEST_ENTRY(canary_keyword_call_shapes)
+  TEST_ENTRY(canary_removed_member)
+  TEST_ENTRY(canary_renamed_member)
+  TEST_ENTRY(canary_new_keyword)
+  TEST_ENTRY(canary_strings_and_comments)
+  TEST_ENTRY(canary_probes)
+  TEST_ENTRY(canary_main_exit_status)
+  TEST_ENTRY_CUSTOM(canary_fuzz_random, 120000)
+  TEST_ENTRY_CUSTOM(canary_fuzz_token_soup, 120000)
+  TEST_ENTRY_CUSTOM(canary_fuzz_mutations, 120000)
+  TEST_ENTRY_CUSTOM(canary_deep_nesting, 120000)
 TASK_LIST_END
