@@ -330,9 +330,7 @@ class WorkerMemory:
                     lm.model_use_more_vram(nbytes)
                     loaded = max(0, int(lm.model.loaded_size()) - was)
             elif op == "bytes":
-                # n bytes of this worker: upstream's own walk picks the victims
-                device = self.mm.get_torch_device()
-                self.mm.free_memory(self.mm.get_free_memory(device) + int(nbytes or 0), device)
+                self._release_bytes(int(nbytes or 0))
             elif op == "all":
                 self._full_release()
             elif op == "pins":
@@ -350,6 +348,31 @@ class WorkerMemory:
         if freed:
             self.ledger.note_release(freed)
         return {"before_bytes": before, "after_bytes": after, "freed_bytes": freed, "loaded_bytes": loaded}
+
+    def _release_bytes(self, nbytes):
+        """n bytes of this worker, its models taken in upstream's eviction
+        order (most already offloaded first, then smallest, then newest),
+        each through upstream's own partial/full escalation, counting what
+        each actually freed by its residency: not by re-measuring the
+        device's free figure, which on the cpu device moves with every
+        other process on the machine (and lags frees by whole MiB)."""
+        entries = []
+        for i, (_mid, lm) in enumerate(self._entries()):
+            try:
+                size, loaded = int(lm.model_memory()), int(lm.model_loaded_memory())
+            except Exception:
+                continue
+            if loaded > 0:
+                entries.append(((-(size - loaded), size, i), lm))  # index 0: the newest
+        remaining = nbytes
+        for _key, lm in sorted(entries, key=lambda e: e[0]):
+            if remaining <= 0:
+                break
+            before = int(lm.model_loaded_memory())
+            if lm.model_unload(memory_to_free=remaining):
+                self._drop_entries([lm])
+            after = int(lm.model.loaded_size()) if lm.model is not None else 0
+            remaining -= max(0, before - after)
 
     def _full_release(self):
         """The full ladder, in dependency order: models off the device, then
