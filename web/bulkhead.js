@@ -108,7 +108,10 @@ function renderDevices(doc) {
       node("span", { class: "bh-figure" }, `${formatBytes(d.free_bytes)} free of ${formatBytes(d.total_bytes)}`),
       bar(d.total_bytes ? used / d.total_bytes : 0)));
   }
-  if (doc.gpu_error) section.append(node("div", { class: "bh-meta" }, doc.gpu_error));
+  if (doc.gpu_error) {
+    const short = doc.gpu_error.startsWith("no NVIDIA driver") ? "no NVIDIA driver: no GPU rows" : doc.gpu_error;
+    section.append(node("div", { class: "bh-meta", title: doc.gpu_error }, short));
+  }
   if (doc.ram_error) section.append(node("div", { class: "bh-meta bh-error" }, doc.ram_error));
   return section;
 }
@@ -118,7 +121,8 @@ function renderProcess(doc, p) {
   const dev = main ? deviceRow(doc.devices || [], main.device) : null;
   const total = dev ? dev.total_bytes : 0;
   const label = p.role === "host" ? (p.pid === doc.host_pid ? "ComfyUI (this instance)" : "ComfyUI") : p.pack || p.role;
-  const idle = p.idle_s === null || p.idle_s === undefined ? "" : ` · idle ${p.idle_s < 1 ? "<1" : Math.round(p.idle_s)} s`;
+  const since = p.idle_s === null || p.idle_s === undefined ? null : p.idle_s < 1 ? "<1" : String(Math.round(p.idle_s));
+  const state = p.state === "idle" && since !== null ? `idle ${since} s` : p.state;
   const row = node("div", {
     class: "bh-row bh-proc" + (p.role === "worker" && p.host_pid ? " bh-worker" : ""),
     "data-bh-process": "", "data-pid": p.pid, "data-role": p.role, "data-pack": p.pack,
@@ -129,8 +133,8 @@ function renderProcess(doc, p) {
   node("span", { class: "bh-figure" }, formatBytes(p.held_bytes) + (dev ? ` of ${dev.device}` : "")),
   bar(total ? p.held_bytes / total : 0),
   node("span", { class: "bh-meta" },
-    `${p.state}${idle} · gen ${p.generation} · py ${p.interpreter}` +
-    (p.release_count ? ` · ${p.release_count} releases (${formatBytes(p.released_bytes)})` : "")));
+    `${state} · gen ${p.generation} · py ${p.interpreter}` +
+    (p.release_count ? ` · ${p.release_count} release${p.release_count === 1 ? "" : "s"} (${formatBytes(p.released_bytes)})` : "")));
   if ((p.models || []).length) {
     const ul = node("ul", { class: "bh-models" });
     for (const m of p.models) {

@@ -692,6 +692,9 @@ def install(server=None, host_memory=None, **options):
             routes._host_memory = host_memory
         return routes
     routes = BulkheadRoutes(host_memory, **options)
+    if getattr(server.app, "frozen", False):
+        log.warning("bulkhead: ComfyUI's server already runs; its routes can no longer be added "
+                    "(install bulkhead's while custom nodes load)")
     routes.add_to(server.routes)
     try:
         server.app.middlewares.append(routes.free_observer())
