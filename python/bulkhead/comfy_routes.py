@@ -18,7 +18,8 @@ custom nodes load, so upstream's ``add_routes`` also serves each under
     GET  /bulkhead/status   the status document, plus "host_pid" (this
                             process) and "timeline" (recent releases and
                             evictions from HostMemory.events, oldest first)
-    POST /bulkhead/release  {"pid": int} or {"pack": str}, optional
+    POST /bulkhead/release  {"pid": int} or {"pack": str} (this host's
+                            worker of that pack when it has one), optional
                             "bytes": int|null (null: the full ladder) ->
                             {"worker_pid", "pack", "host_pid", "before_bytes",
                             "after_bytes", "freed_bytes", "receipt"}; errors
@@ -381,13 +382,14 @@ class BulkheadRoutes:
         known = ", ".join(sorted({r["pack"] for r in records})) or "none running"
         raise RouteError(404, f"no running bulkhead worker of pack {who!r} (packs: {known})")
 
-    def release_local(self, w, nbytes=None, wait_s=None):
+    def release_local(self, w, nbytes=None, wait_s=None, before_bytes=None):
         """Releases a worker of this host (nbytes None: the full ladder),
         waiting up to wait_s for a call it is in to finish.  Returns the
-        answer dict (before/after from the ledger)."""
+        answer dict (before/after from the ledger; before_bytes: a reading
+        taken earlier, by a caller that started something else first)."""
         wait_s = self.free_wait_s if wait_s is None else wait_s
         pid, pack = w.pid, w.name
-        before = _held(self._read(pid))
+        before = _held(self._read(pid)) if before_bytes is None else before_bytes
         # The worker's own lock is what its calls hold: taking it with a
         # deadline is how a release waits for a call without hanging.
         if not w._lock.acquire(timeout=max(0.0, wait_s)):
@@ -446,25 +448,31 @@ class BulkheadRoutes:
 
     # --- freeing everything ---
 
-    def free(self, all_hosts=False, wait_s=None, kind="free"):
+    def held_now(self):
+        """{pid: ledger bytes} of this host's running workers."""
+        return {w.pid: _held(self._read(w.pid)) for w in self._local_workers()}
+
+    def free(self, all_hosts=False, wait_s=None, kind="free", before=None):
         """The full ladder on every worker of this host (idle ones first,
         then those in a call, each waited for up to wait_s), and with
         all_hosts on every idle worker of the other hosts.  Returns the
-        /bulkhead/free answer; per-process failures are rows, not raises."""
+        /bulkhead/free answer; per-process failures are rows, not raises.
+        before: held_now() taken earlier, when something else (upstream's
+        own unload) may have freed bytes in between."""
+        before = before or {}
         rows = []
         local = sorted(self._local_workers(), key=lambda w: bool(w.busy))
         for w in local:
             row = {"pid": w.pid, "pack": w.name, "host_pid": os.getpid()}
             try:
-                r = self.release_local(w, None, wait_s)
+                r = self.release_local(w, None, wait_s, before.get(w.pid))
                 row.update(state="died" if "error" in r else "released", before_bytes=r["before_bytes"],
                            after_bytes=r["after_bytes"], freed_bytes=r["freed_bytes"], error=r.get("error"))
-            except RouteError as e:
-                held = _held(self._read(row["pid"]))
-                row.update(state="busy", before_bytes=held, after_bytes=held, freed_bytes=0, error=str(e))
             except Exception as e:  # one worker's failure is its row, not the answer's
                 held = _held(self._read(row["pid"]))
-                row.update(state="error", before_bytes=held, after_bytes=held, freed_bytes=0,
+                was = before.get(row["pid"], held)
+                row.update(state="busy" if isinstance(e, RouteError) else "error", before_bytes=was,
+                           after_bytes=held, freed_bytes=max(0, was - held),
                            error=(str(e).splitlines() or [type(e).__name__])[0])
             rows.append(row)
         if all_hosts:
@@ -603,18 +611,20 @@ class BulkheadRoutes:
 
         @web.middleware
         async def bulkhead_free_observer(request, handler):
-            response = await handler(request)
             if request.method != "POST" or request.path not in ("/free", "/api/free"):
-                return response
-            if response.status != 200 or not isinstance(response, web.Response):
-                return response
+                return await handler(request)
             try:
-                body = await request.json()
+                body = await request.json()   # aiohttp keeps the body: upstream reads it again
             except ValueError:
+                body = None
+            asked = isinstance(body, dict) and bool(body.get("free_memory") or body.get("unload_models"))
+            # Read before upstream's handler: its prompt worker may start
+            # unloading (through the stand-ins) as soon as the flags are set.
+            before = await self._run(self.held_now) if asked else None
+            response = await handler(request)
+            if not asked or response.status != 200 or not isinstance(response, web.Response):
                 return response
-            if not isinstance(body, dict) or not (body.get("free_memory") or body.get("unload_models")):
-                return response
-            report = await self._run(self.free, False, None, "free")
+            report = await self._run(self.free, False, None, "free", before)
             if response.body is None or response.body == b"":
                 return web.json_response({"bulkhead": report}, status=response.status)
             if response.content_type == "application/json":
