@@ -17,14 +17,14 @@ GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs comfyui-deps gpu-check
+.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs comfyui-deps gpu-check chromium
 
 all: build
 
 $(VENV)/.stamp:
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q meson ninja pytest numpy psutil torch==2.13.0
+	$(VPY) -m pip install -q meson ninja pytest numpy psutil aiohttp torch==2.13.0
 	touch $@
 
 # psutil joined that list after venvs had been made: add it to those too.
@@ -32,6 +32,21 @@ $(VENV)/.stamp:
 $(VENV)/.stamp-psutil: $(VENV)/.stamp
 	$(VPY) -c 'import psutil' 2>/dev/null || $(VPY) -m pip install -q psutil
 	touch $@
+
+# aiohttp (ComfyUI's web server) joined later too: the route and panel tests
+# serve bulkhead's routes with it.
+$(VENV)/.stamp-aiohttp: $(VENV)/.stamp
+	$(VPY) -c 'import aiohttp' 2>/dev/null || $(VPY) -m pip install -q aiohttp
+	touch $@
+
+# Debian's chromium for the panel test (tests/py/test_panel.py), installed
+# only when absent; where it cannot be (not root, no network) the test skips
+# and says so.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && { apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "chromium: could not be installed; tests/py/test_panel.py will skip"
 
 # What a real ComfyUI checkout imports for `comfy.model_management` and
 # `comfy.model_patcher` under --cpu, for running tests/py/test_comfy_stub.py
@@ -91,14 +106,14 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
-check-py: build worker-venvs $(VENV)/.stamp-psutil
+check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp chromium
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q tests/py $(PYTEST_FLAGS)
 
 # The Python tests once more with the extension built under ASan+UBSan; the
 # runtime is preloaded into the host and, through the environment, every
 # worker.  Leak checking is off: CPython itself does not free at exit.
-check-asan: build-asan worker-venvs
+check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp chromium
 	BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

@@ -30,3 +30,30 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
+
+
+# Loaded by ComfyUI as a custom node package: it serves web/ (the sidebar
+# panel) under /extensions/<package>/.  bulkhead adds no nodes of its own;
+# the packs it isolates bring theirs.
+WEB_DIRECTORY = "web"
+NODE_CLASS_MAPPINGS = {}
+NODE_DISPLAY_NAME_MAPPINGS = {}
+
+
+def _comfyui_server():
+    """In a ComfyUI process whose PromptServer exists (custom nodes load
+    after it is made), put bulkhead's routes, /free observer and prompt
+    boundary on it (comfy_routes.install).  Never fails the import."""
+    import sys
+    server = sys.modules.get("server")
+    if getattr(getattr(server, "PromptServer", None), "instance", None) is None:
+        return
+    try:
+        from .comfy_routes import install
+        install()
+    except Exception as e:  # the routes are a convenience; the nodes must load
+        import logging
+        logging.getLogger("bulkhead").warning("bulkhead: routes not installed on ComfyUI's server: %s", e)
+
+
+_comfyui_server()

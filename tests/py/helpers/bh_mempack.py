@@ -172,3 +172,10 @@ def pid():
 
 def crash():
     os._exit(9)
+
+
+def sleep(seconds):
+    """Keeps the worker in a call (busy) for a while."""
+    import time
+    time.sleep(seconds)
+    return seconds

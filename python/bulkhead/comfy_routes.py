@@ -1,0 +1,723 @@
+"""bulkhead inside ComfyUI's web server: the status document, the routes
+the sidebar panel and scripts use, an honest ``/free``, and the prompt
+boundary.
+
+Reading needs nothing but the shared ledger: ``status_document(ledger)``
+builds the same JSON document ``bulkhead status --json`` prints (schema 1,
+below), from the ledger's records and the device probes.  Acting needs the
+host that holds a worker's channel: a worker of this process is released
+through its ``Worker``; a worker of another ComfyUI instance on the machine
+through that host's control socket (``control.request``).  Every release
+answered here is measured twice from the ledger, before and after, so a
+response never claims bytes that did not move.
+
+Routes (``install`` puts them on ``PromptServer.instance.routes`` while
+custom nodes load, so upstream's ``add_routes`` also serves each under
+``/api``):
+
+    GET  /bulkhead/status   the status document, plus "host_pid" (this
+                            process) and "timeline" (recent releases and
+                            evictions from HostMemory.events, oldest first)
+    POST /bulkhead/release  {"pid": int} or {"pack": str} (this host's
+                            worker of that pack when it has one), optional
+                            "bytes": int|null (null: the full ladder) ->
+                            {"worker_pid", "pack", "host_pid", "before_bytes",
+                            "after_bytes", "freed_bytes", "receipt"}; errors
+                            are {"error": message} with 400 (bad body, or a
+                            pack name that matches several workers), 404 (no
+                            such worker), 409 (the worker stayed busy), 502
+                            (its host is unreachable or failed), 504 (timeout)
+    POST /bulkhead/free     {"all_hosts": bool, "wait_s": float}: the full
+                            ladder on every worker of this host (waiting up
+                            to wait_s for one in a call), and with all_hosts
+                            on every idle worker of the other hosts ->
+                            {"host_pid", "all_hosts", "processes": [{"pid",
+                            "pack", "host_pid", "state", "before_bytes",
+                            "after_bytes", "freed_bytes", "error"}...],
+                            "before_bytes", "after_bytes", "freed_bytes"};
+                            sent only after the bytes moved
+
+ComfyUI's own ``POST /free`` ({"unload_models", "free_memory"}) only sets
+two flags for the prompt worker, which then calls ``unload_all_models()``
+(that reaches worker models through the stand-ins) and, for free_memory,
+resets the executor's caches -- which a worker's caches are not part of.
+Upstream offers no hook at that point, and host code assigns nothing in
+``comfy`` except EXTRA_RESERVED_VRAM (DESIGN.md 5), so nothing is wrapped:
+an aiohttp middleware observes the request, lets upstream's handler set its
+flags, then runs the full ladder on this host's workers and answers with
+the per-process figures (``{"bulkhead": <the /bulkhead/free answer>}`` as
+the body, where upstream's body is empty).  Both flags do this: a worker's
+allocator cache, cast buffers and pins exist only for its models.  Upstream's
+own half still runs on the prompt thread as before.
+
+Prompt boundary: newer upstream (the CacheProvider API, 2026) calls every
+registered cache provider's ``on_prompt_end(prompt_id)`` on the execution
+thread, in the ``finally`` of each prompt.  ``install`` registers a provider
+that caches nothing (``should_cache`` is False, so upstream never looks up
+or stores through it) and at each prompt's end asks every idle worker of
+this host for its soft release (``Worker.release('pins')``: pinned host
+memory, the allocator cache and the heap; models stay loaded, they are the
+cache the next prompt wants), then reconciles the stand-ins on that same
+thread.  Upstream without the API (e.g. the 2025 releases) gets no prompt
+hook: a worker still returns its allocator cache after every call (its node
+boundary) and runs the full ladder after its idle time.
+
+The status document (schema 1; fields are only ever added):
+
+    {"schema": 1, "ledger": path, "ledger_present": bool,
+     "gpu_error": str|null, "ram_error": str|null,
+     "devices": [{"device": "cpu"|"cuda:<NVML index>", "total_bytes",
+                  "free_bytes", "source": "meminfo+cgroup"|"nvml",
+                  "index": int|null, "uuid": str|null, "name": str|null}...],
+     "processes": [{"pid", "role", "pack", "interpreter", "generation",
+                    "host_pid": int|null, "state": "idle"|"busy"|"releasing",
+                    "idle_s": float|null, "held_bytes",
+                    "devices": [{"device", "held_bytes", "pinned_bytes",
+                                 "pin_ceiling_bytes", "pager_bytes",
+                                 "floor_bytes", "reserve_bytes"}...],
+                    "models": [{"id", "name", "device", "size_bytes",
+                                "resident_bytes"}...],
+                    "release_count", "released_bytes"}...]}
+
+Processes come host by host (by pid), each followed by its workers (by
+pid); a worker whose host has no live record stands on its own.  idle_s is
+(now - last_used_ns) on CLOCK_MONOTONIC, null before a first use.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+
+from . import _native
+from ._rpc import RemoteError
+from .host import CallTimeout, ProtocolError, WorkerDied
+from .memory import RELEASE_TIMEOUT_S
+
+log = logging.getLogger("bulkhead")
+
+SCHEMA = 1
+TIMELINE_LEN = 40                 # events the status route returns
+EVENTS_KEPT = 256                 # HostMemory keeps as many
+# How long /free and /bulkhead/free wait for a worker that is in a call.
+FREE_WAIT_S = float(os.environ.get("BULKHEAD_FREE_WAIT", "10"))
+
+_DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
+
+
+# --------------------------------------------------------------- reading
+
+class Probes:
+    """The device probes of one process: NVML opened once (on first use;
+    a missing driver is remembered, not retried), RAM read each time."""
+
+    def __init__(self, library=None):
+        self.library = library
+        self._lock = threading.Lock()
+        self._tried = False
+        self._gpu = None
+        self.gpu_error = None
+
+    def gpu(self):
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                try:
+                    self._gpu = _native.Gpu(self.library)
+                except _native.DriverUnavailable as e:
+                    self.gpu_error = f"no NVIDIA driver ({e})"
+                except (_native.Error, OSError) as e:
+                    self.gpu_error = f"NVML failed: {e}"
+            return self._gpu
+
+    def close(self):
+        with self._lock:
+            if self._gpu is not None:
+                self._gpu.close()
+            self._gpu, self._tried = None, False
+
+    def devices(self):
+        """(rows, gpu_error, ram_error): each device's total and free now."""
+        rows, ram_error = [], None
+        try:
+            ram = _native.ram()
+        except (_native.Error, OSError) as e:
+            ram_error = f"RAM probe failed: {e}"
+        else:
+            rows.append({"device": "cpu", "total_bytes": ram["total_bytes"],
+                         "free_bytes": ram["available_bytes"], "source": "meminfo+cgroup",
+                         "index": None, "uuid": None, "name": None})
+        gpu = self.gpu()
+        gpu_error = self.gpu_error
+        if gpu is not None:
+            for i in range(gpu.count()):
+                try:
+                    total, free, _used = gpu.memory(i)
+                except (_native.Error, OSError) as e:
+                    gpu_error = f"cuda:{i}: memory read failed: {e}"
+                    continue
+                try:
+                    uuid, name = gpu.uuid(i), gpu.name(i)
+                except (_native.Error, OSError):
+                    uuid = name = None
+                rows.append({"device": f"cuda:{i}", "total_bytes": total, "free_bytes": free,
+                             "source": "nvml", "index": i, "uuid": uuid, "name": name})
+        return rows, gpu_error, ram_error
+
+
+_probes = Probes()
+
+
+def _snapshot(ledger):
+    """Every live record; a writer that stayed mid-write past the ledger's
+    retry budget (EAGAIN) is asked again a few times."""
+    for attempt in range(5):
+        try:
+            return ledger.records()
+        except BlockingIOError:
+            if attempt == 4:
+                raise
+            time.sleep(0.001)
+
+
+def _held(rec):
+    return sum(d["held_bytes"] for d in rec["devices"]) if rec else 0
+
+
+def _process_row(rec, now_ns):
+    last = rec["last_used_ns"]
+    return {
+        "pid": rec["pid"], "role": rec["role"], "pack": rec["pack"],
+        "interpreter": rec["interpreter"], "generation": rec["generation"],
+        "host_pid": rec["host_pid"] if rec["host_pid"] > 0 else None,
+        "state": rec["run"],
+        "idle_s": None if last == 0 else round(max(0, now_ns - last) / 1e9, 3),
+        "held_bytes": _held(rec),
+        "devices": [{k: d[k] for k in ("device", "held_bytes", "pinned_bytes", "pin_ceiling_bytes",
+                                       "pager_bytes", "floor_bytes", "reserve_bytes")}
+                    for d in rec["devices"]],
+        "models": [{k: m[k] for k in ("id", "name", "device", "size_bytes", "resident_bytes")}
+                   for m in rec["models"]],
+        "release_count": rec["release_count"], "released_bytes": rec["released_bytes"],
+    }
+
+
+def _ordered(records):
+    """Hosts by pid, each followed by its workers by pid; everything else
+    (tools, workers whose host has no live record) by pid among the hosts."""
+    hosts = {r["pid"] for r in records if r["role"] == "host"}
+
+    def parent(r):
+        return r["host_pid"] if r["role"] == "worker" and r["host_pid"] in hosts else None
+
+    out = []
+    for root in sorted((r for r in records if parent(r) is None), key=lambda r: r["pid"]):
+        out.append(root)
+        out.extend(sorted((r for r in records if parent(r) == root["pid"]), key=lambda r: r["pid"]))
+    return out
+
+
+def status_document(ledger=None, *, probes=None, now_ns=None):
+    """The status document (module doc) as a dict.  ledger: an open
+    ``_native.Ledger`` (read, not joined, not closed), a path, or None for
+    the default path; a path with no file is not created (nobody ever
+    joined: no processes)."""
+    probes = probes or _probes
+    devices, gpu_error, ram_error = probes.devices()
+    now_ns = time.monotonic_ns() if now_ns is None else now_ns
+    records, present = [], True
+    if ledger is None or isinstance(ledger, (str, bytes, os.PathLike)):
+        path = os.fsdecode(ledger) if ledger is not None else _native.ledger_default_path()
+        if os.path.lexists(path):
+            with _native.Ledger(path) as opened:
+                records = _snapshot(opened)
+        else:
+            present = False
+    else:
+        path = ledger.path
+        records = _snapshot(ledger)
+    return {"schema": SCHEMA, "ledger": path, "ledger_present": present,
+            "gpu_error": gpu_error, "ram_error": ram_error, "devices": devices,
+            "processes": [_process_row(r, now_ns) for r in _ordered(records)]}
+
+
+def timeline(host_memory, limit=TIMELINE_LEN):
+    """The last `limit` releases and evictions this host saw, oldest first:
+    [{"time": unix seconds, "kind", "process", "bytes"}...].  Kinds:
+    evict (ComfyUI evicted a worker's model through its stand-in),
+    pressure, admission (from memory.py), release, free, prompt_end (here)."""
+    if host_memory is None:
+        return []
+    return [{"time": t, "kind": kind, "process": who, "bytes": n}
+            for t, kind, who, n in list(host_memory.events)[-limit:]]
+
+
+# --------------------------------------------------------------- acting
+
+class RouteError(Exception):
+    """A request that cannot be served; .status is the HTTP status."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _parse_release(body):
+    if not isinstance(body, dict):
+        raise RouteError(400, 'the body must be a JSON object: {"pid": <int>} or {"pack": <str>}, '
+                              'optionally "bytes": <int> or null')
+    pid, pack, nbytes = body.get("pid"), body.get("pack"), body.get("bytes")
+    if (pid is None) == (pack is None):
+        raise RouteError(400, 'name exactly one worker: "pid" (an int) or "pack" (a string)')
+    if pid is not None and (type(pid) is not int or pid <= 0):
+        raise RouteError(400, f'"pid" must be a positive integer, not {json.dumps(pid)}')
+    if pack is not None and (not isinstance(pack, str) or not pack):
+        raise RouteError(400, f'"pack" must be a non-empty string, not {json.dumps(pack)}')
+    if nbytes is not None and (type(nbytes) is not int or nbytes <= 0):
+        raise RouteError(400, f'"bytes" must be a positive integer or null (the full release), '
+                              f'not {json.dumps(nbytes)}')
+    return (pid if pid is not None else pack), nbytes
+
+
+class BulkheadRoutes:
+    """The routes, the /free observer and the prompt boundary of one
+    ComfyUI process.  host_memory: this process's HostMemory, a callable
+    returning it (or None), or None for the one given to
+    ``use_host_memory``; without one, reading still works and releases go
+    only to other hosts."""
+
+    def __init__(self, host_memory=None, *, ledger_path=None, probes=None, free_wait_s=None,
+                 release_timeout_s=None):
+        self._host_memory = host_memory
+        self.ledger_path = ledger_path
+        self.probes = probes or _probes
+        self.free_wait_s = FREE_WAIT_S if free_wait_s is None else free_wait_s
+        self.release_timeout_s = RELEASE_TIMEOUT_S if release_timeout_s is None else release_timeout_s
+        self.prompt_hook = None        # what prompt_end is registered with, or None
+        self._provider = None
+
+    # --- the host ---
+
+    @property
+    def hm(self):
+        hm = self._host_memory
+        if hm is None:
+            return _default_host_memory
+        return hm() if callable(hm) else hm
+
+    def _ledger(self):
+        hm = self.hm
+        if hm is not None:
+            return hm.ledger
+        return self.ledger_path  # a path or None: opened per read
+
+    def _read(self, pid):
+        """One process's record now, or None."""
+        ledger = self._ledger()
+        if ledger is None or isinstance(ledger, (str, bytes, os.PathLike)):
+            path = os.fsdecode(ledger) if ledger is not None else _native.ledger_default_path()
+            if not os.path.lexists(path):
+                return None
+            with _native.Ledger(path) as opened:
+                return opened.read(pid)
+        return ledger.read(pid)
+
+    def _records(self):
+        ledger = self._ledger()
+        if ledger is None or isinstance(ledger, (str, bytes, os.PathLike)):
+            path = os.fsdecode(ledger) if ledger is not None else _native.ledger_default_path()
+            if not os.path.lexists(path):
+                return []
+            with _native.Ledger(path) as opened:
+                return _snapshot(opened)
+        return _snapshot(ledger)
+
+    def _note(self, kind, who, nbytes):
+        hm = self.hm
+        if hm is not None:
+            hm.events.append((time.time(), kind, who, nbytes))
+            del hm.events[:-EVENTS_KEPT]
+
+    # --- status ---
+
+    def status(self):
+        doc = status_document(self._ledger(), probes=self.probes)
+        doc["host_pid"] = os.getpid()
+        doc["timeline"] = timeline(self.hm)
+        return doc
+
+    # --- releasing one worker ---
+
+    def _local_workers(self):
+        hm = self.hm
+        return [w for w in hm.owners if w.alive] if hm is not None else []
+
+    def locate(self, who):
+        """("local", Worker) for a worker of this host, or ("remote",
+        host_pid, worker_pid, pack) for one of another host on the machine.
+        Raises RouteError 404 / 400 (a pack with several workers)."""
+        me = os.getpid()
+        local = self._local_workers()
+        match = [w for w in local if (w.pid == who if isinstance(who, int) else w.name == who)]
+        if len(match) == 1:
+            return ("local", match[0])
+        records = [r for r in self._records() if r["role"] == "worker"]
+        if isinstance(who, int):
+            rec = next((r for r in records if r["pid"] == who), None)
+            if rec is not None and rec["host_pid"] not in (0, me):
+                return ("remote", rec["host_pid"], rec["pid"], rec["pack"])
+            known = ", ".join(f"{r['pack']} (pid {r['pid']})" for r in records) or "none"
+            raise RouteError(404, f"no running bulkhead worker has pid {who} (workers: {known})")
+        remote = [r for r in records if r["pack"] == who and r["host_pid"] not in (0, me)]
+        if len(match) + len(remote) > 1:
+            pids = [w.pid for w in match] + [r["pid"] for r in remote]
+            raise RouteError(400, f"pack {who!r} has {len(pids)} workers; name one by pid: "
+                                  + ", ".join(str(p) for p in pids))
+        if remote:
+            r = remote[0]
+            return ("remote", r["host_pid"], r["pid"], r["pack"])
+        known = ", ".join(sorted({r["pack"] for r in records})) or "none running"
+        raise RouteError(404, f"no running bulkhead worker of pack {who!r} (packs: {known})")
+
+    def release_local(self, w, nbytes=None, wait_s=None, before_bytes=None):
+        """Releases a worker of this host (nbytes None: the full ladder),
+        waiting up to wait_s for a call it is in to finish.  Returns the
+        answer dict (before/after from the ledger; before_bytes: a reading
+        taken earlier, by a caller that started something else first)."""
+        wait_s = self.free_wait_s if wait_s is None else wait_s
+        pid, pack = w.pid, w.name
+        before = _held(self._read(pid)) if before_bytes is None else before_bytes
+        # The worker's own lock is what its calls hold: taking it with a
+        # deadline is how a release waits for a call without hanging.
+        if not w._lock.acquire(timeout=max(0.0, wait_s)):
+            raise RouteError(409, f"worker {pack!r} (pid {pid}) stayed busy in a call for {wait_s:g} s; "
+                                  "try again when it is idle")
+        error = None
+        try:
+            receipt = w.release("all" if nbytes is None else "bytes", None, nbytes,
+                                timeout=self.release_timeout_s) or {}
+        except _DEAD as e:
+            # It died (or hung and was killed): what it held is gone.
+            receipt, error = {}, str(e).splitlines()[0]
+        finally:
+            w._lock.release()
+        after = _held(self._read(pid)) if error is None else 0
+        freed = max(0, before - after)
+        self._note("release", pack, freed)
+        out = {"worker_pid": pid, "pack": pack, "host_pid": os.getpid(), "before_bytes": before,
+               "after_bytes": after, "freed_bytes": freed,
+               "receipt": {k: receipt.get(k, 0) for k in ("before_bytes", "after_bytes", "freed_bytes")}}
+        if error:
+            out["error"] = error
+        return out
+
+    def release_remote(self, host_pid, pid, pack, nbytes=None):
+        """Asks host host_pid, through its control socket, to release its
+        worker pid.  Raises RouteError 404/502/504."""
+        from .control import ControlUnreachable, request
+        before = _held(self._read(pid))
+        try:
+            receipt = request(host_pid, "release", pid, nbytes, timeout=self.release_timeout_s + 5.0)
+        except ControlUnreachable as e:
+            raise RouteError(502, f"the host of worker {pack!r} (pid {pid}), pid {host_pid}, is "
+                                  f"unreachable: {e}") from None
+        except _native.Timeout:
+            raise RouteError(504, f"host {host_pid} did not answer the release of {pack!r} (pid {pid}) "
+                                  f"within {self.release_timeout_s + 5.0:g} s") from None
+        except LookupError as e:  # the remote's own "no running worker"
+            raise RouteError(404, getattr(e, "remote_message", str(e))) from None
+        except (RemoteError, ConnectionError, OSError, _native.Error) as e:
+            raise RouteError(502, f"host {host_pid} failed to release {pack!r} (pid {pid}): "
+                                  f"{str(e).splitlines()[0]}") from None
+        after = _held(self._read(pid))
+        freed = max(0, before - after)
+        self._note("release", f"{pack} (pid {pid}, host {host_pid})", freed)
+        return {"worker_pid": pid, "pack": pack, "host_pid": host_pid, "before_bytes": before,
+                "after_bytes": after, "freed_bytes": freed,
+                "receipt": {k: receipt.get(k, 0) for k in ("before_bytes", "after_bytes", "freed_bytes")}}
+
+    def release(self, who, nbytes=None):
+        """POST /bulkhead/release, synchronously."""
+        where = self.locate(who)
+        if where[0] == "local":
+            return self.release_local(where[1], nbytes)
+        return self.release_remote(*where[1:], nbytes)
+
+    # --- freeing everything ---
+
+    def held_now(self):
+        """{pid: ledger bytes} of this host's running workers."""
+        return {w.pid: _held(self._read(w.pid)) for w in self._local_workers()}
+
+    def free(self, all_hosts=False, wait_s=None, kind="free", before=None):
+        """The full ladder on every worker of this host (idle ones first,
+        then those in a call, each waited for up to wait_s), and with
+        all_hosts on every idle worker of the other hosts.  Returns the
+        /bulkhead/free answer; per-process failures are rows, not raises.
+        before: held_now() taken earlier, when something else (upstream's
+        own unload) may have freed bytes in between."""
+        before = before or {}
+        rows = []
+        local = sorted(self._local_workers(), key=lambda w: bool(w.busy))
+        for w in local:
+            row = {"pid": w.pid, "pack": w.name, "host_pid": os.getpid()}
+            try:
+                r = self.release_local(w, None, wait_s, before.get(w.pid))
+                row.update(state="died" if "error" in r else "released", before_bytes=r["before_bytes"],
+                           after_bytes=r["after_bytes"], freed_bytes=r["freed_bytes"], error=r.get("error"))
+            except Exception as e:  # one worker's failure is its row, not the answer's
+                held = _held(self._read(row["pid"]))
+                was = before.get(row["pid"], held)
+                row.update(state="busy" if isinstance(e, RouteError) else "error", before_bytes=was,
+                           after_bytes=held, freed_bytes=max(0, was - held),
+                           error=(str(e).splitlines() or [type(e).__name__])[0])
+            rows.append(row)
+        if all_hosts:
+            me = os.getpid()
+            records = self._records()
+            hosts = {r["pid"] for r in records if r["role"] == "host"}
+            for rec in records:
+                if rec["role"] != "worker" or rec["host_pid"] in (0, me):
+                    continue
+                row = {"pid": rec["pid"], "pack": rec["pack"], "host_pid": rec["host_pid"]}
+                held = _held(rec)
+                if rec["host_pid"] not in hosts:
+                    row.update(state="orphan", before_bytes=held, after_bytes=held, freed_bytes=0,
+                               error=f"its host (pid {rec['host_pid']}) has no live record: nobody to ask")
+                elif rec["run"] != "idle":
+                    row.update(state="busy", before_bytes=held, after_bytes=held, freed_bytes=0,
+                               error=f"{rec['run']} in host {rec['host_pid']}: only idle workers of "
+                                     "other hosts are released")
+                else:
+                    try:
+                        r = self.release_remote(rec["host_pid"], rec["pid"], rec["pack"], None)
+                        row.update(state="released", before_bytes=r["before_bytes"],
+                                   after_bytes=r["after_bytes"], freed_bytes=r["freed_bytes"], error=None)
+                    except RouteError as e:
+                        now = _held(self._read(rec["pid"]))
+                        row.update(state="unreachable" if e.status == 502 else "error",
+                                   before_bytes=held, after_bytes=now, freed_bytes=max(0, held - now),
+                                   error=str(e))
+                rows.append(row)
+        for row in rows:
+            row.setdefault("error", None)
+        total = {k: sum(r[k] for r in rows) for k in ("before_bytes", "after_bytes", "freed_bytes")}
+        if kind and total["freed_bytes"]:
+            self._note(kind, f"{sum(1 for r in rows if r['freed_bytes'])} workers", total["freed_bytes"])
+        return {"host_pid": os.getpid(), "all_hosts": bool(all_hosts), "processes": rows, **total}
+
+    # --- the prompt boundary ---
+
+    def prompt_end(self, prompt_id=None):
+        """At the end of a prompt, on ComfyUI's execution thread: every idle
+        worker of this host returns its pins, allocator cache and heap
+        (models stay), then the stand-ins are reconciled.  A worker in use
+        by another thread is skipped: it is not at a boundary."""
+        hm = self.hm
+        if hm is None:
+            return 0
+        freed = 0
+        for w in list(hm.owners):
+            if not w.alive or w.busy or not w._lock.acquire(blocking=False):
+                continue
+            try:
+                before = _held(self._read(w.pid))
+                w.release("pins", timeout=self.release_timeout_s)
+                freed += max(0, before - _held(self._read(w.pid)))
+            except _DEAD + (RemoteError,) as e:
+                log.warning("bulkhead: %s: soft release at the end of prompt %s failed: %s",
+                            w.describe(), prompt_id, str(e).splitlines()[0])
+            finally:
+                w._lock.release()
+        hm.reconcile()
+        if freed:
+            self._note("prompt_end", f"prompt {prompt_id}", freed)
+        return freed
+
+    def hook_prompt_boundary(self):
+        """Registers prompt_end where upstream offers a prompt hook (its
+        CacheProvider API).  Returns the hook's name, or None when this
+        ComfyUI has none (module doc)."""
+        if self._provider is not None:
+            return self.prompt_hook
+        try:
+            from comfy_execution import cache_provider as cp
+            register = cp.register_cache_provider
+        except (ImportError, AttributeError):
+            log.info("bulkhead: this ComfyUI has no prompt hook (comfy_execution.cache_provider); "
+                     "workers release at their node boundary and after their idle time")
+            return None
+        self._provider = _prompt_boundary_provider(getattr(cp, "CacheProvider", object), self)
+        register(self._provider)
+        self.prompt_hook = "comfy_execution.cache_provider"
+        return self.prompt_hook
+
+    def unhook_prompt_boundary(self):
+        if self._provider is None:
+            return
+        from comfy_execution import cache_provider as cp
+        cp.unregister_cache_provider(self._provider)
+        self._provider = None
+        self.prompt_hook = None
+
+    # --- aiohttp ---
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def get_status(self, request):
+        from aiohttp import web
+        return web.json_response(self.status())
+
+    async def post_release(self, request):
+        from aiohttp import web
+        try:
+            try:
+                body = await request.json()
+            except ValueError as e:
+                raise RouteError(400, f"the body is not JSON: {e}") from None
+            who, nbytes = _parse_release(body)
+            return web.json_response(await self._run(self.release, who, nbytes))
+        except RouteError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
+
+    async def post_free(self, request):
+        from aiohttp import web
+        body = {}
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except ValueError as e:
+                return web.json_response({"error": f"the body is not JSON: {e}"}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response({"error": 'the body must be a JSON object: {"all_hosts": <bool>}'},
+                                     status=400)
+        all_hosts, wait_s = body.get("all_hosts", False), body.get("wait_s")
+        if not isinstance(all_hosts, bool) or (wait_s is not None and (
+                isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or wait_s < 0)):
+            return web.json_response({"error": '"all_hosts" must be a boolean and "wait_s" a number >= 0'},
+                                     status=400)
+        return web.json_response(await self._run(self.free, all_hosts, wait_s, "free"))
+
+    def free_observer(self):
+        """The aiohttp middleware that follows ComfyUI's POST /free (and
+        /api/free): upstream's handler runs first and sets its flags; then,
+        if either flag was asked for, this host's workers run the full
+        ladder, and the answer carries their before/after bytes."""
+        from aiohttp import web
+
+        @web.middleware
+        async def bulkhead_free_observer(request, handler):
+            if request.method != "POST" or request.path not in ("/free", "/api/free"):
+                return await handler(request)
+            try:
+                body = await request.json()   # aiohttp keeps the body: upstream reads it again
+            except ValueError:
+                body = None
+            asked = isinstance(body, dict) and bool(body.get("free_memory") or body.get("unload_models"))
+            # Read before upstream's handler: its prompt worker may start
+            # unloading (through the stand-ins) as soon as the flags are set.
+            before = await self._run(self.held_now) if asked else None
+            response = await handler(request)
+            if not asked or response.status != 200 or not isinstance(response, web.Response):
+                return response
+            report = await self._run(self.free, False, None, "free", before)
+            if response.body is None or response.body == b"":
+                return web.json_response({"bulkhead": report}, status=response.status)
+            if response.content_type == "application/json":
+                try:
+                    doc = json.loads(response.body)
+                except ValueError:
+                    return response
+                if isinstance(doc, dict):
+                    doc["bulkhead"] = report
+                    return web.json_response(doc, status=response.status)
+            return response  # a body of upstream's own: left as it is (the timeline has the figures)
+
+        return bulkhead_free_observer
+
+    def add_to(self, routes):
+        """Adds the three routes to an aiohttp RouteTableDef (ComfyUI's
+        ``PromptServer.instance.routes``) or a router (``app.router``)."""
+        table = [("GET", "/bulkhead/status", self.get_status),
+                 ("POST", "/bulkhead/release", self.post_release),
+                 ("POST", "/bulkhead/free", self.post_free)]
+        for method, path, handler in table:
+            if hasattr(routes, "add_route"):
+                routes.add_route(method, path, handler)
+            else:
+                routes.route(method, path)(handler)
+
+
+def _prompt_boundary_provider(base, routes):
+    """A cache provider (subclass of upstream's CacheProvider) that caches
+    nothing and calls routes.prompt_end at each prompt's end."""
+
+    class BulkheadPromptBoundary(base):
+        async def on_lookup(self, context):
+            return None
+
+        async def on_store(self, context, value):
+            return None
+
+        def should_cache(self, context, value=None):
+            return False
+
+        def on_prompt_start(self, prompt_id):
+            pass
+
+        def on_prompt_end(self, prompt_id):
+            routes.prompt_end(prompt_id)
+
+    return BulkheadPromptBoundary()
+
+
+# ----------------------------------------------------------- installing
+
+_default_host_memory = None
+_installed = weakref.WeakKeyDictionary()   # PromptServer -> BulkheadRoutes
+
+
+def use_host_memory(host_memory):
+    """Names this process's HostMemory for routes installed without one."""
+    global _default_host_memory
+    _default_host_memory = host_memory
+
+
+def install(server=None, host_memory=None, **options):
+    """Puts bulkhead on ComfyUI's server (default ``PromptServer.instance``):
+    the routes, the /free observer, the prompt boundary.  Call while custom
+    nodes load (before the server starts: aiohttp freezes its middleware
+    list then).  Idempotent per server; returns its BulkheadRoutes, whose
+    ``prompt_hook`` says which prompt hook was found (None: none)."""
+    if server is None:
+        import server as comfy_server
+        server = comfy_server.PromptServer.instance
+    routes = _installed.get(server)
+    if routes is not None:
+        if host_memory is not None:
+            routes._host_memory = host_memory
+        return routes
+    routes = BulkheadRoutes(host_memory, **options)
+    if getattr(server.app, "frozen", False):
+        log.warning("bulkhead: ComfyUI's server already runs; its routes can no longer be added "
+                    "(install bulkhead's while custom nodes load)")
+    routes.add_to(server.routes)
+    try:
+        server.app.middlewares.append(routes.free_observer())
+    except RuntimeError as e:  # the app already runs: its middleware list is frozen
+        log.warning("bulkhead: ComfyUI's /free is not observed (%s); POST /bulkhead/free still "
+                    "releases the workers", e)
+    routes.hook_prompt_boundary()
+    _installed[server] = routes
+    return routes
+
+
+def installed(server=None):
+    """The BulkheadRoutes installed on server (default: any), or None."""
+    if server is not None:
+        return _installed.get(server)
+    return next(iter(_installed.values()), None)

@@ -1,0 +1,214 @@
+"""The ComfyUI sidebar panel (web/bulkhead.js) in a real headless Chromium.
+
+A host process with two real workers holding RAM serves, on localhost, the
+stub PromptServer with bulkhead installed (its /api/bulkhead/status reads
+the real ledger), the panel from the built package's web/ directory as
+ComfyUI would (/extensions/bulkhead/), and a page with a tiny stand-in for
+ComfyUI's frontend: /scripts/app.js (registerExtension, and
+extensionManager.registerSidebarTab) and /scripts/api.js (fetchApi with the
+/api prefix).  Chromium (Debian's package; `make chromium` installs it when
+absent) loads the page with a virtual-time budget, so the panel's
+one-second polling runs several times, and dumps the DOM; the test checks
+one bar per process with its pack, its models and the eviction in the
+timeline.  A screenshot is taken too: BULKHEAD_PANEL_SCREENSHOT=<path>
+keeps it (docs/panel.png was made that way).
+"""
+
+import html.parser
+import os
+import shutil
+
+import pytest
+
+from routes_env import routes_scenario
+
+MiB = 1 << 20
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (`make chromium` installs "
+                                                "Debian's package when it can: root and network needed)"),
+]
+
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>bulkhead panel</title>
+<style>
+  :root { --fg-color: #e0e0e0; --comfy-input-bg: #2b2b2b; --border-color: #4a4a4a;
+          --p-primary-color: #4a9eff; }
+  body { margin: 0; background: #202020; }
+  #sidebar { width: 400px; min-height: 100vh; background: #171717; border-right: 1px solid #333; }
+</style></head>
+<body><div id="sidebar"></div>
+<script type="module">
+  import { app } from "/scripts/app.js";
+  await import("/extensions/bulkhead/bulkhead.js");
+  await app.ready;
+  const tab = app.extensionManager.tabs.find((t) => t.id === "bulkhead");
+  document.body.dataset.tabs = app.extensionManager.tabs.map((t) => `${t.id}:${t.type}`).join(",");
+  tab.render(document.getElementById("sidebar"));
+</script></body></html>
+"""
+
+# What the panel imports from ComfyUI's frontend, reduced to what it uses.
+APP_JS = """
+const tabs = [];
+const setups = [];
+export const app = {
+  extensions: [],
+  extensionManager: { tabs, registerSidebarTab(tab) { tabs.push(tab); } },
+  registerExtension(ext) {
+    this.extensions.push(ext);
+    setups.push(Promise.resolve(ext.setup ? ext.setup(this) : undefined));
+  },
+  get ready() { return Promise.all(setups); },
+};
+"""
+API_JS = """
+export const api = { fetchApi: (route, options) => fetch("/api" + route, options) };
+"""
+
+SERVE_PAGE = f"""
+PAGE, APP_JS, API_JS = {PAGE!r}, {APP_JS!r}, {API_JS!r}
+polls = []
+
+@web.middleware
+async def count_polls(request, handler):
+    if request.path == "/api/bulkhead/status":
+        polls.append(time.monotonic())
+    return await handler(request)
+srv.app.middlewares.append(count_polls)
+
+async def page(request):
+    return web.Response(text=PAGE, content_type="text/html")
+
+async def app_js(request):
+    return web.Response(text=APP_JS, content_type="text/javascript")
+
+async def api_js(request):
+    return web.Response(text=API_JS, content_type="text/javascript")
+
+srv.routes.get("/")(page)
+srv.routes.get("/scripts/app.js")(app_js)
+srv.routes.get("/scripts/api.js")(api_js)
+# what ComfyUI's load_custom_node does with the package's WEB_DIRECTORY
+nodes.EXTENSION_WEB_DIRS["bulkhead"] = os.path.join(os.path.dirname(bulkhead.__file__), bulkhead.WEB_DIRECTORY)
+"""
+
+
+class Dom(html.parser.HTMLParser):
+    """The rows the panel rendered: per process its attributes, bar width
+    and models; the device rows; the timeline entries."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack = []
+        self.procs, self.devices, self.events, self.body = [], [], [], {}
+
+    def _inside(self, key):
+        for _tag, attrs, ctx in reversed(self.stack):
+            if key in ctx:
+                return ctx[key]
+        return None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        ctx = {}
+        cls = (a.get("class") or "").split()
+        if tag == "body":
+            self.body = a
+        if "data-bh-process" in a:
+            ctx["proc"] = dict(a, models=[], width=None)
+            self.procs.append(ctx["proc"])
+        elif "bh-device" in cls:
+            ctx["dev"] = dict(a, width=None, text="")
+            self.devices.append(ctx["dev"])
+        if "bh-fill" in cls:
+            width = float(a["style"].split("width:")[1].strip().rstrip(";").rstrip("%"))
+            owner = self._inside("proc") or self._inside("dev")
+            if owner is not None:
+                owner["width"] = width
+        if tag == "li" and "data-model" in a and self._inside("proc") is not None:
+            self._inside("proc")["models"].append(a["data-model"])
+        if tag == "li" and "data-kind" in a:
+            ctx["event"] = {"kind": a["data-kind"], "text": ""}
+            self.events.append(ctx["event"])
+        if tag not in ("meta", "br", "img", "input", "link"):
+            self.stack.append((tag, a, ctx))
+
+    def handle_endtag(self, tag):
+        while self.stack:
+            if self.stack.pop()[0] == tag:
+                break
+
+    def handle_data(self, data):
+        event = self._inside("event")
+        if event is not None:
+            event["text"] += data
+        dev = self._inside("dev")
+        if dev is not None:
+            dev["text"] += data
+
+
+def test_panel_renders_every_process_in_chromium(tmp_path, monkeypatch):
+    shot = tmp_path / "panel.png"
+    r = routes_scenario(tmp_path, f"""
+        import shutil, subprocess
+        a, b = worker("pack-a"), worker("pack-b")
+        a.call("bh_mempack:load", "UNetA", 512 * MiB)
+        a.call("bh_mempack:load", "VAEA", 160 * MiB)
+        b.call("bh_mempack:load", "ClipB", 256 * MiB)
+        b.call("bh_mempack:load", "Scratch", 96 * MiB)
+        hm.reconcile()
+        # ComfyUI evicts one of pack-b's models through its stand-in: the timeline shows it
+        s = next(s_ for s_ in hm.standins(b) if s_.model.__class__.__name__ == "Scratch")
+        next(lm for lm in mm.current_loaded_models if lm.model is s).model_unload()
+        doc = routes.status()
+        url = "http://127.0.0.1:%d/" % port
+        flags = [{CHROMIUM!r}, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--hide-scrollbars", "--no-first-run", "--disable-extensions", "--mute-audio",
+                 "--user-data-dir=" + {str(tmp_path / "chromium")!r}, "--virtual-time-budget=4500",
+                 "--window-size=400,760", "--force-device-scale-factor=1"]
+        dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+        polls_in_dump = len(polls)
+        png = subprocess.run(flags + ["--screenshot=" + {str(shot)!r}, url], capture_output=True,
+                             text=True, timeout=180)
+        out(dict(dom=dom.stdout, rc=dom.returncode, err=dom.stderr[-3000:], png_rc=png.returncode,
+                 png_err=png.stderr[-2000:], polls=polls_in_dump, doc=doc,
+                 pids=dict(me=os.getpid(), a=a.pid, b=b.pid)))
+        finish(a, b)
+    """, monkeypatch, before_serve=SERVE_PAGE)
+    assert r["rc"] == 0 and "data-bh-panel" in r["dom"], r["err"]
+    dom = Dom()
+    dom.feed(r["dom"])
+    pids = r["pids"]
+    assert dom.body.get("data-tabs") == "bulkhead:custom"
+
+    # one bar per process: this host and its two workers, labelled by pack
+    procs = {int(p["data-pid"]): p for p in dom.procs}
+    assert set(procs) == {pids["me"], pids["a"], pids["b"]}, dom.procs
+    host, pa, pb = procs[pids["me"]], procs[pids["a"]], procs[pids["b"]]
+    assert host["data-role"] == "host" and pa["data-role"] == pb["data-role"] == "worker"
+    assert pa["data-pack"] == "pack-a" and pb["data-pack"] == "pack-b"
+    assert int(pa["data-held"]) == 672 * MiB and int(pb["data-held"]) == 256 * MiB
+    # the bar is the bytes held relative to the device's total
+    cpu_total = next(d for d in r["doc"]["devices"] if d["device"] == "cpu")["total_bytes"]
+    for p, held in ((pa, 672 * MiB), (pb, 256 * MiB)):
+        assert p["width"] == pytest.approx(100.0 * held / cpu_total, abs=0.051), p
+    assert pa["width"] > pb["width"] > 0
+    assert sorted(pa["models"]) == ["UNetA", "VAEA"] and sorted(pb["models"]) == ["ClipB", "Scratch"]
+
+    # device totals, and the eviction in the timeline
+    cpu = next(d for d in dom.devices if d["data-device"] == "cpu")
+    assert "free of" in cpu["text"] and cpu["width"] > 0
+    assert any(e["kind"] == "evict" and "pack-b" in e["text"] for e in dom.events), dom.events
+    # it polled once a second while shown (4.5 s of virtual time)
+    assert r["polls"] >= 3, r["polls"]
+
+    assert r["png_rc"] == 0, r["png_err"]
+    with open(shot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    keep = os.environ.get("BULKHEAD_PANEL_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)

@@ -1,0 +1,465 @@
+"""bulkhead's routes on ComfyUI's server (python/bulkhead/comfy_routes.py):
+the status document, POST /bulkhead/release and /bulkhead/free with
+before/after bytes measured from the ledger, ComfyUI's own /free reaching
+the workers, and the prompt boundary.
+
+The status document is checked in this process against records written
+through _native.Ledger; everything that acts runs as a scenario
+(routes_env.py): a host process with real workers holding real RAM and the
+stub's PromptServer served over HTTP on localhost.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from bulkhead import _native, comfy_routes
+from routes_env import BUILD, BUILD_PY, routes_scenario
+
+MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_NVML = os.path.join(BUILD, "tests", "c", "fake_nvml", "libnvidia-ml.so.1")
+UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
+
+# A process that joins a ledger and waits for a line on stdin: a record of
+# another pid, with the role and host the test names.
+JOINER = r"""
+import sys
+from bulkhead import _native
+l = _native.Ledger(sys.argv[1])
+l.join(sys.argv[2], pack=sys.argv[3], interpreter="3.0.0", generation=int(sys.argv[4]),
+       host_pid=int(sys.argv[5]))
+l.set_device("cpu", held_bytes=int(sys.argv[6]), pinned_bytes=7)
+if int(sys.argv[6]):
+    l.set_model(1, "FakeModel", "cpu", int(sys.argv[6]) * 2, int(sys.argv[6]))
+print("ready", flush=True)
+sys.stdin.readline()
+l.close()
+"""
+
+
+def _join(ledger, role, pack, host_pid=0, held=0, generation=1):
+    p = subprocess.Popen([sys.executable, "-c", JOINER, str(ledger), role, pack, str(generation),
+                          str(host_pid), str(held)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=BUILD_PY))
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def _leave(*procs):
+    for p in procs:
+        p.stdin.close()
+        p.wait(30)
+        p.stdout.close()
+
+
+# ------------------------------------------------------ the status document
+
+
+def test_status_document_reads_every_process_from_the_ledger(tmp_path):
+    path = tmp_path / "ledger"
+    ledger = _native.Ledger(str(path))
+    ledger.join("host", pack="host", interpreter="3.12.1")
+    ledger.set_device("cpu", held_bytes=3 * MiB)
+    me = os.getpid()
+    w1 = _join(path, "worker", 'pack "b"', host_pid=me, held=64 * MiB, generation=2)
+    w0 = _join(path, "worker", "pack-a", host_pid=me, held=32 * MiB)
+    orphan = _join(path, "worker", "orphan", host_pid=1, held=MiB)
+    try:
+        doc = comfy_routes.status_document(ledger, probes=comfy_routes.Probes("/nonexistent/libnvml.so"))
+        by_path = comfy_routes.status_document(str(path), probes=comfy_routes.Probes("/nonexistent/x.so"))
+    finally:
+        _leave(w0, w1, orphan)
+        ledger.close()
+    assert doc["schema"] == 1 and doc["ledger"] == str(path) and doc["ledger_present"] is True
+    assert doc["gpu_error"].startswith("no NVIDIA driver") and doc["ram_error"] is None
+    cpu = doc["devices"][0]
+    assert cpu["device"] == "cpu" and cpu["source"] == "meminfo+cgroup"
+    assert 0 < cpu["free_bytes"] <= cpu["total_bytes"] and cpu["index"] is None
+    procs = doc["processes"]
+    # hosts by pid, each followed by its workers by pid; the orphan (its
+    # host has no record) stands among the roots
+    roots = sorted([me, orphan.pid])
+    mine = [me] + sorted([w0.pid, w1.pid])
+    expected = mine + [orphan.pid] if roots[0] == me else [orphan.pid] + mine
+    assert [p["pid"] for p in procs] == expected
+    host = procs[[p["pid"] for p in procs].index(me)]
+    assert host["role"] == "host" and host["host_pid"] is None and host["held_bytes"] == 3 * MiB
+    b = next(p for p in procs if p["pid"] == w1.pid)
+    assert b["pack"] == 'pack "b"' and b["role"] == "worker" and b["host_pid"] == me
+    assert b["generation"] == 2 and b["interpreter"] == "3.0.0" and b["state"] == "idle"
+    assert b["held_bytes"] == 64 * MiB and b["devices"] == [
+        {"device": "cpu", "held_bytes": 64 * MiB, "pinned_bytes": 7, "pin_ceiling_bytes": 0,
+         "pager_bytes": 0, "floor_bytes": 0, "reserve_bytes": 0}]
+    assert b["models"] == [{"id": 1, "name": "FakeModel", "device": "cpu", "size_bytes": 128 * MiB,
+                            "resident_bytes": 64 * MiB}]
+    assert b["idle_s"] is None or b["idle_s"] >= 0
+    assert set(b) == {"pid", "role", "pack", "interpreter", "generation", "host_pid", "state", "idle_s",
+                      "held_bytes", "devices", "models", "release_count", "released_bytes"}
+    assert [p["pid"] for p in by_path["processes"]] == expected
+    json.dumps(doc)  # plain JSON all the way down
+
+
+def test_status_document_without_a_ledger_file_creates_none(tmp_path):
+    path = tmp_path / "never"
+    doc = comfy_routes.status_document(str(path), probes=comfy_routes.Probes("/nonexistent/x.so"))
+    assert doc["ledger_present"] is False and doc["processes"] == [] and doc["devices"]
+    assert not path.exists()
+
+
+@pytest.mark.skipif(not os.path.exists(FAKE_NVML), reason=f"no fake NVML at {FAKE_NVML} (build first)")
+def test_status_document_lists_every_nvml_device(tmp_path, monkeypatch):
+    state = tmp_path / "nvml"
+    state.write_text(f'device {UUID0} "Fake H200" total=150000000000 free=140000000000 used=10000000000\n'
+                     'device GPU-66666666-7777-8888-9999-000000000000 "Fake A100" total=80000000000 '
+                     'free=80000000000 used=0\n')
+    monkeypatch.setenv("BH_FAKE_NVML", str(state))
+    probes = comfy_routes.Probes(FAKE_NVML)
+    try:
+        doc = comfy_routes.status_document(str(tmp_path / "none"), probes=probes)
+    finally:
+        probes.close()
+    assert doc["gpu_error"] is None
+    gpus = [d for d in doc["devices"] if d["source"] == "nvml"]
+    assert gpus == [
+        {"device": "cuda:0", "total_bytes": 150000000000, "free_bytes": 140000000000, "source": "nvml",
+         "index": 0, "uuid": UUID0, "name": "Fake H200"},
+        {"device": "cuda:1", "total_bytes": 80000000000, "free_bytes": 80000000000, "source": "nvml",
+         "index": 1, "uuid": "GPU-66666666-7777-8888-9999-000000000000", "name": "Fake A100"}]
+
+
+@pytest.mark.parametrize("body, message", [
+    ([], "must be a JSON object"),
+    ({}, "exactly one worker"),
+    ({"pid": 1, "pack": "a"}, "exactly one worker"),
+    ({"pid": "12"}, '"pid" must be a positive integer'),
+    ({"pid": True}, '"pid" must be a positive integer'),
+    ({"pid": -3}, '"pid" must be a positive integer'),
+    ({"pack": ""}, '"pack" must be a non-empty string'),
+    ({"pack": 5}, '"pack" must be a non-empty string'),
+    ({"pack": "a", "bytes": 0}, '"bytes" must be a positive integer or null'),
+    ({"pack": "a", "bytes": 1.5}, '"bytes" must be a positive integer or null'),
+])
+def test_release_bodies_that_are_refused(body, message):
+    with pytest.raises(comfy_routes.RouteError) as e:
+        comfy_routes._parse_release(body)
+    assert e.value.status == 400 and message in str(e.value)
+
+
+def test_release_bodies_that_are_accepted():
+    assert comfy_routes._parse_release({"pid": 42}) == (42, None)
+    assert comfy_routes._parse_release({"pack": "p", "bytes": 5}) == ("p", 5)
+    assert comfy_routes._parse_release({"pack": "p", "bytes": None}) == ("p", None)
+
+
+def test_route_code_writes_nothing_into_comfy():
+    """DESIGN.md 5 holds for the new host-side files too (test_memory's scan
+    covers every file of the package; this names the ones added here)."""
+    from test_memory import PY_SRC, comfy_assignments
+    for fn in ("comfy_routes.py", "__init__.py"):
+        with open(os.path.join(PY_SRC, fn)) as f:
+            assert comfy_assignments(f.read(), fn) == []
+
+
+def test_the_package_loads_as_a_comfyui_custom_node(tmp_path):
+    """What ComfyUI's load_custom_node does with the package: import its
+    __init__ under a path-like module name while PromptServer.instance
+    exists; WEB_DIRECTORY names a directory with the panel, NODE_CLASS_MAPPINGS
+    exists, and the routes, the /free observer and the prompt hook are on
+    the server."""
+    pkg = os.path.join(BUILD_PY, "bulkhead")
+    code = textwrap.dedent(f"""
+        import importlib.util, json, os, sys
+        sys.path[:0] = [{os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "comfyui")!r}]
+        import server
+        srv = server.PromptServer()
+        name = {pkg!r}.replace(".", "_x_")
+        spec = importlib.util.spec_from_file_location(name, os.path.join({pkg!r}, "__init__.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        web = os.path.join({pkg!r}, module.WEB_DIRECTORY)
+        routes = [(r.method, r.path) for r in srv.routes]
+        from comfy_execution import cache_provider
+        print(json.dumps(dict(web=sorted(os.listdir(web)), nodes=module.NODE_CLASS_MAPPINGS,
+                              routes=routes, middlewares=len(srv.app.middlewares),
+                              providers=[type(p).__name__ for p in cache_provider._get_cache_providers()])))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=""), cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "bulkhead.js" in r["web"] and r["nodes"] == {}
+    assert ["GET", "/bulkhead/status"] in r["routes"] and ["POST", "/bulkhead/release"] in r["routes"]
+    assert ["POST", "/bulkhead/free"] in r["routes"] and ["POST", "/free"] in r["routes"]
+    assert r["middlewares"] == 1 and r["providers"] == ["BulkheadPromptBoundary"]
+
+
+# ------------------------------------------------------------- scenarios
+
+
+@pytest.mark.torch
+def test_status_and_release_routes(tmp_path, monkeypatch):
+    r = routes_scenario(tmp_path, """
+        import subprocess
+        a, b = worker("pack-a"), worker("pack-b")
+        a.call("bh_mempack:load", "UNetA", 64 * MiB)
+        a.call("bh_mempack:load", "VAEA", 32 * MiB)
+        b.call("bh_mempack:load", "ClipB", 64 * MiB)
+        res = {}
+        res["status"] = http("GET", "/bulkhead/status")
+        res["api_status"] = http("GET", "/api/bulkhead/status")[0]
+        # a host without a control socket, and its worker: reachable only in the ledger
+        joiner = [sys.executable, "-c", JOINER]
+        env = dict(os.environ, PYTHONPATH=BUILD_PY)
+        ghost = subprocess.Popen(joiner + [LEDGER, "host", "ghost-host", "1", "0", "0"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        ghost.stdout.readline()
+        gw = subprocess.Popen(joiner + [LEDGER, "worker", "ghost-pack", "1", str(ghost.pid), str(8 * MiB)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        gw.stdout.readline()
+        res["partial"] = http("POST", "/bulkhead/release", {"pack": "pack-a", "bytes": 16 * MiB})
+        res["full"] = http("POST", "/api/bulkhead/release", {"pid": b.pid})
+        res["b_after"] = dict(held=held(b.pid), worker_view=b.call("bh_mempack:resident"))
+        res["no_pid"] = http("POST", "/bulkhead/release", {"pid": 2 ** 30})
+        res["no_pack"] = http("POST", "/bulkhead/release", {"pack": "nope"})
+        res["host_pid"] = http("POST", "/bulkhead/release", {"pid": os.getpid()})
+        res["not_json"] = http("POST", "/bulkhead/release", raw=b"{pid")
+        res["bad_body"] = http("POST", "/bulkhead/release", {"pid": 1, "pack": "x"})
+        res["unreachable"] = http("POST", "/bulkhead/release", {"pack": "ghost-pack"})
+        # a worker in a call: the release waits free_wait_s, then 409
+        t = threading.Thread(target=a.call, args=("bh_mempack:sleep", 3.0))
+        t.start()
+        time.sleep(0.5)
+        res["busy"] = http("POST", "/bulkhead/release", {"pack": "pack-a"})
+        res["busy_free"] = http("POST", "/bulkhead/free", {})
+        t.join()
+        res["timeline"] = http("GET", "/bulkhead/status")[1]["timeline"]
+        for p in (gw, ghost):
+            p.stdin.close(); p.wait(); p.stdout.close()
+        res["pids"] = dict(a=a.pid, b=b.pid, me=os.getpid(), ghost=ghost.pid, gw=gw.pid)
+        out(res)
+        finish(a, b)
+    """.replace("JOINER", repr(JOINER)), monkeypatch, options={"free_wait_s": 0.5})
+    pids = r["pids"]
+    status, doc = r["status"]
+    assert status == 200 and r["api_status"] == 200
+    assert doc["host_pid"] == pids["me"] and isinstance(doc["timeline"], list)
+    rows = {p["pid"]: p for p in doc["processes"]}
+    assert [p["pid"] for p in doc["processes"]][:3] == [pids["me"], *sorted([pids["a"], pids["b"]])]
+    assert rows[pids["a"]]["pack"] == "pack-a" and rows[pids["a"]]["held_bytes"] == 96 * MiB
+    assert sorted(m["name"] for m in rows[pids["a"]]["models"]) == ["UNetA", "VAEA"]
+    assert rows[pids["b"]]["held_bytes"] == 64 * MiB and rows[pids["b"]]["host_pid"] == pids["me"]
+
+    status, partial = r["partial"]
+    assert status == 200 and partial["pack"] == "pack-a" and partial["before_bytes"] == 96 * MiB
+    # n bytes of a worker: its own upstream walk picks the victims and stops on
+    # the machine's free figure, which other processes move too: some bytes
+    assert partial["freed_bytes"] > 0 and partial["after_bytes"] == 96 * MiB - partial["freed_bytes"]
+    status, full = r["full"]
+    assert status == 200, full
+    assert full == {"worker_pid": pids["b"], "pack": "pack-b", "host_pid": pids["me"],
+                    "before_bytes": 64 * MiB, "after_bytes": 0, "freed_bytes": 64 * MiB,
+                    "receipt": {"before_bytes": 64 * MiB, "after_bytes": 0, "freed_bytes": 64 * MiB}}
+    assert r["b_after"] == {"held": 0, "worker_view": {"ClipB": 0}}
+
+    assert r["no_pid"][0] == 404 and "no running bulkhead worker has pid" in r["no_pid"][1]["error"]
+    assert r["no_pack"][0] == 404 and "pack-a, pack-b" in r["no_pack"][1]["error"]
+    assert r["host_pid"][0] == 404
+    assert r["not_json"][0] == 400 and "not JSON" in r["not_json"][1]["error"]
+    assert r["bad_body"][0] == 400 and "exactly one worker" in r["bad_body"][1]["error"]
+    status, unreachable = r["unreachable"]
+    assert status == 502 and f"pid {pids['ghost']}" in unreachable["error"] and "unreachable" in unreachable["error"]
+    status, busy = r["busy"]
+    assert status == 409 and "stayed busy" in busy["error"], busy
+    status, busy_free = r["busy_free"]
+    assert status == 200
+    state = {row["pack"]: row["state"] for row in busy_free["processes"]}
+    assert state == {"pack-a": "busy", "pack-b": "released"}, busy_free
+    kinds = [(e["kind"], e["process"]) for e in r["timeline"]]
+    assert ("release", "pack-a") in kinds and ("release", "pack-b") in kinds
+
+
+@pytest.mark.torch
+def test_bulkhead_free_frees_worker_memory_with_before_after(tmp_path, monkeypatch):
+    """POST /bulkhead/free: every worker of this host runs its full ladder
+    and the answer, sent after the bytes moved, has per-process before and
+    after bytes from the ledger; with all_hosts, the idle worker of a second
+    ComfyUI instance is released through that instance's control socket."""
+    from comfyenv import script_prelude
+    from test_memory import PREAMBLE as MEMORY_PREAMBLE
+    monkeypatch.delenv("COMFYUI_PATH", raising=False)  # the scenario below runs on the stub too
+    ready, done = tmp_path / "b-ready", tmp_path / "b-done"
+    other = script_prelude() + MEMORY_PREAMBLE.format(ledger=str(tmp_path / "ledger"),
+                                                      helpers=os.path.join(HERE, "helpers")) + textwrap.dedent(f"""
+        c = worker("pack-c")
+        c.call("bh_mempack:load", "UNetC", 64 * MiB)
+        open({str(ready)!r}, "w").close()
+        for _ in range(4000):
+            if os.path.exists({str(done)!r}):
+                break
+            time.sleep(0.05)
+        out(dict(c_resident=resident(c), c_pid=c.pid))
+        hm.close(); c.close()
+    """)
+    instance_b = subprocess.Popen([sys.executable, "-c", other], stdout=subprocess.PIPE, text=True,
+                                  cwd=os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "comfyui"),
+                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join([BUILD_PY, HERE])))
+    try:
+        r = routes_scenario(tmp_path, f"""
+            a, b = worker("pack-a"), worker("pack-b")
+            a.call("bh_mempack:load", "UNetA", 256 * MiB)
+            b.call("bh_mempack:load", "ClipB", 128 * MiB)
+            for _ in range(4000):
+                if os.path.exists({str(ready)!r}):
+                    break
+                time.sleep(0.05)
+            rss_before = rss(a) + rss(b)
+            res = {{}}
+            res["local"] = http("POST", "/bulkhead/free", {{}})
+            res["held_at_answer"] = [held(a.pid), held(b.pid)]
+            res["rss_drop"] = rss_before - rss(a) - rss(b)
+            res["worker_view"] = [a.call("bh_mempack:resident"), b.call("bh_mempack:resident")]
+            a.call("bh_mempack:load", "VAEA", 32 * MiB)
+            res["all"] = http("POST", "/bulkhead/free", {{"all_hosts": True}})
+            res["bad"] = http("POST", "/bulkhead/free", {{"all_hosts": "yes"}})
+            res["pids"] = dict(a=a.pid, b=b.pid)
+            open({str(done)!r}, "w").close()
+            out(res)
+            finish(a, b)
+        """, monkeypatch)
+        b_out, _ = instance_b.communicate(timeout=240)
+    finally:
+        if instance_b.poll() is None:
+            instance_b.kill()
+            instance_b.wait()
+    mark = "@@comfyenv-result@@"
+    other_result = json.loads([line for line in b_out.splitlines() if line.startswith(mark)][-1][len(mark):])
+    pids = r["pids"]
+    status, local = r["local"]
+    assert status == 200 and local["all_hosts"] is False
+    rows = {row["pack"]: row for row in local["processes"]}
+    assert set(rows) == {"pack-a", "pack-b"}
+    assert rows["pack-a"] == {"pid": pids["a"], "pack": "pack-a", "host_pid": local["host_pid"],
+                              "state": "released", "before_bytes": 256 * MiB, "after_bytes": 0,
+                              "freed_bytes": 256 * MiB, "error": None}
+    assert rows["pack-b"]["before_bytes"] == 128 * MiB and rows["pack-b"]["after_bytes"] == 0
+    assert local["freed_bytes"] == 384 * MiB and local["after_bytes"] == 0
+    assert r["held_at_answer"] == [0, 0]            # the answer came after the bytes moved
+    assert r["rss_drop"] >= 384 * MiB * 0.9, r      # and they were real
+    assert r["worker_view"] == [{"UNetA": 0}, {"ClipB": 0}]
+
+    status, every = r["all"]
+    assert status == 200 and every["all_hosts"] is True
+    rows = {row["pack"]: row for row in every["processes"]}
+    assert rows["pack-a"]["before_bytes"] == 32 * MiB and rows["pack-a"]["after_bytes"] == 0
+    c = rows["pack-c"]
+    assert c["host_pid"] != every["host_pid"] and c["pid"] == other_result["c_pid"]
+    assert c["state"] == "released" and c["before_bytes"] == 64 * MiB and c["after_bytes"] == 0, c
+    assert other_result["c_resident"] == 0
+    assert r["bad"][0] == 400
+
+
+@pytest.mark.torch
+def test_comfyui_free_reaches_the_workers(tmp_path, monkeypatch):
+    """ComfyUI's own POST /free: upstream's handler sets its flags (the
+    prompt worker unloads and resets its cache later, as before); bulkhead's
+    observer answers only after this host's workers released, with their
+    figures.  An empty request stays upstream's empty 200."""
+    r = routes_scenario(tmp_path, """
+        import main
+        stop = threading.Event()
+        pw = threading.Thread(target=main.prompt_worker, args=(srv.prompt_queue, srv, stop), daemon=True)
+        pw.start()
+        a, b = worker("pack-a"), worker("pack-b")
+        a.call("bh_mempack:load", "UNetA", 96 * MiB)
+        b.call("bh_mempack:load", "ClipB", 64 * MiB)
+        res = {}
+        res["nothing"] = http("POST", "/free", {})
+        res["held_after_nothing"] = [held(a.pid), held(b.pid)]
+        res["free_memory"] = http("POST", "/api/free", {"free_memory": True})
+        res["held_at_answer"] = [held(a.pid), held(b.pid)]
+        for _ in range(100):            # the prompt worker consumes the flags
+            if not srv.prompt_queue.get_flags(reset=False):
+                break
+            time.sleep(0.05)
+        res["flags_left"] = srv.prompt_queue.get_flags(reset=False)
+        stop.set(); pw.join()   # its unload ran on its own thread: done before this one loads
+        a.call("bh_mempack:load", "UNetA", 96 * MiB)
+        res["unload_models"] = http("POST", "/free", {"unload_models": True})
+        res["timeline"] = [e["kind"] for e in http("GET", "/bulkhead/status")[1]["timeline"]]
+        out(res)
+        finish(a, b)
+    """, monkeypatch)
+    assert r["nothing"] == [200, None]
+    assert r["held_after_nothing"] == [96 * MiB, 64 * MiB]
+    status, body = r["free_memory"]
+    assert status == 200 and set(body) == {"bulkhead"}
+    rows = {row["pack"]: row for row in body["bulkhead"]["processes"]}
+    assert rows["pack-a"]["before_bytes"] == 96 * MiB and rows["pack-a"]["after_bytes"] == 0
+    assert rows["pack-b"]["before_bytes"] == 64 * MiB and rows["pack-b"]["after_bytes"] == 0
+    assert body["bulkhead"]["freed_bytes"] == 160 * MiB
+    assert r["held_at_answer"] == [0, 0]
+    assert r["flags_left"] == {}
+    status, body = r["unload_models"]
+    rows = {row["pack"]: row for row in body["bulkhead"]["processes"]}
+    assert status == 200 and rows["pack-a"]["freed_bytes"] == 96 * MiB
+    assert r["timeline"].count("free") == 2
+
+
+@pytest.mark.torch
+def test_prompt_end_soft_releases_and_reconciles_on_the_execution_thread(tmp_path, monkeypatch):
+    """The prompt boundary through upstream's cache-provider lifecycle: at
+    the end of each prompt every idle worker gets its soft release (models
+    stay loaded) and the stand-ins are reconciled, on the execution thread."""
+    r = routes_scenario(tmp_path, """
+        import main
+        a = worker("pack-a")
+        seen = []
+        real_end = routes.prompt_end
+        def prompt_end(prompt_id=None):
+            seen.append((prompt_id, threading.current_thread().name,
+                         sum(1 for lm in mm.current_loaded_models if lm.model in hm.standins())))
+            return real_end(prompt_id)
+        routes.prompt_end = prompt_end
+
+        class LoadInWorker:
+            FUNCTION = "run"
+            def run(self, name, mib):
+                return (a.call("bh_mempack:load", name, mib * MiB),)
+        nodes.NODE_CLASS_MAPPINGS["LoadInWorker"] = LoadInWorker
+
+        stop = threading.Event()
+        pw = threading.Thread(target=main.prompt_worker, args=(srv.prompt_queue, srv, stop),
+                              name="prompt-worker", daemon=True)
+        pw.start()
+        res = {}
+        res["queued"] = http("POST", "/prompt", {"prompt_id": "p1", "prompt": {
+            "1": {"class_type": "LoadInWorker", "inputs": {"name": "UNetA", "mib": 48}}}})
+        for _ in range(400):
+            if "p1" in srv.prompt_queue.history and seen:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        res["seen"] = seen
+        res["listed_after"] = sum(1 for lm in mm.current_loaded_models if lm.model in hm.standins())
+        res["resident_after"] = resident(a)
+        res["state_after"] = hm.ledger.read(a.pid)["run"]
+        res["hook"] = routes.prompt_hook
+        stop.set(); pw.join()
+        out(res)
+        finish(a)
+    """, monkeypatch)
+    assert r["queued"][0] == 200 and r["hook"] == "comfy_execution.cache_provider"
+    assert len(r["seen"]) == 1
+    prompt_id, thread, listed_before = r["seen"][0]
+    assert prompt_id == "p1" and thread == "prompt-worker"
+    # the model the node loaded in the worker is listed in ComfyUI's ledger
+    # once the boundary reconciled, and it stayed loaded (a soft release)
+    assert listed_before == 0 and r["listed_after"] == 1
+    assert r["resident_after"] == 48 * MiB and r["state_after"] == "idle"
