@@ -110,67 +110,6 @@ _DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
 
 # --------------------------------------------------------------- reading
 
-class Probes:
-    """The device probes of one process: NVML opened once (on first use;
-    a missing driver is remembered, not retried), RAM read each time."""
-
-    def __init__(self, library=None):
-        self.library = library
-        self._lock = threading.Lock()
-        self._tried = False
-        self._gpu = None
-        self.gpu_error = None
-
-    def gpu(self):
-        with self._lock:
-            if not self._tried:
-                self._tried = True
-                try:
-                    self._gpu = _native.Gpu(self.library)
-                except _native.DriverUnavailable as e:
-                    self.gpu_error = f"no NVIDIA driver ({e})"
-                except (_native.Error, OSError) as e:
-                    self.gpu_error = f"NVML failed: {e}"
-            return self._gpu
-
-    def close(self):
-        with self._lock:
-            if self._gpu is not None:
-                self._gpu.close()
-            self._gpu, self._tried = None, False
-
-    def devices(self):
-        """(rows, gpu_error, ram_error): each device's total and free now."""
-        rows, ram_error = [], None
-        try:
-            ram = _native.ram()
-        except (_native.Error, OSError) as e:
-            ram_error = f"RAM probe failed: {e}"
-        else:
-            rows.append({"device": "cpu", "total_bytes": ram["total_bytes"],
-                         "free_bytes": ram["available_bytes"], "source": "meminfo+cgroup",
-                         "index": None, "uuid": None, "name": None})
-        gpu = self.gpu()
-        gpu_error = self.gpu_error
-        if gpu is not None:
-            for i in range(gpu.count()):
-                try:
-                    total, free, _used = gpu.memory(i)
-                except (_native.Error, OSError) as e:
-                    gpu_error = f"cuda:{i}: memory read failed: {e}"
-                    continue
-                try:
-                    uuid, name = gpu.uuid(i), gpu.name(i)
-                except (_native.Error, OSError):
-                    uuid = name = None
-                rows.append({"device": f"cuda:{i}", "total_bytes": total, "free_bytes": free,
-                             "source": "nvml", "index": i, "uuid": uuid, "name": name})
-        return rows, gpu_error, ram_error
-
-
-_probes = Probes()
-
-
 def _snapshot(ledger):
     """Every live record; a writer that stayed mid-write past the ledger's
     retry budget (EAGAIN) is asked again a few times."""
@@ -187,61 +126,16 @@ def _held(rec):
     return sum(d["held_bytes"] for d in rec["devices"]) if rec else 0
 
 
-def _process_row(rec, now_ns):
-    last = rec["last_used_ns"]
-    return {
-        "pid": rec["pid"], "role": rec["role"], "pack": rec["pack"],
-        "interpreter": rec["interpreter"], "generation": rec["generation"],
-        "host_pid": rec["host_pid"] if rec["host_pid"] > 0 else None,
-        "state": rec["run"],
-        "idle_s": None if last == 0 else round(max(0, now_ns - last) / 1e9, 3),
-        "held_bytes": _held(rec),
-        "devices": [{k: d[k] for k in ("device", "held_bytes", "pinned_bytes", "pin_ceiling_bytes",
-                                       "pager_bytes", "floor_bytes", "reserve_bytes")}
-                    for d in rec["devices"]],
-        "models": [{k: m[k] for k in ("id", "name", "device", "size_bytes", "resident_bytes")}
-                   for m in rec["models"]],
-        "release_count": rec["release_count"], "released_bytes": rec["released_bytes"],
-    }
-
-
-def _ordered(records):
-    """Hosts by pid, each followed by its workers by pid; everything else
-    (tools, workers whose host has no live record) by pid among the hosts."""
-    hosts = {r["pid"] for r in records if r["role"] == "host"}
-
-    def parent(r):
-        return r["host_pid"] if r["role"] == "worker" and r["host_pid"] in hosts else None
-
-    out = []
-    for root in sorted((r for r in records if parent(r) is None), key=lambda r: r["pid"]):
-        out.append(root)
-        out.extend(sorted((r for r in records if parent(r) == root["pid"]), key=lambda r: r["pid"]))
-    return out
-
-
-def status_document(ledger=None, *, probes=None, now_ns=None):
-    """The status document (module doc) as a dict.  ledger: an open
-    ``_native.Ledger`` (read, not joined, not closed), a path, or None for
-    the default path; a path with no file is not created (nobody ever
-    joined: no processes)."""
-    probes = probes or _probes
-    devices, gpu_error, ram_error = probes.devices()
-    now_ns = time.monotonic_ns() if now_ns is None else now_ns
-    records, present = [], True
-    if ledger is None or isinstance(ledger, (str, bytes, os.PathLike)):
-        path = os.fsdecode(ledger) if ledger is not None else _native.ledger_default_path()
-        if os.path.lexists(path):
-            with _native.Ledger(path) as opened:
-                records = _snapshot(opened)
-        else:
-            present = False
-    else:
-        path = ledger.path
-        records = _snapshot(ledger)
-    return {"schema": SCHEMA, "ledger": path, "ledger_present": present,
-            "gpu_error": gpu_error, "ram_error": ram_error, "devices": devices,
-            "processes": [_process_row(r, now_ns) for r in _ordered(records)]}
+def status_document(ledger=None):
+    """The status document (module doc) as a dict: exactly what
+    `bulkhead status --json` prints, built by the same C code
+    (``_native.status_json``).  ledger: an open ``_native.Ledger`` (read,
+    not joined), a path, or None for the default; a path with no file is
+    not created (nobody ever joined: no processes).  GPUs come from the
+    NVML library named by $BULKHEAD_NVML_LIBRARY or the default search."""
+    if ledger is not None and not isinstance(ledger, (str, bytes, os.PathLike)):
+        ledger = ledger.path
+    return json.loads(_native.status_json(None if ledger is None else os.fsdecode(ledger)))
 
 
 def timeline(host_memory, limit=TIMELINE_LEN):
@@ -289,11 +183,10 @@ class BulkheadRoutes:
     ``use_host_memory``; without one, reading still works and releases go
     only to other hosts."""
 
-    def __init__(self, host_memory=None, *, ledger_path=None, probes=None, free_wait_s=None,
+    def __init__(self, host_memory=None, *, ledger_path=None, free_wait_s=None,
                  release_timeout_s=None):
         self._host_memory = host_memory
         self.ledger_path = ledger_path
-        self.probes = probes or _probes
         self.free_wait_s = FREE_WAIT_S if free_wait_s is None else free_wait_s
         self.release_timeout_s = RELEASE_TIMEOUT_S if release_timeout_s is None else release_timeout_s
         self.prompt_hook = None        # what prompt_end is registered with, or None
@@ -344,7 +237,7 @@ class BulkheadRoutes:
     # --- status ---
 
     def status(self):
-        doc = status_document(self._ledger(), probes=self.probes)
+        doc = status_document(self._ledger())
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
         return doc

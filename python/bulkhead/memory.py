@@ -154,6 +154,9 @@ class HostMemory:
         self._gpu = None
         self._gpu_tried = False
         self._lock = threading.RLock()
+        self._host_ids = {}       # id(inner module) -> model id in this host's record
+        self._host_rows = {}      # model id -> row published
+        self._host_devices = set()
         self.control = None
         if control:
             from .control import ControlServer
@@ -217,6 +220,45 @@ class HostMemory:
             for owner in list(self.owners.values()):
                 owner.reconcile(self.mm, self.ledger)
             self._publish_reserve()
+            self._census()
+
+    def _census(self):
+        """The host's own record: ComfyUI's own models (not the stand-ins),
+        so `bulkhead status`, the panel and other instances on the machine
+        see what this process holds.  A model is its inner module, counted
+        once however many patchers (clones) wrap it."""
+        held, seen = {}, set()
+        for lm in list(self.mm.current_loaded_models):
+            p = lm.model
+            if p is None or isinstance(p, _native.StandIn):
+                continue
+            inner = getattr(p, "model", None)
+            key = id(inner if inner is not None else p)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                size, resident = int(lm.model_memory()), int(lm.model_loaded_memory())
+            except Exception:
+                continue
+            dev = str(lm.device)
+            held[dev] = held.get(dev, 0) + resident
+            mid = self._host_ids.setdefault(key, len(self._host_ids) + 1)
+            name = type(inner if inner is not None else p).__name__[:47]
+            row = (name, dev, size, resident)
+            if self._host_rows.get(mid) != row:
+                try:
+                    self.ledger.set_model(mid, name, dev, size, resident)
+                except _native.LedgerError:
+                    continue
+                self._host_rows[mid] = row
+        live = {self._host_ids[k] for k in seen}
+        for mid in [m for m in self._host_rows if m not in live]:
+            self.ledger.drop_model(mid)
+            del self._host_rows[mid]
+        for dev in set(held) | self._host_devices:
+            self.ledger.set_device(dev, held_bytes=held.get(dev, 0))
+        self._host_devices |= set(held)
 
     def standins(self, worker=None):
         owners = [self.owners[worker]] if worker is not None else self.owners.values()

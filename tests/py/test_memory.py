@@ -114,6 +114,9 @@ def test_standin_survives_loads_unload_all_crash_and_respawn(tmp_path):
         mm.load_models_gpu([host_model])
         mm.load_models_gpu([host_model])
         steps["after_two_loads"] = sum(1 for lm in mm.current_loaded_models if lm.model is s)
+        hm.reconcile()
+        mine = hm.ledger.read(os.getpid())
+        steps["host_record"] = [(m["name"], m["resident_bytes"]) for m in mine["models"]]
         # unload_all_models reaches the worker through the stand-in
         mm.unload_all_models()
         steps["after_unload_all_listed"] = sum(1 for lm in mm.current_loaded_models if lm.model is s)
@@ -143,6 +146,7 @@ def test_standin_survives_loads_unload_all_crash_and_respawn(tmp_path):
         hm.close(); a.close()
     """)
     assert r["after_two_loads"] == 1
+    assert r["host_record"] == [["HostModel", 16 * MiB]]  # the host's own models, not the stand-ins
     assert r["after_unload_all_listed"] == 0 and r["after_unload_all_resident"] == 0
     assert r["relisted"] == 1 and r["resident_again"] == 32 * MiB
     assert r["after_crash_listed"] == 0 and r["after_crash_standins"] == 0
