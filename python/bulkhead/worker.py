@@ -23,6 +23,7 @@ from . import _native
 from ._rpc import Peer, interpreter_info, resolve_target
 
 _peer = None
+memory = None  # this worker's WorkerMemory when the host attached it to its budget
 
 # Called (no arguments) on every interrupt, on the main thread.
 interrupt_handlers = []
@@ -100,7 +101,7 @@ def main():
         return 2
     peer.name = str(ack.get("name", ""))
     peer.generation = int(ack.get("generation", 0))
-    memory = None
+    global memory
     if os.environ.get("BULKHEAD_MEMORY") == "1":
         try:
             memory = _attach_memory(peer, ack, host_pid)

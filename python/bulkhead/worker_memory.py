@@ -30,6 +30,7 @@ import gc
 import itertools
 import os
 import sys
+import time
 import weakref
 
 from . import _native, pager
@@ -105,6 +106,9 @@ class WorkerMemory:
         self.pager_reason = ""
         self._floor = {}           # device -> bytes held with no model resident
         self._depth = 0            # calls from the host in progress (nested through callbacks)
+        self.host_pid = host_pid
+        self._pin_split = None     # this worker's share of the pin budget, once split
+        self._split_at = 0.0
         if not self._hook():
             self._watch = _ImportWatch("comfy.model_management", lambda m: self._hook(m))
             sys.meta_path.insert(0, self._watch)
@@ -163,6 +167,33 @@ class WorkerMemory:
             print(f"bulkhead: WARNING: this worker runs the legacy ledger while its host pages: {reason}",
                   file=sys.stderr)
         self.pager_reason = reason
+        self.split_pins()
+
+    def split_pins(self):
+        """One RAM budget for pinned memory (seed 001 row 8, seed 004 "Pinned
+        memory is per process"): every process that imports ComfyUI's memory
+        manager computes its own MAX_PINNED_MEMORY from the machine's RAM,
+        so N processes would promise N times most of it.  A worker takes
+        its share: upstream's ceiling for this machine (RAM clamped to the
+        cgroup, swap) split across its host and the host's live workers,
+        which share the host's cgroup.  The host keeps upstream's own figure
+        (bulkhead writes nothing else there), so the promise is at most
+        ceiling * (2 - 1/N), not N * ceiling.  Pinning disabled
+        (MAX_PINNED_MEMORY <= 0, --disable-pinned-memory) stays disabled."""
+        mm = self.mm
+        current = getattr(mm, "MAX_PINNED_MEMORY", None)
+        if not isinstance(current, (int, float)) or current <= 0:
+            return None
+        ram = _native.ram(os.environ.get("BULKHEAD_RAM_ROOT") or None)
+        windows = sys.platform == "win32"
+        ceiling = _native.policy_pin_ceiling(ram["total_bytes"], ram["swap_total_bytes"], windows)
+        host = self.host_pid
+        n = sum(1 for r in self.ledger.records()
+                if r["pid"] == host or (r["role"] == "worker" and r["host_pid"] == host))
+        share = _native.policy_share(ceiling, max(n, 1))
+        mm.MAX_PINNED_MEMORY = min(int(current), share) if self._pin_split is None else share  # worker-side
+        self._pin_split = share
+        return share
 
     def _model_id(self, patcher):
         inner = getattr(patcher, "model", None)
@@ -424,6 +455,10 @@ class WorkerMemory:
             return
         if self._hook():
             self.mm.soft_empty_cache()
+            now = time.monotonic()
+            if self._pin_split is not None and now - self._split_at > 2.0:
+                self._split_at = now
+                self.split_pins()  # the host may have started or lost workers since
             self.census()
         self.ledger.set_run("idle")
 

@@ -233,6 +233,40 @@ def test_clones_are_one_model(tmp_path):
     assert r["held"] == 32 * MiB
 
 
+def test_pin_budget_is_split_across_host_and_workers(tmp_path):
+    """A cgroup fixture of 8 GiB: upstream's ceiling there is 40% (3.2 GiB),
+    and every process that imports ComfyUI would promise all of it.  Each
+    worker takes 1/N of it, N = the host and its workers."""
+    GiB = 1 << 30
+    root = tmp_path / "fixture"
+    for rel, text in {
+        "proc/meminfo": "MemTotal: 16777216 kB\nMemFree: 1048576 kB\nMemAvailable: 8388608 kB\n",
+        "proc/swaps": "Filename\tType\tSize\tUsed\tPriority\n",
+        "proc/self/cgroup": "0::/comfy\n",
+        "proc/self/mountinfo": "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+        "sys/fs/cgroup/comfy/memory.max": f"{8 * GiB}\n",
+        "sys/fs/cgroup/comfy/memory.current": f"{GiB}\n",
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    r = scenario(tmp_path, f"""
+        a = worker("pack-a", BULKHEAD_RAM_ROOT={str(root)!r})
+        b = worker("pack-b", BULKHEAD_RAM_ROOT={str(root)!r})
+        a.call("bh_mempack:pid"); b.call("bh_mempack:pid")
+        upstream = _native.policy_pin_ceiling(8 * (1 << 30), 0)
+        shares = [w.call("bh_mempack:split_pins", upstream) for w in (a, b)]
+        out(dict(upstream=upstream, shares=shares))
+        hm.close(); a.close(); b.close()
+    """)
+    ceiling = r["upstream"]
+    assert ceiling == int(8 * GiB * 0.4)
+    for share, mm_value in r["shares"]:
+        assert share == ceiling // 3 and mm_value == share  # host + two workers
+    # what the three processes promise together: the host's own (upstream's,
+    # untouched) plus the workers' shares -- not three times the ceiling
+    assert ceiling + sum(s for s, _ in r["shares"]) < 2 * ceiling
+
+
 def test_release_ladders_reachable_from_host(tmp_path):
     r = scenario(tmp_path, """
         a = worker("pack-a")

@@ -166,6 +166,15 @@ def calls(name):
     return _models[name].calls
 
 
+def split_pins(ceiling):
+    """As a worker on a GPU machine: ComfyUI computed `ceiling` as its pin
+    ceiling; bulkhead's worker runtime takes this worker's share."""
+    mm = _comfy()
+    mm.MAX_PINNED_MEMORY = ceiling
+    from bulkhead import worker
+    return worker.memory.split_pins(), mm.MAX_PINNED_MEMORY
+
+
 def pid():
     return os.getpid()
 
