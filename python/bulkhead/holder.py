@@ -123,24 +123,28 @@ class BulkheadHolder:
     def _post(self, name, n):
         """Posts releases for n bytes on device `name` by the admission's
         plan (policy_release_plan over HostMemory._candidates: least
-        recently used first, above each floor); a worker that turns the
-        post down (busy) is left out and the plan made again for the rest.
-        Returns the bytes posted."""
+        recently used first, above each floor).  A worker that turns its
+        post down (busy) is left out and the rest planned again, what was
+        posted already counted.  Returns the bytes posted."""
         hm = self.hm
         cands = hm._candidates(name, foreign=False)
-        asked = set()
+        posted = {}
+        refused = set()
         promised = 0
         while promised < n:
-            rows = [(i not in asked and c[5] is not None, c[1], c[2], c[3]) for i, c in enumerate(cands)]
+            rows = [(i not in refused and c[5] is not None, c[1], max(0, c[2] - posted.get(i, 0)), c[3])
+                    for i, c in enumerate(cands)]
             asks, _uncovered = _native.policy_release_plan(rows, n - promised)
             if not asks:
                 break
             for i, nbytes in asks:
-                asked.add(i)
                 worker = cands[i][5]
-                if nbytes > 0 and worker.post_release("bytes", None, int(nbytes)):
-                    promised += int(nbytes)
-                    hm.events.append((time.time(), "holder", worker.name, int(nbytes)))
+                if not worker.post_release("bytes", None, int(nbytes)):
+                    refused.add(i)
+                    break   # plan the rest again without it
+                posted[i] = posted.get(i, 0) + int(nbytes)
+                promised += int(nbytes)
+                hm.events.append((time.time(), "holder", worker.name, int(nbytes)))
         del hm.events[:-256]
         return promised
 
