@@ -105,6 +105,7 @@ def test_holder_takes_what_upstream_passes(size, expect):
     assert bh_holder.BulkheadHolder(hm).release_memory("cpu", size) == expect
 
 
+@pytest.mark.torch
 def test_holder_device_names():
     import torch
     assert bh_holder.device_name(torch.device("cpu")) == "cpu"
@@ -382,3 +383,27 @@ def test_scenario_without_the_patch(tmp_path, unpatched):
     # per-CPU lists), so it may go on to a second model: the holder path
     # trusts the answer instead and does not.
     _check_common(r, 1024 * MiB)
+
+
+HOST_MEMORY = """
+import bulkhead
+from bulkhead import holder as bh_holder
+hm = bulkhead.host_memory()
+h = bh_holder.installed()
+out = dict(holder=h is not None, flag=hm.register_standins,
+           registered=[x is h for x in getattr(mm, "memory_holders", [])])
+bh_holder.uninstall()
+out["after"] = len(getattr(mm, "memory_holders", []))
+hm.close()
+emit(out)
+"""
+
+
+@pytest.mark.torch
+def test_comfyui_with_the_registry_gets_one_holder_from_host_memory(tmp_path, patched):
+    root, real = patched
+    env = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_LEDGER": str(tmp_path / "ledger")}
+    r = run_comfy_script(HOST_MEMORY, env=env, root=root, real=real)
+    assert r == {"holder": True, "flag": False, "registered": [True], "after": 0}
+    r = run_comfy_script(HOST_MEMORY, env=env, root=STUB_ROOT, real=False)
+    assert r == {"holder": False, "flag": True, "registered": [], "after": 0}
