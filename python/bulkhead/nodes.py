@@ -114,8 +114,9 @@ REASONS = {
     DIR_WITHOUT_CONFIG: ("this directory has no comfy-env.toml of its own{detail}",
                          "to isolate it, add a comfy-env.toml to it and run `bulkhead install {pack}`"),
     CONTRACT_REFUSED: ("bulkhead refuses isolation{detail}",
-                       "run `bulkhead doctor` to see the contract; use a bulkhead release that fits "
-                       "this ComfyUI (or a ComfyUI this bulkhead fits)"),
+                       "run `bulkhead doctor` to see the contract; update bulkhead to a release that "
+                       "fits this ComfyUI (or ComfyUI to one this bulkhead fits), then "
+                       "`bulkhead install {pack}`"),
 }
 
 
