@@ -5,6 +5,9 @@
  *   bulkhead status [--json] [--ledger PATH]
  *   bulkhead top [--interval S] [--once] [--ledger PATH]
  *   bulkhead release PID|PACK [--bytes N] [--timeout S] [--json] [--ledger PATH]
+ *   bulkhead install|env PACK_DIR, bulkhead doctor [--json] [COMFYUI_DIR]
+ *     (run by `<python> -m bulkhead VERB`: see bh__python_verb)
+ *   bulkhead canary COMFYUI_DIR (canary.c)
  *
  * Reading (status, top) needs nothing but the shared ledger, mapped
  * read-only in spirit: the command never joins it and never creates it.
@@ -70,6 +73,9 @@ static const char bh__usage_main[] =
     "  env       show whether a pack's environment is built and current\n"
     "  canary    check the StandIn against what a ComfyUI checkout reads off\n"
     "            its ledger entries (bulkhead canary --help)\n"
+    "  doctor    check bulkhead's contract with a ComfyUI: every name bulkhead\n"
+    "            reads or calls there, its tier, whether it is offered\n"
+    "            (bulkhead doctor --help)\n"
     "  help      this text, or a verb's: bulkhead help VERB\n"
     "\n"
     "`bulkhead VERB --help` explains a verb; --version prints the version.\n"
@@ -78,8 +84,8 @@ static const char bh__usage_main[] =
     "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-ledger-<uid>)\n"
     "  BULKHEAD_NVML_LIBRARY  the NVML library to load (default libnvidia-ml.so.1)\n"
     "  XDG_RUNTIME_DIR        where hosts' control sockets are (release --help)\n"
-    "  BULKHEAD_PYTHON        the Python that runs install/env (default python3;\n"
-    "                         use ComfyUI's own)\n"
+    "  BULKHEAD_PYTHON        the Python that runs install/env/doctor (default\n"
+    "                         python3; use ComfyUI's own)\n"
     "\n" BH__EXITS;
 
 static const char bh__usage_status[] =
@@ -175,7 +181,8 @@ int bh_cli_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-/* install / env: environment building is Python's job (pip, venv), so
+/* install / env / doctor: environment building is Python's job (pip,
+ * venv), and so is importing ComfyUI to check the contract with it, so
  * these verbs run `<python> -m bulkhead VERB ...` with the same arguments
  * and exit status.  Next to a build tree's command the package is found in
  * ../python; elsewhere the Python given must import bulkhead. */
@@ -224,16 +231,23 @@ int main(int argc, char **argv) {
   if (strcmp(verb, "help") == 0) {
     if (argc > 3) return bh_cli_usage_error("", "help takes one verb at most");
     const char *of = argc == 3 ? argv[2] : "";
+    /* The verbs that live elsewhere print their own help. */
+    char *help_argv[] = {argv[0], (char *)of, "--help", NULL};
+    if (strcmp(of, "install") == 0 || strcmp(of, "env") == 0 || strcmp(of, "doctor") == 0)
+      return bh__python_verb(3, help_argv);
+    if (strcmp(of, "canary") == 0) return bh_canary_main(2, help_argv + 1);
     if (of[0] && strcmp(of, "status") && strcmp(of, "top") && strcmp(of, "release"))
-      return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env, canary)", of);
+      return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env, canary, doctor)", of);
     return bh_cli_usage(stdout, of, BH_CLI_EXIT_OK);
   }
   /* The verbs parse argv[1..]: getopt sees the verb as its program name. */
   if (strcmp(verb, "status") == 0) return bh_cli_status_main(argc - 1, argv + 1);
   if (strcmp(verb, "top") == 0) return bh_cli_top_main(argc - 1, argv + 1);
   if (strcmp(verb, "release") == 0) return bh_cli_release_main(argc - 1, argv + 1);
-  if (strcmp(verb, "install") == 0 || strcmp(verb, "env") == 0) return bh__python_verb(argc, argv);
+  if (strcmp(verb, "install") == 0 || strcmp(verb, "env") == 0 || strcmp(verb, "doctor") == 0)
+    return bh__python_verb(argc, argv);
   if (strcmp(verb, "canary") == 0) return bh_canary_main(argc - 1, argv + 1);
   if (verb[0] == '-') return bh_cli_usage_error("", "unknown option '%s' (options follow the verb)", verb);
-  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env, canary)", verb);
+  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env, canary, doctor)",
+                            verb);
 }

@@ -1,13 +1,18 @@
-"""``python -m bulkhead``: the environment commands.
+"""``python -m bulkhead``: the environment commands and the contract check.
 
     python -m bulkhead install <pack dir> [--force] [--pip-args ARGS]
     python -m bulkhead env <pack dir>
+    python -m bulkhead doctor [--json] [COMFYUI_DIR]
 
 ``install`` builds the environment of every ``comfy-env.toml`` in the pack
 that is not ready (all of them with ``--force``), showing progress on
-stderr.  ``env`` prints where each stands.  Exit status: 0 done / all
-ready, 1 failed / not ready, 2 usage.  (The C ``bulkhead`` command execs
-this for ``install``.)
+stderr.  ``env`` prints where each stands.  ``doctor`` imports a ComfyUI
+(as under ``--cpu``) and prints bulkhead's contract with it
+(``bulkhead.contract``): every name bulkhead reads or calls there, its tier
+and whether this ComfyUI offers it.  Exit status: 0 done / all ready /
+nothing FATAL fails, 1 failed / not ready / something FATAL fails, 2 usage
+(for doctor also: no ComfyUI in the directory).  (The C ``bulkhead``
+command execs this for ``install``, ``env`` and ``doctor``.)
 """
 
 import argparse
@@ -37,6 +42,17 @@ def _parser():
                        description="Print the state of each environment of PACK_DIR: ready, "
                                    "missing, stale, foreign or broken.")
     e.add_argument("pack_dir", metavar="PACK_DIR", help="the node pack's directory")
+    d = sub.add_parser("doctor", help="check bulkhead's contract with a ComfyUI",
+                       description="Import the ComfyUI in COMFYUI_DIR (default: $COMFYUI_PATH, else the "
+                                   "current directory) as under --cpu and print every name bulkhead reads "
+                                   "or calls there: its tier (FATAL: bulkhead refuses isolation without "
+                                   "it; DEGRADED: a feature is off; OPTIONAL), the side that uses it and "
+                                   "whether this ComfyUI offers it (ok, missing, signature changed).",
+                       epilog="exit status: 0 nothing FATAL fails, 1 something FATAL fails, "
+                              "2 usage error or no ComfyUI in COMFYUI_DIR")
+    d.add_argument("comfyui", metavar="COMFYUI_DIR", nargs="?", default=None,
+                   help="the ComfyUI directory (the one holding comfy/ and main.py)")
+    d.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     return p
 
 
@@ -71,8 +87,55 @@ def _env(args):
     return 0 if ok else 1
 
 
+def _comfyui_version(base):
+    import re
+    try:
+        with open(os.path.join(base, "comfyui_version.py"), encoding="utf-8") as f:
+            m = re.search(r"""__version__\s*=\s*["']([^"']+)""", f.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _doctor(args):
+    import contextlib
+    import json
+
+    base = args.comfyui or os.environ.get("COMFYUI_PATH") or os.getcwd()
+    base = os.path.realpath(base)
+    if not os.path.isfile(os.path.join(base, "comfy", "model_management.py")):
+        print(f"python -m bulkhead doctor: no ComfyUI in {base} (no comfy/model_management.py); "
+              "name its directory, or set COMFYUI_PATH", file=sys.stderr)
+        return 2
+    from . import contract
+    sys.path.insert(0, base)
+    sys.argv = ["main.py", "--cpu"]
+    # ComfyUI prints while it imports: keep stdout for the report.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            import comfy.options
+            getattr(comfy.options, "enable_args_parsing", lambda: None)()
+        except Exception as e:
+            print(f"python -m bulkhead doctor: comfy.options: {e}", file=sys.stderr)
+        report = contract.check(None)
+    if report.comfyui and report.comfyui != base:
+        print(f"python -m bulkhead doctor: note: comfy was imported from {report.comfyui}, not {base}",
+              file=sys.stderr)
+    version = _comfyui_version(base)
+    if args.json:
+        doc = report.to_dict()
+        doc["version"] = version
+        print(json.dumps(doc, indent=1))
+    else:
+        print(f"bulkhead doctor: ComfyUI at {report.comfyui or base}" + (f" (version {version})" if version else ""))
+        print(report.format())
+    return 0 if report.ok else 1
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
+    if args.command == "doctor":
+        return _doctor(args)
     try:
         return _install(args) if args.command == "install" else _env(args)
     except (packconfig.PackConfigError, envs.EnvBuildError, OSError) as e:

@@ -128,7 +128,7 @@ class _Owner:
                     size_bytes=m["size_bytes"], model=_remote_class(m["name"])(),
                     load_device=dev, offload_device=_torch_device("cpu"))
                 self.standins[mid] = s
-            if m["resident_bytes"] > 0 and id(s) not in listed:
+            if self.host.register_standins and m["resident_bytes"] > 0 and id(s) not in listed:
                 self.host.register(mm, s)
         for mid in [k for k in self.standins if k not in seen]:
             s = self.standins.pop(mid)
@@ -139,10 +139,13 @@ class _Owner:
 class HostMemory:
     """The host's half of bulkhead's memory management (see module doc)."""
 
-    def __init__(self, mm=None, ledger_path=None, pack="host", control=True):
+    def __init__(self, mm=None, ledger_path=None, pack="host", control=True, register_standins=True):
         if mm is None:
             import comfy.model_management as mm
         self.mm = mm
+        # False on a ComfyUI with the MemoryHolder registry (bulkhead.holder):
+        # upstream asks the holder, so reconcile lists no stand-in there.
+        self.register_standins = register_standins
         self.ledger = _native.Ledger(ledger_path)
         v = sys.version_info
         self.ledger.join("host", pack=pack, interpreter=f"{v[0]}.{v[1]}.{v[2]}")

@@ -99,6 +99,7 @@ NO_CONFIG = "no-config"
 STAMP_REFUSED = "stamp-refused"
 ENV_NOT_BUILT = "env-not-built"
 DIR_WITHOUT_CONFIG = "dir-without-config"
+CONTRACT_REFUSED = "contract-refused"
 REASONS = {
     NO_COMFYUI: ("no ComfyUI base was found (folder_paths / comfy are not imported here, "
                  "options['comfyui'] and COMFYUI_PATH are unset){detail}",
@@ -112,6 +113,10 @@ REASONS = {
                     "build it: `bulkhead install {pack}`"),
     DIR_WITHOUT_CONFIG: ("this directory has no comfy-env.toml of its own{detail}",
                          "to isolate it, add a comfy-env.toml to it and run `bulkhead install {pack}`"),
+    CONTRACT_REFUSED: ("bulkhead refuses isolation{detail}",
+                       "run `bulkhead doctor` to see the contract; update bulkhead to a release that "
+                       "fits this ComfyUI (or ComfyUI to one this bulkhead fits), then "
+                       "`bulkhead install {pack}`"),
 }
 
 

@@ -7,11 +7,15 @@ It reads the pack's ``comfy-env.toml`` (packconfig), checks the pack's
 environment (envs: built, stamp current), and returns proxy node classes
 whose work runs in a worker under that environment's interpreter (nodes),
 with the worker under the host's one memory budget (memory: its models
-stand in ComfyUI's ledger, its loads are admitted, it is drained after
-every node).  Anything that keeps the pack from running isolated — no
-config, an environment not built or refused, no ComfyUI — falls back to an
-in-process import with ONE warning naming the reason and the command that
-fixes it (``bulkhead install <pack dir>``).
+stand in ComfyUI's ledger, or answer ComfyUI's MemoryHolder registry where
+it has one (holder), its loads are admitted, it is drained after every
+node).  Before the first pack, bulkhead's contract with this ComfyUI is
+checked once (contract): a feature it lacks is one warning; a name bulkhead
+cannot work without refuses isolation.  Anything that keeps the pack from
+running isolated — no config, an environment not built or refused, no
+ComfyUI, a contract refused — falls back to an in-process import with ONE
+warning naming the reason and the command that fixes it (``bulkhead
+install <pack dir>``, ``bulkhead doctor``).
 """
 
 import os
@@ -33,9 +37,23 @@ def host_memory():
                 import comfy.model_management as mm
             except Exception:
                 return None
+            from . import holder
             from .memory import HostMemory
             _memory = HostMemory(mm)
+            holder.install(_memory)   # one MemoryHolder, where ComfyUI has the registry
         return _memory
+
+
+def contract_refusal():
+    """Why this ComfyUI cannot host isolated packs (the contract check,
+    run once per process), or None.  None too outside ComfyUI: there is
+    nothing to check, and load_pack falls back for that on its own."""
+    try:
+        import comfy.model_management  # noqa: F401
+    except Exception:
+        return None
+    from . import contract
+    return contract.startup().refusal()
 
 
 def _attach(hm):
@@ -65,12 +83,16 @@ def comfy_pack(init_file, *, module="auto"):
     if not configs:
         return nodes.fallback(pack_dir, nodes.NO_CONFIG, module=module)
     classes, display = {}, {}
-    hm = host_memory()
+    refusal = contract_refusal()
+    hm = host_memory() if refusal is None else None
     for config in configs:
         st = envs.env_status(config)
         sub_dir = config.directory
         sub_module = module if sub_dir == pack_dir else None
-        if not st.ok:
+        if refusal is not None:
+            c, d = nodes.fallback(sub_dir, nodes.CONTRACT_REFUSED, detail=refusal, name=config.name,
+                                  module=sub_module or "auto")
+        elif not st.ok:
             reason = nodes.ENV_NOT_BUILT if st.state == "missing" else nodes.STAMP_REFUSED
             c, d = nodes.fallback(sub_dir, reason, detail=f"{st.state}: {st.reason}", name=config.name,
                                   module=sub_module or "auto")

@@ -72,22 +72,26 @@ def emit(value):
 '''
 
 
-def script_prelude(argv=()):
-    root = comfy_root()
-    return _PRELUDE.format(root=root, here=HERE, argv=list(argv), real=using_real_checkout(),
+def script_prelude(argv=(), root=None, real=None):
+    root = root or comfy_root()
+    real = using_real_checkout() if real is None else real
+    return _PRELUDE.format(root=root, here=HERE, argv=list(argv), real=real,
                            shims=SHIMS, mark=_MARK)
 
 
-def run_comfy_script(code, timeout=120, argv=(), env=None):
+def run_comfy_script(code, timeout=120, argv=(), env=None, root=None, real=None):
     """Run `code` (dedented) after the prelude; return the value of its
-    last emit().  `argv` adds ComfyUI flags after --cpu."""
-    source = script_prelude(argv) + textwrap.dedent(code)
+    last emit().  `argv` adds ComfyUI flags after --cpu.  root: another
+    ComfyUI tree (a patched copy, a fixture; default comfy_root()), real:
+    whether it is a real checkout (default: whether comfy_root() is)."""
+    root = root or comfy_root()
+    source = script_prelude(argv, root, real) + textwrap.dedent(code)
     full_env = dict(os.environ)
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-c", source], cwd=comfy_root(), env=full_env,
+    proc = subprocess.run([sys.executable, "-c", source], cwd=root, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     results = [line[len(_MARK):] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
     if proc.returncode != 0 or not results:
         raise AssertionError("comfy script failed (rc=%d, root %s)\n--- stdout\n%s\n--- stderr\n%s"
-                             % (proc.returncode, comfy_root(), proc.stdout[-4000:], proc.stderr[-6000:]))
+                             % (proc.returncode, root, proc.stdout[-4000:], proc.stderr[-6000:]))
     return json.loads(results[-1])

@@ -218,6 +218,14 @@ try:
 except AttributeError:
     OOM_EXCEPTION = Exception
 
+
+def is_oom(e):
+    """Whether `e` is an out-of-memory error (the class above, or an
+    accelerator error whose message says so)."""
+    if isinstance(e, OOM_EXCEPTION) and OOM_EXCEPTION is not Exception:
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
 MIN_WEIGHT_MEMORY_RATIO = 0.0 if is_nvidia() else 0.4
 
 if args.lowvram:
@@ -778,6 +786,11 @@ def synchronize():
         return
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def reset_cast_buffers():
+    """Release the per-stream weight-cast staging buffers.  The stub casts
+    nothing through staging buffers, so there is nothing to release."""
 
 
 def soft_empty_cache(force=False):
