@@ -64,13 +64,13 @@ def scenario(tmp_path, body, timeout=240):
 def test_eviction_frees_real_ram_and_stops_at_the_minimum(tmp_path):
     # Models are large next to the kernel's own lag: MemAvailable (what
     # upstream re-measures on cpu) does not count pages parked on per-CPU
-    # free lists, up to ~190 MiB per CPU here, so a walk over small models
-    # would look like over-eviction that no policy could avoid.
+    # free lists (240 MiB typical here, 600 MiB seen under load), so a walk
+    # over small models would look like over-eviction no policy could avoid.
     r = scenario(tmp_path, """
         a, b = worker("pack-a"), worker("pack-b")
         for w, names in ((a, ("UNetA", "VAEA")), (b, ("UNetB", "ClipB"))):
             for n in names:
-                w.call("bh_mempack:load", n, 512 * MiB)
+                w.call("bh_mempack:load", n, 1024 * MiB)
         hm.reconcile()
         standins = hm.standins()
         listed = sum(1 for lm in mm.current_loaded_models if lm.model in standins)
@@ -78,7 +78,7 @@ def test_eviction_frees_real_ram_and_stops_at_the_minimum(tmp_path):
         rss_before = rss(a) + rss(b)
         dev = mm.get_torch_device()
         free_before = mm.get_free_memory(dev)
-        ask = 768 * MiB
+        ask = 1536 * MiB
         mm.free_memory(free_before + ask, dev)
         free_after = mm.get_free_memory(dev)
         held_after = resident(a) + resident(b)
@@ -89,14 +89,14 @@ def test_eviction_frees_real_ram_and_stops_at_the_minimum(tmp_path):
         hm.close(); a.close(); b.close()
     """)
     assert r["n_standins"] == 4 and r["listed"] == 4
-    assert r["held_before"] == 4 * 512 * MiB
+    assert r["held_before"] == 4 * 1024 * MiB
     evicted = r["held_before"] - r["held_after"]
     # Real bytes left the workers (their RSS fell by what the ledger says),
     # upstream's re-measure saw them (the walk stopped), and it stopped at
     # the minimum: at least the ask, at most the ask plus one model.
     assert r["rss_drop"] >= evicted * 0.9, r
     assert evicted >= r["ask"] - 64 * MiB, r
-    assert evicted <= r["ask"] + 512 * MiB, r
+    assert evicted <= r["ask"] + 1024 * MiB, r
     assert r["held_after"] > 0, r
     assert sum(sum(v.values()) for v in r["worker_view"]) == r["held_after"]
 
