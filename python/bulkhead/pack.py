@@ -81,6 +81,8 @@ def comfy_pack(init_file, *, module="auto"):
                 opts["call_timeout"] = float(o["call_timeout_s"])
             if o.get("start_timeout_s"):
                 opts["start_timeout"] = float(o["start_timeout_s"])
+            if o.get("release_timeout_s"):
+                opts["release_timeout"] = float(o["release_timeout_s"])
             env = dict(config.env_vars)
             if o.get("idle_release_s"):
                 env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))
