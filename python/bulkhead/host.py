@@ -321,13 +321,16 @@ class Worker:
                 raise WorkerStartError(
                     f"{where} {describe_status(status)} during start-up"
                     + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else " (it printed nothing)")) from None
+            stopped = _proc_state(proc.pid) in ("T", "t")
             proc.kill(signal.SIGKILL)
             proc.wait()
             tail = proc.output_tail()
             proc.close()
             if isinstance(e, _native.Timeout):
                 raise WorkerStartError(
-                    f"{where} did not say HELLO within {self.start_timeout:g} s; killed"
+                    f"{where} did not say HELLO within {self.start_timeout:g} s"
+                    + (" (it was stopped: SIGSTOP, or a debugger)" if stopped else "")
+                    + "; killed (SIGKILL)"
                     + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else "")) from None
             if isinstance(e, _native.ProtocolError):
                 raise WorkerStartError(f"{where} broke the protocol during start-up: {e}") from None
