@@ -14,27 +14,39 @@ in-process import with ONE warning naming the reason and the command that
 fixes it (``bulkhead install <pack dir>``).
 """
 
+import logging
 import os
 import threading
 
 from . import nodes
 
+log = logging.getLogger("bulkhead")
+
 _memory = None
+_memory_failed = False
 _memory_lock = threading.Lock()
 
 
 def host_memory():
     """This process's HostMemory, made on first use once ComfyUI's memory
     manager is importable; None outside ComfyUI."""
-    global _memory
+    global _memory, _memory_failed
     with _memory_lock:
-        if _memory is None:
+        if _memory is None and not _memory_failed:
             try:
                 import comfy.model_management as mm
             except Exception:
                 return None
+            from . import _native
             from .memory import HostMemory
-            _memory = HostMemory(mm)
+            try:
+                _memory = HostMemory(mm)
+            except (_native.Error, OSError) as e:
+                # A shared ledger this process cannot use (another layout
+                # version, another owner, a full ledger...): packs still run
+                # isolated, outside the one budget, and the log says why.
+                _memory_failed = True
+                log.warning("bulkhead: isolated packs run OUTSIDE the shared memory budget: %s", e)
         return _memory
 
 
