@@ -518,3 +518,20 @@ def test_host_killed_workers_exit_and_records_are_reaped(tmp_path):
             host.kill()
             host.wait()
         host.stdout.close()
+
+
+# --- the deadlines are per pack ---
+
+def test_deadlines_come_from_the_pack(tmp_path):
+    """call_timeout_s / start_timeout_s / release_timeout_s of a pack's
+    [bulkhead] table reach its Worker (pack.py maps them to these options),
+    and HostMemory releases with the worker's own deadline."""
+    from bulkhead import memory, nodes
+    rt = nodes.PackRuntime(str(tmp_path), sys.executable, "slow-pack", {},
+                           {"call_timeout": 3.0, "start_timeout": 40.0, "release_timeout": 1.5},
+                           str(tmp_path))
+    w = rt.worker
+    assert (w.call_timeout, w.start_timeout, w.release_timeout) == (3.0, 40.0, 1.5)
+    assert memory.release_timeout(w) == 1.5
+    w.release_timeout = None
+    assert memory.release_timeout(w) == memory.RELEASE_TIMEOUT_S
