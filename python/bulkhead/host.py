@@ -8,6 +8,12 @@ VIRTUAL_ENV, no host site-packages).  It says HELLO with its interpreter
 and protocol version; the host answers with the generation number.  A
 worker that dies is noticed at once (EOF), reaped, and reported with how it
 ended and what it printed last; the next call starts the next generation.
+One that dies while no call waits on it (killed while idle) is reaped by
+``poll()`` -- at the host's next drain, or before the next call, which then
+runs on the next generation instead of failing -- and logged.  A worker
+that stops answering is killed at its deadline (``call_timeout``,
+``start_timeout``; ``release_timeout`` for memory releases) and reported as
+hung, or as stopped when it was (SIGSTOP, a debugger).
 """
 
 import atexit

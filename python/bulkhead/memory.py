@@ -42,6 +42,7 @@ def release_timeout(worker):
     t = getattr(worker, "release_timeout", None)
     return RELEASE_TIMEOUT_S if t is None else t
 
+
 _DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
 
 
