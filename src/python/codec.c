@@ -149,10 +149,10 @@ out:
 
 /* One str/bytes alone over what a message carries: ValueError, before
  * anything is copied. */
-static int enc_too_big(const char *what, size_t n) {
+static int enc_too_big(const char *what, size_t n, const char *unit) {
   PyErr_Format(PyExc_ValueError,
                "a %s of %zu %s is larger than one message carries (%u bytes; send large data as arrays)",
-               what, n, what[0] == 's' ? "characters" : "bytes", (unsigned)BH__VALUE_MAX);
+               what, n, unit, (unsigned)BH__VALUE_MAX);
   return -1;
 }
 
@@ -197,7 +197,7 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
      * gigabyte-sized UTF-8 copy is made (bh_py_encode checks the total). */
     Py_ssize_t chars = PyUnicode_GetLength(o);
     if (chars < 0) return -1;
-    if ((size_t)chars > BH__VALUE_MAX) return enc_too_big("str", (size_t)chars);
+    if ((size_t)chars > BH__VALUE_MAX) return enc_too_big("str", (size_t)chars, "characters");
     PyObject *u = PyUnicode_AsUTF8String(o);
     char *s;
     Py_ssize_t n;
@@ -210,12 +210,12 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
     char *s;
     Py_ssize_t n;
     if (PyBytes_AsStringAndSize(o, &s, &n) < 0) return -1;
-    if ((size_t)n > BH__VALUE_MAX) return enc_too_big("bytes", (size_t)n);
+    if ((size_t)n > BH__VALUE_MAX) return enc_too_big("bytes", (size_t)n, "bytes");
     return bh_enc_bytes(b, s, (size_t)n) ? enc_fail(e) : 0;
   }
   if (PyByteArray_Check(o)) {
     size_t n = (size_t)PyByteArray_Size(o);
-    if (n > BH__VALUE_MAX) return enc_too_big("bytearray", n);
+    if (n > BH__VALUE_MAX) return enc_too_big("bytearray", n, "bytes");
     return bh_enc_bytes(b, PyByteArray_AsString(o), n) ? enc_fail(e) : 0;
   }
   if (PyList_Check(o)) return enc_seq(e, o, depth, bh_enc_list);
