@@ -17,7 +17,7 @@ GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench clean worker-venvs comfyui-deps gpu-check chromium
+.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps gpu-check chromium
 
 all: build
 
@@ -133,6 +133,17 @@ bench: build worker-venvs $(VENV)/.stamp-psutil
 	PYTHONPATH=$(REL)/python $(VPY) bench/ipc.py --pingpong $(REL)/bench/pingpong --out $(BUILD)/bench/ipc.json
 	PYTHONPATH=$(REL)/python $(VPY) bench/memory.py --pingpong $(REL)/bench/pingpong \
 	  --fake-nvml $(REL)/tests/c/fake_nvml/libnvidia-ml.so.1 --out $(BUILD)/bench/memory.json
+
+# 100,000 mixed calls (small values, 1 MiB and 64 MiB arrays, callbacks)
+# through two workers: RSS, fds and block pools must stay flat after
+# warm-up.  A table, and every sample in build/bench/soak.json.  (3,000 of
+# them run in `make check`: tests/py/test_soak.py.)  SOAK_FLAGS: see
+# tests/py/soak.py --help.
+SOAK_FLAGS ?=
+
+soak: build $(VENV)/.stamp-psutil
+	@mkdir -p $(BUILD)/bench
+	PYTHONPATH=$(REL)/python $(VPY) tests/py/soak.py --out $(BUILD)/bench/soak.json $(SOAK_FLAGS)
 
 clean:
 	rm -rf $(BUILD)

@@ -133,11 +133,15 @@ BH_EXTERN const char *bh_ledger_path(const bh_ledger *l);
  * (same pid and start time, e.g. a second join) gets that record back,
  * refilled, never a duplicate.  Strings are copied; one too long for its
  * field fails with -ENAMETOOLONG; NULL means "".  Returns the slot index,
- * -EINVAL for a bad role, -BH_ELEDGERFULL when every slot is live. */
+ * -EINVAL for a bad role, -BH_ELEDGERFULL when every slot is live,
+ * -ETIMEDOUT when another process held the segment's lock for seconds
+ * (one stopped while holding it: the wait is bounded). */
 BH_EXTERN int bh_ledger_join(bh_ledger *l, int role, const char *pack, const char *interpreter,
                              uint32_t generation, pid_t host_pid);
 
-/* Frees this process's record.  Returns 0, or -BH_ENOTJOINED. */
+/* Frees this process's record.  Returns 0, -BH_ENOTJOINED, or -ETIMEDOUT
+ * as for join (the record then stays until this process exits and a
+ * reader reaps it). */
 BH_EXTERN int bh_ledger_leave(bh_ledger *l);
 
 /* The slot this process's record is in, or -BH_ENOTJOINED. */
@@ -163,7 +167,9 @@ BH_EXTERN int bh_ledger_note_release(bh_ledger *l, uint64_t bytes);
 
 /* Reaps the records of dead processes, then copies at most `max` live
  * records into out (slot order).  Returns the number copied, or -EAGAIN
- * when a live owner stayed mid-write past the retry budget. */
+ * when a live owner stayed mid-write past the retry budget.  When the
+ * segment's lock is held past its bound (a stopped holder) it does not
+ * reap but still leaves dead owners' records out. */
 BH_EXTERN int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max);
 
 /* Copies the live record of `pid`.  Returns 0, -ESRCH when there is none
@@ -182,7 +188,7 @@ BH_EXTERN int bh_ledger_model_read(bh_ledger *l, pid_t pid, uint64_t model_id, i
 
 /* Frees the records of processes that are gone (no such pid, a zombie, or
  * a pid now owned by a process with another start time).  Returns how
- * many were reaped. */
+ * many were reaped, or -ETIMEDOUT as for join. */
 BH_EXTERN int bh_ledger_reap(bh_ledger *l);
 
 #ifdef __cplusplus

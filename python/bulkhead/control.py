@@ -17,15 +17,25 @@ frame.  A client sends CALL frames ``(target, args, kwargs)``:
 
 and gets a RESULT, or an ERROR whose message says what went wrong.  One
 connection is served at a time, on a thread of its own; a release waits
-for the worker's current call to finish (up to the release timeout).
+for the worker's current call to finish (up to the release timeout).  A
+client that breaks the protocol (garbage, a frame from another uid) is
+logged with the error's name and dropped; nothing else is affected.
+
+A host killed with SIGKILL cannot remove its socket; the next host to
+start a control server removes every socket in the directory that nothing
+listens on any more (``sweep``).
 """
 
+import logging
 import os
+import re
 import socket
 import threading
 
 from . import _native
 from ._rpc import Peer
+
+log = logging.getLogger("bulkhead")
 
 
 def control_dir():
@@ -45,6 +55,42 @@ def control_dir():
 
 def control_path(pid):
     return os.path.join(control_dir(), f"host-{pid}.sock")
+
+
+_SOCK_NAME = re.compile(r"host-(\d+)\.sock\Z")
+
+
+def sweep(directory=None):
+    """Removes the control sockets of hosts that are gone (killed before
+    they could remove their own): every ``host-<pid>.sock`` in the control
+    directory that refuses a connection.  A live host's socket accepts
+    one, so it stays.  Returns the paths removed."""
+    d = directory or control_dir()
+    removed = []
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return removed
+    for name in names:
+        m = _SOCK_NAME.match(name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        path = os.path.join(d, name)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.settimeout(1.0)
+            s.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+        except OSError:
+            pass  # busy or not ours to judge: leave it
+        finally:
+            s.close()
+    return removed
 
 
 class ControlUnreachable(ConnectionError):
@@ -84,16 +130,30 @@ class ControlServer:
             os.unlink(self.path)  # a previous process with our pid
         except FileNotFoundError:
             pass
+        sweep(os.path.dirname(self.path))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        # Bound under a name sweep() ignores and renamed once listening: a
+        # sweeping host never sees this socket between bind and listen
+        # (when it would refuse a connection and look stale).
+        tmp = os.path.join(os.path.dirname(self.path), f".host-{os.getpid()}.sock.new")
         try:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
             old = os.umask(0o177)
             try:
-                self.sock.bind(self.path)
+                self.sock.bind(tmp)
             finally:
                 os.umask(old)
             self.sock.listen(4)
+            os.rename(tmp, self.path)
         except BaseException:
             self.sock.close()
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
             raise
         self._stop = False
         self._calls = {"release": self.release, "workers": self.workers}
@@ -119,7 +179,9 @@ class ControlServer:
     def release(self, who, nbytes=None):
         w = self._find(who)
         op = "all" if nbytes is None else "bytes"
-        receipt = w.release(op, None, nbytes, timeout=self.release_timeout) or {}
+        own = getattr(w, "release_timeout", None)  # the pack's release_timeout_s
+        timeout = self.release_timeout if own is None else own
+        receipt = w.release(op, None, nbytes, timeout=timeout) or {}
         self.hm.note_release(w)
         return {"worker_pid": w.pid, "pack": w.name,
                 "before_bytes": receipt.get("before_bytes", 0),
@@ -158,8 +220,13 @@ class ControlServer:
             peer.channel = chan
             try:
                 chan.serve(30.0)  # a client idle for 30 s is dropped
-            except Exception:
-                pass  # a client sending garbage ends its own connection, nothing else
+            except _native.ProtocolError as e:
+                # A client sending garbage (or sending from another uid)
+                # ends its own connection, nothing else.
+                log.warning("bulkhead: control socket %s: a client broke the protocol (%s); "
+                            "dropped it", self.path, getattr(e, "errname", "") or e)
+            except Exception as e:
+                log.warning("bulkhead: control socket %s: dropped a client: %s", self.path, e)
             finally:
                 chan.close()
 

@@ -8,6 +8,12 @@ VIRTUAL_ENV, no host site-packages).  It says HELLO with its interpreter
 and protocol version; the host answers with the generation number.  A
 worker that dies is noticed at once (EOF), reaped, and reported with how it
 ended and what it printed last; the next call starts the next generation.
+One that dies while no call waits on it (killed while idle) is reaped by
+``poll()`` -- at the host's next drain, or before the next call, which then
+runs on the next generation instead of failing -- and logged.  A worker
+that stops answering is killed at its deadline (``call_timeout``,
+``start_timeout``; ``release_timeout`` for memory releases) and reported as
+hung, or as stopped when it was (SIGSTOP, a debugger).
 """
 
 import atexit
@@ -24,6 +30,8 @@ from . import _native
 from ._rpc import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
+
+log = logging.getLogger("bulkhead")
 
 
 class WorkerStartError(BulkheadError):
@@ -48,7 +56,22 @@ class WorkerDied(BulkheadError):
 
 
 class CallTimeout(BulkheadError):
-    """A call did not finish in time; the worker was killed."""
+    """A call did not finish in time; the worker was killed.  ``stopped``
+    says whether it was stopped (SIGSTOP, a debugger) rather than busy."""
+
+    def __init__(self, message, stopped=False):
+        super().__init__(message)
+        self.stopped = stopped
+
+
+def _proc_state(pid):
+    """The one-letter state of /proc/<pid>/stat ('R', 'S', 'T' stopped,
+    't' traced, 'Z'...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 # Variables a worker inherits from the host's environment; everything else
@@ -194,8 +217,8 @@ class Worker:
     """
 
     def __init__(self, python, *, name=None, env=None, cwd=None, inherit_env=True,
-                 start_timeout=60.0, call_timeout=None, stop_grace=2.0, stop_term=1.0,
-                 output=True):
+                 start_timeout=60.0, call_timeout=None, release_timeout=None, stop_grace=2.0,
+                 stop_term=1.0, output=True):
         self.python = os.fspath(python)
         self.name = name or os.path.basename(os.path.dirname(os.path.dirname(self.python))) or self.python
         self.env = dict(env or {})
@@ -203,6 +226,9 @@ class Worker:
         self.inherit_env = inherit_env
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
+        # Deadline of a RELEASE asked from ComfyUI's eviction loop, an
+        # admission or the control socket (None: memory.RELEASE_TIMEOUT_S).
+        self.release_timeout = release_timeout
         self.stop_grace = stop_grace
         self.stop_term = stop_term
         self.output = output
@@ -218,6 +244,7 @@ class Worker:
         self.env_hooks = []         # callables -> dict of variables, evaluated at each start
         self.busy = 0               # requests in flight (nested ones count)
         self.last_used = time.monotonic()
+        self.last_exit = None       # how the last generation ended, when it died unasked
         self._ref = weakref.ref(self)
         _live.add(self)
 
@@ -300,13 +327,16 @@ class Worker:
                 raise WorkerStartError(
                     f"{where} {describe_status(status)} during start-up"
                     + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else " (it printed nothing)")) from None
+            stopped = _proc_state(proc.pid) in ("T", "t")
             proc.kill(signal.SIGKILL)
             proc.wait()
             tail = proc.output_tail()
             proc.close()
             if isinstance(e, _native.Timeout):
                 raise WorkerStartError(
-                    f"{where} did not say HELLO within {self.start_timeout:g} s; killed"
+                    f"{where} did not say HELLO within {self.start_timeout:g} s"
+                    + (" (it was stopped: SIGSTOP, or a debugger)" if stopped else "")
+                    + "; killed (SIGKILL)"
                     + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else "")) from None
             if isinstance(e, _native.ProtocolError):
                 raise WorkerStartError(f"{where} broke the protocol during start-up: {e}") from None
@@ -325,6 +355,33 @@ class Worker:
             chan.close()
         if proc is not None:
             proc.close()
+
+    def poll(self):
+        """Notices a generation that ended while no call waited on it (a
+        worker killed while idle, say): reaps it, logs how it ended and
+        tears it down, so its fds go now and the next call starts the next
+        generation instead of failing.  Returns those words (also kept in
+        ``last_exit``), or None when it is running, not started, or in use
+        by a call (which sees the death itself).  Cheap: one waitpid."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            proc = self._proc
+            if proc is None or self._chan is None or self.busy:
+                return None
+            status = proc.wait(0)
+            if status is None:
+                return None
+            tail = proc.output_tail()
+            msg = (f"{self.describe()} {describe_status(status)} while idle; "
+                   f"the next call starts generation {self.generation + 1}")
+            self._teardown()
+            self.last_exit = msg
+            log.warning("bulkhead: %s%s", msg,
+                        "\n--- last worker output ---\n" + tail.rstrip() if tail else "")
+            return msg
+        finally:
+            self._lock.release()
 
     def close(self):
         """BYE, then the ladder: wait stop_grace s, SIGTERM, wait stop_term
@@ -423,6 +480,8 @@ class Worker:
         'pins', or 'load' (model_id: load nbytes more).  Starts nothing: a
         worker that is not running holds nothing and answers None."""
         with self._lock:
+            if self.busy == 0:
+                self.poll()  # a generation that died idle held nothing: start none for it
             if self._chan is None:
                 return None
             return self._request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
@@ -447,6 +506,10 @@ class Worker:
 
     def _request(self, kind, payload, timeout, what):
         with self._lock:
+            if self._chan is not None and self.busy == 0:
+                # A worker killed while idle: no call of it was lost, so
+                # this one runs on the next generation instead of failing.
+                self.poll()
             if self._chan is None:
                 self._start()
             chan, peer = self._chan, self._peer
@@ -484,12 +547,15 @@ class Worker:
 
     def _hung(self, target, timeout):
         what = self.describe()
+        stopped = _proc_state(self._proc.pid) in ("T", "t")
         self._proc.kill(signal.SIGKILL)
         self._proc.wait()
         self._teardown()
+        how = " (it was stopped: SIGSTOP, or a debugger)" if stopped else ""
         raise CallTimeout(
-            f"{what} did not answer {target} within {timeout:g} s; "
-            f"it was killed and the next call starts generation {self.generation + 1}") from None
+            f"{what} did not answer {target} within {timeout:g} s{how}; "
+            f"it was killed (SIGKILL) and the next call starts generation {self.generation + 1}",
+            stopped) from None
 
     def _broken(self, target, err):
         what = self.describe()

@@ -32,7 +32,16 @@ log = logging.getLogger("bulkhead")
 
 # How long an eviction-path release may take before the worker is declared
 # hung and killed (a hung worker must never block ComfyUI's eviction loop).
+# A worker's own ``release_timeout`` (a pack's ``release_timeout_s``)
+# outranks it.
 RELEASE_TIMEOUT_S = float(os.environ.get("BULKHEAD_RELEASE_TIMEOUT", "30"))
+
+
+def release_timeout(worker):
+    """The release deadline of one worker, in seconds."""
+    t = getattr(worker, "release_timeout", None)
+    return RELEASE_TIMEOUT_S if t is None else t
+
 
 _DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
 
@@ -67,12 +76,14 @@ class _Owner:
 
     def standin_release(self, model_id, nbytes):
         try:
-            self.worker.release("model", model_id, nbytes, timeout=RELEASE_TIMEOUT_S)
-        except _DEAD:
+            self.worker.release("model", model_id, nbytes, timeout=release_timeout(self.worker))
+        except _DEAD as e:
             # A dead (or hung, now killed) worker's memory is gone: its
             # stand-ins read 0 from now on, so upstream counts it freed.
             # They leave ComfyUI's list at the next reconcile, not now:
-            # upstream is iterating that list by index.
+            # upstream is iterating that list by index.  Nothing raises
+            # into upstream's loop; the log says what happened.
+            log.warning("bulkhead: releasing model %s: %s", model_id, e)
             for s in self.standins.values():
                 _native.standin_retire(s)
         except RemoteError as e:
@@ -84,7 +95,7 @@ class _Owner:
         self.host.note_release(self.worker)
 
     def standin_load(self, model_id, nbytes):
-        receipt = self.worker.release("load", model_id, nbytes, timeout=RELEASE_TIMEOUT_S)
+        receipt = self.worker.release("load", model_id, nbytes, timeout=release_timeout(self.worker))
         return (receipt or {}).get("loaded_bytes", 0)
 
     def standin_pressure(self, model_id, nbytes):
@@ -107,6 +118,7 @@ class _Owner:
         upstream popped, stand-ins of models the worker dropped (or of a
         generation that ended) removed."""
         w = self.worker
+        w.poll()  # a worker that died idle: reaped and torn down now, not at its next call
         if not w.alive or w.generation != self.generation or w.pid != self.pid:
             self._retire_all(mm)
             self.generation, self.pid = (w.generation, w.pid) if w.alive else (None, None)
@@ -331,7 +343,7 @@ class HostMemory:
             resident, floor = on_device(rec)
 
             def release(n, w=w):
-                receipt = w.release("bytes", None, n, timeout=RELEASE_TIMEOUT_S) or {}
+                receipt = w.release("bytes", None, n, timeout=release_timeout(w)) or {}
                 return receipt.get("freed_bytes", 0)
             out.append((w.name, rec["last_used_ns"], resident, floor, release, w))
         if not foreign:

@@ -518,7 +518,8 @@ class PackRuntime:
         self.module = module
         self.worker = Worker(self.python, name=name, env=env, cwd=comfyui,
                              start_timeout=options.get("start_timeout", 120.0),
-                             call_timeout=options.get("call_timeout"))
+                             call_timeout=options.get("call_timeout"),
+                             release_timeout=options.get("release_timeout"))
         self.worker.env_hooks.append(self._worker_env)
         attach = options.get("attach")
         if attach is not None:
@@ -727,7 +728,7 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     'attach' (called with the Worker before it starts, e.g.
     HostMemory.attach), 'after_call' (called with the Worker after every
     proxied call, on ComfyUI's execution thread), 'start_timeout',
-    'call_timeout'.
+    'call_timeout', 'release_timeout' (seconds: Worker's).
 
     With a warm cache no worker starts here.  Falls back to ``fallback``
     (in-process) when no ComfyUI is found or the interpreter does not

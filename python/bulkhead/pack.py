@@ -18,29 +18,41 @@ warning naming the reason and the command that fixes it (``bulkhead
 install <pack dir>``, ``bulkhead doctor``).
 """
 
+import logging
 import os
 import threading
 
 from . import nodes
 
+log = logging.getLogger("bulkhead")
+
 _memory = None
+_memory_failed = False
 _memory_lock = threading.Lock()
 
 
 def host_memory():
     """This process's HostMemory, made on first use once ComfyUI's memory
     manager is importable; None outside ComfyUI."""
-    global _memory
+    global _memory, _memory_failed
     with _memory_lock:
-        if _memory is None:
+        if _memory is None and not _memory_failed:
             try:
                 import comfy.model_management as mm
             except Exception:
                 return None
-            from . import holder
+            from . import _native, holder
             from .memory import HostMemory
-            _memory = HostMemory(mm)
-            holder.install(_memory)   # one MemoryHolder, where ComfyUI has the registry
+            try:
+                _memory = HostMemory(mm)
+            except (_native.Error, OSError) as e:
+                # A shared ledger this process cannot use (another layout
+                # version, another owner, a full ledger...): packs still run
+                # isolated, outside the one budget, and the log says why.
+                _memory_failed = True
+                log.warning("bulkhead: isolated packs run OUTSIDE the shared memory budget: %s", e)
+            else:
+                holder.install(_memory)   # one MemoryHolder, where ComfyUI has the registry
         return _memory
 
 
@@ -103,6 +115,8 @@ def comfy_pack(init_file, *, module="auto"):
                 opts["call_timeout"] = float(o["call_timeout_s"])
             if o.get("start_timeout_s"):
                 opts["start_timeout"] = float(o["start_timeout_s"])
+            if o.get("release_timeout_s"):
+                opts["release_timeout"] = float(o["release_timeout_s"])
             env = dict(config.env_vars)
             if o.get("idle_release_s"):
                 env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))

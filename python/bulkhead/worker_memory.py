@@ -50,6 +50,17 @@ def _trim_heap():
         pass
 
 
+def ledger_name(name):
+    """A pack name cut to what the ledger's pack field holds (UTF-8, on a
+    character boundary).  A long pack directory name must not keep its
+    worker out of the memory budget: the ledger would refuse the join."""
+    b = name.encode("utf-8")
+    limit = _native.LEDGER_PACK_MAX - 1
+    if len(b) <= limit:
+        return name
+    return b[:limit - 3].decode("utf-8", "ignore") + "..."
+
+
 class _ImportWatch:
     """A meta-path finder that lets the real finders find
     ``comfy.model_management`` and runs a callback right after the module
@@ -88,7 +99,7 @@ class WorkerMemory:
     def __init__(self, ledger_path, pack, generation, host_pid, call_host, idle_release_s=0.0):
         v = sys.version_info
         self.ledger = _native.Ledger(ledger_path)
-        self.ledger.join("worker", pack=pack, interpreter=f"{v[0]}.{v[1]}.{v[2]}",
+        self.ledger.join("worker", pack=ledger_name(pack), interpreter=f"{v[0]}.{v[1]}.{v[2]}",
                          generation=generation, host_pid=host_pid)
         self.call_host = call_host
         self.idle_release_s = idle_release_s

@@ -68,6 +68,13 @@
  * A slot left mid-write by a process that died under the mutex (seq odd,
  * state FREE, or LIVE with a dead pid) is cleared by the next reap.
  *
+ * The mutex is waited for at most BH__LOCK_WAIT_MS (critical sections take
+ * microseconds; only a holder that is stopped, not dead, keeps it longer).
+ * Then readers go on without reaping (a snapshot leaves out the records
+ * of dead owners instead of freeing them; the next reader frees them) and
+ * join / leave fail with -ETIMEDOUT (a record left behind that way is
+ * reaped once its process exits).
+ *
  * Lifetime of the file.  Open with O_CREAT|O_NOFOLLOW|O_CLOEXEC, mode 0600;
  * refuse a file of another uid or with group/other bits.  Two one-byte
  * open-file-description locks (fcntl F_OFD_SETLK; like flock they belong
@@ -111,6 +118,7 @@
 #define BH__SPINS_BUSY 64        /* of which the first ones only pause, */
 #define BH__SPINS_YIELD 200      /* the next ones yield, the rest sleep 50 us */
 #define BH__OPEN_TRIES 32        /* opens that found the file unlinked */
+#define BH__LOCK_WAIT_MS 2000    /* most a caller waits for the segment's mutex */
 
 enum { BH__FREE = 0, BH__LIVE = 1 };
 
@@ -318,7 +326,22 @@ static int bh__slot_copy(const bh__slot *s, bh__body *out) {
 /* ------------------------------------------------------------- the mutex */
 
 int bh__ledger_lock(bh_ledger *l) {
-  int rc = pthread_mutex_lock(&l->head->mu);
+  /* Bounded: a holder that is alive but stopped (SIGSTOP, a debugger, a
+   * hung worker its host has not killed yet) must not stop every bulkhead
+   * process on the machine.  The timeout is CLOCK_REALTIME's (that is
+   * what pthread_mutex_timedlock takes); a clock step only changes how
+   * long one wait lasts. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += BH__LOCK_WAIT_MS / 1000;
+  until.tv_nsec += (long)(BH__LOCK_WAIT_MS % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  int rc;
+  do rc = pthread_mutex_timedlock(&l->head->mu, &until);
+  while (rc == EINTR);
   if (rc == EOWNERDEAD) {
     /* Its owner died inside a critical section; the reaps that follow
      * clean up whatever slot it left half-written. */
@@ -922,7 +945,10 @@ int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max) {
   bh__body b;
   if (!l || max < 0 || (max > 0 && !out)) return -EINVAL;
   int rc = bh_ledger_reap(l);
-  if (rc < 0) return rc;
+  /* The mutex held past the bound by a stopped process: read without
+   * reaping, leaving dead owners' records out instead. */
+  int reaped = rc >= 0;
+  if (rc < 0 && rc != -ETIMEDOUT) return rc;
   int n = 0;
   for (int i = 0; i < BH_LEDGER_SLOTS && n < max; i++) {
     if (BH__LOAD(l->slots[i].body.state) != BH__LIVE &&
@@ -930,7 +956,7 @@ int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max) {
       continue;
     rc = bh__read_slot(l, i, &b);
     if (rc < 0) return rc;
-    if (rc == 1) bh__to_record(i, &b, &out[n++]);
+    if (rc == 1 && (reaped || bh__alive(b.pid, b.start_time))) bh__to_record(i, &b, &out[n++]);
   }
   return n;
 }
@@ -945,7 +971,8 @@ int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out) {
     if (rc == 0 || b.pid != pid) continue;
     if (!bh__alive(b.pid, b.start_time)) {
       rc = bh__reap_if_dead(l, i);
-      if (rc < 0) return rc;
+      /* Dead either way; -ETIMEDOUT only means someone else reaps it. */
+      if (rc < 0 && rc != -ETIMEDOUT) return rc;
       continue;
     }
     bh__to_record(i, &b, out);

@@ -13,6 +13,10 @@
 
 #include <stdlib.h>
 
+/* The most one value may encode to: a frame's payload limit less room for
+ * its block section. */
+#define BH__VALUE_MAX ((size_t)BH_FRAME_PAYLOAD_MAX - 4096u)
+
 void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other) {
   memset(e, 0, sizeof *e);
   e->st = st;
@@ -143,6 +147,15 @@ out:
   return rc;
 }
 
+/* One str/bytes alone over what a message carries: ValueError, before
+ * anything is copied. */
+static int enc_too_big(const char *what, size_t n, const char *unit) {
+  PyErr_Format(PyExc_ValueError,
+               "a %s of %zu %s is larger than one message carries (%u bytes; send large data as arrays)",
+               what, n, unit, (unsigned)BH__VALUE_MAX);
+  return -1;
+}
+
 static int enc_seq(bh_enc_ctx *e, PyObject *o, int depth, int (*hdr)(bh_buf *, uint32_t)) {
   Py_ssize_t n = PySequence_Size(o);
   if (enc_count(e, n, hdr) < 0) return -1;
@@ -180,6 +193,11 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
     return bh_enc_float(b, v) ? enc_fail(e) : 0;
   }
   if (PyUnicode_Check(o)) {
+    /* Over the frame limit in code points already: refused before a
+     * gigabyte-sized UTF-8 copy is made (bh_py_encode checks the total). */
+    Py_ssize_t chars = PyUnicode_GetLength(o);
+    if (chars < 0) return -1;
+    if ((size_t)chars > BH__VALUE_MAX) return enc_too_big("str", (size_t)chars, "characters");
     PyObject *u = PyUnicode_AsUTF8String(o);
     char *s;
     Py_ssize_t n;
@@ -192,10 +210,14 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
     char *s;
     Py_ssize_t n;
     if (PyBytes_AsStringAndSize(o, &s, &n) < 0) return -1;
+    if ((size_t)n > BH__VALUE_MAX) return enc_too_big("bytes", (size_t)n, "bytes");
     return bh_enc_bytes(b, s, (size_t)n) ? enc_fail(e) : 0;
   }
-  if (PyByteArray_Check(o))
-    return bh_enc_bytes(b, PyByteArray_AsString(o), (size_t)PyByteArray_Size(o)) ? enc_fail(e) : 0;
+  if (PyByteArray_Check(o)) {
+    size_t n = (size_t)PyByteArray_Size(o);
+    if (n > BH__VALUE_MAX) return enc_too_big("bytearray", n, "bytes");
+    return bh_enc_bytes(b, PyByteArray_AsString(o), n) ? enc_fail(e) : 0;
+  }
   if (PyList_Check(o)) return enc_seq(e, o, depth, bh_enc_list);
   if (PyTuple_Check(o)) return enc_seq(e, o, depth, bh_enc_tuple);
   if (PyDict_Check(o)) {
@@ -213,10 +235,10 @@ int bh_py_encode(bh_enc_ctx *e, PyObject *obj) {
   if (Py_EnterRecursiveCall(" while encoding a bulkhead value")) return -1;
   int rc = enc_value(e, obj, 0);
   Py_LeaveRecursiveCall();
-  if (rc == 0 && e->buf.len > BH_FRAME_PAYLOAD_MAX - 4096) {
+  if (rc == 0 && e->buf.len > BH__VALUE_MAX) {
     PyErr_Format(PyExc_ValueError,
                  "value encodes to %zu bytes; one message carries at most %u (send large data as arrays)",
-                 e->buf.len, BH_FRAME_PAYLOAD_MAX - 4096);
+                 e->buf.len, (unsigned)BH__VALUE_MAX);
     return -1;
   }
   return rc;

@@ -10,6 +10,8 @@
  *   .set_run(run), .set_device(...), .set_model(...), .drop_model(id),
  *   .note_release(bytes)               this process's own record
  *   .records(), .read(pid), .resident(pid, model_id), .reap()
+ *   ._test_lock(), ._test_unlock()     BH_TESTING builds only: hold the
+ *                                      segment's mutex (the kill matrix)
  *
  * Roles and run states cross as words ('host', 'worker', 'tool'; 'idle',
  * 'busy', 'releasing'); a number this build does not know is passed
@@ -26,6 +28,9 @@
 #include "common.h"
 
 #include "bulkhead/ledger.h"
+#ifdef BH_TESTING
+#include "src/core/internal.h" /* bh__ledger_lock / unlock: the test hooks */
+#endif
 
 #include <errno.h>
 #include <limits.h>
@@ -542,6 +547,34 @@ static PyObject *Ledger_reap(PyObject *self_o, PyObject *unused) {
   return PyLong_FromLong(rc);
 }
 
+#ifdef BH_TESTING
+/* Test hooks, in BH_TESTING builds only: take and drop the segment's robust
+ * mutex, so a test can kill or stop a process while it holds it (the kill
+ * matrix).  _test_lock() waits as long as any locker does (a bounded
+ * wait: Timeout past it). */
+static PyObject *Ledger_test_lock(PyObject *self_o, PyObject *unused) {
+  (void)unused;
+  bh_ledger_obj *self = (bh_ledger_obj *)self_o;
+  int rc;
+  bh_ledger *l = ledger_enter(self);
+  if (!l) return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh__ledger_lock(l);
+  Py_END_ALLOW_THREADS
+  ledger_exit(self);
+  if (rc < 0) return ledger_raise(self, rc, "ledger lock");
+  Py_RETURN_NONE;
+}
+
+static PyObject *Ledger_test_unlock(PyObject *self_o, PyObject *unused) {
+  (void)unused;
+  bh_ledger *l = ledger_live((bh_ledger_obj *)self_o);
+  if (!l) return NULL;
+  bh__ledger_unlock(l);
+  Py_RETURN_NONE;
+}
+#endif
+
 /* ------------------------------------------------------------- attributes */
 
 static PyObject *Ledger_path(PyObject *self_o, void *c) {
@@ -602,6 +635,11 @@ static PyMethodDef Ledger_methods[] = {
     {"resident", Ledger_resident, METH_VARARGS,
      "resident(pid, model_id) -> (size_bytes, resident_bytes) or None; no locks, no syscalls"},
     {"reap", Ledger_reap, METH_NOARGS, "reap() -> number of dead processes' records freed"},
+#ifdef BH_TESTING
+    {"_test_lock", Ledger_test_lock, METH_NOARGS,
+     "_test_lock(): takes the segment's mutex (tests only: kill or stop the holder)"},
+    {"_test_unlock", Ledger_test_unlock, METH_NOARGS, "_test_unlock(): drops it"},
+#endif
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Ledger_getset[] = {

@@ -187,7 +187,9 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "LEDGER_VERSION", BH_LEDGER_VERSION) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_SLOTS", BH_LEDGER_SLOTS) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_DEVICES", BH_LEDGER_DEVICES) < 0 ||
-      PyModule_AddIntConstant(m, "LEDGER_MODELS", BH_LEDGER_MODELS) < 0)
+      PyModule_AddIntConstant(m, "LEDGER_MODELS", BH_LEDGER_MODELS) < 0 ||
+      PyModule_AddIntConstant(m, "LEDGER_PACK_MAX", BH_LEDGER_PACK_MAX) < 0 ||
+      PyModule_AddIntConstant(m, "PAYLOAD_MAX", BH_FRAME_PAYLOAD_MAX) < 0)
     return -1;
   return 0;
 }

@@ -709,6 +709,52 @@ TEST_IMPL(ledger_robust_mutex) {
   return 0;
 }
 
+/* A holder that is stopped, not dead: nobody waits on it for long.  A
+ * snapshot leaves the dead out without reaping, join fails -ETIMEDOUT,
+ * and once the holder is killed everything works again. */
+TEST_IMPL(ledger_stopped_holder) {
+  char p[128];
+  tpath(p, sizeof p, "stopped");
+  int ready[2];
+  bh_ledger *l;
+  bh_ledger_record recs[4];
+  ASSERT_OK(bh_ledger_open(&l, p));
+  ASSERT_GE(bh_ledger_join(l, BH_ROLE_HOST, "host", "", 1, 0), 0);
+  /* A dead process's record, for the snapshot to leave out. */
+  ASSERT_OK(bh__ledger_forge(l, 5, 0x7ffffff0, 1));
+  ASSERT_SYS(pipe2(ready, O_CLOEXEC));
+  pid_t pid = fork();
+  ASSERT_SYS(pid);
+  if (pid == 0) {
+    close(ready[0]);
+    ASSERT_OK(bh__ledger_lock(l)); /* the inherited handle: same mutex */
+    put_byte(ready[1]);
+    raise(SIGSTOP);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  get_byte(ready[0]);
+  close(ready[0]);
+  int64_t t0 = bh_now_ns();
+  ASSERT_EQ(bh_ledger_snapshot(l, recs, 4), 1); /* ours; the forged one left out */
+  ASSERT_EQ(recs[0].pid, getpid());
+  bh_ledger *other;
+  ASSERT_OK(bh_ledger_open(&other, p));
+  ASSERT_EQ(bh_ledger_join(other, BH_ROLE_TOOL, "", "", 0, 0), 0 - ETIMEDOUT);
+  int64_t waited_ms = (bh_now_ns() - t0) / 1000000;
+  ASSERT_LT(waited_ms, 3 * 2000 + 2000); /* two bounded waits, not forever */
+  ASSERT_SYS(kill(pid, SIGKILL));
+  reap(pid, -1);
+  /* EOWNERDEAD recovered; the forged record reaped at last. */
+  ASSERT_EQ(bh_ledger_reap(l), 1);
+  ASSERT_EQ(bh_ledger_snapshot(other, recs, 4), 1);
+  bh_ledger_close(other);
+  ASSERT_OK(bh_ledger_leave(l));
+  bh_ledger_close(l);
+  ASSERT(!exists(p));
+  return 0;
+}
+
 /* The writer: every device field and the model's size and resident bytes
  * carry the same counter, so any mix of two writes shows. */
 static void seq_writer(const char *p, int ready, volatile sig_atomic_t *stop) {

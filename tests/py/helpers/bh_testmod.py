@@ -104,6 +104,16 @@ def _header(version=1, kind=3, req=0, flags=0, payload=0, fds=0, reserved=0, mag
     return struct.pack("<IHHQIIII", magic, version, kind, req, flags, payload, fds, reserved)
 
 
+# Values that break the codec, each in an otherwise well-formed frame.
+_VALUES = {
+    "trailing": b"\x00\x00",                                          # nil, then a stray byte
+    "utf8": b"\x05" + struct.pack("<I", 2) + b"\xff\xfe",              # a str that is not UTF-8
+    "overrun": b"\x05" + struct.pack("<I", 100) + b"abc",              # a str past the frame
+    "count": b"\x07" + struct.pack("<I", 1_000_000),                   # a list of a million, empty
+    "depth": (b"\x07" + struct.pack("<I", 1)) * 80 + b"\x00",          # 80 lists deep
+}
+
+
 def send_raw(what):
     """Writes a malformed frame straight onto the channel socket (fd 3 is
     where the supervisor put it; the worker's channel owns it)."""
@@ -125,6 +135,15 @@ def send_raw(what):
         elif what == "badvalue":
             body = struct.pack("<III", 0, 0, 0) + b"\xee"
             s.send(_header(payload=len(body)) + body)
+        elif what in _VALUES:
+            body = struct.pack("<III", 0, 0, 0) + _VALUES[what]
+            s.send(_header(payload=len(body)) + body)
+        elif what == "reserved":
+            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            s.send(_header(payload=len(body), reserved=1) + body)
+        elif what == "fdcount":
+            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            s.send(_header(payload=len(body), fds=2) + body)
         elif what == "uid":
             pid = os.fork()
             if pid == 0:
