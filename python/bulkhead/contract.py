@@ -74,7 +74,7 @@ F_LEDGER = "stand-ins in ComfyUI's ledger (eviction reaching workers)"
 F_ADMIT = "admission of a worker's loads"
 F_ADMIT_RESIDENT = "admission counting what a model already holds on the device (its whole size is asked for)"
 F_RELEASE = "release of a worker's models"
-F_CENSUS = "the census of a worker's models"
+F_CENSUS = "the census of a process's models (a worker's, and the host's own)"
 F_INTERRUPT = "interrupting a worker's node"
 F_RESERVE = "the published reserve (bytes admitted for a worker held back from the host's own loads)"
 F_VRAM_STATE = "workers following the host's VRAM state"
@@ -135,7 +135,9 @@ TABLE = (
     _r(MM, "current_loaded_models", "global", feature=F_LEDGER),
     _r(MM, "LoadedModel", "class", ["model"], HOST, feature=F_LEDGER),
     _r(MM, "LoadedModel.model", "attribute", feature=F_LEDGER),
-    _r(MM, "LoadedModel.device", "attribute", side=WORKER, feature=F_CENSUS),
+    _r(MM, "LoadedModel.device", "attribute", side=BOTH, feature=F_CENSUS),
+    _r(MM, "LoadedModel.model_memory", "method", [""], BOTH, feature=F_CENSUS),
+    _r(MM, "LoadedModel.model_loaded_memory", "method", [""], BOTH, feature=F_CENSUS),
     _r(MM, "LoadedModel.real_model", "attribute", side=HOST, feature=F_LEDGER),
     _r(MM, "LoadedModel.model_finalizer", "attribute", side=HOST, feature=F_LEDGER),
     _r(MM, "LoadedModel.currently_used", "attribute", side=HOST, feature=F_LEDGER),
