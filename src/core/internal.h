@@ -129,7 +129,9 @@ int bh__ledger_forge(bh_ledger *l, int slot, pid_t pid, uint64_t start_time);
 /* For the fuzzer and tests: a handle over a ledger file's image in memory
  * (len bytes at image, writable), validated exactly as bh_ledger_open
  * validates a file: -BH_ELEDGER / -BH_ELEDGERVER for one it refuses, and
- * an all-zero header at full size is initialised, as a file's would be.
+ * an all-zero header at full size is initialised, as a file's would be
+ * (an empty image is -BH_ELEDGER: an empty file is where bh_ledger_open
+ * creates the ledger, but an image cannot grow).
  * The image is borrowed: it must outlive the handle, which reads and
  * reaps in it like in a mapped file; bh_ledger_close frees only the
  * handle (nothing to unlock, unmap or unlink). */
