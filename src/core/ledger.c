@@ -88,6 +88,15 @@
  * (flock() holds one lock per open file, so an opener's exclusive lock
  * would wait for every open handle to close.)
  *
+ * Fuzzing (fuzz/fuzz_ledger.c).  bh__ledger_open_mem opens an image in
+ * memory through the same header check (bh__head_valid) as a file, and
+ * the readers cannot tell the difference.  A fuzz build
+ * (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION) judges liveness by a rule on
+ * the record (BH__FUZZ_START_TIME, internal.h) instead of /proc and keeps
+ * the seqlock's retries few; nothing else changes.  Every count and
+ * string a reader takes from a record is clamped (bh__to_record), so a
+ * damaged segment gives odd numbers, never an over-read.
+ *
  * Not covered: processes in another pid namespace sharing /dev/shm (their
  * pids mean nothing here), and a process of the same uid truncating the
  * file under us (mappings would SIGBUS); both are outside what one user's
