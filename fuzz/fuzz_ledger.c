@@ -10,9 +10,10 @@
  * file's size, with ASan's redzone after it).  Every file image is still
  * an input (a full-size one is itself), but the usual ones, a few live
  * records and empty slots, are short: the fuzzer runs many times faster
- * than on 200 KiB inputs.  On an image the opener accepts the readers run: bh_ledger_snapshot (which reaps first),
- * bh_ledger_read and bh_ledger_model_read for every record found and for
- * pids and ids the input names, then a reap and a second snapshot.
+ * than on 200 KiB inputs.  On an image the opener accepts, the readers
+ * run: bh_ledger_snapshot (which reaps first), bh_ledger_read and
+ * bh_ledger_model_read for every record found and for pids and ids the
+ * input names, then a reap and a second snapshot.
  * Checked: an input the opener refuses gets -BH_ELEDGER or
  * -BH_ELEDGERVER; one it accepts is exactly the file's size; every
  * record a reader returns is clamped (counts within their arrays, strings

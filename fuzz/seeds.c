@@ -393,7 +393,8 @@ static void ledger_seeds(void) {
   free(img);
 
   img = fresh_image(&l);
-  for (int i = 0; i < BH_LEDGER_SLOTS; i++) add_record(l, BH_ROLE_WORKER, "p", 5000 + i, i % 5 != 4, 1, 1);
+  for (int i = 0; i < BH_LEDGER_SLOTS; i++)
+    add_record(l, BH_ROLE_WORKER, "p", 5000 + i, i % 5 != 4, 1, 1);
   ledger_seed("full", img, LEDGER_BYTES);
   bh_ledger_close(l);
   free(img);
@@ -454,8 +455,10 @@ static void canary_seeds(void) {
 
 /* -------------------------------------------------------------------- ram */
 
-#define MEMINFO "MemTotal:       16777216 kB\nMemFree:         1048576 kB\n" \
-                "MemAvailable:    8388608 kB\nBuffers:            1024 kB\nCached:          2097152 kB\n"
+#define MEMINFO                                                                 \
+  "MemTotal:       16777216 kB\nMemFree:         1048576 kB\n"                   \
+  "MemAvailable:    8388608 kB\nBuffers:            1024 kB\n"                   \
+  "Cached:          2097152 kB\n"
 #define SWAPS "Filename\tType\t\tSize\tUsed\tPriority\n/swapfile file\t\t2097148\t0\t-2\n"
 #define MOUNT_V2 "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 #define MOUNT_V1 "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"

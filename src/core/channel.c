@@ -288,8 +288,8 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
     sent += per;
   }
   /* intro is NULL without blocks, and NULL + 0 is undefined in C. */
-  rc = bh__send_frame(c, m->kind, m->request_id, intro ? intro + sent : NULL, n_intro - sent, notes, n_ret,
-                      notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
+  rc = bh__send_frame(c, m->kind, m->request_id, intro ? intro + sent : NULL, n_intro - sent,
+                      notes, n_ret, notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
   if (rc) goto rollback;
   free(intro);
   free(lent);
@@ -473,8 +473,8 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
     if (f->h.flags & BH_FRAME_SPILLED) {
       /* bh__frame_check saw the fd there and nothing inline. */
       int sfd = fds[--n_fds];
-      if ((rc = bh__memfd_check(sfd, payload_len)) == 0 && !(fcntl(sfd, F_GET_SEALS) & F_SEAL_WRITE))
-        rc = -BH_ESEALS;
+      rc = bh__memfd_check(sfd, payload_len);
+      if (!rc && !(fcntl(sfd, F_GET_SEALS) & F_SEAL_WRITE)) rc = -BH_ESEALS;
       if (!rc) {
         void *a = mmap(NULL, payload_len, PROT_READ, MAP_PRIVATE, sfd, 0);
         if (a == MAP_FAILED) rc = -errno;
