@@ -17,7 +17,8 @@ GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps gpu-check chromium
+.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps gpu-check \
+        chromium fuzz fuzz-long fuzz-seeds fuzz-build fuzz-deps
 
 all: build
 
@@ -144,6 +145,33 @@ SOAK_FLAGS ?=
 soak: build $(VENV)/.stamp-psutil
 	@mkdir -p $(BUILD)/bench
 	PYTHONPATH=$(REL)/python $(VPY) tests/py/soak.py --out $(BUILD)/bench/soak.json $(SOAK_FLAGS)
+
+# Fuzzing (fuzz/Makefile has the details): libFuzzer targets for the value
+# codec, the frame decoder, the ledger reader, the canary's tokenizer and
+# the RAM probe's parsers, built with clang into build/fuzz.  `make fuzz`
+# runs each for FUZZ_SECONDS (60) and fails on a crash; `make fuzz-long`
+# runs the three decoders to FUZZ_RUNS (10^7) executions each.  Debian's
+# clang and libclang-rt-14-dev are installed here when a fuzzer cannot be
+# linked; nothing else (make check included) needs them.
+FUZZ_SECONDS ?= 60
+FUZZ_RUNS ?= 10000000
+export FUZZ_SECONDS FUZZ_RUNS
+
+fuzz-deps:
+	@mkdir -p $(BUILD)
+	@printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
+	  > $(BUILD)/.fuzz-probe.c
+	@if ! clang -fsanitize=fuzzer,address,undefined $(BUILD)/.fuzz-probe.c -o $(BUILD)/.fuzz-probe >/dev/null 2>&1; then \
+	  echo "fuzz: installing clang and libclang-rt-14-dev (apt-get)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq clang libclang-rt-14-dev >/dev/null || exit 1; \
+	  clang -fsanitize=fuzzer,address,undefined $(BUILD)/.fuzz-probe.c -o $(BUILD)/.fuzz-probe || exit 1; \
+	fi
+	@rm -f $(BUILD)/.fuzz-probe.c $(BUILD)/.fuzz-probe
+
+fuzz fuzz-long fuzz-seeds fuzz-build: fuzz-deps
+	@$(MAKE) --no-print-directory -f fuzz/Makefile $@
 
 clean:
 	rm -rf $(BUILD)

@@ -18,7 +18,9 @@
  *
  * Every frame is checked before anything in it is used: sender uid (and pid
  * once known) from SCM_CREDENTIALS, header magic/version/kind/flags, sizes,
- * fd counts, MSG_TRUNC/MSG_CTRUNC.  Every fd received is either kept or
+ * fd counts, MSG_TRUNC/MSG_CTRUNC.  The checks that look at bytes alone
+ * (bh__frame_check, bh__section_parse) are pure functions, which is what
+ * fuzz/fuzz_frame.c drives.  Every fd received is either kept or
  * closed, on every path.  Waits use SO_RCVTIMEO against an absolute
  * deadline; the peer's death shows as EOF at once.
  */
@@ -285,8 +287,9 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
     if (rc) goto rollback;
     sent += per;
   }
-  rc = bh__send_frame(c, m->kind, m->request_id, intro + sent, n_intro - sent, notes, n_ret,
-                      notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
+  /* intro is NULL without blocks, and NULL + 0 is undefined in C. */
+  rc = bh__send_frame(c, m->kind, m->request_id, intro ? intro + sent : NULL, n_intro - sent,
+                      notes, n_ret, notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
   if (rc) goto rollback;
   free(intro);
   free(lent);
@@ -333,8 +336,23 @@ static int bh__arm_timeout(bh_channel *c, int64_t deadline_ns) {
   return 0;
 }
 
-static int bh__parse_section(bh_channel *c, const uint8_t *p, size_t len, int *fds,
-                             uint32_t n_fds, size_t *sec_len) {
+int bh__frame_check(const uint8_t *msg, size_t n, uint32_t n_fds, bh_frame_header *h) {
+  if (n < BH__HDR) return -BH_ESHORT;
+  memcpy(h, msg, BH__HDR);
+  int rc = bh_frame_header_check(h);
+  if (rc) return rc;
+  if (h->fd_count != n_fds) return -BH_EFDCOUNT;
+  size_t inline_len = n - BH__HDR;
+  if (h->flags & BH_FRAME_SPILLED) {
+    /* The payload is the last fd's: nothing inline, and something there. */
+    if (n_fds == 0 || inline_len != 0 || h->payload_bytes == 0) return -BH_ESHORT;
+  } else if (inline_len != h->payload_bytes) {
+    return -BH_ESHORT;
+  }
+  return 0;
+}
+
+int bh__section_parse(const uint8_t *p, size_t len, uint32_t n_fds, bh__section *s) {
   if (len < 12) return -BH_EBLOCKSEC;
   uint32_t n_intro = bh__get_u32(p), n_ret = bh__get_u32(p + 4), n_retire = bh__get_u32(p + 8);
   if (n_intro > BH_FRAME_FDS_MAX || n_ret > BH__NOTES_MAX || n_retire > BH__NOTES_MAX)
@@ -342,25 +360,34 @@ static int bh__parse_section(bh_channel *c, const uint8_t *p, size_t len, int *f
   size_t need = bh__section_len(n_intro, n_ret, n_retire);
   if (need > len) return -BH_EBLOCKSEC;
   if (n_intro != n_fds) return -BH_EFDCOUNT;
+  s->n_intro = n_intro;
+  s->n_return = n_ret;
+  s->n_retire = n_retire;
+  s->intro = p + 12;
+  s->returns = s->intro + (size_t)n_intro * 12;
+  s->retires = s->returns + (size_t)n_ret * 4;
+  s->len = need;
+  return 0;
+}
+
+int bh__section_apply(bh_pool *pool, const bh__section *s, int *fds) {
   int rc = 0, r;
-  const uint8_t *q = p + 12;
-  for (uint32_t i = 0; i < n_intro; i++, q += 12) {
-    r = bh__pool_adopt(c->pool, bh__get_u32(q), fds[i], bh__get_u64(q + 4));
+  for (uint32_t i = 0; i < s->n_intro; i++) {
+    const uint8_t *q = s->intro + (size_t)i * 12;
+    r = bh__pool_adopt(pool, bh__get_u32(q), fds[i], bh__get_u64(q + 4));
     fds[i] = -1; /* consumed either way */
     if (r && !rc) rc = r;
   }
-  for (uint32_t i = 0; i < n_ret; i++, q += 4)
-    if ((r = bh__pool_returned(c->pool, bh__get_u32(q))) && !rc) rc = r;
-  for (uint32_t i = 0; i < n_retire; i++, q += 4)
-    if ((r = bh__pool_retire_peer(c->pool, bh__get_u32(q))) && !rc) rc = r;
-  *sec_len = need;
+  for (uint32_t i = 0; i < s->n_return; i++)
+    if ((r = bh__pool_returned(pool, bh__get_u32(s->returns + (size_t)i * 4))) && !rc) rc = r;
+  for (uint32_t i = 0; i < s->n_retire; i++)
+    if ((r = bh__pool_retire_peer(pool, bh__get_u32(s->retires + (size_t)i * 4))) && !rc) rc = r;
   return rc;
 }
 
 /* One recvmsg; fills the header and the fds.  On any error every fd
  * received has been closed. */
-static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, size_t *inline_len,
-                        int flags) {
+static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, int flags) {
   union {
     char buf[BH__CMSG_SPACE];
     struct cmsghdr align;
@@ -398,19 +425,13 @@ static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, s
   if (!rc && (mh.msg_flags & MSG_TRUNC)) rc = -BH_E2BIG;
   if (!rc && (!have_cred || cred.uid != c->peer_uid || (c->peer_pid && cred.pid != c->peer_pid)))
     rc = -BH_EPEERCRED;
-  if (!rc && (size_t)n < BH__HDR) rc = -BH_ESHORT;
-  if (!rc) {
-    memcpy(&f->h, c->rx, BH__HDR);
-    rc = bh_frame_header_check(&f->h);
-  }
-  if (!rc && f->h.fd_count != *n_fds) rc = -BH_EFDCOUNT;
+  if (!rc) rc = bh__frame_check(c->rx, (size_t)n, *n_fds, &f->h);
   if (rc) {
     bh__close_fds(fds, *n_fds);
     *n_fds = 0;
     return rc;
   }
   f->sender_pid = cred.pid;
-  *inline_len = (size_t)n - BH__HDR;
   return 0;
 }
 
@@ -427,14 +448,14 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
   for (;;) {
     int fds[BH_FRAME_FDS_MAX];
     uint32_t n_fds = 0;
-    size_t inline_len = 0, sec_len = 0;
+    bh__section sec;
     int rc = -ETIMEDOUT;
     if (c->spin_ns) {
       /* A reply usually comes within microseconds; catching it awake is
        * much cheaper than being woken for it on another CPU. */
       int64_t until = bh_now_ns() + c->spin_ns;
       do {
-        rc = bh__recv_one(c, f, fds, &n_fds, &inline_len, MSG_DONTWAIT);
+        rc = bh__recv_one(c, f, fds, &n_fds, MSG_DONTWAIT);
         if (rc != -ETIMEDOUT) break;
         sched_yield();
       } while (bh_now_ns() < until);
@@ -442,7 +463,7 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
     if (rc == -ETIMEDOUT) {
       rc = bh__arm_timeout(c, deadline_ns);
       if (rc) return rc;
-      rc = bh__recv_one(c, f, fds, &n_fds, &inline_len, 0);
+      rc = bh__recv_one(c, f, fds, &n_fds, 0);
       /* SO_RCVTIMEO may be shorter than what is left: wait again. */
       if (rc == -ETIMEDOUT && (deadline_ns < 0 || bh_now_ns() < deadline_ns)) continue;
     }
@@ -450,20 +471,19 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
     const uint8_t *payload = c->rx + BH__HDR;
     size_t payload_len = f->h.payload_bytes;
     if (f->h.flags & BH_FRAME_SPILLED) {
-      int sfd = n_fds ? fds[--n_fds] : -1;
-      if (sfd < 0 || inline_len != 0) rc = -BH_ESHORT;
-      else if (payload_len == 0 || (rc = bh__memfd_check(sfd, payload_len))) rc = rc ? rc : -BH_ESHORT;
-      else if (!(fcntl(sfd, F_GET_SEALS) & F_SEAL_WRITE)) rc = -BH_ESEALS;
-      else {
+      /* bh__frame_check saw the fd there and nothing inline. */
+      int sfd = fds[--n_fds];
+      rc = bh__memfd_check(sfd, payload_len);
+      if (!rc && !(fcntl(sfd, F_GET_SEALS) & F_SEAL_WRITE)) rc = -BH_ESEALS;
+      if (!rc) {
         void *a = mmap(NULL, payload_len, PROT_READ, MAP_PRIVATE, sfd, 0);
         if (a == MAP_FAILED) rc = -errno;
         else c->spill_addr = a, c->spill_len = payload_len, payload = a;
       }
-      if (sfd >= 0) bh__close(sfd);
-    } else if (inline_len != payload_len) {
-      rc = -BH_ESHORT;
+      bh__close(sfd);
     }
-    if (!rc) rc = bh__parse_section(c, payload, payload_len, fds, n_fds, &sec_len);
+    if (!rc) rc = bh__section_parse(payload, payload_len, n_fds, &sec);
+    if (!rc) rc = bh__section_apply(c->pool, &sec, fds);
     bh__close_fds(fds, n_fds); /* adopted ones are -1 already */
     if (rc) {
       bh_channel_frame_done(c, f);
@@ -473,8 +493,8 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
       bh_channel_frame_done(c, f);
       continue;
     }
-    f->value = payload + sec_len;
-    f->value_len = payload_len - sec_len;
+    f->value = payload + sec.len;
+    f->value_len = payload_len - sec.len;
     return 0;
   }
 }

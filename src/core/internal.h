@@ -80,6 +80,39 @@ int bh__memfd_create(const char *name, size_t size, int *fd_out, void **addr_out
  * bytes long. */
 int bh__memfd_check(int fd, uint64_t size);
 
+/* ---- channel.c: the receive path's pure decoders ----
+ *
+ * bh_channel_recv runs these on every message it takes off the socket;
+ * they read only the bytes they are given (no fds, no pool), so the
+ * fuzzers (fuzz/fuzz_frame.c) drive exactly the code a peer's bytes reach. */
+
+/* Checks one received message (msg[0..n): header + inline payload) that
+ * came with n_fds fds: length, bh_frame_header_check, fd count, and the
+ * inline length against payload_bytes (a SPILLED frame has nothing inline,
+ * a non-empty payload and its fd last).  Copies the header into *h.
+ * Returns 0, -BH_ESHORT, -BH_EFDCOUNT or a header code. */
+int bh__frame_check(const uint8_t *msg, size_t n, uint32_t n_fds, bh_frame_header *h);
+
+/* A block section, parsed: the entries point into the payload. */
+typedef struct bh__section {
+  uint32_t n_intro, n_return, n_retire;
+  const uint8_t *intro;   /* n_intro x (u32 id, u64 size) */
+  const uint8_t *returns; /* n_return x u32 id */
+  const uint8_t *retires; /* n_retire x u32 id */
+  size_t len;             /* bytes the section takes; the value follows */
+} bh__section;
+
+/* Parses the block section at the front of a payload of len bytes whose
+ * frame carries n_fds intro fds (the spill fd not counted).  Returns 0,
+ * -BH_EBLOCKSEC (counts over their limits or past the payload) or
+ * -BH_EFDCOUNT (n_intro != n_fds).  *s borrows p. */
+int bh__section_parse(const uint8_t *p, size_t len, uint32_t n_fds, bh__section *s);
+
+/* Applies a parsed section to the pool: adopts each intro (consuming
+ * fds[i], set to -1), then the returns and the retires.  Every entry is
+ * applied; returns 0 or the first error. */
+int bh__section_apply(bh_pool *pool, const bh__section *s, int *fds);
+
 /* ---- ledger.c ---- */
 
 /* Start time of process pid (/proc/<pid>/stat field 22, clock ticks since
@@ -93,5 +126,19 @@ void bh__ledger_unlock(bh_ledger *l);
 /* For tests: makes slot a LIVE record of (pid, start_time), as a crashed
  * process or one whose pid was reused would have left it. */
 int bh__ledger_forge(bh_ledger *l, int slot, pid_t pid, uint64_t start_time);
+/* For the fuzzer and tests: a handle over a ledger file's image in memory
+ * (len bytes at image, writable), validated exactly as bh_ledger_open
+ * validates a file: -BH_ELEDGER / -BH_ELEDGERVER for one it refuses, and
+ * an all-zero header at full size is initialised, as a file's would be
+ * (an empty image is -BH_ELEDGER: an empty file is where bh_ledger_open
+ * creates the ledger, but an image cannot grow).
+ * The image is borrowed: it must outlive the handle, which reads and
+ * reaps in it like in a mapped file; bh_ledger_close frees only the
+ * handle (nothing to unlock, unmap or unlink). */
+int bh__ledger_open_mem(bh_ledger **out, void *image, size_t len);
+/* Fuzz builds (-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, fuzz/ only):
+ * a record is alive iff its start_time is this function of its pid, so an
+ * input decides its own records' fate without /proc. */
+#define BH__FUZZ_START_TIME(pid) ((uint64_t)(uint32_t)(pid) * 1000003u + 17u)
 
 #endif

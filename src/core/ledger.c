@@ -95,6 +95,15 @@
  * (flock() holds one lock per open file, so an opener's exclusive lock
  * would wait for every open handle to close.)
  *
+ * Fuzzing (fuzz/fuzz_ledger.c).  bh__ledger_open_mem opens an image in
+ * memory through the same header check (bh__head_valid) as a file, and
+ * the readers cannot tell the difference.  A fuzz build
+ * (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION) judges liveness by a rule on
+ * the record (BH__FUZZ_START_TIME, internal.h) instead of /proc and keeps
+ * the seqlock's retries few; nothing else changes.  Every count and
+ * string a reader takes from a record is clamped (bh__to_record), so a
+ * damaged segment gives odd numbers, never an over-read.
+ *
  * Not covered: processes in another pid namespace sharing /dev/shm (their
  * pids mean nothing here), and a process of the same uid truncating the
  * file under us (mappings would SIGBUS); both are outside what one user's
@@ -114,9 +123,17 @@
 #define BH__MAGIC "BHLEDGR"      /* with its NUL: 8 bytes */
 #define BH__HEAD_BYTES 4096u
 #define BH__NO_DEVICE UINT32_MAX
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 #define BH__SPINS 1000           /* seqlock tries before giving up */
 #define BH__SPINS_BUSY 64        /* of which the first ones only pause, */
 #define BH__SPINS_YIELD 200      /* the next ones yield, the rest sleep 50 us */
+#else
+/* Fuzz builds (fuzz/): no other process writes the image, so a slot that
+ * is odd stays odd; a few tries take the same paths as a thousand. */
+#define BH__SPINS 4
+#define BH__SPINS_BUSY 4
+#define BH__SPINS_YIELD 4
+#endif
 #define BH__OPEN_TRIES 32        /* opens that found the file unlinked */
 #define BH__LOCK_WAIT_MS 2000    /* most a caller waits for the segment's mutex */
 
@@ -186,7 +203,7 @@ _Static_assert(sizeof(_Atomic uint32_t) == 4, "seq is a plain u32 in the file");
 #define BH__FILE_BYTES ((size_t)BH__HEAD_BYTES + (size_t)BH_LEDGER_SLOTS * sizeof(bh__slot))
 
 struct bh_ledger {
-  int fd;
+  int fd;                /* -1: an image in memory (bh__ledger_open_mem) */
   pid_t opener;          /* the process that opened it (close after fork) */
   bh__head *head;        /* the mapping */
   bh__slot *slots;
@@ -263,6 +280,11 @@ int bh__proc_start_time(pid_t pid, uint64_t *out) {
  * counts as gone (its memory is); a /proc we cannot read (hidepid) counts
  * as alive, so we never reap what we cannot judge. */
 static int bh__alive(pid_t pid, uint64_t start_time) {
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+  /* Fuzz builds: whether an image's record is alive is decided by the
+   * record itself (internal.h), the same on every run, without /proc. */
+  return pid > 0 && start_time == BH__FUZZ_START_TIME(pid);
+#else
   char state = 0;
   uint64_t st = 0;
   int rc = bh__proc_stat(pid, &state, &st);
@@ -270,6 +292,7 @@ static int bh__alive(pid_t pid, uint64_t start_time) {
   if (rc < 0) return 1;
   if (state == 'Z' || state == 'X') return 0;
   return st == start_time;
+#endif
 }
 
 /* ------------------------------------------------------------- seqlock */
@@ -448,26 +471,36 @@ static void bh__head_init(bh__head *h) {
   memcpy(h->magic, BH__MAGIC, sizeof h->magic);
 }
 
-/* Checks an existing file's header (read with pread: a short file must not
- * be mapped).  1: all-zero magic at full size (creator died mid-init),
- * 0: valid, else -BH_ELEDGER / -BH_ELEDGERVER. */
-static int bh__head_check(int fd, off_t size) {
+/* Validates a header from its first `got` bytes (at least the fields
+ * before the mutex are needed) in a file of `size` bytes.  1: all-zero
+ * magic at full size (creator died mid-init), 0: valid, else -BH_ELEDGER /
+ * -BH_ELEDGERVER.  Shared by the file and the in-memory opener, so the
+ * fuzzer checks what bh_ledger_open checks. */
+static int bh__head_valid(const void *p, size_t got, uint64_t size) {
   bh__head h;
-  ssize_t r;
-  if (size < (off_t)offsetof(bh__head, mu)) return -BH_ELEDGER;
-  while ((r = pread(fd, &h, offsetof(bh__head, mu), 0)) < 0 && errno == EINTR) {
-  }
-  if (r < 0) return -errno;
-  if (r != (ssize_t)offsetof(bh__head, mu)) return -BH_ELEDGER;
+  if (size < offsetof(bh__head, mu) || got < offsetof(bh__head, mu)) return -BH_ELEDGER;
+  memcpy(&h, p, offsetof(bh__head, mu));
   static const char zero[8];
-  if (memcmp(h.magic, zero, sizeof zero) == 0 && size == (off_t)BH__FILE_BYTES) return 1;
+  if (memcmp(h.magic, zero, sizeof zero) == 0 && size == BH__FILE_BYTES) return 1;
   if (memcmp(h.magic, BH__MAGIC, sizeof h.magic) != 0) return -BH_ELEDGER;
   if (h.version != BH_LEDGER_VERSION) return -BH_ELEDGERVER;
   if (h.head_bytes != BH__HEAD_BYTES || h.record_bytes != sizeof(bh__slot) ||
       h.record_count != BH_LEDGER_SLOTS || h.mutex_bytes != sizeof(pthread_mutex_t) ||
-      size != (off_t)BH__FILE_BYTES)
+      size != BH__FILE_BYTES)
     return -BH_ELEDGER;
   return 0;
+}
+
+/* Checks an existing file's header, read with pread (a short file must not
+ * be mapped).  Returns as bh__head_valid. */
+static int bh__head_check(int fd, off_t size) {
+  char buf[offsetof(bh__head, mu)];
+  ssize_t r;
+  if (size < (off_t)sizeof buf) return -BH_ELEDGER;
+  while ((r = pread(fd, buf, sizeof buf, 0)) < 0 && errno == EINTR) {
+  }
+  if (r < 0) return -errno;
+  return bh__head_valid(buf, (size_t)r, (uint64_t)size);
 }
 
 /* One attempt at opening, validating (or creating) and mapping the file.
@@ -563,6 +596,30 @@ err:
   return rc;
 }
 
+int bh__ledger_open_mem(bh_ledger **out, void *image, size_t len) {
+  bh_ledger *l = NULL;
+  if (!out) return -EINVAL;
+  *out = NULL;
+  if (!image) return -EINVAL;
+  int rc = bh__head_valid(image, len, len);
+  if (rc < 0) return rc;
+  l = calloc(1, sizeof *l + 1);
+  if (!l) return -ENOMEM;
+  if (rc == 1) { /* as bh__attach does for a creator that died mid-way */
+    memset(image, 0, BH__FILE_BYTES);
+    bh__head_init(image);
+  }
+  l->fd = -1;
+  l->opener = getpid();
+  l->head = image;
+  l->slots = (bh__slot *)((char *)image + BH__HEAD_BYTES);
+  atomic_init(&l->joined_pid, 0);
+  atomic_init(&l->slot, -1);
+  pthread_mutex_init(&l->wmu, NULL);
+  *out = l;
+  return 0;
+}
+
 const char *bh_ledger_path(const bh_ledger *l) { return l ? l->path : NULL; }
 
 static int bh__count_live(bh_ledger *l) {
@@ -576,7 +633,9 @@ void bh_ledger_close(bh_ledger *l) {
   if (!l) return;
   /* A forked child that joined through its copy of the handle leaves too. */
   if (atomic_load(&l->joined_pid) == getpid()) bh_ledger_leave(l);
-  if (l->opener == getpid()) {
+  if (l->opener == getpid() && l->fd < 0) {
+    pthread_mutex_destroy(&l->wmu); /* an image in memory: the caller's */
+  } else if (l->opener == getpid()) {
     /* Under INIT (no opener between its validation and its OPEN lock),
      * OPEN exclusive without waiting means no other handle anywhere has
      * the file open. */
@@ -598,8 +657,10 @@ void bh_ledger_close(bh_ledger *l) {
   }
   /* In a forked child the fd shares the parent's open file description:
    * closing our copy of the fd leaves the parent's locks alone. */
-  munmap(l->head, BH__FILE_BYTES);
-  bh__close(l->fd);
+  if (l->fd >= 0) {
+    munmap(l->head, BH__FILE_BYTES);
+    bh__close(l->fd);
+  }
   free(l);
 }
 

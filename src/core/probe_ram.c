@@ -407,8 +407,8 @@ static int bh__find_mount(bh__ram_ctx *c, bh__cgroup_loc *loc) {
     int match;
     if (loc->version == 2)
       match = ftl == 7 && memcmp(fstype, "cgroup2", 7) == 0;
-    else
-      match = ftl == 6 && memcmp(fstype, "cgroup", 6) == 0 &&
+    else /* v1 names its controllers in the super options, after the source */
+      match = nf > dash + 3 && ftl == 6 && memcmp(fstype, "cgroup", 6) == 0 &&
               bh__has_token(f[dash + 3], fl[dash + 3], "memory");
     if (!match) continue;
     char mnt[PATH_MAX], mroot[PATH_MAX];

@@ -181,6 +181,86 @@ TEST_IMPL(ledger_bad_magic) {
   return 0;
 }
 
+/* bh__ledger_open_mem (what fuzz/fuzz_ledger.c opens its inputs with)
+ * judges an image exactly as bh_ledger_open judges a file holding the same
+ * bytes, and a handle on memory reads, joins and closes without an fd. */
+TEST_IMPL(ledger_open_mem_same_verdicts) {
+  char p[128];
+  tpath(p, sizeof p, "mem");
+  int fds0 = bh_test_fd_count();
+  struct {
+    const char *what;
+    uint32_t version;
+    const char *magic;
+    size_t size;
+    uint32_t record_bytes;
+  } cases[] = {
+      {"valid", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 3136},
+      {"bad magic", BH_LEDGER_VERSION, "NOTLEDGR", LEDGER_BYTES, 3136},
+      {"other version", BH_LEDGER_VERSION + 1, "BHLEDGR", LEDGER_BYTES, 3136},
+      {"other version, other size", BH_LEDGER_VERSION + 1, "BHLEDGR", 65536, 3136},
+      {"short", BH_LEDGER_VERSION, "BHLEDGR", 8192, 3136},
+      {"long", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES + 4096, 3136},
+      {"record size", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 3137},
+      {"all zero", 0, NULL, LEDGER_BYTES, 0},
+      {"all zero, short", 0, NULL, 8192, 0},
+      {"two bytes", 0, "BH", 2, 0},
+      {"header only", BH_LEDGER_VERSION, "BHLEDGR", 32, 3136},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    fprintf(stderr, "case: %s\n", cases[k].what);
+    uint8_t *img = calloc(1, cases[k].size);
+    ASSERT_NOT_NULL(img);
+    if (cases[k].version) {
+      uint8_t h[32];
+      header(h, cases[k].version);
+      memcpy(h + 16, &cases[k].record_bytes, 4);
+      memcpy(img, h, cases[k].size < 32 ? cases[k].size : 32);
+    }
+    if (cases[k].magic) memcpy(img, cases[k].magic, cases[k].size < 8 ? cases[k].size : 8);
+    if (cases[k].version && cases[k].size >= 64) {
+      /* A creator's mutex, as in a real file. */
+      pthread_mutexattr_t a;
+      pthread_mutex_t mu;
+      pthread_mutexattr_init(&a);
+      pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+      pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+      pthread_mutex_init(&mu, &a);
+      memcpy(img + 32, &mu, sizeof mu);
+    }
+    write_file(p, img, cases[k].size, (off_t)cases[k].size);
+    bh_ledger *lf = NULL, *lm = NULL;
+    int rf = bh_ledger_open(&lf, p);
+    int rm = bh__ledger_open_mem(&lm, img, cases[k].size);
+    ASSERT_RC(rm, rf);
+    if (rf == 0) {
+      ASSERT_EQ(count_records(lm), 0);
+      ASSERT_GE(bh_ledger_join(lm, BH_ROLE_TOOL, "mem", "", 0, 0), 0);
+      ASSERT_EQ(count_records(lm), 1);
+      ASSERT_EQ(count_records(lf), 0); /* two images, not one */
+      ASSERT_STR_EQ(bh_ledger_path(lm), "");
+      bh_ledger_close(lm); /* leaves; nothing to unlink */
+      ASSERT_EQ(count_records(lf), 0);
+      bh_ledger_close(lf);
+    } else {
+      ASSERT_NULL(lm);
+      ASSERT_NULL(lf);
+      unlink(p);
+    }
+    free(img);
+  }
+  /* The one difference: an empty file is where bh_ledger_open creates the
+   * ledger; an image cannot grow. */
+  uint8_t none = 0;
+  bh_ledger *lm = NULL;
+  ASSERT_RC(bh__ledger_open_mem(&lm, &none, 0), -BH_ELEDGER);
+  ASSERT_RC(bh__ledger_open_mem(&lm, NULL, LEDGER_BYTES), -EINVAL);
+  ASSERT_RC(bh__ledger_open_mem(NULL, &none, 0), -EINVAL);
+  ASSERT(!exists(p));
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
 TEST_IMPL(ledger_wrong_version) {
   char p[128];
   tpath(p, sizeof p, "version");

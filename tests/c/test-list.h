@@ -1,26 +1,7 @@
 /*
  * test-list.h -- every C test, declared and listed once (libuv
  * test/test-list.h).  The runner (runner.c) defines TASK_LIST_START,
- * TEST_ENTRY, TEST_ENTRY_CUSTOM and 
-  TEST_ENTRY(canary_tokenize_basics)
-  TEST_ENTRY(canary_direct_model_access)
-  TEST_ENTRY(canary_alias_through_local)
-  TEST_ENTRY(canary_loop_variable)
-  TEST_ENTRY(canary_incoming_models)
-  TEST_ENTRY(canary_unload_model_and_clones)
-  TEST_ENTRY(canary_is_dynamic_gating)
-  TEST_ENTRY(canary_keyword_call_shapes)
-  TEST_ENTRY(canary_removed_member)
-  TEST_ENTRY(canary_renamed_member)
-  TEST_ENTRY(canary_new_keyword)
-  TEST_ENTRY(canary_strings_and_comments)
-  TEST_ENTRY(canary_probes)
-  TEST_ENTRY(canary_main_exit_status)
-  TEST_ENTRY_CUSTOM(canary_fuzz_random, 120000)
-  TEST_ENTRY_CUSTOM(canary_fuzz_token_soup, 120000)
-  TEST_ENTRY_CUSTOM(canary_fuzz_mutations, 120000)
-  TEST_ENTRY_CUSTOM(canary_deep_nesting, 120000)
-TASK_LIST_END before including this;
+ * TEST_ENTRY, TEST_ENTRY_CUSTOM and TASK_LIST_END before including this;
  * TEST_ENTRY_CUSTOM gives a test its own timeout in ms (the default is
  * 10 s).  Tests run in the order listed.
  */
@@ -110,6 +91,7 @@ TEST_DECLARE(probe_ram_cgroup_v2_unlimited)
 TEST_DECLARE(probe_ram_cgroup_v2_ancestor_tighter)
 TEST_DECLARE(probe_ram_cgroup_v2_paths)
 TEST_DECLARE(probe_ram_cgroup_v1)
+TEST_DECLARE(probe_ram_fuzz_found_mountinfo_fields)
 TEST_DECLARE(probe_ram_no_cgroup)
 TEST_DECLARE(probe_ram_malformed)
 TEST_DECLARE(probe_ram_fuzz)
@@ -118,6 +100,7 @@ TEST_DECLARE(probe_ram_this_machine)
 TEST_DECLARE(ledger_open_init)
 TEST_DECLARE(ledger_default_path)
 TEST_DECLARE(ledger_bad_magic)
+TEST_DECLARE(ledger_open_mem_same_verdicts)
 TEST_DECLARE(ledger_wrong_version)
 TEST_DECLARE(ledger_truncated)
 TEST_DECLARE(ledger_permissions)
@@ -159,6 +142,7 @@ TEST_DECLARE(canary_fuzz_random)
 TEST_DECLARE(canary_fuzz_token_soup)
 TEST_DECLARE(canary_fuzz_mutations)
 TEST_DECLARE(canary_deep_nesting)
+TEST_DECLARE(fuzz_corpus_replay)
 
 TASK_LIST_START
   TEST_ENTRY(codec_roundtrip_scalars)
@@ -252,6 +236,7 @@ TASK_LIST_START
   TEST_ENTRY(probe_ram_cgroup_v2_ancestor_tighter)
   TEST_ENTRY(probe_ram_cgroup_v2_paths)
   TEST_ENTRY(probe_ram_cgroup_v1)
+  TEST_ENTRY(probe_ram_fuzz_found_mountinfo_fields)
   TEST_ENTRY(probe_ram_no_cgroup)
   TEST_ENTRY(probe_ram_malformed)
   TEST_ENTRY_CUSTOM(probe_ram_fuzz, 60000)
@@ -261,6 +246,7 @@ TASK_LIST_START
   TEST_ENTRY(ledger_open_init)
   TEST_ENTRY(ledger_default_path)
   TEST_ENTRY(ledger_bad_magic)
+  TEST_ENTRY(ledger_open_mem_same_verdicts)
   TEST_ENTRY(ledger_wrong_version)
   TEST_ENTRY(ledger_truncated)
   TEST_ENTRY(ledger_permissions)
@@ -304,4 +290,5 @@ TASK_LIST_START
   TEST_ENTRY_CUSTOM(canary_fuzz_token_soup, 120000)
   TEST_ENTRY_CUSTOM(canary_fuzz_mutations, 120000)
   TEST_ENTRY_CUSTOM(canary_deep_nesting, 120000)
+  TEST_ENTRY_CUSTOM(fuzz_corpus_replay, 60000)
 TASK_LIST_END

@@ -766,6 +766,31 @@ TEST_IMPL(probe_ram_cgroup_v2_paths) {
   return 0;
 }
 
+/* Found by fuzz/fuzz_ram.c: a v1 mountinfo line whose super options field
+ * is missing, because the line ends right after the source or because the
+ * dash comes so late that the 16 fields read stop there.  The options were
+ * read from past the fields found (an uninitialised pointer, or one past
+ * the array); such a line cannot name the memory controller, so the
+ * default mount is used. */
+TEST_IMPL(probe_ram_fuzz_found_mountinfo_fields) {
+  static const char *const lines[] = {
+      "35 31 0:32 /elsewhere /mnt/x rw - cgroup cgroup\n",
+      "35 31 0:32 /elsewhere /mnt/y rw a b c d e f g - cgroup cgroup\n",
+      "35 31 0:32 /elsewhere /mnt/z rw a b c d e f g h - cgroup cgroup rw,memory\n",
+  };
+  for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+    ram_tree("4:memory:/w\n", lines[i]);
+    putf(ram_root, "sys/fs/cgroup/memory/w/memory.limit_in_bytes", "%llu\n", 1 * GiB);
+    putf(ram_root, "sys/fs/cgroup/memory/w/memory.usage_in_bytes", "%llu\n", 256 * MiB);
+    bh_ram_reading r = ram_ok();
+    ASSERT_EQ(r.cgroup_version, 1);
+    ASSERT_EQ(r.limited, 1);
+    ASSERT_UEQ(r.available_bytes, 768 * MiB);
+    rm_rf(ram_root);
+  }
+  return 0;
+}
+
 TEST_IMPL(probe_ram_cgroup_v1) {
   /* Hybrid, as on this kind of host: v1 memory wins over the 0:: line. */
   ram_tree("12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/docker/abc\n",

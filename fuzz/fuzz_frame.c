@@ -1,0 +1,126 @@
+/*
+ * fuzz_frame.c -- the frame decoder on arbitrary messages.
+ *
+ * An input is one received seqpacket message and the number of fds that
+ * came with it:
+ *
+ *   u8 n_fds (taken mod BH_FRAME_FDS_MAX + 1), then the message bytes
+ *   (32-byte header, then the inline payload: block section + value).
+ *
+ * It goes through what bh_channel_recv runs on those bytes, the same
+ * functions (src/core/channel.c): bh__frame_check (length, header,
+ * fd count, inline length), bh__section_parse, then bh__section_apply
+ * against a real pool, with real sealed memfds standing in for the intro
+ * fds, and finally bh_dec_validate on the value that follows the section,
+ * as every receiver does.  A SPILLED frame stops after the check: its
+ * payload would be in the memfd, and the payload's decoders are the ones
+ * fuzzed here on inline frames.
+ *
+ * The pool lives across inputs with one own block (id 1) that is lent
+ * before every input, so a return note can find it; every peer block an
+ * input introduced is retired after it, so each input starts from the
+ * same state (checked through bh_pool_stats_get).  The message is copied
+ * to a buffer of its exact size so ASan catches a read past its end.
+ */
+#include "fuzz.h"
+#include "src/core/internal.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#define INTRO_BYTES 4096u
+
+static bh_pool *pool;
+static bh_block *own;  /* id 1, lent before each input */
+static int intro_fd = -1; /* a sealed memfd; each intro gets a dup */
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc, (void)argv;
+  void *addr = NULL;
+  FUZZ_CHECK(bh__pool_open(&pool, 0) == 0);
+  FUZZ_CHECK(bh__pool_acquire(pool, INTRO_BYTES, &own) == 0);
+  FUZZ_CHECK(bh_block_id(own) == 1);
+  FUZZ_CHECK(bh__memfd_create("fuzz-intro", INTRO_BYTES, &intro_fd, &addr) == 0);
+  munmap(addr, INTRO_BYTES);
+  return 0;
+}
+
+static void check_pool_at_rest(void) {
+  bh_pool_stats s;
+  FUZZ_CHECK(bh_pool_stats_get(pool, &s) == 0);
+  FUZZ_CHECK(s.own_blocks == 1 && s.peer_blocks == 0 && s.peer_bytes == 0);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size == 0) return 0;
+  uint32_t n_fds = data[0] % (BH_FRAME_FDS_MAX + 1);
+  size_t n = size - 1;
+  uint8_t *msg = malloc(n ? n : 1);
+  FUZZ_CHECK(msg);
+  memcpy(msg, data + 1, n);
+
+  bh_frame_header h;
+  int rc = bh__frame_check(msg, n, n_fds, &h);
+  if (rc) {
+    FUZZ_RC_IN(rc, -BH_ESHORT, -BH_EMAGIC, -BH_EVERSION, -BH_EKIND, -BH_EHEADER, -BH_EFDCOUNT,
+               -BH_E2BIG);
+    goto out;
+  }
+  /* What the check promises. */
+  FUZZ_CHECK(bh_frame_header_check(&h) == 0 && h.fd_count == n_fds);
+  FUZZ_CHECK(bh_kind_name(h.kind) != NULL);
+  if (h.flags & BH_FRAME_SPILLED) {
+    FUZZ_CHECK(n == sizeof h && n_fds >= 1 && h.payload_bytes > 0);
+    goto out;
+  }
+  FUZZ_CHECK(n - sizeof h == h.payload_bytes);
+
+  const uint8_t *payload = msg + sizeof h;
+  size_t payload_len = h.payload_bytes;
+  bh__section sec;
+  rc = bh__section_parse(payload, payload_len, n_fds, &sec);
+  if (rc) {
+    FUZZ_RC_IN(rc, -BH_EBLOCKSEC, -BH_EFDCOUNT);
+    goto out;
+  }
+  FUZZ_CHECK(sec.n_intro == n_fds && sec.len <= payload_len);
+  FUZZ_CHECK(sec.intro == payload + 12);
+  FUZZ_CHECK(sec.retires + (size_t)sec.n_retire * 4 == payload + sec.len);
+  fuzz_touch(payload, sec.len);
+
+  /* Apply it as a channel would: the own block is out on loan. */
+  int needs_fd = 0, fds[BH_FRAME_FDS_MAX];
+  rc = bh__pool_lend(pool, own, &needs_fd);
+  FUZZ_CHECK(rc == 0 || rc == -EBUSY); /* -EBUSY: the last input left it lent */
+  for (uint32_t i = 0; i < sec.n_intro; i++) {
+    fds[i] = fcntl(intro_fd, F_DUPFD_CLOEXEC, 3);
+    FUZZ_CHECK(fds[i] > 2);
+  }
+  rc = bh__section_apply(pool, &sec, fds);
+  if (rc) FUZZ_RC_IN(rc, -BH_EBLOCK, -BH_EBLOCKSEC, -BH_ESEALS);
+  for (uint32_t i = 0; i < sec.n_intro; i++) FUZZ_CHECK(fds[i] == -1); /* all consumed */
+  /* Back to the resting state: no peer block stays mapped. */
+  for (uint32_t i = 0; i < sec.n_intro; i++) {
+    uint32_t id = bh__get_u32(sec.intro + (size_t)i * 12);
+    bh_block *b;
+    if (bh__pool_peer_get(pool, id, &b) == 0) {
+      FUZZ_CHECK(bh_block_size(b) <= INTRO_BYTES && !bh_block_is_own(b));
+      fuzz_touch(bh_block_addr(b), bh_block_size(b));
+      bh_block_unref(b);
+      /* The unref queued a return note; the peer would retire it. */
+      uint32_t ret[64], retires[64], nr, nt;
+      bh__pool_take_notes(pool, ret, &nr, retires, &nt, 64);
+      FUZZ_CHECK(bh__pool_retire_peer(pool, id) == 0);
+    }
+  }
+  check_pool_at_rest();
+
+  /* The value after the section, as a receiver checks it. */
+  rc = bh_dec_validate(payload + sec.len, payload_len - sec.len, BH_MAX_DEPTH);
+  if (rc)
+    FUZZ_RC_IN(rc, -BH_EOVERRUN, -BH_EBADTAG, -BH_EUTF8, -BH_ECOUNT, -BH_ETENSOR, -BH_EDTYPE,
+               -BH_EDEPTH, -BH_ETRAILING);
+out:
+  free(msg);
+  return 0;
+}
