@@ -17,21 +17,20 @@ hung, or as stopped when it was (SIGSTOP, a debugger).
 """
 
 import atexit
-import logging
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 import weakref
 
+from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms at start
+
 from . import _native
 from ._rpc import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
 
-log = logging.getLogger("bulkhead")
 
 
 class WorkerStartError(BulkheadError):
@@ -150,6 +149,7 @@ def build_env(extra=None, inherit=True):
     env["PYTHONUNBUFFERED"] = "1"
     env["BULKHEAD_FD"] = "3"
     env["BULKHEAD_HOST_PID"] = str(os.getpid())
+    import logging  # host side only: a worker imports this module too, and logging costs it ms
     env.setdefault("BULKHEAD_LOG_LEVEL", str(logging.getLogger().getEffectiveLevel()))
     return env
 
@@ -158,7 +158,7 @@ def build_env(extra=None, inherit=True):
 # even inside an encode) only queues; this thread sends the batch to each
 # worker that is idle, and a worker that is busy sends its own at the end
 # of the call that keeps it busy.
-_flush_queue = queue.SimpleQueue()
+_flush_queue = SimpleQueue()
 _flusher = None
 _flusher_lock = threading.Lock()
 FLUSH_DELAY_S = 0.05
@@ -176,7 +176,7 @@ def _flush_loop():
                     pending[id(w)] = w
             try:
                 item = _flush_queue.get_nowait()
-            except queue.Empty:
+            except Empty:
                 break
         for w in pending.values():
             w._try_flush()
@@ -377,8 +377,9 @@ class Worker:
                    f"the next call starts generation {self.generation + 1}")
             self._teardown()
             self.last_exit = msg
-            log.warning("bulkhead: %s%s", msg,
-                        "\n--- last worker output ---\n" + tail.rstrip() if tail else "")
+            import logging
+            logging.getLogger("bulkhead").warning(
+                "bulkhead: %s%s", msg, "\n--- last worker output ---\n" + tail.rstrip() if tail else "")
             return msg
         finally:
             self._lock.release()

@@ -12,7 +12,6 @@ Python ``logging`` goes to stderr (which the host prefixes with the pack
 name) at the host's level.
 """
 
-import logging
 import os
 import select
 import signal
@@ -43,7 +42,9 @@ def release_objects(pairs):
         _peer.release_objects(pairs)
 
 
-def _setup_logging():
+def _setup_logging(logging):
+    """Python logging to stderr (the host prefixes it) at the host's level;
+    run when the pack first imports logging."""
     try:
         level = int(os.environ.get("BULKHEAD_LOG_LEVEL", logging.INFO))
     except ValueError:
@@ -85,7 +86,16 @@ def main():
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.
     signal.signal(signal.SIGUSR1, _interrupted)
-    _setup_logging()
+    if "logging" in sys.modules:
+        _setup_logging(sys.modules["logging"])
+    else:
+        from ._importwatch import ImportWatch
+
+        def configured(module):
+            sys.meta_path.remove(watch)
+            _setup_logging(module)
+        watch = ImportWatch("logging", configured)
+        sys.meta_path.insert(0, watch)
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)

@@ -34,6 +34,7 @@ import time
 import weakref
 
 from . import _native, pager
+from ._importwatch import ImportWatch
 
 _libc = None
 
@@ -59,40 +60,6 @@ def ledger_name(name):
     if len(b) <= limit:
         return name
     return b[:limit - 3].decode("utf-8", "ignore") + "..."
-
-
-class _ImportWatch:
-    """A meta-path finder that lets the real finders find
-    ``comfy.model_management`` and runs a callback right after the module
-    executes, so the load_models_gpu wrap is in place before the pack's
-    first call into it (the pack imports ComfyUI inside its own call)."""
-
-    def __init__(self, name, callback):
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        import importlib.util
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, callback = spec.loader, self.callback
-
-        class Loader:
-            def create_module(self, spec):
-                return loader.create_module(spec)
-
-            def exec_module(self, module):
-                loader.exec_module(module)
-                callback(module)
-        spec.loader = Loader()
-        return spec
 
 
 class WorkerMemory:
@@ -121,7 +88,7 @@ class WorkerMemory:
         self._pin_split = None     # this worker's share of the pin budget, once split
         self._split_at = 0.0
         if not self._hook():
-            self._watch = _ImportWatch("comfy.model_management", lambda m: self._hook(m))
+            self._watch = ImportWatch("comfy.model_management", lambda m: self._hook(m))
             sys.meta_path.insert(0, self._watch)
 
     # --- ComfyUI hooks ---
