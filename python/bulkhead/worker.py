@@ -86,16 +86,8 @@ def main():
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.
     signal.signal(signal.SIGUSR1, _interrupted)
-    if "logging" in sys.modules:
-        _setup_logging(sys.modules["logging"])
-    else:
-        from ._importwatch import ImportWatch
-
-        def configured(module):
-            sys.meta_path.remove(watch)
-            _setup_logging(module)
-        watch = ImportWatch("logging", configured)
-        sys.meta_path.insert(0, watch)
+    from ._importwatch import when_imported
+    when_imported("logging", _setup_logging)
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)

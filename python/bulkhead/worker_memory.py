@@ -34,7 +34,7 @@ import time
 import weakref
 
 from . import _native, pager
-from ._importwatch import ImportWatch
+from ._importwatch import when_imported
 
 _libc = None
 
@@ -88,8 +88,7 @@ class WorkerMemory:
         self._pin_split = None     # this worker's share of the pin budget, once split
         self._split_at = 0.0
         if not self._hook():
-            self._watch = ImportWatch("comfy.model_management", lambda m: self._hook(m))
-            sys.meta_path.insert(0, self._watch)
+            when_imported("comfy.model_management", self._hook)
 
     # --- ComfyUI hooks ---
 
@@ -99,9 +98,6 @@ class WorkerMemory:
         mm = mm or sys.modules.get("comfy.model_management")
         if mm is None:
             return False
-        watch = getattr(self, "_watch", None)
-        if watch is not None and watch in sys.meta_path:
-            sys.meta_path.remove(watch)
         self.mm = mm
         original = mm.load_models_gpu
         wm = self

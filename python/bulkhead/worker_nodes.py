@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 
+from ._importwatch import when_imported
 from . import _native
 from . import worker as _worker
 from ._rpc import type_name
@@ -69,57 +70,6 @@ class NodeInterrupted(Exception):
 class WorkerOutOfMemory(Exception):
     """The node ran out of memory (the host raises its own
     comfy.model_management.OOM_EXCEPTION for it)."""
-
-
-# --- import watching ---
-
-class _Watch:
-    """A meta-path finder: when one of the named modules is imported, the
-    real finders find it and the callback runs right after it executes."""
-
-    def __init__(self):
-        self.callbacks = {}
-
-    def find_spec(self, fullname, path=None, target=None):
-        callback = self.callbacks.pop(fullname, None)
-        if callback is None:
-            return None
-        spec = None
-        for finder in list(sys.meta_path):
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-
-        class Loader:
-            def create_module(self, spec):
-                return loader.create_module(spec)
-
-            def exec_module(self, module):
-                loader.exec_module(module)
-                callback(module)
-
-            def __getattr__(self, name):  # get_source, is_package, ...
-                return getattr(loader, name)
-        spec.loader = Loader()
-        return spec
-
-
-_watch = _Watch()
-
-
-def _when_imported(name, callback):
-    mod = sys.modules.get(name)
-    if mod is not None:
-        callback(mod)
-        return
-    _watch.callbacks[name] = callback
-    if _watch not in sys.meta_path:
-        sys.meta_path.insert(0, _watch)
 
 
 # --- what the host mirrors ---
@@ -265,12 +215,12 @@ def ready():
             sys.path.insert(0, base)
         mirrored = _env_json("BULKHEAD_COMFY_ARGS")
         if mirrored:
-            _when_imported("comfy.cli_args", lambda m: apply_host_args(m, mirrored))
+            when_imported("comfy.cli_args", lambda m: apply_host_args(m, mirrored))
         folders = _env_json("BULKHEAD_COMFY_FOLDERS")
         if folders:
-            _when_imported("folder_paths", lambda m: apply_host_folders(m, folders))
-        _when_imported("comfy.utils", _install_progress)
-        _when_imported("comfy.model_management", _mm_imported)
+            when_imported("folder_paths", lambda m: apply_host_folders(m, folders))
+        when_imported("comfy.utils", _install_progress)
+        when_imported("comfy.model_management", _mm_imported)
         if _on_interrupt not in _worker.interrupt_handlers:
             _worker.interrupt_handlers.append(_on_interrupt)
         _ready_done = True
