@@ -132,6 +132,9 @@ class ControlServer:
             pass
         sweep(os.path.dirname(self.path))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        # Credentials on every message from the first: set on the listener,
+        # so what a client sends before accept() returns carries them too.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         # Bound under a name sweep() ignores and renamed once listening: a
         # sweeping host never sees this socket between bind and listen
         # (when it would refuse a connection and look stale).
