@@ -240,7 +240,7 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 
 /* ------------------------------------------------------------------ frames */
 
-#define BH_PROTOCOL_VERSION 1
+#define BH_PROTOCOL_VERSION 2
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u
@@ -270,15 +270,19 @@ typedef struct bh_frame_header {
   uint32_t flags;         /* BH_FRAME_* */
   uint32_t payload_bytes; /* bytes after the header (or in the spill fd) */
   uint32_t fd_count;      /* fds in this message's SCM_RIGHTS */
-  uint32_t reserved;      /* zero */
+  uint32_t cpu;           /* the CPU the sender ran on + 1 (0: unknown), at
+                           * most BH_FRAME_CPU_MAX: a hint for how the
+                           * receiver waits for the sender's next frame */
 } bh_frame_header;
+
+#define BH_FRAME_CPU_MAX 65536u
 
 enum {
   BH_FRAME_SPILLED = 1u << 0, /* payload lives in the last fd (a sealed memfd) */
   BH_FRAME_FLAGS_KNOWN_ = BH_FRAME_SPILLED
 };
 
-/* Checks magic, version, kind, flags and reserved bits.  Returns 0 or a
+/* Checks magic, version, kind, flags and the cpu hint's range.  Returns 0 or a
  * negative BH_E* code. */
 BH_EXTERN int bh_frame_header_check(const bh_frame_header *h);
 /* Name of a frame kind, or NULL. */

@@ -30,7 +30,8 @@ from . import _native
 from ._rpc import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
-
+_CALL = _native.CALL
+_monotonic = time.monotonic
 
 
 class WorkerStartError(BulkheadError):
@@ -366,23 +367,29 @@ class Worker:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            proc = self._proc
-            if proc is None or self._chan is None or self.busy:
+            if self.busy:
                 return None
-            status = proc.wait(0)
-            if status is None:
-                return None
-            tail = proc.output_tail()
-            msg = (f"{self.describe()} {describe_status(status)} while idle; "
-                   f"the next call starts generation {self.generation + 1}")
-            self._teardown()
-            self.last_exit = msg
-            import logging
-            logging.getLogger("bulkhead").warning(
-                "bulkhead: %s%s", msg, "\n--- last worker output ---\n" + tail.rstrip() if tail else "")
-            return msg
+            return self._reap_idle(0)
         finally:
             self._lock.release()
+
+    def _reap_idle(self, wait_s):
+        """poll() under the lock: waits up to wait_s for an ended generation."""
+        proc = self._proc
+        if proc is None or self._chan is None:
+            return None
+        status = proc.wait(wait_s)
+        if status is None:
+            return None
+        tail = proc.output_tail()
+        msg = (f"{self.describe()} {describe_status(status)} while idle; "
+               f"the next call starts generation {self.generation + 1}")
+        self._teardown()
+        self.last_exit = msg
+        import logging
+        logging.getLogger("bulkhead").warning(
+            "bulkhead: %s%s", msg, "\n--- last worker output ---\n" + tail.rstrip() if tail else "")
+        return msg
 
     def close(self):
         """BYE, then the ladder: wait stop_grace s, SIGTERM, wait stop_term
@@ -471,7 +478,7 @@ class Worker:
     def call(self, target, /, *args, **kwargs):
         """Runs ``target`` ('module:function' or 'module.function') in the
         worker with the arguments and returns its result."""
-        return self._request(_native.CALL, (target, args, kwargs), self.call_timeout, f"call {target!r}")
+        return self._request(_CALL, (target, args, kwargs), self.call_timeout, "call", target)
 
     def release(self, op="all", model_id=None, nbytes=None, timeout=None):
         """Asks the worker to release memory and waits for its receipt (a
@@ -486,7 +493,7 @@ class Worker:
             if self._chan is None:
                 return None
             return self._request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
-                                 timeout, f"release {op!r}")
+                                 timeout, "release", op)
 
     def post_release(self, op="all", model_id=None, nbytes=None):
         """The same ask without waiting for it (request id 0: no reply), for
@@ -505,28 +512,36 @@ class Worker:
         finally:
             self._lock.release()
 
-    def _request(self, kind, payload, timeout, what):
+    def _request(self, kind, payload, timeout, verb, obj):
+        # The hot path of every call: no formatting, no syscall of its own.
         with self._lock:
-            if self._chan is not None and self.busy == 0:
-                # A worker killed while idle: no call of it was lost, so
-                # this one runs on the next generation instead of failing.
-                self.poll()
-            if self._chan is None:
+            chan = self._chan
+            if chan is None:
                 self._start()
-            chan, peer = self._chan, self._peer
+                chan = self._chan
+            peer = self._peer
             self.busy += 1
             try:
-                return chan.request(kind, payload, timeout)
+                try:
+                    return chan.request(kind, payload, timeout)
+                except _native.NotDelivered:
+                    if self.busy > 1 or self._reap_idle(2.0) is None:
+                        raise  # nested, or the socket closed but the process lives: the death path
+                    # It died while idle, so nothing of this request ran:
+                    # it runs on the next generation instead of failing.
+                    self._start()
+                    chan, peer = self._chan, self._peer
+                    return chan.request(kind, payload, timeout)
             except _native.PeerClosed:
-                self._died(f"during {what}")
+                self._died(f"during {verb} {obj!r}")
             except _native.Timeout:
-                self._hung(what, timeout)
+                self._hung(f"{verb} {obj!r}", timeout)
             except _native.ProtocolError as e:
-                self._broken(what, e)
+                self._broken(f"{verb} {obj!r}", e)
             finally:
                 self.busy -= 1
-                self.last_used = time.monotonic()
-                if chan.depth == 0:
+                self.last_used = _monotonic()
+                if chan.depth == 0 and (peer.exports or peer.pending_releases):
                     if peer.exports:
                         peer.exports.clear()
                     if peer.pending_releases and self._peer is peer:

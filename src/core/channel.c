@@ -48,6 +48,7 @@ struct bh_channel {
   bh_pool *pool;
   int64_t rcvtimeo_ns; /* what SO_RCVTIMEO is set to now; 0 = none */
   int64_t spin_ns;     /* poll before blocking; 0 = don't */
+  uint32_t peer_cpu;   /* cpu hint of the peer's last frame (CPU + 1, 0 unknown) */
   uint8_t *rx;         /* header + inline payload */
   void *spill_addr;    /* payload of the frame being read, if spilled */
   size_t spill_len;
@@ -65,7 +66,7 @@ int bh_frame_header_check(const bh_frame_header *h) {
   if (h->magic != BH_FRAME_MAGIC) return -BH_EMAGIC;
   if (h->version != BH_PROTOCOL_VERSION) return -BH_EVERSION;
   if (h->kind < 1 || h->kind > BH_KIND_MAX_) return -BH_EKIND;
-  if ((h->flags & ~(uint32_t)BH_FRAME_FLAGS_KNOWN_) || h->reserved) return -BH_EHEADER;
+  if ((h->flags & ~(uint32_t)BH_FRAME_FLAGS_KNOWN_) || h->cpu > BH_FRAME_CPU_MAX) return -BH_EHEADER;
   if (h->fd_count > BH_FRAME_FDS_MAX) return -BH_EFDCOUNT;
   if (h->payload_bytes > BH_FRAME_PAYLOAD_MAX) return -BH_E2BIG;
   return 0;
@@ -81,6 +82,12 @@ int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
     goto err;
   }
   c->fd = fd;
+  /* A worker's fd came through exec without FD_CLOEXEC; what the worker
+   * execs must not hold the channel open after the worker dies. */
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+    rc = -errno;
+    goto err;
+  }
   c->peer_uid = o->peer_uid;
   c->peer_pid = o->peer_pid;
   c->spin_ns = o->spin_ns < 0 ? 0 : o->spin_ns ? o->spin_ns : 20000;
@@ -207,6 +214,12 @@ static int bh__sendmsg(int fd, const struct iovec *iov, int iovcnt, const int *f
   }
 }
 
+/* The CPU this thread runs on, + 1 (0 when unknown), for the header. */
+static uint32_t bh__cpu_hint(void) {
+  int cpu = sched_getcpu();
+  return cpu >= 0 && (uint32_t)cpu < BH_FRAME_CPU_MAX ? (uint32_t)cpu + 1 : 0;
+}
+
 /* Sends one frame whose section introduces intro[0..n_intro) and carries
  * the given notes. */
 static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, bh_block *const *intro,
@@ -228,7 +241,8 @@ static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, bh_block *
                        .kind = kind,
                        .request_id = req,
                        .payload_bytes = (uint32_t)(sec_len + value_len),
-                       .fd_count = n_intro};
+                       .fd_count = n_intro,
+                       .cpu = bh__cpu_hint()};
   for (uint32_t i = 0; i < n_intro; i++) fds[i] = intro[i]->fd;
   struct iovec iov[3] = {{&h, BH__HDR}, {sec, sec_len}, {(void *)value, value_len}};
   int iovcnt = value_len ? 3 : 2;
@@ -432,6 +446,7 @@ static int bh__recv_one(bh_channel *c, bh_frame *f, int *fds, uint32_t *n_fds, i
     return rc;
   }
   f->sender_pid = cred.pid;
+  c->peer_cpu = f->h.cpu;
   return 0;
 }
 
@@ -450,9 +465,11 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
     uint32_t n_fds = 0;
     bh__section sec;
     int rc = -ETIMEDOUT;
-    if (c->spin_ns) {
-      /* A reply usually comes within microseconds; catching it awake is
-       * much cheaper than being woken for it on another CPU. */
+    /* A reply usually comes within microseconds: catching it awake is
+     * much cheaper than being woken for it on another CPU.  But a peer
+     * that last sent from this CPU will most likely run here again, and
+     * then spinning only delays it: blocking hands it the CPU at once. */
+    if (c->spin_ns && !(c->peer_cpu && c->peer_cpu == bh__cpu_hint())) {
       int64_t until = bh_now_ns() + c->spin_ns;
       do {
         rc = bh__recv_one(c, f, fds, &n_fds, MSG_DONTWAIT);

@@ -127,8 +127,24 @@ static void chan_leave(bh_chan_obj *self) {
   if (--self->owner_depth == 0) self->owner = 0;
 }
 
-/* Encodes and sends one frame.  0, or -1 with an exception. */
-static int chan_send(bh_chan_obj *self, int kind, uint64_t req, PyObject *value) {
+/* What to do right after a send, in the same release of the GIL: receive
+ * the next frame (the reply a request waits for, the next request a
+ * server waits for).  One release instead of two is a good part of what a
+ * trivial call costs.  deadline < 0 with idle_ns >= 0 means "idle_ns from
+ * the moment the send is done". */
+typedef struct {
+  bh_frame *f;       /* where the frame goes; NULL: send only */
+  int64_t deadline;  /* absolute, < 0: none */
+  int64_t idle_ns;   /* relative to the send, < 0: use deadline */
+  int rc;            /* out: 0 (f filled), or a negative code for chan_recv_rc */
+  int got;           /* out: 1 when a recv was attempted (rc is meaningful) */
+} bh_then_recv;
+
+/* Encodes and sends one frame, then receives per `then` (may be NULL).
+ * 0, or -1 with an exception (about the send: nothing was received).
+ * Sending a request the peer never got raises NotDelivered. */
+static int chan_send_then(bh_chan_obj *self, int kind, uint64_t req, PyObject *value,
+                          bh_then_recv *then) {
   bh_channel *c = chan_live(self);
   if (!c) return -1;
   bh_enc_ctx e;
@@ -139,13 +155,40 @@ static int chan_send(bh_chan_obj *self, int kind, uint64_t req, PyObject *value)
   }
   bh_msg m = {.kind = (uint16_t)kind, .request_id = req, .value = e.buf.data,
               .value_len = e.buf.len, .blocks = e.blocks, .n_blocks = e.n_blocks};
-  int rc;
+  int rc, rrc = 0;
   Py_BEGIN_ALLOW_THREADS
   rc = bh_channel_send(c, &m);
+  if (rc == 0 && then && then->f) {
+    int64_t deadline = then->idle_ns >= 0 ? bh_now_ns() + then->idle_ns : then->deadline;
+    rrc = bh_channel_recv(c, then->f, deadline);
+  }
   Py_END_ALLOW_THREADS
   bh_py_enc_free(&e);
   if (rc < 0) {
+    int request = req && (kind == BH_KIND_CALL || kind == BH_KIND_CALLBACK || kind == BH_KIND_RELEASE);
+    if (request && (rc == -BH_EEOF || rc == -EPIPE || rc == -ECONNRESET)) {
+      PyErr_Format(chan_state(self)->NotDelivered,
+                   "send: the peer closed the channel before request %llu reached it (none of it ran)",
+                   (unsigned long long)req);
+      return -1;
+    }
     bh_py_raise(chan_state(self), rc, "send");
+    return -1;
+  }
+  if (then && then->f) then->rc = rrc, then->got = 1;
+  return 0;
+}
+
+static int chan_send(bh_chan_obj *self, int kind, uint64_t req, PyObject *value) {
+  return chan_send_then(self, kind, req, value, NULL);
+}
+
+/* The outcome of a bh_channel_recv: 0; 1 to receive again (a signal that
+ * Python did not turn into an exception); -1 with an exception. */
+static int chan_recv_rc(bh_chan_obj *self, int rc) {
+  if (rc == -EINTR) return PyErr_CheckSignals() < 0 ? -1 : 1;
+  if (rc < 0) {
+    bh_py_raise(chan_state(self), rc, "recv");
     return -1;
   }
   return 0;
@@ -161,16 +204,20 @@ static int chan_recv(bh_chan_obj *self, bh_frame *f, int64_t deadline) {
     Py_BEGIN_ALLOW_THREADS
     rc = bh_channel_recv(c, f, deadline);
     Py_END_ALLOW_THREADS
-    if (rc == -EINTR) {
-      if (PyErr_CheckSignals() < 0) return -1;
-      continue;
-    }
-    if (rc < 0) {
-      bh_py_raise(chan_state(self), rc, "recv");
-      return -1;
-    }
-    return 0;
+    rc = chan_recv_rc(self, rc);
+    if (rc <= 0) return rc;
   }
+}
+
+/* The frame a chan_send_then received, or the next one: 0, or -1 with an
+ * exception. */
+static int chan_recv_after(bh_chan_obj *self, bh_then_recv *then) {
+  if (then->got) {
+    then->got = 0;
+    int rc = chan_recv_rc(self, then->rc);
+    if (rc <= 0) return rc;
+  }
+  return chan_recv(self, then->f, then->idle_ns >= 0 ? bh_now_ns() + then->idle_ns : then->deadline);
 }
 
 static PyObject *chan_decode(bh_chan_obj *self, bh_frame *f) {
@@ -227,9 +274,10 @@ static PyObject *chan_target(bh_chan_obj *self, PyObject *target) {
   return NULL;
 }
 
-/* Serves one incoming request frame: runs it and sends the reply.
+/* Serves one incoming request frame: runs it and sends the reply, then
+ * receives per `then` (see chan_send_then; then->got says whether it did).
  * Returns 0, or -1 when an exception must propagate. */
-static int chan_handle_request(bh_chan_obj *self, bh_frame *f) {
+static int chan_handle_request(bh_chan_obj *self, bh_frame *f, bh_then_recv *then) {
   uint64_t req = f->h.request_id;
   int kind = f->h.kind;
   PyObject *res = NULL;
@@ -268,7 +316,7 @@ static int chan_handle_request(bh_chan_obj *self, bh_frame *f) {
     return -1;
   }
   if (!res) return chan_reply_error(self, req);
-  int rc = chan_send(self, BH_KIND_RESULT, req, res);
+  int rc = chan_send_then(self, BH_KIND_RESULT, req, res, then);
   Py_DECREF(res);
   if (rc < 0) {
     /* The result could not be sent (a type that cannot cross, say): the
@@ -307,26 +355,33 @@ static int chan_dispatch_other(bh_chan_obj *self, bh_frame *f) {
   return 0;
 }
 
-/* The wait for reply `id`, serving the peer meanwhile. */
-static PyObject *chan_wait(bh_chan_obj *self, uint64_t id, int64_t deadline) {
-  PyObject *key = PyLong_FromUnsignedLongLong(id), *out = NULL;
-  if (!key) return NULL;
+/* The wait for reply `id`, serving the peer meanwhile.  then->got: the
+ * first frame was received already (by the send of the request). */
+static PyObject *chan_wait(bh_chan_obj *self, uint64_t id, bh_then_recv *then) {
+  PyObject *out = NULL;
+  bh_frame *f = then->f;
   self->waiters[self->n_waiters++] = id;
   for (;;) {
-    PyObject *stashed = PyDict_GetItem(self->stash, key); /* borrowed */
-    if (stashed) {
-      int kind = (int)PyLong_AsLong(PyTuple_GetItem(stashed, 0));
-      PyObject *value = bh_py_newref(PyTuple_GetItem(stashed, 1));
-      PyDict_DelItem(self->stash, key);
-      out = chan_finish(self, kind, value);
-      break;
+    if (!then->got && PyDict_Size(self->stash) > 0) {
+      /* A nested wait may have received this reply for us. */
+      PyObject *key = PyLong_FromUnsignedLongLong(id);
+      if (!key) break;
+      PyObject *stashed = PyDict_GetItem(self->stash, key); /* borrowed */
+      if (stashed) {
+        int kind = (int)PyLong_AsLong(PyTuple_GetItem(stashed, 0));
+        PyObject *value = bh_py_newref(PyTuple_GetItem(stashed, 1));
+        PyDict_DelItem(self->stash, key);
+        Py_DECREF(key);
+        out = chan_finish(self, kind, value);
+        break;
+      }
+      Py_DECREF(key);
     }
-    bh_frame f;
-    if (chan_recv(self, &f, deadline) < 0) break;
-    int kind = f.h.kind;
-    uint64_t req = f.h.request_id;
+    if (chan_recv_after(self, then) < 0) break;
+    int kind = f->h.kind;
+    uint64_t req = f->h.request_id;
     if (kind == BH_KIND_RESULT || kind == BH_KIND_ERROR) {
-      PyObject *value = chan_decode(self, &f);
+      PyObject *value = chan_decode(self, f);
       if (req == id) {
         out = value ? chan_finish(self, kind, value) : NULL;
         break;
@@ -343,17 +398,16 @@ static PyObject *chan_wait(bh_chan_obj *self, uint64_t id, int64_t deadline) {
         Py_DECREF(value); /* the reply of an abandoned call */
       }
     } else if (kind == BH_KIND_CALL || kind == BH_KIND_CALLBACK || kind == BH_KIND_RELEASE) {
-      if (chan_handle_request(self, &f) < 0) break;
+      if (chan_handle_request(self, f, then) < 0) break;
     } else if (kind == BH_KIND_BYE) {
-      bh_channel_frame_done(self->c, &f);
+      bh_channel_frame_done(self->c, f);
       PyErr_SetString(chan_state(self)->PeerClosed, "peer said BYE while a call was waiting");
       break;
-    } else if (chan_dispatch_other(self, &f) < 0) {
+    } else if (chan_dispatch_other(self, f) < 0) {
       break;
     }
   }
   self->n_waiters--;
-  Py_DECREF(key);
   return out;
 }
 
@@ -372,7 +426,9 @@ static PyObject *Channel_request(PyObject *op, PyObject *args) {
   uint64_t id = self->next_id;
   self->next_id += 2;
   PyObject *out = NULL;
-  if (chan_send(self, kind, id, payload) == 0) out = chan_wait(self, id, deadline);
+  bh_frame f;
+  bh_then_recv then = {.f = &f, .deadline = deadline, .idle_ns = -1};
+  if (chan_send_then(self, kind, id, payload, &then) == 0) out = chan_wait(self, id, &then);
   chan_leave(self);
   return out;
 }
@@ -426,11 +482,11 @@ static PyObject *Channel_serve(PyObject *op, PyObject *args) {
   }
   if (chan_enter(self) < 0) return NULL;
   PyObject *out = NULL;
+  bh_frame f;
+  /* The idle deadline restarts after every frame served. */
+  bh_then_recv then = {.f = &f, .deadline = -1, .idle_ns = idle_ns};
   for (;;) {
-    bh_frame f;
-    /* The idle deadline restarts after every frame served. */
-    int64_t deadline = idle_ns < 0 ? -1 : bh_now_ns() + idle_ns;
-    if (chan_recv(self, &f, deadline) < 0) {
+    if (chan_recv_after(self, &then) < 0) {
       if (PyErr_ExceptionMatches(chan_state(self)->PeerClosed)) {
         PyErr_Clear();
         out = PyUnicode_FromString("eof");
@@ -442,7 +498,7 @@ static PyObject *Channel_serve(PyObject *op, PyObject *args) {
     }
     int kind = f.h.kind;
     if (kind == BH_KIND_CALL || kind == BH_KIND_CALLBACK || kind == BH_KIND_RELEASE) {
-      if (chan_handle_request(self, &f) < 0) break;
+      if (chan_handle_request(self, &f, &then) < 0) break;
     } else if (kind == BH_KIND_BYE) {
       bh_channel_frame_done(self->c, &f);
       out = PyUnicode_FromString("bye");

@@ -29,6 +29,7 @@ typedef struct bh_state {
   PyObject *Error;          /* base of everything below */
   PyObject *ProtocolError;  /* a malformed frame or value */
   PyObject *PeerClosed;     /* EOF, BYE, EPIPE */
+  PyObject *NotDelivered;   /* PeerClosed before a request was sent: none of it ran */
   PyObject *Timeout;        /* a deadline passed */
   PyObject *ProbeError;     /* a memory probe failed (.code, .errname) */
   PyObject *DriverUnavailable; /* ProbeError: no GPU driver (BH_ENODRIVER) */

@@ -156,6 +156,8 @@ static int bh_exec(PyObject *m) {
       bh_add_exc(m, &st->ProtocolError, "ProtocolError", st->Error,
                  "A frame or value broke the protocol; .code and .errname name how.") < 0 ||
       bh_add_exc(m, &st->PeerClosed, "PeerClosed", st->Error, "The other end is gone.") < 0 ||
+      bh_add_exc(m, &st->NotDelivered, "NotDelivered", st->PeerClosed,
+                 "The other end was gone before a request reached it: none of the request ran.") < 0 ||
       bh_add_exc(m, &st->Timeout, "Timeout", st->Error, "A deadline passed.") < 0 ||
       bh_add_exc(m, &st->ProbeError, "ProbeError", st->Error,
                  "A memory probe failed; .code and .errname name how.") < 0 ||
@@ -206,6 +208,7 @@ static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->Error);
   Py_VISIT(st->ProtocolError);
   Py_VISIT(st->PeerClosed);
+  Py_VISIT(st->NotDelivered);
   Py_VISIT(st->Timeout);
   Py_VISIT(st->ProbeError);
   Py_VISIT(st->DriverUnavailable);
@@ -225,6 +228,7 @@ static int bh_clear(PyObject *m) {
   Py_CLEAR(st->Error);
   Py_CLEAR(st->ProtocolError);
   Py_CLEAR(st->PeerClosed);
+  Py_CLEAR(st->NotDelivered);
   Py_CLEAR(st->Timeout);
   Py_CLEAR(st->ProbeError);
   Py_CLEAR(st->DriverUnavailable);

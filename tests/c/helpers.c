@@ -55,7 +55,7 @@ int bh_test_recv(bh_channel *c, bh_frame *f, int timeout_ms) {
 
 void bh_test_header(uint8_t out[32], uint32_t magic, uint16_t version, uint16_t kind,
                     uint64_t req, uint32_t flags, uint32_t payload_bytes, uint32_t fd_count,
-                    uint32_t reserved) {
+                    uint32_t cpu) {
   put_u32(out, magic);
   put_u16(out + 4, version);
   put_u16(out + 6, kind);
@@ -63,7 +63,7 @@ void bh_test_header(uint8_t out[32], uint32_t magic, uint16_t version, uint16_t 
   put_u32(out + 16, flags);
   put_u32(out + 20, payload_bytes);
   put_u32(out + 24, fd_count);
-  put_u32(out + 28, reserved);
+  put_u32(out + 28, cpu);
 }
 
 ssize_t bh_test_raw_send(int fd, const void *a, size_t alen, const void *b, size_t blen,

@@ -213,7 +213,7 @@ int bh_test_recv(bh_channel *c, bh_frame *f, int timeout_ms);
 /* Fills a 32-byte little-endian frame header. */
 void bh_test_header(uint8_t out[32], uint32_t magic, uint16_t version, uint16_t kind,
                     uint64_t req, uint32_t flags, uint32_t payload_bytes, uint32_t fd_count,
-                    uint32_t reserved);
+                    uint32_t cpu);
 /* One sendmsg of a and then b (either may be empty) with fds attached;
  * returns bytes sent or -errno. */
 ssize_t bh_test_raw_send(int fd, const void *a, size_t alen, const void *b, size_t blen,

@@ -695,7 +695,7 @@ TEST_IMPL(channel_header_check) {
   ASSERT_RC(bh_frame_header_check(&x), -BH_EMAGIC);
   x = h, x.version = 0;
   ASSERT_RC(bh_frame_header_check(&x), -BH_EVERSION);
-  x = h, x.version = 2;
+  x = h, x.version = BH_PROTOCOL_VERSION + 1;
   ASSERT_RC(bh_frame_header_check(&x), -BH_EVERSION);
   x = h, x.kind = 0;
   ASSERT_RC(bh_frame_header_check(&x), -BH_EKIND);
@@ -705,8 +705,12 @@ TEST_IMPL(channel_header_check) {
   ASSERT_RC(bh_frame_header_check(&x), -BH_EHEADER);
   x = h, x.flags = BH_FRAME_SPILLED;
   ASSERT_OK(bh_frame_header_check(&x));
-  x = h, x.reserved = 0x80000000u;
+  x = h, x.cpu = 0x80000000u;
   ASSERT_RC(bh_frame_header_check(&x), -BH_EHEADER);
+  x = h, x.cpu = BH_FRAME_CPU_MAX + 1;
+  ASSERT_RC(bh_frame_header_check(&x), -BH_EHEADER);
+  x = h, x.cpu = BH_FRAME_CPU_MAX;
+  ASSERT_OK(bh_frame_header_check(&x));
   x = h, x.fd_count = BH_FRAME_FDS_MAX + 1;
   ASSERT_RC(bh_frame_header_check(&x), -BH_EFDCOUNT);
   x = h, x.fd_count = BH_FRAME_FDS_MAX;
@@ -731,26 +735,27 @@ TEST_IMPL(channel_bad_frames) {
     const char *what;
     uint32_t magic;
     uint16_t version, kind;
-    uint32_t flags, payload_bytes, fd_count, reserved;
+    uint32_t flags, payload_bytes, fd_count, cpu;
     size_t send_len; /* bytes after the header actually sent */
     int want;
   } cases[] = {
-      {"bad magic", 0xdeadbeef, 1, 3, 0, P, 0, 0, P, -BH_EMAGIC},
-      {"magic byte-swapped", 0x424c484b, 1, 3, 0, P, 0, 0, P, -BH_EMAGIC},
+      {"bad magic", 0xdeadbeef, BH_PROTOCOL_VERSION, 3, 0, P, 0, 0, P, -BH_EMAGIC},
+      {"magic byte-swapped", 0x424c484b, BH_PROTOCOL_VERSION, 3, 0, P, 0, 0, P, -BH_EMAGIC},
       {"version 99", BH_FRAME_MAGIC, 99, 3, 0, P, 0, 0, P, -BH_EVERSION},
       {"version 0", BH_FRAME_MAGIC, 0, 3, 0, P, 0, 0, P, -BH_EVERSION},
-      {"kind 0", BH_FRAME_MAGIC, 1, 0, 0, P, 0, 0, P, -BH_EKIND},
-      {"kind 200", BH_FRAME_MAGIC, 1, 200, 0, P, 0, 0, P, -BH_EKIND},
-      {"kind 12", BH_FRAME_MAGIC, 1, 12, 0, P, 0, 0, P, -BH_EKIND},
-      {"nonzero reserved", BH_FRAME_MAGIC, 1, 3, 0, P, 0, 1, P, -BH_EHEADER},
-      {"unknown flag", BH_FRAME_MAGIC, 1, 3, 4, P, 0, 0, P, -BH_EHEADER},
-      {"payload_bytes one more than sent", BH_FRAME_MAGIC, 1, 3, 0, P + 1, 0, 0, P, -BH_ESHORT},
-      {"payload_bytes one less than sent", BH_FRAME_MAGIC, 1, 3, 0, P - 1, 0, 0, P, -BH_ESHORT},
-      {"payload_bytes 0 with a payload", BH_FRAME_MAGIC, 1, 3, 0, 0, 0, 0, P, -BH_ESHORT},
-      {"payload_bytes past the limit", BH_FRAME_MAGIC, 1, 3, 0, BH_FRAME_PAYLOAD_MAX + 1, 0, 0, P, -BH_E2BIG},
-      {"fd_count past the limit", BH_FRAME_MAGIC, 1, 3, 0, P, 65, 0, P, -BH_EFDCOUNT},
-      {"payload too short for the block section", BH_FRAME_MAGIC, 1, 3, 0, 8, 0, 0, 8, -BH_EBLOCKSEC},
-      {"no payload at all", BH_FRAME_MAGIC, 1, 3, 0, 0, 0, 0, 0, -BH_EBLOCKSEC},
+      {"kind 0", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 0, 0, P, 0, 0, P, -BH_EKIND},
+      {"kind 200", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 200, 0, P, 0, 0, P, -BH_EKIND},
+      {"kind 12", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 12, 0, P, 0, 0, P, -BH_EKIND},
+      {"cpu hint past the limit", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, P, 0, BH_FRAME_CPU_MAX + 1, P, -BH_EHEADER},
+      {"version 1 (before the cpu hint)", BH_FRAME_MAGIC, 1, 3, 0, P, 0, 0, P, -BH_EVERSION},
+      {"unknown flag", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 4, P, 0, 0, P, -BH_EHEADER},
+      {"payload_bytes one more than sent", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, P + 1, 0, 0, P, -BH_ESHORT},
+      {"payload_bytes one less than sent", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, P - 1, 0, 0, P, -BH_ESHORT},
+      {"payload_bytes 0 with a payload", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, 0, 0, 0, P, -BH_ESHORT},
+      {"payload_bytes past the limit", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, BH_FRAME_PAYLOAD_MAX + 1, 0, 0, P, -BH_E2BIG},
+      {"fd_count past the limit", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, P, 65, 0, P, -BH_EFDCOUNT},
+      {"payload too short for the block section", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, 8, 0, 0, 8, -BH_EBLOCKSEC},
+      {"no payload at all", BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, 0, 0, 0, 0, -BH_EBLOCKSEC},
   };
   uint8_t hdr[32];
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -758,7 +763,7 @@ TEST_IMPL(channel_bad_frames) {
     payload[12] = BH_TAG_NIL;
     bh_test_header(hdr, cases[k].magic, cases[k].version, cases[k].kind, 100 + k,
                    cases[k].flags, cases[k].payload_bytes, cases[k].fd_count,
-                   cases[k].reserved);
+                   cases[k].cpu);
     ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, cases[k].send_len, NULL, 0),
               32 + cases[k].send_len);
     bh_frame f;
@@ -768,7 +773,7 @@ TEST_IMPL(channel_bad_frames) {
   }
   /* Shorter than a header: 1, 10, 31 bytes. */
   static const size_t shorts[] = {1, 10, 31};
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, 3, 0, 0, 13, 0, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, 0, 13, 0, 0);
   for (size_t k = 0; k < 3; k++) {
     ASSERT_EQ(bh_test_raw_send(raw, hdr, shorts[k], NULL, 0, NULL, 0), shorts[k]);
     bh_frame f;
@@ -780,7 +785,7 @@ TEST_IMPL(channel_bad_frames) {
   size_t big = BH_FRAME_INLINE_MAX + 4096;
   uint8_t *junk = calloc(1, big);
   ASSERT_NOT_NULL(junk);
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, 3, 0, 0, (uint32_t)big, 0, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, 3, 0, 0, (uint32_t)big, 0, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, junk, big, NULL, 0), 32 + big);
   bh_frame f;
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_E2BIG);
@@ -823,7 +828,7 @@ TEST_IMPL(channel_bad_block_section) {
     size_t len = 12 + 4 * cases[k].words;
     payload[len++] = BH_TAG_NIL;
     uint8_t hdr[32];
-    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, k, 0, (uint32_t)len, 0, 0);
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, k, 0, (uint32_t)len, 0, 0);
     ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, len, NULL, 0), 32 + len);
     bh_frame f;
     ASSERT_RC(bh_test_recv(c, &f, 5000), cases[k].want);
@@ -848,7 +853,7 @@ TEST_IMPL(channel_bad_fds) {
   payload[12] = BH_TAG_NIL;
 
   /* Header says 1, no fds. */
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 1, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 1, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, NULL, 0), 45);
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
   bh_test_raw_good(raw, 1);
@@ -858,7 +863,7 @@ TEST_IMPL(channel_bad_fds) {
   int p[2];
   ASSERT_SYS(pipe2(p, O_CLOEXEC));
   int three[3] = {p[0], p[1], p[0]};
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 0, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 0, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, three, 1), 45);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, three, 3), 45);
   close(p[0]);
@@ -873,7 +878,7 @@ TEST_IMPL(channel_bad_fds) {
   /* Header and fds agree (2) but the section introduces none. */
   int m1 = make_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW, 1);
   int two[2] = {m1, m1};
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 2, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 2, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, two, 2), 45);
   close(m1);
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
@@ -886,7 +891,7 @@ TEST_IMPL(channel_bad_fds) {
   int many[100];
   ASSERT_SYS(pipe2(p, O_CLOEXEC));
   for (int i = 0; i < 100; i++) many[i] = p[i & 1];
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 13, 64, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 64, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, many, 100), 45);
   close(p[0]);
   close(p[1]);
@@ -924,7 +929,7 @@ TEST_IMPL(channel_bad_fds) {
     put_u32(sec + 12, 50 + (uint32_t)k);
     put_u64(sec + 16, intros[k].kind == 4 ? 0 : 8192);
     sec[24] = BH_TAG_NIL;
-    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 25, 1, 0);
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 25, 1, 0);
     ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, 25, &fd, 1), 57);
     close(fd);
     if (other >= 0) close(other);
@@ -945,7 +950,7 @@ TEST_IMPL(channel_bad_fds) {
     put_u32(sec + 12, 99);
     put_u64(sec + 16, 8192);
     sec[24] = BH_TAG_NIL;
-    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, 0, 25, 1, 0);
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 25, 1, 0);
     ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, 25, &fd, 1), 57);
     close(fd);
     if (round == 0) {
@@ -1014,7 +1019,7 @@ TEST_IMPL(channel_bad_spill) {
       if (cases[k].kind >= 4)
         ASSERT_SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE));
     }
-    bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 7, BH_FRAME_SPILLED, declared, 1, 0);
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 7, BH_FRAME_SPILLED, declared, 1, 0);
     ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, NULL, 0, &fd, 1), 32);
     close(fd);
     if (other >= 0) close(other);
@@ -1030,13 +1035,13 @@ TEST_IMPL(channel_bad_spill) {
     bh_test_expect_good(c, k);
   }
   /* SPILLED but no fd; SPILLED with inline bytes as well. */
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 0, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 0, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, NULL, 0, NULL, 0), 32);
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_ESHORT);
   int fd = make_memfd(13, 0, 1);
   ASSERT_EQ(pwrite(fd, payload, 13, 0), 13);
   ASSERT_SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE));
-  bh_test_header(hdr, BH_FRAME_MAGIC, 1, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 1, 0);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 1, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, &fd, 1), 45);
   close(fd);
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_ESHORT);

@@ -72,7 +72,7 @@ def test_config(tmp_path, host_worker, text, line, named):
 
 @pytest.mark.parametrize("what, named", [
     ("garbage", "BH_EMAGIC"), ("version", "BH_EVERSION"), ("kind", "BH_EKIND"),
-    ("reserved", "BH_EHEADER"), ("short", "BH_ESHORT"), ("oversized", "BH_E2BIG"),
+    ("cpu", "BH_EHEADER"), ("short", "BH_ESHORT"), ("oversized", "BH_E2BIG"),
     ("fdcount", "BH_EFDCOUNT"), ("badvalue", "BH_EBADTAG"), ("trailing", "BH_ETRAILING"),
     ("utf8", "BH_EUTF8"), ("overrun", "BH_EOVERRUN"), ("count", "BH_ECOUNT"),
     ("depth", "BH_EDEPTH"),
@@ -220,7 +220,7 @@ def test_foreign_uid_on_the_control_socket(tmp_path, host_worker, monkeypatch, c
                 try:
                     os.setuid(NOBODY)
                     body = struct.pack("<III", 0, 0, 0) + b"\x00"
-                    s.send(struct.pack("<IHHQIIII", 0x4B484C42, 1, 2, 1, 0, len(body), 0, 0) + body)
+                    s.send(struct.pack("<IHHQIIII", 0x4B484C42, _native.PROTOCOL_VERSION, 2, 1, 0, len(body), 0, 0) + body)
                 finally:
                     os._exit(0)
             os.waitpid(pid, 0)
@@ -320,7 +320,7 @@ def _wait_for(cond, timeout=10.0):
     (b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", "BH_EMAGIC"),
     (b"\x00" * 7, "BH_ESHORT"),
     (struct.pack("<IHHQIIII", 0x4B484C42, 9, 2, 1, 0, 0, 0, 0), "BH_EVERSION"),
-    (struct.pack("<IHHQIIII", 0x4B484C42, 1, 2, 1, 0, 13, 0, 0) + struct.pack("<III", 0, 0, 0) + b"\xee",
+    (struct.pack("<IHHQIIII", 0x4B484C42, _native.PROTOCOL_VERSION, 2, 1, 0, 13, 0, 0) + struct.pack("<III", 0, 0, 0) + b"\xee",
      "BH_EBADTAG"),
 ], ids=["http", "short", "version", "badvalue"])
 def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, caplog, garbage, named):

@@ -100,8 +100,10 @@ def describe(a):
             "zero_copy": type(base).__name__ == "Lease"}
 
 
-def _header(version=1, kind=3, req=0, flags=0, payload=0, fds=0, reserved=0, magic=0x4B484C42):
-    return struct.pack("<IHHQIIII", magic, version, kind, req, flags, payload, fds, reserved)
+def _header(version=None, kind=3, req=0, flags=0, payload=0, fds=0, cpu=0, magic=0x4B484C42):
+    if version is None:
+        from bulkhead._native import PROTOCOL_VERSION as version
+    return struct.pack("<IHHQIIII", magic, version, kind, req, flags, payload, fds, cpu)
 
 
 # Values that break the codec, each in an otherwise well-formed frame.
@@ -138,9 +140,9 @@ def send_raw(what):
         elif what in _VALUES:
             body = struct.pack("<III", 0, 0, 0) + _VALUES[what]
             s.send(_header(payload=len(body)) + body)
-        elif what == "reserved":
+        elif what == "cpu":  # the cpu hint past BH_FRAME_CPU_MAX
             body = struct.pack("<III", 0, 0, 0) + b"\x00"
-            s.send(_header(payload=len(body), reserved=1) + body)
+            s.send(_header(payload=len(body), cpu=65537) + body)
         elif what == "fdcount":
             body = struct.pack("<III", 0, 0, 0) + b"\x00"
             s.send(_header(payload=len(body), fds=2) + body)
