@@ -31,7 +31,6 @@ from ._rpc import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
 _CALL = _native.CALL
-_monotonic = time.monotonic
 
 
 class WorkerStartError(BulkheadError):
@@ -244,7 +243,6 @@ class Worker:
         self.frame_handlers = {}    # frame kind -> handler(value), shared with every generation's Peer
         self.env_hooks = []         # callables -> dict of variables, evaluated at each start
         self.busy = 0               # requests in flight (nested ones count)
-        self.last_used = time.monotonic()
         self.last_exit = None       # how the last generation ended, when it died unasked
         self._ref = weakref.ref(self)
         _live.add(self)
@@ -540,8 +538,7 @@ class Worker:
                 self._broken(f"{verb} {obj!r}", e)
             finally:
                 self.busy -= 1
-                self.last_used = _monotonic()
-                if chan.depth == 0 and (peer.exports or peer.pending_releases):
+                if (peer.exports or peer.pending_releases) and chan.depth == 0:
                     if peer.exports:
                         peer.exports.clear()
                     if peer.pending_releases and self._peer is peer:

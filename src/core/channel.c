@@ -227,7 +227,8 @@ static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, bh_block *
                           const uint32_t *retire, uint32_t n_retire, const uint8_t *value,
                           size_t value_len) {
   size_t sec_len = bh__section_len(n_intro, n_ret, n_retire);
-  uint8_t *sec = malloc(sec_len);
+  uint8_t small[256]; /* a frame without bookkeeping: no malloc */
+  uint8_t *sec = sec_len <= sizeof small ? small : malloc(sec_len);
   int fds[BH_FRAME_FDS_MAX];
   int spill_fd = -1, rc;
   if (!sec) return -ENOMEM;
@@ -256,7 +257,7 @@ static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, bh_block *
   rc = bh__sendmsg(c->fd, iov, iovcnt, fds, h.fd_count);
 out:
   if (spill_fd >= 0) bh__close(spill_fd);
-  free(sec);
+  if (sec != small) free(sec);
   return rc;
 }
 
@@ -264,7 +265,7 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
   if (!c || !m || !bh_kind_name(m->kind) || (m->n_blocks && !m->blocks)) return -EINVAL;
   bh_block **intro = NULL;
   uint32_t n_intro = 0, n_lent = 0;
-  uint32_t *notes = NULL, n_ret = 0, n_retire = 0;
+  uint32_t notes[2 * BH__NOTES_MAX], n_ret = 0, n_retire = 0; /* 8 KiB: no malloc per frame */
   int rc = 0;
   uint8_t *lent = NULL;
   if (m->n_blocks) {
@@ -288,11 +289,6 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
     lent[n_lent] = 1;
     if (needs_fd) intro[n_intro++] = m->blocks[n_lent];
   }
-  notes = malloc(2 * BH__NOTES_MAX * sizeof *notes);
-  if (!notes) {
-    rc = -ENOMEM;
-    goto rollback;
-  }
   bh__pool_take_notes(c->pool, notes, &n_ret, notes + BH__NOTES_MAX, &n_retire, BH__NOTES_MAX);
   /* Introductions beyond one frame's fds go first in BLOCKS frames. */
   uint32_t sent = 0, per = BH_FRAME_FDS_MAX - 1;
@@ -307,7 +303,6 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
   if (rc) goto rollback;
   free(intro);
   free(lent);
-  free(notes);
   return 0;
 rollback:
   /* The peer never saw these loans; give the references back.  Notes taken
@@ -317,7 +312,6 @@ rollback:
   for (uint32_t i = 0; i < n_intro; i++) intro[i]->peer_mapped = 0;
   free(intro);
   free(lent);
-  free(notes);
   return rc;
 }
 
@@ -328,21 +322,26 @@ static void bh__close_fds(int *fds, uint32_t n) {
     if (fds[i] > 2) bh__close(fds[i]);
 }
 
-/* Sets SO_RCVTIMEO so a blocking recvmsg wakes no later than the deadline;
- * a setting up to 1% + 1 ms earlier than needed is kept to save a syscall. */
+/* Whether an SO_RCVTIMEO of `have` ns (0: none) serves a wait of `want`
+ * ns (0: forever) without a setsockopt: it may wake up to 1% + 1 ms early
+ * (the wait then goes round once more) and at most 1 ms late.  A much
+ * shorter setting left by an earlier short wait is NOT kept: it would turn
+ * a long wait into a loop of early wake-ups. */
+int bh__rcvtimeo_keep(int64_t have, int64_t want) {
+  if (want == 0 || have == 0) return have == want;
+  return have <= want + 1000000 && have >= want - (want / 100 + 1000000);
+}
+
+/* Sets SO_RCVTIMEO so a blocking recvmsg wakes no later than about the
+ * deadline (see bh__rcvtimeo_keep). */
 static int bh__arm_timeout(bh_channel *c, int64_t deadline_ns) {
-  int64_t want;
-  if (deadline_ns < 0) {
-    want = 0;
-    if (c->rcvtimeo_ns == 0) return 0;
-  } else {
+  int64_t want = 0;
+  if (deadline_ns >= 0) {
     want = deadline_ns - bh_now_ns();
     if (want <= 0) return -ETIMEDOUT;
     if (want < 1000) want = 1000; /* 0 would mean forever */
-    if (c->rcvtimeo_ns > 0 && c->rcvtimeo_ns <= want) return 0;
-    if (c->rcvtimeo_ns > 0 && c->rcvtimeo_ns - want < want / 100 + 1000000 && c->rcvtimeo_ns < want)
-      return 0;
   }
+  if (bh__rcvtimeo_keep(c->rcvtimeo_ns, want)) return 0;
   struct timeval tv = {.tv_sec = want / 1000000000, .tv_usec = (want % 1000000000) / 1000};
   if (want && tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
   if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0) return -errno;

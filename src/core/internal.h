@@ -92,6 +92,8 @@ int bh__memfd_check(int fd, uint64_t size);
  * a non-empty payload and its fd last).  Copies the header into *h.
  * Returns 0, -BH_ESHORT, -BH_EFDCOUNT or a header code. */
 int bh__frame_check(const uint8_t *msg, size_t n, uint32_t n_fds, bh_frame_header *h);
+/* channel.c: whether SO_RCVTIMEO `have` ns serves a wait of `want` ns (0 = forever). */
+int bh__rcvtimeo_keep(int64_t have, int64_t want);
 
 /* A block section, parsed: the entries point into the payload. */
 typedef struct bh__section {

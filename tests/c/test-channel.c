@@ -11,6 +11,7 @@
  * started with.
  */
 #include "task.h"
+#include "src/core/internal.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -720,6 +721,27 @@ TEST_IMPL(channel_header_check) {
   /* The first problem wins: magic before version before kind. */
   x = h, x.magic = 0, x.version = 9, x.kind = 0;
   ASSERT_RC(bh_frame_header_check(&x), -BH_EMAGIC);
+  return 0;
+}
+
+/* Which SO_RCVTIMEO settings a wait keeps without a setsockopt. */
+TEST_IMPL(channel_rcvtimeo_keep) {
+  const int64_t MS = 1000000, S = 1000 * MS;
+  ASSERT(bh__rcvtimeo_keep(0, 0));            /* forever, set to forever */
+  ASSERT(!bh__rcvtimeo_keep(30 * S, 0));      /* forever needs the setting cleared */
+  ASSERT(!bh__rcvtimeo_keep(0, 30 * S));      /* a deadline needs a setting */
+  ASSERT(bh__rcvtimeo_keep(30 * S, 30 * S));
+  /* The idle loop re-arms ~30 s after every frame: what is left of the
+   * last setting is a little shorter or longer, and kept. */
+  ASSERT(bh__rcvtimeo_keep(30 * S - 5 * MS, 30 * S));
+  ASSERT(bh__rcvtimeo_keep(30 * S + MS / 2, 30 * S));
+  /* At most 1 ms late; at most 1% + 1 ms early. */
+  ASSERT(!bh__rcvtimeo_keep(30 * S + 2 * MS, 30 * S));
+  ASSERT(!bh__rcvtimeo_keep(29 * S, 30 * S));
+  /* A 1 us setting left by an almost-expired wait must not serve a 60 s
+   * wait: that would be 60 million early wake-ups. */
+  ASSERT(!bh__rcvtimeo_keep(1000, 60 * S));
+  ASSERT(!bh__rcvtimeo_keep(MS, 60 * S));
   return 0;
 }
 
