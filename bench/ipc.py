@@ -45,6 +45,7 @@ BIG = 64 * MIB
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pingpong", required=True, help="path to the pingpong baseline executable")
+    ap.add_argument("--coreecho", help="path to bench/coreecho (default: next to --pingpong)")
     ap.add_argument("--out", required=True, help="where to write the JSON report")
     ap.add_argument("--python", default=sys.executable,
                     help="worker interpreter (needs numpy; default: this one)")
@@ -92,20 +93,54 @@ def run_pingpong(exe, calls):
     return json.loads(out.stdout)
 
 
+def run_core(exe, calls):
+    """The C core's own round trip, same and cross CPU (bench/coreecho.c)."""
+    out = subprocess.run([exe, "pingpong", str(calls)], check=True, capture_output=True, text=True,
+                         timeout=120)
+    return json.loads(out.stdout)
+
+
+def binding_same_cpu(exe, calls):
+    """The Python host binding alone: chan.request(CALL, None) answered by
+    the C core's echo (no Python in the peer), both on one CPU."""
+    import socket
+    from bulkhead import _native
+    from bulkhead._rpc import Peer
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    p = subprocess.Popen([exe, "echo", str(b.fileno()), str(os.getpid())], pass_fds=[b.fileno()])
+    b.close()
+    orig = os.sched_getaffinity(0)
+    peer = Peer(describe="coreecho", outgoing=_native.CALL, resolve=None)
+    chan = _native.channel_open(a.detach(), peer, os.getuid(), p.pid, first_id=1)
+    peer.channel = chan
+    try:
+        cpu = two_cpus()[0]
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setaffinity(p.pid, {cpu})
+        return time_calls(chan.request, (_native.CALL, None, None), calls)
+    finally:
+        os.sched_setaffinity(0, orig)
+        chan.close()
+        p.wait(10)
+
+
 # --- bulkhead ---
 
-def time_calls(w, n, warm=2000):
-    call = w.call
+def time_calls(fn, args, n, warm=2000):
+    """Median (us) of fn(*args), timed one by one with the collector off."""
     for _ in range(warm):
-        call("operator:add", 1, 2)
+        fn(*args)
     ts = [0] * n
     clock = time.perf_counter_ns
     with NoGC():
         for i in range(n):
             t0 = clock()
-            call("operator:add", 1, 2)
+            fn(*args)
             ts[i] = clock() - t0
     return median(ts) / 1e3
+
+
+TRIVIAL = ("operator:add", 1, 2)
 
 
 def calls_by_placement(w, n):
@@ -113,20 +148,36 @@ def calls_by_placement(w, n):
     orig_host = os.sched_getaffinity(0)
     orig_worker = os.sched_getaffinity(w.pid)
     a, b = two_cpus()
-    out = {"call_median_us": time_calls(w, n)}
+    out = {"call_median_us": time_calls(w.call, TRIVIAL, n)}
     try:
         os.sched_setaffinity(0, {a})
         os.sched_setaffinity(w.pid, {a})
-        out["call_same_cpu_us"] = time_calls(w, n)
+        out["call_same_cpu_us"] = time_calls(w.call, TRIVIAL, n)
         if b is not None:
             os.sched_setaffinity(w.pid, {b})
-            out["call_cross_cpu_us"] = time_calls(w, n)
+            out["call_cross_cpu_us"] = time_calls(w.call, TRIVIAL, n)
         else:
             out["call_cross_cpu_us"] = None
     finally:
         os.sched_setaffinity(0, orig_host)
         os.sched_setaffinity(w.pid, orig_worker)
     return out
+
+
+def chan_same_cpu(w, n):
+    """The same trivial call below Worker.call: chan.request straight into
+    a Python worker, both on one CPU (what the host glue adds is the rest)."""
+    from bulkhead import _native
+    orig_host, orig_worker = os.sched_getaffinity(0), os.sched_getaffinity(w.pid)
+    args = (_native.CALL, (TRIVIAL[0], TRIVIAL[1:], {}), None)
+    try:
+        cpu = two_cpus()[0]
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setaffinity(w.pid, {cpu})
+        return time_calls(w._chan.request, args, n)
+    finally:
+        os.sched_setaffinity(0, orig_host)
+        os.sched_setaffinity(w.pid, orig_worker)
 
 
 def time_transfer(fn, reps, warm=3):
@@ -240,6 +291,10 @@ def table(r):
         ("call_ratio", r["call_ratio"], 1.3),
         ("call_ratio_same_cpu", r["call_ratio_same_cpu"], 1.3),
         ("call_ratio_cross_cpu", r["call_ratio_cross_cpu"], 1.3),
+        ("core_same_cpu_us", r.get("core_same_cpu_us"), None),
+        ("core_cross_cpu_us", r.get("core_cross_cpu_us"), None),
+        ("binding_same_cpu_us", r.get("binding_same_cpu_us"), None),
+        ("chan_same_cpu_us", r.get("chan_same_cpu_us"), None),
         ("memcpy_64m_ms", r["memcpy_64m_ms"], None),
         ("h2w_64m_ms", r["h2w_64m_ms"], None),
         ("w2h_64m_ms", r["w2h_64m_ms"], None),
@@ -285,6 +340,9 @@ def main(argv=None):
     t_start = time.monotonic()
     r = {}
     r.update(run_pingpong(args.pingpong, args.calls))
+    coreecho = args.coreecho or os.path.join(os.path.dirname(os.path.abspath(args.pingpong)), "coreecho")
+    r.update(run_core(coreecho, args.calls))
+    r["binding_same_cpu_us"] = binding_same_cpu(coreecho, args.calls)
 
     w = bulkhead.Worker(args.python, name="bench", env={"PYTHONPATH": HERE})
     try:
@@ -296,6 +354,7 @@ def main(argv=None):
             raise SystemExit(f"ipc.py: the worker interpreter {args.python} cannot import numpy "
                              f"({e.remote_type}: {e.remote_message}); pass --python with one that can")
         r.update(calls_by_placement(w, args.calls))
+        r["chan_same_cpu_us"] = chan_same_cpu(w, args.calls)
         r.update(transfers(w, args.reps))
         r["worker_pool"] = w.stats()
     finally:
