@@ -37,6 +37,7 @@
 
 #define BH__HDR ((size_t)sizeof(bh_frame_header))
 #define BH__NOTES_MAX 1024u
+#define BH__FLAT_MAX 1024u /* frames up to this size are sent with send(), copied flat */
 #define BH__CMSG_SPACE (CMSG_SPACE(sizeof(int) * BH_FRAME_FDS_MAX) + CMSG_SPACE(sizeof(struct ucred)))
 
 _Static_assert(sizeof(bh_frame_header) == 32, "frame header is 32 bytes");
@@ -204,8 +205,21 @@ static int bh__sendmsg(int fd, const struct iovec *iov, int iovcnt, const int *f
     cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
     memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
   }
+  /* A small frame without fds goes as one buffer through send(): the
+   * kernel's msghdr and iovec handling cost more than copying it here. */
+  char flat[BH__FLAT_MAX];
+  size_t total = 0;
+  for (int i = 0; i < iovcnt; i++) total += iov[i].iov_len;
+  int use_flat = !nfds && total <= sizeof flat;
+  if (use_flat) {
+    char *p = flat;
+    for (int i = 0; i < iovcnt; i++) {
+      if (iov[i].iov_len) memcpy(p, iov[i].iov_base, iov[i].iov_len);
+      p += iov[i].iov_len;
+    }
+  }
   for (;;) {
-    ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    ssize_t n = use_flat ? send(fd, flat, total, MSG_NOSIGNAL) : sendmsg(fd, &mh, MSG_NOSIGNAL);
     if (n >= 0) return 0;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return -ETIMEDOUT;
