@@ -266,6 +266,22 @@ static bh_ledger *ledger_enter(bh_ledger_obj *self) {
 
 static void ledger_exit(bh_ledger_obj *self) { self->busy--; }
 
+/* fn(l) without the GIL: None (or the count it returned, as_count), or
+ * NULL with the exception naming `what`. */
+static PyObject *ledger_call(bh_ledger_obj *self, int (*fn)(bh_ledger *), const char *what,
+                             int as_count) {
+  int rc;
+  bh_ledger *l = ledger_enter(self);
+  if (!l) return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  rc = fn(l);
+  Py_END_ALLOW_THREADS
+  ledger_exit(self);
+  if (rc < 0) return ledger_raise(self, rc, what);
+  if (as_count) return PyLong_FromLong(rc);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Ledger_close(PyObject *self_o, PyObject *unused) {
   (void)unused;
   bh_ledger_obj *self = (bh_ledger_obj *)self_o;
@@ -319,16 +335,7 @@ static PyObject *Ledger_join(PyObject *self_o, PyObject *args, PyObject *kw) {
 
 static PyObject *Ledger_leave(PyObject *self_o, PyObject *unused) {
   (void)unused;
-  bh_ledger_obj *self = (bh_ledger_obj *)self_o;
-  int rc;
-  bh_ledger *l = ledger_enter(self);
-  if (!l) return NULL;
-  Py_BEGIN_ALLOW_THREADS
-  rc = bh_ledger_leave(l);
-  Py_END_ALLOW_THREADS
-  ledger_exit(self);
-  if (rc < 0) return ledger_raise(self, rc, "ledger leave");
-  Py_RETURN_NONE;
+  return ledger_call((bh_ledger_obj *)self_o, bh_ledger_leave, "ledger leave", 0);
 }
 
 /* ------------------------------------------------------------- writers */
@@ -535,16 +542,7 @@ static PyObject *Ledger_resident(PyObject *self_o, PyObject *args) {
 
 static PyObject *Ledger_reap(PyObject *self_o, PyObject *unused) {
   (void)unused;
-  bh_ledger_obj *self = (bh_ledger_obj *)self_o;
-  int rc;
-  bh_ledger *l = ledger_enter(self);
-  if (!l) return NULL;
-  Py_BEGIN_ALLOW_THREADS
-  rc = bh_ledger_reap(l);
-  Py_END_ALLOW_THREADS
-  ledger_exit(self);
-  if (rc < 0) return ledger_raise(self, rc, "ledger reap");
-  return PyLong_FromLong(rc);
+  return ledger_call((bh_ledger_obj *)self_o, bh_ledger_reap, "ledger reap", 1);
 }
 
 #ifdef BH_TESTING
@@ -554,16 +552,7 @@ static PyObject *Ledger_reap(PyObject *self_o, PyObject *unused) {
  * wait: Timeout past it). */
 static PyObject *Ledger_test_lock(PyObject *self_o, PyObject *unused) {
   (void)unused;
-  bh_ledger_obj *self = (bh_ledger_obj *)self_o;
-  int rc;
-  bh_ledger *l = ledger_enter(self);
-  if (!l) return NULL;
-  Py_BEGIN_ALLOW_THREADS
-  rc = bh__ledger_lock(l);
-  Py_END_ALLOW_THREADS
-  ledger_exit(self);
-  if (rc < 0) return ledger_raise(self, rc, "ledger lock");
-  Py_RETURN_NONE;
+  return ledger_call((bh_ledger_obj *)self_o, bh__ledger_lock, "ledger lock", 0);
 }
 
 static PyObject *Ledger_test_unlock(PyObject *self_o, PyObject *unused) {

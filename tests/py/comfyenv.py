@@ -69,6 +69,18 @@ def emit(value):
     sys.stdout.write("\\n{mark}" + json.dumps(value) + "\\n")
     sys.stdout.flush()
 
+def load_custom_node(pack_dir):
+    # What ComfyUI's load_custom_node does: import the pack's directory as
+    # a module by its name.
+    import importlib.util
+    name = os.path.basename(pack_dir)
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(pack_dir, "__init__.py"), submodule_search_locations=[pack_dir])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
 '''
 
 

@@ -539,28 +539,19 @@ def _packs(tmp_path, names):
 
 
 HOST = '''
-import importlib.util, io, logging
+import io, logging
 buf = io.StringIO()
 logging.basicConfig(level=logging.WARNING, stream=buf, format="LOG %(message)s", force=True)
 import bulkhead
 from bulkhead import contract
 
-def load(pack_dir):
-    name = os.path.basename(pack_dir)
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(pack_dir, "__init__.py"), submodule_search_locations=[pack_dir])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 pids = []
 for pack in PACKS:
-    mod = load(pack)
+    mod = load_custom_node(pack)
     cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
     pids.append(getattr(cls(), cls.FUNCTION)()[0])
 first = contract._startup
-load(PACKS[0])
+load_custom_node(PACKS[0])
 emit(dict(me=os.getpid(), pids=pids, log=buf.getvalue(), once=contract._startup is first,
           memory=bulkhead.pack._memory is not None))
 '''

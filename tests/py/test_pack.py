@@ -52,17 +52,10 @@ def make_pack(root, name, config):
 
 def run_host(tmp_path, pack, body):
     code = f"""
-        import importlib.util, logging, warnings
+        import logging, warnings
         logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
         import bulkhead
-        def load(pack_dir):
-            name = os.path.basename(pack_dir)
-            spec = importlib.util.spec_from_file_location(
-                name, os.path.join(pack_dir, "__init__.py"), submodule_search_locations=[pack_dir])
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            return mod
+        load = load_custom_node
         PACK = {str(pack)!r}
     """
     code = textwrap.dedent(code) + textwrap.dedent(body)
