@@ -2,7 +2,8 @@
  * seeds.c -- writes the seed corpus of every fuzz target (make fuzz-seeds):
  *
  *   seeds OUTDIR      OUTDIR/<target>/<name> for codec, frame, ledger,
- *                     canary and ram (fuzz/corpus is what is committed)
+ *                     canary, ram and answer (fuzz/corpus is what is
+ *                     committed)
  *
  * The seeds are valid inputs made with the real encoders, so the fuzzers
  * start deep inside each format instead of at its first check:
@@ -26,6 +27,9 @@
  *           (written for this; no upstream code).
  *   ram     fixture trees (fuzz_ram.c's NUL-separated layout): cgroup v2,
  *           v1, hybrid, nested limits, none.
+ *   answer  what a host's control socket answers `bulkhead release`: a
+ *           receipt, an error, keys of the wrong types, extra nested keys,
+ *           a string longer than its field, not a map.
  *
  * Runs in a second and leaves nothing behind but the files it writes.
  */
@@ -495,6 +499,57 @@ static void ram_seeds(void) {
   ram_seed("no_mountinfo_escape", 3, MEMINFO "SwapTotal: 0 kB\n", SWAPS, "0::/../../w\n");
 }
 
+/* ----------------------------------------------------------------- answer */
+
+static void answer_seed(const char *name, bh_buf *b) {
+  CHECK(b->err == 0);
+  write_seed("answer", name, b->data, b->len);
+  bh_buf_free(b);
+}
+
+static void kv_int(bh_buf *b, const char *k, int64_t v) {
+  bh_enc_str(b, k, strlen(k));
+  bh_enc_int(b, v);
+}
+
+static void kv_str(bh_buf *b, const char *k, const char *v, size_t n) {
+  bh_enc_str(b, k, strlen(k));
+  bh_enc_str(b, v, n);
+}
+
+static void answer_seeds(void) {
+  bh_buf b;
+  bh_buf_init(&b);
+  bh_enc_map(&b, 5);
+  kv_int(&b, "worker_pid", 4242);
+  kv_str(&b, "pack", "packa", 5);
+  kv_int(&b, "before_bytes", 1 << 30);
+  kv_int(&b, "after_bytes", 1 << 20);
+  kv_int(&b, "freed_bytes", (1 << 30) - (1 << 20));
+  answer_seed("receipt", &b);
+  bh_buf_init(&b);
+  bh_enc_map(&b, 3);
+  kv_str(&b, "type", "LookupError", 11);
+  kv_str(&b, "message", "no worker with pid 7 in this host", 33);
+  kv_str(&b, "traceback", "Traceback (most recent call last):\n", 35);
+  answer_seed("error", &b);
+  bh_buf_init(&b); /* the right keys with the wrong types, and a nested value */
+  bh_enc_map(&b, 4);
+  kv_str(&b, "worker_pid", "12", 2);
+  bh_enc_str(&b, "pack", 4), bh_enc_int(&b, 7);
+  bh_enc_str(&b, "extra", 5), bh_enc_list(&b, 2), bh_enc_map(&b, 1), kv_int(&b, "x", 1), bh_enc_nil(&b);
+  bh_enc_int(&b, 5), bh_enc_str(&b, "int key", 7);
+  answer_seed("wrong_types", &b);
+  static char long_msg[3000];
+  memset(long_msg, 'm', sizeof long_msg);
+  bh_buf_init(&b);
+  bh_enc_map(&b, 1);
+  kv_str(&b, "message", long_msg, sizeof long_msg);
+  answer_seed("message_too_long", &b);
+  bh_buf_init(&b), bh_enc_list(&b, 0), answer_seed("not_a_map", &b);
+  bh_buf_init(&b), bh_enc_map(&b, 0), answer_seed("empty_map", &b);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: seeds OUTDIR\n");
@@ -507,5 +562,6 @@ int main(int argc, char **argv) {
   ledger_seeds();
   canary_seeds();
   ram_seeds();
+  answer_seeds();
   return 0;
 }

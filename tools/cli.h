@@ -94,6 +94,21 @@ unsigned bh_cli_line_clip(bh_buf *b, size_t start, unsigned cols);
  * whole == 0 gives all '.'.  dst gets width + 1 bytes. */
 void bh_cli_bar(char *dst, uint64_t part, uint64_t whole, unsigned width);
 
+/* What a host's control socket answered to `release` (its RESULT or ERROR
+ * map); absent fields stay as the caller set them. */
+typedef struct bh_cli_answer {
+  int64_t worker_pid, before_bytes, after_bytes, freed_bytes;
+  char pack[BH_LEDGER_PACK_MAX];
+  char type[128], message[2048];
+} bh_cli_answer;
+
+/* Reads an encoded answer (any value the peer sent) into *a: the whole
+ * value is validated first, then a map's known keys are taken (ints and
+ * strings; strings clipped to their fields, always NUL-terminated), every
+ * other key and value skipped.  Returns 0, -BH_EBADTAG when the value is
+ * not a map, or the decoder's BH_E* code.  Total: any bytes are safe. */
+int bh_cli_answer_read(const uint8_t *p, size_t n, bh_cli_answer *a);
+
 /* ---------------------------------------------------------- status.c */
 
 /* One device's capacity as the probes read it now. */

@@ -41,13 +41,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* What the host's RESULT or ERROR said. */
-typedef struct bh__answer {
-  int64_t worker_pid, before_bytes, after_bytes, freed_bytes;
-  char pack[BH_LEDGER_PACK_MAX];
-  char type[128], message[2048];
-} bh__answer;
-
 /* ------------------------------------------------------ finding it */
 
 /* "pack-a (pid 12, host 10), ..." for error messages. */
@@ -184,62 +177,9 @@ static int bh__connect(const char *path, int64_t deadline_ns) {
   return fd;
 }
 
-/* -------------------------------------------------------- the answer */
-
-/* Steps over the rest of a value whose first item is `it`. */
-static int bh__skip(bh_reader *r, const bh_item *it) {
-  uint64_t n = it->tag == BH_TAG_MAP ? 2ull * it->u.count
-             : (it->tag == BH_TAG_LIST || it->tag == BH_TAG_TUPLE) ? it->u.count : 0;
-  for (uint64_t i = 0; i < n; i++) {
-    bh_item sub;
-    int rc = bh_dec_next(r, &sub);
-    if (rc < 0 || (rc = bh__skip(r, &sub)) < 0) return rc;
-  }
-  return 0;
-}
-
-static void bh__copy_str(char *dst, size_t len, const bh_item *it) {
-  size_t n = it->u.s.n < len - 1 ? it->u.s.n : len - 1;
-  memcpy(dst, it->u.s.p, n);
-  dst[n] = 0;
-}
-
-/* Reads a RESULT or ERROR map into *a.  Returns 0 or a BH_E* code. */
-static int bh__read_answer(const uint8_t *p, size_t n, bh__answer *a) {
-  bh_reader r;
-  bh_item it, key, val;
-  int rc = bh_dec_validate(p, n, BH_MAX_DEPTH);
-  if (rc < 0) return rc;
-  bh_reader_init(&r, p, n);
-  if ((rc = bh_dec_next(&r, &it)) < 0) return rc;
-  if (it.tag != BH_TAG_MAP) return -BH_EBADTAG;
-  for (uint32_t i = 0; i < it.u.count; i++) {
-    if ((rc = bh_dec_next(&r, &key)) < 0 || (rc = bh__skip(&r, &key)) < 0) return rc;
-    if ((rc = bh_dec_next(&r, &val)) < 0) return rc;
-    if (key.tag == BH_TAG_STR) {
-      const char *k = (const char *)key.u.s.p;
-      size_t kn = key.u.s.n;
-#define BH__KEY(name) (kn == sizeof(name) - 1 && memcmp(k, name, kn) == 0)
-      if (val.tag == BH_TAG_INT) {
-        if (BH__KEY("worker_pid")) a->worker_pid = val.u.i;
-        else if (BH__KEY("before_bytes")) a->before_bytes = val.u.i;
-        else if (BH__KEY("after_bytes")) a->after_bytes = val.u.i;
-        else if (BH__KEY("freed_bytes")) a->freed_bytes = val.u.i;
-      } else if (val.tag == BH_TAG_STR) {
-        if (BH__KEY("pack")) bh__copy_str(a->pack, sizeof a->pack, &val);
-        else if (BH__KEY("type")) bh__copy_str(a->type, sizeof a->type, &val);
-        else if (BH__KEY("message")) bh__copy_str(a->message, sizeof a->message, &val);
-      }
-#undef BH__KEY
-    }
-    if ((rc = bh__skip(&r, &val)) < 0) return rc;
-  }
-  return 0;
-}
-
 /* Asks the host; fills *a.  Returns an exit code (messages printed). */
 static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, double timeout_s,
-                   bh__answer *a, int *is_error) {
+                   bh_cli_answer *a, int *is_error) {
   char paths[2][sizeof(((struct sockaddr_un *)0)->sun_path)];
   bh_channel *c = NULL;
   bh_buf req;
@@ -306,7 +246,7 @@ static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, do
     }
     if ((f.h.kind == BH_KIND_RESULT || f.h.kind == BH_KIND_ERROR) && f.h.request_id == 1) {
       *is_error = f.h.kind == BH_KIND_ERROR;
-      rc = bh__read_answer(f.value, f.value_len, a);
+      rc = bh_cli_answer_read(f.value, f.value_len, a);
       bh_channel_frame_done(c, &f);
       if (rc < 0) {
         fprintf(stderr, "bulkhead release: host %d sent a malformed answer: %s\n", (int)host, bh_strerror(rc));
@@ -338,7 +278,7 @@ int bh_cli_release_main(int argc, char **argv) {
   uint64_t nbytes = 0;
   int with_bytes = 0, json = 0, c, code, is_error = 0;
   bh_cli_snap snap;
-  bh__answer a;
+  bh_cli_answer a;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
     if (c == 'h') return bh_cli_usage(stdout, "release", BH_CLI_EXIT_OK);

@@ -1,7 +1,8 @@
 /*
  * text.c -- the `bulkhead` command's pure helpers: byte sizes parsed
  * ("1.5GiB") and printed ("512.0 MiB"), seconds, idle times, JSON string
- * literals, and text made safe and narrow enough for a terminal.
+ * literals, text made safe and narrow enough for a terminal, and the
+ * answer a host's control socket sends `release` decoded.
  *
  * Nothing here does I/O or reads a clock, so tests/c/test-cli.c drives
  * every function with tables.  Two kinds of untrusted text pass through:
@@ -10,7 +11,9 @@
  * could choke on (and replaces bytes that are not UTF-8: a JSON document
  * must be valid Unicode), and terminal output replaces every control
  * character (C0, DEL and C1: ESC or 0x9b in a pack name must not move the
- * cursor or retitle the window).
+ * cursor or retitle the window).  The answer comes from any process that
+ * can listen on a host's control socket path, so its reader is total on
+ * any bytes (fuzz/fuzz_answer.c).
  */
 #include "cli.h"
 
@@ -283,4 +286,56 @@ void bh_cli_bar(char *dst, uint64_t part, uint64_t whole, unsigned width) {
   memset(dst, '|', fill);
   memset(dst + fill, '.', width - fill);
   dst[width] = 0;
+}
+
+/* ------------------------------------------------- a host's answer */
+
+/* Steps over the rest of a value whose first item is `it`. */
+static int bh__answer_skip(bh_reader *r, const bh_item *it) {
+  uint64_t n = it->tag == BH_TAG_MAP ? 2ull * it->u.count
+             : (it->tag == BH_TAG_LIST || it->tag == BH_TAG_TUPLE) ? it->u.count : 0;
+  for (uint64_t i = 0; i < n; i++) {
+    bh_item sub;
+    int rc = bh_dec_next(r, &sub);
+    if (rc < 0 || (rc = bh__answer_skip(r, &sub)) < 0) return rc;
+  }
+  return 0;
+}
+
+static void bh__answer_str(char *dst, size_t len, const bh_item *it) {
+  size_t n = it->u.s.n < len - 1 ? it->u.s.n : len - 1;
+  memcpy(dst, it->u.s.p, n);
+  dst[n] = 0;
+}
+
+int bh_cli_answer_read(const uint8_t *p, size_t n, bh_cli_answer *a) {
+  bh_reader r;
+  bh_item it, key, val;
+  int rc = bh_dec_validate(p, n, BH_MAX_DEPTH);
+  if (rc < 0) return rc;
+  bh_reader_init(&r, p, n);
+  if ((rc = bh_dec_next(&r, &it)) < 0) return rc;
+  if (it.tag != BH_TAG_MAP) return -BH_EBADTAG;
+  for (uint32_t i = 0; i < it.u.count; i++) {
+    if ((rc = bh_dec_next(&r, &key)) < 0 || (rc = bh__answer_skip(&r, &key)) < 0) return rc;
+    if ((rc = bh_dec_next(&r, &val)) < 0) return rc;
+    if (key.tag == BH_TAG_STR) {
+      const char *k = (const char *)key.u.s.p;
+      size_t kn = key.u.s.n;
+#define BH__KEY(name) (kn == sizeof(name) - 1 && memcmp(k, name, kn) == 0)
+      if (val.tag == BH_TAG_INT) {
+        if (BH__KEY("worker_pid")) a->worker_pid = val.u.i;
+        else if (BH__KEY("before_bytes")) a->before_bytes = val.u.i;
+        else if (BH__KEY("after_bytes")) a->after_bytes = val.u.i;
+        else if (BH__KEY("freed_bytes")) a->freed_bytes = val.u.i;
+      } else if (val.tag == BH_TAG_STR) {
+        if (BH__KEY("pack")) bh__answer_str(a->pack, sizeof a->pack, &val);
+        else if (BH__KEY("type")) bh__answer_str(a->type, sizeof a->type, &val);
+        else if (BH__KEY("message")) bh__answer_str(a->message, sizeof a->message, &val);
+      }
+#undef BH__KEY
+    }
+    if ((rc = bh__answer_skip(&r, &val)) < 0) return rc;
+  }
+  return 0;
 }

@@ -1,8 +1,8 @@
 /*
  * test-cli.c -- the `bulkhead` command's pure helpers (tools/text.c):
  * byte sizes both ways, seconds and idle times, JSON string literals for
- * names with quotes, control characters and broken UTF-8, and text made
- * safe and narrow for a terminal.  Each is a table; the command itself is
+ * names with quotes, control characters and broken UTF-8, text made safe
+ * and narrow for a terminal, and a host's answer to `release` decoded.  Each is a table; the command itself is
  * driven end to end by tests/py/test_cli.py.
  */
 #include "task.h"
@@ -252,6 +252,57 @@ TEST_IMPL(cli_appendf_grows) {
   big[sizeof big - 1] = 0;
   ASSERT_OK(bh_cli_appendf(&b, "%s", big));
   ASSERT_EQ(b.len, 5000 + sizeof big - 1);
+  bh_buf_free(&b);
+  return 0;
+}
+
+/* A host's answer to `release`: the fields taken, the rest left alone. */
+TEST_IMPL(cli_answer_read) {
+  bh_buf b;
+  bh_cli_answer a;
+  /* A receipt, with a key the reader does not know (skipped, nested). */
+  bh_buf_init(&b);
+  bh_enc_map(&b, 4);
+  bh_enc_str(&b, "worker_pid", 10), bh_enc_int(&b, 4242);
+  bh_enc_str(&b, "extra", 5), bh_enc_list(&b, 1), bh_enc_map(&b, 1);
+  bh_enc_str(&b, "freed_bytes", 11), bh_enc_int(&b, 1);
+  bh_enc_str(&b, "pack", 4), bh_enc_str(&b, "packa", 5);
+  bh_enc_str(&b, "freed_bytes", 11), bh_enc_int(&b, 1048576);
+  ASSERT_EQ(b.err, 0);
+  memset(&a, 0, sizeof a);
+  a.before_bytes = -7;
+  ASSERT_OK(bh_cli_answer_read(b.data, b.len, &a));
+  ASSERT_EQ(a.worker_pid, 4242);
+  ASSERT_EQ(a.freed_bytes, 1048576); /* not the nested one */
+  ASSERT_STR_EQ(a.pack, "packa");
+  ASSERT_EQ(a.before_bytes, -7); /* absent: as the caller set it */
+  /* Cut anywhere, it is refused before anything is taken. */
+  for (size_t n = 0; n < b.len; n++) {
+    memset(&a, 0, sizeof a);
+    ASSERT(bh_cli_answer_read(b.data, n, &a) < 0);
+    ASSERT_EQ(a.worker_pid, 0);
+  }
+  bh_buf_free(&b);
+  /* A message longer than its field is clipped and terminated; keys of the
+   * wrong type are ignored. */
+  char msg[3000];
+  memset(msg, 'm', sizeof msg);
+  bh_buf_init(&b);
+  bh_enc_map(&b, 3);
+  bh_enc_str(&b, "message", 7), bh_enc_str(&b, msg, sizeof msg);
+  bh_enc_str(&b, "worker_pid", 10), bh_enc_str(&b, "12", 2);
+  bh_enc_int(&b, 5), bh_enc_str(&b, "type", 4);
+  ASSERT_EQ(b.err, 0);
+  memset(&a, 0, sizeof a);
+  ASSERT_OK(bh_cli_answer_read(b.data, b.len, &a));
+  ASSERT_EQ(strlen(a.message), sizeof a.message - 1);
+  ASSERT_EQ(a.worker_pid, 0);
+  ASSERT_STR_EQ(a.type, "");
+  bh_buf_free(&b);
+  /* Not a map. */
+  bh_buf_init(&b);
+  bh_enc_list(&b, 0);
+  ASSERT_RC(bh_cli_answer_read(b.data, b.len, &a), -BH_EBADTAG);
   bh_buf_free(&b);
   return 0;
 }

@@ -14,6 +14,7 @@
 
 #include "bulkhead/ledger.h"
 #include "canary.h"
+#include "cli.h"
 #include "src/core/internal.h"
 
 #include <dirent.h>
@@ -140,12 +141,21 @@ static void replay_canary(const uint8_t *p, size_t n) {
   bh_canary_report_free(r);
 }
 
+static void replay_answer(const uint8_t *p, size_t n) {
+  bh_cli_answer a;
+  memset(&a, 0, sizeof a);
+  int rc = bh_cli_answer_read(p, n, &a);
+  ASSERT(rc <= 0);
+  ASSERT(memchr(a.message, 0, sizeof a.message) != NULL);
+}
+
 TEST_IMPL(fuzz_corpus_replay) {
   int fds0 = bh_test_fd_count();
   ASSERT_GT(replay("codec", replay_value), 10);
   ASSERT_GT(replay("frame", replay_frame), 10);
   ASSERT_GT(replay("ledger", replay_ledger), 3);
   ASSERT_GT(replay("canary", replay_canary), 2);
+  ASSERT_GT(replay("answer", replay_answer), 3);
   ASSERT_FD_COUNT(fds0);
   return 0;
 }

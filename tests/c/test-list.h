@@ -125,6 +125,7 @@ TEST_DECLARE(cli_json_escaping)
 TEST_DECLARE(cli_text_fit)
 TEST_DECLARE(cli_line_clip_and_bar)
 TEST_DECLARE(cli_appendf_grows)
+TEST_DECLARE(cli_answer_read)
 TEST_DECLARE(canary_tokenize_basics)
 TEST_DECLARE(canary_direct_model_access)
 TEST_DECLARE(canary_alias_through_local)
@@ -272,6 +273,7 @@ TASK_LIST_START
   TEST_ENTRY(cli_text_fit)
   TEST_ENTRY(cli_line_clip_and_bar)
   TEST_ENTRY(cli_appendf_grows)
+  TEST_ENTRY(cli_answer_read)
 
 
   TEST_ENTRY(canary_tokenize_basics)

@@ -1,0 +1,32 @@
+/*
+ * fuzz_answer.c -- the reader of a host's answer to `bulkhead release`
+ * (bh_cli_answer_read, tools/text.c) on arbitrary bytes.
+ *
+ * The answer is the value of a RESULT or ERROR frame from a host's control
+ * socket: bytes another process chose.  Checked on every input: the reader
+ * returns 0 or a negative BH_E* code (0 only when the whole input is one
+ * valid value, a map); the strings it fills stay NUL-terminated inside
+ * their fields; fields the value did not name keep what the caller set.
+ */
+#include "fuzz.h"
+#include "cli.h"
+
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  bh_cli_answer a;
+  memset(&a, 0x5a, sizeof a);
+  a.pack[0] = a.type[0] = a.message[0] = 0;
+  a.pack[sizeof a.pack - 1] = a.type[sizeof a.type - 1] = a.message[sizeof a.message - 1] = 0;
+  int64_t unset;
+  memset(&unset, 0x5a, sizeof unset);
+  int rc = bh_cli_answer_read(data, size, &a);
+  FUZZ_CHECK(rc <= 0);
+  if (rc == 0) FUZZ_CHECK(bh_dec_validate(data, size, BH_MAX_DEPTH) == 0);
+  FUZZ_CHECK(memchr(a.pack, 0, sizeof a.pack) != NULL);
+  FUZZ_CHECK(memchr(a.type, 0, sizeof a.type) != NULL);
+  FUZZ_CHECK(memchr(a.message, 0, sizeof a.message) != NULL);
+  if (rc < 0 && bh_dec_validate(data, size, BH_MAX_DEPTH) < 0)
+    FUZZ_CHECK(a.worker_pid == unset && a.freed_bytes == unset); /* nothing taken from a bad value */
+  return 0;
+}
