@@ -134,7 +134,7 @@
 #define BH__SPINS_BUSY 4
 #define BH__SPINS_YIELD 4
 #endif
-#define BH__OPEN_TRIES 32        /* opens that found the file unlinked */
+#define BH__OPEN_TRIES 64        /* opens that found the file unlinked (backing off) */
 #define BH__LOCK_WAIT_MS 2000    /* most a caller waits for the segment's mutex */
 
 enum { BH__FREE = 0, BH__LIVE = 1 };
@@ -585,7 +585,17 @@ int bh_ledger_open(bh_ledger **out, const char *path) {
   atomic_init(&l->joined_pid, 0);
   atomic_init(&l->slot, -1);
   rc = 1;
-  for (int i = 0; i < BH__OPEN_TRIES && rc == 1; i++) rc = bh__attach(l);
+  for (int i = 0; i < BH__OPEN_TRIES && rc == 1; i++) {
+    /* Lost to a closer that unlinked the file first: others opening and
+     * closing in a tight loop can win again and again, so each retry waits
+     * a little longer (up to 1 ms, ~40 ms in all), staggered by pid. */
+    if (i) {
+      long us = (i < 10 ? 1L << i : 1000) + (long)(getpid() % 97);
+      struct timespec ts = {0, us * 1000};
+      nanosleep(&ts, NULL);
+    }
+    rc = bh__attach(l);
+  }
   if (rc == 1) rc = -EAGAIN;
   if (rc < 0) goto err;
   pthread_mutex_init(&l->wmu, NULL);
