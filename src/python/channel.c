@@ -156,9 +156,11 @@ static int chan_send_then(bh_chan_obj *self, int kind, uint64_t req, PyObject *v
   bh_msg m = {.kind = (uint16_t)kind, .request_id = req, .value = e.buf.data,
               .value_len = e.buf.len, .blocks = e.blocks, .n_blocks = e.n_blocks};
   int rc, rrc = 0;
+  /* Not when a nested wait stashed a reply: the wait must find it first. */
+  int recv_too = then && then->f && PyDict_Size(self->stash) == 0;
   Py_BEGIN_ALLOW_THREADS
   rc = bh_channel_send(c, &m);
-  if (rc == 0 && then && then->f) {
+  if (rc == 0 && recv_too) {
     int64_t deadline = then->idle_ns >= 0 ? bh_now_ns() + then->idle_ns : then->deadline;
     rrc = bh_channel_recv(c, then->f, deadline);
   }
@@ -175,7 +177,7 @@ static int chan_send_then(bh_chan_obj *self, int kind, uint64_t req, PyObject *v
     bh_py_raise(chan_state(self), rc, "send");
     return -1;
   }
-  if (then && then->f) then->rc = rrc, then->got = 1;
+  if (recv_too) then->rc = rrc, then->got = 1;
   return 0;
 }
 
