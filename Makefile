@@ -40,6 +40,12 @@ $(VENV)/.stamp-aiohttp: $(VENV)/.stamp
 	$(VPY) -c 'import aiohttp' 2>/dev/null || $(VPY) -m pip install -q aiohttp
 	touch $@
 
+# comfy-aimdo (ComfyUI's dynamic pager; no dependencies): the pager test
+# judges the real package's call signatures (tests/py/test_pager.py).
+$(VENV)/.stamp-aimdo: $(VENV)/.stamp
+	$(VPY) -c 'import comfy_aimdo.control' 2>/dev/null || $(VPY) -m pip install -q comfy-aimdo==0.6.0
+	touch $@
+
 # Debian's chromium for the panel test (tests/py/test_panel.py), installed
 # only when absent; where it cannot be (not root, no network) the test skips
 # and says so.
@@ -107,14 +113,14 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
-check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp chromium
+check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo chromium
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q tests/py $(PYTEST_FLAGS)
 
 # The Python tests once more with the extension built under ASan+UBSan; the
 # runtime is preloaded into the host and, through the environment, every
 # worker.  Leak checking is off: CPython itself does not free at exit.
-check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp chromium
+check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo chromium
 	BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
