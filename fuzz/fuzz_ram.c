@@ -5,12 +5,12 @@
  * bh_ram_read reads every file below a root directory argument, so an
  * input becomes a fixture tree (in a private directory under $TMPDIR or
  * /tmp, removed at exit): the input is split at NUL bytes (no file of
- * these may hold one) into up to ten pieces,
+ * these may hold one) into up to eleven pieces,
  *
  *   0 proc/meminfo          4 leaf limit     7 root limit
  *   1 proc/swaps            5 leaf usage     8 root usage
  *   2 proc/self/cgroup      6 leaf stat      9 root stat
- *   3 proc/self/mountinfo
+ *   3 proc/self/mountinfo                   10 proc/zoneinfo
  *
  * where "leaf" is the cgroup /w and "root" the hierarchy's root, each
  * written under both the v2 default mount (sys/fs/cgroup: memory.max,
@@ -21,8 +21,9 @@
  *
  * Checked: the documented return codes, an error message naming the file
  * with every -BH_ECGROUP, and for a reading: valid, available <= total,
- * the total no more than meminfo's, the available no more than meminfo's,
- * the cgroup figures zero unless limited.
+ * the total no more than meminfo's, the available no more than meminfo's
+ * plus the per-CPU lists' (zero unless zoneinfo was read), the cgroup
+ * figures zero unless limited.
  */
 #include "fuzz.h"
 #include "bulkhead/probe.h"
@@ -34,7 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define PIECES 10
+#define PIECES 11
 
 static const char *const files[PIECES][2] = {
     {"proc/meminfo", NULL},
@@ -47,6 +48,7 @@ static const char *const files[PIECES][2] = {
     {"sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes"},
     {"sys/fs/cgroup/memory.current", "sys/fs/cgroup/memory/memory.usage_in_bytes"},
     {"sys/fs/cgroup/memory.stat", "sys/fs/cgroup/memory/memory.stat"},
+    {"proc/zoneinfo", NULL},
 };
 
 static char root[256];
@@ -137,7 +139,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FUZZ_CHECK(rc == 0 && r.valid == 1);
   FUZZ_CHECK(r.available_bytes <= r.total_bytes);
   FUZZ_CHECK(r.total_bytes <= r.meminfo_total_bytes);
-  FUZZ_CHECK(r.available_bytes <= r.meminfo_available_bytes);
+  FUZZ_CHECK(r.pcp_valid == 1 || r.pcp_free_bytes == 0);
+  uint64_t host = r.meminfo_available_bytes + r.pcp_free_bytes;
+  if (host < r.pcp_free_bytes) host = UINT64_MAX;
+  FUZZ_CHECK(r.available_bytes <= host);
   FUZZ_CHECK(r.cgroup_version >= 0 && r.cgroup_version <= 2);
   if (!r.limited)
     FUZZ_CHECK(r.cgroup_limit_bytes == 0 && r.cgroup_current_bytes == 0 &&

@@ -26,7 +26,7 @@
  *   canary  small Python sources in the shapes the canary looks for
  *           (written for this; no upstream code).
  *   ram     fixture trees (fuzz_ram.c's NUL-separated layout): cgroup v2,
- *           v1, hybrid, nested limits, none.
+ *           v1, hybrid, nested limits, none, per-CPU lists in zoneinfo.
  *   answer  what a host's control socket answers `bulkhead release`: a
  *           receipt, an error, keys of the wrong types, extra nested keys,
  *           a string longer than its field, not a map.
@@ -497,6 +497,10 @@ static void ram_seeds(void) {
   ram_seed("hybrid", 4, MEMINFO, SWAPS, "12:pids:/w\n4:memory:/w\n0::/w\n",
            MOUNT_V2 MOUNT_V1);
   ram_seed("no_mountinfo_escape", 3, MEMINFO "SwapTotal: 0 kB\n", SWAPS, "0::/../../w\n");
+  ram_seed("pcp_lists", 11, MEMINFO, SWAPS, "0::/w\n", MOUNT_V2, "max\n", "1\n", "", "", "", "",
+           "Node 0, zone   Normal\n  pagesets\n    cpu: 0\n              count: 195696\n"
+           "              high:  196014\n              batch: 63\n    cpu: 1\n"
+           "              count: 9147\n");
 }
 
 /* ----------------------------------------------------------------- answer */

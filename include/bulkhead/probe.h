@@ -22,6 +22,9 @@
  * clamped by what the tightest cgroup level (this process's cgroup or any
  * ancestor) still allows.
  *
+ * MemAvailable leaves out the free pages parked on per-CPU lists, which
+ * /proc/zoneinfo shows; they are added back before the clamp.
+ *
  * Readings carry a `valid` flag; a failed read leaves valid == 0 and
  * returns a negative code.  No magic values.
  */
@@ -191,11 +194,20 @@ typedef struct bh_ram_reading {
   uint64_t cgroup_reclaimable_bytes; /* inactive_file (v1: total_inactive_file) */
   /* Sum of the sizes in /proc/swaps (0 without the file). */
   uint64_t swap_total_bytes;
+  /* Free pages parked on the kernel's per-CPU lists ("count:" of every
+   * pageset in /proc/zoneinfo): free and handed out first, but outside
+   * MemAvailable.  Since Linux 6.7 a list grows to hundreds of MiB after an
+   * allocation burst, so pages a process just freed can stay there for
+   * minutes.  Counted in available_bytes; pcp_valid is 0 (and the figure 0)
+   * where zoneinfo could not be read. */
+  int pcp_valid;
+  uint64_t pcp_free_bytes;
 } bh_ram_reading;
 
 /* Reads RAM as seen by this process, every file below `root` (NULL or "/":
  * the real system).  Files read: proc/meminfo (required), proc/swaps,
- * proc/self/cgroup, proc/self/mountinfo (to find the controller's mount;
+ * proc/zoneinfo (optional: unreadable, it adds nothing; lines it cannot
+ * read are skipped), proc/self/cgroup, proc/self/mountinfo (to find the controller's mount;
  * /sys/fs/cgroup or /sys/fs/cgroup/memory without it), and per level of the
  * cgroup path, leaf to root, v2: memory.max, memory.current, memory.stat;
  * v1: memory.limit_in_bytes, memory.usage_in_bytes, memory.stat.  A level

@@ -3,7 +3,10 @@
  * cgroup's limit, and the swap total.
  *
  * Design.  A reading is MemAvailable (MemTotal for the total) from
- * /proc/meminfo, clamped by every level of this process's memory cgroup:
+ * /proc/meminfo, plus the free pages parked on the kernel's per-CPU lists
+ * (/proc/zoneinfo's pagesets: free, but not in MemAvailable; since Linux
+ * 6.7 such a list can hold hundreds of MiB that a process has just freed,
+ * for minutes), clamped by every level of this process's memory cgroup:
  * the leaf named in /proc/self/cgroup and each ancestor up to the
  * hierarchy's root, because a parent's limit binds its children too and
  * the tightest level wins.  At one level, what is still available is
@@ -284,6 +287,36 @@ static int bh__read_swaps(bh__ram_ctx *c, uint64_t *total) {
 done:
   free(text);
   return rc;
+}
+
+/* ---- /proc/zoneinfo: free pages on per-CPU lists ---- */
+
+/* Sums "count:" over every pageset (one per CPU per zone).  Optional and
+ * best effort: a missing, unreadable or odd file adds nothing (*valid 0),
+ * and a line that does not parse is skipped. */
+static void bh__read_pcp(bh__ram_ctx *c, uint64_t *bytes, int *valid) {
+  char path[PATH_MAX], *text = NULL;
+  *bytes = 0;
+  *valid = 0;
+  if (bh__ram_path(c, path, "/proc/zoneinfo", "") < 0) return;
+  bh__ram_ctx quiet = *c; /* an odd zoneinfo is no error to report */
+  quiet.err = NULL;
+  if (bh__ram_slurp(&quiet, path, &text) < 0) return;
+  long page = sysconf(_SC_PAGESIZE);
+  uint64_t pages = 0;
+  const char *p = text, *line;
+  size_t n;
+  while (bh__line(&p, &line, &n)) {
+    size_t i = 0;
+    while (i < n && bh__is_blank(line[i])) i++;
+    uint64_t v;
+    if (n - i > 6 && memcmp(line + i, "count:", 6) == 0 && bh__u64(line + i + 6, n - i - 6, &v))
+      pages = v > UINT64_MAX - pages ? UINT64_MAX : pages + v;
+  }
+  free(text);
+  if (page <= 0) return;
+  *bytes = pages > UINT64_MAX / (uint64_t)page ? UINT64_MAX : pages * (uint64_t)page;
+  *valid = 1;
 }
 
 /* ---- where the memory controller is ---- */
@@ -594,12 +627,17 @@ int bh_ram_read(const char *root, bh_ram_reading *out, char *err, size_t errlen)
       else *slash = 0;
     }
   }
+  /* The machine's figure: MemAvailable and the free pages it leaves out
+   * (a cgroup's own figure needs no such help: frees uncharge at once). */
+  bh__read_pcp(&c, &r.pcp_free_bytes, &r.pcp_valid);
+  uint64_t host_available = mi.available + r.pcp_free_bytes;
+  if (host_available < mi.available || host_available > mi.total) host_available = mi.total;
   r.total_bytes = mi.total;
   if (r.limited) {
     if (min_limit < r.total_bytes) r.total_bytes = min_limit;
-    if (mi.available < r.available_bytes) r.available_bytes = mi.available;
+    if (host_available < r.available_bytes) r.available_bytes = host_available;
   } else {
-    r.available_bytes = mi.available;
+    r.available_bytes = host_available;
   }
   if (r.available_bytes > r.total_bytes) r.available_bytes = r.total_bytes;
   r.valid = 1;

@@ -311,7 +311,7 @@ PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw) {
   Py_XDECREF(root_b);
   if (rc < 0) return probe_raise(bh_py_state(module), rc, "ram", err);
   return Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:i,s:N,s:K,s:K,s:K,s:K}",
+      "{s:K,s:K,s:K,s:K,s:i,s:N,s:K,s:K,s:K,s:K,s:N}",
       "total_bytes", (unsigned long long)r.total_bytes,
       "available_bytes", (unsigned long long)r.available_bytes,
       "meminfo_total_bytes", (unsigned long long)r.meminfo_total_bytes,
@@ -321,5 +321,6 @@ PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw) {
       "cgroup_limit_bytes", (unsigned long long)r.cgroup_limit_bytes,
       "cgroup_current_bytes", (unsigned long long)r.cgroup_current_bytes,
       "cgroup_reclaimable_bytes", (unsigned long long)r.cgroup_reclaimable_bytes,
-      "swap_total_bytes", (unsigned long long)r.swap_total_bytes);
+      "swap_total_bytes", (unsigned long long)r.swap_total_bytes,
+      "pcp_free_bytes", r.pcp_valid ? PyLong_FromUnsignedLongLong(r.pcp_free_bytes) : bh_py_newref(Py_None));
 }

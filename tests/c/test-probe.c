@@ -623,6 +623,50 @@ TEST_IMPL(probe_ram_swaps) {
   return 0;
 }
 
+/* Free pages on the per-CPU lists (/proc/zoneinfo) count as available:
+ * MemAvailable leaves them out. */
+TEST_IMPL(probe_ram_pcp_lists) {
+  ram_tree(NULL, NULL);
+  bh_ram_reading r = ram_ok();
+  ASSERT_EQ(r.pcp_valid, 0); /* no zoneinfo: nothing added */
+  ASSERT_UEQ(r.available_bytes, 8 * GiB);
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  /* Two zones, two CPUs; the zone's own lines and other pageset fields
+   * (high:, batch:) do not count; a count: that does not parse is skipped. */
+  put(ram_root, "proc/zoneinfo",
+      "Node 0, zone    DMA32\n  pages free     1000\n  pagesets\n    cpu: 0\n"
+      "              count: 100\n              high:  2013\n              batch: 63\n"
+      "    cpu: 1\n              count: 20\n"
+      "Node 0, zone   Normal\n  pagesets\n    cpu: 0\n              count: 195696\n"
+      "              high:  196014\n    cpu: 1\n              count: lots\n"
+      "              count:\n              count: -3\n");
+  r = ram_ok();
+  ASSERT_EQ(r.pcp_valid, 1);
+  ASSERT_UEQ(r.pcp_free_bytes, (100 + 20 + 195696) * page);
+  ASSERT_UEQ(r.available_bytes, 8 * GiB + (100 + 20 + 195696) * page);
+  ASSERT_UEQ(r.meminfo_available_bytes, 8 * GiB); /* as read */
+  /* Never more than the total, however large the lists claim to be. */
+  put(ram_root, "proc/zoneinfo", "  count: 18446744073709551615\n  count: 18446744073709551615\n");
+  r = ram_ok();
+  ASSERT_UEQ(r.available_bytes, 16 * GiB);
+  /* Garbage, or a NUL byte: nothing added, no error. */
+  put(ram_root, "proc/zoneinfo", "\x01\xff:::\n");
+  r = ram_ok();
+  ASSERT_EQ(r.pcp_valid, 1);
+  ASSERT_UEQ(r.available_bytes, 8 * GiB);
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/proc/zoneinfo", ram_root);
+  int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+  ASSERT_SYS(fd);
+  ASSERT_EQ(write(fd, "count: 5\0count: 7\n", 19), 19);
+  close(fd);
+  r = ram_ok();
+  ASSERT_EQ(r.pcp_valid, 0);
+  ASSERT_UEQ(r.available_bytes, 8 * GiB);
+  rm_rf(ram_root);
+  return 0;
+}
+
 TEST_IMPL(probe_ram_cgroup_v2_limited) {
   ram_tree("0::/user.slice/app.scope\n", MOUNT_V2);
   const char *leaf = "sys/fs/cgroup/user.slice/app.scope/";

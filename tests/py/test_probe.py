@@ -290,6 +290,7 @@ def test_ram_fixture_cgroup_v2(tmp_path):
         "cgroup_current_bytes": 3 * GiB,
         "cgroup_reclaimable_bytes": GiB // 2,
         "swap_total_bytes": GiB,
+        "pcp_free_bytes": None,  # no proc/zoneinfo in the tree
     }
     assert _native.ram(str(tmp_path)) == r and _native.ram(os.fsencode(str(tmp_path))) == r
 
