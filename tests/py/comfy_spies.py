@@ -10,6 +10,8 @@ against tests/comfyui/ and against a real ComfyUI checkout):
     RamPatcher(name, chunks)      bytes are real RAM on the CPU: loading
                                   allocates and touches 64 MiB chunks,
                                   unloading frees them, so psutil sees it
+    free_readings(mm)             a list that gets every free figure
+                                  `mm.get_free_memory` returns from now on
     fake_device(mm, capacity)     make `mm.get_free_memory` report, for a
                                   fake CUDA device, capacity (64 GiB unless
                                   given) minus what the spies hold resident
@@ -236,3 +238,20 @@ def fake_device(mm, capacity=64 * 1024 ** 3, device=None):
 
     mm.get_free_memory = get_free_memory
     return dev
+
+
+def free_readings(mm):
+    """Records every figure `mm.get_free_memory` returns from now on (what
+    upstream's own walk re-measured, in order) into the list it returns.
+    Readings taken after the walk can differ: anything on the machine
+    may allocate meanwhile."""
+    seen = []
+    real = mm.get_free_memory
+
+    def get_free_memory(d=None, torch_free_too=False):
+        r = real(d, torch_free_too)
+        seen.append(r[0] if isinstance(r, tuple) else r)
+        return r
+
+    mm.get_free_memory = get_free_memory
+    return seen

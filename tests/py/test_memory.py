@@ -64,8 +64,8 @@ def scenario(tmp_path, body, timeout=240):
 def test_eviction_frees_real_ram_and_stops_at_the_minimum(tmp_path):
     # Models are large next to the kernel's own lag: MemAvailable (what
     # upstream re-measures on cpu) does not count pages parked on per-CPU
-    # free lists (240 MiB typical here, 600 MiB seen under load), so a walk
-    # over small models would look like over-eviction no policy could avoid.
+    # free lists (hundreds of MiB, over 1 GiB seen), so a walk over small
+    # models would look like over-eviction no policy could avoid.
     r = scenario(tmp_path, """
         a, b = worker("pack-a"), worker("pack-b")
         for w, names in ((a, ("UNetA", "VAEA")), (b, ("UNetB", "ClipB"))):
@@ -79,11 +79,14 @@ def test_eviction_frees_real_ram_and_stops_at_the_minimum(tmp_path):
         dev = mm.get_torch_device()
         free_before = mm.get_free_memory(dev)
         ask = 1536 * MiB
+        pcp_before = _native.ram()["pcp_free_bytes"] or 0
+        seen = free_readings(mm)
         mm.free_memory(free_before + ask, dev)
-        free_after = mm.get_free_memory(dev)
+        pcp_parked = (_native.ram()["pcp_free_bytes"] or 0) - pcp_before
         held_after = resident(a) + resident(b)
         out(dict(n_standins=len(standins), listed=listed, held_before=held_before,
-                 held_after=held_after, ask=ask, free_gain=free_after - free_before,
+                 held_after=held_after, ask=ask, free_gain=max(seen) - free_before,
+                 pcp_parked=pcp_parked,
                  rss_drop=rss_before - rss(a) - rss(b),
                  worker_view=[a.call("bh_mempack:resident"), b.call("bh_mempack:resident")]))
         hm.close(); a.close(); b.close()
@@ -96,12 +99,15 @@ def test_eviction_frees_real_ram_and_stops_at_the_minimum(tmp_path):
     # the minimum: at least the ask, at most the ask plus one model.
     assert r["rss_drop"] >= evicted * 0.9, r
     assert evicted >= r["ask"] - 64 * MiB, r
-    # The minimum as upstream could see it: its own free reading had not
-    # gained more than the ask plus one model when the walk stopped (what
-    # the kernel's MemAvailable had not shown yet of the freed bytes, it
-    # could not stop for; bench/memory.py reports that lag).
+    # The minimum as upstream could see it: the best of its own free
+    # readings during the walk had not gained more than the ask plus one
+    # model.  What the kernel's MemAvailable had not shown of the freed
+    # bytes (pages it parks on per-CPU lists, up to ~1 GiB here after these
+    # loads; README, Memory) upstream could not stop for; with those pages
+    # the ask came back.  Upstream's readings, not one taken after the walk:
+    # anything else on the machine may allocate meanwhile.
     assert r["free_gain"] <= r["ask"] + 1024 * MiB, r
-    assert r["free_gain"] >= r["ask"] - 64 * MiB, r  # and its re-measure saw the ask come back
+    assert r["free_gain"] + max(0, r["pcp_parked"]) >= r["ask"] - 64 * MiB, r
     assert r["held_after"] > 0, r
     assert sum(sum(v.values()) for v in r["worker_view"]) == r["held_after"]
 
