@@ -53,17 +53,22 @@ static void mkdir_p(char *path) {
 }
 
 /* Writes root/rel (creating directories), replacing it atomically. */
-static void put(const char *root, const char *rel, const char *content) {
+/* root/rel holds exactly content[0..n) (NUL bytes too), written aside and
+ * renamed into place. */
+static void put_n(const char *root, const char *rel, const char *content, size_t n) {
   char path[PATH_MAX], tmp[PATH_MAX + 8];
   snprintf(path, sizeof path, "%s/%s", root, rel);
   mkdir_p(path);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ASSERT_SYS(fd);
-  size_t n = strlen(content);
   ASSERT_EQ(write(fd, content, n), (ssize_t)n);
   ASSERT_SYS(close(fd));
   ASSERT_SYS(rename(tmp, path));
+}
+
+static void put(const char *root, const char *rel, const char *content) {
+  put_n(root, rel, content, strlen(content));
 }
 
 static void putf(const char *root, const char *rel, const char *fmt, ...)
@@ -654,12 +659,7 @@ TEST_IMPL(probe_ram_pcp_lists) {
   r = ram_ok();
   ASSERT_EQ(r.pcp_valid, 1);
   ASSERT_UEQ(r.available_bytes, 8 * GiB);
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/proc/zoneinfo", ram_root);
-  int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
-  ASSERT_SYS(fd);
-  ASSERT_EQ(write(fd, "count: 5\0count: 7\n", 19), 19);
-  close(fd);
+  put_n(ram_root, "proc/zoneinfo", "count: 5\0count: 7\n", 18);
   r = ram_ok();
   ASSERT_EQ(r.pcp_valid, 0);
   ASSERT_UEQ(r.available_bytes, 8 * GiB);
@@ -949,12 +949,7 @@ TEST_IMPL(probe_ram_malformed) {
   }
   /* A NUL byte in a file. */
   ram_tree(NULL, NULL);
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/proc/meminfo", ram_root);
-  int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
-  ASSERT_SYS(fd);
-  ASSERT_EQ(write(fd, "MemTotal: 1 kB\n\0MemAvailable: 1 kB\n", 35), 35);
-  close(fd);
+  put_n(ram_root, "proc/meminfo", "MemTotal: 1 kB\n\0MemAvailable: 1 kB\n", 35);
   bh_ram_reading r;
   ASSERT_RC(bh_ram_read(ram_root, &r, NULL, 0), -BH_ECGROUP);
   rm_rf(ram_root);
