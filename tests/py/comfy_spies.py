@@ -10,6 +10,8 @@ against tests/comfyui/ and against a real ComfyUI checkout):
     RamPatcher(name, chunks)      bytes are real RAM on the CPU: loading
                                   allocates and touches 64 MiB chunks,
                                   unloading frees them, so psutil sees it
+    ledger_resident(ledger, pid)  a process's resident model bytes in the ledger
+    rss_bytes(pid)                a process's resident set, from /proc
     free_readings(mm)             a list that gets every free figure
                                   `mm.get_free_memory` returns from now on
     fake_device(mm, capacity)     make `mm.get_free_memory` report, for a
@@ -255,3 +257,16 @@ def free_readings(mm):
 
     mm.get_free_memory = get_free_memory
     return seen
+
+
+def ledger_resident(ledger, pid):
+    """The resident bytes of every model pid's ledger record lists (0 when
+    it has none)."""
+    rec = ledger.read(pid)
+    return sum(m["resident_bytes"] for m in rec["models"]) if rec else 0
+
+
+def rss_bytes(pid):
+    """The process's resident set (VmRSS), in bytes."""
+    with open("/proc/%d/status" % pid) as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) * 1024

@@ -55,12 +55,10 @@ def held(pid):
     return sum(d["held_bytes"] for d in rec["devices"]) if rec else 0
 
 def resident(w):
-    rec = hm.ledger.read(w.pid)
-    return sum(m["resident_bytes"] for m in rec["models"]) if rec else 0
+    return ledger_resident(hm.ledger, w.pid)
 
 def rss(w):
-    with open("/proc/%d/status" % w.pid) as f:
-        return int(f.read().split("VmRSS:")[1].split()[0]) * 1024
+    return rss_bytes(w.pid)
 
 class Serve:
     # The app on 127.0.0.1:<ephemeral> from a thread with its own loop.

@@ -301,12 +301,10 @@ def worker(name):
     return hm.attach(bulkhead.Worker(sys.executable, name=name, env={{"PYTHONPATH": WORKER_PATH}}))
 
 def resident(w):
-    rec = hm.ledger.read(w.pid)
-    return sum(m["resident_bytes"] for m in rec["models"]) if rec else 0
+    return ledger_resident(hm.ledger, w.pid)
 
 def rss(w):
-    with open("/proc/%d/status" % w.pid) as f:
-        return int(f.read().split("VmRSS:")[1].split()[0]) * 1024
+    return rss_bytes(w.pid)
 
 a, b = worker("pack-a"), worker("pack-b")
 for w, names in ((a, ("UNetA", "VAEA")), (b, ("UNetB", "ClipB"))):

@@ -40,12 +40,10 @@ def worker(name, **env):
     return hm.attach(bulkhead.Worker(sys.executable, name=name, env=env))
 
 def resident(w):
-    rec = hm.ledger.read(w.pid)
-    return sum(m["resident_bytes"] for m in rec["models"]) if rec else 0
+    return ledger_resident(hm.ledger, w.pid)
 
 def rss(w):
-    with open("/proc/%d/status" % w.pid) as f:
-        return int(f.read().split("VmRSS:")[1].split()[0]) * 1024
+    return rss_bytes(w.pid)
 
 def avail():
     return _native.ram()["available_bytes"]
