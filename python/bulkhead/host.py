@@ -203,7 +203,7 @@ def _close_all():
             pass
 
 
-class Worker:
+class Worker(_native.Caller):
     """A persistent worker process running ``python`` (a path to an
     interpreter, typically a venv's ``bin/python``).
 
@@ -473,10 +473,14 @@ class Worker:
                 f"the host exposes no callable named {target!r} to {self.describe()} "
                 f"(exposed: {sorted(self._exposed) or 'none'}; see Worker.expose)") from None
 
-    def call(self, target, /, *args, **kwargs):
-        """Runs ``target`` ('module:function' or 'module.function') in the
-        worker with the arguments and returns its result."""
-        return self._request(_CALL, (target, args, kwargs), self.call_timeout, "call", target)
+    # call(target, /, *args, **kwargs) is _native.Caller.call: the same
+    # steps as _request, in C, on the state kept in Caller's slots (_chan,
+    # _peer, _lock, call_timeout, busy).  What is not the plain path comes
+    # back here: _call_slow, _request_failed, _after_request.
+
+    def _call_slow(self, payload):
+        """call() on a worker that is not running: starts it."""
+        return self._request(_CALL, payload, self.call_timeout, "call", payload[0])
 
     def release(self, op="all", model_id=None, nbytes=None, timeout=None):
         """Asks the worker to release memory and waits for its receipt (a
@@ -511,7 +515,6 @@ class Worker:
             self._lock.release()
 
     def _request(self, kind, payload, timeout, verb, obj):
-        # The hot path of every call: no formatting, no syscall of its own.
         with self._lock:
             chan = self._chan
             if chan is None:
@@ -520,29 +523,42 @@ class Worker:
             peer = self._peer
             self.busy += 1
             try:
-                try:
-                    return chan.request(kind, payload, timeout)
-                except _native.NotDelivered:
-                    if self.busy > 1 or self._reap_idle(2.0) is None:
-                        raise  # nested, or the socket closed but the process lives: the death path
-                    # It died while idle, so nothing of this request ran:
-                    # it runs on the next generation instead of failing.
-                    self._start()
-                    chan, peer = self._chan, self._peer
-                    return chan.request(kind, payload, timeout)
-            except _native.PeerClosed:
-                self._died(f"during {verb} {obj!r}")
-            except _native.Timeout:
-                self._hung(f"{verb} {obj!r}", timeout)
-            except _native.ProtocolError as e:
-                self._broken(f"{verb} {obj!r}", e)
+                return chan.request(kind, payload, timeout)
+            except _native.Error as e:
+                return self._request_failed(e, kind, payload, timeout, verb, obj)
             finally:
                 self.busy -= 1
-                if (peer.exports or peer.pending_releases) and chan.depth == 0:
-                    if peer.exports:
-                        peer.exports.clear()
-                    if peer.pending_releases and self._peer is peer:
-                        self._flush_releases()
+                if chan.depth == 0 and (peer.exports or peer.pending_releases):
+                    self._after_request(chan, peer)
+
+    def _request_failed(self, exc, kind, payload, timeout, verb, obj):
+        """A request whose channel failed (under the lock, counted busy):
+        rerun on the next generation when the worker died idle and never got
+        it, else the error that names the worker and what it was doing."""
+        if isinstance(exc, _native.NotDelivered) and self.busy == 1 and self._reap_idle(2.0) is not None:
+            # It died while idle, so nothing of this request ran: it runs on
+            # the next generation instead of failing.  (Nested, or a socket
+            # closed by a process that lives on, is the death path below.)
+            self._start()
+            try:
+                return self._chan.request(kind, payload, timeout)
+            except _native.Error as again:
+                exc = again
+        if isinstance(exc, _native.PeerClosed):
+            self._died(f"during {verb} {obj!r}")
+        if isinstance(exc, _native.Timeout):
+            self._hung(f"{verb} {obj!r}", timeout)
+        if isinstance(exc, _native.ProtocolError):
+            self._broken(f"{verb} {obj!r}", exc)
+        raise exc
+
+    def _after_request(self, chan, peer):
+        """After the outermost request: the handles exported for it are
+        dropped, and the releases the host owes the worker are sent."""
+        if peer.exports:
+            peer.exports.clear()
+        if peer.pending_releases and self._peer is peer:
+            self._flush_releases()
 
     def _died(self, during):
         proc = self._proc

@@ -100,7 +100,7 @@ static bh_channel *chan_live(bh_chan_obj *self) {
   return self->c;
 }
 
-static int64_t deadline_of(PyObject *timeout, int *err) {
+int64_t bh_py_deadline_of(PyObject *timeout, int *err) {
   *err = 0;
   if (!timeout || timeout == Py_None) return -1;
   double s = PyFloat_AsDouble(timeout);
@@ -413,13 +413,8 @@ static PyObject *chan_wait(bh_chan_obj *self, uint64_t id, bh_then_recv *then) {
   return out;
 }
 
-static PyObject *Channel_request(PyObject *op, PyObject *args) {
+PyObject *bh_py_channel_request(PyObject *op, int kind, PyObject *payload, int64_t deadline) {
   bh_chan_obj *self = (bh_chan_obj *)op;
-  int kind, err;
-  PyObject *payload, *timeout = Py_None;
-  if (!PyArg_ParseTuple(args, "iO|O:request", &kind, &payload, &timeout)) return NULL;
-  int64_t deadline = deadline_of(timeout, &err);
-  if (err) return NULL;
   if (self->n_waiters >= BH__NEST_MAX) {
     PyErr_Format(PyExc_RecursionError, "bulkhead calls nest deeper than %d", BH__NEST_MAX);
     return NULL;
@@ -433,6 +428,15 @@ static PyObject *Channel_request(PyObject *op, PyObject *args) {
   if (chan_send_then(self, kind, id, payload, &then) == 0) out = chan_wait(self, id, &then);
   chan_leave(self);
   return out;
+}
+
+static PyObject *Channel_request(PyObject *op, PyObject *args) {
+  int kind, err;
+  PyObject *payload, *timeout = Py_None;
+  if (!PyArg_ParseTuple(args, "iO|O:request", &kind, &payload, &timeout)) return NULL;
+  int64_t deadline = bh_py_deadline_of(timeout, &err);
+  if (err) return NULL;
+  return bh_py_channel_request(op, kind, payload, deadline);
 }
 
 static PyObject *Channel_notify(PyObject *op, PyObject *args) {
@@ -454,7 +458,7 @@ static PyObject *Channel_recv(PyObject *op, PyObject *args) {
   PyObject *timeout = Py_None;
   int err;
   if (!PyArg_ParseTuple(args, "|O:recv", &timeout)) return NULL;
-  int64_t deadline = deadline_of(timeout, &err);
+  int64_t deadline = bh_py_deadline_of(timeout, &err);
   if (err || chan_enter(self) < 0) return NULL;
   bh_frame f;
   PyObject *out = NULL;
@@ -583,9 +587,15 @@ static PyObject *Channel_closed(PyObject *op, void *c) {
   return PyBool_FromLong(((bh_chan_obj *)op)->c == NULL);
 }
 
+int bh_py_channel_depth(PyObject *op) { return ((bh_chan_obj *)op)->n_waiters; }
+
+bh_state *bh_py_channel_state(PyObject *op) { return chan_state((bh_chan_obj *)op); }
+
+int bh_py_is_channel(PyObject *o) { return PyType_GetSlot(Py_TYPE(o), Py_tp_dealloc) == (void *)Channel_dealloc; }
+
 static PyObject *Channel_depth(PyObject *op, void *c) {
   (void)c;
-  return PyLong_FromLong(((bh_chan_obj *)op)->n_waiters);
+  return PyLong_FromLong(bh_py_channel_depth(op));
 }
 
 static PyMethodDef Channel_methods[] = {

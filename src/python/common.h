@@ -20,6 +20,7 @@
 
 typedef struct bh_state {
   PyTypeObject *Channel;
+  PyTypeObject *Caller;
   PyTypeObject *Lease;
   PyTypeObject *Proc;
   PyTypeObject *Gpu;
@@ -34,6 +35,7 @@ typedef struct bh_state {
   PyObject *ProbeError;     /* a memory probe failed (.code, .errname) */
   PyObject *DriverUnavailable; /* ProbeError: no GPU driver (BH_ENODRIVER) */
   PyObject *LedgerError;    /* BH_ELEDGER..BH_EMODELS: the ledger refused */
+  PyObject *str_exports, *str_pending_releases; /* interned: Peer attributes caller.c reads per call */
 } bh_state;
 
 typedef struct {
@@ -89,6 +91,7 @@ PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
 
 /* Per-file type specs and module-level functions. */
 extern PyType_Spec bh_channel_spec;
+extern PyType_Spec bh_caller_spec;
 extern PyType_Spec bh_lease_spec;
 extern PyType_Spec bh_proc_spec;
 extern PyType_Spec bh_gpu_spec;
@@ -113,6 +116,15 @@ PyObject *bh_py_status_json(PyObject *module, PyObject *args, PyObject *kw);
 /* New reference: COMFY_SURFACE, the 18 member names, as a tuple. */
 PyObject *bh_py_comfy_surface(void);
 PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw);
+/* channel.c, for caller.c: whether o is a Channel; Channel.request with
+ * an absolute deadline (ns, < 0: none); requests waiting now; the state. */
+int bh_py_is_channel(PyObject *o);
+PyObject *bh_py_channel_request(PyObject *chan, int kind, PyObject *payload, int64_t deadline);
+int bh_py_channel_depth(PyObject *chan);
+bh_state *bh_py_channel_state(PyObject *chan);
+/* None -> -1 (no deadline); seconds -> now + seconds in ns; *err = -1
+ * with an exception when timeout is not a number. */
+int64_t bh_py_deadline_of(PyObject *timeout, int *err);
 PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);
 /* probe.c's part of the module's exec, after the types exist. */

@@ -140,12 +140,16 @@ static int bh_add_exc(PyObject *m, PyObject **slot, const char *name, PyObject *
 static int bh_exec(PyObject *m) {
   bh_state *st = bh_py_state(m);
   if (bh_add_type(m, &st->Channel, &bh_channel_spec) < 0 ||
+      bh_add_type(m, &st->Caller, &bh_caller_spec) < 0 ||
       bh_add_type(m, &st->Lease, &bh_lease_spec) < 0 ||
       bh_add_type(m, &st->Proc, &bh_proc_spec) < 0 ||
       bh_add_type(m, &st->Gpu, &bh_gpu_spec) < 0 ||
       bh_add_type(m, &st->Ledger, &bh_ledger_spec) < 0 ||
       bh_add_type(m, &st->StandIn, &bh_standin_spec) < 0 ||
       bh_add_type(m, &st->RemoteModel, &bh_remote_model_spec) < 0)
+    return -1;
+  if (!(st->str_exports = PyUnicode_InternFromString("exports")) ||
+      !(st->str_pending_releases = PyUnicode_InternFromString("pending_releases")))
     return -1;
   PyObject *surface = bh_py_comfy_surface();
   if (!surface || PyModule_AddObject(m, "COMFY_SURFACE", surface) < 0) {
@@ -199,6 +203,7 @@ static int bh_exec(PyObject *m) {
 static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
   bh_state *st = bh_py_state(m);
   Py_VISIT(st->Channel);
+  Py_VISIT(st->Caller);
   Py_VISIT(st->Lease);
   Py_VISIT(st->Proc);
   Py_VISIT(st->Gpu);
@@ -213,12 +218,15 @@ static int bh_traverse(PyObject *m, visitproc visit, void *arg) {
   Py_VISIT(st->ProbeError);
   Py_VISIT(st->DriverUnavailable);
   Py_VISIT(st->LedgerError);
+  Py_VISIT(st->str_exports);
+  Py_VISIT(st->str_pending_releases);
   return 0;
 }
 
 static int bh_clear(PyObject *m) {
   bh_state *st = bh_py_state(m);
   Py_CLEAR(st->Channel);
+  Py_CLEAR(st->Caller);
   Py_CLEAR(st->Lease);
   Py_CLEAR(st->Proc);
   Py_CLEAR(st->Gpu);
@@ -233,6 +241,8 @@ static int bh_clear(PyObject *m) {
   Py_CLEAR(st->ProbeError);
   Py_CLEAR(st->DriverUnavailable);
   Py_CLEAR(st->LedgerError);
+  Py_CLEAR(st->str_exports);
+  Py_CLEAR(st->str_pending_releases);
   return 0;
 }
 

@@ -143,6 +143,61 @@ def test_calls_from_two_threads_are_serialized(worker):
     assert sorted(out) == sorted([i + 1 for i in range(50)] * 3)
 
 
+def test_call_waits_for_the_worker_lock(worker):
+    """Worker.call (C) takes the same RLock as the Python methods: a call
+    from another thread waits while this one holds it."""
+    import threading
+    got = []
+    with worker._lock:
+        t = threading.Thread(target=lambda: got.append(worker.call("bh_testmod:echo", 1)))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and got == []
+    t.join(30)
+    assert got == [((1,), {})]
+    assert worker.busy == 0
+
+
+def test_call_after_teardown_while_waiting_for_the_lock(worker):
+    """A call that waited for the lock while its holder closed the worker
+    starts the next generation instead of using the closed channel."""
+    import threading
+    pid1, got = worker.pid, []
+    with worker._lock:
+        t = threading.Thread(target=lambda: got.append(worker.call("bh_testmod:pid")))
+        t.start()
+        t.join(0.2)
+        assert worker.close() == 0
+    t.join(30)
+    assert got and got[0] != pid1 and worker.generation == 2
+
+
+def test_busy_counts_nested_requests(worker):
+    seen = []
+
+    def host_fn(depth):
+        seen.append(worker.busy)
+        if depth == 0:
+            return "bottom"
+        return worker.call("bh_testmod:call_back_twice_nested", host_fn, depth - 1)
+
+    assert worker.call("bh_testmod:call_back_twice_nested", host_fn, 2) == "bottom"
+    assert seen == [1, 2, 3] and worker.busy == 0
+
+
+def test_worker_state_slots_refuse_bad_values(worker):
+    with pytest.raises(TypeError, match="Worker.call.. needs a target"):
+        worker.call()
+    with pytest.raises(TypeError, match="_chan must be a bulkhead._native.Channel or None, not <class 'object'>"):
+        worker._chan = object()
+    with pytest.raises(AttributeError, match="cannot be deleted"):
+        del worker._lock
+    with pytest.raises(TypeError):
+        worker.call_timeout = "soon"
+    assert worker.call_timeout is None
+    assert worker.call("operator:add", 1, 2) == 3
+
+
 def test_close_and_restart(worker):
     pid1 = worker.pid
     assert worker.close() == 0  # BYE: the worker exits on its own
