@@ -26,6 +26,7 @@ typedef struct {
   PyObject_HEAD
   bh_channel *c;
   PyObject *module;
+  bh_state *st;
   PyObject *hooks;
   PyObject *h_encode_other, *h_decode_tensor, *h_decode_handle, *h_resolve;
   PyObject *h_format_exc, *h_make_error, *h_on_frame, *h_on_request;
@@ -38,7 +39,8 @@ typedef struct {
   int owner_depth;
 } bh_chan_obj;
 
-static bh_state *chan_state(bh_chan_obj *self) { return bh_py_state(self->module); }
+/* The module's state, found once at open (self->module keeps it alive). */
+static bh_state *chan_state(bh_chan_obj *self) { return self->st; }
 
 static int Channel_traverse(PyObject *op, visitproc visit, void *arg) {
   bh_chan_obj *self = (bh_chan_obj *)op;
@@ -654,6 +656,7 @@ PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw) {
   if (!self) return NULL;
   memset((char *)self + sizeof(PyObject), 0, sizeof *self - sizeof(PyObject));
   self->module = bh_py_newref(module);
+  self->st = st;
   self->hooks = bh_py_newref(hooks);
   self->next_id = first_id ? first_id : 1;
   PyObject_GC_Track((PyObject *)self);
