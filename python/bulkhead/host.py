@@ -540,10 +540,14 @@ class Worker(_native.Caller):
             # the next generation instead of failing.  (Nested, or a socket
             # closed by a process that lives on, is the death path below.)
             self._start()
+            chan, peer = self._chan, self._peer
             try:
-                return self._chan.request(kind, payload, timeout)
+                return chan.request(kind, payload, timeout)
             except _native.Error as again:
                 exc = again
+            finally:
+                if chan.depth == 0 and (peer.exports or peer.pending_releases):
+                    self._after_request(chan, peer)
         if isinstance(exc, _native.PeerClosed):
             self._died(f"during {verb} {obj!r}")
         if isinstance(exc, _native.Timeout):

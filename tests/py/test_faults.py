@@ -30,6 +30,23 @@ def test_sigkill_mid_call_fails_fast_and_names_everything(worker):
     assert worker.generation == 2
 
 
+def test_call_after_idle_death_runs_on_the_next_generation(worker):
+    """Killed between calls, and the death not yet noticed: the next call
+    finds the socket closed before its request was delivered, so none of it
+    ran, and it runs on generation 2 instead of failing."""
+    import select
+    pid = worker.call("bh_testmod:pid")
+    os.kill(pid, signal.SIGKILL)
+    # Dead once its end of the socket is closed (the last of its threads
+    # gone), not when the main thread turns zombie; nobody has reaped it.
+    poller = select.poll()
+    poller.register(worker._chan.fileno(), select.POLLRDHUP)
+    assert poller.poll(10_000), "the killed worker's socket never closed"
+    assert worker.call("bh_testmod:pid") not in (pid, None)
+    assert worker.generation == 2 and worker.busy == 0
+    assert "while idle" in worker.last_exit and "SIGKILL" in worker.last_exit, worker.last_exit
+
+
 def test_worker_exit_mid_call_quotes_its_output(worker):
     with pytest.raises(bulkhead.WorkerDied) as ei:
         worker.call("bh_testmod:exit_now", 7, "last words from the pack")
