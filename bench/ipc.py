@@ -19,7 +19,11 @@ the two processes decides the figure by an order of magnitude: as the
 scheduler places them (the headline call_ratio), both pinned to one CPU,
 and pinned to two different CPUs (call_ratio_same_cpu/_cross_cpu).  The
 scheduler may place the raw pair and the bulkhead pair differently in one
-run; call_ratio is then marked n/a (null in the JSON's "targets").
+run; call_ratio is then marked n/a (null in the JSON's "targets").  The
+round-trip figures are measured in --rounds rounds, raw and bulkhead back to
+back in each; each figure reported is the median over the rounds, each
+ratio the ratio of those medians, and every round is kept in the JSON under
+"rounds" with its own ratios.
 
 Prints a table and writes every figure to --out as JSON.  The exit status
 is 0 whether targets are met or not (this is a report); nonzero only when
@@ -52,6 +56,8 @@ def parse_args(argv=None):
     ap.add_argument("--calls", type=int, default=20000, help="timed trivial calls per placement")
     ap.add_argument("--reps", type=int, default=15, help="timed 64 MiB transfers per direction")
     ap.add_argument("--starts", type=int, default=7, help="fresh workers / bare interpreters timed")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of the round-trip figures, raw and bulkhead in turn (medians reported)")
     return ap.parse_args(argv)
 
 
@@ -285,6 +291,7 @@ def table(r):
         ("pingpong_median_us", r["pingpong_median_us"], None),
         ("pingpong_same_cpu_us", r.get("pingpong_same_cpu_us"), None),
         ("pingpong_cross_cpu_us", r.get("pingpong_cross_cpu_us"), None),
+        ("pipe_same_cpu_us", r.get("pipe_same_cpu_us"), None),
         ("call_median_us", r["call_median_us"], None),
         ("call_same_cpu_us", r["call_same_cpu_us"], None),
         ("call_cross_cpu_us", r["call_cross_cpu_us"], None),
@@ -319,6 +326,28 @@ def table(r):
     return "\n".join(lines)
 
 
+def round_trips(args, coreecho, w):
+    """One round of every round-trip figure, the raw baselines and bulkhead's
+    layers back to back, with the ratios of this round: a round is a few
+    seconds, so a ratio never compares figures minutes apart on a VM whose
+    speed drifts by 10-20 % between runs."""
+    r = {}
+    r.update(run_pingpong(args.pingpong, args.calls))
+    r.update(run_core(coreecho, args.calls))
+    r["binding_same_cpu_us"] = binding_same_cpu(coreecho, args.calls)
+    r.update(calls_by_placement(w, args.calls))
+    r["chan_same_cpu_us"] = chan_same_cpu(w, args.calls)
+    r["call_ratio"] = ratio(r["call_median_us"], r["pingpong_median_us"])
+    r["call_ratio_same_cpu"] = ratio(r["call_same_cpu_us"], r.get("pingpong_same_cpu_us"))
+    r["call_ratio_cross_cpu"] = ratio(r["call_cross_cpu_us"], r.get("pingpong_cross_cpu_us"))
+    return r
+
+
+def median_or_none(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
 def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
@@ -338,12 +367,7 @@ def main(argv=None):
     from bulkhead import host as bh_host
 
     t_start = time.monotonic()
-    r = {}
-    r.update(run_pingpong(args.pingpong, args.calls))
     coreecho = args.coreecho or os.path.join(os.path.dirname(os.path.abspath(args.pingpong)), "coreecho")
-    r.update(run_core(coreecho, args.calls))
-    r["binding_same_cpu_us"] = binding_same_cpu(coreecho, args.calls)
-
     w = bulkhead.Worker(args.python, name="bench", env={"PYTHONPATH": HERE})
     try:
         w.start()
@@ -353,8 +377,9 @@ def main(argv=None):
         except bulkhead.RemoteError as e:
             raise SystemExit(f"ipc.py: the worker interpreter {args.python} cannot import numpy "
                              f"({e.remote_type}: {e.remote_message}); pass --python with one that can")
-        r.update(calls_by_placement(w, args.calls))
-        r["chan_same_cpu_us"] = chan_same_cpu(w, args.calls)
+        rounds = [round_trips(args, coreecho, w) for _ in range(args.rounds)]
+        r = {k: median_or_none([x[k] for x in rounds]) for k in rounds[0]}
+        r["rounds"] = rounds
         r.update(transfers(w, args.reps))
         r["worker_pool"] = w.stats()
     finally:
@@ -370,12 +395,14 @@ def main(argv=None):
     r["worker_rss_mib"] = worker_kib / 1024
     r["bare_rss_mib"] = bare_kib / 1024
     r["rss_overhead_mib"] = (worker_kib - bare_kib) / 1024
-    r["call_ratio"] = ratio(r["call_median_us"], r["pingpong_median_us"])
-    r["call_ratio_same_cpu"] = ratio(r["call_same_cpu_us"], r.get("pingpong_same_cpu_us"))
-    r["call_ratio_cross_cpu"] = ratio(r["call_cross_cpu_us"], r.get("pingpong_cross_cpu_us"))
     r["pingpong_placement"] = placement(r["pingpong_median_us"], r.get("pingpong_same_cpu_us"),
                                         r.get("pingpong_cross_cpu_us"))
     r["call_placement"] = placement(r["call_median_us"], r["call_same_cpu_us"], r["call_cross_cpu_us"])
+    # Ratios of the medians, as the figures are defined (each round's own
+    # ratios are under "rounds").
+    r["call_ratio"] = ratio(r["call_median_us"], r["pingpong_median_us"])
+    r["call_ratio_same_cpu"] = ratio(r["call_same_cpu_us"], r.get("pingpong_same_cpu_us"))
+    r["call_ratio_cross_cpu"] = ratio(r["call_cross_cpu_us"], r.get("pingpong_cross_cpu_us"))
     r["h2w_ratio"] = ratio(r["h2w_64m_ms"], r["memcpy_64m_ms"])
     r["w2h_ratio"] = ratio(r["w2h_64m_ms"], r["memcpy_64m_ms"])
     r["echo_ratio"] = ratio(r["echo_64m_ms"], r["memcpy_64m_ms"])

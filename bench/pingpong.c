@@ -5,6 +5,11 @@
  *       median of N per-iteration samples after a warm-up;
  *   (b) one 64 MiB memcpy between two already-touched buffers (median).
  *
+ * (c) the same round trip, same CPU, over two anonymous pipes
+ *     (read/write): not a baseline for a target, it shows what a transport
+ *     without the socket's costs (and without its credentials and fd
+ *     passing) would give (pipe_same_cpu_us).
+ *
  * (a) is measured three times: with the scheduler's own placement
  * (pingpong_median_us, the headline), with both processes pinned to one
  * CPU, and pinned to two different CPUs.  On small VMs the two placements
@@ -15,13 +20,14 @@
  *
  * Prints one JSON object:
  *   {"pingpong_median_us": ..., "pingpong_same_cpu_us": ...,
- *    "pingpong_cross_cpu_us": ..., "memcpy_64m_ms": ...}
+ *    "pingpong_cross_cpu_us": ..., "pipe_same_cpu_us": ..., "memcpy_64m_ms": ...}
  * Usage: pingpong [round_trips [memcpy_reps]]
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,10 +68,12 @@ static void die(const char *what)
     exit(1);
 }
 
+static int use_pipes; /* read/write on pipes instead of send/recv */
+
 static void xsend(int fd, const void *buf, size_t n)
 {
     for (;;) {
-        ssize_t r = send(fd, buf, n, 0);
+        ssize_t r = use_pipes ? write(fd, buf, n) : send(fd, buf, n, 0);
         if (r == (ssize_t)n)
             return;
         if (r < 0 && errno == EINTR)
@@ -78,7 +86,7 @@ static void xsend(int fd, const void *buf, size_t n)
 static int xrecv(int fd, void *buf, size_t n)
 {
     for (;;) {
-        ssize_t r = recv(fd, buf, n, 0);
+        ssize_t r = use_pipes ? read(fd, buf, n) : recv(fd, buf, n, 0);
         if (r == (ssize_t)n)
             return 1;
         if (r == 0)
@@ -117,31 +125,52 @@ static void allowed_cpus(cpu_set_t *orig, int *a, int *b)
     }
 }
 
+/* The two ends: the parent uses sv[0] to send and rv[0] to receive, the
+ * child rv[1] and sv[1] (one socketpair: sv = rv; pipes: one each way). */
+static void make_ends(int sv[2], int rv[2])
+{
+    if (!use_pipes) {
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+            die("socketpair");
+        rv[0] = sv[0];
+        rv[1] = sv[1];
+        return;
+    }
+    int down[2], up[2];
+    if (pipe2(down, O_CLOEXEC) != 0 || pipe2(up, O_CLOEXEC) != 0)
+        die("pipe2");
+    sv[0] = down[1], sv[1] = up[1];  /* parent writes down, child writes up */
+    rv[0] = up[0], rv[1] = down[0];
+}
+
 static double pingpong(size_t n, int place, int cpu_a, int cpu_b)
 {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-        die("socketpair");
+    int sv[2], rv[2];
+    make_ends(sv, rv);
     pid_t pid = fork();
     if (pid < 0)
         die("fork");
     if (pid == 0) {
         char buf[MSG];
         close(sv[0]);
+        if (rv[0] != sv[0])
+            close(rv[0]);
         if (place != PLACE_DEFAULT && pin(place == PLACE_SAME ? cpu_a : cpu_b) != 0)
             die("sched_setaffinity (child)");
-        while (xrecv(sv[1], buf, sizeof buf))
+        while (xrecv(rv[1], buf, sizeof buf))
             xsend(sv[1], buf, sizeof buf);
         _exit(0);
     }
     close(sv[1]);
+    if (rv[1] != sv[1])
+        close(rv[1]);
     if (place != PLACE_DEFAULT && pin(cpu_a) != 0)
         die("sched_setaffinity");
     char msg[MSG], back[MSG];
     memset(msg, 'x', sizeof msg);
     for (int i = 0; i < WARMUP; i++) {
         xsend(sv[0], msg, sizeof msg);
-        if (!xrecv(sv[0], back, sizeof back))
+        if (!xrecv(rv[0], back, sizeof back))
             die("child closed");
     }
     uint64_t *t = malloc(n * sizeof *t);
@@ -150,11 +179,13 @@ static double pingpong(size_t n, int place, int cpu_a, int cpu_b)
     for (size_t i = 0; i < n; i++) {
         uint64_t t0 = now_ns();
         xsend(sv[0], msg, sizeof msg);
-        if (!xrecv(sv[0], back, sizeof back))
+        if (!xrecv(rv[0], back, sizeof back))
             die("child closed");
         t[i] = now_ns() - t0;
     }
     close(sv[0]);
+    if (rv[0] != sv[0])
+        close(rv[0]);
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
@@ -200,18 +231,23 @@ int main(int argc, char **argv)
     }
     cpu_set_t orig;
     int cpu_a, cpu_b;
-    char same[32] = "null", cross[32] = "null";
+    char same[32] = "null", cross[32] = "null", piped[32] = "null";
     allowed_cpus(&orig, &cpu_a, &cpu_b);
     double pp = pingpong(n, PLACE_DEFAULT, cpu_a, cpu_b);
     if (cpu_a >= 0)
         snprintf(same, sizeof same, "%.3f", pingpong(n, PLACE_SAME, cpu_a, cpu_b));
     if (cpu_b >= 0)
         snprintf(cross, sizeof cross, "%.3f", pingpong(n, PLACE_CROSS, cpu_a, cpu_b));
+    if (cpu_a >= 0) {
+        use_pipes = 1;
+        snprintf(piped, sizeof piped, "%.3f", pingpong(n, PLACE_SAME, cpu_a, cpu_b));
+        use_pipes = 0;
+    }
     if (sched_setaffinity(0, sizeof orig, &orig) != 0)
         die("sched_setaffinity (restore)");
     double mc = memcpy_64m(reps);
     printf("{\"pingpong_median_us\": %.3f, \"pingpong_same_cpu_us\": %s, "
-           "\"pingpong_cross_cpu_us\": %s, \"memcpy_64m_ms\": %.3f}\n",
-           pp, same, cross, mc);
+           "\"pingpong_cross_cpu_us\": %s, \"pipe_same_cpu_us\": %s, \"memcpy_64m_ms\": %.3f}\n",
+           pp, same, cross, piped, mc);
     return 0;
 }

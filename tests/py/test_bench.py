@@ -1,0 +1,40 @@
+"""`make bench`'s IPC report (bench/ipc.py), run small: it must keep
+writing every key the foundation issue names, with ratios that are the
+ratios of its own figures.  No figure is judged here (timings are the
+bench's business, not a test's)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(ROOT, "build", "rel")))
+PINGPONG = os.path.join(BUILD, "bench", "pingpong")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(PINGPONG), reason=f"no {PINGPONG} (build first)")
+
+KEYS = ["call_median_us", "pingpong_median_us", "call_ratio", "h2w_64m_ms", "w2h_64m_ms", "echo_64m_ms",
+        "memcpy_64m_ms", "h2w_ratio", "w2h_ratio", "ready_ms", "bare_ready_ms", "rss_overhead_mib"]
+LAYERS = ["pingpong_same_cpu_us", "pipe_same_cpu_us", "core_same_cpu_us", "binding_same_cpu_us",
+          "chan_same_cpu_us", "call_same_cpu_us"]
+
+
+def test_ipc_bench_writes_every_named_key(tmp_path):
+    out = tmp_path / "ipc.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ipc.py"), "--pingpong", PINGPONG,
+                          "--out", str(out), "--calls", "200", "--reps", "2", "--starts", "2", "--rounds", "2"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    r = json.loads(out.read_text())
+    for key in KEYS + LAYERS:
+        assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r.get(key))
+    assert r["call_ratio"] == pytest.approx(r["call_median_us"] / r["pingpong_median_us"])
+    assert r["call_ratio_same_cpu"] == pytest.approx(r["call_same_cpu_us"] / r["pingpong_same_cpu_us"])
+    assert r["h2w_ratio"] == pytest.approx(r["h2w_64m_ms"] / r["memcpy_64m_ms"])
+    assert len(r["rounds"]) == 2 and all("call_ratio_same_cpu" in x for x in r["rounds"])
+    assert set(r["targets"]) >= {"call_ratio", "h2w_ratio", "w2h_ratio", "ready_ms", "rss_overhead_mib"}
+    assert "call_ratio_same_cpu" in run.stdout  # the table was printed
