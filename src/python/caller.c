@@ -16,6 +16,8 @@
  */
 #include "common.h"
 
+#include <stddef.h>
+
 typedef struct {
   PyObject_HEAD
   PyObject *chan;             /* the running generation's Channel, or NULL */
@@ -58,8 +60,12 @@ static void Caller_dealloc(PyObject *op) {
   Py_DECREF(tp);
 }
 
-/* A slot read as Python sees it: None for NULL.  New reference. */
-static PyObject *slot_get(PyObject *v) { return bh_py_newref(v ? v : Py_None); }
+/* The getter of every object slot (closure: the slot's offset): None for
+ * NULL.  New reference. */
+static PyObject *Caller_get_slot(PyObject *op, void *offset) {
+  PyObject *v = *(PyObject **)((char *)op + (size_t)offset);
+  return bh_py_newref(v ? v : Py_None);
+}
 
 /* Stores v (None: NULL) in *slot. */
 static void slot_set(PyObject **slot, PyObject *v) {
@@ -74,11 +80,6 @@ static int refuse_delete(PyObject *v, const char *name) {
   return -1;
 }
 
-static PyObject *Caller_get_chan(PyObject *op, void *c) {
-  (void)c;
-  return slot_get(((bh_caller_obj *)op)->chan);
-}
-
 static int Caller_set_chan(PyObject *op, PyObject *v, void *c) {
   (void)c;
   if (refuse_delete(v, "_chan") < 0) return -1;
@@ -91,21 +92,11 @@ static int Caller_set_chan(PyObject *op, PyObject *v, void *c) {
   return 0;
 }
 
-static PyObject *Caller_get_peer(PyObject *op, void *c) {
-  (void)c;
-  return slot_get(((bh_caller_obj *)op)->peer);
-}
-
 static int Caller_set_peer(PyObject *op, PyObject *v, void *c) {
   (void)c;
   if (refuse_delete(v, "_peer") < 0) return -1;
   slot_set(&((bh_caller_obj *)op)->peer, v);
   return 0;
-}
-
-static PyObject *Caller_get_lock(PyObject *op, void *c) {
-  (void)c;
-  return slot_get(((bh_caller_obj *)op)->lock);
 }
 
 /* The lock's acquire and release are looked up once, here. */
@@ -126,11 +117,6 @@ static int Caller_set_lock(PyObject *op, PyObject *v, void *c) {
   Py_XDECREF(old_acquire);
   Py_XDECREF(old_release);
   return 0;
-}
-
-static PyObject *Caller_get_timeout(PyObject *op, void *c) {
-  (void)c;
-  return slot_get(((bh_caller_obj *)op)->timeout);
 }
 
 static int Caller_set_timeout(PyObject *op, PyObject *v, void *c) {
@@ -270,11 +256,13 @@ static PyMethodDef Caller_methods[] = {
      "arguments and returns its result; starts the worker first if it is not running."},
     {NULL, NULL, 0, NULL}};
 
+#define SLOT(name) ((void *)offsetof(bh_caller_obj, name))
+
 static PyGetSetDef Caller_getset[] = {
-    {"_chan", Caller_get_chan, Caller_set_chan, "the running generation's Channel, or None", NULL},
-    {"_peer", Caller_get_peer, Caller_set_peer, "the running generation's Peer, or None", NULL},
-    {"_lock", Caller_get_lock, Caller_set_lock, "the worker lock (threading.RLock)", NULL},
-    {"call_timeout", Caller_get_timeout, Caller_set_timeout, "seconds a call may take, or None", NULL},
+    {"_chan", Caller_get_slot, Caller_set_chan, "the running generation's Channel, or None", SLOT(chan)},
+    {"_peer", Caller_get_slot, Caller_set_peer, "the running generation's Peer, or None", SLOT(peer)},
+    {"_lock", Caller_get_slot, Caller_set_lock, "the worker lock (threading.RLock)", SLOT(lock)},
+    {"call_timeout", Caller_get_slot, Caller_set_timeout, "seconds a call may take, or None", SLOT(timeout)},
     {"busy", Caller_get_busy, Caller_set_busy, "requests in flight (nested ones count)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
