@@ -593,7 +593,11 @@ int bh_py_channel_depth(PyObject *op) { return ((bh_chan_obj *)op)->n_waiters; }
 
 bh_state *bh_py_channel_state(PyObject *op) { return chan_state((bh_chan_obj *)op); }
 
-int bh_py_is_channel(PyObject *o) { return PyType_GetSlot(Py_TYPE(o), Py_tp_dealloc) == (void *)Channel_dealloc; }
+/* Python 3.9 reads slots of heap types only, so those are asked first. */
+int bh_py_is_channel(PyObject *o) {
+  PyTypeObject *tp = Py_TYPE(o);
+  return (PyType_GetFlags(tp) & Py_TPFLAGS_HEAPTYPE) && PyType_GetSlot(tp, Py_tp_dealloc) == (void *)Channel_dealloc;
+}
 
 static PyObject *Channel_depth(PyObject *op, void *c) {
   (void)c;

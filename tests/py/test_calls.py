@@ -1,12 +1,13 @@
 """Calls, results, exceptions and callbacks across a real process."""
 
 import math
+import os
 
 import pytest
 
 import bulkhead
 
-from conftest import WORKER_VENVS
+from conftest import HELPERS, WORKER_VENVS
 
 
 def test_call_roundtrip_plain_values(worker):
@@ -35,6 +36,40 @@ def test_call_under_other_interpreter(make_worker):
         w.close()
     if not WORKER_VENVS:
         pytest.skip("no worker venvs built")
+
+
+HOST_SCRIPT = """
+import sys, bulkhead
+w = bulkhead.Worker(sys.executable, name="h", env={"PYTHONPATH": sys.argv[1]})
+try:
+    assert w.call("operator:add", 1, 2) == 3 and w.busy == 0 and w.generation == 1
+    try:
+        w._chan = object()
+    except TypeError as e:
+        assert "not <class 'object'>" in str(e), e
+    else:
+        raise AssertionError("a non-Channel was accepted")
+    w.call_timeout = 5
+    assert w.call("bh_testmod:echo", 1, k=2) == ((1,), {"k": 2})
+    with w._lock:
+        assert w.call("operator:mul", 6, 7) == 42  # the RLock is re-entrant from C too
+finally:
+    w.close()
+print("host ok", "%d.%d" % sys.version_info[:2])
+"""
+
+
+def test_host_under_other_interpreter():
+    """The host side (Worker.call in C, _native.Caller) under every
+    interpreter: ComfyUI's own Python may be any of 3.9-3.13."""
+    import subprocess
+    if not WORKER_VENVS:
+        pytest.skip("no worker venvs built")
+    # Only bulkhead's own directory: the host's sys.path holds its stdlib.
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(bulkhead.__file__))))
+    for name, py in WORKER_VENVS.items():
+        run = subprocess.run([py, "-c", HOST_SCRIPT, HELPERS], capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0 and "host ok" in run.stdout, (name, run.stdout, run.stderr)
 
 
 def test_builtin_exception_crosses_as_builtin(worker):
