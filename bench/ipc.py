@@ -337,6 +337,11 @@ def round_trips(args, coreecho, w):
     r["binding_same_cpu_us"] = binding_same_cpu(coreecho, args.calls)
     r.update(calls_by_placement(w, args.calls))
     r["chan_same_cpu_us"] = chan_same_cpu(w, args.calls)
+    return call_ratios(r)
+
+
+def call_ratios(r):
+    """The call's ratios to the raw round trip, per placement (in r)."""
     r["call_ratio"] = ratio(r["call_median_us"], r["pingpong_median_us"])
     r["call_ratio_same_cpu"] = ratio(r["call_same_cpu_us"], r.get("pingpong_same_cpu_us"))
     r["call_ratio_cross_cpu"] = ratio(r["call_cross_cpu_us"], r.get("pingpong_cross_cpu_us"))
@@ -400,9 +405,7 @@ def main(argv=None):
     r["call_placement"] = placement(r["call_median_us"], r["call_same_cpu_us"], r["call_cross_cpu_us"])
     # Ratios of the medians, as the figures are defined (each round's own
     # ratios are under "rounds").
-    r["call_ratio"] = ratio(r["call_median_us"], r["pingpong_median_us"])
-    r["call_ratio_same_cpu"] = ratio(r["call_same_cpu_us"], r.get("pingpong_same_cpu_us"))
-    r["call_ratio_cross_cpu"] = ratio(r["call_cross_cpu_us"], r.get("pingpong_cross_cpu_us"))
+    call_ratios(r)
     r["h2w_ratio"] = ratio(r["h2w_64m_ms"], r["memcpy_64m_ms"])
     r["w2h_ratio"] = ratio(r["w2h_64m_ms"], r["memcpy_64m_ms"])
     r["echo_ratio"] = ratio(r["echo_64m_ms"], r["memcpy_64m_ms"])
