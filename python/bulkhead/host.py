@@ -528,8 +528,7 @@ class Worker(_native.Caller):
                 return self._request_failed(e, kind, payload, timeout, verb, obj)
             finally:
                 self.busy -= 1
-                if chan.depth == 0 and (peer.exports or peer.pending_releases):
-                    self._after_request(chan, peer)
+                self._after_request(chan, peer)
 
     def _request_failed(self, exc, kind, payload, timeout, verb, obj):
         """A request whose channel failed (under the lock, counted busy):
@@ -546,8 +545,7 @@ class Worker(_native.Caller):
             except _native.Error as again:
                 exc = again
             finally:
-                if chan.depth == 0 and (peer.exports or peer.pending_releases):
-                    self._after_request(chan, peer)
+                self._after_request(chan, peer)
         if isinstance(exc, _native.PeerClosed):
             self._died(f"during {verb} {obj!r}")
         if isinstance(exc, _native.Timeout):
@@ -557,8 +555,12 @@ class Worker(_native.Caller):
         raise exc
 
     def _after_request(self, chan, peer):
-        """After the outermost request: the handles exported for it are
-        dropped, and the releases the host owes the worker are sent."""
+        """After a request on chan: once it was the outermost one, the
+        handles exported for it are dropped, and the releases the host owes
+        the worker are sent.  (Caller.call makes the same checks in C before
+        it calls this.)"""
+        if chan.depth:
+            return
         if peer.exports:
             peer.exports.clear()
         if peer.pending_releases and self._peer is peer:
