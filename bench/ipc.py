@@ -111,7 +111,7 @@ def binding_same_cpu(exe, calls):
     the C core's echo (no Python in the peer), both on one CPU."""
     import socket
     from bulkhead import _native
-    from bulkhead._rpc import Peer
+    from bulkhead.channel.peer import Peer
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     p = subprocess.Popen([exe, "echo", str(b.fileno()), str(os.getpid())], pass_fds=[b.fileno()])
     b.close()
@@ -369,7 +369,7 @@ def placement(default, same, cross):
 def main(argv=None):
     args = parse_args(argv)
     import bulkhead
-    from bulkhead import host as bh_host
+    from bulkhead.host import workers as bh_host
 
     t_start = time.monotonic()
     coreecho = args.coreecho or os.path.join(os.path.dirname(os.path.abspath(args.pingpong)), "coreecho")

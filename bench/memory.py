@@ -102,7 +102,7 @@ comfy.options.enable_args_parsing()
 import comfy.model_management as mm
 import bulkhead
 from bulkhead import _native
-from bulkhead.memory import HostMemory
+from bulkhead.host.memory import HostMemory
 MiB = 1 << 20
 hm = HostMemory(mm, ledger_path=os.path.join(TMP, "ledger-sc"))
 def worker(name, chunk):

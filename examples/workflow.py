@@ -60,7 +60,7 @@ def main():
 
     print(f"host: pid {os.getpid()}, Python {sys.version.split()[0]}, numpy {np.__version__}, "
           f"ComfyUI from {comfy_root()}")
-    from bulkhead import nodes
+    from bulkhead.host import nodes
     mappings = {}
     for pack in ("old_numpy_pack", "new_numpy_pack"):
         t0 = time.perf_counter()

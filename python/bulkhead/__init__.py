@@ -5,16 +5,26 @@ memory budget.  This package is the thin Python glue over the C core in
 __version__ = "0.1.0"
 
 from ._native import PeerClosed, ProtocolError, Timeout  # noqa: F401
-from ._rpc import BulkheadError, HandleError, RemoteCallable, RemoteError, RemoteObject  # noqa: F401
-from .host import CallTimeout, Worker, WorkerDied, WorkerStartError, describe_status  # noqa: F401
+from .channel.peer import BulkheadError, HandleError, RemoteCallable, RemoteError, RemoteObject  # noqa: F401
 
-# The environment tools are imported on first use: a worker imports this
-# package on every start and needs none of them (they cost more to import
-# than the rest of the package).
+# The package is laid out by the process each file runs in:
+#   channel/   what crosses the channel, used by both processes (the peer,
+#              tensors, the private host <-> worker formats)
+#   host/      the ComfyUI (host) process: Worker, pack loading, proxy
+#              nodes, memory, the holder, the control socket, ComfyUI routes
+#   worker/    the worker process (``python -m bulkhead.worker``)
+#   envs/      pack configs and their environments (install, status)
+# The top-level modules (_importwatch, pager, packimport) are used by both.
+#
+# Host and environment names are imported on first use: a worker imports
+# this package on every start and needs none of them (a test checks that a
+# worker imports no host module).
 _LAZY = {
-    "install": "envs", "env_status": "envs", "EnvStatus": "envs", "EnvBuildError": "envs",
-    "PackConfig": "packconfig", "PackConfigError": "packconfig", "PackConfigWarning": "packconfig",
-    "comfy_pack": "pack", "host_memory": "pack",
+    "CallTimeout": "host.workers", "Worker": "host.workers", "WorkerDied": "host.workers",
+    "WorkerStartError": "host.workers", "describe_status": "host.workers",
+    "install": "envs.build", "env_status": "envs.build", "EnvStatus": "envs.build", "EnvBuildError": "envs.build",
+    "PackConfig": "envs.config", "PackConfigError": "envs.config", "PackConfigWarning": "envs.config",
+    "comfy_pack": "host.pack", "host_memory": "host.pack", "load_pack": "host.nodes",
 }
 
 
@@ -43,13 +53,13 @@ NODE_DISPLAY_NAME_MAPPINGS = {}
 def _comfyui_server():
     """In a ComfyUI process whose PromptServer exists (custom nodes load
     after it is made), put bulkhead's routes, /free observer and prompt
-    boundary on it (comfy_routes.install).  Never fails the import."""
+    boundary on it (host.routes.install).  Never fails the import."""
     import sys
     server = sys.modules.get("server")
     if getattr(getattr(server, "PromptServer", None), "instance", None) is None:
         return
     try:
-        from .comfy_routes import install
+        from .host.routes import install
         install()
     except Exception as e:  # the routes are a convenience; the nodes must load
         import logging

@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from . import envs, packconfig
+from .envs import build as envs, config as packconfig
 
 
 def _parser():
@@ -107,7 +107,7 @@ def _doctor(args):
         print(f"python -m bulkhead doctor: no ComfyUI in {base} (no comfy/model_management.py); "
               "name its directory, or set COMFYUI_PATH", file=sys.stderr)
         return 2
-    from . import contract
+    from .host import contract
     sys.path.insert(0, base)
     sys.argv = ["main.py", "--cpu"]
     # ComfyUI prints while it imports: keep stdout for the report.

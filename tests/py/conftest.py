@@ -15,6 +15,7 @@ import time
 import pytest
 
 import bulkhead
+import bulkhead.host.workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELPERS = os.path.join(HERE, "helpers")
@@ -75,7 +76,7 @@ def no_leaks():
     gc.collect()
     fds, shm = _fds(), _shm()
     yield
-    bulkhead.host._close_all()
+    bulkhead.host.workers._close_all()
     gc.collect()
     deadline = time.monotonic() + 5
     while (_children() or _fds() != fds) and time.monotonic() < deadline:

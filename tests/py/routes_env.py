@@ -34,8 +34,9 @@ HELPERS = os.path.join(HERE, "helpers")
 PREAMBLE = """
 import asyncio, threading, time, urllib.request, urllib.error
 import bulkhead
-from bulkhead import _native, comfy_routes
-from bulkhead.memory import HostMemory
+from bulkhead import _native
+from bulkhead.host import routes as comfy_routes
+from bulkhead.host.memory import HostMemory
 from aiohttp import web
 import server as comfy_server
 import nodes

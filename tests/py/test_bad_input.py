@@ -29,7 +29,8 @@ import time
 import pytest
 
 import bulkhead
-from bulkhead import _native, packconfig
+from bulkhead import _native
+from bulkhead.envs import config as packconfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOOKS = os.path.join(HERE, "helpers", "hooks")
@@ -197,7 +198,7 @@ def _as_nobody(fn):
 @needs_root
 def test_foreign_uid_on_the_control_socket(tmp_path, host_worker, monkeypatch, caplog):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    from bulkhead.control import ControlServer, request
+    from bulkhead.host.control import ControlServer, request
     srv = ControlServer(_Host([host_worker]), release_timeout=5)
     try:
         # Connecting as another uid: the directory (0700) and socket (0600) refuse.
@@ -288,7 +289,7 @@ def test_host_memory_on_an_unusable_ledger_warns_and_goes_on(tmp_path):
         import io, logging
         buf = io.StringIO()
         logging.getLogger("bulkhead").addHandler(logging.StreamHandler(buf))
-        from bulkhead import pack
+        from bulkhead.host import pack
         first, second = pack.host_memory(), pack.host_memory()
         emit(dict(first=first is None, second=second is None, log=buf.getvalue()))
     """, env={"BULKHEAD_LEDGER": str(path),
@@ -325,7 +326,7 @@ def _wait_for(cond, timeout=10.0):
 ], ids=["http", "short", "version", "badvalue"])
 def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, caplog, garbage, named):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    from bulkhead.control import ControlServer, request
+    from bulkhead.host.control import ControlServer, request
     srv = ControlServer(_Host([host_worker]), release_timeout=5)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s, \

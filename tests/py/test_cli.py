@@ -352,7 +352,7 @@ class StandInHost:
 @pytest.fixture
 def control():
     """control(workers) -> a ControlServer in this process (the host)."""
-    from bulkhead.control import ControlServer
+    from bulkhead.host.control import ControlServer
     servers = []
 
     def start(workers):
@@ -641,7 +641,7 @@ def test_top_restores_the_terminal_when_signalled(env, ledger, host, sig):
 PREAMBLE = """
 import subprocess
 import bulkhead
-from bulkhead.memory import HostMemory
+from bulkhead.host.memory import HostMemory
 MiB = 1 << 20
 CLI = {cli!r}
 LEDGER = {ledger!r}

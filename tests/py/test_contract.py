@@ -1,4 +1,4 @@
-"""bulkhead's contract with ComfyUI (bulkhead.contract) and `bulkhead doctor`.
+"""bulkhead's contract with ComfyUI (bulkhead.host.contract) and `bulkhead doctor`.
 
 * The table lists every ComfyUI name the glue uses: an AST scan of
   python/bulkhead/*.py fails on one it does not list (and on a use on a side
@@ -27,7 +27,7 @@ import types
 
 import pytest
 
-from bulkhead import contract
+from bulkhead.host import contract
 from comfyenv import SHIMS, STUB_ROOT, run_comfy_script, using_real_checkout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,20 +45,20 @@ LOADED_MODEL = (MM, "LoadedModel")
 # attributes), besides what the imports and sys.modules look-ups bind.
 CONVENTIONAL = {"mm": MM, "self.mm": MM, "utils": contract.UTILS, "self.utils": contract.UTILS,
                 "cli": contract.CLI, "fp": contract.FP, "mem": contract.MEM, "lm": LOADED_MODEL}
-WORKER_FILES = {"worker.py", "worker_memory.py", "worker_nodes.py"}
-WORKER_FUNCTIONS = {("pager.py", "bring_up")}
-NOT_SCANNED = {"contract.py"}   # the table itself: names as data
+from test_memory import WORKER_FILES, WORKER_FUNCTIONS, package_sources  # noqa: E402
+
+NOT_SCANNED = {"host/contract.py"}   # the table itself: names as data
 _MODULE_NAME = re.compile(r"^(comfy(\.\w+)*|folder_paths)$")
 
 # Look-ups by a name the scan cannot resolve, with the names they can take
 # (each must be in the table); None: the name is data from the same
 # ComfyUI, not a name bulkhead depends on (the enum classes of the host's
 # own flags, by the names the host's comfy.cli_args gave them).
-_KINDS = ("output", "input", "temp", "user")   # the keys of nodes.host_folders()["dirs"]
+_KINDS = ("output", "input", "temp", "user")   # the keys of formats.host_folders()["dirs"]
 DYNAMIC_ALLOWED = {
-    ("worker_nodes.py", "comfy.cli_args", "value['enum']"): None,
-    ("worker_nodes.py", "folder_paths", "f'set_{kind}_directory'"): [f"set_{k}_directory" for k in _KINDS],
-    ("worker_nodes.py", "folder_paths", "f'{kind}_directory'"): [f"{k}_directory" for k in _KINDS],
+    ("channel/formats.py", "comfy.cli_args", "value['enum']"): None,
+    ("channel/formats.py", "folder_paths", "f'set_{kind}_directory'"): [f"set_{k}_directory" for k in _KINDS],
+    ("channel/formats.py", "folder_paths", "f'{kind}_directory'"): [f"{k}_directory" for k in _KINDS],
 }
 
 
@@ -191,8 +191,8 @@ def _side_ok(row, side):
 def test_the_glue_uses_no_comfyui_name_the_table_does_not_list():
     rows = _table_index()
     unlisted, wrong_side, dynamic = [], [], []
-    for fn in sorted(os.listdir(PY_SRC)):
-        if not fn.endswith(".py") or fn in NOT_SCANNED:
+    for fn in package_sources():
+        if fn in NOT_SCANNED:
             continue
         with open(os.path.join(PY_SRC, fn)) as f:
             uses, dyn = scan(f.read(), fn)
@@ -210,7 +210,7 @@ def test_the_glue_uses_no_comfyui_name_the_table_does_not_list():
             for name in DYNAMIC_ALLOWED[(fn, module, expr)] or ():
                 if (module, name) not in rows:
                     unlisted.append(f"{fn}:{line}: {module}.{name} (as {expr})")
-    assert unlisted == [], "ComfyUI names the glue uses that bulkhead.contract.TABLE does not list"
+    assert unlisted == [], "ComfyUI names the glue uses that bulkhead.host.contract.TABLE does not list"
     assert wrong_side == []
     assert dynamic == [], "look-ups of ComfyUI names the scan cannot check: list them or make them constant"
 
@@ -234,7 +234,7 @@ def test_the_scan_finds_what_it_checks():
             mm.__file__
             getattr(mm, data)
     ''')
-    uses, dynamic = scan(src, "memory.py")
+    uses, dynamic = scan(src, "host/memory.py")
     found = set((m, n) for m, n, _s, _l in uses)
     assert found == ({
         ("comfy.model_management", None), ("comfy.utils", None), ("folder_paths", None),
@@ -243,7 +243,7 @@ def test_the_scan_finds_what_it_checks():
         ("folder_paths", "get_input_directory"), (MM, "LoadedModel.real_model")})
     assert dynamic == [(MM, "data", 17)]
     assert {s for *_x, s, _l in uses} == {"host"}
-    assert {s for *_x, s, _l in scan(src, "worker_memory.py")[0]} == {"worker"}
+    assert {s for *_x, s, _l in scan(src, "worker/memory.py")[0]} == {"worker"}
 
 
 def test_the_table_is_well_formed():
@@ -543,7 +543,7 @@ import io, logging
 buf = io.StringIO()
 logging.basicConfig(level=logging.WARNING, stream=buf, format="LOG %(message)s", force=True)
 import bulkhead
-from bulkhead import contract
+from bulkhead.host import contract
 
 pids = []
 for pack in PACKS:
@@ -553,7 +553,7 @@ for pack in PACKS:
 first = contract._startup
 load_custom_node(PACKS[0])
 emit(dict(me=os.getpid(), pids=pids, log=buf.getvalue(), once=contract._startup is first,
-          memory=bulkhead.pack._memory is not None))
+          memory=bulkhead.host.pack._memory is not None))
 '''
 
 

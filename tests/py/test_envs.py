@@ -18,8 +18,8 @@ import zipfile
 import pytest
 
 import bulkhead
-from bulkhead import envs, packconfig
-from bulkhead.envs import EnvBuildError, InterpreterNotFound
+from bulkhead.envs import build as envs, config as packconfig
+from bulkhead.envs.build import EnvBuildError, InterpreterNotFound
 
 from conftest import HELPERS
 

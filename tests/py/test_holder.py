@@ -1,4 +1,4 @@
-"""The MemoryHolder hook: bulkhead's holder (bulkhead.holder) and the
+"""The MemoryHolder hook: bulkhead's holder (bulkhead.host.holder) and the
 upstream patch (docs/upstream/memory-holder.patch).
 
 (a) The holder against fake workers: the plan (least recently used first,
@@ -24,8 +24,8 @@ import textwrap
 
 import pytest
 
-from bulkhead import holder as bh_holder
-from bulkhead.memory import HostMemory
+from bulkhead.host import holder as bh_holder
+from bulkhead.host.memory import HostMemory
 from comfyenv import STUB_ROOT, run_comfy_script, using_real_checkout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -290,8 +290,9 @@ def test_patched_free_memory_asks_holders_for_the_shortfall(patched):
 SCENARIO = """
 import time
 import bulkhead
-from bulkhead import _native, holder as bh_holder
-from bulkhead.memory import HostMemory
+from bulkhead import _native
+from bulkhead.host import holder as bh_holder
+from bulkhead.host.memory import HostMemory
 MiB = 1 << 20
 hm = HostMemory(mm, ledger_path={ledger!r})
 h = bh_holder.install(hm)
@@ -385,7 +386,7 @@ def test_scenario_without_the_patch(tmp_path, unpatched):
 
 HOST_MEMORY = """
 import bulkhead
-from bulkhead import holder as bh_holder
+from bulkhead.host import holder as bh_holder
 hm = bulkhead.host_memory()
 h = bh_holder.installed()
 out = dict(holder=h is not None, flag=hm.register_standins,

@@ -87,8 +87,9 @@ HOST = r'''
 import logging, signal, threading, time
 import numpy as np
 import bulkhead
-from bulkhead import _native, control
-from bulkhead.memory import HostMemory
+from bulkhead import _native
+from bulkhead.host import control
+from bulkhead.host.memory import HostMemory
 
 MiB = 1 << 20
 ROWS = ROWS_
@@ -428,7 +429,7 @@ def test_matrix_host_cleaned_up(matrix):
 
 HOST_TO_KILL = r'''
 import bulkhead
-from bulkhead.memory import HostMemory
+from bulkhead.host.memory import HostMemory
 MiB = 1 << 20
 hm = HostMemory(mm, ledger_path=LEDGER_)
 env = {"PYTHONPATH": os.pathsep.join([HELPERS_, os.getcwd()])}
@@ -453,7 +454,8 @@ def _proc_state(pid):
 
 
 def test_host_killed_workers_exit_and_records_are_reaped(tmp_path):
-    from bulkhead import _native, control
+    from bulkhead import _native
+    from bulkhead.host import control
     from comfyenv import script_prelude, comfy_root
 
     ledger = str(tmp_path / "ledger")
@@ -526,7 +528,7 @@ def test_deadlines_come_from_the_pack(tmp_path):
     """call_timeout_s / start_timeout_s / release_timeout_s of a pack's
     [bulkhead] table reach its Worker (pack.py maps them to these options),
     and HostMemory releases with the worker's own deadline."""
-    from bulkhead import memory, nodes
+    from bulkhead.host import memory, nodes
     rt = nodes.PackRuntime(str(tmp_path), sys.executable, "slow-pack", {},
                            {"call_timeout": 3.0, "start_timeout": 40.0, "release_timeout": 1.5},
                            str(tmp_path))

@@ -23,7 +23,7 @@ import time
 import pytest
 
 import bulkhead
-from bulkhead import nodes
+from bulkhead.host import nodes
 from comfyenv import run_comfy_script
 from conftest import WORKER_VENVS, other_interpreter
 
@@ -33,7 +33,7 @@ BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(ROOT, "bui
 
 INIT = '''\
 import os
-from bulkhead.nodes import load_pack
+from bulkhead.host.nodes import load_pack
 NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = load_pack(
     os.path.dirname(os.path.abspath(__file__)), os.environ["BH_TEST_PACK_PYTHON"],
     options={"comfyui": os.environ.get("BH_TEST_COMFYUI")})
@@ -347,7 +347,7 @@ def test_folder_lists_are_read_from_the_host_every_time(tmp_path, base, host, mo
 
 
 def _held(pack):
-    return nodes.runtime(pack).worker.call("bulkhead.worker_nodes:held_count")
+    return nodes.runtime(pack).worker.call("bulkhead.worker.nodes:held_count")
 
 
 def _wait_held(pack, n, timeout=5.0):
@@ -599,7 +599,7 @@ NODE_CLASS_MAPPINGS = {"Progress": Progress, "Loop": Loop, "Oom": Oom, "State": 
 SCENARIO = '''
 import logging, threading, time
 import comfy.utils
-from bulkhead import nodes
+from bulkhead.host import nodes
 PACK = {pack!r}
 '''
 

@@ -79,7 +79,7 @@ def test_isolated_pack_runs_in_a_worker_under_the_memory_budget(tmp_path):
         emit(dict(state=statuses[0].state, me=os.getpid(), pid=pid, doubled=doubled,
                   role=rec and rec["role"], host_pid=rec and rec["host_pid"], pack=rec and rec["pack"],
                   display=mod.NODE_DISPLAY_NAME_MAPPINGS))
-        from bulkhead import nodes
+        from bulkhead.host import nodes
         nodes.close_all()
         hm.close()
     """)

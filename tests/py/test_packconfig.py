@@ -12,8 +12,8 @@ import warnings
 import pytest
 
 import bulkhead
-from bulkhead import packconfig
-from bulkhead.packconfig import PackConfigError, PackConfigWarning
+from bulkhead.envs import config as packconfig
+from bulkhead.envs.config import PackConfigError, PackConfigWarning
 
 
 def write(path, text):

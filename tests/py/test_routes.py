@@ -17,7 +17,8 @@ import textwrap
 
 import pytest
 
-from bulkhead import _native, comfy_routes
+from bulkhead import _native
+from bulkhead.host import routes as comfy_routes
 from routes_env import BUILD, BUILD_PY, routes_scenario
 
 MiB = 1 << 20
@@ -160,7 +161,7 @@ def test_route_code_writes_nothing_into_comfy():
     """DESIGN.md 5 holds for the new host-side files too (test_memory's scan
     covers every file of the package; this names the ones added here)."""
     from test_memory import PY_SRC, comfy_assignments
-    for fn in ("comfy_routes.py", "__init__.py"):
+    for fn in ("host/routes.py", "__init__.py"):
         with open(os.path.join(PY_SRC, fn)) as f:
             assert comfy_assignments(f.read(), fn) == []
 

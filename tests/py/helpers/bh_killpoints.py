@@ -34,7 +34,8 @@ def arm(phase, sig):
     release       in a RELEASE from the host, after the pack's model was
                   partly unloaded, before the receipt is sent.
     """
-    from bulkhead import _native, _tensors, worker
+    from bulkhead import _native, worker
+    from bulkhead.channel import tensors as _tensors
 
     if phase == "transfer-in":
         decode = _tensors.decode

@@ -172,7 +172,7 @@ def split_pins(ceiling):
     mm = _comfy()
     mm.MAX_PINNED_MEMORY = ceiling
     from bulkhead import worker
-    return worker.memory.split_pins(), mm.MAX_PINNED_MEMORY
+    return worker.memory_runtime.split_pins(), mm.MAX_PINNED_MEMORY
 
 
 def pid():

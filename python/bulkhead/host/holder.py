@@ -35,7 +35,8 @@ import logging
 import threading
 import time
 
-from . import _native, contract
+from .. import _native
+from . import contract
 
 log = logging.getLogger("bulkhead")
 

@@ -9,7 +9,7 @@ RETURN_TYPES, RETURN_NAMES, FUNCTION, CATEGORY, OUTPUT_NODE, INPUT_IS_LIST,
 OUTPUT_IS_LIST, DESCRIPTION (every upper-case class attribute, in fact) and,
 where the real node has them, IS_CHANGED, VALIDATE_INPUTS (with the real
 signature, which ComfyUI inspects) and check_lazy_status.  The real nodes
-live in the pack's worker (``bulkhead.worker_nodes``), one persistent
+live in the pack's worker (``bulkhead.worker.nodes``), one persistent
 process under the pack's interpreter.
 
 Start-up does not wait for workers: the metadata is cached on disk, keyed
@@ -57,13 +57,15 @@ import sys
 import threading
 import time
 
-from . import _native
-from ._rpc import BulkheadError, RemoteError, RemoteObject
-from .host import Worker
+from .. import _native
+from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
+                               remote_name)
+from ..channel.peer import BulkheadError, RemoteError, RemoteObject
+from ..packimport import default_module, import_nodes, in_worker
+from .workers import Worker
 
 log = logging.getLogger("bulkhead")
 
-FORMAT = 1
 
 # comfy.cli_args flags (argparse dests) that decide dtype and memory
 # behaviour, mirrored into every pack worker.  Not mirrored: --gpu-only,
@@ -125,11 +127,6 @@ class PackLoadError(BulkheadError, ImportError):
     worker, or the worker could not start)."""
 
 
-class NodeInterrupted(BulkheadError):
-    """A worker node stopped on an interrupt, in a host without ComfyUI
-    (inside ComfyUI, its own InterruptProcessingException is raised)."""
-
-
 # --- where things are ---
 
 def find_comfyui(options=None):
@@ -163,17 +160,6 @@ def cache_dir():
 
 # --- what the worker mirrors ---
 
-def _encode_arg(v):
-    import enum
-    if isinstance(v, enum.Enum):
-        return {"enum": type(v).__name__, "value": v.value}
-    if isinstance(v, (set, frozenset)):
-        return {"set": [_encode_arg(x) for x in v]}
-    if isinstance(v, (list, tuple)):
-        return {"list": [_encode_arg(x) for x in v]}
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    raise TypeError(type(v).__name__)
 
 
 def host_args():
@@ -186,39 +172,10 @@ def host_args():
     for name in MIRRORED_ARGS:
         if hasattr(args, name):
             try:
-                out[name] = _encode_arg(getattr(args, name))
+                out[name] = encode_arg(getattr(args, name))
             except TypeError:
                 log.debug("bulkhead: --%s is not mirrored (a value of type %s)", name,
                           type(getattr(args, name)).__name__)
-    return out
-
-
-def host_folders():
-    """This process's folder_paths directories (JSON-able), or None."""
-    fp = sys.modules.get("folder_paths")
-    table = getattr(fp, "folder_names_and_paths", None)
-    if not isinstance(table, dict):
-        return None
-    folders = {}
-    for name, entry in table.items():
-        try:
-            paths, exts = entry
-            folders[str(name)] = [[str(p) for p in paths], sorted(str(e) for e in exts)]
-        except (TypeError, ValueError):
-            continue
-    dirs = {}
-    for kind in ("output", "input", "temp", "user"):
-        getter = getattr(fp, f"get_{kind}_directory", None)
-        try:
-            value = getter() if getter is not None else getattr(fp, f"{kind}_directory", None)
-        except Exception:
-            value = None
-        if isinstance(value, str):
-            dirs[kind] = value
-    out = {"folders": folders, "dirs": dirs}
-    for attr in ("models_dir", "base_path"):
-        if isinstance(getattr(fp, attr, None), str):
-            out[attr] = getattr(fp, attr)
     return out
 
 
@@ -321,52 +278,6 @@ class MetadataCache:
 
 # --- metadata -> the values ComfyUI gets ---
 
-class AnyType(str):
-    """ComfyUI packs' "any type" string: equal to every type (the pack's
-    own class of that kind, rebuilt on this side)."""
-
-    def __ne__(self, other):
-        return False
-
-    def __eq__(self, other):
-        return True
-
-    __hash__ = str.__hash__
-
-
-def _folder_list(name, files):
-    fp = sys.modules.get("folder_paths")
-    getter = getattr(fp, "get_filename_list", None)
-    if getter is not None:
-        try:
-            return getter(name)
-        except Exception:
-            pass
-    return list(files)
-
-
-def decode_meta(v):
-    """The tagged JSON of worker_nodes._Meta -> Python values."""
-    if isinstance(v, list):
-        return [decode_meta(x) for x in v]
-    if isinstance(v, dict):
-        tag = v.get("__bh__")
-        if tag is None:
-            return {k: decode_meta(x) for k, x in v.items()}
-        if tag == "tuple":
-            return tuple(decode_meta(x) for x in v["items"])
-        if tag == "any":
-            return AnyType(v["value"])
-        if tag == "folder":
-            return _folder_list(v["name"], decode_meta(v["files"]))
-        if tag == "dict":
-            out = {}
-            for k, x in v["items"]:
-                k = decode_meta(k)
-                out[tuple(k) if isinstance(k, list) else k] = decode_meta(x)
-            return out
-        raise ValueError(f"unknown metadata tag {tag!r}")
-    return v
 
 
 def _signature(spec):
@@ -513,7 +424,6 @@ class PackRuntime:
         self.comfyui = comfyui
         module = options.get("module", "auto")
         if module == "auto":
-            from .worker_nodes import default_module
             module = default_module(pack_dir)
         self.module = module
         self.worker = Worker(self.python, name=name, env=env, cwd=comfyui,
@@ -576,7 +486,7 @@ class PackRuntime:
 
     def describe(self):
         try:
-            return self.worker.call("bulkhead.worker_nodes:describe")
+            return self.worker.call("bulkhead.worker.nodes:describe")
         except RemoteError as e:
             self.worker.close()
             raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}) failed to import in its worker "
@@ -648,7 +558,7 @@ class PackRuntime:
             instance = node.__dict__.get("_bulkhead_instance")
             if instance is not None and instance._peer is not peer:
                 instance = None  # the worker was restarted: a new instance there
-            res = self._call(w, mm, "bulkhead.worker_nodes:run", key, kwargs, instance, method)
+            res = self._call(w, mm, "bulkhead.worker.nodes:run", key, kwargs, instance, method)
         types = res.get("types") or {}
         for ident, tname in types.items():
             ro = peer.remote_objects.get(int(ident))
@@ -660,7 +570,7 @@ class PackRuntime:
     def call_class(self, key, mname, kwargs):
         kwargs = {k: _to_worker(v, f"{k!r} of {key}.{mname} (pack {self.name!r})") for k, v in kwargs.items()}
         with self.worker._lock:
-            return self._call(self.worker, _mm(), "bulkhead.worker_nodes:call_class", key, mname, kwargs)
+            return self._call(self.worker, _mm(), "bulkhead.worker.nodes:call_class", key, mname, kwargs)
 
     def _call(self, w, mm, target, *args):
         progress = _Progress(mm)
@@ -681,11 +591,11 @@ class PackRuntime:
 
     def _translate(self, e, mm):
         kind = e.remote_type
-        if kind == "bulkhead.worker_nodes.NodeInterrupted":
+        if kind == remote_name(NodeInterrupted):
             if mm is not None and hasattr(mm, "InterruptProcessingException"):
                 return mm.InterruptProcessingException()
             return NodeInterrupted(f"a node of pack {self.name!r} was interrupted")
-        if kind == "bulkhead.worker_nodes.WorkerOutOfMemory":
+        if kind == remote_name(WorkerOutOfMemory):
             text = (f"{e.remote_message} [in {e.worker}]\n--- worker traceback ---\n"
                     f"{e.remote_traceback.rstrip()}")
             cls = getattr(mm, "OOM_EXCEPTION", None) if mm is not None else None
@@ -738,10 +648,8 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     options = dict(options or {})
     pack_dir = os.path.realpath(os.fspath(pack_dir))
     name = name or os.path.basename(pack_dir)
-    from . import worker as _worker_mod
-    if _worker_mod._peer is not None:
-        from . import worker_nodes
-        mod = worker_nodes.import_nodes(pack_dir, options.get("module", "auto"))
+    if in_worker():
+        mod = import_nodes(pack_dir, options.get("module", "auto"))
         return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
                 dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
     comfyui = find_comfyui(options)
@@ -783,7 +691,6 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
     if first:
         log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir,
                     what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail))
-    from .worker_nodes import import_nodes
     mod = import_nodes(pack_dir, module, unique_name=True)
     return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
             dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))

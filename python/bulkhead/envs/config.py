@@ -68,8 +68,8 @@ import types
 import warnings
 from typing import Mapping, Optional, Tuple
 
-from . import _native
-from ._rpc import BulkheadError
+from .. import _native
+from ..channel.peer import BulkheadError
 
 CONFIG_NAME = "comfy-env.toml"
 

@@ -1,6 +1,6 @@
 """The worker side of an isolated node pack: its nodes, described and run.
 
-The host (``bulkhead.nodes``) starts ``<pack env>/python -m bulkhead.worker``
+The host (``bulkhead.host.nodes``) starts ``<pack env>/python -m bulkhead.worker``
 with the pack and ComfyUI named in the environment:
 
     BULKHEAD_COMFYUI        the host's ComfyUI directory (put first on sys.path,
@@ -33,9 +33,6 @@ Everything this module assigns in a comfy module is in this process only
 """
 
 import asyncio
-import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import json
 import os
@@ -44,48 +41,26 @@ import sys
 import threading
 import time
 
-from ._importwatch import when_imported
-from . import _native
-from . import worker as _worker
-from ._rpc import type_name
+from .. import _native
+from .. import worker as _worker
+from .._importwatch import when_imported
+from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
+from ..channel.peer import type_name
+from ..packimport import import_nodes
 
-FORMAT = 1
 
 _lock = threading.RLock()
 _ready_done = False
 _classes = {}            # mapping key -> class
 _display = {}
 _nodes_module = None
-_importing = None        # realpath of a pack whose __init__ runs now (load_pack checks it)
 _in_call = False
 _interrupt_pending = False
 _last_progress = [0.0, None]
 
 
-class NodeInterrupted(Exception):
-    """The node stopped on ComfyUI's interrupt (the host raises its own
-    InterruptProcessingException for it)."""
-
-
-class WorkerOutOfMemory(Exception):
-    """The node ran out of memory (the host raises its own
-    comfy.model_management.OOM_EXCEPTION for it)."""
-
-
 # --- what the host mirrors ---
 
-def _decode_arg(value, cli):
-    if isinstance(value, dict):
-        if "enum" in value:
-            enum = getattr(cli, value["enum"], None)
-            if enum is None:
-                raise LookupError(f"comfy.cli_args has no {value['enum']}")
-            return enum(value["value"])
-        if "set" in value:
-            return set(_decode_arg(v, cli) for v in value["set"])
-        if "list" in value:
-            return [_decode_arg(v, cli) for v in value["list"]]
-    return value
 
 
 def apply_host_args(cli, mirrored):
@@ -99,32 +74,11 @@ def apply_host_args(cli, mirrored):
         if not hasattr(args, name):
             continue
         try:
-            setattr(args, name, _decode_arg(value, cli))  # worker-side
+            setattr(args, name, decode_arg(value, cli))  # worker-side
             done.append(name)
         except Exception as e:
             print(f"bulkhead: cannot mirror --{name.replace('_', '-')} into this worker: {e}", file=sys.stderr)
     return done
-
-
-def apply_host_folders(fp, folders):
-    """Replaces this process's folder_paths directories with the host's."""
-    table = getattr(fp, "folder_names_and_paths", None)
-    if isinstance(table, dict) and isinstance(folders.get("folders"), dict):
-        table.clear()
-        for name, (paths, exts) in folders["folders"].items():
-            table[name] = (list(paths), set(exts))
-    cache = getattr(fp, "filename_list_cache", None)
-    if isinstance(cache, dict):
-        cache.clear()
-    for kind, path in (folders.get("dirs") or {}).items():
-        setter = getattr(fp, f"set_{kind}_directory", None)
-        if setter is not None:
-            setter(path)
-        else:
-            setattr(fp, f"{kind}_directory", path)
-    for attr in ("models_dir", "base_path"):
-        if folders.get(attr):
-            setattr(fp, attr, folders[attr])
 
 
 def _env_json(name):
@@ -226,86 +180,6 @@ def ready():
         _ready_done = True
 
 
-def package_name(pack_dir):
-    """The name a pack directory is imported under: its basename, as
-    ComfyUI names the packs it loads (dots would make a dotted name)."""
-    return os.path.basename(os.path.normpath(pack_dir)).replace(".", "_x_")
-
-
-def default_module(pack_dir):
-    """'nodes' when the pack has nodes.py or nodes/__init__.py, else None
-    (the package's __init__ holds the nodes)."""
-    if os.path.isfile(os.path.join(pack_dir, "nodes.py")) or \
-            os.path.isfile(os.path.join(pack_dir, "nodes", "__init__.py")):
-        return "nodes"
-    return None
-
-
-def _package_for(pack_dir):
-    """An already imported package made from pack_dir (ComfyUI imports a
-    pack under its path), or None."""
-    for name, mod in list(sys.modules.items()):
-        paths = getattr(mod, "__path__", None)
-        try:
-            if paths is not None and len(paths) == 1 and os.path.realpath(list(paths)[0]) == pack_dir:
-                return mod
-        except (TypeError, OSError):
-            continue
-    return None
-
-
-def import_nodes(pack_dir, module="auto", *, unique_name=False):
-    """Imports a pack's node module and returns it.
-
-    pack_dir is imported as a package (its basename; with unique_name, the
-    path, as ComfyUI names packs, for a host where basenames may clash);
-    module is the submodule with NODE_CLASS_MAPPINGS ('auto': 'nodes' if
-    there is one), or None for the package's own __init__.  A package
-    already imported from pack_dir (the pack ComfyUI is loading) is used
-    as it is.  Raises ImportError naming the pack on failure."""
-    global _importing
-    pack_dir = os.path.realpath(pack_dir)
-    if module == "auto":
-        module = default_module(pack_dir)
-    if not os.path.isdir(pack_dir):
-        raise ImportError(f"node pack directory {pack_dir} does not exist")
-    pkg = _package_for(pack_dir)
-    if pkg is None:
-        name = pack_dir.replace(".", "_x_") if unique_name else package_name(pack_dir)
-        if name in sys.modules:
-            name = pack_dir.replace(".", "_x_")
-        init = os.path.join(pack_dir, "__init__.py")
-        if module is None:
-            if not os.path.isfile(init):
-                raise ImportError(f"node pack {pack_dir} has neither __init__.py nor a nodes module")
-            spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[pack_dir])
-            pkg = importlib.util.module_from_spec(spec)
-            sys.modules[name] = pkg
-            _importing = pack_dir
-            try:
-                spec.loader.exec_module(pkg)
-            except BaseException:
-                sys.modules.pop(name, None)
-                raise
-            finally:
-                _importing = None
-            return pkg
-        # The package without its __init__ (host-side glue): a bare
-        # package over the directory, so `from .x import y` works.
-        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = [pack_dir]
-        pkg = importlib.util.module_from_spec(spec)
-        pkg.__file__ = init if os.path.isfile(init) else None
-        sys.modules[name] = pkg
-    elif module is None:
-        if getattr(getattr(pkg, "__spec__", None), "_initializing", False):
-            raise ImportError(
-                f"node pack {pack_dir}: its __init__.py calls bulkhead but holds the nodes itself; "
-                "move the node classes into nodes.py (or name their module in options['module'])")
-        return pkg
-    return importlib.import_module(f"{pkg.__name__}.{module}")
-
-
 def _load():
     """The pack's node classes, imported once."""
     global _nodes_module
@@ -343,80 +217,6 @@ def _class(key):
 _UPPER = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _SKIP = {"INPUT_TYPES", "IS_CHANGED", "VALIDATE_INPUTS", "FUNCTION", "RELATIVE_PYTHON_MODULE"}
 _METHODS = ("IS_CHANGED", "VALIDATE_INPUTS", "check_lazy_status")
-
-
-class _Meta:
-    """Node metadata as JSON: tuples, non-str dict keys, ComfyUI's "any
-    type" strings and folder_paths file lists are tagged ({"__bh__": kind})
-    so the host rebuilds them; what cannot be carried is converted to a
-    string and reported."""
-
-    def __init__(self, node, problems, folder_lists=None):
-        self.node = node
-        self.problems = problems
-        self.folder_lists = folder_lists or {}
-
-    def problem(self, where, what):
-        self.problems.append(f"node {self.node!r}, {where}: {what}")
-
-    def __call__(self, v, where, depth=0):
-        if depth > 40:
-            self.problem(where, "nests too deep; cut")
-            return None
-        if v is None or isinstance(v, bool):
-            return v
-        if isinstance(v, str):
-            t = type(v)
-            if t is not str and (t.__ne__ is not str.__ne__ or t.__eq__ is not str.__eq__):
-                return {"__bh__": "any", "value": str.__str__(v)}
-            return str.__str__(v)
-        if isinstance(v, int):  # IntEnum members too
-            return int(v)
-        if isinstance(v, float):
-            return float(v)
-        enum_value = _enum_value(v)
-        if enum_value is not _NO:
-            return self(enum_value, where, depth + 1)
-        if isinstance(v, list):
-            hit = self.folder_lists.get(id(v))
-            items = [self(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
-            if hit is not None and hit[1] is v:
-                return {"__bh__": "folder", "name": hit[0], "files": items}
-            return items
-        if isinstance(v, tuple):
-            return {"__bh__": "tuple", "items": [self(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]}
-        if isinstance(v, dict):
-            if all(isinstance(k, str) and type(k) is str for k in v) and "__bh__" not in v:
-                return {k: self(x, f"{where}.{k}", depth + 1) for k, x in v.items()}
-            return {"__bh__": "dict", "items": [[self(k, f"{where} key", depth + 1),
-                                                 self(x, f"{where}[{k!r}]", depth + 1)] for k, x in v.items()]}
-        if isinstance(v, (set, frozenset)):
-            items = [self(x, f"{where} item", depth + 1) for x in v]
-            try:
-                items.sort()
-            except TypeError:
-                pass
-            return items
-        if isinstance(v, type):
-            self.problem(where, f"is the type object {v.__module__}.{v.__qualname__}, which ComfyUI "
-                                f"does not accept; sent as the string {v.__name__!r}")
-            return v.__name__
-        np = sys.modules.get("numpy")
-        if np is not None and isinstance(v, np.generic):
-            return self(v.item(), where, depth + 1)
-        text = str(v)
-        self.problem(where, f"is a {type_name(v)}, which cannot cross to the host; sent as the string {text!r}")
-        return text
-
-
-_NO = object()
-
-
-def _enum_value(v):
-    import enum
-    if isinstance(v, enum.Enum):
-        return v.value
-    return _NO
 
 
 class _FolderRecorder:
@@ -474,7 +274,7 @@ def _describe_class(key, cls, problems):
         raise TypeError(f"{cls.__qualname__} has no FUNCTION naming its method")
     with _FolderRecorder() as rec:
         input_types = cls.INPUT_TYPES()
-    meta = _Meta(key, problems, rec.lists)
+    meta = Meta(key, problems, rec.lists)
     out = {
         "class_name": cls.__qualname__,
         "class_module": cls.__module__,
@@ -592,7 +392,7 @@ def _sendable(v, peer, types, depth=0):
 
 
 def _tensor_ok(v):
-    from . import _tensors
+    from ..channel import tensors as _tensors
     np = sys.modules.get("numpy")
     if np is not None and isinstance(v, (np.ndarray, np.generic)):
         if v.dtype.hasobject or v.dtype.fields is not None:

@@ -11,7 +11,7 @@ has it loaded or a tensor of it arrives.
 
 import sys
 
-from . import _native
+from .. import _native
 
 _CODES = {name: code for name, (code, _size) in _native.dtypes().items()}
 

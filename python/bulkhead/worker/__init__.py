@@ -1,4 +1,10 @@
-"""The worker process: ``<python> -m bulkhead.worker``.
+"""The worker process: ``<python> -m bulkhead.worker`` (``__main__``).
+
+This package is everything that runs only in a worker: the process's
+channel and call loop (here), the node runner for a pack (``nodes``) and
+the memory runtime (``memory``: census, release ladders, admission).  It
+imports what crosses the channel (``bulkhead.channel``) and the shared
+top-level helpers, never host code.
 
 Started by the host's supervisor with the channel on fd 3.  It says HELLO
 (interpreter, protocol), takes the host's answer (its generation), then
@@ -18,11 +24,13 @@ import signal
 import sys
 import threading
 
-from . import _native
-from ._rpc import Peer, interpreter_info, resolve_target
+from .. import _native
+from ..channel.peer import Peer, interpreter_info, resolve_target
 
 _peer = None
-memory = None  # this worker's WorkerMemory when the host attached it to its budget
+# This worker's WorkerMemory when the host attached it to its budget (not
+# named `memory`: that is the submodule bulkhead.worker.memory).
+memory_runtime = None
 
 # Called (no arguments) on every interrupt, on the main thread.
 interrupt_handlers = []
@@ -86,7 +94,7 @@ def main():
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.
     signal.signal(signal.SIGUSR1, _interrupted)
-    from ._importwatch import when_imported
+    from .._importwatch import when_imported
     when_imported("logging", _setup_logging)
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
@@ -103,10 +111,11 @@ def main():
         return 2
     peer.name = str(ack.get("name", ""))
     peer.generation = int(ack.get("generation", 0))
-    global memory
+    global memory_runtime
+    memory = None
     if os.environ.get("BULKHEAD_MEMORY") == "1":
         try:
-            memory = _attach_memory(peer, ack, host_pid)
+            memory = memory_runtime = _attach_memory(peer, ack, host_pid)
         except Exception as e:  # the worker still serves calls; the host sees no record
             print(f"bulkhead.worker: WARNING: not under the host's memory budget: {e}", file=sys.stderr)
     idle = memory.idle_release_s if memory is not None and memory.idle_release_s > 0 else None
@@ -117,9 +126,9 @@ def main():
 
 
 def _attach_memory(peer, ack, host_pid):
-    """Joins the host's memory budget (worker_memory.py): RELEASE frames go
+    """Joins the host's memory budget (worker/memory.py): RELEASE frames go
     to the release ladders, every call ends with the node-boundary census."""
-    from .worker_memory import WorkerMemory
+    from .memory import WorkerMemory
     memory = WorkerMemory(os.environ.get("BULKHEAD_LEDGER"), str(ack.get("name", "")),
                           int(ack.get("generation", 0)), host_pid, call_host,
                           float(os.environ.get("BULKHEAD_IDLE_RELEASE_S", "0") or 0))
@@ -139,9 +148,3 @@ def _attach_memory(peer, ack, host_pid):
     peer._resolve = resolve_and_count
     return memory
 
-
-if __name__ == "__main__":
-    # Run as bulkhead.worker, not __main__, so `from bulkhead.worker import
-    # call_host` in pack code sees this process's channel.
-    from bulkhead import worker as _module
-    sys.exit(_module.main())

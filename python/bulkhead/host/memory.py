@@ -24,9 +24,9 @@ import threading
 import time
 import weakref
 
-from . import _native, pager
-from ._rpc import RemoteError
-from .host import CallTimeout, ProtocolError, WorkerDied
+from .. import _native, pager
+from ..channel.peer import RemoteError
+from .workers import CallTimeout, ProtocolError, WorkerDied
 
 log = logging.getLogger("bulkhead")
 

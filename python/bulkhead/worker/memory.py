@@ -33,8 +33,8 @@ import sys
 import time
 import weakref
 
-from . import _native, pager
-from ._importwatch import when_imported
+from .. import _native, pager
+from .._importwatch import when_imported
 
 _libc = None
 

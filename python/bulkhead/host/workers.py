@@ -26,8 +26,8 @@ import weakref
 
 from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms at start
 
-from . import _native
-from ._rpc import BulkheadError, Peer
+from .. import _native
+from ..channel.peer import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
 _CALL = _native.CALL
@@ -115,7 +115,7 @@ def worker_pythonpath():
     with _root_lock:
         if _root is not None:
             return _root
-        pkg = os.path.dirname(os.path.abspath(__file__))
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # host/ -> bulkhead/
         parent = os.path.dirname(pkg)
         others = [e for e in os.listdir(parent) if e != "bulkhead" and not e.startswith(".")]
         if not others:

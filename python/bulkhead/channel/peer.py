@@ -27,7 +27,8 @@ import sys
 import threading
 import weakref
 
-from . import _native, _tensors
+from .. import _native
+from . import tensors as _tensors
 
 OWNED_BY_RECEIVER = 0x80
 

@@ -32,8 +32,8 @@ import re
 import socket
 import threading
 
-from . import _native
-from ._rpc import Peer
+from .. import _native
+from ..channel.peer import Peer
 
 log = logging.getLogger("bulkhead")
 

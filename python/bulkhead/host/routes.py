@@ -92,9 +92,9 @@ import threading
 import time
 import weakref
 
-from . import _native
-from ._rpc import RemoteError
-from .host import CallTimeout, ProtocolError, WorkerDied
+from .. import _native
+from ..channel.peer import RemoteError
+from .workers import CallTimeout, ProtocolError, WorkerDied
 from .memory import RELEASE_TIMEOUT_S
 
 log = logging.getLogger("bulkhead")

@@ -54,9 +54,10 @@ import tempfile
 import time
 from typing import Optional
 
-from . import _native, packconfig
-from ._rpc import BulkheadError
-from .packconfig import PackConfigError
+from .. import _native
+from ..channel.peer import BulkheadError
+from . import config as packconfig
+from .config import PackConfigError
 
 STAMP = "bulkhead-stamp.json"
 STAMP_FORMAT = 1
@@ -607,7 +608,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
                         f"{e.returncode}; no environment was made\n--- last lines of {tool}'s output ---\n"
                         f"{e.output_tail}", e.output_tail, e.returncode) from None
             _relocate(tmp, final)
-            from . import __version__
+            from .. import __version__
             now = time.time()
             _write_stamp(tmp, {
                 "format": STAMP_FORMAT,

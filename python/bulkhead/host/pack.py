@@ -41,7 +41,8 @@ def host_memory():
                 import comfy.model_management as mm
             except Exception:
                 return None
-            from . import _native, holder
+            from .. import _native
+            from . import holder
             from .memory import HostMemory
             try:
                 _memory = HostMemory(mm)
@@ -86,7 +87,7 @@ def comfy_pack(init_file, *, module="auto"):
     ('auto': ``nodes.py`` / ``nodes/``).  A pack with several configs (in
     ``nodes/<subdir>/``) gets one worker per config, each serving the nodes
     of its directory."""
-    from . import envs, packconfig
+    from ..envs import build as envs, config as packconfig
     pack_dir = os.path.dirname(os.path.realpath(os.fspath(init_file)))
     try:
         configs = packconfig.load_pack(pack_dir)
