@@ -65,7 +65,7 @@ def _install(args):
 
 def _env(args):
     pack = os.path.abspath(args.pack_dir)
-    configs = packconfig.load_pack(pack, warn=False)
+    configs = packconfig.load_configs(pack, warn=False)
     if not configs:
         print(f"{pack}: no {packconfig.CONFIG_NAME} in the root, nodes/ or nodes/<subdir>/: "
               "the pack runs in the host, not isolated", file=sys.stderr)

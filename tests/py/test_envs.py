@@ -82,7 +82,7 @@ def make_pack(tmp_path, text, name="pack"):
 
 
 def only_config(pack):
-    [c] = packconfig.load_pack(pack, warn=False)
+    [c] = packconfig.load_configs(pack, warn=False)
     return c
 
 

@@ -45,7 +45,7 @@ def test_discovery_order_names_and_roots(tmp_path):
     write(os.path.join(pack, "other/comfy-env.toml"), "")            # not one of the three places
     found = packconfig.find_configs(pack)
     assert found == [os.path.join(pack, p, "comfy-env.toml") for p in ("", "nodes", "nodes/a", "nodes/b")]
-    configs = packconfig.load_pack(pack)
+    configs = packconfig.load_configs(pack)
     assert [c.name for c in configs] == ["MyPack", "MyPack", "MyPack.a", "MyPack.b"]
     assert {c.root for c in configs} == {str(pack)}
     # load() on its own infers the same root from where the file lies
@@ -57,7 +57,7 @@ def test_config_for_picks_the_deepest(tmp_path):
     pack = tmp_path / "p"
     for d in ("", "nodes/a"):
         write(os.path.join(pack, d, "comfy-env.toml"), "")
-    root, a = packconfig.load_pack(pack)
+    root, a = packconfig.load_configs(pack)
     assert packconfig.config_for([root, a], pack / "nodes" / "a" / "x.py") is a
     assert packconfig.config_for([root, a], pack / "nodes" / "a") is a
     assert packconfig.config_for([root, a], pack / "nodes" / "ab" / "x.py") is root
@@ -69,7 +69,7 @@ def test_only_subdirs_and_none(tmp_path):
     pack = tmp_path / "p"
     write(os.path.join(pack, "nodes/z/comfy-env.toml"), "")
     write(os.path.join(pack, "nodes/y/comfy-env.toml"), "")
-    assert [c.name for c in packconfig.load_pack(pack)] == ["p.y", "p.z"]
+    assert [c.name for c in packconfig.load_configs(pack)] == ["p.y", "p.z"]
     empty = tmp_path / "empty"
     empty.mkdir()
     assert packconfig.find_configs(empty) == []

@@ -660,7 +660,7 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
     pack without a config), ``InterpreterNotFound``, ``EnvBuildError``."""
     pack_dir = os.path.abspath(os.fspath(pack_dir))
     try:
-        configs = packconfig.load_pack(pack_dir, warn=False)
+        configs = packconfig.load_configs(pack_dir, warn=False)
     except OSError as e:
         raise PackConfigError(pack_dir, e.strerror or str(e)) from None
     if not configs:

@@ -204,7 +204,7 @@ def find_configs(pack_dir):
     return found
 
 
-def load_pack(pack_dir, *, warn=True):
+def load_configs(pack_dir, *, warn=True):
     """Every config of a pack, loaded (``find_configs`` order)."""
     pack_dir = os.path.abspath(os.fspath(pack_dir))
     return [load(p, root=pack_dir, warn=warn) for p in find_configs(pack_dir)]

@@ -90,7 +90,7 @@ def comfy_pack(init_file, *, module="auto"):
     from ..envs import build as envs, config as packconfig
     pack_dir = os.path.dirname(os.path.realpath(os.fspath(init_file)))
     try:
-        configs = packconfig.load_pack(pack_dir)
+        configs = packconfig.load_configs(pack_dir)
     except packconfig.PackConfigError as e:
         return nodes.fallback(pack_dir, f"its comfy-env.toml is invalid ({e})", module=module)
     if not configs:
