@@ -83,6 +83,7 @@ import inspect
 import os
 import stat
 import sys
+import warnings
 
 MAX_SOURCE_BYTES = 4 << 20  # upstream's file is ~70 KiB
 
@@ -665,7 +666,9 @@ def _check_uses(report, r):
 
 def _parse(source, path):
     try:
-        return ast.parse(source, filename=path)
+        with warnings.catch_warnings():  # upstream's invalid escapes are not ours to report
+            warnings.simplefilter("ignore")
+            return ast.parse(source, filename=path)
     except SyntaxError as e:
         raise CanaryError(f"not Python (to Python {_PY}'s parser): {e.msg}", line=e.lineno) from None
     except ValueError as e:  # NUL bytes before 3.12
