@@ -900,7 +900,11 @@ def main(argv):
     everything, 1 it does not (the report says what), 2 the file cannot be
     read or parsed (path named), or a usage error."""
     without, target, json_out, rest = [], None, False, False
-    surface = standin_surface()
+    try:
+        surface = standin_surface()
+    except ValueError as e:  # a StandIn built without its signatures
+        sys.stderr.write(f"bulkhead canary: cannot read the StandIn's surface: {e}\n")
+        return 2
     i = 0
     while i < len(argv):
         a, w = argv[i], None
