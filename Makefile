@@ -46,6 +46,12 @@ $(VENV)/.stamp-aimdo: $(VENV)/.stamp
 	$(VPY) -c 'import comfy_aimdo.control' 2>/dev/null || $(VPY) -m pip install -q comfy-aimdo==0.6.0
 	touch $@
 
+# Hypothesis: the canary's analyzer on any source text
+# (tests/py/test_canary_fuzz.py).
+$(VENV)/.stamp-hypothesis: $(VENV)/.stamp
+	$(VPY) -c 'import hypothesis' 2>/dev/null || $(VPY) -m pip install -q hypothesis==6.170.15
+	touch $@
+
 # Debian's chromium for the panel test (tests/py/test_panel.py), installed
 # only when absent; where it cannot be (not root, no network) the test skips
 # and says so.
@@ -113,14 +119,16 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
-check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo chromium
+check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo \
+          $(VENV)/.stamp-hypothesis chromium
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q tests/py $(PYTEST_FLAGS)
 
 # The Python tests once more with the extension built under ASan+UBSan; the
 # runtime is preloaded into the host and, through the environment, every
 # worker.  Leak checking is off: CPython itself does not free at exit.
-check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo chromium
+check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo $(VENV)/.stamp-hypothesis \
+            chromium
 	BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -153,12 +161,13 @@ soak: build $(VENV)/.stamp-psutil
 	PYTHONPATH=$(REL)/python $(VPY) tests/py/soak.py --out $(BUILD)/bench/soak.json $(SOAK_FLAGS)
 
 # Fuzzing (fuzz/Makefile has the details): libFuzzer targets for the value
-# codec, the frame decoder, the ledger reader, the canary's tokenizer and
-# the RAM probe's parsers, built with clang into build/fuzz.  `make fuzz`
-# runs each for FUZZ_SECONDS (60) and fails on a crash; `make fuzz-long`
-# runs the three decoders to FUZZ_RUNS (10^7) executions each.  Debian's
-# clang and libclang-rt-14-dev are installed here when a fuzzer cannot be
-# linked; nothing else (make check included) needs them.
+# codec, the frame decoder, the ledger reader and the RAM probe's parsers,
+# built with clang into build/fuzz (the canary is Python: Hypothesis fuzzes
+# it in make check-py).  `make fuzz` runs each for FUZZ_SECONDS (60) and
+# fails on a crash; `make fuzz-long` runs the three decoders to FUZZ_RUNS
+# (10^7) executions each.  Debian's clang and libclang-rt-14-dev are
+# installed here when a fuzzer cannot be linked; nothing else (make check
+# included) needs them.
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS ?= 10000000
 export FUZZ_SECONDS FUZZ_RUNS

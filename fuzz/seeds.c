@@ -2,8 +2,7 @@
  * seeds.c -- writes the seed corpus of every fuzz target (make fuzz-seeds):
  *
  *   seeds OUTDIR      OUTDIR/<target>/<name> for codec, frame, ledger,
- *                     canary, ram and answer (fuzz/corpus is what is
- *                     committed)
+ *                     ram and answer (fuzz/corpus is what is committed)
  *
  * The seeds are valid inputs made with the real encoders, so the fuzzers
  * start deep inside each format instead of at its first check:
@@ -23,8 +22,6 @@
  *           mid-write, a full ledger, another version, all zero.  Each
  *           is stored without its trailing zeros (fuzz_ledger.c reads a
  *           short input both as it is and as the start of a whole file).
- *   canary  small Python sources in the shapes the canary looks for
- *           (written for this; no upstream code).
  *   ram     fixture trees (fuzz_ram.c's NUL-separated layout): cgroup v2,
  *           v1, hybrid, nested limits, none, per-CPU lists in zoneinfo.
  *   answer  what a host's control socket answers `bulkhead release`: a
@@ -413,50 +410,6 @@ static void ledger_seeds(void) {
   free(img);
 }
 
-/* ----------------------------------------------------------------- canary */
-
-static const struct {
-  const char *name, *src;
-} canary_src[] = {
-    {"loop_over_loaded",
-     "current_loaded_models = []\n"
-     "\n"
-     "def free_memory(memory_required, device):\n"
-     "    for i in range(len(current_loaded_models) - 1, -1, -1):\n"
-     "        lm = current_loaded_models[i]\n"
-     "        if lm.model.loaded_size() > 0 and lm.device == device:\n"
-     "            lm.model.detach(unpatch_all=False)\n"
-     "            lm.model_unload(memory_required)\n"},
-    {"gated_dynamic",
-     "def load_models_gpu(models, memory_required=0):\n"
-     "    for x in models:\n"
-     "        p = x.model\n"
-     "        if p.is_dynamic():\n"
-     "            p.partially_load(x.device, extra_memory=memory_required)\n"
-     "        else:\n"
-     "            p.model_patches_to(x.device)\n"
-     "    return [m for m in current_loaded_models if m.model is not None]\n"},
-    {"strings_and_calls",
-     "class LoadedModel:\n"
-     "    def __init__(self, model):\n"
-     "        self._model = model\n"
-     "        self.device = model.load_device\n"
-     "    def model_memory(self):\n"
-     "        return self.model.model_size()  # comment ( [ {\n"
-     "    def __repr__(self):\n"
-     "        return f\"<{self.model.model!r} {'x'} {{}}>\" + '''\n"
-     "        still a string ('''\n"
-     "x = getattr(e.model, 'current_loaded_device', None)\n"
-     "if hasattr(e.model, \"memory_required\"):\n"
-     "    e.model.memory_required(*args, **kwargs)\n"},
-    {"empty", ""},
-};
-
-static void canary_seeds(void) {
-  for (size_t i = 0; i < sizeof canary_src / sizeof canary_src[0]; i++)
-    write_seed("canary", canary_src[i].name, canary_src[i].src, strlen(canary_src[i].src));
-}
-
 /* -------------------------------------------------------------------- ram */
 
 #define MEMINFO                                                                 \
@@ -564,7 +517,6 @@ int main(int argc, char **argv) {
   codec_seeds();
   frame_seeds();
   ledger_seeds();
-  canary_seeds();
   ram_seeds();
   answer_seeds();
   return 0;

@@ -5,9 +5,9 @@
  *   bulkhead status [--json] [--ledger PATH]
  *   bulkhead top [--interval S] [--once] [--ledger PATH]
  *   bulkhead release PID|PACK [--bytes N] [--timeout S] [--json] [--ledger PATH]
- *   bulkhead install|env PACK_DIR, bulkhead doctor [--json] [COMFYUI_DIR]
+ *   bulkhead install|env PACK_DIR, bulkhead doctor [--json] [COMFYUI_DIR],
+ *   bulkhead canary [--json] COMFYUI_DIR
  *     (run by `<python> -m bulkhead VERB`: see bh__python_verb)
- *   bulkhead canary COMFYUI_DIR (canary.c)
  *
  * Reading (status, top) needs nothing but the shared ledger, mapped
  * read-only in spirit: the command never joins it and never creates it.
@@ -28,7 +28,6 @@
  *
  * It links the core library only (no Python).
  */
-#include "canary.h"
 #include "cli.h"
 
 #include <errno.h>
@@ -84,8 +83,8 @@ static const char bh__usage_main[] =
     "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-ledger-<uid>)\n"
     "  BULKHEAD_NVML_LIBRARY  the NVML library to load (default libnvidia-ml.so.1)\n"
     "  XDG_RUNTIME_DIR        where hosts' control sockets are (release --help)\n"
-    "  BULKHEAD_PYTHON        the Python that runs install/env/doctor (default\n"
-    "                         python3; use ComfyUI's own)\n"
+    "  BULKHEAD_PYTHON        the Python that runs install/env/doctor/canary\n"
+    "                         (default python3; use ComfyUI's own)\n"
     "\n" BH__EXITS;
 
 static const char bh__usage_status[] =
@@ -181,9 +180,11 @@ int bh_cli_write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-/* install / env / doctor: environment building is Python's job (pip,
- * venv), and so is importing ComfyUI to check the contract with it, so
- * these verbs run `<python> -m bulkhead VERB ...` with the same arguments
+/* install / env / doctor / canary: environment building is Python's job
+ * (pip, venv), and so are importing ComfyUI to check the contract with it
+ * and parsing its Python source (the canary reads it with `ast` and the
+ * StandIn's signatures off the type), so these verbs run
+ * `<python> -m bulkhead VERB ...` with the same arguments
  * and exit status.  Next to a build tree's command the package is found in
  * ../python; elsewhere the Python given must import bulkhead. */
 static int bh__python_verb(int argc, char **argv) {
@@ -233,9 +234,9 @@ int main(int argc, char **argv) {
     const char *of = argc == 3 ? argv[2] : "";
     /* The verbs that live elsewhere print their own help. */
     char *help_argv[] = {argv[0], (char *)of, "--help", NULL};
-    if (strcmp(of, "install") == 0 || strcmp(of, "env") == 0 || strcmp(of, "doctor") == 0)
+    if (strcmp(of, "install") == 0 || strcmp(of, "env") == 0 || strcmp(of, "doctor") == 0 ||
+        strcmp(of, "canary") == 0)
       return bh__python_verb(3, help_argv);
-    if (strcmp(of, "canary") == 0) return bh_canary_main(2, help_argv + 1);
     if (of[0] && strcmp(of, "status") && strcmp(of, "top") && strcmp(of, "release"))
       return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env, canary, doctor)", of);
     return bh_cli_usage(stdout, of, BH_CLI_EXIT_OK);
@@ -244,9 +245,9 @@ int main(int argc, char **argv) {
   if (strcmp(verb, "status") == 0) return bh_cli_status_main(argc - 1, argv + 1);
   if (strcmp(verb, "top") == 0) return bh_cli_top_main(argc - 1, argv + 1);
   if (strcmp(verb, "release") == 0) return bh_cli_release_main(argc - 1, argv + 1);
-  if (strcmp(verb, "install") == 0 || strcmp(verb, "env") == 0 || strcmp(verb, "doctor") == 0)
+  if (strcmp(verb, "install") == 0 || strcmp(verb, "env") == 0 || strcmp(verb, "doctor") == 0 ||
+      strcmp(verb, "canary") == 0)
     return bh__python_verb(argc, argv);
-  if (strcmp(verb, "canary") == 0) return bh_canary_main(argc - 1, argv + 1);
   if (verb[0] == '-') return bh_cli_usage_error("", "unknown option '%s' (options follow the verb)", verb);
   return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env, canary, doctor)",
                             verb);

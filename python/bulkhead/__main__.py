@@ -3,6 +3,7 @@
     python -m bulkhead install <pack dir> [--force] [--pip-args ARGS]
     python -m bulkhead env <pack dir>
     python -m bulkhead doctor [--json] [COMFYUI_DIR]
+    python -m bulkhead canary [--json] [--without NAME]... COMFYUI_DIR
 
 ``install`` builds the environment of every ``comfy-env.toml`` in the pack
 that is not ready (all of them with ``--force``), showing progress on
@@ -11,8 +12,11 @@ stderr.  ``env`` prints where each stands.  ``doctor`` imports a ComfyUI
 (``bulkhead.contract``): every name bulkhead reads or calls there, its tier
 and whether this ComfyUI offers it.  Exit status: 0 done / all ready /
 nothing FATAL fails, 1 failed / not ready / something FATAL fails, 2 usage
-(for doctor also: no ComfyUI in the directory).  (The C ``bulkhead``
-command execs this for ``install``, ``env`` and ``doctor``.)
+(for doctor also: no ComfyUI in the directory).  ``canary`` checks the
+StandIn against what a ComfyUI's model_management.py reads off its ledger
+entries (``bulkhead.host.canary``, which parses its own arguments and documents
+its exit status).  (The C ``bulkhead`` command execs this for ``install``,
+``env``, ``doctor`` and ``canary``.)
 """
 
 import argparse
@@ -53,6 +57,9 @@ def _parser():
     d.add_argument("comfyui", metavar="COMFYUI_DIR", nargs="?", default=None,
                    help="the ComfyUI directory (the one holding comfy/ and main.py)")
     d.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    # Listed for --help only: main() hands canary's arguments to bulkhead.host.canary.
+    sub.add_parser("canary", add_help=False, help="check the StandIn against what a ComfyUI checkout "
+                   "reads off its ledger entries (canary --help)")
     return p
 
 
@@ -133,6 +140,10 @@ def _doctor(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["canary"]:
+        from .host import canary
+        return canary.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)

@@ -277,8 +277,12 @@ static PyObject *StandIn_model_dtype(PyObject *self, PyObject *unused) {
   return bh_py_newref(((standin_obj *)self)->dtype);
 }
 
-static PyObject *return_none(PyObject *self, PyObject *args, PyObject *kw) {
-  (void)self, (void)args, (void)kw;
+/* model_patches_to(device): nothing to move, the patches live in the worker. */
+static PyObject *StandIn_model_patches_to(PyObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"device", NULL};
+  PyObject *device;
+  (void)self;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O:model_patches_to", kwlist, &device)) return NULL;
   Py_RETURN_NONE;
 }
 
@@ -441,26 +445,40 @@ static PyGetSetDef StandIn_getset[] = {
     {"parent", get_none, NULL, "Always None: a stand-in is nobody's clone.", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
+/* Each docstring opens with its __text_signature__ ("name($self, ...)\n--\n\n"):
+ * inspect.signature reads it, and so does the canary (python/bulkhead/
+ * canary.py), which checks upstream's calls against exactly these
+ * parameters.  Keep each in step with the method's argument parsing
+ * (tests/py/test_standin.py calls every method as its signature says). */
+#define SIG(name, params, doc) name "($self" params ")\n--\n\n" doc
+
 static PyMethodDef StandIn_methods[] = {
-    {"model_size", StandIn_model_size, METH_NOARGS, "Bytes of the whole model."},
+    {"model_size", StandIn_model_size, METH_NOARGS, SIG("model_size", ", /", "Bytes of the whole model.")},
     {"loaded_size", StandIn_loaded_size, METH_NOARGS,
-     "Bytes resident on the load device now (read from the shared ledger)."},
-    {"current_loaded_device", StandIn_current_loaded_device, METH_NOARGS, NULL},
-    {"model_dtype", StandIn_model_dtype, METH_NOARGS, NULL},
-    {"model_patches_to", (PyCFunction)(void (*)(void))return_none, METH_VARARGS | METH_KEYWORDS,
-     "Nothing to move: the patches live in the worker."},
-    {"model_patches_models", return_empty_list, METH_NOARGS, NULL},
-    {"get_nested_additional_models", return_empty_list, METH_NOARGS, NULL},
-    {"partially_load", (PyCFunction)(void (*)(void))StandIn_partially_load,
-     METH_VARARGS | METH_KEYWORDS, "partially_load(device_to, extra_memory=0, force_patch_weights=False)"},
-    {"partially_unload", (PyCFunction)(void (*)(void))StandIn_partially_unload,
-     METH_VARARGS | METH_KEYWORDS,
-     "partially_unload(device_to, memory_to_free=0, force_patch_weights=False) -> bytes freed"},
+     SIG("loaded_size", ", /", "Bytes resident on the load device now (read from the shared ledger).")},
+    {"current_loaded_device", StandIn_current_loaded_device, METH_NOARGS,
+     SIG("current_loaded_device", ", /", "load_device while anything is resident, else offload_device.")},
+    {"model_dtype", StandIn_model_dtype, METH_NOARGS, SIG("model_dtype", ", /", "The dtype given at creation.")},
+    {"model_patches_to", (PyCFunction)(void (*)(void))StandIn_model_patches_to, METH_VARARGS | METH_KEYWORDS,
+     SIG("model_patches_to", ", /, device", "Nothing to move: the patches live in the worker.")},
+    {"model_patches_models", return_empty_list, METH_NOARGS,
+     SIG("model_patches_models", ", /", "[]: a worker's model patches stay in the worker.")},
+    {"get_nested_additional_models", return_empty_list, METH_NOARGS,
+     SIG("get_nested_additional_models", ", /", "[]: nothing nested.")},
+    {"partially_load", (PyCFunction)(void (*)(void))StandIn_partially_load, METH_VARARGS | METH_KEYWORDS,
+     SIG("partially_load", ", /, device_to, extra_memory=0, force_patch_weights=False",
+         "Loads extra_memory more bytes in the worker; returns the bytes loaded.")},
+    {"partially_unload", (PyCFunction)(void (*)(void))StandIn_partially_unload, METH_VARARGS | METH_KEYWORDS,
+     SIG("partially_unload", ", /, device_to, memory_to_free=0, force_patch_weights=False",
+         "Frees memory_to_free bytes in the worker; returns the bytes freed.")},
     {"detach", (PyCFunction)(void (*)(void))StandIn_detach, METH_VARARGS | METH_KEYWORDS,
-     "detach(unpatch_all=True)"},
-    {"lowvram_patch_counter", StandIn_lowvram_patch_counter, METH_NOARGS, NULL},
-    {"is_dynamic", StandIn_is_dynamic, METH_NOARGS, "False: keeps it evictable and out of pin paths."},
-    {"is_clone", StandIn_is_clone, METH_O, NULL},
+     SIG("detach", ", /, unpatch_all=True", "A full release (unpatch_all=False: nothing); returns .model.")},
+    {"lowvram_patch_counter", StandIn_lowvram_patch_counter, METH_NOARGS,
+     SIG("lowvram_patch_counter", ", /", "0: no lowvram patches on this side.")},
+    {"is_dynamic", StandIn_is_dynamic, METH_NOARGS,
+     SIG("is_dynamic", ", /", "False: keeps it evictable and out of pin paths.")},
+    {"is_clone", StandIn_is_clone, METH_O,
+     SIG("is_clone", ", other, /", "True for itself and for anything sharing its .model.")},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef StandIn_members[] = {

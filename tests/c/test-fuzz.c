@@ -13,7 +13,6 @@
 #include "task.h"
 
 #include "bulkhead/ledger.h"
-#include "canary.h"
 #include "cli.h"
 #include "src/core/internal.h"
 
@@ -131,16 +130,6 @@ static void replay_ledger(const uint8_t *p, size_t n) {
   }
 }
 
-static void replay_canary(const uint8_t *p, size_t n) {
-  bh_canary_token *t = NULL;
-  size_t nt = 0;
-  ASSERT_OK(bh_canary_tokenize((const char *)p, n, &t, &nt));
-  free(t);
-  bh_canary_report *r = NULL;
-  ASSERT_OK(bh_canary_analyze((const char *)p, n, NULL, &r));
-  bh_canary_report_free(r);
-}
-
 static void replay_answer(const uint8_t *p, size_t n) {
   bh_cli_answer a;
   memset(&a, 0, sizeof a);
@@ -154,7 +143,6 @@ TEST_IMPL(fuzz_corpus_replay) {
   ASSERT_GT(replay("codec", replay_value), 10);
   ASSERT_GT(replay("frame", replay_frame), 10);
   ASSERT_GT(replay("ledger", replay_ledger), 3);
-  ASSERT_GT(replay("canary", replay_canary), 2);
   ASSERT_GT(replay("answer", replay_answer), 3);
   ASSERT_FD_COUNT(fds0);
   return 0;

@@ -1,10 +1,10 @@
-"""`bulkhead canary COMFYUI_DIR` (tools/canary.c, a verb of the bulkhead command),
-run as a program.
+"""`bulkhead canary COMFYUI_DIR` (a verb of the bulkhead command, which execs
+`<python> -m bulkhead canary`: python/bulkhead/host/canary.py), run as a program.
 
 Each test writes a small model_management-like source into a ComfyUI-shaped
 directory (<tmp>/comfy/model_management.py) and checks the exit status (0
 covered, 1 lacking or changed, 2 unreadable or usage) and the --json report.
-The same binary then runs on tests/comfyui (the stub of the generation with
+The same command then runs on tests/comfyui (the stub of the generation with
 dynamic models) and, when COMFYUI_PATH names a checkout, on the real
 upstream: that test SKIPS, saying so, when there is none -- a canary that did
 not run never passes.
@@ -13,6 +13,7 @@ not run never passes.
 import json
 import os
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -127,7 +128,9 @@ def checkout(tmp_path):
 
 
 def canary(*args, timeout=60):
-    return subprocess.run([TOOL, "canary", *args], capture_output=True, text=True, timeout=timeout)
+    # The verb runs the analyzer in BULKHEAD_PYTHON: this interpreter.
+    env = dict(os.environ, BULKHEAD_PYTHON=sys.executable)
+    return subprocess.run([TOOL, "canary", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def canary_json(*args):
@@ -150,7 +153,7 @@ def entry(report, section, name):
 
 
 def test_baseline_is_the_standins_surface(checkout):
-    """The canary's baseline table and the StandIn answer the same 18."""
+    """The canary's surface is the StandIn's: the same 18."""
     rc, rep, _ = canary_json(checkout("x = 1\n"))
     assert rc == 0
     assert set(rep["surface"]) == SURFACE and len(rep["surface"]) == 18
@@ -275,6 +278,48 @@ def test_unreadable_file_exits_2(tmp_path):
     assert r.returncode == 2 and "(errno 21)" in r.stderr
 
 
+def test_file_named_directly(tmp_path):
+    """A file of another name is read as it is, and named on every line."""
+    plain = tmp_path / "renamed.py"
+    plain.write_text("def f():\n    current_loaded_models[0].model.renamed_size()\n")
+    r = canary(str(plain))
+    assert r.returncode == 1
+    assert "renamed_size" in r.stdout and f"{plain}:2" in r.stdout
+    r = canary("--without=is_clone", "--json", checkout_of(tmp_path, FULL))
+    assert r.returncode == 1
+    assert '"lacking": [\n    {"name": "is_clone"' in r.stdout
+
+
+def checkout_of(root, source):
+    (root / "co" / "comfy").mkdir(parents=True, exist_ok=True)
+    (root / "co" / "comfy" / "model_management.py").write_text(source)
+    return str(root / "co")
+
+
+def test_utf8_path_in_json_and_text(tmp_path):
+    """A checkout under a non-ASCII path is named as it is: UTF-8 in the
+    JSON (which json.loads reads back to the same path) and in the text."""
+    root = tmp_path / "Comfy·UI-äöü-検証"
+    path = checkout_of(root, FULL.replace("lowvram_patch_counter()", "lowvram_patches_pending()"))
+    mm = os.path.join(path, "comfy", "model_management.py")
+    rc, rep, r = canary_json(path)
+    assert rc == 1
+    assert rep["file"] == mm
+    assert json.dumps(mm, ensure_ascii=False) in r.stdout  # the bytes themselves, not \u escapes
+    r = canary(path)
+    assert f"{mm}:{line_of(FULL, 'lowvram_patch_counter')}" in r.stdout
+
+
+def test_not_python_exits_2_naming_the_line(checkout):
+    path = checkout("def ok():\n    pass\ndef broken(:\n    pass\n")
+    r = canary(path)
+    assert r.returncode == 2
+    assert "model_management.py:3: not Python" in r.stderr
+    rc, rep, _ = canary_json(path)
+    assert rc == 2 and rep["status"] == 2 and rep["ok"] is False and rep["line"] == 3
+    assert "not Python" in rep["error"]
+
+
 @pytest.mark.parametrize("args", [[], ["--bogus", "x"], ["a", "b"], ["--without"], ["--without", "nope", "x"]])
 def test_usage_errors_exit_2(args):
     r = canary(*args)
@@ -284,6 +329,9 @@ def test_usage_errors_exit_2(args):
 
 def test_help():
     r = canary("--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: bulkhead canary")
+    r = subprocess.run([TOOL, "help", "canary"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, BULKHEAD_PYTHON=sys.executable))
     assert r.returncode == 0 and r.stdout.startswith("usage: bulkhead canary")
 
 

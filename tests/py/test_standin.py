@@ -249,3 +249,38 @@ def test_no_leak_on_repeated_calls(made):
         s.partially_load("cpu", 0.1)
         s.detach(False)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 2048  # KiB
+
+
+def test_methods_parse_as_their_text_signatures_say(made):
+    """Each method's __text_signature__ (what inspect.signature and the
+    canary read) is what its argument parsing obeys: the required
+    arguments by position are accepted, one positional more or a keyword
+    it does not name is refused."""
+    import inspect
+    s, owner = made
+    values = {"device": "cpu", "device_to": "cpu", "other": s, "extra_memory": 0, "memory_to_free": 0,
+              "unpatch_all": False, "force_patch_weights": False}
+    checked = 0
+    for name in _native.COMFY_SURFACE:
+        if not callable(inspect.getattr_static(_native.StandIn, name)):
+            continue
+        params = list(inspect.signature(getattr(_native.StandIn, name)).parameters.values())[1:]
+        method = getattr(s, name)
+        every = [values[p.name] for p in params]
+        method(*every)
+        method(*[values[p.name] for p in params if p.default is inspect.Parameter.empty])
+        with pytest.raises(TypeError):
+            method(*every, None)
+        with pytest.raises(TypeError):
+            method(*every, not_a_parameter=1)
+        for p in params:
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                method(**{q.name: values[q.name] for q in params})
+            elif p.kind is inspect.Parameter.POSITIONAL_ONLY:
+                with pytest.raises(TypeError):
+                    method(**{p.name: values[p.name]})
+        checked += 1
+    assert checked == 13
+    # Asked of the worker: only detach()'s default, unpatch_all=True (every
+    # other call asked for 0 bytes or passed unpatch_all=False).
+    assert owner.log == [("release", 7, None)]
