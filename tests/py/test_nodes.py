@@ -592,7 +592,21 @@ class State:
             "interrupted": mm.processing_interrupted()}),)
 
 
-NODE_CLASS_MAPPINGS = {"Progress": Progress, "Loop": Loop, "Oom": Oom, "State": State}
+class Stubborn:
+    """Sleeps `seconds` and never checks ComfyUI's flag."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seconds": ("FLOAT", {"default": 20.0})}}
+    RETURN_TYPES = ("FLOAT",)
+    FUNCTION = "go"
+
+    def go(self, seconds):
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        return (time.monotonic() - t0,)
+
+
+NODE_CLASS_MAPPINGS = {"Progress": Progress, "Loop": Loop, "Oom": Oom, "State": State, "Stubborn": Stubborn}
 ''',
 }
 
@@ -672,6 +686,58 @@ def test_interrupt_stops_a_worker_node_and_leaves_the_hosts_flag_set(tmp_path):
 
 
 @pytest.mark.torch
+def test_a_node_that_never_checks_the_flag_is_stopped_after_its_grace(tmp_path):
+    """The stop button on a node that never checks ComfyUI's flag: after
+    interrupt_grace_s its worker is stopped, the host raises ComfyUI's own
+    interrupt (the flag stays set), the log names the pack, and the next
+    node runs on the next generation.  With grace 0 the node runs on."""
+    r = comfy_scenario(tmp_path, """
+        log = []
+        logging.getLogger("bulkhead").addHandler(type("H", (logging.Handler,), {
+            "emit": lambda self, rec: log.append(rec.getMessage())})())
+        m, _ = nodes.load_pack(PACK, sys.executable, options={"interrupt_grace": 0.5})
+        rt = nodes.runtime(PACK)
+        m["Loop"]().go(seconds=0.05)  # the worker is up
+        first_pid = rt.worker.pid
+        set_at = []
+
+        def click():
+            time.sleep(0.3)
+            set_at.append(time.perf_counter())
+            mm.interrupt_current_processing(True)
+        threading.Thread(target=click).start()
+        try:
+            m["Stubborn"]().go(seconds=20.0)
+            raised = None
+        except mm.InterruptProcessingException as e:
+            raised = type(e).__module__ + "." + type(e).__name__
+        stop_ms = (time.perf_counter() - set_at[0]) * 1000
+        flag_after = mm.processing_interrupted()
+        mm.interrupt_current_processing(False)
+        after = m["Loop"]().go(seconds=0.05)[0]
+        out = {"raised": raised, "stop_ms": stop_ms, "flag_after": flag_after, "after": after,
+               "generation": rt.worker.generation, "first_pid_alive": os.path.exists(f"/proc/{first_pid}"),
+               "log": [line for line in log if "interrupt" in line]}
+        # grace 0: the node runs to its end
+        nodes._forget_all()
+        m, _ = nodes.load_pack(PACK, sys.executable, options={"interrupt_grace": 0})
+        threading.Thread(target=lambda: (time.sleep(0.2), mm.interrupt_current_processing(True))).start()
+        out["ran_on"] = m["Stubborn"]().go(seconds=1.0)[0]
+        mm.interrupt_current_processing(False)
+        out["generation_0"] = nodes.runtime(PACK).worker.generation
+        nodes.close_all()
+        emit(out)
+    """)
+    print(f"\nstop button -> raised on a node that never checks: {r['stop_ms']:.0f} ms (grace 500 ms)")
+    assert r["raised"] == "comfy.model_management.InterruptProcessingException"
+    assert 500 <= r["stop_ms"] < 500 + 500   # the grace, plus the kill and the EOF
+    assert r["flag_after"] is True           # the click is not consumed
+    assert r["after"] >= 0.05 and r["generation"] == 2 and r["first_pid_alive"] is False
+    assert len(r["log"]) == 1 and "'torchpack'" in r["log"][0] and "interrupt_grace_s" in r["log"][0]
+    assert r["ran_on"] >= 1.0 and r["generation_0"] == 1
+
+
+@pytest.mark.torch
 def test_worker_oom_raises_the_hosts_oom_class(tmp_path):
     r = comfy_scenario(tmp_path, """
         m, _ = nodes.load_pack(PACK, sys.executable)
@@ -723,3 +789,105 @@ def test_flags_folders_and_logging_are_mirrored(tmp_path):
     assert "INFO: pack says hello at info" in r["tail"]
     assert "pack says hello at debug" not in r["tail"]
     assert "WARNING: pack log done" in r["tail"]
+
+
+# --- workers started ahead of their first node (host/prewarm.py) ---
+
+def _cold_packs(tmp_path, base, *packs):
+    """Packs loaded from a warm metadata cache, as at a new ComfyUI start:
+    their workers not started.  packs: (name, options) pairs; returns a
+    (PackRuntime, NODE_CLASS_MAPPINGS) pair for each."""
+    py = other_interpreter()
+    dirs = [write_pack(tmp_path, name, FULL_PACK) for name, _o in packs]
+    for d in dirs:
+        nodes.load_pack(d, py, options={"comfyui": base})
+    nodes._forget_all()
+    out = []
+    for d, (_name, options) in zip(dirs, packs):
+        mappings, _ = nodes.load_pack(d, py, options=dict({"comfyui": base}, **(options or {})))
+        rt = nodes.runtime(d)
+        assert rt.from_cache and rt.worker.pid is None
+        out.append((rt, mappings))
+    return out
+
+
+def test_a_queued_prompt_starts_the_workers_of_its_packs(tmp_path, base, host, monkeypatch):
+    from bulkhead.host import prewarm
+    (rt, mappings), (off, _) = _cold_packs(tmp_path, base, ("warmpack", None), ("coldpack", {"prewarm": "off"}))
+    # ComfyUI's own table decides which class a name is: here the pack's.
+    comfy_nodes = type(sys)("nodes")
+    comfy_nodes.NODE_CLASS_MAPPINGS = dict(mappings)
+    monkeypatch.setitem(sys.modules, "nodes", comfy_nodes)
+    prompt = {"prompt": {"1": {"class_type": "MakeModel", "inputs": {"size": 3}},
+                         "2": {"class_type": "SomeCoreNode", "inputs": {}}, "3": "not a node"}}
+    assert prewarm.on_prompt(prompt) is prompt
+    assert prewarm.wait(60)
+    assert rt.worker.alive and rt.worker.generation == 1
+    assert not off.worker.alive  # prewarm = "off": its first node starts it
+    # the pack was imported there: the first node runs on that worker
+    pid = rt.worker.pid
+    assert mappings["MakeModel"]().make(size=3)[1] == 6
+    assert rt.worker.pid == pid and rt.worker.generation == 1
+    # a running worker is not started again; an unknown name starts nothing
+    assert prewarm.start(rt) is None
+    assert prewarm.on_prompt({"prompt": {"1": {"class_type": "Nope"}}})["prompt"]
+    assert prewarm.runtimes_for({"Nope"}) == []
+
+
+def test_prewarm_follows_comfyuis_table_and_the_startup_option(tmp_path, base, host, monkeypatch):
+    from bulkhead.host import prewarm
+    [(rt, mappings)] = _cold_packs(tmp_path, base, ("shadowed", None))
+    comfy_nodes = type(sys)("nodes")
+    comfy_nodes.NODE_CLASS_MAPPINGS = {"MakeModel": type("CoreMakeModel", (), {})}  # another pack won the name
+    monkeypatch.setitem(sys.modules, "nodes", comfy_nodes)
+    assert prewarm.runtimes_for({"MakeModel"}) == []
+    prewarm.on_prompt({"prompt": {"1": {"class_type": "MakeModel"}}})
+    assert prewarm.wait(60) and not rt.worker.alive
+    monkeypatch.delitem(sys.modules, "nodes")
+    [(early, _)] = _cold_packs(tmp_path, base, ("earlypack", {"prewarm": "startup"}))
+    assert prewarm.wait(60)
+    assert early.worker.alive and early.worker.generation == 1
+
+
+def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
+    """POST /prompt on ComfyUI's server (tests/comfyui's, which runs its
+    on-prompt handlers as upstream does) starts the pack's worker."""
+    import asyncio
+    import threading
+    import urllib.request
+    from aiohttp import web
+    from bulkhead.host import prewarm
+    [(rt, _)] = _cold_packs(tmp_path, base, ("httppack", None))
+    before = set(sys.modules)
+    sys.path.insert(0, os.path.join(ROOT, "tests", "comfyui"))
+    try:
+        import server as comfy_server
+    finally:
+        sys.path.pop(0)
+    srv = comfy_server.PromptServer()
+    comfy_server.PromptServer.instance = None
+    for name in set(sys.modules) - before:  # ComfyUI's server is this test's only
+        del sys.modules[name]
+    assert prewarm.install(srv) and not prewarm.install(srv)  # once per server
+    srv.add_routes()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(srv.app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        body = json.dumps({"prompt": {"1": {"class_type": "MakeModel", "inputs": {"size": 2}}}}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/prompt", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+        assert prewarm.wait(60)
+        assert rt.worker.alive
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

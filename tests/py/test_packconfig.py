@@ -195,6 +195,27 @@ def test_unknown_bulkhead_key_names_key_file_line(tmp_path):
     assert "idle_release_s" in str(e)           # the known keys are listed
 
 
+def test_interrupt_grace_and_prewarm(tmp_path):
+    c = load_text(tmp_path, """
+        [bulkhead]
+        interrupt_grace_s = 0
+        prewarm = "startup"
+    """)
+    assert c.options == {"interrupt_grace_s": 0.0, "prewarm": "startup"}
+    e = error_of(tmp_path, """
+        [bulkhead]
+        prewarm = "soon"
+    """)
+    assert e.line == 2 and e.key == "bulkhead.prewarm"
+    assert str(e).startswith(f"{e.path}:2: [bulkhead] prewarm = 'soon': must be one of 'prompt', 'startup', 'off'")
+    e = error_of(tmp_path, "[bulkhead]\nprewarm = 1\n")
+    assert e.line == 2 and "must be one of" in str(e)
+    e = error_of(tmp_path, "[bulkhead]\ninterrupt_grace_s = -1\n")
+    assert e.line == 2 and "interrupt_grace_s = -1: must be >= 0" in str(e)
+    e = error_of(tmp_path, "[bulkhead]\nprewarn = 'off'\n")
+    assert "known keys:" in str(e) and "prewarm" in str(e) and "interrupt_grace_s" in str(e)
+
+
 def test_bulkhead_key_as_dotted_and_inline(tmp_path):
     e = error_of(tmp_path, 'python = "3.12"\nbulkhead.nope = 1\n')
     assert e.line == 2 and "nope" in str(e)

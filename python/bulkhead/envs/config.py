@@ -87,6 +87,14 @@ OPTIONS = {
     "call_timeout_s": ("seconds one node call may take before the worker is killed", 0.0, False),
     "release_timeout_s": ("seconds a release ask may take before the worker is counted as stuck", 0.0, False),
     "start_timeout_s": ("seconds a worker may take to start (import the pack and say HELLO)", 0.0, False),
+    "interrupt_grace_s": ("seconds a node may run on after the stop button before its worker is stopped "
+                          "(0: never)", 0.0, True),
+}
+
+# [bulkhead] keys that take one of a few words: name -> (what it is, the words).
+CHOICES = {
+    "prewarm": ("when the worker starts ahead of its first node: when a queued prompt uses the pack, "
+                "when ComfyUI loads the pack, or only when a node runs", ("prompt", "startup", "off")),
 }
 
 # Tables bulkhead knows it does not implement, with what that means.
@@ -505,8 +513,16 @@ def load(path, root=None, *, warn=True):
     if not isinstance(bh, dict):
         r.type_error(("bulkhead",), "a table", bh)
     for k, v in bh.items():
+        if k in CHOICES:
+            what, words = CHOICES[k]
+            if not isinstance(v, str) or v not in words:
+                r.error(f"[bulkhead] {k} = {v!r}: must be one of {', '.join(map(repr, words))} ({what})",
+                        "bulkhead", k)
+            options[k] = v
+            continue
         if k not in OPTIONS:
-            r.error(f"[bulkhead] unknown key {k!r}; known keys: {', '.join(OPTIONS)}", "bulkhead", k)
+            r.error(f"[bulkhead] unknown key {k!r}; known keys: {', '.join(list(OPTIONS) + list(CHOICES))}",
+                    "bulkhead", k)
         what, low, closed = OPTIONS[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             r.type_error(("bulkhead", k), "a number of seconds", v)

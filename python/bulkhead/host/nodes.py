@@ -62,9 +62,15 @@ from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decod
                                remote_name)
 from ..channel.peer import BulkheadError, RemoteError, RemoteObject
 from ..packimport import default_module, import_nodes, in_worker
-from .workers import Worker
+from .workers import Worker, WorkerDied
 
 log = logging.getLogger("bulkhead")
+
+# Seconds a worker node may run on after the stop button before its worker
+# is stopped (``interrupt_grace_s`` in a pack's [bulkhead] table).  A node
+# that checks ComfyUI's flag stops within milliseconds; one that never
+# checks (a long native call, a sleep) would otherwise run to its end.
+INTERRUPT_GRACE_S = 3.0
 
 
 # comfy.cli_args flags (argparse dests) that decide dtype and memory
@@ -359,15 +365,21 @@ class _InterruptWatch:
     """Polls the host's interrupt flag (non-consuming) while a worker call
     runs; when it is set, interrupts the worker, then keeps signalling
     until the call ends (a signal that arrives between two calls is
-    harmless: each call starts with the worker's flag clear)."""
+    harmless: each call starts with the worker's flag clear).  A node
+    still running ``grace_s`` after the click (one that never checks the
+    flag) has its worker stopped (SIGKILL): ``stopped_worker`` says so, and
+    the call fails with WorkerDied, which PackRuntime turns into ComfyUI's
+    interrupt.  grace_s 0: never."""
 
     POLL_S = 0.005
     RESIGNAL_S = 0.025
 
-    def __init__(self, worker, mm):
+    def __init__(self, worker, mm, grace_s=0.0):
         self.worker = worker
         self.mm = mm
+        self.grace_s = grace_s
         self.fired_at = None
+        self.stopped_worker = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bulkhead-interrupt", daemon=True)
         self._thread.start()
@@ -378,9 +390,18 @@ class _InterruptWatch:
             if poll():
                 self.fired_at = time.perf_counter()
                 self.worker.interrupt(frame=True)
-                while not self._stop.wait(self.RESIGNAL_S):
+                deadline = self.fired_at + self.grace_s if self.grace_s > 0 else None
+                while True:
+                    wait_s = self.RESIGNAL_S
+                    if deadline is not None:
+                        wait_s = min(wait_s, max(0.0, deadline - time.perf_counter()))
+                    if self._stop.wait(wait_s):
+                        return
+                    if deadline is not None and time.perf_counter() >= deadline:
+                        self.stopped_worker = True
+                        self.worker.kill()
+                        return
                     self.worker.interrupt(frame=False)
-                return
 
     def stop(self):
         self._stop.set()
@@ -575,11 +596,22 @@ class PackRuntime:
     def _call(self, w, mm, target, *args):
         progress = _Progress(mm)
         w.frame_handlers[_native.PROGRESS] = progress.on_frame
-        watch = _InterruptWatch(w, mm) if mm is not None and hasattr(mm, "processing_interrupted") else None
+        watch = None
+        if mm is not None and hasattr(mm, "processing_interrupted"):
+            watch = _InterruptWatch(w, mm, self.options.get("interrupt_grace", INTERRUPT_GRACE_S))
         try:
             return w.call(target, *args)
         except RemoteError as e:
             raise self._translate(e, mm) from None
+        except WorkerDied:
+            if watch is None or not watch.stopped_worker:
+                raise
+            log.warning("bulkhead: pack %r: a node was still running %.1f s after the interrupt, so its "
+                        "worker was stopped (interrupt_grace_s in [bulkhead]; 0 turns this off); the pack's "
+                        "models will load again on its next node", self.name, watch.grace_s)
+            if hasattr(mm, "InterruptProcessingException"):
+                raise mm.InterruptProcessingException() from None
+            raise NodeInterrupted(f"a node of pack {self.name!r} was interrupted (its worker was stopped)") from None
         finally:
             if watch is not None:
                 watch.stop()
@@ -607,12 +639,26 @@ class PackRuntime:
                 return MemoryError(text)
         return e
 
+    def prewarm(self):
+        """Starts the worker and imports the pack there: what the pack's
+        first node would otherwise wait for.  Blocks (the caller is a
+        thread of host/prewarm.py); returns the number of node classes."""
+        with self.worker._lock:
+            self.worker.start()
+            return self.worker.call("bulkhead.worker.nodes:warm")
+
     def close(self):
         self.worker.close()
 
 
 _runtimes = {}
 _runtimes_lock = threading.Lock()
+
+
+def runtimes():
+    """Every PackRuntime of this host, in load order."""
+    with _runtimes_lock:
+        return list(_runtimes.values())
 
 
 def runtime(pack_dir):
@@ -638,7 +684,11 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     'attach' (called with the Worker before it starts, e.g.
     HostMemory.attach), 'after_call' (called with the Worker after every
     proxied call, on ComfyUI's execution thread), 'start_timeout',
-    'call_timeout', 'release_timeout' (seconds: Worker's).
+    'call_timeout', 'release_timeout' (seconds: Worker's),
+    'interrupt_grace' (seconds a node may run on after the stop button
+    before its worker is stopped; 0: never; default INTERRUPT_GRACE_S),
+    'prewarm' ('prompt': start the worker when a queued prompt uses the
+    pack, the default; 'startup': now, in the background; 'off').
 
     With a warm cache no worker starts here.  Falls back to ``fallback``
     (in-process) when no ComfyUI is found or the interpreter does not
@@ -669,6 +719,9 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
         rt.build()
         log.info("bulkhead: pack %r: %d nodes, %s, metadata %s", name, len(rt.classes), rt.python,
                  "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
+        if options.get("prewarm") == "startup":
+            from . import prewarm
+            prewarm.start(rt)
     return dict(rt.classes), dict(rt.display)
 
 
@@ -698,9 +751,7 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
 
 def close_all():
     """Stops every pack worker (their metadata stays)."""
-    with _runtimes_lock:
-        rts = list(_runtimes.values())
-    for rt in rts:
+    for rt in runtimes():
         rt.close()
 
 

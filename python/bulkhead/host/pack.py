@@ -118,6 +118,10 @@ def comfy_pack(init_file, *, module="auto"):
                 opts["start_timeout"] = float(o["start_timeout_s"])
             if o.get("release_timeout_s"):
                 opts["release_timeout"] = float(o["release_timeout_s"])
+            if "interrupt_grace_s" in o:
+                opts["interrupt_grace"] = float(o["interrupt_grace_s"])
+            if "prewarm" in o:
+                opts["prewarm"] = o["prewarm"]
             env = dict(config.env_vars)
             if o.get("idle_release_s"):
                 env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))

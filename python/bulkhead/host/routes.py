@@ -605,6 +605,8 @@ def install(server=None, host_memory=None, **options):
         log.warning("bulkhead: ComfyUI's /free is not observed (%s); POST /bulkhead/free still "
                     "releases the workers", e)
     routes.hook_prompt_boundary()
+    from . import prewarm
+    prewarm.install(server)
     _installed[server] = routes
     return routes
 

@@ -180,6 +180,13 @@ def ready():
         _ready_done = True
 
 
+def warm():
+    """Imports the pack (host/prewarm.py, ahead of its first node);
+    returns the number of node classes."""
+    _load()
+    return len(_classes)
+
+
 def _load():
     """The pack's node classes, imported once."""
     global _nodes_module
