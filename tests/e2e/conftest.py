@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from e2eenv import BUILD, CLI, EXAMPLE_PACKS, HELPERS, Server, _shm, assemble
+from .e2eenv import BUILD, CLI, EXAMPLE_PACKS, HELPERS, Server, _shm, assemble
 
 @pytest.fixture
 def comfyui(tmp_path):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from e2eenv import PACKS
+from .e2eenv import PACKS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
