@@ -13,6 +13,9 @@ WORKER_VENVS := $(BUILD)/venvs
 INTERPRETERS := $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3 $(HOME)/.pyenv/versions/3.1[0-3].*/bin/python3) \
                 $(wildcard /usr/bin/python3)
 PYTEST_FLAGS ?=
+# What check-py runs: the unit tests and the tests from the user's side (a
+# ComfyUI server process driven over HTTP). PYTEST_PATHS=tests/e2e runs only those.
+PYTEST_PATHS ?= tests/py tests/e2e
 GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -122,11 +125,14 @@ check-c: build build-asan
 check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo \
           $(VENV)/.stamp-hypothesis chromium
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
-	  $(VPY) -m pytest -q tests/py $(PYTEST_FLAGS)
+	  $(VPY) -m pytest -q $(PYTEST_PATHS) $(PYTEST_FLAGS)
 
 # The Python tests once more with the extension built under ASan+UBSan; the
 # runtime is preloaded into the host and, through the environment, every
 # worker.  Leak checking is off: CPython itself does not free at exit.
+# tests/e2e is left out: its servers run the same extension code as
+# tests/py's scenarios, only as a user assembles it, and under ASan each
+# server start costs more than the suite's budget allows.
 check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo $(VENV)/.stamp-hypothesis \
             chromium
 	BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \

@@ -3,14 +3,23 @@
 
 Every folder kind maps to (list of directories, set of file extensions);
 directories that do not exist are listed but contribute no files.  The base
-is this directory unless COMFYUI_STUB_BASE names another.
+is --base-directory when the flags were parsed (main.py), else
+COMFYUI_STUB_BASE, else this directory; the set_*_directory functions move
+one folder, as upstream's.
 """
 
 import os
+import sys
 
 supported_pt_extensions = {".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft"}
 
-base_path = os.environ.get("COMFYUI_STUB_BASE", os.path.dirname(os.path.realpath(__file__)))
+# main.py parses the flags before it imports this module; anything else
+# that imports it (a worker, a test) gets the other two.
+_args = getattr(sys.modules.get("comfy.cli_args"), "args", None)
+if getattr(_args, "base_directory", None):
+    base_path = os.path.abspath(_args.base_directory)
+else:
+    base_path = os.environ.get("COMFYUI_STUB_BASE", os.path.dirname(os.path.realpath(__file__)))
 models_dir = os.path.join(base_path, "models")
 
 folder_names_and_paths = {
@@ -24,6 +33,26 @@ output_directory = os.path.join(base_path, "output")
 input_directory = os.path.join(base_path, "input")
 temp_directory = os.path.join(base_path, "temp")
 user_directory = os.path.join(base_path, "user")
+
+
+def set_output_directory(output_dir):
+    global output_directory
+    output_directory = output_dir
+
+
+def set_input_directory(input_dir):
+    global input_directory
+    input_directory = input_dir
+
+
+def set_temp_directory(temp_dir):
+    global temp_directory
+    temp_directory = temp_dir
+
+
+def set_user_directory(user_dir):
+    global user_directory
+    user_directory = user_dir
 
 
 def get_output_directory():

@@ -20,7 +20,8 @@ class PerformanceFeature(enum.Enum):
 
 parser = argparse.ArgumentParser()
 
-# Server flags are accepted and otherwise ignored here.
+# Server flags: main.py serves on --listen/--port and takes the folders
+# from the directory flags; the device flags are parsed, not acted on.
 parser.add_argument("--listen", type=str, default="127.0.0.1", metavar="IP", nargs="?", const="0.0.0.0,::")
 parser.add_argument("--port", type=int, default=8188)
 parser.add_argument("--base-directory", type=str, default=None)
@@ -39,6 +40,9 @@ parser.add_argument("--disable-xformers", action="store_true")
 parser.add_argument("--verbose", nargs="*", default=[], metavar="LEVEL")
 parser.add_argument("--log-stdout", action="store_true")
 parser.add_argument("--disable-all-custom-nodes", action="store_true")
+parser.add_argument("--whitelist-custom-nodes", type=str, nargs="+", default=[])
+parser.add_argument("--dont-print-server", action="store_true")
+parser.add_argument("--quick-test-for-ci", action="store_true")
 
 # How much of the card to use: mutually exclusive, as upstream.
 vram_group = parser.add_mutually_exclusive_group()

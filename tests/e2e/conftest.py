@@ -1,0 +1,59 @@
+"""Fixtures for the tests from the user's side: ComfyUI server processes
+with bulkhead and isolated packs in their custom_nodes/ (how they are
+assembled, started and stopped: e2eenv.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .e2eenv import BUILD, CLI, EXAMPLE_PACKS, HELPERS, Server, _shm, assemble
+
+@pytest.fixture
+def comfyui(tmp_path):
+    """comfyui(packs=(...), example_packs=(...), name="a") -> a started
+    Server; every one is stopped (and checked for leftovers) after the test.
+    Servers of one test share a ledger, as two ComfyUIs on a machine do."""
+    made = []
+    shm_before = _shm()
+    ledger = str(tmp_path / "ledger")
+
+    def start(packs=("e2e_pack",), example_packs=(), name="comfyui", env=None, bulkhead_home=None):
+        base = str(tmp_path / name)
+        path = assemble(base, packs, example_packs)
+        full = dict(os.environ)
+        full.pop("COMFYUI_PATH", None)
+        full.update({"PYTHONPATH": os.pathsep.join(path), "BULKHEAD_LEDGER": ledger,
+                     "BH_E2E_HELPERS": HELPERS, "PYTHONUNBUFFERED": "1",
+                     "BULKHEAD_HOME": bulkhead_home or str(tmp_path / "bulkhead-home")})
+        full.update(env or {})
+        s = Server(base, full, ledger)
+        made.append(s)
+        return s.start()
+
+    yield start
+    errors = []
+    for s in made:
+        try:
+            s.stop()
+        except AssertionError as e:
+            errors.append(str(e))
+    assert not errors, "\n".join(errors)
+    assert _shm() == shm_before, f"/dev/shm changed: {set(_shm()) ^ set(shm_before)}"
+
+
+@pytest.fixture(scope="session")
+def example_envs():
+    """BULKHEAD_HOME with the example packs' environments built (`bulkhead
+    install`, as `make demo` does): build/e2e-home, kept between runs, so
+    only the first run pays for pip."""
+    home = os.environ.get("BULKHEAD_E2E_HOME") or os.path.join(os.path.dirname(BUILD), "e2e-home")
+    env = dict(os.environ, BULKHEAD_HOME=home, BULKHEAD_PYTHON=sys.executable)
+    for pack in ("old_numpy_pack", "new_numpy_pack"):
+        r = subprocess.run([CLI, "install", os.path.join(EXAMPLE_PACKS, pack)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.skip(f"`bulkhead install examples/packs/{pack}` failed (an interpreter or PyPI "
+                        f"missing?):\n{r.stderr[-2000:]}")
+    return home

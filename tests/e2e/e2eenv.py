@@ -1,0 +1,241 @@
+"""What the e2e fixtures are made of (conftest.py): a ComfyUI server process
+with bulkhead and isolated packs in its custom_nodes/, driven only over
+HTTP and the websocket.
+
+The ComfyUI is tests/comfyui (its main.py is a server), or the checkout
+named by COMFYUI_PATH.  Either way a fresh base directory is assembled in
+tmp: every top-level entry of the ComfyUI tree symlinked into it except
+custom_nodes/, models/, input/, output/, temp/ and user/, and the server
+started with --base-directory pointing at it, so nothing is written into
+the tree itself.  bulkhead goes into custom_nodes/ through ONE function,
+`install_bulkhead`; the packs are copied in.  The server runs in its own
+session; teardown sends SIGINT (upstream's KeyboardInterrupt stop), then
+SIGKILL after a grace period, and checks that no process of that session
+(its workers) is left and /dev/shm is as it was.
+"""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PACKS = os.path.join(HERE, "packs")
+EXAMPLE_PACKS = os.path.join(REPO, "examples", "packs")
+STUB_ROOT = os.path.join(REPO, "tests", "comfyui")
+SHIMS = os.path.join(REPO, "tests", "py", "shims")
+HELPERS = os.path.join(REPO, "tests", "py", "helpers")
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(REPO, "build", "rel")))
+BUILD_PY = os.path.join(BUILD, "python")
+CLI = os.path.join(BUILD, "tools", "bulkhead")
+START_TIMEOUT_S = 90
+
+# What a base directory gets of its own rather than the tree's.
+OWN = {"custom_nodes", "models", "input", "output", "temp", "user", "__pycache__"}
+
+
+def comfy_root():
+    return os.path.abspath(os.environ.get("COMFYUI_PATH") or STUB_ROOT)
+
+
+def using_real_checkout():
+    return comfy_root() != os.path.abspath(STUB_ROOT)
+
+
+def install_bulkhead(custom_nodes_dir):
+    """Puts bulkhead into a ComfyUI's custom_nodes/ and returns the
+    PYTHONPATH entries the server needs for it.  For now: the built package
+    stays in the build tree (on the server's PYTHONPATH) and
+    custom_nodes/bulkhead/__init__.py is a loader importing it once and
+    re-exporting what ComfyUI reads.  (The Manager flow -- the repository
+    root's install.py -- replaces this one function.)"""
+    d = os.path.join(custom_nodes_dir, "bulkhead")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "__init__.py"), "w") as f:
+        f.write("import os, bulkhead\n"
+                "WEB_DIRECTORY = os.path.join(os.path.dirname(bulkhead.__file__), bulkhead.WEB_DIRECTORY)\n"
+                "NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.NODE_CLASS_MAPPINGS, "
+                "bulkhead.NODE_DISPLAY_NAME_MAPPINGS\n")
+    return [BUILD_PY]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _session_members(sid):
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(pid))
+    return out
+
+
+def _shm():
+    try:
+        return sorted(os.listdir("/dev/shm"))
+    except OSError:
+        return []
+
+
+_torchvision_loads = None
+
+
+def _needs_torchvision_shim():
+    """A real checkout's main.py imports torchvision; PyPI's cannot load
+    beside the CPU torch here, so the server gets tests/py/shims first on
+    its path (as tests/py/comfyenv.py does) when the real one fails."""
+    global _torchvision_loads
+    if _torchvision_loads is None:
+        _torchvision_loads = subprocess.run([sys.executable, "-c", "import torchvision"],
+                                            capture_output=True).returncode == 0
+    return not _torchvision_loads
+
+
+class Server:
+    """One ComfyUI server process on a free port."""
+
+    def __init__(self, base, env, ledger):
+        self.base = base
+        self.env = env
+        self.ledger = ledger
+        self.port = None
+        self.proc = None
+        self.log_path = os.path.join(base, "server.log")
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def start(self):
+        self.port = _free_port()
+        argv = [sys.executable, os.path.join(self.base, "main.py"), "--cpu", "--listen", "127.0.0.1",
+                "--port", str(self.port), "--base-directory", self.base]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, cwd=self.base, env=self.env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if self.http("GET", "/prompt", timeout=2)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"the server did not listen within {START_TIMEOUT_S} s:\n{self.log()}")
+
+    def log(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-8000:]
+
+    def http(self, method, path, body=None, timeout=60):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, text = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        try:
+            return status, (json.loads(text) if text else None)
+        except ValueError:
+            return status, text
+
+    def queue(self, prompt, client_id=None):
+        body = {"prompt": prompt}
+        if client_id:
+            body["client_id"] = client_id
+        status, answer = self.http("POST", "/prompt", body)
+        assert status == 200, (answer, self.log())
+        return answer["prompt_id"]
+
+    def wait_history(self, prompt_id, timeout_s=60):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            _, h = self.http("GET", "/history/" + prompt_id)
+            if h and prompt_id in h:
+                return h[prompt_id]
+            time.sleep(0.05)
+        raise AssertionError(f"prompt {prompt_id} did not finish in {timeout_s} s:\n{self.log()}")
+
+    def run_ws(self, coro_fn, timeout_s=60):
+        """Runs coro_fn(ws, sid) with a websocket connected as a client;
+        returns its result."""
+        import aiohttp
+
+        async def main():
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(self.url + "/ws?clientId=e2e-client") as ws:
+                    return await asyncio.wait_for(coro_fn(ws, "e2e-client"), timeout_s)
+        return asyncio.run(main())
+
+    def stop(self):
+        if self.proc is None:
+            return
+        sid = self.proc.pid
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        deadline = time.monotonic() + 10
+        while _session_members(sid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _session_members(sid)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+        self.proc = None
+        assert not left, f"processes left behind by the server: {left}\n{self.log()}"
+
+
+def assemble(base, packs=(), example_packs=()):
+    """A ComfyUI base directory at `base` with bulkhead and `packs` (names
+    under tests/e2e/packs) in custom_nodes/; returns the PYTHONPATH entries
+    the server needs."""
+    root = comfy_root()
+    os.makedirs(base)
+    for entry in os.listdir(root):
+        if entry not in OWN:
+            os.symlink(os.path.join(root, entry), os.path.join(base, entry))
+    custom = os.path.join(base, "custom_nodes")
+    os.makedirs(custom)
+    for d in ("models", "input", "output", "user"):
+        os.makedirs(os.path.join(base, d))
+    path = install_bulkhead(custom)
+    for name in packs:
+        shutil.copytree(os.path.join(PACKS, name), os.path.join(custom, name))
+    for name in example_packs:
+        shutil.copytree(os.path.join(EXAMPLE_PACKS, name), os.path.join(custom, name))
+    if using_real_checkout() and _needs_torchvision_shim():
+        path.insert(0, SHIMS)
+    return path
+
+

@@ -1,0 +1,1 @@
+export const api = { fetchApi: (route, options) => fetch("/api" + route, options) };

@@ -1,0 +1,14 @@
+"""The e2e suite's own isolated pack: its nodes (nodes.py) run in a worker
+under the host's own interpreter (which has torch, as the worker's
+`comfy` import needs), so no environment has to be built for it.  It is
+what `bulkhead.comfy_pack` does for a built environment, with the
+interpreter named instead of found from a comfy-env.toml."""
+import os
+import sys
+
+from bulkhead.host import nodes, pack
+
+_hm = pack.host_memory()
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
+    os.path.dirname(os.path.abspath(__file__)), sys.executable,
+    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False})

@@ -1,0 +1,96 @@
+"""Nodes of the e2e pack (they run in the pack's worker)."""
+import os
+import sys
+import time
+
+
+class Echo:
+    """An output node: its text in the history's ui, and the worker's pid."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "hi"}),
+                             "times": ("INT", {"default": 1, "min": 1, "max": 8})},
+                "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("text",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    DESCRIPTION = "Repeats a text in the pack's worker."
+    OUTPUT_NODE = True
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, text):
+        return True if "\n" not in text else "one line only"
+
+    def run(self, text, times, unique_id=None):
+        out = text * times
+        return {"ui": {"text": [out], "pid": [os.getpid()], "node": [unique_id]}, "result": (out,)}
+
+
+class Steps:
+    """Reports progress through ComfyUI's progress bar."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"steps": ("INT", {"default": 4, "min": 1, "max": 50})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, steps):
+        import comfy.utils
+        bar = comfy.utils.ProgressBar(steps)
+        for _ in range(steps):
+            time.sleep(0.12)   # past upstream's progress throttle
+            bar.update(1)
+        return (steps,)
+
+
+class Spin:
+    """Runs `seconds` unless interrupted (ComfyUI's interrupt flag)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seconds": ("FLOAT", {"default": 60.0})}}
+
+    RETURN_TYPES = ("FLOAT",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, seconds):
+        import comfy.model_management as mm
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            mm.throw_exception_if_processing_interrupted()
+            time.sleep(0.005)
+        return {"ui": {"ran_s": [time.monotonic() - t0]}, "result": (time.monotonic() - t0,)}
+
+
+class HoldRam:
+    """Loads a model of `mib` MiB in the worker through its comfy.model_management
+    (tests/py/helpers/bh_mempack, found through BH_E2E_HELPERS)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"name": ("STRING", {"default": "UNetE2E"}),
+                             "mib": ("INT", {"default": 64, "min": 1, "max": 4096})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, name, mib):
+        sys.path.insert(0, os.environ["BH_E2E_HELPERS"])
+        import bh_mempack
+        bh_mempack.load(name, mib << 20)
+        return {"ui": {"pid": [os.getpid()], "resident": [bh_mempack.resident()]}, "result": (mib,)}
+
+
+NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam}
+NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}
