@@ -4,8 +4,11 @@ memory budget.  This package is the thin Python glue over the C core in
 
 __version__ = "0.1.0"
 
-from ._native import PeerClosed, ProtocolError, Timeout  # noqa: F401
-from .channel.peer import BulkheadError, HandleError, RemoteCallable, RemoteError, RemoteObject  # noqa: F401
+if __name__ == "bulkhead":
+    from ._native import PeerClosed, ProtocolError, Timeout  # noqa: F401
+    from .channel.peer import BulkheadError, HandleError, RemoteCallable, RemoteError, RemoteObject  # noqa: F401
+# else: a copy ComfyUI imported by path (_one_package, at the end), which
+# loads nothing of its own and hands every name on to the one ``bulkhead``.
 
 # The package is laid out by the process each file runs in:
 #   channel/   what crosses the channel, used by both processes (the peer,
@@ -29,6 +32,8 @@ _LAZY = {
 
 
 def __getattr__(name):
+    if __name__ != "bulkhead" and _canonical is not None:
+        return getattr(_canonical, name)
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -53,17 +58,59 @@ NODE_DISPLAY_NAME_MAPPINGS = {}
 def _comfyui_server():
     """In a ComfyUI process whose PromptServer exists (custom nodes load
     after it is made), put bulkhead's routes, /free observer and prompt
-    boundary on it (host.routes.install).  Never fails the import."""
+    boundary on it (host.routes.install), sharing from the start the one
+    HostMemory the packs' workers will attach to (host.pack.host_memory),
+    so /free, /bulkhead/* and the panel act on this host's workers before
+    and after the first pack loads.  Only the package imported as
+    ``bulkhead`` does this (``_one_package``).  Never fails the import."""
     import sys
     server = sys.modules.get("server")
     if getattr(getattr(server, "PromptServer", None), "instance", None) is None:
         return
     try:
+        from .host import pack
         from .host.routes import install
-        install()
+        # Made now, where this ComfyUI can host isolated packs: its control
+        # socket then answers other instances, and the routes' releases go
+        # to the same workers comfy_pack attaches later.
+        memory = pack.host_memory if pack.contract_refusal() is None else None
+        if memory is not None:
+            memory()
+        install(host_memory=memory)
     except Exception as e:  # the routes are a convenience; the nodes must load
         import logging
         logging.getLogger("bulkhead").warning("bulkhead: routes not installed on ComfyUI's server: %s", e)
 
 
-_comfyui_server()
+def _one_package(init_file):
+    """ComfyUI imports a custom node by its path, under a module name of its
+    own; the packs it isolates say ``import bulkhead``.  Two copies of the
+    package would mean two HostMemory (two host records, two control
+    sockets) and the routes on the copy no worker attaches to, so the copy
+    imported by path only imports ``bulkhead`` -- found on sys.path, else
+    this directory's parent (a clone or symlink in custom_nodes/) -- which
+    installs itself on the server.  Returns that package, or None (logged)."""
+    import importlib
+    import logging
+    import os
+    import sys
+    here = os.path.dirname(os.path.realpath(init_file))
+    try:
+        try:
+            return importlib.import_module("bulkhead")
+        except ModuleNotFoundError as e:
+            if e.name != "bulkhead" or os.path.basename(here) != "bulkhead":
+                raise
+        sys.path.append(os.path.dirname(here))
+        return importlib.import_module("bulkhead")
+    except Exception as e:  # ComfyUI must start; isolated packs then fall back
+        logging.getLogger("bulkhead").warning("bulkhead: the package cannot be imported as 'bulkhead' "
+                                              "(%s): isolated packs will not find it", e)
+        return None
+
+
+_canonical = None
+if __name__ == "bulkhead":
+    _comfyui_server()
+else:
+    _canonical = _one_package(__file__)

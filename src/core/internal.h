@@ -121,6 +121,9 @@ int bh__section_apply(bh_pool *pool, const bh__section *s, int *fds);
  * boot), parsed after the LAST ')' so any comm is safe.  0, -ESRCH when
  * there is no such process, -EINVAL for a line it cannot parse. */
 int bh__proc_start_time(pid_t pid, uint64_t *out);
+/* 1 while the process that started at start_time as pid runs (a zombie is
+ * gone; a /proc that cannot be read counts as alive), else 0. */
+int bh__alive(pid_t pid, uint64_t start_time);
 /* The segment's robust mutex (EOWNERDEAD is recovered here).  For tests:
  * a process may take it and die holding it. */
 int bh__ledger_lock(bh_ledger *l);

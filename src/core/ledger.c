@@ -279,7 +279,7 @@ int bh__proc_start_time(pid_t pid, uint64_t *out) {
 /* Whether the process that wrote (pid, start_time) still runs.  A zombie
  * counts as gone (its memory is); a /proc we cannot read (hidepid) counts
  * as alive, so we never reap what we cannot judge. */
-static int bh__alive(pid_t pid, uint64_t start_time) {
+int bh__alive(pid_t pid, uint64_t start_time) {
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
   /* Fuzz builds: whether an image's record is alive is decided by the
    * record itself (internal.h), the same on every run, without /proc. */

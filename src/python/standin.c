@@ -29,6 +29,7 @@
 
 #include "bulkhead/ledger.h"
 #include "bulkhead/policy.h"
+#include "src/core/internal.h" /* bh__proc_start_time, bh__alive */
 
 #include <math.h>
 #include <structmember.h>
@@ -47,6 +48,7 @@ typedef struct {
   PyObject *ledger;         /* the Ledger object (its core handle is looked
                                up on every read: it may have been closed) */
   pid_t pid;                /* worker whose record holds the model */
+  uint64_t start_time;      /* its start time (/proc), 0 when unreadable */
   uint64_t model_id;
   uint32_t generation;
   int slot_hint;
@@ -182,6 +184,7 @@ PyObject *bh_py_standin_new(PyObject *module, PyObject *args, PyObject *kw) {
   s->ledger = bh_py_newref(ledger);
   s->module = bh_py_newref(module);
   s->pid = (pid_t)pid;
+  if (bh__proc_start_time(s->pid, &s->start_time) < 0) s->start_time = 0;
   s->model_id = model_id;
   s->generation = (uint32_t)generation;
   s->slot_hint = -1;
@@ -196,8 +199,11 @@ PyObject *bh_py_standin_new(PyObject *module, PyObject *args, PyObject *kw) {
 }
 
 /* The live reading.  A retired stand-in, a record that is gone (worker
- * dead, reaped) or a model the worker dropped all read as 0 resident;
- * *size keeps the last size seen. */
+ * dead, reaped), a worker that has died (its record stays until the next
+ * reap, but its memory is gone now: a zombie counts as dead) or a model
+ * the worker dropped all read as 0 resident; *size keeps the last size
+ * seen.  The liveness check (one /proc read) runs only while the record
+ * says something is resident. */
 static void read_residency(standin_obj *s, uint64_t *size, uint64_t *resident) {
   *size = s->size_bytes;
   *resident = 0;
@@ -211,6 +217,7 @@ static void read_residency(standin_obj *s, uint64_t *size, uint64_t *resident) {
   if (bh_ledger_model_read(led, s->pid, s->model_id, &s->slot_hint, &sz, &res) == 0) {
     s->size_bytes = sz;
     *size = sz;
+    if (res > 0 && s->start_time != 0 && !bh__alive(s->pid, s->start_time)) res = 0;
     *resident = res;
   }
 }

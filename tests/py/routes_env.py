@@ -61,6 +61,29 @@ def resident(w):
 def rss(w):
     return rss_bytes(w.pid)
 
+{http_helpers}
+srv = comfy_server.PromptServer()
+routes = comfy_routes.install(srv, hm, **{options!r})
+{before_serve}
+srv.add_routes()
+serve = Serve(srv.app)
+port = serve.port
+
+def finish(*workers):
+    serve.close()
+    routes.unhook_prompt_boundary()
+    hm.close()
+    for w in workers:
+        w.close()
+
+out = emit
+"""
+
+
+# An aiohttp app served from a thread on 127.0.0.1:<ephemeral>, and a JSON
+# client for it: `serve = Serve(app); port = serve.port; http(...)`
+# (needs asyncio, threading, json, urllib.request/.error and aiohttp.web).
+HTTP_HELPERS = '''
 class Serve:
     # The app on 127.0.0.1:<ephemeral> from a thread with its own loop.
     def __init__(self, app):
@@ -91,7 +114,7 @@ class Serve:
 def http(method, path, body=None, raw=None, timeout=120):
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data, method=method,
-                                 headers={{"Content-Type": "application/json"}})
+                                 headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, text = r.status, r.read().decode()
@@ -102,22 +125,7 @@ def http(method, path, body=None, raw=None, timeout=120):
     except ValueError:
         return status, text
 
-srv = comfy_server.PromptServer()
-routes = comfy_routes.install(srv, hm, **{options!r})
-{before_serve}
-srv.add_routes()
-serve = Serve(srv.app)
-port = serve.port
-
-def finish(*workers):
-    serve.close()
-    routes.unhook_prompt_boundary()
-    hm.close()
-    for w in workers:
-        w.close()
-
-out = emit
-"""
+'''
 
 
 def routes_scenario(tmp_path, body, monkeypatch, options=None, before_serve="", timeout=240):
@@ -125,7 +133,8 @@ def routes_scenario(tmp_path, body, monkeypatch, options=None, before_serve="", 
     stub (COMFYUI_PATH is ignored here); returns its last emit()."""
     monkeypatch.delenv("COMFYUI_PATH", raising=False)
     code = PREAMBLE.format(ledger=str(tmp_path / "ledger"), helpers=HELPERS, build_py=BUILD_PY,
-                           options=dict(options or {}), before_serve=textwrap.dedent(before_serve)) \
+                           options=dict(options or {}), http_helpers=HTTP_HELPERS,
+                           before_serve=textwrap.dedent(before_serve)) \
         + textwrap.dedent(body)
     env = {"PYTHONPATH": os.pathsep.join([BUILD_PY, HELPERS])}
     return run_comfy_script(code, timeout=timeout, env=env)

@@ -284,3 +284,36 @@ def test_methods_parse_as_their_text_signatures_say(made):
     # Asked of the worker: only detach()'s default, unpatch_all=True (every
     # other call asked for 0 bytes or passed unpatch_all=False).
     assert owner.log == [("release", 7, None)]
+
+
+def test_a_dead_workers_standin_reads_zero_before_any_reap(tmp_path):
+    """The worker is SIGKILLed and not yet reaped (a zombie; its record is
+    still in the ledger): its stand-in reads 0 resident at once (issue 14,
+    fault 4), and its size stays what it was."""
+    import os
+    import signal
+    import subprocess
+    path = str(tmp_path / "ledger")
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from bulkhead import _native\n"
+        f"led = _native.Ledger({path!r}); led.join('worker', pack='p', interpreter='3', generation=1)\n"
+        f"led.set_model(7, 'UNetModel', 'cpu', {64 * MiB}, {64 * MiB})\n"
+        "print('ready', flush=True); sys.stdin.read()\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    led = _native.Ledger(path)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        s = _native.standin(object(), led, child.pid, 7, generation=1, name="UNetModel",
+                            size_bytes=64 * MiB, model=_native.RemoteModel(), load_device="cpu",
+                            offload_device="cpu")
+        assert s.loaded_size() == 64 * MiB
+        os.kill(child.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)   # dead, not reaped
+        assert s.loaded_size() == 0 and s.model_size() == 64 * MiB
+        assert s.current_loaded_device() == "cpu"
+    finally:
+        child.kill()
+        child.wait()
+        child.stdin.close()
+        child.stdout.close()
+        led.close()
