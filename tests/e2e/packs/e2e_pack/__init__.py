@@ -11,4 +11,5 @@ from bulkhead.host import nodes, pack
 _hm = pack.host_memory()
 NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
     os.path.dirname(os.path.abspath(__file__)), sys.executable,
+    env={"BH_E2E_HELPERS": os.environ.get("BH_E2E_HELPERS", "")},  # workers get an allow-listed environment
     options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False})
