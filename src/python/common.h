@@ -145,6 +145,17 @@ PyObject *bh_py_ledger_default_path(PyObject *module, PyObject *unused);
  *   rc = bh_ledger_model_read(l, pid, id, &self->hint, &size, &resident);
  */
 bh_ledger *bh_py_ledger_get(bh_state *st, PyObject *obj);
+/* The same for a call that releases the GIL: the Ledger counts the
+ * borrow, so close() from another thread raises instead of freeing the
+ * handle under it; pair every non-NULL return with bh_py_ledger_unborrow
+ * (under the GIL). */
+bh_ledger *bh_py_ledger_borrow(bh_state *st, PyObject *obj);
+void bh_py_ledger_unborrow(PyObject *obj);
+/* probe.c: the same pair for a Gpu (TypeError when obj is not a Gpu,
+ * ValueError when it is closed). */
+struct bh_gpu;
+struct bh_gpu *bh_py_gpu_borrow(bh_state *st, PyObject *obj);
+void bh_py_gpu_unborrow(PyObject *obj);
 /* New Lease over [offset, offset+nbytes) of b; takes its own reference. */
 PyObject *bh_py_lease_new(bh_state *st, bh_block *b, uint64_t offset, uint64_t nbytes);
 

@@ -66,6 +66,14 @@ bh_ledger *bh_py_ledger_get(bh_state *st, PyObject *obj) {
   return ledger_live((bh_ledger_obj *)obj);
 }
 
+bh_ledger *bh_py_ledger_borrow(bh_state *st, PyObject *obj) {
+  bh_ledger *l = bh_py_ledger_get(st, obj);
+  if (l) ((bh_ledger_obj *)obj)->busy++;
+  return l;
+}
+
+void bh_py_ledger_unborrow(PyObject *obj) { ((bh_ledger_obj *)obj)->busy--; }
+
 /* An int in [0, max] into *out; OverflowError names `what` otherwise. */
 static int as_u64(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
   if (!PyLong_Check(o)) {

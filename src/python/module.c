@@ -107,7 +107,8 @@ static PyMethodDef bh_methods[] = {
     {"policy_pin_ceiling", bh_py_policy_pin_ceiling, METH_VARARGS, "policy_pin_ceiling(ram, swap, windows=False) -> upstream pinned-memory ceiling"},
     {"policy_share", bh_py_policy_share, METH_VARARGS, "policy_share(total, n_processes) -> one process's share"},
     {"status_json", (PyCFunction)(void (*)(void))bh_py_status_json, METH_VARARGS | METH_KEYWORDS,
-     "status_json(ledger=None) -> str: the document `bulkhead status --json` prints"},
+     "status_json(ledger=None, gpu=None) -> str: the document `bulkhead status --json` prints;\n"
+     "ledger: an open Ledger, a path or None (the default); gpu: an open Gpu or None (NVML opened for the call)"},
     {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
     {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
     {NULL, NULL, 0, NULL}};
