@@ -108,7 +108,6 @@ PyObject *bh_py_policy_reserve(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_load_bytes(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_unload_bytes(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_release_plan(PyObject *m, PyObject *args);
-PyObject *bh_py_policy_idle_sweep(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_pin_ceiling(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_share(PyObject *m, PyObject *args);
 /* status.c: the `bulkhead status --json` document, from the same C code. */

@@ -144,27 +144,6 @@ PyObject *bh_py_policy_release_plan(PyObject *m, PyObject *args) {
   return out;
 }
 
-/* policy_idle_sweep(workers, now_ns, idle_after_ns) -> [index...] */
-PyObject *bh_py_policy_idle_sweep(PyObject *m, PyObject *args) {
-  (void)m;
-  PyObject *seq;
-  unsigned long long now, after;
-  if (!PyArg_ParseTuple(args, "OKK:policy_idle_sweep", &seq, &now, &after)) return NULL;
-  Py_ssize_t n;
-  bh_policy_worker *w = worker_rows(seq, &n);
-  if (!w) return NULL;
-  size_t *out = PyMem_Calloc((size_t)(n ? n : 1), sizeof *out);
-  int k = out ? bh_policy_idle_sweep(w, (size_t)n, now, after, out, (size_t)n) : 0;
-  PyObject *list = NULL;
-  if (!out) PyErr_NoMemory();
-  else if (k < 0) PyErr_SetString(PyExc_ValueError, "policy_idle_sweep: too many workers");
-  else if ((list = PyList_New(k)) != NULL)
-    for (int i = 0; i < k; i++) PyList_SetItem(list, i, PyLong_FromSsize_t((Py_ssize_t)out[i]));
-  PyMem_Free(out);
-  PyMem_Free(w);
-  return list;
-}
-
 /* policy_pin_ceiling(ram, swap, windows=False), policy_share(total, n) */
 PyObject *bh_py_policy_pin_ceiling(PyObject *m, PyObject *args) {
   (void)m;

@@ -20,6 +20,7 @@ the next call, and the host's control socket answers the next client.
                something the socket does not serve
 """
 
+import errno
 import os
 import socket
 import struct
@@ -298,6 +299,57 @@ def test_host_memory_on_an_unusable_ledger_warns_and_goes_on(tmp_path):
 
 
 # --- the control socket ------------------------------------------------
+
+def _hooks():
+    """What channel_open reads off its hooks object (none is called here)."""
+    import types
+    return types.SimpleNamespace(**{name: None for name in (
+        "encode_other", "decode_tensor", "decode_handle", "resolve", "format_exc", "make_error",
+        "on_frame", "on_request")})
+
+
+def test_channel_open_failure_names_the_call_and_consumes_the_fd():
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError) as e:
+            _native.channel_open(r, _hooks(), os.getuid(), 0)  # a pipe is no socket
+        assert e.value.errno == errno.ENOTSOCK and "channel_open" in str(e.value), str(e.value)
+        with pytest.raises(OSError) as gone:
+            os.fstat(r)  # taken over and closed, even though it raised
+        assert gone.value.errno == errno.EBADF
+    finally:
+        os.close(w)
+
+
+def test_control_server_never_closes_an_fd_channel_open_consumed(tmp_path, host_worker, monkeypatch):
+    """A failed channel_open has already closed the accepted fd; in a
+    threaded host its number may be another thread's file by the time the
+    server looks again, and the server must leave it alone."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    from bulkhead.control import ControlServer, request
+    real = _native.channel_open
+    victim = []
+
+    def failing(fd, *args, **kw):
+        os.close(fd)  # what channel_open does with fd on every failure
+        victim.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))  # another thread's, same number
+        raise OSError(errno.EMFILE, "channel_open: injected")
+
+    monkeypatch.setattr(_native, "channel_open", failing)
+    srv = ControlServer(_Host([host_worker]), release_timeout=5)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.connect(srv.path)
+            _wait_for(lambda: victim)
+        monkeypatch.setattr(_native, "channel_open", real)
+        # served after the failed one: the server is past its except branch
+        assert request(os.getpid(), "workers", timeout=10)[0]["pack"] == "bystander"
+        os.fstat(victim[0])  # still open: nobody closed it behind its owner's back
+    finally:
+        srv.close()
+        for fd in victim:
+            os.close(fd)
+
 
 class _Host:
     """The part of HostMemory a ControlServer uses."""
