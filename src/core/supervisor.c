@@ -7,7 +7,11 @@
  * socketpair, default signal dispositions, an empty signal mask, its own
  * process group (a terminal's Ctrl-C reaches the host, which decides), and
  * exactly the environment the caller built.  Every other fd bulkhead holds
- * is close-on-exec, so the child inherits nothing else of ours.
+ * is close-on-exec, and the host's own inheritable fds (a ComfyUI extension's
+ * pipe, a library's log file) are closed in the child after the dup2s:
+ * closefrom(4) as a spawn action where the C library has one (glibc 2.34),
+ * else one close action per inheritable fd found in /proc/self/fd.  So the
+ * child inherits exactly fds 0-3.
  *
  * A drain thread copies the child's output to a sink fd (the host's
  * stderr), prefixing each line, and keeps the last BH__TAIL bytes so an
@@ -17,6 +21,7 @@
  */
 #include "internal.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -111,6 +117,27 @@ static void *bh__drain_main(void *arg) {
 }
 
 /* Moves fd above the low numbers the child's layout uses. */
+#ifndef BH_HAS_ADDCLOSEFROM_NP
+/* The fallback of closefrom(4): a close action for every fd >= 4 without
+ * FD_CLOEXEC open now.  (An fd another thread opens between this walk and
+ * the spawn is not seen: the C library's closefrom has no such window.) */
+static int bh__add_close_inheritable(posix_spawn_file_actions_t *fa) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return errno;
+  int self = dirfd(d), rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d)) != NULL) {
+    char *end;
+    long fd = strtol(e->d_name, &end, 10);
+    if (*end || end == e->d_name || fd < 4 || fd == self) continue;
+    int flags = fcntl((int)fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) rc = posix_spawn_file_actions_addclose(fa, (int)fd);
+  }
+  closedir(d);
+  return rc;
+}
+#endif
+
 static int bh__lift(int *fd) {
   if (*fd > 3) return 0;
   int n = fcntl(*fd, F_DUPFD_CLOEXEC, 10);
@@ -164,6 +191,11 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
       (rc = posix_spawn_file_actions_adddup2(&fa, outp[1], 2)) ||
       (rc = posix_spawn_file_actions_adddup2(&fa, sv[1], 3)))
     goto err_rc;
+#ifdef BH_HAS_ADDCLOSEFROM_NP
+  if ((rc = posix_spawn_file_actions_addclosefrom_np(&fa, 4))) goto err_rc;
+#else
+  if ((rc = bh__add_close_inheritable(&fa))) goto err_rc;
+#endif
   if (o->cwd) {
 #ifdef BH_HAS_ADDCHDIR_NP
     if ((rc = posix_spawn_file_actions_addchdir_np(&fa, o->cwd))) goto err_rc;

@@ -238,6 +238,36 @@ TEST_IMPL(proc_no_inherited_fds) {
   return 0;
 }
 
+/* The host's own inheritable fds (opened without O_CLOEXEC by someone
+ * else in the process: a ComfyUI extension, a library) stay home too. */
+TEST_IMPL(proc_host_inheritable_fds_stay_home) {
+  int opened = open("/dev/null", O_RDONLY); /* no O_CLOEXEC, on purpose */
+  ASSERT_GE(opened, 0);
+  int low = fcntl(opened, F_DUPFD, 10), high = fcntl(opened, F_DUPFD, 200); /* F_DUPFD: inheritable */
+  close(opened);
+  ASSERT_GT(low, 9);
+  ASSERT_GT(high, 199);
+  bh_proc *p;
+  int chan, st;
+  ASSERT_OK(spawn_sh_env("exec ls -l /proc/self/fd", env_path, NULL, -1, NULL, &p, &chan));
+  ASSERT_OK(bh_proc_wait(p, 10000, &st));
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  char out[BH_TEST_TAIL];
+  bh_proc_output_tail(p, out, sizeof out);
+  int fds[64];
+  char targets[64][128];
+  int n = parse_fds(out, fds, targets, 64);
+  ASSERT_GT(n, 3);
+  for (int i = 0; i < n; i++)
+    if (fds[i] == low || fds[i] == high)
+      FAIL("the child inherited the host's fd %d -> %s\n--- ls output ---\n%s", fds[i], targets[i], out);
+  close(chan);
+  bh_proc_close(p);
+  close(low);
+  close(high);
+  return 0;
+}
+
 TEST_IMPL(proc_exact_environment) {
   setenv("HOME", "/root-of-the-test", 1);
   setenv("BH_SHOULD_NOT_LEAK", "1", 1);
