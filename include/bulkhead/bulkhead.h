@@ -322,7 +322,8 @@ typedef struct bh_channel bh_channel;
 
 typedef struct bh_channel_opts {
   uid_t peer_uid;           /* frames from another uid are rejected */
-  pid_t peer_pid;           /* 0: any pid; else frames must come from it */
+  pid_t peer_pid;           /* 0: any pid; else frames must come from it,
+                             * and its death ends a wait (see bh_channel_recv) */
   size_t pool_keep_bytes;   /* free own blocks kept for reuse (0: default) */
   int64_t spin_ns;          /* before blocking in recv, poll this long
                              * yielding the CPU (0: default 20 us, <0: never;
@@ -380,8 +381,11 @@ typedef struct bh_frame {
  * forever).  Block bookkeeping in the frame (intros, returns, retires) is
  * applied before returning; BLOCKS frames are consumed here and never
  * returned.  Returns 0, -ETIMEDOUT, -EINTR (a signal arrived: check and
- * call again), -BH_EEOF (peer gone), or a BH_E* code naming what was wrong
- * with the frame; after such an error the channel stays usable. */
+ * call again), -BH_EEOF (peer gone: its end closed, or, when opts.peer_pid
+ * was given, that process exited and nothing it sent is left to read, even
+ * though a process it forked may still hold its end), or a BH_E* code
+ * naming what was wrong with the frame; after such an error the channel
+ * stays usable. */
 BH_EXTERN int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns);
 BH_EXTERN void bh_channel_frame_done(bh_channel *c, bh_frame *f);
 
@@ -423,6 +427,10 @@ BH_EXTERN int bh_proc_wait(bh_proc *p, int timeout_ms, int *status);
  * term_ms, SIGKILL, reap.  Returns 0 with the status, never leaves a
  * zombie. */
 BH_EXTERN int bh_proc_stop(bh_proc *p, int grace_ms, int term_ms, int *status);
+/* Sends sig to the child alone (SIGUSR1 interrupts it; what it forked is
+ * not disturbed).  -ESRCH once reaped.  bh_proc_stop's SIGTERM and
+ * SIGKILL and bh_proc_close's SIGKILL go to the child's whole process
+ * group (its own, from the spawn), so a helper it forked goes too. */
 BH_EXTERN int bh_proc_kill(bh_proc *p, int sig);
 /* Copies the last bytes the child printed (at most n-1) into buf,
  * NUL-terminated; returns the length. */

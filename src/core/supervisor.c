@@ -5,7 +5,8 @@
  * listening address to find or steal), then posix_spawns the interpreter
  * with: fd 0 /dev/null, fds 1 and 2 a pipe, fd 3 the child's end of the
  * socketpair, default signal dispositions, an empty signal mask, its own
- * process group (a terminal's Ctrl-C reaches the host, which decides), and
+ * process group (a terminal's Ctrl-C reaches the host, which decides; the
+ * stop ladder and close signal that whole group, not just the worker), and
  * exactly the environment the caller built.  Every other fd bulkhead holds
  * is close-on-exec, and the host's own inheritable fds (a ComfyUI extension's
  * pipe, a library's log file) are closed in the child after the dup2s:
@@ -301,12 +302,23 @@ int bh_proc_kill(bh_proc *p, int sig) {
   return kill(p->pid, sig) < 0 ? -errno : 0;
 }
 
+/* Teardown's signal: the child's whole process group (its own, from the
+ * spawn), so what the worker forked -- a pack's helper that may hold the
+ * channel's end -- goes with it.  Not reaped yet, so neither the pid nor
+ * the group it names can have been reused.  A worker that left its group
+ * (setsid) is signalled alone. */
+static int bh__kill_group(bh_proc *p, int sig) {
+  if (p->reaped) return -ESRCH;
+  if (kill(-p->pid, sig) == 0) return 0;
+  return kill(p->pid, sig) < 0 ? -errno : 0;
+}
+
 int bh_proc_stop(bh_proc *p, int grace_ms, int term_ms, int *status) {
   if (!p) return -EINVAL;
   if (bh_proc_wait(p, grace_ms, status) == 0) return 0;
-  bh_proc_kill(p, SIGTERM);
+  bh__kill_group(p, SIGTERM);
   if (bh_proc_wait(p, term_ms, status) == 0) return 0;
-  bh_proc_kill(p, SIGKILL);
+  bh__kill_group(p, SIGKILL);
   return bh_proc_wait(p, -1, status);
 }
 
@@ -333,7 +345,7 @@ size_t bh_proc_output_tail(bh_proc *p, char *buf, size_t n) {
 void bh_proc_close(bh_proc *p) {
   if (!p) return;
   if (!p->reaped) {
-    bh_proc_kill(p, SIGKILL);
+    bh__kill_group(p, SIGKILL);
     bh_proc_wait(p, -1, NULL);
   }
   if (p->drain_started) {

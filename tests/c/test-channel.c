@@ -1195,6 +1195,60 @@ static int echo_peer(int fd) {
   return 0;
 }
 
+/* The peer dies while a process it forked still holds its end of the
+ * socket (a pack's helper inheriting fd 3): no EOF ever comes, yet a wait
+ * with no deadline ends with -BH_EEOF once the peer is gone; what it sent
+ * before dying is still received first. */
+TEST_IMPL(channel_peer_death_hidden_by_a_forked_child) {
+  int fds0 = bh_test_fd_count();
+  int sv[2], ready[2];
+  ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  ASSERT_SYS(pipe2(ready, O_CLOEXEC));
+  pid_t pid = fork();
+  ASSERT_SYS(pid);
+  if (pid == 0) {
+    close(sv[0]);
+    close(ready[0]);
+    pid_t helper = fork();
+    if (helper == 0) { /* keeps the peer's end open, outliving the peer */
+      close(ready[1]);
+      sleep(30);
+      _exit(0);
+    }
+    bh_channel_opts po = {.peer_uid = getuid()};
+    bh_channel *pc;
+    if (helper < 0 || bh_channel_open(&pc, sv[1], &po) < 0) _exit(1);
+    static const uint8_t nil = BH_TAG_NIL;
+    if (bh_test_send(pc, BH_KIND_RESULT, 7, &nil, 1, NULL, 0) < 0) _exit(1);
+    char pid_s[16];
+    int n = snprintf(pid_s, sizeof pid_s, "%d", (int)helper);
+    if (write(ready[1], pid_s, (size_t)n) != n) _exit(1);
+    _exit(0); /* the helper still holds the socket */
+  }
+  close(sv[1]);
+  close(ready[1]);
+  char pid_s[16] = {0};
+  ASSERT_GT(read(ready[0], pid_s, sizeof pid_s - 1), 0);
+  close(ready[0]);
+  pid_t helper = (pid_t)atoi(pid_s);
+  bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = pid};
+  bh_channel *c;
+  ASSERT_OK(bh_channel_open(&c, sv[0], &o));
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid); /* dead and reaped: only the helper holds the end */
+  bh_frame f;
+  ASSERT_OK(bh_channel_recv(c, &f, -1)); /* its last words come first */
+  ASSERT_UEQ(f.h.request_id, 7);
+  int64_t t0 = bh_now_ns();
+  ASSERT_EQ(bh_channel_recv(c, &f, bh_now_ns() + 10ll * 1000000000), -BH_EEOF);
+  ASSERT_LT(bh_now_ns() - t0, 5ll * 1000000000); /* at once, not at the deadline */
+  bh_channel_close(c);
+  kill(helper, SIGKILL);
+  (void)waitpid(helper, NULL, 0); /* ours when the runner made us a subreaper */
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
 TEST_IMPL(channel_helper_process_echo) {
   int fds0 = bh_test_fd_count();
   int sv[2];

@@ -375,6 +375,47 @@ TEST_IMPL(proc_stop_kill_ladder) {
   return 0;
 }
 
+/* A process's state letter from /proc/<pid>/stat, or 0 when it is gone. */
+static char proc_state(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char *rp = strrchr(buf, ')');
+  return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+/* Teardown takes the worker's whole process group: a helper it forked
+ * (which would hold the channel's end) does not outlive it.  Both the stop
+ * ladder and close. */
+TEST_IMPL(proc_teardown_takes_the_process_group) {
+  for (int how = 0; how < 2; how++) {
+    bh_proc *p;
+    int chan, st;
+    spawn_sh("trap '' TERM; sleep 30 & echo helper=$!; exec sleep 30", &p, &chan);
+    wait_output(p, "helper=");
+    char out[BH_TEST_TAIL];
+    bh_proc_output_tail(p, out, sizeof out);
+    pid_t helper = (pid_t)atoi(strstr(out, "helper=") + 7);
+    ASSERT_GT(helper, 0);
+    ASSERT(proc_state(helper) != 0 && proc_state(helper) != 'Z');
+    if (how == 0) ASSERT_OK(bh_proc_stop(p, 0, 200, &st));
+    bh_proc_close(p);
+    close(chan);
+    char state = 0;
+    for (int i = 0; i < 500 && (state = proc_state(helper)) != 0 && state != 'Z'; i++)
+      bh_test_sleep_ms(10);
+    if (state != 0 && state != 'Z')
+      FAIL("%s left the worker's helper %d running (state %c)", how ? "close" : "stop",
+           (int)helper, state);
+  }
+  return 0;
+}
+
 TEST_IMPL(proc_stop_cooperative) {
   bh_proc *p;
   int chan, st = -1;

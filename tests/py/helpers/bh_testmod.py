@@ -70,6 +70,18 @@ def exit_now(code, message=""):
     os._exit(code)
 
 
+def exit_leaving_a_helper(code):
+    """Forks a helper that inherits the channel (fd 3, as a pack's
+    subprocess would) and outlives this worker, then exits: the host sees
+    no EOF while the helper lives."""
+    helper = os.fork()
+    if helper == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(f"helper={helper}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
 def unsendable():
     return object()
 
