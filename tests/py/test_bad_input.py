@@ -401,3 +401,18 @@ def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, capl
     finally:
         srv.close()
     assert serves(host_worker)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: _native.policy_pending(-1, 0, 0),
+    lambda: _native.policy_pending(1 << 63, 0, 0),
+    lambda: _native.policy_reserve(-5, []),
+    lambda: _native.policy_admission_need(0, -1, 0, 0),
+    lambda: _native.policy_ask_target(-1, 0, 0, 0, True),
+    lambda: _native.policy_release_plan([(True, 0, -1, 0)], 1),
+], ids=["pending", "pending_huge", "reserve", "admission_need", "ask_target", "release_plan_row"])
+def test_policy_bindings_refuse_what_would_wrap(call):
+    """"K" parsed -1 as 2**64 - 1: every byte count and time is an int in
+    [0, 2**63) now, or OverflowError."""
+    with pytest.raises(OverflowError):
+        call()
