@@ -57,7 +57,7 @@ extern "C" {
   X(BH_EBLOCK, 10028, "reference to an unknown shared-memory block")           \
   X(BH_ESEALS, 10029, "shared-memory block is not a sealed memfd of the declared size") \
   X(BH_EBLOCKSEC, 10030, "frame's block section is malformed")                 \
-  X(BH_ETOOMANY, 10031, "too many items for one frame") \
+  X(BH_ETOOMANY, 10031, "value has more items than one frame may carry (BH_MAX_ITEMS)") \
   X(BH_ELEDGER, 10040, "segment is not a bulkhead ledger (bad magic or size)") \
   X(BH_ELEDGERVER, 10041, "ledger has another layout version (every bulkhead on this machine must match)") \
   X(BH_ELEDGERFULL, 10042, "ledger has no free record slot") \
@@ -140,6 +140,11 @@ enum bh_tag {
 
 #define BH_MAX_DIMS 16
 #define BH_MAX_DEPTH 64
+/* Items (scalars and containers alike) in one value: what bounds the
+ * objects a decoder builds from one frame (a list of empty lists costs 5
+ * bytes each on the wire and some 60 as Python objects), whatever the
+ * frame's size.  Past it: -BH_ETOOMANY. */
+#define BH_MAX_ITEMS (1u << 20)
 #define BH_BLOCK_NONE UINT32_MAX /* tensor-ref of an empty tensor */
 
 /* Which library a tensor came from, so the receiver rebuilds the same kind
@@ -234,8 +239,9 @@ BH_EXTERN void bh_reader_init(bh_reader *r, const void *p, size_t len);
  * item takes at least one byte). */
 BH_EXTERN int bh_dec_next(bh_reader *r, bh_item *it);
 /* Walks one whole value from the reader's position, nesting at most
- * max_depth, and then requires the buffer to end.  Returns 0 or a negative
- * BH_E* code naming the first problem. */
+ * max_depth and holding at most BH_MAX_ITEMS items, and then requires the
+ * buffer to end.  Returns 0 or a negative BH_E* code naming the first
+ * problem. */
 BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 
 /* ------------------------------------------------------------------ frames */

@@ -70,6 +70,7 @@ typedef struct bh_enc_ctx {
   PyObject *keep;         /* leases referenced by the value, until sent */
   bh_block **blocks;      /* their blocks, for bh_msg.blocks */
   uint32_t n_blocks, cap_blocks;
+  uint64_t items;         /* encoded so far, at most BH_MAX_ITEMS */
 } bh_enc_ctx;
 
 void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other);
@@ -83,10 +84,12 @@ typedef struct bh_dec_ctx {
   bh_channel *chan;
   PyObject *decode_tensor; /* hooks (borrowed) */
   PyObject *decode_handle;
+  uint64_t items_left;     /* BH_MAX_ITEMS less those decoded (bh_py_decode sets it) */
 } bh_dec_ctx;
 
 /* Decodes one whole value from p[0..n).  New reference, or NULL with
- * ProtocolError naming what was malformed. */
+ * ProtocolError naming what was malformed (BH_ETOOMANY past BH_MAX_ITEMS
+ * items: checked before a container's storage is allocated). */
 PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
 
 /* Per-file type specs and module-level functions. */

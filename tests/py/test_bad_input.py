@@ -76,7 +76,7 @@ def test_config(tmp_path, host_worker, text, line, named):
     ("cpu", "BH_EHEADER"), ("short", "BH_ESHORT"), ("oversized", "BH_E2BIG"),
     ("fdcount", "BH_EFDCOUNT"), ("badvalue", "BH_EBADTAG"), ("trailing", "BH_ETRAILING"),
     ("utf8", "BH_EUTF8"), ("overrun", "BH_EOVERRUN"), ("count", "BH_ECOUNT"),
-    ("depth", "BH_EDEPTH"),
+    ("depth", "BH_EDEPTH"), ("toomany", "BH_ETOOMANY"),
 ])
 def test_malformed_frame(make_worker, host_worker, what, named):
     liar = make_worker(name="liar")
@@ -416,3 +416,12 @@ def test_policy_bindings_refuse_what_would_wrap(call):
     [0, 2**63) now, or OverflowError."""
     with pytest.raises(OverflowError):
         call()
+
+
+def test_encoder_refuses_more_items_than_a_frame_may_carry(worker):
+    """The sender names the limit itself (the peer's decoder would refuse
+    the frame as BH_ETOOMANY)."""
+    with pytest.raises(ValueError, match=r"more than 1048576 items"):
+        worker.call("operator:length_hint", [None] * (1 << 20))
+    n = (1 << 20) - 16  # room for the request around it: (target, args, kwargs)
+    assert worker.call("operator:length_hint", [None] * n) == n
