@@ -52,9 +52,16 @@ extern "C" {
 /* Layout version of the segment.  Every bulkhead process on the machine
  * must agree; a segment of another version fails to open with
  * -BH_ELEDGERVER. */
-#define BH_LEDGER_VERSION 1
-#define BH_LEDGER_SLOTS 64       /* records in one segment */
-#define BH_LEDGER_DEVICES 4      /* device entries per record */
+#define BH_LEDGER_VERSION 2
+/* Records in one segment: every bulkhead process of one user on the
+ * machine (each host, each of its workers, a tool while it reads), e.g.
+ * 8 ComfyUI instances of 60 isolated packs each.  The 513th process runs
+ * without a record (a warning; what it holds is invisible to the others). */
+#define BH_LEDGER_SLOTS 512
+/* Device entries per record: cpu and 16 GPUs (the most one node carries).
+ * A record that would need more refuses the next device with -BH_EMODELS;
+ * the census goes on without it. */
+#define BH_LEDGER_DEVICES 17
 #define BH_LEDGER_MODELS 32      /* model entries per record */
 #define BH_LEDGER_PACK_MAX 64    /* sizes of the string fields, NUL included */
 #define BH_LEDGER_INTERP_MAX 48

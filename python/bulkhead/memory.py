@@ -273,7 +273,10 @@ class HostMemory:
             self.ledger.drop_model(mid)
             del self._host_rows[mid]
         for dev in set(held) | self._host_devices:
-            self.ledger.set_device(dev, held_bytes=held.get(dev, 0))
+            try:
+                self.ledger.set_device(dev, held_bytes=held.get(dev, 0))
+            except _native.LedgerError as e:  # more devices than a record holds: never fails a node
+                log.warning("bulkhead: %s; device %s is not published", e, dev)
         self._host_devices |= set(held)
 
     def standins(self, worker=None):

@@ -16,14 +16,15 @@
  * reaps it: the pid is gone, is a zombie, or now belongs to a process with
  * another start time (/proc/<pid>/stat field 22), i.e. the pid was reused.
  *
- * Layout (BH_LEDGER_VERSION 1, host byte order, 204800 bytes):
+ * Layout (BH_LEDGER_VERSION 2, host byte order, 2248704 bytes; version 1
+ * had 64 records of 4 devices):
  *
  *   offset 0      header, 4096 bytes
  *     0   char     magic[8]        "BHLEDGR\0", written last at creation
  *     8   u32      version         BH_LEDGER_VERSION
  *     12  u32      head_bytes      4096
- *     16  u32      record_bytes    3136 (sizeof(bh__slot))
- *     20  u32      record_count    BH_LEDGER_SLOTS (64)
+ *     16  u32      record_bytes    4384 (sizeof(bh__slot))
+ *     20  u32      record_count    BH_LEDGER_SLOTS (512)
  *     24  u32      mutex_bytes     sizeof(pthread_mutex_t): a 32-bit and a
  *     28  u32      reserved        64-bit process must not share a mutex
  *     32  pthread_mutex_t mu       robust, process-shared
@@ -35,7 +36,7 @@
  *         u64 start_time, i32 host_pid, u32 run, u32 n_devices, u32 n_models,
  *         u64 last_used_ns, u64 release_count, u64 released_bytes,
  *         char pack[64], char interpreter[48], u64 reserved,
- *         4 x device {char name[48]; u64 held, pinned, pin_ceiling, pager,
+ *         17 x device {char name[48]; u64 held, pinned, pin_ceiling, pager,
  *                     floor, reserve},                         (96 bytes each)
  *         32 x model {u64 id; u32 device (index into the devices, or
  *                     BH__NO_DEVICE); u32 reserved; char name[48];
@@ -195,7 +196,7 @@ _Static_assert(sizeof(bh__model) == 80, "model entry is 80 bytes");
 _Static_assert(offsetof(bh__body, start_time) == 16, "body layout");
 _Static_assert(offsetof(bh__body, pack) == 64, "body layout");
 _Static_assert(offsetof(bh__body, devices) == 184, "body layout");
-_Static_assert(sizeof(bh__slot) == 3136, "record is 3136 bytes");
+_Static_assert(sizeof(bh__slot) == 4384, "record is 4384 bytes");
 _Static_assert(offsetof(bh__head, mu) == 32, "header layout");
 _Static_assert(sizeof(bh__head) <= BH__HEAD_BYTES, "header fits its page");
 _Static_assert(sizeof(_Atomic uint32_t) == 4, "seq is a plain u32 in the file");

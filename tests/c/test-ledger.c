@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#define LEDGER_BYTES 204800
+#define LEDGER_BYTES 2248704 /* 4096 + 512 records of 4384 */
 
 static void tpath(char *buf, size_t n, const char *tag) {
   snprintf(buf, n, "/tmp/bh-ledger-test-%d-%s", (int)getpid(), tag);
@@ -78,7 +78,7 @@ static void write_file(const char *path, const void *data, size_t n, off_t size)
 static void header(uint8_t h[32], uint32_t version) {
   memset(h, 0, 32);
   memcpy(h, "BHLEDGR", 8);
-  uint32_t v[5] = {version, 4096, 3136, BH_LEDGER_SLOTS, (uint32_t)sizeof(pthread_mutex_t)};
+  uint32_t v[5] = {version, 4096, 4384, BH_LEDGER_SLOTS, (uint32_t)sizeof(pthread_mutex_t)};
   memcpy(h + 8, v, sizeof v);
 }
 
@@ -195,17 +195,17 @@ TEST_IMPL(ledger_open_mem_same_verdicts) {
     size_t size;
     uint32_t record_bytes;
   } cases[] = {
-      {"valid", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 3136},
-      {"bad magic", BH_LEDGER_VERSION, "NOTLEDGR", LEDGER_BYTES, 3136},
-      {"other version", BH_LEDGER_VERSION + 1, "BHLEDGR", LEDGER_BYTES, 3136},
-      {"other version, other size", BH_LEDGER_VERSION + 1, "BHLEDGR", 65536, 3136},
-      {"short", BH_LEDGER_VERSION, "BHLEDGR", 8192, 3136},
-      {"long", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES + 4096, 3136},
+      {"valid", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 4384},
+      {"bad magic", BH_LEDGER_VERSION, "NOTLEDGR", LEDGER_BYTES, 4384},
+      {"other version", BH_LEDGER_VERSION + 1, "BHLEDGR", LEDGER_BYTES, 4384},
+      {"other version, other size", BH_LEDGER_VERSION + 1, "BHLEDGR", 65536, 4384},
+      {"short", BH_LEDGER_VERSION, "BHLEDGR", 8192, 4384},
+      {"long", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES + 4096, 4384},
       {"record size", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 3137},
       {"all zero", 0, NULL, LEDGER_BYTES, 0},
       {"all zero, short", 0, NULL, 8192, 0},
       {"two bytes", 0, "BH", 2, 0},
-      {"header only", BH_LEDGER_VERSION, "BHLEDGR", 32, 3136},
+      {"header only", BH_LEDGER_VERSION, "BHLEDGR", 32, 4384},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     fprintf(stderr, "case: %s\n", cases[k].what);
@@ -576,14 +576,20 @@ TEST_IMPL(ledger_models_devices) {
   ASSERT_RC(bh_ledger_set_model(l, &x), -BH_EMODELS);
   x.id = 2; /* replacing still works */
   ASSERT_OK(bh_ledger_set_model(l, &x));
-  bh_ledger_device e = {.device = "cuda:2"};
-  ASSERT_OK(bh_ledger_set_device(l, &e));
-  memcpy(e.device, "cuda:3", 7);
-  ASSERT_OK(bh_ledger_set_device(l, &e));
-  memcpy(e.device, "cuda:4", 7);
+  /* Room for cpu and 16 GPUs (the most one node carries, #9), then a
+   * clear refusal. */
+  ASSERT_GE(BH_LEDGER_DEVICES, 17);
+  ASSERT_OK(bh_ledger_read(l, getpid(), &r));
+  bh_ledger_device e = {.device = ""};
+  for (int g = 2; r.n_devices < BH_LEDGER_DEVICES; g++) {
+    snprintf(e.device, sizeof e.device, "cuda:%d", g);
+    ASSERT_OK(bh_ledger_set_device(l, &e));
+    ASSERT_OK(bh_ledger_read(l, getpid(), &r));
+  }
+  memcpy(e.device, "cuda:99", 8);
   ASSERT_RC(bh_ledger_set_device(l, &e), -BH_EMODELS);
   ASSERT_OK(bh_ledger_drop_model(l, 100));
-  bh_ledger_model y = {.id = 6000, .name = "y", .device = "cuda:5"};
+  bh_ledger_model y = {.id = 6000, .name = "y", .device = "cuda:98"};
   ASSERT_RC(bh_ledger_set_model(l, &y), -BH_EMODELS); /* no device entry left */
   ASSERT_OK(bh_ledger_read(l, getpid(), &r));
   ASSERT_EQ(r.n_devices, BH_LEDGER_DEVICES);
