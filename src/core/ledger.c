@@ -1027,6 +1027,16 @@ int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max) {
         !(atomic_load_explicit(&l->slots[i].seq, memory_order_relaxed) & 1))
       continue;
     rc = bh__read_slot(l, i, &b);
+    if (rc == -EAGAIN) {
+      /* Its owner is alive and stayed mid-write past the retries (a
+       * stopped process): that record is shown stale, the rest as usual. */
+      bh_ledger_record *r = &out[n++];
+      memset(r, 0, sizeof *r);
+      r->slot = i;
+      r->pid = BH__LOAD(l->slots[i].body.pid);
+      r->run = BH_RUN_STALE;
+      continue;
+    }
     if (rc < 0) return rc;
     if (rc == 1 && (reaped || bh__alive(b.pid, b.start_time))) bh__to_record(i, &b, &out[n++]);
   }

@@ -46,7 +46,9 @@ typedef struct {
 } bh_ledger_obj;
 
 static const char *const role_names[] = {NULL, "host", "worker", "tool"};
-static const char *const run_names[] = {"idle", "busy", "releasing"};
+/* The first three are what set_run takes; "stale" is only read (a record
+ * its owner left mid-write, see bh_ledger_snapshot). */
+static const char *const run_names[] = {"idle", "busy", "releasing", "stale"};
 
 #define BH_PY_BYTES_MAX ((uint64_t)INT64_MAX)
 
@@ -471,7 +473,7 @@ static PyObject *record_dict(const bh_ledger_record *r) {
                     "host_pid", (int)r->host_pid,
                     "pack", str_of(r->pack),
                     "interpreter", str_of(r->interpreter),
-                    "run", word_of(r->run, run_names, 3),
+                    "run", word_of(r->run, run_names, 4),
                     "last_used_ns", (unsigned long long)r->last_used_ns,
                     "release_count", (unsigned long long)r->release_count,
                     "released_bytes", (unsigned long long)r->released_bytes,

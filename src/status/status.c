@@ -37,7 +37,9 @@
  *      {"pid": N, "role": "host" | "worker" | "tool" | "unknown",
  *       "pack": "...", "interpreter": "3.12.1", "generation": N,
  *       "host_pid": N | null,                    a worker's host
- *       "state": "idle" | "busy" | "releasing" | "unknown",
+ *       "state": "idle" | "busy" | "releasing" | "stale" | "unknown",
+ *                                                stale: left mid-write by its
+ *                                                (stopped) owner, only pid known
  *       "idle_s": 12.345 | null,                 now - last use (CLOCK_MONOTONIC)
  *       "held_bytes": N,                         sum of devices[].held_bytes
  *       "devices": [{"device": "cpu", "held_bytes": N, "pinned_bytes": N,
@@ -180,7 +182,8 @@ const char *bh_status_role_name(int role) {
 }
 
 const char *bh_status_run_name(int run) {
-  return run == BH_RUN_IDLE ? "idle" : run == BH_RUN_BUSY ? "busy" : run == BH_RUN_RELEASING ? "releasing" : "unknown";
+  return run == BH_RUN_IDLE ? "idle" : run == BH_RUN_BUSY ? "busy" : run == BH_RUN_RELEASING ? "releasing"
+         : run == BH_RUN_STALE ? "stale" : "unknown";
 }
 
 /* The host record a worker belongs under, or -1. */

@@ -932,6 +932,65 @@ TEST_IMPL(ledger_seqlock_no_torn_reads) {
   return 0;
 }
 
+/* One record left mid-write by a live owner (stopped with its seqlock
+ * odd) does not fail the snapshot (#11): every other record is read, and
+ * that one comes back stale, with its slot and pid. */
+TEST_IMPL(ledger_snapshot_skips_a_record_left_mid_write) {
+  char p[128];
+  tpath(p, sizeof p, "stale");
+  int ready[2], hold[2];
+  bh_ledger *l;
+  ASSERT_OK(bh_ledger_open(&l, p));
+  ASSERT_SYS(pipe2(ready, O_CLOEXEC));
+  ASSERT_SYS(pipe2(hold, O_CLOEXEC));
+  pid_t kid = fork();
+  ASSERT_SYS(kid);
+  if (kid == 0) {
+    close(ready[0]), close(hold[1]);
+    int slot = bh_ledger_join(l, BH_ROLE_WORKER, "stuck", "", 1, 0);
+    if (slot < 0 || write(ready[1], &slot, sizeof slot) != sizeof slot) _exit(3);
+    wait_eof(hold[0]);
+    _exit(0);
+  }
+  close(ready[1]), close(hold[0]);
+  int slot = -1;
+  ASSERT_EQ(read(ready[0], &slot, sizeof slot), (ssize_t)sizeof slot);
+  close(ready[0]);
+  ASSERT_GE(slot, 0);
+  ASSERT_GE(bh_ledger_join(l, BH_ROLE_HOST, "host", "", 1, 0), 0);
+  /* The owner's seqlock left odd, as by a writer stopped mid-write. */
+  int fd = open(p, O_RDWR | O_CLOEXEC);
+  ASSERT_SYS(fd);
+  size_t bytes = 4096 + (size_t)BH_LEDGER_SLOTS * 4384;
+  uint8_t *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT(map != MAP_FAILED);
+  close(fd);
+  _Atomic uint32_t *seq = (_Atomic uint32_t *)(map + 4096 + (size_t)slot * 4384);
+  uint32_t was = atomic_load(seq);
+  atomic_store(seq, was | 1);
+  bh_ledger_record recs[4];
+  int n = bh_ledger_snapshot(l, recs, 4);
+  ASSERT_EQ(n, 2);
+  int saw_stale = 0, saw_host = 0;
+  for (int i = 0; i < n; i++) {
+    if (recs[i].slot == slot) {
+      saw_stale = 1;
+      ASSERT_EQ(recs[i].pid, kid);
+      ASSERT_EQ(recs[i].run, BH_RUN_STALE);
+    } else if (recs[i].pid == getpid()) {
+      saw_host = 1;
+      ASSERT_STR_EQ(recs[i].pack, "host");
+    }
+  }
+  ASSERT(saw_stale && saw_host);
+  atomic_store(seq, was);
+  munmap(map, bytes);
+  close(hold[1]);
+  reap(kid, 0);
+  bh_ledger_close(l);
+  return 0;
+}
+
 TEST_IMPL(ledger_full) {
   char p[128];
   tpath(p, sizeof p, "full");
