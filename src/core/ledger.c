@@ -69,7 +69,9 @@
  * A slot left mid-write by a process that died under the mutex (seq odd,
  * state FREE, or LIVE with a dead pid) is cleared by the next reap.
  *
- * The mutex is waited for at most BH__LOCK_WAIT_MS (critical sections take
+ * The mutex, and the file locks below, are waited for at most
+ * BH__LOCK_WAIT_MS (an open then fails with -ETIMEDOUT, a close leaves the
+ * file for the next closer to unlink; critical sections take
  * microseconds; only a holder that is stopped, not dead, keeps it longer).
  * Then readers go on without reaping (a snapshot leaves out the records
  * of dead owners instead of freeing them; the next reader frees them) and
@@ -440,12 +442,24 @@ int bh_ledger_default_path(char *buf, size_t n) {
 #define BH__LOCK_INIT 0
 #define BH__LOCK_OPEN 1
 
+/* Takes (or drops) a one-byte lock.  wait 0: one try (-EAGAIN when held
+ * elsewhere); wait 1: retried for at most BH__LOCK_WAIT_MS, like the
+ * mutex (holders keep these locks for microseconds; one that stays is a
+ * stopped process), then -ETIMEDOUT.  Polled, because F_OFD_SETLKW has no
+ * timeout. */
 static int bh__lock_byte(int fd, short type, off_t byte, int wait) {
   struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
-  int rc;
-  while ((rc = fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl)) < 0 && errno == EINTR) {
+  int64_t until = wait ? bh_now_ns() + (int64_t)BH__LOCK_WAIT_MS * 1000000 : 0;
+  for (int i = 0;; i++) {
+    fl.l_type = type;
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EACCES) return -errno;
+    if (!wait) return -EAGAIN;
+    if (bh_now_ns() >= until) return -ETIMEDOUT;
+    struct timespec ts = {0, (i < 10 ? 100 : 2000) * 1000L}; /* 0.1 ms, then 2 ms */
+    nanosleep(&ts, NULL);
   }
-  return rc < 0 ? -errno : 0;
 }
 
 static int bh__check_file(int fd, struct stat *st) {

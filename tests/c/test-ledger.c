@@ -991,6 +991,28 @@ TEST_IMPL(ledger_snapshot_skips_a_record_left_mid_write) {
   return 0;
 }
 
+/* The open/close file lock is waited for with a bound (#12), like the
+ * mutex: a holder that stays (a stopped process) makes an open fail with
+ * -ETIMEDOUT instead of hanging it. */
+TEST_IMPL(ledger_open_lock_wait_is_bounded) {
+  char p[128];
+  tpath(p, sizeof p, "lockwait");
+  bh_ledger *l, *l2 = NULL;
+  ASSERT_OK(bh_ledger_open(&l, p));
+  int fd = open(p, O_RDWR | O_CLOEXEC);
+  ASSERT_SYS(fd);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  ASSERT_SYS(fcntl(fd, F_OFD_SETLK, &fl)); /* INIT, held as a stopped opener would */
+  ASSERT_RC(bh_ledger_open(&l2, p), -ETIMEDOUT);
+  ASSERT(l2 == NULL);
+  close(fd); /* let go: the next open goes through */
+  ASSERT_OK(bh_ledger_open(&l2, p));
+  bh_ledger_close(l2);
+  bh_ledger_close(l);
+  ASSERT(!exists(p));
+  return 0;
+}
+
 TEST_IMPL(ledger_full) {
   char p[128];
   tpath(p, sizeof p, "full");
