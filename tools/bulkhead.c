@@ -13,8 +13,9 @@
  * read-only in spirit: the command never joins it and never creates it.
  * Acting (release) goes through the worker's host, the only process that
  * holds the worker's channel, over the host's control socket.  The verbs
- * live in status.c, top.c and release.c; this file parses the verb and
- * holds every help text, so the exit codes are documented in one place
+ * live in status_main.c, top.c and release.c (the snapshot they show is
+ * the status library's, src/status/); this file parses the verb and holds
+ * every help text, so the exit codes are documented in one place
  * (they are the BH_CLI_EXIT_* values of cli.h):
  *
  *   0  success

@@ -52,9 +52,16 @@ extern "C" {
 /* Layout version of the segment.  Every bulkhead process on the machine
  * must agree; a segment of another version fails to open with
  * -BH_ELEDGERVER. */
-#define BH_LEDGER_VERSION 1
-#define BH_LEDGER_SLOTS 64       /* records in one segment */
-#define BH_LEDGER_DEVICES 4      /* device entries per record */
+#define BH_LEDGER_VERSION 2
+/* Records in one segment: every bulkhead process of one user on the
+ * machine (each host, each of its workers, a tool while it reads), e.g.
+ * 8 ComfyUI instances of 60 isolated packs each.  The 513th process runs
+ * without a record (a warning; what it holds is invisible to the others). */
+#define BH_LEDGER_SLOTS 512
+/* Device entries per record: cpu and 16 GPUs (the most one node carries).
+ * A record that would need more refuses the next device with -BH_EMODELS;
+ * the census goes on without it. */
+#define BH_LEDGER_DEVICES 17
 #define BH_LEDGER_MODELS 32      /* model entries per record */
 #define BH_LEDGER_PACK_MAX 64    /* sizes of the string fields, NUL included */
 #define BH_LEDGER_INTERP_MAX 48
@@ -64,7 +71,9 @@ extern "C" {
 typedef struct bh_ledger bh_ledger;
 
 enum bh_ledger_role { BH_ROLE_HOST = 1, BH_ROLE_WORKER = 2, BH_ROLE_TOOL = 3 };
-enum bh_ledger_run { BH_RUN_IDLE = 0, BH_RUN_BUSY = 1, BH_RUN_RELEASING = 2 };
+/* BH_RUN_STALE is never written: a snapshot reports it for a record whose
+ * owner (alive, e.g. stopped) stayed mid-write, with only slot and pid. */
+enum bh_ledger_run { BH_RUN_IDLE = 0, BH_RUN_BUSY = 1, BH_RUN_RELEASING = 2, BH_RUN_STALE = 3 };
 
 /* One device's bytes as the record's owner accounts them. */
 typedef struct bh_ledger_device {
@@ -166,14 +175,17 @@ BH_EXTERN int bh_ledger_drop_model(bh_ledger *l, uint64_t id);
 BH_EXTERN int bh_ledger_note_release(bh_ledger *l, uint64_t bytes);
 
 /* Reaps the records of dead processes, then copies at most `max` live
- * records into out (slot order).  Returns the number copied, or -EAGAIN
- * when a live owner stayed mid-write past the retry budget.  When the
+ * records into out (slot order).  Returns the number copied.  A record
+ * whose live owner stayed mid-write past the retry budget (a stopped
+ * process) does not fail the snapshot: it is copied as slot and pid only,
+ * run BH_RUN_STALE, everything else zero.  When the
  * segment's lock is held past its bound (a stopped holder) it does not
  * reap but still leaves dead owners' records out. */
 BH_EXTERN int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max);
 
 /* Copies the live record of `pid`.  Returns 0, -ESRCH when there is none
- * (a dead owner's record is reaped on the way), -EAGAIN as above. */
+ * (a dead owner's record is reaped on the way), -EAGAIN when its live
+ * owner stayed mid-write past the retry budget. */
 BH_EXTERN int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out);
 
 /* The fast path behind a stand-in's loaded_size(): one model's size and

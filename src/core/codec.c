@@ -14,7 +14,9 @@
  *   HANDLE                         u8 space, u64 id
  *
  * Decoding is total: every read checks the bytes left first, a container's
- * count may not exceed the bytes left (each item takes one byte at least),
+ * count may not exceed the bytes left (each item takes one byte at least)
+ * nor, over the whole value, BH_MAX_ITEMS (what a decoder builds from one
+ * frame stays bounded whatever its size),
  * strings are checked for UTF-8, tensor refs for consistency.  Nothing here
  * allocates on the decode side.
  */
@@ -306,6 +308,7 @@ int bh_dec_validate(const void *p, size_t len, unsigned max_depth) {
   bh_item it;
   uint64_t left[BH_MAX_DEPTH + 1];
   unsigned depth = 0;
+  uint64_t items = 0;
   if (max_depth > BH_MAX_DEPTH) max_depth = BH_MAX_DEPTH;
   bh_reader_init(&r, p, len);
   left[0] = 1;
@@ -314,6 +317,7 @@ int bh_dec_validate(const void *p, size_t len, unsigned max_depth) {
     if (depth == 0 && left[0] == 0) break;
     int rc = bh_dec_next(&r, &it);
     if (rc) return rc;
+    if (++items > BH_MAX_ITEMS) return -BH_ETOOMANY;
     left[depth]--;
     if (it.tag == BH_TAG_LIST || it.tag == BH_TAG_TUPLE || it.tag == BH_TAG_MAP) {
       uint64_t n = it.tag == BH_TAG_MAP ? 2 * (uint64_t)it.u.count : it.u.count;

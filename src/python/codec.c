@@ -174,6 +174,12 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
     PyErr_Format(PyExc_ValueError, "value nests deeper than %d levels (a cycle?)", BH_MAX_DEPTH);
     return -1;
   }
+  if (++e->items > BH_MAX_ITEMS) {
+    PyErr_Format(PyExc_ValueError,
+                 "value holds more than %u items; one message carries at most that many "
+                 "(send large data as arrays)", (unsigned)BH_MAX_ITEMS);
+    return -1;
+  }
   bh_buf *b = &e->buf;
   if (o == Py_None) return bh_enc_nil(b) ? enc_fail(e) : 0;
   if (o == Py_True || o == Py_False) return bh_enc_bool(b, o == Py_True) ? enc_fail(e) : 0;
@@ -294,6 +300,10 @@ out:
 static PyObject *dec_items(bh_dec_ctx *d, bh_reader *r, int depth, const bh_item *it) {
   if (depth + 1 > BH_MAX_DEPTH) return dec_error(d, -BH_EDEPTH);
   uint32_t n = it->u.count;
+  /* Before PyList_New(n): a count within the frame's bytes may still be
+   * more than the items left to this value. */
+  if ((it->tag == BH_TAG_MAP ? 2 * (uint64_t)n : n) > d->items_left)
+    return dec_error(d, -BH_ETOOMANY);
   if (it->tag == BH_TAG_MAP) {
     PyObject *m = PyDict_New();
     for (uint32_t i = 0; m && i < n; i++) {
@@ -319,6 +329,8 @@ static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
   bh_item it;
   int rc = bh_dec_next(r, &it);
   if (rc) return dec_error(d, rc);
+  if (d->items_left == 0) return dec_error(d, -BH_ETOOMANY);
+  d->items_left--;
   switch (it.tag) {
   case BH_TAG_NIL: Py_RETURN_NONE;
   case BH_TAG_FALSE: Py_RETURN_FALSE;
@@ -341,6 +353,7 @@ static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
 PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n) {
   bh_reader r;
   bh_reader_init(&r, p, n);
+  d->items_left = BH_MAX_ITEMS;
   if (Py_EnterRecursiveCall(" while decoding a bulkhead value")) return NULL;
   PyObject *v = dec_value(d, &r, 0);
   Py_LeaveRecursiveCall();

@@ -46,7 +46,9 @@ typedef struct {
 } bh_ledger_obj;
 
 static const char *const role_names[] = {NULL, "host", "worker", "tool"};
-static const char *const run_names[] = {"idle", "busy", "releasing"};
+/* The first three are what set_run takes; "stale" is only read (a record
+ * its owner left mid-write, see bh_ledger_snapshot). */
+static const char *const run_names[] = {"idle", "busy", "releasing", "stale"};
 
 #define BH_PY_BYTES_MAX ((uint64_t)INT64_MAX)
 
@@ -65,6 +67,14 @@ bh_ledger *bh_py_ledger_get(bh_state *st, PyObject *obj) {
   }
   return ledger_live((bh_ledger_obj *)obj);
 }
+
+bh_ledger *bh_py_ledger_borrow(bh_state *st, PyObject *obj) {
+  bh_ledger *l = bh_py_ledger_get(st, obj);
+  if (l) ((bh_ledger_obj *)obj)->busy++;
+  return l;
+}
+
+void bh_py_ledger_unborrow(PyObject *obj) { ((bh_ledger_obj *)obj)->busy--; }
 
 /* An int in [0, max] into *out; OverflowError names `what` otherwise. */
 static int as_u64(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
@@ -463,7 +473,7 @@ static PyObject *record_dict(const bh_ledger_record *r) {
                     "host_pid", (int)r->host_pid,
                     "pack", str_of(r->pack),
                     "interpreter", str_of(r->interpreter),
-                    "run", word_of(r->run, run_names, 3),
+                    "run", word_of(r->run, run_names, 4),
                     "last_used_ns", (unsigned long long)r->last_used_ns,
                     "release_count", (unsigned long long)r->release_count,
                     "released_bytes", (unsigned long long)r->released_bytes,

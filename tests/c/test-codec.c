@@ -637,6 +637,34 @@ TEST_IMPL(codec_depth_limit) {
   return 0;
 }
 
+/* At most BH_MAX_ITEMS items per value, containers counted: a list of
+ * BH_MAX_ITEMS - 1 nils passes, one more is -BH_ETOOMANY (and so is a map
+ * whose keys and values together pass it). */
+TEST_IMPL(codec_items_limit) {
+  for (int extra = 0; extra < 2; extra++) {
+    uint32_t n = BH_MAX_ITEMS - 1 + (uint32_t)extra;
+    size_t len = 5 + (size_t)n;
+    uint8_t *p = malloc(len);
+    ASSERT_NOT_NULL(p);
+    p[0] = BH_TAG_LIST;
+    memcpy(p + 1, &n, 4);
+    memset(p + 5, BH_TAG_NIL, n);
+    ASSERT_RC(validate_exact(p, len, BH_MAX_DEPTH), extra ? -BH_ETOOMANY : 0);
+    free(p);
+  }
+  uint32_t pairs = BH_MAX_ITEMS / 2;
+  size_t len = 5 + 2 * (size_t)pairs;
+  uint8_t *p = malloc(len);
+  ASSERT_NOT_NULL(p);
+  p[0] = BH_TAG_MAP;
+  memcpy(p + 1, &pairs, 4);
+  memset(p + 5, BH_TAG_NIL, 2 * (size_t)pairs);
+  ASSERT_RC(validate_exact(p, len, BH_MAX_DEPTH), -BH_ETOOMANY);
+  free(p);
+  ASSERT_STR_CONTAINS(bh_strerror(-BH_ETOOMANY), "BH_MAX_ITEMS");
+  return 0;
+}
+
 TEST_IMPL(codec_count_lies) {
   /* A list claiming 4e9 items in a tiny buffer. */
   uint8_t huge[8] = {BH_TAG_LIST, 0, 0, 0, 0, BH_TAG_NIL, BH_TAG_NIL, BH_TAG_NIL};
@@ -947,7 +975,7 @@ TEST_IMPL(codec_error_names) {
   values[n++] = value;
   BH_ERRNO_MAP(CHECK_ERR)
 #undef CHECK_ERR
-  ASSERT_EQ(n, 31);
+  ASSERT_EQ(n, 32);
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j < n; j++) ASSERT_NE(values[i], values[j]);
   /* errno values go through strerror, and the common ones have names. */

@@ -218,8 +218,7 @@ class ControlServer:
             try:
                 chan = _native.channel_open(fd, peer, os.getuid(), 0, first_id=2)
             except Exception:
-                os.close(fd)
-                continue
+                continue  # channel_open consumed fd even so: its number may be another thread's now
             peer.channel = chan
             try:
                 chan.serve(30.0)  # a client idle for 30 s is dropped

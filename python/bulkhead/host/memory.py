@@ -17,6 +17,7 @@ Arithmetic that decides memory lives in ``policy.c``; this file measures
 and acts.
 """
 
+import functools
 import logging
 import os
 import sys
@@ -191,8 +192,8 @@ class HostMemory:
         state = getattr(getattr(self.mm, "vram_state", None), "name", None)
         if state:
             worker.env.setdefault("BULKHEAD_VRAM_STATE", state)
-        worker.expose("bulkhead.admit", self.admit)
-        worker.expose("bulkhead.loads_done", self.loads_done)
+        worker.expose("bulkhead.admit", functools.partial(self._worker_admit, worker))
+        worker.expose("bulkhead.loads_done", functools.partial(self._worker_loads_done, worker))
         self.owners[worker] = _Owner(self, worker)
         return worker
 
@@ -272,7 +273,10 @@ class HostMemory:
             self.ledger.drop_model(mid)
             del self._host_rows[mid]
         for dev in set(held) | self._host_devices:
-            self.ledger.set_device(dev, held_bytes=held.get(dev, 0))
+            try:
+                self.ledger.set_device(dev, held_bytes=held.get(dev, 0))
+            except _native.LedgerError as e:  # more devices than a record holds: never fails a node
+                log.warning("bulkhead: %s; device %s is not published", e, dev)
         self._host_devices |= set(held)
 
     def standins(self, worker=None):
@@ -391,6 +395,27 @@ class HostMemory:
     def note_release(self, worker):
         self.events.append((time.time(), "evict", worker.name, 0))
         del self.events[:-256]
+
+    # What a worker sends is checked before anything acts on it: a byte
+    # count in [0, 2**63) (the policy bindings refuse the rest in C too),
+    # and worker_pid the calling worker's own, not a sibling's.
+    @staticmethod
+    def _check_caller(worker, worker_pid):
+        if worker_pid is not None and worker_pid != worker.pid:
+            raise PermissionError(f"{worker.describe()} asked for worker_pid {worker_pid!r}; "
+                                  f"a worker may only speak for itself (pid {worker.pid})")
+
+    def _worker_admit(self, worker, device, need_bytes, worker_pid=None):
+        self._check_caller(worker, worker_pid)
+        if not isinstance(device, str):
+            raise TypeError(f"admit: device must be a str, not {type(device).__name__}")
+        if type(need_bytes) is not int or not 0 <= need_bytes < 1 << 63:
+            raise ValueError(f"admit: need_bytes must be an int in [0, 2**63), not {need_bytes!r}")
+        return self.admit(device, need_bytes, worker_pid)
+
+    def _worker_loads_done(self, worker, worker_pid=None):
+        self._check_caller(worker, worker_pid)
+        return self.loads_done(worker_pid)
 
     def admit(self, device, need_bytes, worker_pid=None):
         """CALLBACK from a worker about to load need_bytes onto device.

@@ -126,16 +126,17 @@ def _held(rec):
     return sum(d["held_bytes"] for d in rec["devices"]) if rec else 0
 
 
-def status_document(ledger=None):
+def status_document(ledger=None, gpu=None):
     """The status document (module doc) as a dict: exactly what
     `bulkhead status --json` prints, built by the same C code
-    (``_native.status_json``).  ledger: an open ``_native.Ledger`` (read,
-    not joined), a path, or None for the default; a path with no file is
-    not created (nobody ever joined: no processes).  GPUs come from the
+    (``_native.status_json``).  ledger: an open ``_native.Ledger`` (read
+    through, left open), a path, or None for the default; a path with no
+    file is not created (nobody ever joined: no processes).  gpu: an open
+    ``_native.Gpu`` (a host's: no NVML open per request), or None for the
     NVML library named by $BULKHEAD_NVML_LIBRARY or the default search."""
-    if ledger is not None and not isinstance(ledger, (str, bytes, os.PathLike)):
-        ledger = ledger.path
-    return json.loads(_native.status_json(None if ledger is None else os.fsdecode(ledger)))
+    if isinstance(ledger, (str, bytes, os.PathLike)):
+        ledger = os.fsdecode(ledger)
+    return json.loads(_native.status_json(ledger, gpu))
 
 
 def timeline(host_memory, limit=TIMELINE_LEN):
@@ -237,7 +238,8 @@ class BulkheadRoutes:
     # --- status ---
 
     def status(self):
-        doc = status_document(self._ledger())
+        hm = self.hm
+        doc = status_document(self._ledger(), hm._gpu_probe() if hm is not None else None)
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
         return doc
