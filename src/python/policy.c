@@ -117,12 +117,24 @@ PyObject *bh_py_policy_unload_bytes(PyObject *m, PyObject *args) {
   return PyLong_FromUnsignedLongLong(bh_policy_unload_bytes(x, resident));
 }
 
+/* A zeroed array of n elements of size bytes, from PyMem_Malloc: new
+ * memory, the caller frees it with PyMem_Free.  NULL on overflow or no
+ * memory (no exception set).  PyMem_Calloc would do, but 3.9's headers
+ * declare it outside the limited API (3.10's on: inside), and the cp39-abi3
+ * wheel is built against 3.9's. */
+static void *zeroed_array(size_t n, size_t size) {
+  if (size && n > SIZE_MAX / size) return NULL;
+  void *p = PyMem_Malloc(n * size);
+  if (p) memset(p, 0, n * size);
+  return p;
+}
+
 /* Rows of (idle, last_used_ns, resident_bytes, floor_bytes). */
 static bh_policy_worker *worker_rows(PyObject *seq, Py_ssize_t *n_out) {
   PyObject *fast = PySequence_Fast(seq, "workers must be a sequence of (idle, last_used_ns, resident_bytes, floor_bytes)");
   if (!fast) return NULL;
   Py_ssize_t n = PySequence_Size(fast);
-  bh_policy_worker *w = PyMem_Calloc((size_t)(n ? n : 1), sizeof *w);
+  bh_policy_worker *w = zeroed_array((size_t)(n ? n : 1), sizeof *w);
   if (!w) PyErr_NoMemory();
   for (Py_ssize_t i = 0; w && i < n; i++) {
     PyObject *row = PySequence_GetItem(fast, i);
@@ -152,7 +164,7 @@ PyObject *bh_py_policy_release_plan(PyObject *m, PyObject *args) {
   Py_ssize_t n;
   bh_policy_worker *w = worker_rows(seq, &n);
   if (!w) return NULL;
-  bh_policy_ask *asks = PyMem_Calloc((size_t)(n ? n : 1), sizeof *asks);
+  bh_policy_ask *asks = zeroed_array((size_t)(n ? n : 1), sizeof *asks);
   uint64_t uncovered = 0;
   int k = asks ? bh_policy_release_plan(w, (size_t)n, shortfall, asks, (size_t)n, &uncovered) : 0;
   PyObject *out = NULL, *list = NULL;
