@@ -175,7 +175,11 @@ class HostMemory:
         self.control = None
         if control:
             from .control import ControlServer
-            self.control = ControlServer(self, RELEASE_TIMEOUT_S)
+            try:
+                self.control = ControlServer(self, RELEASE_TIMEOUT_S)
+            except OSError as e:  # a control directory not ours (rundir): stay in the budget
+                log.warning("bulkhead: no control socket for this host (`bulkhead release` cannot "
+                            "reach it): %s", e)
 
     # --- workers ---
 
