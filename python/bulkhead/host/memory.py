@@ -35,6 +35,7 @@ log = logging.getLogger("bulkhead")
 # A worker's own ``release_timeout`` (a pack's ``release_timeout_s``)
 # outranks it.
 RELEASE_TIMEOUT_S = float(os.environ.get("BULKHEAD_RELEASE_TIMEOUT", "30"))
+EVENTS_KEPT = 256  # the newest entries of HostMemory.events (routes' timeline reads them)
 
 
 def release_timeout(worker):
@@ -390,11 +391,15 @@ class HostMemory:
         for cand, n in plan:
             w = cand[5]
             if w.post_release("bytes", None, n):
-                self.events.append((time.time(), "pressure", w.name, n))
+                self._event("pressure", w.name, n)
+
+    def _event(self, kind, who, nbytes):
+        """One entry in ``events``, the oldest dropped past EVENTS_KEPT."""
+        self.events.append((time.time(), kind, who, nbytes))
+        del self.events[:-EVENTS_KEPT]
 
     def note_release(self, worker):
-        self.events.append((time.time(), "evict", worker.name, 0))
-        del self.events[:-256]
+        self._event("evict", worker.name, 0)
 
     def admit(self, device, need_bytes, worker_pid=None):
         """CALLBACK from a worker about to load need_bytes onto device.
@@ -419,7 +424,7 @@ class HostMemory:
                         log.warning("bulkhead: %s could not release for an admission: %s", cand[0], e)
                         freed = 0
                     released += freed
-                    self.events.append((time.time(), "admission", cand[0], freed))
+                    self._event("admission", cand[0], freed)
                     valid, true_free = self.true_free(dev)
                     if true_free >= need_bytes:
                         break

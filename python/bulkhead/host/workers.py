@@ -84,6 +84,10 @@ HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
 XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
 """.split())
 _PASS_PREFIXES = ("LC_", "BULKHEAD_")
+# ...except these: the environment builder's pip options may hold an index's
+# credentials (--index-url https://user:token@...), and a worker never
+# builds an environment.
+_NEVER_PASS = frozenset({"BULKHEAD_PIP_ARGS"})
 
 
 def describe_status(status):
@@ -171,7 +175,7 @@ def build_env(extra=None, inherit=True):
     env = {}
     if inherit:
         for k, v in os.environ.items():
-            if k in _PASS or k.startswith(_PASS_PREFIXES):
+            if (k in _PASS or k.startswith(_PASS_PREFIXES)) and k not in _NEVER_PASS:
                 env[k] = v
     extra = dict(extra or {})
     path = worker_pythonpath()
