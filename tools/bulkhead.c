@@ -55,7 +55,7 @@
 
 #define BH__LEDGER_OPT                                                            \
   "  --ledger PATH   the ledger file (default: $BULKHEAD_LEDGER, else\n"          \
-  "                  /dev/shm/bulkhead-ledger-<uid>)\n"
+  "                  /dev/shm/bulkhead-<uid>/ledger)\n"
 
 static const char bh__usage_main[] =
     "usage: bulkhead VERB [OPTIONS]\n"
@@ -81,7 +81,7 @@ static const char bh__usage_main[] =
     "`bulkhead VERB --help` explains a verb; --version prints the version.\n"
     "\n"
     "environment:\n"
-    "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-ledger-<uid>)\n"
+    "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-<uid>/ledger)\n"
     "  BULKHEAD_NVML_LIBRARY  the NVML library to load (default libnvidia-ml.so.1)\n"
     "  XDG_RUNTIME_DIR        where hosts' control sockets are (release --help)\n"
     "  BULKHEAD_PYTHON        the Python that runs install/env/doctor/canary\n"

@@ -24,7 +24,7 @@
  * Frame layout (80 columns):
  *
  *   bulkhead top  3 processes  every 1.0s  q quits                 12:34:56
- *   ledger /dev/shm/bulkhead-ledger-1000
+ *   ledger /dev/shm/bulkhead-1000/ledger
  *   cpu      [||||||||||||......................]    5.4 GiB of   15.6 GiB used
  *   cuda:0   [|||...............................]   12.0 GiB of  140.0 GiB used
  *

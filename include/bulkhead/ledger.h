@@ -17,7 +17,7 @@
  *
  *   bh_ledger *l;
  *   int rc = bh_ledger_open(&l, NULL);            // $BULKHEAD_LEDGER or
- *   if (rc < 0) return rc;                        // /dev/shm/bulkhead-ledger-<uid>
+ *   if (rc < 0) return rc;                        // /dev/shm/bulkhead-<uid>/ledger
  *   rc = bh_ledger_join(l, BH_ROLE_WORKER, "my-pack", "3.12.1", 1, host_pid);
  *   bh_ledger_device d = {.device = "cuda:GPU-8f3a...", .held_bytes = 1 << 30};
  *   bh_ledger_set_device(l, &d);
@@ -113,9 +113,12 @@ typedef struct bh_ledger_record {
   bh_ledger_model models[BH_LEDGER_MODELS];
 } bh_ledger_record;
 
-/* Writes the default path ($BULKHEAD_LEDGER if set and non-empty, else
- * /dev/shm/bulkhead-ledger-<uid>) into buf.  Returns its length, or
- * -ENAMETOOLONG when it does not fit in n bytes. */
+/* Writes the default path into buf: $BULKHEAD_LEDGER if set and
+ * non-empty, else /dev/shm/bulkhead-<uid>/ledger in a private directory
+ * (bh_private_dir), or $XDG_RUNTIME_DIR/bulkhead-ledger when another user
+ * took that directory and XDG_RUNTIME_DIR is a private directory of ours.
+ * Creates nothing (bh_ledger_open(NULL) makes the directory).  Returns its
+ * length, or -ENAMETOOLONG when it does not fit in n bytes. */
 BH_EXTERN int bh_ledger_default_path(char *buf, size_t n);
 
 /* Opens (creating and initialising it if needed) the ledger at `path`, or
@@ -127,6 +130,15 @@ BH_EXTERN int bh_ledger_default_path(char *buf, size_t n);
  * caller: bh_ledger_close.  Never blocks for long (a file lock held while
  * another process initialises the segment). */
 BH_EXTERN int bh_ledger_open(bh_ledger **out, const char *path);
+
+/* Makes `path` a directory 0700 when create is set and it is missing (its
+ * parent must exist), then checks it with lstat: 0 when it is a directory
+ * owned by our euid with no group or other permission; else -ENOENT
+ * (missing), -ELOOP (a symbolic link), -ENOTDIR, -EPERM (another owner) or
+ * -EACCES (group/other bits).  Used for every directory bulkhead keeps
+ * private state in (the ledger's, the control sockets', a worker's package
+ * root). */
+BH_EXTERN int bh_private_dir(const char *path, int create);
 
 /* Leaves (when this process joined through this handle), unmaps and frees
  * the handle.  When no other handle anywhere has the segment open and no

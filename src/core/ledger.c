@@ -425,11 +425,7 @@ int bh__ledger_forge(bh_ledger *l, int slot, pid_t pid, uint64_t start_time) {
 
 int bh_ledger_default_path(char *buf, size_t n) {
   if (!buf || !n) return -EINVAL;
-  const char *env = getenv("BULKHEAD_LEDGER");
-  int len = env && *env ? snprintf(buf, n, "%s", env)
-                        : snprintf(buf, n, "/dev/shm/bulkhead-ledger-%u", (unsigned)geteuid());
-  if (len < 0 || (size_t)len >= n) return -ENAMETOOLONG;
-  return len;
+  return bh__ledger_home(buf, n, 0); /* rundir.c */
 }
 
 /* Open-file-description locks on single bytes of the file (released when
@@ -585,7 +581,7 @@ int bh_ledger_open(bh_ledger **out, const char *path) {
   if (!out) return -EINVAL;
   *out = NULL;
   if (!path) {
-    rc = bh_ledger_default_path(def, sizeof def);
+    rc = bh__ledger_home(def, sizeof def, 1); /* and its private directory made */
     if (rc < 0) return rc;
     path = def;
   }

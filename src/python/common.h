@@ -133,6 +133,7 @@ PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);
 int bh_py_probe_exec(PyObject *module, bh_state *st);
 extern PyType_Spec bh_ledger_spec;
 PyObject *bh_py_ledger_default_path(PyObject *module, PyObject *unused);
+PyObject *bh_py_private_dir(PyObject *module, PyObject *args);
 
 /* ---- ledger.c: for other bindings (a StandIn reading residency) ---- */
 

@@ -4,7 +4,7 @@
  *
  *   Ledger(path=None)   opens (creating if needed) the segment; None: the
  *                       default ($BULKHEAD_LEDGER, else
- *                       /dev/shm/bulkhead-ledger-<uid>)
+ *                       /dev/shm/bulkhead-<uid>/ledger: bh_ledger_default_path)
  *   .join(role, pack='', interpreter='', generation=0, host_pid=0) -> slot
  *   .leave(), .close() (idempotent; also `with Ledger(...) as l:`)
  *   .set_run(run), .set_device(...), .set_model(...), .drop_model(id),
@@ -34,7 +34,9 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 typedef struct {
   PyObject_HEAD
@@ -200,7 +202,29 @@ static PyObject *Ledger_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!path) path = bh_ledger_default_path(def, sizeof def) >= 0 ? def : "(default path)";
     int code = -rc;
     if (code < BH_EMAGIC) {
-      const char *why = code == EPERM    ? "ledger file is owned by another user"
+      /* The default path's directory taken by another user: say whose. */
+      char dir[PATH_MAX];
+      struct stat dst;
+      const char *slash = strrchr(path, '/');
+      size_t dlen = slash ? (size_t)(slash - path) : 0;
+      char dwhy[PATH_MAX + 512];
+      int dir_taken = 0;
+      if (dlen && dlen < sizeof dir && (code == EPERM || code == EACCES || code == ENOTDIR || code == ELOOP)) {
+        memcpy(dir, path, dlen);
+        dir[dlen] = 0;
+        if (lstat(dir, &dst) == 0 && (dst.st_uid != geteuid() || S_ISLNK(dst.st_mode) || !S_ISDIR(dst.st_mode) ||
+                                      (dst.st_mode & 077))) {
+          snprintf(dwhy, sizeof dwhy,
+                   "ledger directory %s is not a private directory of ours (owner uid %u, mode %o%s): another "
+                   "user may have made it first; remove it (as root), or set XDG_RUNTIME_DIR to a private "
+                   "directory or BULKHEAD_LEDGER to a path of ours",
+                   dir, (unsigned)dst.st_uid, (unsigned)(dst.st_mode & 07777),
+                   S_ISLNK(dst.st_mode) ? ", a symbolic link" : S_ISDIR(dst.st_mode) ? "" : ", not a directory");
+          dir_taken = 1;
+        }
+      }
+      const char *why = dir_taken        ? dwhy
+                        : code == EPERM    ? "ledger file is owned by another user"
                         : code == EACCES ? "ledger file grants access to group or others "
                                            "(it must be mode 0600)"
                         : code == EINVAL ? "ledger path is not a regular file"
@@ -609,6 +633,32 @@ PyObject *bh_py_ledger_default_path(PyObject *module, PyObject *unused) {
     return NULL;
   }
   return PyUnicode_DecodeFSDefault(buf);
+}
+
+PyObject *bh_py_private_dir(PyObject *module, PyObject *args) {
+  (void)module;
+  PyObject *path_o, *path_b = NULL;
+  int create = 1, rc;
+  if (!PyArg_ParseTuple(args, "O|p:private_dir", &path_o, &create)) return NULL;
+  if (!PyUnicode_FSConverter(path_o, &path_b)) return NULL;
+  const char *path = PyBytes_AsString(path_b);
+  if (!path) goto err;
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_private_dir(path, create);
+  Py_END_ALLOW_THREADS
+  if (rc < 0) {
+    PyObject *e = Py_BuildValue("(isO)", -rc, strerror(-rc), path_o);
+    if (e) {
+      PyErr_SetObject(PyExc_OSError, e);
+      Py_DECREF(e);
+    }
+    goto err;
+  }
+  Py_DECREF(path_b);
+  Py_RETURN_NONE;
+err:
+  Py_XDECREF(path_b);
+  return NULL;
 }
 
 static PyMethodDef Ledger_methods[] = {

@@ -93,7 +93,11 @@ static PyMethodDef bh_methods[] = {
      "cgroup_reclaimable_bytes (of the tightest level), swap_total_bytes.  root: read\n"
      "proc/ and sys/fs/cgroup/ below this directory instead of /."},
     {"ledger_default_path", bh_py_ledger_default_path, METH_NOARGS,
-     "ledger_default_path() -> $BULKHEAD_LEDGER, else /dev/shm/bulkhead-ledger-<uid>"},
+     "ledger_default_path() -> $BULKHEAD_LEDGER, else /dev/shm/bulkhead-<uid>/ledger (or\n"
+     "$XDG_RUNTIME_DIR/bulkhead-ledger where another user took that directory)"},
+    {"private_dir", bh_py_private_dir, METH_VARARGS,
+     "private_dir(path, create=True): makes path 0700 if missing, then raises OSError unless\n"
+     "it is a directory (not a link) owned by our euid with no group/other bits"},
     {"standin", (PyCFunction)(void (*)(void))bh_py_standin_new, METH_VARARGS | METH_KEYWORDS,
      "standin(owner, ledger, pid, model_id, *, generation, name, size_bytes, model,\n"
      "        load_device, offload_device, dtype=None, clone_base_uuid=None) -> StandIn"},

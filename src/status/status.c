@@ -23,7 +23,7 @@
  * become U+FFFD), and absent values are null:
  *
  *   {"schema": 1,
- *    "ledger": "/dev/shm/bulkhead-ledger-1000",  the file read
+ *    "ledger": "/dev/shm/bulkhead-1000/ledger",  the file read
  *    "ledger_present": true,                     false: no file, nobody joined
  *    "gpu_error": null | "no NVIDIA driver: ...",  why there are no GPU rows
  *    "ram_error": null | "...",                  why there is no cpu row

@@ -130,7 +130,7 @@ TEST_IMPL(ledger_open_init) {
 TEST_IMPL(ledger_default_path) {
   char buf[256], want[64];
   unsetenv("BULKHEAD_LEDGER");
-  snprintf(want, sizeof want, "/dev/shm/bulkhead-ledger-%u", (unsigned)geteuid());
+  snprintf(want, sizeof want, "/dev/shm/bulkhead-%u/ledger", (unsigned)geteuid());
   ASSERT_EQ(bh_ledger_default_path(buf, sizeof buf), (int)strlen(want));
   ASSERT_STR_EQ(buf, want);
   ASSERT_RC(bh_ledger_default_path(buf, 5), -ENAMETOOLONG);

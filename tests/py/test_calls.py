@@ -158,6 +158,16 @@ def test_worker_env_is_controlled(make_worker, monkeypatch):
     assert "BULKHEAD_FD" not in env
 
 
+def test_pip_args_stay_out_of_workers(make_worker, monkeypatch):
+    """BULKHEAD_PIP_ARGS may hold an index's credentials: the environment
+    builder's, never a worker's (issue 17 item 19)."""
+    monkeypatch.setenv("BULKHEAD_PIP_ARGS", "--index-url https://user:token@example.invalid/simple")
+    monkeypatch.setenv("BULKHEAD_IDLE_RELEASE_S", "7")
+    env = make_worker().call("os:environ.copy")
+    assert "BULKHEAD_PIP_ARGS" not in env
+    assert env["BULKHEAD_IDLE_RELEASE_S"] == "7"  # the other BULKHEAD_ settings still pass
+
+
 def test_cwd_option(make_worker, tmp_path):
     w = make_worker(cwd=str(tmp_path))
     assert w.call("os:getcwd") == str(tmp_path)

@@ -404,6 +404,24 @@ def test_release_finds_the_socket_where_the_host_put_it(env, ledger, host, membe
     assert "(8388608 bytes)" in r.stdout
 
 
+def test_python_client_finds_the_socket_where_the_host_put_it(env, ledger, host, member, control,
+                                                               monkeypatch):
+    """control.request looks in both places, as the command does (issue 17
+    item 16): a host without XDG_RUNTIME_DIR, a client with one."""
+    from bulkhead.host import control as bh_control
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    a = member("worker", **worker_spec(8 * MiB))
+    srv = control([StandInWorker(a.pid, "pack-a", 8 * MiB)])
+    assert srv.path == f"/tmp/bulkhead-{os.getuid()}/host-{os.getpid()}.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])
+    assert bh_control.request(os.getpid(), "workers") == [
+        {"pid": a.pid, "pack": "pack-a", "generation": 1, "busy": False}]
+    with pytest.raises(bh_control.ControlUnreachable) as e:
+        bh_control.request(999999999, "workers")
+    assert os.path.join(env["XDG_RUNTIME_DIR"], "bulkhead", "host-999999999.sock") in str(e.value)
+    assert f"/tmp/bulkhead-{os.getuid()}/host-999999999.sock" in str(e.value)
+
+
 def test_release_no_such_worker_exits_1(env, ledger, host, member):
     a = member("worker", **worker_spec(MiB))
     d1 = member("worker", **worker_spec(MiB, pack="dup"))

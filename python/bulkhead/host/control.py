@@ -6,7 +6,8 @@ Reading needs no host: everything a process holds is in the shared ledger.
 Acting does, because only the host holds a worker's channel.  Each host
 listens on ``control_path(pid)`` — ``$XDG_RUNTIME_DIR/bulkhead/host-<pid>.sock``
 when that directory is usable, else ``/tmp/bulkhead-<uid>/host-<pid>.sock``
-(directory 0700, socket 0600) — a ``SOCK_SEQPACKET`` socket speaking the
+(directory 0700 and ours, checked: rundir; socket 0600; a client tries
+both places, as the CLI does) — a ``SOCK_SEQPACKET`` socket speaking the
 same frames as a worker channel, with the peer's uid checked on every
 frame.  A client sends CALL frames ``(target, args, kwargs)``:
 
@@ -34,23 +35,15 @@ import threading
 
 from .. import _native
 from ..channel.peer import Peer
+from . import rundir
 
 log = logging.getLogger("bulkhead")
 
 
 def control_dir():
-    """The directory control sockets live in (created 0700 if missing)."""
-    run = os.environ.get("XDG_RUNTIME_DIR")
-    if run and os.path.isdir(run) and os.access(run, os.W_OK):
-        d = os.path.join(run, "bulkhead")
-    else:
-        d = f"/tmp/bulkhead-{os.getuid()}"
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"{d} must be a directory owned by uid {os.getuid()} with mode 0700 "
-                              f"(it is uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}); remove it")
-    return d
+    """The directory control sockets live in (rundir.runtime_dir: made 0700
+    if missing, refused unless it is a private directory of ours)."""
+    return rundir.runtime_dir()
 
 
 def control_path(pid):
@@ -102,13 +95,26 @@ def request(host_pid, target, *args, timeout=30.0):
     """Calls `target` on host `host_pid`'s control socket and returns the
     result (raises what the host raised, as RemoteError; Timeout past
     `timeout`; ControlUnreachable when nothing listens there)."""
-    path = control_path(host_pid)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        s.connect(path)
-    except OSError as e:
-        s.close()
-        raise ControlUnreachable(f"no bulkhead host listens at {path} ({e.strerror})") from None
+    s, tried = None, []
+    for d in rundir.runtime_dirs():  # both places, as the CLI looks (release.c)
+        path = os.path.join(d, f"host-{host_pid}.sock")
+        try:
+            _native.private_dir(d, False)  # never talk to a socket another user could have put there
+        except OSError as e:
+            tried.append(f"{path} ({e.strerror})")
+            continue
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.connect(path)
+            break
+        except OSError as e:
+            s.close()
+            s = None
+            tried.append(f"{path} ({e.strerror})")
+            if not isinstance(e, (FileNotFoundError, ConnectionRefusedError)):
+                break  # it is there but broken: say so
+    if s is None:
+        raise ControlUnreachable(f"no bulkhead host {host_pid} listens at " + " or ".join(tried))
     peer = Peer(describe=f"bulkhead host {host_pid}", outgoing=_native.CALL)
     chan = _native.channel_open(s.detach(), peer, os.getuid(), 0, first_id=1)
     peer.channel = chan

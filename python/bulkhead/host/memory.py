@@ -36,6 +36,7 @@ log = logging.getLogger("bulkhead")
 # A worker's own ``release_timeout`` (a pack's ``release_timeout_s``)
 # outranks it.
 RELEASE_TIMEOUT_S = float(os.environ.get("BULKHEAD_RELEASE_TIMEOUT", "30"))
+EVENTS_KEPT = 256  # the newest entries of HostMemory.events (routes' timeline reads them)
 
 
 def release_timeout(worker):
@@ -176,7 +177,11 @@ class HostMemory:
         self.control = None
         if control:
             from .control import ControlServer
-            self.control = ControlServer(self, RELEASE_TIMEOUT_S)
+            try:
+                self.control = ControlServer(self, RELEASE_TIMEOUT_S)
+            except OSError as e:  # a control directory not ours (rundir): stay in the budget
+                log.warning("bulkhead: no control socket for this host (`bulkhead release` cannot "
+                            "reach it): %s", e)
 
     # --- workers ---
 
@@ -390,11 +395,15 @@ class HostMemory:
         for cand, n in plan:
             w = cand[5]
             if w.post_release("bytes", None, n):
-                self.events.append((time.time(), "pressure", w.name, n))
+                self._event("pressure", w.name, n)
+
+    def _event(self, kind, who, nbytes):
+        """One entry in ``events``, the oldest dropped past EVENTS_KEPT."""
+        self.events.append((time.time(), kind, who, nbytes))
+        del self.events[:-EVENTS_KEPT]
 
     def note_release(self, worker):
-        self.events.append((time.time(), "evict", worker.name, 0))
-        del self.events[:-256]
+        self._event("evict", worker.name, 0)
 
     # What a worker sends is checked before anything acts on it: a byte
     # count in [0, 2**63) (the policy bindings refuse the rest in C too),
@@ -440,7 +449,7 @@ class HostMemory:
                         log.warning("bulkhead: %s could not release for an admission: %s", cand[0], e)
                         freed = 0
                     released += freed
-                    self.events.append((time.time(), "admission", cand[0], freed))
+                    self._event("admission", cand[0], freed)
                     valid, true_free = self.true_free(dev)
                     if true_free >= need_bytes:
                         break

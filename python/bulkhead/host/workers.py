@@ -84,6 +84,10 @@ HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
 XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
 """.split())
 _PASS_PREFIXES = ("LC_", "BULKHEAD_")
+# ...except these: the environment builder's pip options may hold an index's
+# credentials (--index-url https://user:token@...), and a worker never
+# builds an environment.
+_NEVER_PASS = frozenset({"BULKHEAD_PIP_ARGS"})
 
 
 def describe_status(status):
@@ -104,13 +108,19 @@ def describe_status(status):
 
 _root_lock = threading.Lock()
 _root = None
+_ROOT_NAME = "pkgroot-"
 
 
 def worker_pythonpath():
     """A directory holding only the ``bulkhead`` package, for a worker's
     PYTHONPATH.  The package's own parent when it holds nothing else (a
-    build tree); otherwise a per-user directory with a symlink, so a host
-    installed into site-packages does not leak that site-packages."""
+    build tree); otherwise a directory of this host process alone, made
+    with mkdtemp in the checked private directory (rundir) and holding one
+    symlink to this host's package: no other user can swap it, and another
+    install's host (another version) never repoints it.  Removed at exit;
+    those of hosts that died without exiting go at the next host's first
+    worker.  Raises rundir.PrivateDirError when the private directory is
+    not ours."""
     global _root
     with _root_lock:
         if _root is not None:
@@ -121,16 +131,43 @@ def worker_pythonpath():
         if not others:
             _root = parent
             return _root
-        base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/bulkhead-{os.getuid()}"
-        root = os.path.join(base, "bulkhead-pkgroot")
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        link = os.path.join(root, "bulkhead")
-        if os.path.realpath(link) != os.path.realpath(pkg):
-            tmp = f"{link}.{os.getpid()}"
-            os.symlink(pkg, tmp)
-            os.replace(tmp, link)
+        import tempfile
+        from . import rundir
+        base = rundir.runtime_dir()
+        _sweep_roots(base)
+        root = tempfile.mkdtemp(prefix=f"{_ROOT_NAME}{os.getpid()}-", dir=base)
+        os.symlink(pkg, os.path.join(root, "bulkhead"))
+        atexit.register(_remove_root, root, os.getpid())
         _root = root
         return _root
+
+
+def _remove_root(root, pid=None):
+    if pid is not None and pid != os.getpid():
+        return  # a forked child exiting: the root is its parent's
+    try:
+        os.unlink(os.path.join(root, "bulkhead"))
+        os.rmdir(root)
+    except OSError:
+        pass
+
+
+def _sweep_roots(base):
+    """Removes the package roots of host processes that are gone."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_ROOT_NAME):].split("-", 1)[0]
+        if not name.startswith(_ROOT_NAME) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _remove_root(os.path.join(base, name))
+        except OSError:
+            pass
 
 
 def build_env(extra=None, inherit=True):
@@ -138,7 +175,7 @@ def build_env(extra=None, inherit=True):
     env = {}
     if inherit:
         for k, v in os.environ.items():
-            if k in _PASS or k.startswith(_PASS_PREFIXES):
+            if (k in _PASS or k.startswith(_PASS_PREFIXES)) and k not in _NEVER_PASS:
                 env[k] = v
     extra = dict(extra or {})
     path = worker_pythonpath()
@@ -279,7 +316,10 @@ class Worker(_native.Caller):
         for hook in self.env_hooks:
             for k, v in hook().items():
                 extra.setdefault(k, v)  # the caller's env= outranks a hook
-        env = build_env(extra, self.inherit_env)
+        try:
+            env = build_env(extra, self.inherit_env)
+        except PermissionError as e:  # rundir.PrivateDirError: a directory not ours
+            raise WorkerStartError(f"cannot start worker {self.name!r}: {e}") from None
         envlist = [f"{k}={v}" for k, v in env.items()]
         argv = [self.python, "-m", "bulkhead.worker"]
         sink = -1
