@@ -92,6 +92,9 @@ PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
 /* Per-file type specs and module-level functions. */
 extern PyType_Spec bh_channel_spec;
 extern PyType_Spec bh_caller_spec;
+/* caller.c: the names of the Worker methods Caller calls (a new tuple of
+ * str), exported as _native.CALLER_HOOKS. */
+PyObject *bh_py_caller_hooks(void);
 extern PyType_Spec bh_lease_spec;
 extern PyType_Spec bh_proc_spec;
 extern PyType_Spec bh_gpu_spec;

@@ -151,6 +151,11 @@ static int bh_exec(PyObject *m) {
   if (!(st->str_exports = PyUnicode_InternFromString("exports")) ||
       !(st->str_pending_releases = PyUnicode_InternFromString("pending_releases")))
     return -1;
+  PyObject *hooks = bh_py_caller_hooks();
+  if (!hooks || PyModule_AddObject(m, "CALLER_HOOKS", hooks) < 0) {
+    Py_XDECREF(hooks);
+    return -1;
+  }
   PyObject *surface = bh_py_comfy_surface();
   if (!surface || PyModule_AddObject(m, "COMFY_SURFACE", surface) < 0) {
     Py_XDECREF(surface);
