@@ -70,6 +70,7 @@ typedef struct bh_enc_ctx {
   PyObject *keep;         /* leases referenced by the value, until sent */
   bh_block **blocks;      /* their blocks, for bh_msg.blocks */
   uint32_t n_blocks, cap_blocks;
+  int node;               /* inside a value the hook marked as a node's (see codec.c) */
 } bh_enc_ctx;
 
 void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other);
