@@ -9,8 +9,10 @@ its own objects from the peer's.
 
 Object handles (HANDLE_OBJECT): an object the codec cannot carry (a model a
 node pack made, say) stays in the process that made it, in that peer's
-object table, when it is sent wrapped in ``Held`` (see ``Peer.hold``); the
-other side gets a ``RemoteObject``.  Sent back to the same peer it resolves
+object table, when it is sent wrapped in ``Held`` (see ``Peer.hold``) or
+inside a ``NodeValue`` from a worker (a node's outputs: the codec's one walk
+holds what it cannot carry); the other side gets a ``RemoteObject``, named
+by the type name the handle ref carries.  Sent back to the same peer it resolves
 to the original; sent anywhere else (another worker, or the same worker
 after a restart: another Peer) it is a ``HandleError`` naming the object's
 type and its owner.  The table counts how many times each entry was sent;
