@@ -127,7 +127,7 @@ static void codec_seeds(void) {
   bh_enc_str(&b, "steps", 5), bh_enc_int(&b, 20);
   bh_enc_str(&b, "cfg", 3), bh_enc_float(&b, 7.5);
   bh_enc_str(&b, "model", 5);
-  bh_handle_ref h = {.space = BH_HANDLE_OBJECT, .id = 7};
+  bh_handle_ref h = {.space = BH_HANDLE_OBJECT, .id = 7, .type = "packa.nodes.Model", .type_len = 17};
   bh_enc_handle(&b, &h);
   seed_buf("call_args", &b);
 

@@ -135,7 +135,7 @@ enum bh_tag {
   BH_TAG_LIST = 0x07,    /* u32 count, values */
   BH_TAG_MAP = 0x08,     /* u32 count, key/value pairs */
   BH_TAG_TENSOR = 0x09,  /* struct bh_tensor_ref, see bh_enc_tensor */
-  BH_TAG_HANDLE = 0x0a,  /* u8 space, u64 id */
+  BH_TAG_HANDLE = 0x0a,  /* u8 space, u64 id, u16 type-name length, UTF-8 type name */
   BH_TAG_TUPLE = 0x0b,   /* u32 count, values; a list the host reads as a tuple */
 };
 
@@ -169,7 +169,15 @@ typedef struct bh_tensor_ref {
 typedef struct bh_handle_ref {
   uint8_t space; /* which table of the owner, e.g. BH_HANDLE_CALLABLE */
   uint64_t id;
+  /* The qualified type name of the object, as its owner knows it (UTF-8,
+   * at most BH_TYPE_NAME_MAX bytes; type_len 0: not said).  Borrowed: the
+   * encoder's caller owns it; a decoded one points into the reader's
+   * buffer. */
+  const char *type;
+  uint16_t type_len;
 } bh_handle_ref;
+
+#define BH_TYPE_NAME_MAX 1024
 
 enum { BH_HANDLE_CALLABLE = 1, BH_HANDLE_OBJECT = 2 };
 
@@ -201,6 +209,7 @@ BH_EXTERN int bh_enc_tuple(bh_buf *b, uint32_t count);
 BH_EXTERN int bh_enc_map(bh_buf *b, uint32_t count);
 /* Fails with -EINVAL for a ref bh_tensor_ref_check() rejects. */
 BH_EXTERN int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t);
+/* Fails with -EINVAL for a type name over BH_TYPE_NAME_MAX bytes. */
 BH_EXTERN int bh_enc_handle(bh_buf *b, const bh_handle_ref *h);
 
 /* Validates a tensor ref on its own: known dtype, ndim, non-negative
@@ -247,7 +256,7 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 
 /* ------------------------------------------------------------------ frames */
 
-#define BH_PROTOCOL_VERSION 2
+#define BH_PROTOCOL_VERSION 3
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u

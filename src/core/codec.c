@@ -11,7 +11,8 @@
  *   TENSOR                         u8 lib, u8 dtype, u8 ndim, u32 block,
  *                                  u64 offset, u64 nbytes,
  *                                  ndim x i64 shape, ndim x i64 strides
- *   HANDLE                         u8 space, u64 id
+ *   HANDLE                         u8 space, u64 id, u16 type-name length,
+ *                                  type name (UTF-8, at most BH_TYPE_NAME_MAX)
  *
  * Decoding is total: every read checks the bytes left first, a container's
  * count may not exceed the bytes left (each item takes one byte at least)
@@ -152,11 +153,15 @@ int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t) {
 }
 
 int bh_enc_handle(bh_buf *b, const bh_handle_ref *h) {
-  uint8_t *p = bh__grow(b, 10);
+  if (h->type_len > BH_TYPE_NAME_MAX || (h->type_len && !h->type)) return -EINVAL;
+  uint8_t *p = bh__grow(b, 12 + (size_t)h->type_len);
   if (p) {
     p[0] = BH_TAG_HANDLE;
     p[1] = h->space;
     bh__put_u64(p + 2, h->id);
+    p[10] = (uint8_t)(h->type_len & 0xff);
+    p[11] = (uint8_t)(h->type_len >> 8);
+    if (h->type_len) memcpy(p + 12, h->type, h->type_len);
   }
   return b->err;
 }
@@ -292,12 +297,19 @@ int bh_dec_next(bh_reader *r, bh_item *it) {
     r->pos += BH__TENSOR_FIXED + (size_t)t->ndim * 16;
     return 0;
   }
-  case BH_TAG_HANDLE:
-    BH__NEED(r, 10);
+  case BH_TAG_HANDLE: {
+    BH__NEED(r, 12);
+    uint16_t n = (uint16_t)(p[10] | p[11] << 8);
+    if (n > BH_TYPE_NAME_MAX) return -BH_ECOUNT;
+    BH__NEED(r, 12 + (size_t)n);
+    if (!bh__utf8_ok(p + 12, n)) return -BH_EUTF8;
     it->u.h.space = p[1];
     it->u.h.id = bh__get_u64(p + 2);
-    r->pos += 10;
+    it->u.h.type = n ? (const char *)p + 12 : NULL;
+    it->u.h.type_len = n;
+    r->pos += 12 + (size_t)n;
     return 0;
+  }
   }
   return -BH_EBADTAG;
 }

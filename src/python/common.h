@@ -71,6 +71,7 @@ typedef struct bh_enc_ctx {
   bh_block **blocks;      /* their blocks, for bh_msg.blocks */
   uint32_t n_blocks, cap_blocks;
   uint64_t items;         /* encoded so far, at most BH_MAX_ITEMS */
+  int node;               /* inside a value the hook marked as a node's (see codec.c) */
 } bh_enc_ctx;
 
 void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other);
@@ -95,6 +96,9 @@ PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
 /* Per-file type specs and module-level functions. */
 extern PyType_Spec bh_channel_spec;
 extern PyType_Spec bh_caller_spec;
+/* caller.c: the names of the Worker methods Caller calls (a new tuple of
+ * str), exported as _native.CALLER_HOOKS. */
+PyObject *bh_py_caller_hooks(void);
 extern PyType_Spec bh_lease_spec;
 extern PyType_Spec bh_proc_spec;
 extern PyType_Spec bh_gpu_spec;

@@ -159,6 +159,11 @@ static int bh_exec(PyObject *m) {
   if (!(st->str_exports = PyUnicode_InternFromString("exports")) ||
       !(st->str_pending_releases = PyUnicode_InternFromString("pending_releases")))
     return -1;
+  PyObject *hooks = bh_py_caller_hooks();
+  if (!hooks || PyModule_AddObject(m, "CALLER_HOOKS", hooks) < 0) {
+    Py_XDECREF(hooks);
+    return -1;
+  }
   PyObject *surface = bh_py_comfy_surface();
   if (!surface || PyModule_AddObject(m, "COMFY_SURFACE", surface) < 0) {
     Py_XDECREF(surface);
@@ -198,6 +203,7 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_NUMPY_SCALAR", BH_TENSOR_NUMPY_SCALAR) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
+      PyModule_AddIntConstant(m, "TYPE_NAME_MAX", BH_TYPE_NAME_MAX) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_VERSION", BH_LEDGER_VERSION) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_SLOTS", BH_LEDGER_SLOTS) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_DEVICES", BH_LEDGER_DEVICES) < 0 ||

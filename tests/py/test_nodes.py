@@ -891,3 +891,21 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+def test_host_object_input_is_refused_by_name(tmp_path, base, host):
+    """The host's node policy (Peer.encode_other under a NodeValue): an
+    input the host made that cannot cross is refused before anything is
+    sent, naming where it sits; the worker still serves."""
+    a = write_pack(tmp_path, "packa", FULL_PACK)
+    ma, _ = nodes.load_pack(a, next(iter(WORKER_VENVS.values())), options={"comfyui": base})
+
+    class HostThing:
+        pass
+    with pytest.raises(TypeError, match=r"^input 'model' of node 'UseModel' \(pack 'packa'\)\[1\]\['k'\] is a "
+                                        r"test_nodes\..*HostThing made in the host process; an isolated node "
+                                        r"takes plain values"):
+        ma["UseModel"]().use(model=[1, {"k": HostThing()}])
+    model, _ = ma["MakeModel"]().make(size=3)
+    assert model.remote_type == "packa.nodes.Model"
+    assert ma["UseModel"]().use(model=model)[0] == 3

@@ -60,7 +60,7 @@ import time
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                remote_name)
-from ..channel.peer import BulkheadError, RemoteError, RemoteObject
+from ..channel.peer import BulkheadError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..packimport import default_module, import_nodes, in_worker
 from .workers import Worker, WorkerDied
 
@@ -408,28 +408,30 @@ class _InterruptWatch:
         self._thread.join()
 
 
-def _to_worker(v, where, depth=0):
-    """Inputs as they can cross: device tensors copied to the CPU;
-    anything the host made that cannot cross is a clear error."""
-    if v is None or isinstance(v, (bool, int, float, str, bytes, bytearray, RemoteObject)):
-        return v
+def _where(v, obj, where, depth=0):
+    """Where obj sits in the input v (named `where`), or None: the path for
+    HostObject's message, walked only once the codec refused obj."""
+    if v is obj:
+        return where
     if depth < 32:
-        if isinstance(v, (list, tuple)):
-            items = [_to_worker(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
-            return tuple(items) if isinstance(v, tuple) else items
-        if isinstance(v, dict):
-            return {k: _to_worker(x, f"{where}[{k!r}]", depth + 1) for k, x in v.items()}
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, (np.ndarray, np.generic)):
-        return v
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(v, torch.Tensor):
-        return v if v.device.type == "cpu" else v.detach().cpu()
-    t = type(v)
-    raise TypeError(
-        f"input {where} is a {t.__module__}.{t.__qualname__} made in the host process; an isolated "
-        "node takes plain values, tensors and objects its own pack made (none of another pack's "
-        "or ComfyUI's own objects)")
+        items = (enumerate(v) if isinstance(v, (list, tuple)) else
+                 v.items() if isinstance(v, dict) else ())
+        for k, x in items:
+            found = _where(x, obj, f"{where}[{k!r}]" if isinstance(v, dict) else f"{where}[{k}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _host_object_error(e, kwargs, what):
+    """HostObject (the host's node policy refused an input) -> the
+    TypeError naming the input: 'input <where> is a <type> made in the
+    host process; ...'.  what(k) names input k."""
+    for k, v in kwargs.items():
+        where = _where(v, e.obj, what(k))
+        if where is not None:
+            return TypeError(str(e).replace("input is a", f"input {where} is a", 1))
+    return TypeError(str(e))
 
 
 # --- one pack ---
@@ -571,7 +573,6 @@ class PackRuntime:
         mm = _mm()
         if mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
-        kwargs = {k: _to_worker(v, f"{k!r} of node {key!r} (pack {self.name!r})") for k, v in kwargs.items()}
         w = self.worker
         with w._lock:
             w.start()
@@ -579,19 +580,20 @@ class PackRuntime:
             instance = node.__dict__.get("_bulkhead_instance")
             if instance is not None and instance._peer is not peer:
                 instance = None  # the worker was restarted: a new instance there
-            res = self._call(w, mm, "bulkhead.worker.nodes:run", key, kwargs, instance, method)
-        types = res.get("types") or {}
-        for ident, tname in types.items():
-            ro = peer.remote_objects.get(int(ident))
-            if ro is not None:
-                ro._type = tname
+            try:
+                res = self._call(w, mm, "bulkhead.worker.nodes:run", key, NodeValue(kwargs), instance, method)
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") from None
         node._bulkhead_instance = res["instance"]
         return res["outputs"]
 
     def call_class(self, key, mname, kwargs):
-        kwargs = {k: _to_worker(v, f"{k!r} of {key}.{mname} (pack {self.name!r})") for k, v in kwargs.items()}
         with self.worker._lock:
-            return self._call(self.worker, _mm(), "bulkhead.worker.nodes:call_class", key, mname, kwargs)
+            try:
+                return self._call(self.worker, _mm(), "bulkhead.worker.nodes:call_class", key, mname,
+                                  NodeValue(kwargs))
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.{mname} (pack {self.name!r})") from None
 
     def _call(self, w, mm, target, *args):
         progress = _Progress(mm)

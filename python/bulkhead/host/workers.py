@@ -30,7 +30,6 @@ from .. import _native
 from ..channel.peer import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
-_CALL = _native.CALL
 
 
 class WorkerStartError(BulkheadError):
@@ -311,6 +310,7 @@ class Worker(_native.Caller):
         return self._peer
 
     def _start(self):
+        """Hook (Caller.request, lock held): starts the next generation."""
         gen = self.generation + 1
         extra = dict(self.env)
         for hook in self.env_hooks:
@@ -513,14 +513,13 @@ class Worker(_native.Caller):
                 f"the host exposes no callable named {target!r} to {self.describe()} "
                 f"(exposed: {sorted(self._exposed) or 'none'}; see Worker.expose)") from None
 
-    # call(target, /, *args, **kwargs) is _native.Caller.call: the same
-    # steps as _request, in C, on the state kept in Caller's slots (_chan,
-    # _peer, _lock, call_timeout, busy).  What is not the plain path comes
-    # back here: _call_slow, _request_failed, _after_request.
-
-    def _call_slow(self, payload):
-        """call() on a worker that is not running: starts it."""
-        return self._request(_CALL, payload, self.call_timeout, "call", payload[0])
+    # call(target, /, *args, **kwargs) and request(kind, payload, timeout,
+    # verb, obj, *, wait=True) are _native.Caller's, in C: the one request
+    # path (lock, busy count, send and wait, undo) on the state kept in
+    # Caller's slots (_chan, _peer, _lock, call_timeout, busy).  What is not
+    # the plain path comes back here, to the hooks C calls by name
+    # (_native.CALLER_HOOKS; _check_hooks below refuses a Worker without
+    # them at import): _start, _request_failed, _after_request.
 
     def release(self, op="all", model_id=None, nbytes=None, timeout=None):
         """Asks the worker to release memory and waits for its receipt (a
@@ -534,58 +533,29 @@ class Worker(_native.Caller):
                 self.poll()  # a generation that died idle held nothing: start none for it
             if self._chan is None:
                 return None
-            return self._request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
-                                 timeout, "release", op)
+            return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
+                                timeout, "release", op)
 
     def post_release(self, op="all", model_id=None, nbytes=None):
         """The same ask without waiting for it (request id 0: no reply), for
         pressure on an idle worker from inside ComfyUI's eviction loop.
         Returns False, sending nothing, when the worker is not running or
         another thread is using it (then it is not idle)."""
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            if self._chan is None:
-                return False
-            self._chan.notify(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes}, 0)
-            return True
-        except _native.Error:
-            return False
-        finally:
-            self._lock.release()
+        return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
+                            None, "release", op, wait=False)
 
-    def _request(self, kind, payload, timeout, verb, obj):
-        with self._lock:
-            chan = self._chan
-            if chan is None:
-                self._start()
-                chan = self._chan
-            peer = self._peer
-            self.busy += 1
-            try:
-                return chan.request(kind, payload, timeout)
-            except _native.Error as e:
-                return self._request_failed(e, kind, payload, timeout, verb, obj)
-            finally:
-                self.busy -= 1
-                self._after_request(chan, peer)
-
-    def _request_failed(self, exc, kind, payload, timeout, verb, obj):
-        """A request whose channel failed (under the lock, counted busy):
-        rerun on the next generation when the worker died idle and never got
-        it, else the error that names the worker and what it was doing."""
-        if isinstance(exc, _native.NotDelivered) and self.busy == 1 and self._reap_idle(2.0) is not None:
+    def _request_failed(self, exc, verb, obj, timeout, attempt):
+        """Hook (Caller.request): a request whose channel failed, under the
+        lock, counted busy.  Returns True to have it run again on the next
+        generation, when this was its first attempt and the worker died
+        idle and never got it; else raises the error that names the worker
+        and what it was doing (verb, obj)."""
+        if (attempt == 0 and isinstance(exc, _native.NotDelivered) and self.busy == 1
+                and self._reap_idle(2.0) is not None):
             # It died while idle, so nothing of this request ran: it runs on
             # the next generation instead of failing.  (Nested, or a socket
             # closed by a process that lives on, is the death path below.)
-            self._start()
-            chan, peer = self._chan, self._peer
-            try:
-                return chan.request(kind, payload, timeout)
-            except _native.Error as again:
-                exc = again
-            finally:
-                self._after_request(chan, peer)
+            return True
         if isinstance(exc, _native.PeerClosed):
             self._died(f"during {verb} {obj!r}")
         if isinstance(exc, _native.Timeout):
@@ -595,10 +565,10 @@ class Worker(_native.Caller):
         raise exc
 
     def _after_request(self, chan, peer):
-        """After a request on chan: once it was the outermost one, the
-        handles exported for it are dropped, and the releases the host owes
-        the worker are sent.  (Caller.call makes the same checks in C before
-        it calls this.)"""
+        """Hook (Caller.request): after the outermost request on chan left
+        something (Caller checks chan.depth, peer.exports and
+        peer.pending_releases first), the handles exported for it are
+        dropped, and the releases the host owes the worker are sent."""
         if chan.depth:
             return
         if peer.exports:
@@ -643,3 +613,16 @@ class Worker(_native.Caller):
     def stats(self):
         """Block-pool statistics of this side of the channel."""
         return self._chan.stats() if self._chan is not None else {}
+
+
+def _check_hooks(cls):
+    """Refuses a Worker class without every method _native.Caller calls by
+    name (caller.c's bh_caller_hooks), so a rename on either side fails at
+    import, not at the first failed call."""
+    missing = [n for n in _native.CALLER_HOOKS if not callable(getattr(cls, n, None))]
+    if missing:
+        raise ImportError(f"bulkhead: {cls.__qualname__} lacks {', '.join(missing)}, which "
+                          "_native.Caller calls by name (src/python/caller.c)")
+
+
+_check_hooks(Worker)

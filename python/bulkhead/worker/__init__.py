@@ -98,6 +98,7 @@ def main():
     when_imported("logging", _setup_logging)
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
+    peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)
     peer.channel = chan
     _peer = peer

@@ -45,7 +45,7 @@ from .. import _native
 from .. import worker as _worker
 from .._importwatch import when_imported
 from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
-from ..channel.peer import type_name
+from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
 
 
@@ -370,57 +370,6 @@ def _translate(e):
     raise e
 
 
-def _sendable(v, peer, types, depth=0):
-    """v with everything the codec cannot carry replaced by a handle (the
-    object stays in this worker's table).  Tensors on a device are copied
-    to the CPU; tuples stay tuples."""
-    if v is None or isinstance(v, (bool, float, str, bytes, bytearray)):
-        return v
-    if isinstance(v, int):
-        if -(1 << 63) <= v < (1 << 63):
-            return v
-    elif depth < 32 and isinstance(v, (list, tuple)):
-        items = [_sendable(x, peer, types, depth + 1) for x in v]
-        return tuple(items) if isinstance(v, tuple) else items
-    elif depth < 32 and isinstance(v, dict):
-        if all(isinstance(k, (str, int, float, bool)) or k is None for k in v):
-            return {k: _sendable(x, peer, types, depth + 1) for k, x in v.items()}
-    elif _tensor_ok(v):
-        return v
-    else:
-        torch = sys.modules.get("torch")
-        if torch is not None and type(v) in (torch.Tensor, torch.nn.Parameter) and v.device.type != "cpu":
-            cpu = v.detach().cpu()
-            if _tensor_ok(cpu):
-                return cpu
-    held = peer.hold(v)
-    types[held.ident] = type_name(v)
-    return held
-
-
-def _tensor_ok(v):
-    from ..channel import tensors as _tensors
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, (np.ndarray, np.generic)):
-        if v.dtype.hasobject or v.dtype.fields is not None:
-            return False
-        try:
-            _tensors._numpy_code(np, v.dtype)
-            return True
-        except TypeError:
-            return False
-    torch = sys.modules.get("torch")
-    if torch is not None and type(v) in (torch.Tensor, torch.nn.Parameter):
-        if v.device.type != "cpu" or v.layout != torch.strided:
-            return False
-        try:
-            _tensors._torch_code(torch, v.dtype)
-            return True
-        except TypeError:
-            return False
-    return False
-
-
 async def _await(aw):
     return await aw
 
@@ -443,9 +392,9 @@ def _invoke(fn, kwargs):
 def run(key, kwargs, instance=None, method=None):
     """Runs node `key`'s FUNCTION (or `method`) on `instance` (a handle
     the host got from an earlier run; None makes a new instance) with
-    kwargs.  Returns {"outputs", "instance", "types"}: the result, with
-    objects that cannot cross held here as handles, the instance's handle,
-    and the type name of every handle."""
+    kwargs.  Returns {"outputs", "instance"}: the result as a NodeValue (the
+    codec holds here, as handles carrying their type names, the objects in
+    it that cannot cross; see Peer.encode_other) and the instance's handle."""
     cls = _class(key)
     peer = _worker._peer
     peer.drop_unsent()
@@ -453,11 +402,7 @@ def run(key, kwargs, instance=None, method=None):
         instance = cls()
     fn = getattr(instance, method or cls.FUNCTION)
     out = _invoke(fn, kwargs)
-    types = {}
-    outputs = _sendable(out, peer, types)
-    inst = peer.hold(instance)
-    types[inst.ident] = type_name(instance)
-    return {"outputs": outputs, "instance": inst, "types": types}
+    return {"outputs": NodeValue(out), "instance": peer.hold(instance)}
 
 
 def call_class(key, method, kwargs):

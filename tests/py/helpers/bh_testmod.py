@@ -222,3 +222,27 @@ def ledger_close():
     _ledger.close()
     _ledger = None
     return True
+
+
+_releases = []
+
+
+def serve_release_via(name):
+    """From now on this worker answers a RELEASE request by calling the
+    host function `name` with its payload (a stand-in for the memory
+    runtime's ladder, to watch the host's side of a release); name None:
+    by noting the payload (see released())."""
+    import bulkhead.worker as w
+    from bulkhead import _native
+
+    def handler(payload):
+        if name is None:
+            _releases.append(payload)
+            return None
+        return w.call_host(name, payload)
+    w._peer.request_handlers[_native.RELEASE] = handler
+    return True
+
+
+def released():
+    return _releases
