@@ -26,6 +26,7 @@ import pytest
 
 from bulkhead.host import holder as bh_holder
 from bulkhead.host.memory import HostMemory
+from bulkhead.host.release import Candidate
 from comfyenv import STUB_ROOT, run_comfy_script, using_real_checkout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,7 +67,7 @@ class FakeHM:
 
     def _candidates(self, device_name, exclude=None, foreign=True):
         self.asked.append((device_name, foreign))
-        return [(w.name, last, res, floor, None, w) for w, dev, last, res, floor in self.rows
+        return [Candidate(w.name, last, res, floor, None, w) for w, dev, last, res, floor in self.rows
                 if dev == device_name]
 
 

@@ -505,3 +505,25 @@ def test_prompt_end_soft_releases_and_reconciles_on_the_execution_thread(tmp_pat
     # once the boundary reconciled, and it stayed loaded (a soft release)
     assert listed_before == 0 and r["listed_after"] == 1
     assert r["resident_after"] == 48 * MiB and r["state_after"] == "idle"
+
+
+@pytest.mark.torch
+def test_release_route_honours_the_packs_release_timeout(tmp_path, monkeypatch):
+    """POST /bulkhead/release runs under the worker's own release timeout (a
+    pack's release_timeout_s), not the route's default: a worker stopped in
+    its release is found hung and killed after 1.5 s, where the route's own
+    deadline is 120 s."""
+    r = routes_scenario(tmp_path, """
+        w = hm.attach(bulkhead.Worker(sys.executable, name="pack-slow", release_timeout=1.5,
+                                      env={"PYTHONPATH": WORKER_PATH}))
+        w.call("bh_mempack:load", "UNetS", 32 * MiB)
+        w.call("bh_killpoints:arm", "release", "SIGSTOP")
+        t = time.monotonic()
+        res = {"release": http("POST", "/bulkhead/release", {"pack": "pack-slow"})}
+        res["elapsed"] = time.monotonic() - t
+        out(res)
+        finish(w)
+    """, monkeypatch, options={"release_timeout_s": 120.0})
+    status, body = r["release"]
+    assert status == 200 and "error" in body and body["after_bytes"] == 0, body
+    assert r["elapsed"] < 60, r

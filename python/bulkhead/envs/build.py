@@ -11,7 +11,7 @@ Layout.  Everything lives in one per-user workspace, ``workspace()``:
     <workspace>/envs/.<name>-<hash12>.lock       serialises installs of it
     <workspace>/envs/.<name>-<hash12>.tmp-XXXX   a build in progress
 
-``<hash12>`` is the start of the config's ``config_hash`` (packconfig.py):
+``<hash12>`` is the start of the config's ``config_hash`` (envs/config.py):
 a config whose requirements or python change gets a new directory, and the
 old one is then found as STALE by the config path its stamp records.
 

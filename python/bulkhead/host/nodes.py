@@ -23,7 +23,7 @@ A run: the proxy's FUNCTION sends the inputs to the worker, which runs the
 real node on its own instance of the class (one per proxy instance, held by
 handle) and answers with the outputs.  Objects the codec cannot carry (a
 MODEL the pack made) stay in the worker and come back as
-``bulkhead.RemoteObject`` handles; see ``_rpc``.  While the call runs:
+``bulkhead.RemoteObject`` handles; see ``bulkhead.channel.peer``.  While the call runs:
 
 * PROGRESS frames from the worker's ComfyUI progress hook drive a
   ``comfy.utils.ProgressBar`` here, in the node's own thread and context;
@@ -60,7 +60,7 @@ import time
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                remote_name)
-from ..channel.peer import BulkheadError, HostObject, NodeValue, RemoteError, RemoteObject
+from ..channel.peer import BulkheadError, HostObject, NodeValue, RemoteError
 from ..packimport import default_module, import_nodes, in_worker
 from .workers import Worker, WorkerDied
 

@@ -62,6 +62,11 @@ class CallTimeout(BulkheadError):
         self.stopped = stopped
 
 
+class WorkerBusy(BulkheadError):
+    """A release asked with a deadline found the worker in a call past it;
+    nothing was sent (the release does not run later)."""
+
+
 def _proc_state(pid):
     """The one-letter state of /proc/<pid>/stat ('R', 'S', 'T' stopped,
     't' traced, 'Z'...), or None."""
@@ -521,20 +526,28 @@ class Worker(_native.Caller):
     # (_native.CALLER_HOOKS; _check_hooks below refuses a Worker without
     # them at import): _start, _request_failed, _after_request.
 
-    def release(self, op="all", model_id=None, nbytes=None, timeout=None):
+    def release(self, op="all", model_id=None, nbytes=None, timeout=None, wait_s=None):
         """Asks the worker to release memory and waits for its receipt (a
         dict with ``before_bytes``, ``after_bytes``, ``freed_bytes``).  op:
         'all' (the full ladder: models, cast buffers, pins, allocator
         cache), 'model' (model_id; nbytes of it, or all of it when None),
         'pins', or 'load' (model_id: load nbytes more).  Starts nothing: a
-        worker that is not running holds nothing and answers None."""
-        with self._lock:
+        worker that is not running holds nothing and answers None.
+        wait_s: how long to wait for a call the worker is in (None: until
+        it ends); past it WorkerBusy, and nothing is sent."""
+        wait = -1 if wait_s is None else max(0.0, wait_s)
+        if not self._lock.acquire(timeout=wait):
+            raise WorkerBusy(f"worker {self.name!r} (pid {self.pid}) stayed busy in a call for "
+                             f"{wait_s:g} s; try again when it is idle")
+        try:
             if self.busy == 0:
                 self.poll()  # a generation that died idle held nothing: start none for it
             if self._chan is None:
                 return None
             return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
                                 timeout, "release", op)
+        finally:
+            self._lock.release()
 
     def post_release(self, op="all", model_id=None, nbytes=None):
         """The same ask without waiting for it (request id 0: no reply), for
