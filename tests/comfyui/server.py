@@ -10,18 +10,31 @@ every route in the table twice, as is and under `/api`, plus each
 extension's web directory under `/extensions/<name>/`; `POST /free` only
 sets the prompt worker's flags (`unload_models`, `free_memory`) on the
 queue and answers an empty 200 at once -- the prompt worker (main.py)
-acts on them later.  `send_sync` records what it would send.
+acts on them later.  `send_sync` records what it would send (bytes as
+bytes, an unencoded preview as the tuple); `send`, `send_json`,
+`send_bytes`, `encode_bytes`, `send_progress_text` and `BinaryEventTypes`
+(upstream's protocol.py, which server.py imports) behave as upstream's;
+`trigger_on_prompt` runs the `add_on_prompt_handler` handlers in order,
+skipping one that raises.
 
 Written for bulkhead from a reading of upstream's behaviour; no upstream
 code.
 """
 
 import json
+import struct
 
 from aiohttp import web
 
 import execution
 import nodes
+
+
+class BinaryEventTypes:
+    PREVIEW_IMAGE = 1
+    UNENCODED_PREVIEW_IMAGE = 2
+    TEXT = 3
+    PREVIEW_IMAGE_WITH_METADATA = 4
 
 
 class PromptServer:
@@ -79,7 +92,35 @@ class PromptServer:
         self.send_sync("status", {"exec_info": {"queue_remaining": self.prompt_queue.get_tasks_remaining()}})
 
     def send_sync(self, event, data, sid=None):
-        self.sent.append((event, json.loads(json.dumps(data, default=str)), sid))
+        if isinstance(data, (bytes, bytearray)):
+            self.sent.append((event, bytes(data), sid))
+        elif event in (BinaryEventTypes.UNENCODED_PREVIEW_IMAGE, BinaryEventTypes.PREVIEW_IMAGE_WITH_METADATA):
+            self.sent.append((event, data, sid))
+        else:
+            self.sent.append((event, json.loads(json.dumps(data, default=str)), sid))
+
+    async def send(self, event, data, sid=None):
+        if isinstance(data, (bytes, bytearray)):
+            await self.send_bytes(event, data, sid)
+        else:
+            await self.send_json(event, data, sid)
+
+    async def send_json(self, event, data, sid=None):
+        self.send_sync(event, data, sid)
+
+    async def send_bytes(self, event, data, sid=None):
+        self.send_sync(event, bytes(data), sid)
+
+    def encode_bytes(self, event, data):
+        if not isinstance(event, int):
+            raise RuntimeError(f"Binary event types must be integers, got {event}")
+        return struct.pack(">I", event) + bytes(data)
+
+    def send_progress_text(self, text, node_id, sid=None):
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        node = str(node_id).encode("utf-8")
+        self.send_sync(BinaryEventTypes.TEXT, struct.pack(">I", len(node)) + node + text, sid)
 
     def add_on_prompt_handler(self, handler):
         self.on_prompt_handlers.append(handler)
