@@ -662,7 +662,9 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     'attach' (called with the Worker before it starts, e.g.
     HostMemory.attach), 'after_call' (called with the Worker after every
     proxied call, on ComfyUI's execution thread), 'start_timeout',
-    'call_timeout', 'release_timeout' (seconds: Worker's).
+    'call_timeout', 'release_timeout' (seconds: Worker's), 'route_timeout',
+    'prompt_handler_timeout' (seconds: the pack's routes and prompt
+    handlers on the host's server, host/serverproxy.py).
 
     With a warm cache no worker starts here.  Falls back to ``fallback``
     (in-process) when no ComfyUI is found or the interpreter does not
