@@ -43,6 +43,11 @@ $(VENV)/.stamp-aiohttp: $(VENV)/.stamp
 	$(VPY) -c 'import aiohttp' 2>/dev/null || $(VPY) -m pip install -q aiohttp
 	touch $@
 
+# PIL: previews and preview events (tests/py/test_server_shim.py), as ComfyUI has it.
+$(VENV)/.stamp-pillow: $(VENV)/.stamp
+	$(VPY) -c 'import PIL' 2>/dev/null || $(VPY) -m pip install -q pillow
+	touch $@
+
 # comfy-aimdo (ComfyUI's dynamic pager; no dependencies): the pager test
 # judges the real package's call signatures (tests/py/test_pager.py).
 $(VENV)/.stamp-aimdo: $(VENV)/.stamp
@@ -142,7 +147,7 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
-check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo \
+check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-pillow $(VENV)/.stamp-aimdo \
           $(VENV)/.stamp-hypothesis $(VENV)/.stamp-pkg chromium
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q $(PYTEST_PATHS) $(PYTEST_FLAGS)

@@ -26,7 +26,9 @@ MODEL the pack made) stay in the worker and come back as
 ``bulkhead.RemoteObject`` handles; see ``bulkhead.channel.peer``.  While the call runs:
 
 * PROGRESS frames from the worker's ComfyUI progress hook drive a
-  ``comfy.utils.ProgressBar`` here, in the node's own thread and context;
+  ``comfy.utils.ProgressBar`` here, in the node's own thread and context,
+  previews included (rebuilt as the (format, PIL.Image, max_size) tuple
+  ComfyUI's hook takes);
 * a watcher thread polls ComfyUI's non-consuming ``processing_interrupted()``
   every few milliseconds and, when it is set, interrupts the worker at once
   (``Worker.interrupt``: a frame and SIGUSR1); the worker's node stops on its
@@ -43,6 +45,11 @@ the memory layer carries) and the host's ``folder_paths`` directories.
 warning per pack naming the reason and the fix; load_pack uses it when it
 finds no ComfyUI or no built environment, and the config layer calls it for
 its own reasons (``REASONS``).
+
+What the pack registered on ``server.PromptServer`` at import (routes,
+prompt handlers) is installed on the host's server by
+``host/serverproxy.py``; events its worker sends reach the host's
+PromptServer there too.
 
 This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
@@ -62,6 +69,7 @@ from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decod
                                remote_name)
 from ..channel.peer import BulkheadError, HostObject, NodeValue, RemoteError
 from ..packimport import default_module, import_nodes, in_worker
+from .serverproxy import ServerProxy
 from .workers import Worker, WorkerDied
 
 log = logging.getLogger("bulkhead")
@@ -349,7 +357,7 @@ class _Progress:
         try:
             if self.bar is None:
                 self.bar = self.utils.ProgressBar(total)
-            self.bar.update_absolute(value, total)
+            self.bar.update_absolute(value, total, _preview(v.get("preview")))
         except BaseException as e:
             if mm is not None and isinstance(e, mm.InterruptProcessingException):
                 # ComfyUI's hook consumed the click (a race with the check
@@ -359,6 +367,20 @@ class _Progress:
                 log.debug("bulkhead: progress update failed: %r", e)
             else:
                 raise
+
+
+def _preview(p):
+    """A PROGRESS frame's preview (worker/nodes.py _preview_pixels) as the
+    (format, PIL.Image, max_size) tuple ComfyUI's progress hook takes."""
+    if not isinstance(p, dict):
+        return None
+    try:
+        from PIL import Image
+        image = Image.frombytes(p["mode"], tuple(p["size"]), p["pixels"])
+        return (p["format"], image, p.get("max_size"))
+    except Exception as e:
+        log.debug("bulkhead: a preview from a worker could not be rebuilt: %r", e)
+        return None
 
 
 class _InterruptWatch:
@@ -462,6 +484,7 @@ class PackRuntime:
         self.from_cache = False
         self.classes = {}
         self.display = {}
+        self.server = ServerProxy(self)
 
     def _worker_env(self):
         env = {
@@ -520,6 +543,7 @@ class PackRuntime:
     def build(self):
         self.classes = {key: self._proxy(key, node) for key, node in self.meta["nodes"].items()}
         self.display = {k: v for k, v in self.meta.get("display", {}).items() if k in self.classes}
+        self.server.install(self.meta)
         return self.classes, self.display
 
     def _proxy(self, key, node):
@@ -686,7 +710,9 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     'attach' (called with the Worker before it starts, e.g.
     HostMemory.attach), 'after_call' (called with the Worker after every
     proxied call, on ComfyUI's execution thread), 'start_timeout',
-    'call_timeout', 'release_timeout' (seconds: Worker's),
+    'call_timeout', 'release_timeout' (seconds: Worker's), 'route_timeout',
+    'prompt_handler_timeout' (seconds: the pack's routes and prompt
+    handlers on the host's server, host/serverproxy.py),
     'interrupt_grace' (seconds a node may run on after the stop button
     before its worker is stopped; 0: never; default INTERRUPT_GRACE_S),
     'prewarm' ('prompt': start the worker when a queued prompt uses the

@@ -14,10 +14,17 @@ runs on the next generation instead of failing -- and logged.  A worker
 that stops answering is killed at its deadline (``call_timeout``,
 ``start_timeout``; ``release_timeout`` for memory releases) and reported as
 hung, or as stopped when it was (SIGSTOP, a debugger).
+
+Frames a worker sends unasked (a pack's own thread calling the host with
+request id 0: a PromptServer event, say) are read while a call waits on
+the worker; with ``serve_unasked`` set, a reader thread per generation
+also reads them while none does: it polls the channel and, when a frame
+is there, takes the worker lock and serves what is pending (``serve(0)``).
 """
 
 import atexit
 import os
+import select
 import signal
 import sys
 import threading
@@ -244,6 +251,38 @@ def _close_all():
             pass
 
 
+def _read_unasked(ref, chan, wake_r):
+    """Reader of one generation's channel while no call waits on it (see
+    the module doc).  Ends when its wake pipe closes (teardown), when the
+    channel is no longer the worker's, or at EOF (the next call or poll()
+    sees the death)."""
+    poller = select.poll()
+    poller.register(chan.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    try:
+        while True:
+            if any(fd == wake_r for fd, _ in poller.poll()):
+                return
+            w = ref()
+            if w is None:
+                return
+            with w._lock:
+                if w._chan is not chan:
+                    return
+                try:
+                    why = chan.serve(0)
+                except Exception:  # a broken channel: the next call reports it
+                    why = "eof"
+                if why != "idle":
+                    return
+                peer = w._peer
+                if peer is not None and peer.pending_releases:
+                    w._flush_releases()
+            del w
+    finally:
+        os.close(wake_r)
+
+
 class Worker(_native.Caller):
     """A persistent worker process running ``python`` (a path to an
     interpreter, typically a venv's ``bin/python``).
@@ -285,6 +324,8 @@ class Worker(_native.Caller):
         self.env_hooks = []         # callables -> dict of variables, evaluated at each start
         self.busy = 0               # requests in flight (nested ones count)
         self.last_exit = None       # how the last generation ended, when it died unasked
+        self.serve_unasked = False  # a reader thread serves what the worker sends while idle
+        self._reader_wake = None    # its wake pipe's write end (closed to stop it)
         self._ref = weakref.ref(self)
         _live.add(self)
 
@@ -390,11 +431,18 @@ class Worker(_native.Caller):
         peer.timeout = self.call_timeout
         self.generation = gen
         self.info = hello
+        if self.serve_unasked:
+            wake_r, self._reader_wake = os.pipe()
+            threading.Thread(target=_read_unasked, args=(self._ref, chan, wake_r),
+                             name=f"bulkhead-reader-{self.name}", daemon=True).start()
 
     def _teardown(self):
         with self._notify_lock:
             chan, proc = self._chan, self._proc
             self._chan = self._proc = self._peer = None
+            wake, self._reader_wake = self._reader_wake, None
+        if wake is not None:
+            os.close(wake)  # the reader wakes, closes its end and ends
         if chan is not None:
             chan.close()
         if proc is not None:

@@ -96,8 +96,9 @@ def _env_json(name):
 
 def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_kw):
     """comfy.utils' global progress hook in this worker: ComfyUI's own
-    check (as the host's hook does), then a PROGRESS frame to the host.
-    Previews are not sent."""
+    check (as the host's hook does), then a PROGRESS frame to the host,
+    with the preview (a (format, PIL.Image, max_size) tuple) as raw pixels
+    the host rebuilds into the same tuple for its own hook."""
     mm = sys.modules.get("comfy.model_management")
     if mm is not None:
         mm.throw_exception_if_processing_interrupted()
@@ -109,10 +110,28 @@ def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_
     if not done and total == _last_progress[1] and now - _last_progress[0] < 0.01:
         return
     _last_progress[0], _last_progress[1] = now, total
+    frame = {"value": value, "total": total}
+    if preview is not None:
+        frame["preview"] = _preview_pixels(preview)
     try:
-        peer.channel.notify(_native.PROGRESS, {"value": value, "total": total})
+        peer.channel.notify(_native.PROGRESS, frame)
     except (_native.Error, TypeError, ValueError):
         pass
+
+
+def _preview_pixels(preview):
+    """("JPEG"|"PNG", PIL.Image, max_size) -> {"format", "mode", "size",
+    "pixels", "max_size"} (the image as it is: the host's hook contains it
+    in max_size when it sends it), or None for anything else."""
+    try:
+        fmt, image, max_size = preview
+        if image.mode not in ("RGB", "RGBA", "L"):
+            image = image.convert("RGB")
+        return {"format": str(fmt), "mode": image.mode, "size": list(image.size),
+                "pixels": image.tobytes(), "max_size": max_size}
+    except Exception as e:  # a preview must never break the node
+        print(f"bulkhead: preview not sent: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
 
 
 def _install_progress(utils):
@@ -177,6 +196,9 @@ def ready():
         when_imported("comfy.model_management", _mm_imported)
         if _on_interrupt not in _worker.interrupt_handlers:
             _worker.interrupt_handlers.append(_on_interrupt)
+        if "server" not in sys.modules:  # the pack's `from server import PromptServer`
+            from . import server
+            sys.modules["server"] = server
         _ready_done = True
 
 
@@ -208,6 +230,16 @@ def _load():
         _display.update(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", None) or {})
         _nodes_module = mod
         return mod
+
+
+def route_modules(mod):
+    """The pack's modules whose ROUTES lists count: the nodes module and
+    the package above it, when imported."""
+    out = [mod]
+    pkg = sys.modules.get(mod.__name__.rpartition(".")[0]) if "." in mod.__name__ else None
+    if pkg is not None and pkg is not mod:
+        out.append(pkg)
+    return out
 
 
 def _class(key):
@@ -321,12 +353,21 @@ def describe():
             nodes[str(key)] = _describe_class(key, cls, problems)
         except Exception as e:
             problems.append(f"node {key!r} left out: {type(e).__name__}: {e}")
+    routes, prompt_handlers = [], 0
+    shim = sys.modules.get("server")
+    if getattr(shim, "collect_routes", None) is not None:  # ours, not a real server.py
+        entries, route_problems = shim.collect_routes(route_modules(mod))
+        routes = shim.describe_routes(entries)
+        problems.extend(route_problems)
+        prompt_handlers = len(shim.PromptServer.instance.on_prompt_handlers)
     v = sys.version_info
     return json.dumps({
         "format": FORMAT,
         "module": mod.__name__,
         "python": f"{v[0]}.{v[1]}.{v[2]}",
         "nodes": nodes,
+        "routes": routes,
+        "prompt_handlers": prompt_handlers,
         "display": {str(k): str(v) for k, v in _display.items() if str(k) in nodes},
         "problems": problems,
     })
