@@ -85,9 +85,9 @@ static const char bh__usage_main[] =
     "  BULKHEAD_NVML_LIBRARY  the NVML library to load (default libnvidia-ml.so.1)\n"
     "  XDG_RUNTIME_DIR        where hosts' control sockets are (release --help)\n"
     "  BULKHEAD_PYTHON        the Python that runs install/env/doctor/canary\n"
-    "                         (default the python3 beside this command, as pip installs\n"
-    "                         it into a venv's bin/, else python3 on PATH;\n"
-    "                         use ComfyUI's own)\n"
+    "                         (default the python3 beside this command, as pip\n"
+    "                         installs it into a venv's bin/, else python3 on\n"
+    "                         PATH; use ComfyUI's own)\n"
     "\n" BH__EXITS;
 
 static const char bh__usage_status[] =

@@ -327,7 +327,7 @@ def test_control_server_never_closes_an_fd_channel_open_consumed(tmp_path, host_
     threaded host its number may be another thread's file by the time the
     server looks again, and the server must leave it alone."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    from bulkhead.control import ControlServer, request
+    from bulkhead.host.control import ControlServer, request
     real = _native.channel_open
     victim = []
 

@@ -423,13 +423,13 @@ class _PressureHM(HostMemory):
 
     def _candidates(self, device_name, exclude=None, foreign=True):
         w = self._sibling
-        return [(w.name, 1, 1 << 40, 0, None, w)]
+        return [Candidate(w.name, 1, 1 << 40, 0, None, w)]
 
 
 def test_events_stay_bounded_on_the_pressure_path():
     """Every path that records an event trims the list, as note_release
     and the holder do (issue 17 item 17: pressure and admission did not;
-    both go through HostMemory._event now)."""
+    both go through release.note now)."""
     asker, sibling = FakeWorker("asker"), FakeWorker("sibling")
     hm = _PressureHM(asker, sibling)
     for _ in range(1000):

@@ -857,7 +857,7 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
     import urllib.request
     from aiohttp import web
     from bulkhead.host import prewarm
-    [(rt, _)] = _cold_packs(tmp_path, base, ("httppack", None))
+    [(rt, mappings)] = _cold_packs(tmp_path, base, ("httppack", None))
     before = set(sys.modules)
     sys.path.insert(0, os.path.join(ROOT, "tests", "comfyui"))
     try:
@@ -866,6 +866,8 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
         sys.path.pop(0)
     srv = comfy_server.PromptServer()
     comfy_server.PromptServer.instance = None
+    comfy_nodes = sys.modules["nodes"]          # ComfyUI's table: the pack is loaded
+    comfy_nodes.NODE_CLASS_MAPPINGS.update(mappings)
     for name in set(sys.modules) - before:  # ComfyUI's server is this test's only
         del sys.modules[name]
     assert prewarm.install(srv) and not prewarm.install(srv)  # once per server
@@ -879,7 +881,9 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        body = json.dumps({"prompt": {"1": {"class_type": "MakeModel", "inputs": {"size": 2}}}}).encode()
+        body = json.dumps({"prompt": {"1": {"class_type": "MakeModel", "inputs": {"size": 2, "kind": "a"}},
+                                      "2": {"class_type": "UseModel", "inputs": {"model": ["1", 0], "add": 0}}}
+                           }).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/prompt", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:

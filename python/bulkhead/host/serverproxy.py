@@ -142,7 +142,7 @@ class ServerProxy:
             raise RouteFailed(503, f"bulkhead: {what} cannot run now: the pack's worker has been busy "
                                    f"(running a node) for over {timeout_s:g} s; try again when it is done")
         try:
-            return w._request(_native.CALL, (target, args, {}), timeout_s + GRACE_S, "call", what)
+            return w.request(_native.CALL, (target, args, {}), timeout_s + GRACE_S, "call", what)
         except RemoteError as e:
             if e.remote_type.endswith("RouteTimeout"):
                 raise RouteFailed(504, f"bulkhead: {what} did not answer within {timeout_s:g} s "
