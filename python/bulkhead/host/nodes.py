@@ -506,6 +506,8 @@ class PackRuntime:
                              call_timeout=options.get("call_timeout"),
                              release_timeout=options.get("release_timeout"))
         self.worker.env_hooks.append(self._worker_env)
+        from ..envs.build import current_python
+        self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
         attach = options.get("attach")
         if attach is not None:
             attach(self.worker)
