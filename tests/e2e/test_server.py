@@ -100,8 +100,8 @@ def test_progress_frames_reach_the_websocket(comfyui):
     assert executed and executed[0]["node"] == "2" and executed[0]["output"]["text"] == ["x"]
 
 
-def test_interrupt_stops_a_running_isolated_node(comfyui):
-    srv = comfyui()
+def _queue_spin(srv):
+    """Queues a 60 s E2ESpin and returns its prompt id once the worker runs it."""
     prompt_id = srv.queue({"1": {"class_type": "E2ESpin", "inputs": {"seconds": 60.0}}})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:   # running: the worker has the node
@@ -110,6 +110,12 @@ def test_interrupt_stops_a_running_isolated_node(comfyui):
             break
         time.sleep(0.05)
     time.sleep(0.3)
+    return prompt_id
+
+
+def test_interrupt_stops_a_running_isolated_node(comfyui):
+    srv = comfyui()
+    prompt_id = _queue_spin(srv)
     assert srv.http("POST", "/interrupt", {})[0] == 200
     entry = srv.wait_history(prompt_id, timeout_s=20)
     assert entry["status"]["status_str"] == "error"
@@ -266,14 +272,7 @@ def test_the_server_answers_while_a_pack_validates_during_its_long_node(comfyui)
     # and the check runs when the node does (a refusal fails that node).
     import threading
     srv = comfyui()
-    spin = srv.queue({"1": {"class_type": "E2ESpin", "inputs": {"seconds": 60.0}}})
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:   # running: the worker has the node
-        _, q = srv.http("GET", "/queue")
-        if q["queue_running"] and _worker_pids(srv):
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)
+    spin = _queue_spin(srv)
     answers = {}
 
     def post(name, text):
