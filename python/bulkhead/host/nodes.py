@@ -67,7 +67,7 @@ import time
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                remote_name)
-from ..channel.peer import BulkheadError, HostObject, NodeValue, RemoteError
+from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..packimport import default_module, import_nodes, in_worker
 from .serverproxy import ServerProxy
 from .workers import Worker, WorkerDied
@@ -445,6 +445,19 @@ def _where(v, obj, where, depth=0):
     return None
 
 
+def _holds_handles(v, depth=0):
+    """Whether a node's outputs hold worker handles (RemoteObjects), at
+    any depth a value can nest (ui dicts, lists of results)."""
+    if isinstance(v, RemoteObject):
+        return True
+    if depth < 32:
+        if isinstance(v, (tuple, list)):
+            return any(_holds_handles(x, depth + 1) for x in v)
+        if isinstance(v, dict):
+            return any(_holds_handles(x, depth + 1) for x in v.values())
+    return False
+
+
 def _host_object_error(e, kwargs, what):
     """HostObject (the host's node policy refused an input) -> the
     TypeError naming the input: 'input <where> is a <type> made in the
@@ -454,6 +467,60 @@ def _host_object_error(e, kwargs, what):
         if where is not None:
             return TypeError(str(e).replace("input is a", f"input {where} is a", 1))
     return TypeError(str(e))
+
+
+def on_server_loop():
+    """Whether this thread is running ComfyUI's web server loop (where
+    nothing bulkhead does may wait on a worker): the running loop is
+    ``PromptServer.instance.loop``, or, with no PromptServer, a loop on the
+    main thread.  ComfyUI's execution thread runs a loop of its own
+    (``asyncio.run`` around each prompt): that one is not the server's."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return False
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+    mine = getattr(server, "loop", None)
+    if mine is not None:
+        return loop is mine
+    return threading.current_thread() is threading.main_thread()
+
+
+def _running(worker):
+    """Whether the worker's current generation is up (not ended, maybe not
+    reaped yet).  Safe without the worker's lock."""
+    chan, proc = worker._chan, worker._proc
+    return chan is not None and proc is not None and proc.wait(0) is None
+
+
+# ComfyUI types whose values cross as plain data (tensors, numbers, text,
+# dicts of tensors); an output of any other type may be an object of the
+# pack's, which stays in the worker as a handle.
+PLAIN_TYPES = frozenset(("IMAGE", "MASK", "LATENT", "INT", "FLOAT", "STRING", "BOOLEAN", "AUDIO"))
+
+
+def _may_hold_handles(return_types):
+    return any(not (isinstance(t, str) and t in PLAIN_TYPES) for t in return_types or ()
+               if not isinstance(t, (list, tuple)))   # a list: a combo's values, plain
+
+
+def _matches(checked, kwargs):
+    """Whether the inputs a deferred VALIDATE_INPUTS got are those a run
+    gets (input_types, which only VALIDATE_INPUTS gets, aside)."""
+    for k, v in checked.items():
+        if k == "input_types":
+            continue
+        if k not in kwargs:
+            return False
+        try:
+            if not bool(kwargs[k] == v):
+                return False
+        except Exception:
+            return False
+    return True
 
 
 # --- one pack ---
@@ -476,6 +543,8 @@ class PackRuntime:
                              call_timeout=options.get("call_timeout"),
                              release_timeout=options.get("release_timeout"))
         self.worker.env_hooks.append(self._worker_env)
+        from ..envs.build import current_python
+        self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
         attach = options.get("attach")
         if attach is not None:
             attach(self.worker)
@@ -485,6 +554,10 @@ class PackRuntime:
         self.classes = {}
         self.display = {}
         self.server = ServerProxy(self)
+        self._handle_gen = {}       # key -> the generation the node's outputs first held handles in
+        self._is_changed_fns = {}   # key -> the proxy's IS_CHANGED (see _proxy)
+        self._deferred = {}         # key -> VALIDATE_INPUTS kwargs answered "later" (call_class)
+        self._deferred_lock = threading.Lock()
 
     def _worker_env(self):
         env = {
@@ -565,9 +638,27 @@ class PackRuntime:
         run.__name__ = run.__qualname__ = function
         ns[function] = run
         methods = node.get("methods", {})
-        for mname in ("IS_CHANGED", "VALIDATE_INPUTS"):
-            if mname in methods:
-                ns[mname] = classmethod(self._class_method(key, mname, methods[mname]))
+        if "VALIDATE_INPUTS" in methods:
+            ns["VALIDATE_INPUTS"] = classmethod(self._class_method(key, "VALIDATE_INPUTS",
+                                                                   methods["VALIDATE_INPUTS"]))
+        # IS_CHANGED: the real node's, combined with the worker generation
+        # once the node's outputs held handles (_is_changed).  A node
+        # without a real one has it too where an output type may be an
+        # object of the pack's (not PLAIN_TYPES), and otherwise gets it
+        # when its outputs first hold a handle (run; ComfyUI then runs it
+        # once more, as a node whose IS_CHANGED appeared).
+        real = None
+        if "IS_CHANGED" in methods:
+            real = self._class_method(key, "IS_CHANGED", methods["IS_CHANGED"])
+
+        def IS_CHANGED(*_cls, **kwargs):
+            return rt._is_changed(key, real, kwargs)
+        IS_CHANGED.__name__ = IS_CHANGED.__qualname__ = "IS_CHANGED"
+        if real is not None and hasattr(real, "__signature__"):
+            IS_CHANGED.__signature__ = real.__signature__
+        if real is not None or _may_hold_handles(ns.get("RETURN_TYPES")):
+            ns["IS_CHANGED"] = classmethod(IS_CHANGED)
+        self._is_changed_fns[key] = IS_CHANGED
         if "check_lazy_status" in methods:
             def check_lazy_status(self, **kwargs):
                 return rt.run(self, key, kwargs, method="check_lazy_status")
@@ -582,6 +673,8 @@ class PackRuntime:
         rt = self
 
         def method(*_cls, **kwargs):
+            if mname == "VALIDATE_INPUTS" and on_server_loop():
+                return rt.validate_on_loop(key, kwargs)
             return rt.call_class(key, mname, kwargs)
         method.__name__ = method.__qualname__ = mname
         try:
@@ -597,19 +690,124 @@ class PackRuntime:
         mm = _mm()
         if mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
+        deferred = self._take_deferred(key, kwargs) if method is None else []
         w = self.worker
         with w._lock:
+            w.poll()  # a generation that died idle is noticed here, not half-way through the call
             w.start()
-            peer = w.peer
+            for checked in deferred:
+                self._validate_late(w, mm, key, checked)
             instance = node.__dict__.get("_bulkhead_instance")
-            if instance is not None and instance._peer is not peer:
+            if instance is not None and instance._peer is not w.peer:
                 instance = None  # the worker was restarted: a new instance there
             try:
                 res = self._call(w, mm, "bulkhead.worker.nodes:run", key, NodeValue(kwargs), instance, method)
             except HostObject as e:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") from None
+            except HandleError:
+                # The worker died between the checks above and the call,
+                # which then ran on the next generation with the old
+                # generation's instance and failed before anything ran
+                # there: once more, with a new instance.  (A dead handle
+                # among the inputs fails again, and that error stands.)
+                if instance is None or instance._peer is w.peer:
+                    raise
+                node.__dict__.pop("_bulkhead_instance", None)
+                res = self._call(w, mm, "bulkhead.worker.nodes:run", key, NodeValue(kwargs), None, method)
+            peer = w.peer
+        if key not in self._handle_gen and _holds_handles(res["outputs"]):
+            self._outputs_hold_handles(type(node), key, peer.generation)
         node._bulkhead_instance = res["instance"]
         return res["outputs"]
+
+    def _outputs_hold_handles(self, cls, key, generation):
+        """Node key's outputs hold worker handles (first seen on this
+        generation): from now on its IS_CHANGED says when they died."""
+        self._handle_gen[key] = generation
+        if "IS_CHANGED" not in cls.__dict__:
+            cls.IS_CHANGED = classmethod(self._is_changed_fns[key])
+
+    def _is_changed(self, key, real, kwargs):
+        """The proxy's IS_CHANGED: the real node's answer (False when it has
+        none), and, for a node whose outputs held worker handles, from the
+        first restart of the worker that made them on, that answer with
+        the generation the node's next run would use.  ComfyUI caches a
+        node's outputs by its inputs and this answer, so handles of a dead
+        worker are never handed on: the node runs again, on the next
+        generation, though its inputs did not change.  The answer never
+        goes back to an earlier one (a cache keyed by it would hold dead
+        handles), and while the worker lives it stays the same.  NaN (run
+        every time) is passed on as it is."""
+        answer = real(**kwargs) if real is not None else False
+        first = self._handle_gen.get(key)
+        if first is None or (isinstance(answer, float) and answer != answer):
+            return answer
+        gen = self.worker.generation
+        if not _running(self.worker):
+            gen += 1
+        if gen == first:
+            return answer
+        if real is None:
+            return f"bulkhead worker generation {gen}"
+        return f"{answer!r} (bulkhead worker generation {gen})"
+
+    # VALIDATE_INPUTS from ComfyUI's web server.  ComfyUI calls it inline
+    # on the event loop when a prompt is queued.  The worker answers it at
+    # once where it is running and idle; where it is busy with a node (the
+    # lock held, maybe for minutes) or not started yet (a spawn and the
+    # pack's import), waiting would freeze the whole server, so the check
+    # is deferred instead: the prompt is accepted, and the check runs in the
+    # worker just before a node with those inputs runs, failing that node
+    # with the validator's message, as a prompt refused at queue time would
+    # have been.  Deferred checks are bounded per node (the oldest go).
+    DEFERRED_MAX = 64
+
+    def validate_on_loop(self, key, kwargs):
+        """VALIDATE_INPUTS without waiting: the worker's answer when it is
+        idle and running, else True and the check deferred to the node's
+        run (see above)."""
+        w = self.worker
+        if w._lock.acquire(blocking=False):
+            try:
+                if _running(w) and not w.busy:
+                    return self._validate(w, _mm(), key, kwargs, drain=False)
+            finally:
+                w._lock.release()
+        with self._deferred_lock:
+            pending = self._deferred.setdefault(key, [])
+            pending.append(dict(kwargs))
+            del pending[:-self.DEFERRED_MAX]
+        log.info("bulkhead: pack %r: %s.VALIDATE_INPUTS is checked when the node runs (its worker is %s)",
+                 self.name, key, "busy" if _running(w) else "not started")
+        return True
+
+    def _take_deferred(self, key, kwargs):
+        """The deferred VALIDATE_INPUTS kwargs of node key that match the
+        inputs it runs with (taken off the list)."""
+        with self._deferred_lock:
+            pending = self._deferred.get(key)
+            if not pending:
+                return []
+            hits = [p for p in pending if _matches(p, kwargs)]
+            pending[:] = [p for p in pending if all(p is not h for h in hits)]
+            return hits
+
+    def _validate(self, w, mm, key, kwargs, drain=True):
+        """The worker's VALIDATE_INPUTS answer for these inputs (the caller
+        holds the worker lock)."""
+        try:
+            return self._call(w, mm, "bulkhead.worker.nodes:call_class", key, "VALIDATE_INPUTS",
+                              NodeValue(dict(kwargs)), drain=drain)
+        except HostObject as e:
+            raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.VALIDATE_INPUTS (pack {self.name!r})") \
+                from None
+
+    def _validate_late(self, w, mm, key, checked):
+        answer = self._validate(w, mm, key, checked)
+        if answer is not True:
+            raise ValueError(f"{key}: its VALIDATE_INPUTS refused these inputs: {answer} (pack {self.name!r}; "
+                             "checked when the node ran, because its worker was busy or not started when the "
+                             "prompt was queued)")
 
     def call_class(self, key, mname, kwargs):
         with self.worker._lock:
@@ -619,7 +817,7 @@ class PackRuntime:
             except HostObject as e:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.{mname} (pack {self.name!r})") from None
 
-    def _call(self, w, mm, target, *args):
+    def _call(self, w, mm, target, *args, drain=True):
         progress = _Progress(mm)
         w.frame_handlers[_native.PROGRESS] = progress.on_frame
         watch = None
@@ -643,7 +841,7 @@ class PackRuntime:
                 watch.stop()
                 self.last_interrupt_at = watch.fired_at
             w.frame_handlers.pop(_native.PROGRESS, None)
-            after = self.options.get("after_call")
+            after = self.options.get("after_call") if drain else None
             if after is not None:
                 after(w)  # the memory layer's drain: stand-ins made to match the ledger
 

@@ -322,6 +322,7 @@ class Worker(_native.Caller):
         self._notify_lock = threading.Lock()  # interrupt() vs teardown
         self.frame_handlers = {}    # frame kind -> handler(value), shared with every generation's Peer
         self.env_hooks = []         # callables -> dict of variables, evaluated at each start
+        self.resolve_python = None  # python -> the interpreter to start, at each start (a rebuilt env)
         self.busy = 0               # requests in flight (nested ones count)
         self.last_exit = None       # how the last generation ended, when it died unasked
         self.serve_unasked = False  # a reader thread serves what the worker sends while idle
@@ -358,6 +359,14 @@ class Worker(_native.Caller):
     def _start(self):
         """Hook (Caller.request, lock held): starts the next generation."""
         gen = self.generation + 1
+        if self.resolve_python is not None:
+            python = self.resolve_python(self.python)
+            if python != self.python:
+                import logging
+                logging.getLogger("bulkhead").warning(
+                    "bulkhead: worker %r: its environment was rebuilt; generation %d runs %s (was %s)",
+                    self.name, gen, python, self.python)
+                self.python = python
         extra = dict(self.env)
         for hook in self.env_hooks:
             for k, v in hook().items():
