@@ -55,6 +55,14 @@ import execution
 import nodes
 
 
+def _is_v3(cls):
+    try:
+        from comfy_api.internal import _ComfyNodeInternal
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, _ComfyNodeInternal)
+
+
 class BinaryEventTypes:
     PREVIEW_IMAGE = 1
     UNENCODED_PREVIEW_IMAGE = 2
@@ -64,6 +72,8 @@ class BinaryEventTypes:
 
 def _node_info(name):
     cls = nodes.NODE_CLASS_MAPPINGS[name]
+    if _is_v3(cls):
+        return cls.GET_NODE_INFO_V1()   # V3: the schema's V1 info, as upstream
     types = cls.INPUT_TYPES()
     info = {
         "input": types,

@@ -4,11 +4,20 @@ A pack's ``__init__.py`` (in the host) makes one call::
 
     NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = load_pack(pack_dir, python)
 
-and gets V1 proxy classes: each carries the real node's INPUT_TYPES,
+and gets proxy classes.  A V1 proxy carries the real node's INPUT_TYPES,
 RETURN_TYPES, RETURN_NAMES, FUNCTION, CATEGORY, OUTPUT_NODE, INPUT_IS_LIST,
 OUTPUT_IS_LIST, DESCRIPTION (every upper-case class attribute, in fact) and,
 where the real node has them, IS_CHANGED, VALIDATE_INPUTS (with the real
-signature, which ComfyUI inspects) and check_lazy_status.  The real nodes
+signature, which ComfyUI inspects) and check_lazy_status.  A V3 node (a
+``comfy_api.latest.io.ComfyNode``, in NODE_CLASS_MAPPINGS or from the pack's
+``comfy_entrypoint()``) gets a ComfyNode subclass of the host's own
+comfy_api whose schema is the real one's, rebuilt (``_v3_schema``: the same
+/object_info), whose ``execute`` (async when the real one is, run in a
+thread and awaited) calls the real one with the inputs and the hidden
+values and answers an ``io.NodeOutput`` (ui, expand, block_execution), and
+which forwards validate_inputs, fingerprint_inputs and check_lazy_status
+where the real node has them; a schema the host cannot rebuild leaves that
+node out, with a warning naming it.  The real nodes
 live in the pack's worker (``bulkhead.worker.nodes``), one persistent
 process under the pack's interpreter.
 
@@ -383,6 +392,103 @@ def _preview(p):
         return None
 
 
+# --- V3 nodes: the schema rebuilt in the host's comfy_api ---
+
+def _v3_schema(io, node):
+    """The io.Schema the worker captured (worker/nodes.py _describe_v3),
+    made of the host's own classes: each input and output an instance of
+    (a subclass of) the io class the real one is, answering exactly what
+    the real one answered (as_dict, its type, a dynamic input's
+    expansion); the schema's fields as they were (a field this ComfyUI's
+    Schema lacks is an error naming it)."""
+    import dataclasses
+    known = {f.name for f in dataclasses.fields(io.Schema)}
+    fields = {}
+    for k, v in node["schema"].items():
+        v = decode_meta(v)
+        if k not in known:
+            default = next((f.default for f in dataclasses.fields(io.Schema) if f.name == k), None)
+            if v in (None, False, "", [], default):
+                continue   # a newer flag, unset: nothing is lost
+            raise TypeError(f"schema field {k}={v!r} has no place in this ComfyUI's io.Schema "
+                            "(the worker's ComfyUI is newer?)")
+        fields[k] = v
+    fields["inputs"] = [_v3_io(io, d, False) for d in node["inputs"]]
+    fields["outputs"] = [_v3_io(io, d, True) for d in node["outputs"]]
+    fields["hidden"] = [io.Hidden(h) for h in node["hidden"]]
+    return io.Schema(**fields)
+
+
+def _io_lookup(io, qualname):
+    found = io
+    for part in (qualname or "").split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
+def _v3_io(io, d, output):
+    plain = io.Output if output else io.Input
+    base = _io_lookup(io, d.get("class"))
+    if base is None or not issubclass(base, plain):
+        base = plain
+    dynamic = None
+    if "dynamic" in d:
+        dyn_base = getattr(io, "DynamicOutput" if output else "DynamicInput", None)
+        if dyn_base is None:
+            raise TypeError(f"{'output' if output else 'input'} {d['attrs'].get('id')!r} is dynamic, and "
+                            "this ComfyUI's io has no dynamic inputs")
+        if not issubclass(base, dyn_base):
+            base = dyn_base
+        dynamic = [_v3_io(io, c, output) for c in d["dynamic"]]
+    io_type = decode_meta(d["io_type"])
+    if isinstance(io_type, str):
+        io_type = _io_str(io)(io_type)
+    as_dict = d["as_dict"]
+    ns = {"__module__": __name__, "__qualname__": base.__qualname__,
+          "as_dict": lambda self: decode_meta(as_dict),
+          "get_io_type": lambda self: io_type,
+          "io_type": property(lambda self: io_type)}
+    if dynamic is not None:
+        ns["get_dynamic"] = lambda self: list(dynamic)
+    obj = object.__new__(type(base.__name__, (base,), ns))
+    obj.__dict__.update(d["attrs"])
+    return obj
+
+
+def _io_str(io):
+    """The host's own type-name string class (its "*" / comma matching)."""
+    t = type(getattr(getattr(io, "Int", None), "io_type", ""))
+    return t if issubclass(t, str) else str
+
+
+def _hidden_values(clone):
+    """{Hidden value: value} of a class clone's `hidden` (a HiddenHolder),
+    DYNPROMPT as data (its nodes, original and added by expansions)."""
+    from comfy_api.latest import io
+    holder = getattr(clone, "hidden", None)
+    out = {}
+    if holder is None:
+        return out
+    for h in io.Hidden:
+        v = getattr(holder, h.name, None)
+        if v is None:
+            continue
+        if h.value == "DYNPROMPT":
+            v = {"original": v.get_original_prompt(), "ephemeral": dict(getattr(v, "ephemeral_prompt", {}) or {}),
+                 "parents": dict(getattr(v, "ephemeral_parents", {}) or {})}
+        out[h.value] = v
+    return out
+
+
+async def _in_thread(fn, *args):
+    """fn(*args) in a thread, awaited (its context copied: ComfyUI's
+    progress reads the executing node from it)."""
+    import asyncio
+    import contextvars
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.run(fn, *args))
+
+
 class _InterruptWatch:
     """Polls the host's interrupt flag (non-consuming) while a worker call
     runs; when it is set, interrupts the worker, then keeps signalling
@@ -614,7 +720,16 @@ class PackRuntime:
             raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}): {e}") from None
 
     def build(self):
-        self.classes = {key: self._proxy(key, node) for key, node in self.meta["nodes"].items()}
+        self.classes = {}
+        for key, node in self.meta["nodes"].items():
+            if not node.get("v3"):
+                self.classes[key] = self._proxy(key, node)
+                continue
+            try:
+                self.classes[key] = self._proxy_v3(key, node)
+            except Exception as e:
+                log.warning("bulkhead: pack %r: V3 node %r left out: its schema cannot be rebuilt in the "
+                            "host's comfy_api (%s: %s)", self.name, key, type(e).__name__, e)
         self.display = {k: v for k, v in self.meta.get("display", {}).items() if k in self.classes}
         self.server.install(self.meta)
         return self.classes, self.display
@@ -668,6 +783,54 @@ class PackRuntime:
         cls = type(name if name.isidentifier() else "ProxyNode", (), ns)
         cls.__qualname__ = node["class_name"]
         return cls
+
+    def _proxy_v3(self, key, node):
+        """A V3 proxy: a ComfyNode subclass of the host's comfy_api whose
+        define_schema rebuilds the real node's schema (_v3_schema), whose
+        execute (async when the real one is) runs the real one in the
+        worker with the hidden values, and which has the real node's
+        validate_inputs / fingerprint_inputs / check_lazy_status (with
+        their signatures) where it has its own."""
+        from comfy_api.latest import io
+        rt = self
+        ns = {"__module__": f"bulkhead.nodes.{self.name}", "__doc__": f"{node['class_name']} "
+              f"of pack {self.name!r} (a V3 node), run in its worker ({self.python}).",
+              "_bulkhead_pack": self.name}
+
+        def define_schema(cls):
+            return _v3_schema(io, node)
+        ns["define_schema"] = classmethod(define_schema)
+        if node.get("execute_async"):
+            async def execute(cls, **kwargs):
+                return await _in_thread(rt.run_v3, cls, key, kwargs)
+        else:
+            def execute(cls, **kwargs):
+                return rt.run_v3(cls, key, kwargs)
+        ns["execute"] = classmethod(execute)
+        for mname, spec in node.get("methods", {}).items():
+            if mname in ("validate_inputs", "fingerprint_inputs", "check_lazy_status"):
+                ns[mname] = classmethod(self._v3_method(key, mname, spec))
+        name = node["class_name"].rsplit(".", 1)[-1]
+        cls = type(name if name.isidentifier() else "ProxyNode", (io.ComfyNode,), ns)
+        cls.__qualname__ = node["class_name"]
+        cls.GET_NODE_INFO_V1()   # a schema this ComfyUI cannot take fails here, at load
+        return cls
+
+    def _v3_method(self, key, mname, spec):
+        rt = self
+        if spec.get("async_"):
+            async def method(cls, **kwargs):
+                return await _in_thread(rt.run_v3, cls, key, kwargs, mname)
+        else:
+            def method(cls, **kwargs):
+                return rt.run_v3(cls, key, kwargs, mname)
+        method.__name__ = method.__qualname__ = mname
+        try:
+            method.__signature__ = _signature(spec)
+        except (ValueError, TypeError) as e:
+            log.warning("bulkhead: pack %r: the signature of %s.%s cannot be rebuilt (%s); ComfyUI "
+                        "will pass it every input", self.name, key, mname, e)
+        return method
 
     def _class_method(self, key, mname, spec):
         rt = self
@@ -808,6 +971,31 @@ class PackRuntime:
             raise ValueError(f"{key}: its VALIDATE_INPUTS refused these inputs: {answer} (pack {self.name!r}; "
                              "checked when the node ran, because its worker was busy or not started when the "
                              "prompt was queued)")
+
+    def run_v3(self, clone, key, kwargs, method=None):
+        """A V3 proxy's execute (method None) or its validate_inputs /
+        fingerprint_inputs / check_lazy_status, on the class clone ComfyUI
+        made (its `hidden` holds the hidden values), run in the worker.
+        execute answers an io.NodeOutput of the host's comfy_api."""
+        mm = _mm()
+        if method is None and mm is not None and mm.processing_interrupted():
+            raise mm.InterruptProcessingException()
+        hidden = _hidden_values(clone)
+        w = self.worker
+        with w._lock:
+            w.poll()  # a generation that died idle is noticed here, not half-way through the call
+            w.start()
+            try:
+                res = self._call(w, mm, "bulkhead.worker.nodes:run_v3", key, method, NodeValue(kwargs), hidden)
+            except HostObject as e:
+                where = f"{key}.{method}" if method else f"node {key!r}"
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {where} (pack {self.name!r})") from None
+        if method is not None:
+            return res
+        from comfy_api.latest import io
+        out = res["outputs"]
+        return io.NodeOutput(*out["args"], ui=out["ui"], expand=out["expand"],
+                             block_execution=out["block_execution"])
 
     def call_class(self, key, mname, kwargs):
         with self.worker._lock:
