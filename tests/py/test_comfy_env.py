@@ -304,3 +304,201 @@ def test_apt_is_checked_never_run(tmp_path, monkeypatch):
     assert out == ["X.toml: [apt] packages not installed: bh-absent; bulkhead does not install system "
                    "packages: sudo apt-get install bh-absent"]
     assert open(log).read().split() == ["-W", "-f=${Status}", "bh-present", "-W", "-f=${Status}", "bh-absent"]
+
+
+# --- the entry points, in a ComfyUI host (tests/comfyui or COMFYUI_PATH) ---
+
+from comfyenv import run_comfy_script  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(REPO, "build", "rel")))
+
+PACK_INIT = '''
+from comfy_env import register_nodes
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = register_nodes()
+'''
+
+
+def node_module(cls_name, body):
+    return f'''
+import os, sys
+
+class {cls_name}:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {{"required": {{"x": ("INT", {{"default": 1}})}}}}
+    RETURN_TYPES = ("INT", "STRING")
+    FUNCTION = "run"
+    CATEGORY = "test"
+
+    def run(self, x):
+        return (os.getpid(), {body})
+
+NODE_CLASS_MAPPINGS = {{"{cls_name}": {cls_name}}}
+NODE_DISPLAY_NAME_MAPPINGS = {{"{cls_name}": "{cls_name} (display)"}}
+'''
+
+
+def host(tmp_path, packs, body, env=None):
+    """Runs body in a fresh ComfyUI host after the repository's
+    prestartup_script.py (as ComfyUI runs it) and each pack's import."""
+    code = f"""
+        import logging, io
+        buf = io.StringIO()
+        _h = logging.StreamHandler(buf)
+        logging.getLogger().addHandler(_h)
+        logging.getLogger().setLevel(logging.INFO)
+        import importlib.util as _u
+        _s = _u.spec_from_file_location("bh_prestartup", {os.path.join(REPO, "prestartup_script.py")!r})
+        _s.loader.exec_module(_u.module_from_spec(_s))
+        mods = {{}}
+        for p in {[str(p) for p in packs]!r}:
+            mods[os.path.basename(p)] = load_custom_node(p)
+        def run(name, key, x=1):
+            cls = mods[name].NODE_CLASS_MAPPINGS[key]
+            return getattr(cls(), cls.FUNCTION)(x=x)
+    """
+    code = textwrap.dedent(code) + textwrap.dedent(body) + textwrap.dedent("""
+        from bulkhead.host import nodes as _n
+        _n.close_all()
+    """)
+    e = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": os.environ["BULKHEAD_HOME"],
+         "HOME": os.environ["HOME"], "BULKHEAD_LEDGER": str(tmp_path / "ledger")}
+    e.update(env or {})
+    return run_comfy_script(code, timeout=240, env=e)
+
+
+@pytest.mark.torch
+def test_register_nodes_whole_nodes_package_and_subdirs(tmp_path, sources):
+    # layout 1: nodes/comfy-env.toml -- the whole nodes package is one environment
+    one = tmp_path / "ComfyUI-Whole"
+    write(one / "__init__.py", PACK_INIT)
+    write(one / "nodes" / "__init__.py", "from .impl import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS\n")
+    write(one / "nodes" / "impl.py", node_module("WholeNode", "__import__('bhplain').VALUE + os.environ['BH_N']"))
+    write(one / "nodes" / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\nbhplain = "*"\n'
+                                           '[env_vars]\nBH_N = 7\n')
+    # layout 2: nodes/<subdir>/comfy-env.toml per subdirectory; one without runs in the host
+    two = tmp_path / "ComfyUI-Subs"
+    write(two / "__init__.py", PACK_INIT)
+    write(two / "comfy-env-root.toml", '[types]\nTRIMESH = "builtin"\n')
+    write(two / "nodes" / "iso" / "__init__.py", node_module("IsoNode", "'iso'"))
+    write(two / "nodes" / "iso" / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    write(two / "nodes" / "main" / "__init__.py", node_module("MainNode", "'main'"))
+    write(two / "nodes" / "_private" / "__init__.py", "raise SystemExit('never imported')\n")
+    for p in (one, two):
+        bulkhead.install(str(p), progress=lambda l: None, pip_args=["--no-index", "--find-links", sources["wheels"]])
+    r = host(tmp_path, [one, two], """
+        import comfy_env
+        emit(dict(me=os.getpid(), ours=getattr(comfy_env, "__bulkhead__", False),
+                  whole=run("ComfyUI-Whole", "WholeNode"), iso=run("ComfyUI-Subs", "IsoNode"),
+                  main=run("ComfyUI-Subs", "MainNode"),
+                  keys=sorted(mods["ComfyUI-Subs"].NODE_CLASS_MAPPINGS),
+                  display=mods["ComfyUI-Whole"].NODE_DISPLAY_NAME_MAPPINGS, log=buf.getvalue()))
+    """)
+    assert r["ours"]
+    assert r["whole"][0] != r["me"] and r["whole"][1] == "plain7"
+    assert r["iso"][0] != r["me"] and r["iso"][1] == "iso"
+    assert r["main"] == [r["me"], "main"]
+    assert r["keys"] == ["IsoNode", "MainNode"]
+    assert r["display"] == {"WholeNode": "WholeNode (display)"}
+    served = [l for l in r["log"].splitlines() if "is served by bulkhead" in l]
+    assert len(served) == 2 and "BULKHEAD_COMFY_ENV=off" in served[0], r["log"][-3000:]
+
+
+@pytest.mark.torch
+def test_the_switch_hands_packs_back(tmp_path):
+    r = host(tmp_path, [], """
+        import sys
+        emit(dict(finder=any(type(f).__name__ == "Finder" for f in sys.meta_path), log=buf.getvalue()))
+    """, env={"BULKHEAD_COMFY_ENV": "off"})
+    assert not r["finder"] and "BULKHEAD_COMFY_ENV=off" in r["log"]
+
+
+def fake_ce_env(tmp_path, pack, subdir, tag, source=None):
+    """An environment as comfy-env lays one out in ~/.ce: a real venv at
+    .pixi/envs/default and an env.stamp.json."""
+    from bulkhead.host import comfy_env as ce
+    cfg = pack / "nodes" / subdir / "comfy-env.toml"
+    d = tmp_path / "user-home" / ".ce" / "envs" / f"{ce.ce_env_name(str(pack), str(cfg))}_{tag}"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d / ".pixi" / "envs" / "default")], check=True)
+    import json
+    write(d / "env.stamp.json", json.dumps({"abi_tag": tag, "source": source or f"{pack.name}/nodes/{subdir}/comfy-env.toml",
+                                            "comfy_env_version": "0.4.46"}))
+    return d
+
+
+@pytest.mark.torch
+def test_an_environment_comfy_env_built_is_reused_and_a_stale_one_reported(tmp_path):
+    from bulkhead.host import comfy_env as ce
+    pack = tmp_path / "ComfyUI-Reuse"
+    write(pack / "__init__.py", PACK_INIT)
+    write(pack / "nodes" / "good" / "__init__.py", node_module("GoodNode", "sys.prefix"))
+    write(pack / "nodes" / "stale" / "__init__.py", node_module("StaleNode", "sys.prefix"))
+    for sub in ("good", "stale"):
+        write(pack / "nodes" / sub / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    good = fake_ce_env(tmp_path, pack, "good", ce.ce_abi_tag())
+    fake_ce_env(tmp_path, pack, "stale", ce.ce_abi_tag())
+    os.utime(good / "env.stamp.json")
+    # the stale one: its stamp names another stack
+    stale_dir = tmp_path / "user-home" / ".ce" / "envs" / f"reuse-stale_{ce.ce_abi_tag()}"
+    write(stale_dir / "env.stamp.json", '{"abi_tag": "py39-torch1.0-cpu"}')
+    r = host(tmp_path, [pack], """
+        emit(dict(me=os.getpid(), good=run("ComfyUI-Reuse", "GoodNode"), stale=run("ComfyUI-Reuse", "StaleNode"),
+                  log=buf.getvalue()))
+    """)
+    assert r["good"][0] != r["me"] and r["good"][1] == str(good / ".pixi" / "envs" / "default")
+    assert r["stale"][0] == r["me"]
+    warn = [l for l in r["log"].splitlines() if "NOT isolated" in l]
+    assert len(warn) == 1 and "py39-torch1.0-cpu" in warn[0] and "comfy-env install --dir" in warn[0], r["log"]
+    assert "bulkhead install" in warn[0]
+
+
+@pytest.mark.torch
+def test_a_serializer_that_raises_fails_the_pack_with_file_and_line(tmp_path):
+    pack = tmp_path / "ComfyUI-Ser"
+    write(pack / "__init__.py", PACK_INIT)
+    write(pack / "comfy-env-root.toml", '[types]\nTRIMESH = "custom"\n')
+    write(pack / "serialization.py", "from comfy_env import register_serializer\n\n"
+                                     "register_serializer('Trimesh', lambda o, r: {})\nraise RuntimeError('boom')\n")
+    write(pack / "nodes" / "__init__.py", node_module("SerNode", "'x'"))
+    r = host(tmp_path, [], f"""
+        try:
+            load_custom_node({str(pack)!r})
+            emit("loaded")
+        except Exception as e:
+            emit(str(e))
+    """)
+    assert r.startswith(f"{pack}/serialization.py:4: failed while registering its serializers: RuntimeError: boom"), r
+
+
+def test_register_serializer_records_and_checks():
+    from bulkhead.host import comfy_env as ce
+    ce.register_serializer("Mesh", lambda o, r: {"v": 1}, lambda p, r: p, tag="MESH")
+    assert ce.SERIALIZERS["MESH"]["type_name"] == "Mesh"
+    with pytest.raises(TypeError, match="serialize must be callable"):
+        ce.register_serializer("Mesh", 3)
+
+
+def test_copy_files_from_the_calling_script(tmp_path):
+    from bulkhead.host import comfy_env as ce
+    write(tmp_path / "caller" / "assets" / "a" / "x.txt", "x")
+    write(tmp_path / "dst" / "a" / "x.txt", "old")
+    script = write(tmp_path / "caller" / "pre.py", f"""
+        from bulkhead.host.comfy_env import copy_files
+        N = copy_files("assets", {str(tmp_path / 'dst')!r}, "**/*")
+        M = copy_files("assets", {str(tmp_path / 'dst')!r}, "**/*", overwrite=True)
+    """)
+    ns = {"__file__": script, "__name__": "pre"}
+    exec(compile(open(script).read(), script, "exec"), ns)
+    assert ns["N"] == 0 and ns["M"] == 1 and open(tmp_path / "dst" / "a" / "x.txt").read() == "x"
+    assert ce.copy_files("nowhere", str(tmp_path)) == 0
+
+
+def test_bulkhead_install_needs_no_install_py(tmp_path, sources):
+    pack = tmp_path / "ComfyUI-NoInstallPy"
+    write(pack / "nodes" / "x" / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\nbhplain = "*"\n')
+    r = subprocess.run([sys.executable, "-m", "bulkhead", "install", str(pack), "--pip-args",
+                        f"--no-index --find-links {sources['wheels']}"], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    assert r.returncode == 0, r.stderr
+    assert "ComfyUI-NoInstallPy.x: ready" in r.stdout
