@@ -166,7 +166,7 @@ def test_unterminated_table_header(tmp_path):
     ('# x\n\nrequirements = "numpy"\n', "requirements", 3, "must be an array of pip requirement strings"),
     ('requirements = ["a",\n  7]\n', "requirements", 1, "must be an array of strings (item 1)"),
     ('[env_vars]\nA = "1"\nB = [1]\n', "env_vars.B", 3, "must be a string, not an array"),
-    ('[env_vars]\nA = true\n', "env_vars.A", 2, "must be a string, not a boolean"),
+    ('[env_vars]\nA = { x = 1 }\n', "env_vars.A", 2, "must be a string, not a table"),
     ('[pypi-dependencies]\nnumpy = 2\n', "pypi-dependencies.numpy", 2, "a version spec string or a table"),
     ('[pypi-dependencies]\nx = { version = 2 }\n', "pypi-dependencies.x.version", 2, "must be a string"),
     ('[pypi-dependencies]\nx = { extras = "a" }\n', "pypi-dependencies.x.extras", 2, "an array of extra names"),

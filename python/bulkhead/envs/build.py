@@ -530,6 +530,26 @@ def _pip_args(pip_args):
     return [os.fspath(a) for a in pip_args]
 
 
+def _without_index_args(args):
+    """pip arguments less those choosing where packages come from
+    (--no-index, --index-url, --extra-index-url, --find-links): for an
+    install from one named index."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("--no-index",):
+            continue
+        if a in ("-i", "--index-url", "--extra-index-url", "-f", "--find-links"):
+            skip = True
+            continue
+        if a.startswith(("--index-url=", "--extra-index-url=", "--find-links=")):
+            continue
+        out.append(a)
+    return out
+
+
 def _stream(cmd, progress, what, tail_lines=40):
     """Runs ``cmd``, handing each output line (stdout and stderr merged) to
     ``progress``.  Raises EnvBuildError with the output's tail when it
@@ -661,13 +681,13 @@ def build(config, progress=None, force=False, *, pip_args=None):
                         f"{interp.path} -m venv")
             py = env_python(tmp)
             reqs = list(config.requirements)
-            if reqs:
-                progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
+            tool = "uv pip" if uv else "pip"
+
+            def pip(extra, what):
                 if uv:
-                    cmd = [uv, "pip", "install", "--python", py] + args + reqs
+                    cmd = [uv, "pip", "install", "--python", py] + extra
                 else:
-                    cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"] + args + reqs
-                tool = "uv pip" if uv else "pip"
+                    cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"] + extra
                 try:
                     _stream(cmd, progress, f"{tool} install for {config.name}")
                 except EnvBuildError as e:
@@ -675,8 +695,18 @@ def build(config, progress=None, force=False, *, pip_args=None):
                         raise
                     raise EnvBuildError(
                         f"{tool} install for {config.name} ({config.path}) failed with exit status "
-                        f"{e.returncode}; no environment was made\n--- last lines of {tool}'s output ---\n"
-                        f"{e.output_tail}", e.output_tail, e.returncode) from None
+                        f"{e.returncode} ({what}); no environment was made\n--- last lines of {tool}'s "
+                        f"output ---\n{e.output_tail}", e.output_tail, e.returncode) from None
+
+            # An entry pinned to an index comes from that index alone (no
+            # dependencies: they come from the default indexes next).
+            for index, pinned in config.indexes:
+                progress(f"installing {' '.join(pinned)} from its index {index}")
+                pip(["--no-deps", "--index-url", index] + _without_index_args(args) + list(pinned),
+                    f"from the index {index}")
+            if reqs:
+                progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
+                pip(args + reqs, "the requirements")
             _relocate(tmp, final)
             from .. import __version__
             now = time.time()
@@ -692,6 +722,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
                                 "source": interp.source, "why": interp.why},
                 "installer": "uv" if uv else "pip",
                 "requirements": reqs,
+                "indexes": [[i, list(rs)] for i, rs in config.indexes],
                 "pip_args": args,
                 "created": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
                 "created_unix": now,
@@ -739,10 +770,26 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
     if not configs:
         raise PackConfigError(pack_dir, f"no {packconfig.CONFIG_NAME} in the pack's root, nodes/ or "
                                         "nodes/<subdir>/: it does not ask for isolation")
+    root = packconfig.load_root(pack_dir, warn=False)
+    if root is not None:
+        p = progress or _default_progress(os.path.basename(pack_dir))
+        for w in root.warnings:
+            p(f"warning: {w}")
+        for w in packconfig.check_system_packages(root.system_packages, root.path):
+            p(f"warning: {w}")
+        if root.node_packs:
+            custom = os.path.dirname(pack_dir)
+            missing = [f"{n} ({src})" for n, src in root.node_packs if not os.path.isdir(os.path.join(custom, n))]
+            if missing:
+                p(f"warning: {root.path}: [node_packs] names packs not installed beside this one (in "
+                  f"{custom}): {', '.join(missing)}; bulkhead does not install node packs: install them "
+                  "with ComfyUI-Manager or git clone")
     out = []
     for c in configs:
         p = progress or _default_progress(c.name)
         for w in c.warnings:
+            p(f"warning: {w}")
+        for w in packconfig.check_system_packages(c.system_packages, c.path):
             p(f"warning: {w}")
         out.append(build(c, p, force, pip_args=pip_args))
     return out

@@ -32,13 +32,29 @@ What is read:
                            ``name = { version = ">=1", extras = ["x"] }``,
                            ``{ path = "..." }``, ``{ url = "..." }``,
                            ``{ git = "...", rev = "..." }``.
-  ``[env_vars]``           set in the worker only (never in the host).
+                           ``{ version = ">=1", index = "https://..." }``
+                           (that entry from that index alone, its
+                           dependencies from the default ones).
+  ``[target.<platform>.pypi-dependencies]``  for this machine's pixi
+                           platform (``current_platform()``) and its
+                           selectors (unix, linux, osx, win); other
+                           platforms' tables are checked, not applied; an
+                           unknown platform name is an error.
+  ``[env_vars]``           set in the worker only (never in the host); any
+                           TOML scalar, turned into text as comfy-env does
+                           (``str()``: 3 -> "3", true -> "True").
+  ``[apt]``/``[brew]``     ``packages = [...]``: checked for presence at
+                           install (``check_system_packages``), never run.
   ``[bulkhead]``           bulkhead's own options (``OPTIONS`` below); an
                            unknown key here is an error.
 
-Anything else -- conda ``[dependencies]``, ``[cuda]``, ``[apt]``,
-``[tasks]``, ... -- is one ``PackConfigWarning`` per table naming the
-table, the file and what not reading it means.  Errors are
+Anything else -- conda ``[dependencies]``, ``[workspace]``, ``[cuda]``
+(whose shapes are checked: a malformed one is an error),
+``pypi-options``, ``system-requirements``, ``activation``, ``[tasks]``, ...
+-- is one ``PackConfigWarning`` per table naming the table, the file and
+what not reading it means.  ``comfy-env-root.toml`` at the pack's root
+(``load_root``) is no environment: its ``[node_packs]``/``[node_reqs]``,
+``[types]``, ``[apt]``/``[brew]`` are read, anything else is an error.  Errors are
 ``PackConfigError`` with ``path:line[:column]: message`` (a TOML syntax
 error carries the parser's line and column; a wrong type names the key and
 the type expected, with the key's line found in the source text, best
@@ -72,6 +88,7 @@ from .. import _native
 from ..channel.peer import BulkheadError
 
 CONFIG_NAME = "comfy-env.toml"
+ROOT_CONFIG_NAME = "comfy-env-root.toml"
 
 # The oldest Python a worker runs on (the extension's limited API).
 MIN_PYTHON = (3, 9)
@@ -103,11 +120,18 @@ _UNIMPLEMENTED = {
                     "pip only{pixi}; list PyPI equivalents under [pypi-dependencies]",
     "cuda": "its CUDA wheels are NOT resolved or installed; list them under "
             "[pypi-dependencies] with a URL or an index in BULKHEAD_PIP_ARGS",
-    "apt": "its system packages are NOT installed; install them yourself",
-    "brew": "its system packages are NOT installed; install them yourself",
+    "apt": "its system packages are NOT installed (bulkhead checks each with dpkg-query at install and "
+           "names the apt-get command for those missing)",
+    "brew": "its system packages are NOT installed (bulkhead checks each with brew list at install on macOS and "
+            "names the brew command for those missing)",
     "node_reqs": "the node packs it names are NOT installed; install them in ComfyUI yourself",
+    "node_packs": "the node packs it names are NOT installed; install them in ComfyUI yourself",
+    "types": "its types are not read from an environment's file; declare them in comfy-env-root.toml",
+    "pypi-options": "its pip options (index-url, find-links, no-build-isolation, dependency-overrides...) "
+                    "are NOT applied; pass pip options in BULKHEAD_PIP_ARGS",
+    "activation": "its activation variables and scripts are NOT applied; set variables under [env_vars]",
     "tasks": "its tasks are NOT run",
-    "system-requirements": "its system requirements are NOT checked",
+    "system-requirements": "its system requirements (glibc, cuda, macos versions) are NOT checked",
     "target": "its per-platform settings are NOT applied",
     "feature": "its features are NOT applied; only the top-level tables are read",
     "environments": "its environments are NOT built; one config is one environment",
@@ -162,6 +186,13 @@ class PackConfig:
     ``warnings``      tuple of the warnings this file produced.
     ``config_hash``   hex sha256 of the environment-deciding content and the
                       protocol version.
+    ``indexes``       ((index URL, requirements), ...): the requirements a
+                      ``[pypi-dependencies]`` entry pins to an ``index``
+                      (also in ``requirements``), installed from that index.
+    ``system_packages`` {"apt": (...), "brew": (...)} as the file lists them:
+                      checked for presence at install, never installed.
+    ``platform``      the pixi platform the ``[target.*]`` tables were chosen
+                      for (``current_platform()``).
     """
 
     path: str
@@ -173,6 +204,9 @@ class PackConfig:
     options: Mapping[str, float] = dataclasses.field(hash=False)
     warnings: Tuple[str, ...]
     config_hash: str
+    indexes: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+    system_packages: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    platform: str = ""
 
     @property
     def directory(self):
@@ -204,7 +238,7 @@ def find_configs(pack_dir):
     nodes = os.path.join(pack_dir, "nodes")
     if os.path.isdir(nodes):
         for sub in sorted(os.listdir(nodes)):
-            if sub.startswith((".", "__")):
+            if sub.startswith((".", "_")):     # as comfy-env: _private and .hidden are no pack's
                 continue
             f = os.path.join(nodes, sub, CONFIG_NAME)
             if os.path.isfile(f):
@@ -304,7 +338,7 @@ def _find_line(text, *path):
         m = _HEADER.match(s)
         if m and s.startswith("["):
             table = _split_dotted(m.group(1))
-            if table == want:
+            if table[:len(want)] == want:      # the table, or its first sub-table
                 return i
             continue
         m = _KEYLINE.match(s)
@@ -371,30 +405,39 @@ def _norm_req(req):
     return req
 
 
-def _dep_from_table(r, name, spec):
-    """A [pypi-dependencies] entry written as a table -> a requirement."""
-    keypath = ("pypi-dependencies", name)
-    allowed = {"version", "extras", "path", "url", "git", "rev", "tag", "branch", "subdirectory", "editable"}
+def _dep_from_table(r, name, spec, keypath):
+    """A [pypi-dependencies] entry written as a table -> (requirement,
+    index URL or None)."""
+    table = "[" + ".".join(_q(k) for k in keypath[:-1]) + "]"
+    allowed = {"version", "extras", "path", "url", "git", "rev", "tag", "branch", "subdirectory", "editable",
+               "index"}
     for k in spec:
         if k not in allowed:
-            r.error(f"[pypi-dependencies] {name}: unknown key {k!r} (known: {', '.join(sorted(allowed))})",
-                    *keypath)
+            r.error(f"{table} {name}: unknown key {k!r} (known: {', '.join(sorted(allowed))})", *keypath)
     extras = spec.get("extras", [])
     if not isinstance(extras, list) or not all(isinstance(e, str) and _DIST_NAME.match(e) for e in extras):
         r.type_error(keypath + ("extras",), "an array of extra names", extras)
-    for k in ("version", "path", "url", "git", "rev", "tag", "branch", "subdirectory"):
+    for k in ("version", "path", "url", "git", "rev", "tag", "branch", "subdirectory", "index"):
         if k in spec and not isinstance(spec[k], str):
             r.type_error(keypath + (k,), "a string", spec[k])
     if spec.get("editable"):
-        r.error(f"[pypi-dependencies] {name}: editable installs are not supported "
+        r.error(f"{table} {name}: editable installs are not supported "
                 "(an environment is built once and must not depend on a working tree)", *keypath)
     sources = [k for k in ("path", "url", "git") if k in spec]
     if len(sources) > 1:
-        r.error(f"[pypi-dependencies] {name}: give one of path, url, git (got {', '.join(sources)})", *keypath)
+        r.error(f"{table} {name}: give one of path, url, git (got {', '.join(sources)})", *keypath)
     head = _norm_name(name) + (f"[{','.join(sorted(_norm_name(e) for e in extras))}]" if extras else "")
+    index = spec.get("index")
+    if index is not None:
+        if sources:
+            r.error(f"{table} {name}: index cannot be combined with {sources[0]} "
+                    "(an index serves versions, a path/url/git names one artifact)", *keypath)
+        if not re.match(r"(https?|file)://", index.strip()):
+            r.error(f"{table} {name}: index = {index!r} is not an http(s):// or file:// URL", *keypath)
+        index = index.strip()
     if sources:
         if "version" in spec:
-            r.error(f"[pypi-dependencies] {name}: version cannot be combined with {sources[0]}", *keypath)
+            r.error(f"{table} {name}: version cannot be combined with {sources[0]}", *keypath)
         if "path" in spec:
             p = os.path.expanduser(spec["path"])
             if not os.path.isabs(p):
@@ -403,19 +446,115 @@ def _dep_from_table(r, name, spec):
         elif "url" in spec:
             url = spec["url"]
         else:
-            url = "git+" + spec["git"]
+            g = spec["git"].strip()
+            if not re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", g) and not re.match(r"[^/]+@[^/:]+:", g):
+                # a local repository, as pixi takes it: relative to the config
+                g = os.path.normpath(os.path.join(os.path.dirname(r.path), os.path.expanduser(g)))
+                g = "file://" + g
+            if g.startswith("file:///"):
+                # pip's PEP 508 parser refuses git+file:/// (an empty host)
+                g = "file://localhost/" + g[len("file:///"):]
+            url = "git+" + g
             refs = [spec[k] for k in ("rev", "tag", "branch") if k in spec]
             if len(refs) > 1:
-                r.error(f"[pypi-dependencies] {name}: give one of rev, tag, branch", *keypath)
+                r.error(f"{table} {name}: give one of rev, tag, branch", *keypath)
             if refs:
                 url += "@" + refs[0]
         if "subdirectory" in spec:
             url += "#subdirectory=" + spec["subdirectory"]
-        return f"{head} @ {url}"
+        return f"{head} @ {url}", None
     for k in ("rev", "tag", "branch", "subdirectory"):
         if k in spec:
-            r.error(f"[pypi-dependencies] {name}: {k} needs git (or url/path)", *keypath)
-    return head + _version_spec(r, keypath, spec.get("version", "*"))
+            r.error(f"{table} {name}: {k} needs git (or url/path)", *keypath)
+    return head + _version_spec(r, keypath, spec.get("version", "*")), index
+
+
+def _read_pypi(r, deps, keypath):
+    """A [pypi-dependencies] table (top-level or a target's) ->
+    {normalised name: (requirement, index or None)}."""
+    table = "[" + ".".join(_q(k) for k in keypath) + "]"
+    if not isinstance(deps, dict):
+        r.type_error(keypath, 'a table of name = "version spec"', deps)
+    out = {}
+    for name, spec in deps.items():
+        if not _DIST_NAME.match(name):
+            r.error(f"{table} {name!r} is not a valid distribution name", *keypath, name)
+        if isinstance(spec, str):
+            req = (_norm_name(name) + _version_spec(r, keypath + (name,), spec), None)
+        elif isinstance(spec, dict):
+            req = _dep_from_table(r, name, spec, keypath + (name,))
+        else:
+            r.type_error(keypath + (name,), 'a version spec string or a table', spec)
+        out[_norm_name(name)] = req
+    return out
+
+
+def _check_conda(r, deps, keypath):
+    """Shape of a conda ``[dependencies]`` table (name = "spec" or a
+    table); returns the names."""
+    if not isinstance(deps, dict):
+        r.type_error(keypath, 'a table of conda package = "version spec"', deps)
+    for name, spec in deps.items():
+        if isinstance(spec, dict):
+            for k, v in spec.items():
+                if k in ("version", "build", "channel", "build-number", "file-name", "md5", "sha256",
+                         "subdir", "license") and not isinstance(v, str):
+                    r.type_error(keypath + (name, k), "a string", v)
+        elif not isinstance(spec, str):
+            r.type_error(keypath + (name,), 'a version spec string or a table', spec)
+    return sorted(deps)
+
+
+def _check_packages(r, table, value, allow_scalar=False):
+    """``[apt]`` / ``[brew]`` / ``[cuda]``: ``packages = ["a", "b"]``."""
+    if not isinstance(value, dict):
+        r.type_error((table,), "a table with packages = [...]", value)
+    pk = value.get("packages", [])
+    if allow_scalar and isinstance(pk, str):
+        pk = [pk]
+    if not isinstance(pk, list) or not all(isinstance(x, str) and x.strip() for x in pk):
+        r.type_error((table, "packages"), "an array of package names", pk)
+    return tuple(x.strip() for x in pk)
+
+
+# pixi's platforms (what [target.<name>] may name) and its generic selectors.
+PLATFORMS = ("linux-32", "linux-64", "linux-aarch64", "linux-armv6l", "linux-armv7l", "linux-ppc64le",
+             "linux-ppc64", "linux-s390x", "linux-riscv32", "linux-riscv64", "osx-64", "osx-arm64",
+             "win-32", "win-64", "win-arm64", "emscripten-wasm32", "wasi-wasm32", "zos-z")
+SELECTORS = ("unix", "linux", "osx", "win")
+
+
+def current_platform():
+    """This machine's pixi platform name (``linux-64``, ``osx-arm64``, ...),
+    as comfy-env names it; ``$BULKHEAD_PLATFORM`` overrides it."""
+    forced = os.environ.get("BULKHEAD_PLATFORM")
+    if forced:
+        return forced
+    import platform as _platform
+    machine = _platform.machine().lower()
+    if sys.platform.startswith("linux"):
+        osname = "linux"
+    elif sys.platform == "darwin":
+        osname = "osx"
+    elif sys.platform == "win32":
+        osname = "win"
+    else:
+        osname = sys.platform
+    arch = {"x86_64": "64", "amd64": "64", "aarch64": "aarch64", "i686": "32", "i386": "32"}.get(machine, machine)
+    if osname in ("osx", "win") and arch in ("arm64", "aarch64"):
+        arch = "arm64"
+    return f"{osname}-{arch}"
+
+
+def _selectors_for(platform):
+    """The [target.*] names that apply to platform, least specific first."""
+    osname = platform.split("-", 1)[0]
+    out = []
+    if osname in ("linux", "osx"):
+        out.append("unix")
+    if osname in SELECTORS:
+        out.append(osname)
+    return out + [platform]
 
 
 def _version_spec(r, keypath, v):
@@ -454,6 +593,8 @@ def load(path, root=None, *, warn=True):
         if not isinstance(python, str):
             r.type_error(("python",), 'a string (a version like "3.12" or an interpreter path)', python)
         python = python.strip()
+        if python.endswith(".*") or python.startswith("=="):     # "3.11.*", "==3.11": pixi's spellings
+            python = python.lstrip("=").rstrip("*").rstrip(".")
         if "/" in python or python.startswith("~"):
             p = os.path.expanduser(python)
             if not os.path.isabs(p):
@@ -477,23 +618,67 @@ def load(path, root=None, *, warn=True):
             r.error(f"[env_vars] {k!r} is not a valid environment variable name", "env_vars", k)
         if k.startswith("BULKHEAD_") or k in ("PYTHONHOME", "PYTHONNOUSERSITE"):
             r.error(f"[env_vars] {k} is set by bulkhead itself and cannot be set here", "env_vars", k)
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            r.type_error(("env_vars", k), "a string", v)
-        env_vars[k] = v if isinstance(v, str) else repr(v)
+        if isinstance(v, (list, dict)):
+            r.error(f"env_vars.{_q(k)} must be a string, not {_toml_type(v)} ({v!r}); any TOML scalar "
+                    "(string, number, boolean, date) is taken and turned into text, as comfy-env does",
+                    "env_vars", k)
+        env_vars[k] = str(v)     # as comfy-env: 3 -> "3", true -> "True", 0.5 -> "0.5"
 
-    reqs = []
-    deps = data.get("pypi-dependencies", {})
-    if not isinstance(deps, dict):
-        r.type_error(("pypi-dependencies",), 'a table of name = "version spec"', deps)
-    for name, spec in deps.items():
-        if not _DIST_NAME.match(name):
-            r.error(f"[pypi-dependencies] {name!r} is not a valid distribution name", "pypi-dependencies", name)
-        if isinstance(spec, str):
-            reqs.append(_norm_name(name) + _version_spec(r, ("pypi-dependencies", name), spec))
-        elif isinstance(spec, dict):
-            reqs.append(_dep_from_table(r, name, spec))
-        else:
-            r.type_error(("pypi-dependencies", name), 'a version spec string or a table', spec)
+    platform = current_platform()
+    pypi = _read_pypi(r, data.get("pypi-dependencies", {}), ("pypi-dependencies",))
+    conda = []
+    if "dependencies" in data:
+        conda = _check_conda(r, data["dependencies"], ("dependencies",))
+    tgt = data.get("target", {})
+    if not isinstance(tgt, dict):
+        r.type_error(("target",), "a table of [target.<platform>] tables", tgt)
+    applies = _selectors_for(platform)
+    for plat in sorted(tgt, key=lambda p: applies.index(p) if p in applies else -1):
+        body = tgt[plat]
+        if plat not in PLATFORMS and plat not in SELECTORS:
+            r.error(f"[target.{plat}]: unknown platform {plat!r}; pixi's platforms are "
+                    f"{', '.join(PLATFORMS)} (and the selectors {', '.join(SELECTORS)})", "target", plat)
+        if not isinstance(body, dict):
+            r.type_error(("target", plat), "a table", body)
+        here = plat in applies
+        for sub, v in body.items():
+            kp = ("target", plat, sub)
+            if sub == "pypi-dependencies":
+                got = _read_pypi(r, v, kp)
+                if here:
+                    pypi.update(got)    # the more specific target wins over the top level
+            elif sub == "dependencies":
+                names = _check_conda(r, v, kp)
+                if here:
+                    conda += names
+            elif here:
+                line = _find_line(text, *kp)
+                notes.append(f"{path}:{line}: table [target.{plat}.{sub}] is not implemented by bulkhead: "
+                             + _UNIMPLEMENTED.get(sub, "nothing in it is read").replace("{pixi}", ""))
+    reqs = [req for req, _ in pypi.values()]
+    by_index = {}
+    for req, index in pypi.values():
+        if index:
+            by_index.setdefault(index, []).append(req)
+    indexes = tuple((i, tuple(sorted(rs))) for i, rs in sorted(by_index.items()))
+    system = {}
+    for table in ("apt", "brew"):
+        if table in data:
+            system[table] = _check_packages(r, table, data[table])
+    if "cuda" in data:
+        cuda = _check_packages(r, "cuda", data["cuda"], allow_scalar=True)
+        for k in data["cuda"]:
+            if k not in ("packages",):
+                r.error(f"[cuda] unknown key {k!r} (known: packages)", "cuda", k)
+    ws = data.get("workspace")
+    if ws is not None:
+        if not isinstance(ws, dict):
+            r.type_error(("workspace",), "a table", ws)
+        ch = ws.get("channels", [])
+        if not isinstance(ch, list) or not all(isinstance(c, str) or (isinstance(c, dict) and
+                                                                      isinstance(c.get("channel"), str))
+                                               for c in ch):
+            r.type_error(("workspace", "channels"), 'an array of channel names or URLs', ch)
     rl = data.get("requirements", [])
     if not isinstance(rl, list):
         r.type_error(("requirements",), "an array of pip requirement strings", rl)
@@ -535,6 +720,14 @@ def load(path, root=None, *, warn=True):
             continue
         line = _find_line(text, k)
         loc = f"{path}:{line}" if line else path
+        if k == "target":
+            continue        # read above: the machine's tables applied, each other table warned
+        if k == "dependencies":
+            why = _UNIMPLEMENTED[k].format(pixi="; pixi is on this machine, but bulkhead does not drive it"
+                                           if shutil.which("pixi") else " and pixi is not on this machine")
+            notes.append(f"{loc}: table [dependencies] is not implemented by bulkhead: {why} "
+                         f"(conda packages: {', '.join(conda) or 'none'})")
+            continue
         if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(e, dict) for e in v)):
             why = _UNIMPLEMENTED.get(k, "nothing in it is read")
             if "{pixi}" in why:
@@ -552,9 +745,151 @@ def load(path, root=None, *, warn=True):
         "protocol": _native.PROTOCOL_VERSION,
         "python": python,
         "requirements": list(requirements),
+        **({"indexes": [[i, list(rs)] for i, rs in indexes]} if indexes else {}),
     }, sort_keys=True).encode()).hexdigest()
 
     return PackConfig(
         path=path, root=root, name=_pack_name(path, root), python=python,
         env_vars=types.MappingProxyType(env_vars), requirements=requirements,
-        options=types.MappingProxyType(options), warnings=tuple(notes), config_hash=digest)
+        options=types.MappingProxyType(options), warnings=tuple(notes), config_hash=digest,
+        indexes=indexes, system_packages=types.MappingProxyType(system), platform=platform)
+
+
+# --- the pack's root file: comfy-env-root.toml ---
+
+@dataclasses.dataclass(frozen=True)
+class RootConfig:
+    """A pack's ``comfy-env-root.toml``: pack-level declarations, no
+    environment.
+
+    ``node_packs``  ((name, source), ...) from ``[node_packs]`` (comfy-env
+                    0.4.46) or ``[node_reqs]`` (its older name): other
+                    packs this one needs; source is "owner/repo" or the
+                    table's github/repo/registry value.
+    ``types``       {socket type: "custom" | "builtin"} from ``[types]``.
+    ``system_packages``  {"apt": (...), "brew": (...)} (older packs put
+                    these here).
+    ``warnings``    what is not honoured, one line each.
+    """
+
+    path: str
+    root: str
+    node_packs: Tuple[Tuple[str, str], ...]
+    types: Mapping[str, str] = dataclasses.field(hash=False)
+    system_packages: Mapping[str, Tuple[str, ...]] = dataclasses.field(hash=False)
+    warnings: Tuple[str, ...] = ()
+
+
+def load_root(pack_dir, *, warn=True):
+    """The pack's ``comfy-env-root.toml`` as a RootConfig, or None when it
+    has none.  Raises PackConfigError naming file and line."""
+    pack_dir = os.path.abspath(os.fspath(pack_dir))
+    path = os.path.join(pack_dir, ROOT_CONFIG_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PackConfigError(path, "not UTF-8 text (TOML files must be UTF-8)",
+                              raw[:e.start].count(b"\n") + 1) from None
+    data = _toml_loads(text, path)
+    r = _Reader(path, text)
+    notes = []
+    packs = []
+    for table in ("node_packs", "node_reqs"):
+        if table not in data:
+            continue
+        t = data[table]
+        if not isinstance(t, dict):
+            r.type_error((table,), 'a table of name = "owner/repo" or name = { github = "..." }', t)
+        for name, v in t.items():
+            if isinstance(v, str):
+                packs.append((name, v))
+                continue
+            if not isinstance(v, dict):
+                r.type_error((table, name), 'a string ("owner/repo") or a table', v)
+            for k, x in v.items():
+                if k not in ("github", "repo", "tag", "branch", "commit", "registry", "version"):
+                    r.error(f"[{table}] {name}: unknown key {k!r} (known: branch, commit, github, registry, "
+                            "repo, tag, version)", table, name)
+                if not isinstance(x, str):
+                    r.type_error((table, name, k), "a string", x)
+            src = v.get("github") or v.get("repo") or v.get("registry")
+            if not src:
+                r.error(f"[{table}] {name}: names no source (github, repo or registry)", table, name)
+            packs.append((name, src))
+    typ = data.get("types", {})
+    if not isinstance(typ, dict):
+        r.type_error(("types",), 'a table of TYPE = "custom" | "builtin"', typ)
+    for k, v in typ.items():
+        if v not in ("custom", "builtin"):
+            r.error(f'[types] {k} = {v!r}: must be "custom" (its serializer in <pack>/serialization.py) '
+                    'or "builtin"', "types", k)
+    system = {}
+    for table in ("apt", "brew"):
+        if table in data:
+            system[table] = _check_packages(r, table, data[table])
+    for k in data:
+        if k in ("node_packs", "node_reqs", "types", "apt", "brew"):
+            continue
+        line = _find_line(text, k)
+        if k == "settings":
+            notes.append(f"{path}:{line}: table [settings] is not read (comfy-env removed it in 0.4.25; "
+                         "bulkhead's own options go in an environment file's [bulkhead] table)")
+            continue
+        raise PackConfigError(path, f"unknown table [{k}]: {ROOT_CONFIG_NAME} carries [node_packs] "
+                                    "(or [node_reqs]), [types], [apt] and [brew]; an environment's "
+                                    f"tables go in nodes/{CONFIG_NAME} or nodes/<subdir>/{CONFIG_NAME}",
+                              line, key=k)
+    if warn:
+        for n in notes:
+            warnings.warn(n, PackConfigWarning, stacklevel=2)
+    return RootConfig(path=path, root=pack_dir, node_packs=tuple(packs),
+                      types=types.MappingProxyType(dict(typ)),
+                      system_packages=types.MappingProxyType(system), warnings=tuple(notes))
+
+
+def check_system_packages(system_packages, source):
+    """One line per ``[apt]``/``[brew]`` package not found on this machine
+    (dpkg-query / brew list), with the command that installs it; a line
+    saying so when the checker itself is missing.  Runs nothing else."""
+    import subprocess
+    out = []
+    for table, names in sorted(system_packages.items()):
+        if not names:
+            continue
+        if table == "apt":
+            if sys.platform != "linux":
+                continue
+            tool = shutil.which("dpkg-query")
+            if tool is None:
+                out.append(f"{source}: [apt] lists {', '.join(names)}; dpkg-query is not on this machine, "
+                           "so they were not checked (install them with your system's package manager)")
+                continue
+            missing = []
+            for n in names:
+                r = subprocess.run([tool, "-W", "-f=${Status}", n], stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, universal_newlines=True)
+                if r.returncode != 0 or "install ok installed" not in r.stdout:
+                    missing.append(n)
+            if missing:
+                out.append(f"{source}: [apt] packages not installed: {', '.join(missing)}; bulkhead does not "
+                           f"install system packages: sudo apt-get install {' '.join(missing)}")
+        else:
+            if sys.platform != "darwin":
+                continue
+            tool = shutil.which("brew")
+            if tool is None:
+                out.append(f"{source}: [brew] lists {', '.join(names)}; brew is not on this machine, so they "
+                           "were not checked (install Homebrew, then: brew install "
+                           f"{' '.join(names)})")
+                continue
+            missing = [n for n in names if subprocess.run([tool, "list", "--versions", n],
+                                                          stdout=subprocess.DEVNULL,
+                                                          stderr=subprocess.DEVNULL).returncode != 0]
+            if missing:
+                out.append(f"{source}: [brew] packages not installed: {', '.join(missing)}; bulkhead does not "
+                           f"install system packages: brew install {' '.join(missing)}")
+    return out

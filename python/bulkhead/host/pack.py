@@ -115,25 +115,56 @@ def comfy_pack(init_file, *, module="auto"):
             c, d = nodes.fallback(sub_dir, reason, detail=f"{st.state}: {st.reason}", name=config.name,
                                   module=sub_module or "auto")
         else:
-            opts = {"stamp": f"{config.config_hash}:{st.version}", "module": sub_module or "auto"}
-            o = config.options
-            if o.get("call_timeout_s"):
-                opts["call_timeout"] = float(o["call_timeout_s"])
-            if o.get("start_timeout_s"):
-                opts["start_timeout"] = float(o["start_timeout_s"])
-            if o.get("release_timeout_s"):
-                opts["release_timeout"] = float(o["release_timeout_s"])
-            if "interrupt_grace_s" in o:
-                opts["interrupt_grace"] = float(o["interrupt_grace_s"])
-            if "prewarm" in o:
-                opts["prewarm"] = o["prewarm"]
-            env = dict(config.env_vars)
-            if o.get("idle_release_s"):
-                env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))
-            if hm is not None:
-                opts["attach"] = _attach(hm)
-                opts["after_call"] = _drain(hm)
-            c, d = nodes.load_pack(sub_dir, st.python, name=config.name, env=env, options=opts)
+            c, d = _load(config, sub_dir, st.python, f"{config.config_hash}:{st.version}", sub_module or "auto", hm)
         classes.update(c)
         display.update(d)
     return classes, display
+
+
+def _load(config, pack_dir, python, stamp, module, hm):
+    """load_pack for one config's environment, with its [bulkhead] options
+    and [env_vars]."""
+    opts = {"module": module}
+    if stamp:
+        opts["stamp"] = stamp
+    o = config.options
+    if o.get("call_timeout_s"):
+        opts["call_timeout"] = float(o["call_timeout_s"])
+    if o.get("start_timeout_s"):
+        opts["start_timeout"] = float(o["start_timeout_s"])
+    if o.get("release_timeout_s"):
+        opts["release_timeout"] = float(o["release_timeout_s"])
+    if "interrupt_grace_s" in o:
+        opts["interrupt_grace"] = float(o["interrupt_grace_s"])
+    if "prewarm" in o:
+        opts["prewarm"] = o["prewarm"]
+    env = dict(config.env_vars)
+    if o.get("idle_release_s"):
+        env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))
+    if hm is not None:
+        opts["attach"] = _attach(hm)
+        opts["after_call"] = _drain(hm)
+    return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts)
+
+
+def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
+    """One config's nodes for a pack laid out as comfy-env's: module (e.g.
+    "nodes" or "nodes.<subdir>") of the package at pack_dir, in a worker
+    under the config's environment -- bulkhead's when ready, else what
+    ``reuse(config)`` offers ((python, None), or (None, why)) -- or
+    imported in-process with one warning saying why."""
+    from ..envs import build as envs
+    if refusal is not None:
+        return nodes.fallback(pack_dir, nodes.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module)
+    st = envs.env_status(config)
+    if st.ok:
+        return _load(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
+    why = None
+    if reuse is not None:
+        python, why = reuse(config)
+        if python:
+            log.info("bulkhead: pack %r: using the environment comfy-env built (%s)", config.name, python)
+            return _load(config, pack_dir, python, None, module, hm)
+    reason = nodes.ENV_NOT_BUILT if st.state == "missing" and not why else nodes.STAMP_REFUSED
+    return nodes.fallback(pack_dir, reason, detail=f"{st.state}: {st.reason}" + (f"; {why}" if why else ""),
+                          name=config.name, module=module)

@@ -1,0 +1,504 @@
+"""comfy-env's packs as they are: their layouts (comfy-env-root.toml,
+nodes/comfy-env.toml, nodes/<subdir>/comfy-env.toml, the old root file),
+every key of their environment files honoured or refused by name, their
+entry points (register_nodes, install, setup_env, copy_files,
+register_serializer) served by bulkhead, and environments comfy-env built
+in ~/.ce reused.  Fixture packs are written into tmp; their dependencies
+come from local sources the tests make (a git repository, a directory, a
+wheel file, a simple index) and, where cheap, PyPI."""
+
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+
+import bulkhead
+from bulkhead.envs import build as envs, config as packconfig
+from bulkhead.envs.config import PackConfigError
+
+HOST_MM = "%d.%d" % sys.version_info[:2]
+
+# An in-tree PEP 517 backend: a source tree builds into a wheel with no
+# setuptools and no network (pip's isolated build installs nothing).
+BACKEND = '''
+import base64, hashlib, os, zipfile
+NAME, VERSION = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "NAME")).read().split()
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    info = f"{NAME}-{VERSION}.dist-info"
+    files = {}
+    for dp, _, fs in os.walk(os.path.join(here, NAME)):
+        for f in fs:
+            if f.endswith(".py"):
+                p = os.path.join(dp, f)
+                files[os.path.relpath(p, here)] = open(p).read()
+    files[info + "/METADATA"] = f"Metadata-Version: 2.1\\nName: {NAME}\\nVersion: {VERSION}\\n"
+    files[info + "/WHEEL"] = "Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    rec = []
+    for p, t in files.items():
+        d = base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b"=").decode()
+        rec.append(f"{p},sha256={d},{len(t.encode())}")
+    files[info + "/RECORD"] = "\\n".join(rec + [info + "/RECORD,,"]) + "\\n"
+    name = f"{NAME}-{VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for p, t in files.items():
+            z.writestr(p, t)
+    return name
+'''
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(text).lstrip("\n"))
+    return str(path)
+
+
+def make_wheel(directory, name, version, files):
+    info = f"{name}-{version}.dist-info"
+    entries = dict(files)
+    entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    entries[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for path, text in entries.items():
+        d = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={d},{len(text.encode())}")
+    entries[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    os.makedirs(directory, exist_ok=True)
+    whl = os.path.join(directory, f"{name}-{version}-py3-none-any.whl")
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in entries.items():
+            z.writestr(path, text)
+    return whl
+
+
+def source_tree(directory, name, version, value):
+    write(os.path.join(directory, "NAME"), f"{name} {version}\n")
+    write(os.path.join(directory, "bhbackend.py"), BACKEND)
+    write(os.path.join(directory, "pyproject.toml"), '''
+        [build-system]
+        requires = []
+        build-backend = "bhbackend"
+        backend-path = ["."]
+    ''')
+    write(os.path.join(directory, name, "__init__.py"), f"VALUE = {value!r}\n")
+    return directory
+
+
+def git(cwd, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def sources(tmp_path):
+    """Local sources of every kind a [pypi-dependencies] entry names."""
+    s = {}
+    repo = source_tree(str(tmp_path / "src" / "bhgit"), "bhgit", "1.0", "from git v1")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "v1")
+    git(repo, "tag", "v1")
+    write(os.path.join(repo, "bhgit", "__init__.py"), "VALUE = 'from git main'\n")
+    git(repo, "commit", "-q", "-am", "main")
+    s["git"] = repo
+    s["path"] = source_tree(str(tmp_path / "src" / "bhpath"), "bhpath", "2.0", "from a path")
+    s["url"] = make_wheel(str(tmp_path / "src" / "urlwheels"), "bhurl", "3.0", {"bhurl/__init__.py": "VALUE = 'from a url'\n"})
+    # a PEP 503 simple index in a directory
+    idx = tmp_path / "src" / "simple"
+    whl = make_wheel(str(idx / "bhindexed"), "bhindexed", "4.0", {"bhindexed/__init__.py": "VALUE = 'from the index'\n"})
+    write(idx / "bhindexed" / "index.html",
+          f'<html><body><a href="{os.path.basename(whl)}">{os.path.basename(whl)}</a></body></html>\n')
+    write(idx / "index.html", '<html><body><a href="bhindexed/">bhindexed</a></body></html>\n')
+    s["index"] = "file://" + str(idx)
+    s["wheels"] = os.path.dirname(make_wheel(str(tmp_path / "src" / "wheels"), "bhplain", "1.0",
+                                             {"bhplain/__init__.py": "VALUE = 'plain'\n"}))
+    return s
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_HOME", str(tmp_path / "bh-home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user-home"))
+    monkeypatch.delenv("COMFY_ENV_ROOT", raising=False)
+    monkeypatch.delenv("BULKHEAD_PIP_ARGS", raising=False)
+    monkeypatch.delenv("BULKHEAD_COMFY_ENV", raising=False)
+    return tmp_path / "bh-home"
+
+
+def other_platform():
+    return "win-64" if packconfig.current_platform() != "win-64" else "linux-64"
+
+
+FULL_ENV = '''
+python = "{mm}"
+
+[pypi-dependencies]
+bhplain = "==1.0"
+bhindexed = {{ version = ">=4", index = "{index}" }}
+bhurl = {{ url = "file://{url}" }}
+bhpath = {{ path = "../src/bhpath" }}
+
+[pypi-dependencies.bhgit]
+git = "file://{git}"
+tag = "v1"
+
+[target.{here}.pypi-dependencies]
+bhplain = "*"
+
+[target.{other}.pypi-dependencies]
+bh-not-for-this-machine = "*"
+
+[env_vars]
+BH_INT = 3
+BH_BOOL = true
+BH_TEXT = "x"
+'''
+
+
+def full_env_text(s, tmp_path):
+    return FULL_ENV.format(mm=HOST_MM, index=s["index"], url=s["url"], git=s["git"],
+                           here=packconfig.current_platform(), other=other_platform())
+
+
+def test_every_pypi_dependency_kind_builds_offline(tmp_path, sources):
+    pack = tmp_path / "ComfyUI-Kinds"
+    write(pack / "comfy-env-root.toml", '[node_packs]\nComfyUI-Other = "someone/ComfyUI-Other"\n')
+    # ../src/bhpath is relative to the config's directory (nodes/)
+    os.symlink(tmp_path / "src", pack / "src")
+    write(pack / "nodes" / "comfy-env.toml", full_env_text(sources, tmp_path))
+    [c] = packconfig.load_configs(pack, warn=False)
+    assert c.name == "ComfyUI-Kinds" and c.platform == packconfig.current_platform()
+    assert dict(c.env_vars) == {"BH_INT": "3", "BH_BOOL": "True", "BH_TEXT": "x"}
+    assert "bh-not-for-this-machine" not in " ".join(c.requirements)
+    assert "bhplain" in c.requirements           # the target's "*" wins over the top level's ==1.0
+    assert c.indexes == ((sources["index"], ("bhindexed>=4",)),)
+    lines = []
+    [st] = bulkhead.install(str(pack), progress=lines.append,
+                            pip_args=["--no-index", "--find-links", sources["wheels"]])
+    assert st.ok, st
+    out = subprocess.run([st.python, "-I", "-c", "import bhplain, bhindexed, bhurl, bhpath, bhgit; "
+                          "print(bhplain.VALUE, bhindexed.VALUE, bhurl.VALUE, bhpath.VALUE, bhgit.VALUE, sep='|')"],
+                         stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout.strip()
+    assert out == "plain|from the index|from a url|from a path|from git v1"
+    assert any("[node_packs] names packs not installed" in l and "ComfyUI-Other" in l for l in lines), lines
+    assert any(f"from its index {sources['index']}" in l for l in lines)
+
+
+def test_a_failed_index_install_leaves_nothing(tmp_path, sources, home):
+    pack = tmp_path / "p"
+    write(pack / "nodes" / "comfy-env.toml", f'''
+        python = "{HOST_MM}"
+        [pypi-dependencies]
+        bhmissing = {{ version = "*", index = "{sources['index']}" }}
+    ''')
+    with pytest.raises(bulkhead.EnvBuildError, match=r"from the index file://.*no environment was made"):
+        bulkhead.install(str(pack), progress=lambda l: None,
+                         pip_args=["--no-index", "--find-links", sources["wheels"]])
+    envs_dir = home / "envs"
+    assert [n for n in os.listdir(envs_dir) if not n.endswith(".lock")] == []
+
+
+def load_text(tmp_path, text, name="comfy-env.toml"):
+    p = write(tmp_path / "bad" / "nodes" / name, text)
+    return packconfig.load(p, warn=False)
+
+
+@pytest.mark.parametrize("text, line, expected", [
+    ('[target.linux-65.pypi-dependencies]\nx = "*"\n', 1, "unknown platform 'linux-65'"),
+    ('[target]\nlinux-64 = 3\n', 2, "target.linux-64 must be a table"),
+    ('[target.win-64.pypi-dependencies]\nx = 3\n', 2, "a version spec string or a table"),
+    ('[pypi-dependencies]\nx = { index = 3 }\n', 2, "pypi-dependencies.x.index must be a string"),
+    ('[pypi-dependencies]\nx = { index = "ftp://a", version = "1" }\n', 2, "not an http(s):// or file:// URL"),
+    ('[pypi-dependencies]\nx = { git = "g", index = "https://a" }\n', 2, "index cannot be combined with git"),
+    ('[pypi-dependencies.u3]\ngit = "https://g"\nrev = "a"\nbranch = "b"\n', 1, "give one of rev, tag, branch"),
+    ('[env_vars]\nA = [1, 2]\n', 2, "must be a string, not an array"),
+    ('[apt]\npackages = "libgl1"\n', 2, "apt.packages must be an array of package names"),
+    ('[brew]\npackages = [1]\n', 2, "brew.packages must be an array"),
+    ('[cuda]\npackages = [3]\n', 2, "cuda.packages must be an array"),
+    ('[cuda]\npakages = ["x"]\n', 2, "[cuda] unknown key 'pakages'"),
+    ('[dependencies]\nffmpeg = 6\n', 2, "dependencies.ffmpeg must be a version spec string or a table"),
+    ('[workspace]\nchannels = "conda-forge"\n', 2, "workspace.channels must be an array"),
+    ('[target.linux-64.dependencies]\nav = [1]\n', 2, "target.linux-64.dependencies.av must be"),
+    ('python = 3.10\n', 1, "python must be a string"),
+])
+def test_malformed_environment_files_name_file_and_line(tmp_path, text, line, expected):
+    with pytest.raises(PackConfigError) as ei:
+        load_text(tmp_path, text)
+    e = ei.value
+    assert expected in str(e) and e.line == line, str(e)
+    assert str(e).startswith(f"{tmp_path}/bad/nodes/comfy-env.toml:{line}")
+
+
+@pytest.mark.parametrize("text, line, expected", [
+    ('[types]\nTRIMESH = "pickle"\n', 2, 'must be "custom"'),
+    ('[node_packs]\nA = 3\n', 2, "node_packs.A must be a string"),
+    ('[node_reqs]\nA = { tag = "v1" }\n', 2, "names no source"),
+    ('[node_packs]\nA = { github = "a/b", sha = "x" }\n', 2, "unknown key 'sha'"),
+    ('[types]\nA = "custom"\n[env_vars]\nA = "1"\n', 3, "unknown table [env_vars]"),
+])
+def test_malformed_root_files_name_file_and_line(tmp_path, text, line, expected):
+    write(tmp_path / "p" / "comfy-env-root.toml", text)
+    with pytest.raises(PackConfigError) as ei:
+        packconfig.load_root(tmp_path / "p")
+    assert expected in str(ei.value) and ei.value.line == line, str(ei.value)
+    assert str(ei.value).startswith(f"{tmp_path}/p/comfy-env-root.toml:{line}")
+
+
+def test_other_pixi_tables_warn_once_each_naming_table_and_file(tmp_path):
+    c = load_text(tmp_path, f'''
+        python = "{HOST_MM}.*"
+        [pypi-options]
+        no-build-isolation = ["x"]
+        [system-requirements]
+        cuda = "12"
+        [activation]
+        env = {{ A = "1" }}
+        [dependencies]
+        ffmpeg = "*"
+        [cuda]
+        packages = ["nvdiffrast"]
+        [workspace]
+        channels = ["conda-forge"]
+        [target.{packconfig.current_platform()}.activation]
+        env = {{ B = "1" }}
+        [target.{other_platform()}.activation]
+        env = {{ C = "1" }}
+    ''')
+    assert c.python == HOST_MM
+    tables = {}
+    for w in c.warnings:
+        t = w.split("table [", 1)[1].split("]", 1)[0]
+        tables[t] = w
+        assert w.startswith(f"{tmp_path}/bad/nodes/comfy-env.toml:")
+    assert set(tables) == {"pypi-options", "system-requirements", "activation", "dependencies", "cuda", "workspace",
+                           f"target.{packconfig.current_platform()}.activation"}
+    assert "pip options" in tables["pypi-options"] and "NOT checked" in tables["system-requirements"]
+    assert "conda packages: ffmpeg" in tables["dependencies"]
+
+
+def test_apt_is_checked_never_run(tmp_path, monkeypatch):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("dpkg-query: Linux")
+    bindir = tmp_path / "bin"
+    log = tmp_path / "calls"
+    # a dpkg-query that knows one package, and records what it was asked
+    write(bindir / "dpkg-query", f'''
+        #!/bin/sh
+        echo "$@" >> {log}
+        [ "$3" = "bh-present" ] && printf "install ok installed" && exit 0
+        exit 1
+    ''')
+    os.chmod(bindir / "dpkg-query", 0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    out = packconfig.check_system_packages({"apt": ("bh-present", "bh-absent")}, "X.toml")
+    assert out == ["X.toml: [apt] packages not installed: bh-absent; bulkhead does not install system "
+                   "packages: sudo apt-get install bh-absent"]
+    assert open(log).read().split() == ["-W", "-f=${Status}", "bh-present", "-W", "-f=${Status}", "bh-absent"]
+
+
+# --- the entry points, in a ComfyUI host (tests/comfyui or COMFYUI_PATH) ---
+
+from comfyenv import run_comfy_script  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(REPO, "build", "rel")))
+
+PACK_INIT = '''
+from comfy_env import register_nodes
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = register_nodes()
+'''
+
+
+def node_module(cls_name, body):
+    return f'''
+import os, sys
+
+class {cls_name}:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {{"required": {{"x": ("INT", {{"default": 1}})}}}}
+    RETURN_TYPES = ("INT", "STRING")
+    FUNCTION = "run"
+    CATEGORY = "test"
+
+    def run(self, x):
+        return (os.getpid(), {body})
+
+NODE_CLASS_MAPPINGS = {{"{cls_name}": {cls_name}}}
+NODE_DISPLAY_NAME_MAPPINGS = {{"{cls_name}": "{cls_name} (display)"}}
+'''
+
+
+def host(tmp_path, packs, body, env=None):
+    """Runs body in a fresh ComfyUI host after the repository's
+    prestartup_script.py (as ComfyUI runs it) and each pack's import."""
+    code = f"""
+        import logging, io
+        buf = io.StringIO()
+        _h = logging.StreamHandler(buf)
+        logging.getLogger().addHandler(_h)
+        logging.getLogger().setLevel(logging.INFO)
+        import importlib.util as _u
+        _s = _u.spec_from_file_location("bh_prestartup", {os.path.join(REPO, "prestartup_script.py")!r})
+        _s.loader.exec_module(_u.module_from_spec(_s))
+        mods = {{}}
+        for p in {[str(p) for p in packs]!r}:
+            mods[os.path.basename(p)] = load_custom_node(p)
+        def run(name, key, x=1):
+            cls = mods[name].NODE_CLASS_MAPPINGS[key]
+            return getattr(cls(), cls.FUNCTION)(x=x)
+    """
+    code = textwrap.dedent(code) + textwrap.dedent(body) + textwrap.dedent("""
+        from bulkhead.host import nodes as _n
+        _n.close_all()
+    """)
+    e = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": os.environ["BULKHEAD_HOME"],
+         "HOME": os.environ["HOME"], "BULKHEAD_LEDGER": str(tmp_path / "ledger")}
+    e.update(env or {})
+    return run_comfy_script(code, timeout=240, env=e)
+
+
+@pytest.mark.torch
+def test_register_nodes_whole_nodes_package_and_subdirs(tmp_path, sources):
+    # layout 1: nodes/comfy-env.toml -- the whole nodes package is one environment
+    one = tmp_path / "ComfyUI-Whole"
+    write(one / "__init__.py", PACK_INIT)
+    write(one / "nodes" / "__init__.py", "from .impl import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS\n")
+    write(one / "nodes" / "impl.py", node_module("WholeNode", "__import__('bhplain').VALUE + os.environ['BH_N']"))
+    write(one / "nodes" / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\nbhplain = "*"\n'
+                                           '[env_vars]\nBH_N = 7\n')
+    # layout 2: nodes/<subdir>/comfy-env.toml per subdirectory; one without runs in the host
+    two = tmp_path / "ComfyUI-Subs"
+    write(two / "__init__.py", PACK_INIT)
+    write(two / "comfy-env-root.toml", '[types]\nTRIMESH = "builtin"\n')
+    write(two / "nodes" / "iso" / "__init__.py", node_module("IsoNode", "'iso'"))
+    write(two / "nodes" / "iso" / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    write(two / "nodes" / "main" / "__init__.py", node_module("MainNode", "'main'"))
+    write(two / "nodes" / "_private" / "__init__.py", "raise SystemExit('never imported')\n")
+    for p in (one, two):
+        bulkhead.install(str(p), progress=lambda l: None, pip_args=["--no-index", "--find-links", sources["wheels"]])
+    r = host(tmp_path, [one, two], """
+        import comfy_env
+        emit(dict(me=os.getpid(), ours=getattr(comfy_env, "__bulkhead__", False),
+                  whole=run("ComfyUI-Whole", "WholeNode"), iso=run("ComfyUI-Subs", "IsoNode"),
+                  main=run("ComfyUI-Subs", "MainNode"),
+                  keys=sorted(mods["ComfyUI-Subs"].NODE_CLASS_MAPPINGS),
+                  display=mods["ComfyUI-Whole"].NODE_DISPLAY_NAME_MAPPINGS, log=buf.getvalue()))
+    """)
+    assert r["ours"]
+    assert r["whole"][0] != r["me"] and r["whole"][1] == "plain7"
+    assert r["iso"][0] != r["me"] and r["iso"][1] == "iso"
+    assert r["main"] == [r["me"], "main"]
+    assert r["keys"] == ["IsoNode", "MainNode"]
+    assert r["display"] == {"WholeNode": "WholeNode (display)"}
+    served = [l for l in r["log"].splitlines() if "is served by bulkhead" in l]
+    assert len(served) == 2 and "BULKHEAD_COMFY_ENV=off" in served[0], r["log"][-3000:]
+
+
+@pytest.mark.torch
+def test_the_switch_hands_packs_back(tmp_path):
+    r = host(tmp_path, [], """
+        import sys
+        emit(dict(finder=any(type(f).__name__ == "Finder" for f in sys.meta_path), log=buf.getvalue()))
+    """, env={"BULKHEAD_COMFY_ENV": "off"})
+    assert not r["finder"] and "BULKHEAD_COMFY_ENV=off" in r["log"]
+
+
+def fake_ce_env(tmp_path, pack, subdir, tag, source=None):
+    """An environment as comfy-env lays one out in ~/.ce: a real venv at
+    .pixi/envs/default and an env.stamp.json."""
+    from bulkhead.host import comfy_env as ce
+    cfg = pack / "nodes" / subdir / "comfy-env.toml"
+    d = tmp_path / "user-home" / ".ce" / "envs" / f"{ce.ce_env_name(str(pack), str(cfg))}_{tag}"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d / ".pixi" / "envs" / "default")], check=True)
+    import json
+    write(d / "env.stamp.json", json.dumps({"abi_tag": tag, "source": source or f"{pack.name}/nodes/{subdir}/comfy-env.toml",
+                                            "comfy_env_version": "0.4.46"}))
+    return d
+
+
+@pytest.mark.torch
+def test_an_environment_comfy_env_built_is_reused_and_a_stale_one_reported(tmp_path):
+    from bulkhead.host import comfy_env as ce
+    pack = tmp_path / "ComfyUI-Reuse"
+    write(pack / "__init__.py", PACK_INIT)
+    write(pack / "nodes" / "good" / "__init__.py", node_module("GoodNode", "sys.prefix"))
+    write(pack / "nodes" / "stale" / "__init__.py", node_module("StaleNode", "sys.prefix"))
+    for sub in ("good", "stale"):
+        write(pack / "nodes" / sub / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    good = fake_ce_env(tmp_path, pack, "good", ce.ce_abi_tag())
+    fake_ce_env(tmp_path, pack, "stale", ce.ce_abi_tag())
+    os.utime(good / "env.stamp.json")
+    # the stale one: its stamp names another stack
+    stale_dir = tmp_path / "user-home" / ".ce" / "envs" / f"reuse-stale_{ce.ce_abi_tag()}"
+    write(stale_dir / "env.stamp.json", '{"abi_tag": "py39-torch1.0-cpu"}')
+    r = host(tmp_path, [pack], """
+        emit(dict(me=os.getpid(), good=run("ComfyUI-Reuse", "GoodNode"), stale=run("ComfyUI-Reuse", "StaleNode"),
+                  log=buf.getvalue()))
+    """)
+    assert r["good"][0] != r["me"] and r["good"][1] == str(good / ".pixi" / "envs" / "default")
+    assert r["stale"][0] == r["me"]
+    warn = [l for l in r["log"].splitlines() if "NOT isolated" in l]
+    assert len(warn) == 1 and "py39-torch1.0-cpu" in warn[0] and "comfy-env install --dir" in warn[0], r["log"]
+    assert "bulkhead install" in warn[0]
+
+
+@pytest.mark.torch
+def test_a_serializer_that_raises_fails_the_pack_with_file_and_line(tmp_path):
+    pack = tmp_path / "ComfyUI-Ser"
+    write(pack / "__init__.py", PACK_INIT)
+    write(pack / "comfy-env-root.toml", '[types]\nTRIMESH = "custom"\n')
+    write(pack / "serialization.py", "from comfy_env import register_serializer\n\n"
+                                     "register_serializer('Trimesh', lambda o, r: {})\nraise RuntimeError('boom')\n")
+    write(pack / "nodes" / "__init__.py", node_module("SerNode", "'x'"))
+    r = host(tmp_path, [], f"""
+        try:
+            load_custom_node({str(pack)!r})
+            emit("loaded")
+        except Exception as e:
+            emit(str(e))
+    """)
+    assert r.startswith(f"{pack}/serialization.py:4: failed while registering its serializers: RuntimeError: boom"), r
+
+
+def test_register_serializer_records_and_checks():
+    from bulkhead.host import comfy_env as ce
+    ce.register_serializer("Mesh", lambda o, r: {"v": 1}, lambda p, r: p, tag="MESH")
+    assert ce.SERIALIZERS["MESH"]["type_name"] == "Mesh"
+    with pytest.raises(TypeError, match="serialize must be callable"):
+        ce.register_serializer("Mesh", 3)
+
+
+def test_copy_files_from_the_calling_script(tmp_path):
+    from bulkhead.host import comfy_env as ce
+    write(tmp_path / "caller" / "assets" / "a" / "x.txt", "x")
+    write(tmp_path / "dst" / "a" / "x.txt", "old")
+    script = write(tmp_path / "caller" / "pre.py", f"""
+        from bulkhead.host.comfy_env import copy_files
+        N = copy_files("assets", {str(tmp_path / 'dst')!r}, "**/*")
+        M = copy_files("assets", {str(tmp_path / 'dst')!r}, "**/*", overwrite=True)
+    """)
+    ns = {"__file__": script, "__name__": "pre"}
+    exec(compile(open(script).read(), script, "exec"), ns)
+    assert ns["N"] == 0 and ns["M"] == 1 and open(tmp_path / "dst" / "a" / "x.txt").read() == "x"
+    assert ce.copy_files("nowhere", str(tmp_path)) == 0
+
+
+def test_bulkhead_install_needs_no_install_py(tmp_path, sources):
+    pack = tmp_path / "ComfyUI-NoInstallPy"
+    write(pack / "nodes" / "x" / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\nbhplain = "*"\n')
+    r = subprocess.run([sys.executable, "-m", "bulkhead", "install", str(pack), "--pip-args",
+                        f"--no-index --find-links {sources['wheels']}"], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    assert r.returncode == 0, r.stderr
+    assert "ComfyUI-NoInstallPy.x: ready" in r.stdout
