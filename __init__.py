@@ -94,6 +94,12 @@ def _load():
     global WEB_DIRECTORY
     mod, reason = _import_installed()
     if mod is not None:
+        # The package may have been imported before ComfyUI's server existed
+        # (our prestartup_script.py does, to route comfy_env): put its routes
+        # on the server now.  Idempotent.
+        install = getattr(mod, "_comfyui_server", None)
+        if install is not None:
+            install()
         web = os.path.join(os.path.dirname(os.path.abspath(mod.__file__)), getattr(mod, "WEB_DIRECTORY", "web"))
         WEB_DIRECTORY = web if os.path.isdir(web) else os.path.join(_HERE, "web")
         return

@@ -58,7 +58,9 @@ NODE_DISPLAY_NAME_MAPPINGS = {}
 def _comfyui_server():
     """In a ComfyUI process whose PromptServer exists (custom nodes load
     after it is made), put bulkhead's routes, /free observer and prompt
-    boundary on it (host.routes.install), sharing from the start the one
+    boundary on it (again harmless: idempotent per server; the custom
+    node's root __init__.py calls it too, for a package first imported
+    before the server existed, by a prestartup script) (host.routes.install), sharing from the start the one
     HostMemory the packs' workers will attach to (host.pack.host_memory),
     so /free, /bulkhead/* and the panel act on this host's workers before
     and after the first pack loads.  Only the package imported as
@@ -114,3 +116,5 @@ if __name__ == "bulkhead":
     _comfyui_server()
 else:
     _canonical = _one_package(__file__)
+    if _canonical is not None:  # imported earlier (a prestartup script), maybe before the server existed
+        _canonical._comfyui_server()

@@ -59,6 +59,7 @@ DYNAMIC_ALLOWED = {
     ("channel/formats.py", "comfy.cli_args", "value['enum']"): None,
     ("channel/formats.py", "folder_paths", "f'set_{kind}_directory'"): [f"set_{k}_directory" for k in _KINDS],
     ("channel/formats.py", "folder_paths", "f'{kind}_directory'"): [f"{k}_directory" for k in _KINDS],
+    ("host/comfy_env.py", "folder_paths", "getter"): [f"get_{k}_directory" for k in _KINDS],
 }
 
 
