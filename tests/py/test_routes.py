@@ -52,6 +52,49 @@ def _join(ledger, role, pack, host_pid=0, held=0, generation=1):
     return p
 
 
+# A process that takes the ledger's mutex (the BH_TESTING hook) and keeps it
+# until a line on stdin.
+MUTEX_HOLDER = r"""
+import sys
+from bulkhead import _native
+l = _native.Ledger(sys.argv[1])
+l._test_lock()
+print("ready", flush=True)
+sys.stdin.readline()
+l._test_unlock()
+l.close()
+"""
+
+
+class _Served:
+    """An aiohttp app with `routes` on it and a trivial GET /ping, served on
+    127.0.0.1 from a thread with its own loop (routes_env's Serve), and
+    http(method, path, body) -> (status, JSON) against it.  middlewares:
+    the app's (a test's own, before the routes)."""
+
+    def __init__(self, routes, middlewares=()):
+        from aiohttp import web
+        from routes_env import HTTP_HELPERS
+        import asyncio, threading, urllib.request, urllib.error
+        self.ns = dict(asyncio=asyncio, threading=threading, json=json, urllib=urllib, web=web)
+        exec(HTTP_HELPERS, self.ns)
+        app = web.Application(middlewares=list(middlewares))
+
+        async def ping(request):
+            return web.json_response({"pong": True})
+
+        app.router.add_get("/ping", ping)
+        routes.add_to(app.router)
+        self.serve = self.ns["Serve"](app)
+        self.ns["port"] = self.serve.port
+
+    def http(self, method, path, body=None, raw=None):
+        return self.ns["http"](method, path, body, raw, timeout=60)
+
+    def close(self):
+        self.serve.close()
+
+
 def _leave(*procs):
     for p in procs:
         p.stdin.close()
@@ -162,6 +205,59 @@ def test_status_route_reads_through_the_hosts_own_handles(tmp_path, monkeypatch)
     assert [p["pid"] for p in doc["processes"]] == [os.getpid()] == [doc["host_pid"]]
     assert doc["gpu_error"] is None
     assert [d["uuid"] for d in doc["devices"] if d["source"] == "nvml"] == [UUID0]
+
+
+def test_status_route_answers_off_the_loop_while_the_ledger_mutex_is_held(tmp_path, monkeypatch):
+    """GET /bulkhead/status while another process holds the ledger's mutex
+    (a snapshot then waits up to 2 s for it): the snapshot runs off the
+    server's loop, so another route answers within 100 ms meanwhile, and
+    requests that come while one snapshot is in flight share it instead of
+    queueing more."""
+    import threading
+    import time
+    import types
+    monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
+    path = tmp_path / "ledger"
+    ledger = _native.Ledger(str(path))
+    ledger.join("host", pack="host", interpreter="3.12.1")
+    hm = types.SimpleNamespace(ledger=ledger, events=[], _gpu_probe=lambda: None)
+    routes = comfy_routes.BulkheadRoutes(hm)
+    snapshots = []
+    real = comfy_routes.status_document
+    monkeypatch.setattr(comfy_routes, "status_document",
+                        lambda *a: snapshots.append(time.monotonic()) or real(*a))
+    served = _Served(routes)
+    holder = subprocess.Popen([sys.executable, "-c", MUTEX_HOLDER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=BUILD_PY))
+    answers = []
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert served.http("GET", "/ping")[0] == 200   # the connection path is warm
+        clients = [threading.Thread(target=lambda: answers.append(served.http("GET", "/bulkhead/status")))
+                   for _ in range(3)]
+        for t in clients:
+            t.start()
+        while not snapshots:
+            time.sleep(0.01)
+        time.sleep(0.3)     # the snapshot waits on the mutex; every request has come
+        t0 = time.monotonic()
+        ping = served.http("GET", "/ping")
+        ping_s = time.monotonic() - t0
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        for t in clients:
+            t.join(30)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+        holder.stdout.close()
+        served.close()
+        ledger.close()
+    assert ping == (200, {"pong": True}) and ping_s < 0.1, ping_s
+    assert len(answers) == 3 and all(status == 200 for status, _ in answers), answers
+    assert all([p["pid"] for p in doc["processes"]] == [os.getpid()] == [doc["host_pid"]]
+               for _, doc in answers)
+    assert len(snapshots) == 1, snapshots
 
 
 def test_status_json_refuses_what_is_not_a_handle(tmp_path):

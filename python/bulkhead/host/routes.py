@@ -85,6 +85,7 @@ pid); a worker whose host has no live record stands on its own.  idle_s is
 """
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -171,6 +172,13 @@ class BulkheadRoutes:
         self.release_timeout_s = RELEASE_TIMEOUT_S if release_timeout_s is None else release_timeout_s
         self.prompt_hook = None        # what prompt_end is registered with, or None
         self._provider = None
+        # GET /bulkhead/status: the snapshot in flight (an asyncio future on
+        # the server's loop, shared by every request that comes meanwhile)
+        # and the one thread that takes snapshots, off the loop and apart
+        # from the default executor's (a snapshot may wait 2 s on the
+        # ledger's mutex; aiohttp's FileResponse needs those threads).
+        self._snapshot = None
+        self._status_pool = None
 
     # --- the host ---
 
@@ -204,12 +212,38 @@ class BulkheadRoutes:
 
     # --- status ---
 
-    def status(self):
+    def snapshot(self):
+        """The status document from the ledger and the probes (a blocking
+        read: the ledger's mutex, /proc; never call it on the loop)."""
         hm = self.hm
-        doc = status_document(self._ledger(), hm._gpu_probe() if hm is not None else None)
+        return status_document(self._ledger(), hm._gpu_probe() if hm is not None else None)
+
+    def status(self):
+        """The GET /bulkhead/status answer, synchronously."""
+        return self._answer(self.snapshot())
+
+    def _answer(self, doc):
+        doc = dict(doc)
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
         return doc
+
+    async def status_async(self):
+        """The GET /bulkhead/status answer, on the server's loop: the
+        snapshot runs on this object's own thread, one at a time; a request
+        that comes while one is in flight shares its document (taken at
+        most one snapshot's time before), so neither a held ledger mutex
+        nor a client polling in a loop ever waits on the loop or queues
+        snapshots."""
+        fut = self._snapshot
+        if fut is None or fut.done():
+            if self._status_pool is None:
+                self._status_pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="bulkhead-status")
+            fut = asyncio.get_running_loop().run_in_executor(self._status_pool, self.snapshot)
+            self._snapshot = fut
+        # shield: a client that goes away cancels its wait, not the others'
+        return self._answer(await asyncio.shield(fut))
 
     # --- releasing one worker ---
 
@@ -399,7 +433,7 @@ class BulkheadRoutes:
 
     async def get_status(self, request):
         from aiohttp import web
-        return web.json_response(self.status())
+        return web.json_response(await self.status_async())
 
     async def post_release(self, request):
         from aiohttp import web
