@@ -37,6 +37,7 @@ PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
   if (code == ETIMEDOUT) type = st->Timeout;
   else if (code == BH_EEOF || code == EPIPE || code == ECONNRESET) type = st->PeerClosed;
   else if (code >= BH_ELEDGER && code <= BH_EMODELS) type = st->LedgerError;
+  else if (code == BH_EPOOLFULL) type = st->Error; /* our own limit: the peer did nothing wrong */
   else if (code >= BH_EMAGIC) type = st->ProtocolError;
   else {
     /* OSError(errno, "call: reason"): the errno subclass (ConnectionRefusedError,
@@ -201,6 +202,7 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_NUMPY", BH_TENSOR_NUMPY) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_TORCH", BH_TENSOR_TORCH) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_NUMPY_SCALAR", BH_TENSOR_NUMPY_SCALAR) < 0 ||
+      PyModule_AddIntConstant(m, "TENSOR_INLINE_MAX", BH_TENSOR_INLINE_MAX) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
       PyModule_AddIntConstant(m, "TYPE_NAME_MAX", BH_TYPE_NAME_MAX) < 0 ||
