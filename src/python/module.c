@@ -111,6 +111,7 @@ static PyMethodDef bh_methods[] = {
     {"policy_reserve", bh_py_policy_reserve, METH_VARARGS, "policy_reserve(base, pendings) -> EXTRA_RESERVED_VRAM to publish"},
     {"policy_load_bytes", bh_py_policy_load_bytes, METH_VARARGS, "policy_load_bytes(extra_memory, size, resident) -> bytes to load"},
     {"policy_unload_bytes", bh_py_policy_unload_bytes, METH_VARARGS, "policy_unload_bytes(memory_to_free, resident) -> bytes to release"},
+    {"policy_ask_bytes", bh_py_policy_ask_bytes, METH_O, "policy_ask_bytes(size) -> bytes a MemoryHolder ask plans for (int or float; NaN, 0, negative: 0)"},
     {"policy_release_plan", bh_py_policy_release_plan, METH_VARARGS, "policy_release_plan([(idle, last_used_ns, resident, floor)...], shortfall) -> ([(index, bytes)...], uncovered)"},
     {"policy_pin_ceiling", bh_py_policy_pin_ceiling, METH_VARARGS, "policy_pin_ceiling(ram, swap, windows=False) -> upstream pinned-memory ceiling"},
     {"policy_share", bh_py_policy_share, METH_VARARGS, "policy_share(total, n_processes) -> one process's share"},
