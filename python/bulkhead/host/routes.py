@@ -521,7 +521,7 @@ class BulkheadRoutes:
         """fn(*args) on the acting threads, if fewer than ACT_ADMITTED are
         admitted already; else RouteError 429 (nothing runs)."""
         if self._acting >= ACT_ADMITTED:
-            raise RouteError(429, f"{self._acting} releases are in progress already; try again when "
+            raise RouteError(429, f"{self._acting} releases and frees are in progress already; try again when "
                                   "they have answered")
         self._acting += 1
         try:
