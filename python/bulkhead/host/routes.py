@@ -521,8 +521,8 @@ class BulkheadRoutes:
         """fn(*args) on the acting threads, if fewer than ACT_ADMITTED are
         admitted already; else RouteError 429 (nothing runs)."""
         if self._acting >= ACT_ADMITTED:
-            raise RouteError(429, f"{self._acting} releases and frees are in progress already; try again when "
-                                  "they have answered")
+            raise RouteError(429, f"{self._acting} releases and frees are in progress already; "
+                                  "try again when they have answered")
         self._acting += 1
         try:
             return await self._run(fn, *args)
@@ -555,7 +555,8 @@ class BulkheadRoutes:
         try:
             all_hosts, wait_s = _parse_free(await self._json_body(request, {}))
             if all_hosts and not may_reach_other_hosts(request):
-                raise _refuse_other_hosts(request.remote, '"all_hosts" reaches every instance on this machine')
+                raise _refuse_other_hosts(request.remote,
+                                          '"all_hosts" reaches every instance on this machine')
             return web.json_response(await self._act(self.free, all_hosts, wait_s, "free"))
         except RouteError as e:
             return web.json_response({"error": str(e)}, status=e.status)
