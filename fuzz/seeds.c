@@ -172,6 +172,14 @@ static void codec_seeds(void) {
   for (int i = 0; i < 16; i++) s16[i] = 2, st16[i] = (int64_t)1 << (15 - i);
   bh_buf_init(&b), tensor(&b, BH_TENSOR_TORCH, BH_DT_UINT8, 16, s16, st16, 4, 0),
       seed_buf("tensor_16_dims", &b);
+  /* A small tensor inline: its bytes follow the ref. */
+  static const float inline_data[32] = {1.0f, -2.5f, 3.25f};
+  bh_tensor_ref in = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_FLOAT32, .ndim = 2,
+                      .block = BH_BLOCK_INLINE, .nbytes = sizeof inline_data, .shape = {4, 8},
+                      .strides = {8, 1}, .data = (const uint8_t *)inline_data};
+  bh_buf_init(&b);
+  CHECK(bh_enc_tensor(&b, &in) == 0);
+  seed_buf("tensor_inline", &b);
 }
 
 /* ------------------------------------------------------------------ frame */

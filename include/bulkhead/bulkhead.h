@@ -59,6 +59,7 @@ extern "C" {
   X(BH_EBLOCKSEC, 10030, "frame's block section is malformed")                 \
   X(BH_ETOOMANY, 10031, "value has more items than one frame may carry (BH_MAX_ITEMS)") \
   X(BH_EPEERMEM, 10032, "peer lends more shared memory than one channel maps (too many blocks or bytes)") \
+  X(BH_EPOOLFULL, 10033, "one channel has too many shared-memory blocks in use at once (send fewer, larger arrays)") \
   X(BH_ELEDGER, 10040, "segment is not a bulkhead ledger (bad magic or size)") \
   X(BH_ELEDGERVER, 10041, "ledger has another layout version (every bulkhead on this machine must match)") \
   X(BH_ELEDGERFULL, 10042, "ledger has no free record slot") \
@@ -147,13 +148,18 @@ enum bh_tag {
  * frame's size.  Past it: -BH_ETOOMANY. */
 #define BH_MAX_ITEMS (1u << 20)
 #define BH_BLOCK_NONE UINT32_MAX /* tensor-ref of an empty tensor */
+/* tensor-ref whose nbytes bytes follow it in the value itself (a small
+ * tensor: no block, no fd); nbytes is 1..BH_TENSOR_INLINE_MAX, offset 0 */
+#define BH_BLOCK_INLINE (UINT32_MAX - 1)
+#define BH_TENSOR_INLINE_MAX (64u << 10)
 
 /* Which library a tensor came from, so the receiver rebuilds the same kind
  * (a numpy scalar travels as a 0-d array and comes back a scalar). */
 enum { BH_TENSOR_NUMPY = 0, BH_TENSOR_TORCH = 1, BH_TENSOR_NUMPY_SCALAR = 2 };
 
-/* A tensor living in a shared-memory block of the sender's pool.  Strides
- * are in elements and non-negative; shape * strides stays within nbytes. */
+/* A tensor living in a shared-memory block of the sender's pool, or (block
+ * BH_BLOCK_INLINE) inline in the value.  Strides are in elements and
+ * non-negative; shape * strides stays within nbytes. */
 typedef struct bh_tensor_ref {
   uint8_t lib;    /* BH_TENSOR_* */
   uint8_t dtype;  /* BH_DT_* */
@@ -163,6 +169,10 @@ typedef struct bh_tensor_ref {
   uint64_t nbytes;
   int64_t shape[BH_MAX_DIMS];
   int64_t strides[BH_MAX_DIMS];
+  /* BH_BLOCK_INLINE: the nbytes bytes.  Borrowed: the encoder's caller
+   * owns them (bh_enc_tensor copies them); a decoded ref points into the
+   * reader's buffer.  Unused otherwise. */
+  const uint8_t *data;
 } bh_tensor_ref;
 
 /* A reference to an object that stays in the process that owns it. */
@@ -207,14 +217,16 @@ BH_EXTERN int bh_enc_bytes(bh_buf *b, const void *p, size_t n);
 BH_EXTERN int bh_enc_list(bh_buf *b, uint32_t count);
 BH_EXTERN int bh_enc_tuple(bh_buf *b, uint32_t count);
 BH_EXTERN int bh_enc_map(bh_buf *b, uint32_t count);
-/* Fails with -EINVAL for a ref bh_tensor_ref_check() rejects. */
+/* Fails with -EINVAL for a ref bh_tensor_ref_check() rejects, or an inline
+ * one without data. */
 BH_EXTERN int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t);
 /* Fails with -EINVAL for a type name over BH_TYPE_NAME_MAX bytes. */
 BH_EXTERN int bh_enc_handle(bh_buf *b, const bh_handle_ref *h);
 
 /* Validates a tensor ref on its own: known dtype, ndim, non-negative
  * shape and strides, nbytes == itemsize * product(shape), the strided
- * extent within nbytes, block NONE exactly when nbytes is 0.  Returns 0 or
+ * extent within nbytes, block NONE exactly when nbytes is 0, an INLINE one
+ * at offset 0 with at most BH_TENSOR_INLINE_MAX bytes.  Returns 0 or
  * -BH_ETENSOR / -BH_EDTYPE. */
 BH_EXTERN int bh_tensor_ref_check(const bh_tensor_ref *t);
 
@@ -256,7 +268,7 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 
 /* ------------------------------------------------------------------ frames */
 
-#define BH_PROTOCOL_VERSION 3
+#define BH_PROTOCOL_VERSION 4
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u

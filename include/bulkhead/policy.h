@@ -96,6 +96,16 @@ BH_EXTERN uint64_t bh_policy_load_bytes(double extra_memory, uint64_t size_bytes
  * clamped to what is resident.  NaN and negative values are 0. */
 BH_EXTERN uint64_t bh_policy_unload_bytes(double memory_to_free, uint64_t resident_bytes);
 
+/* The most a MemoryHolder ask plans for: the plan works in uint64 bytes,
+ * and upstream asks with floats up to 1e30 ("everything"). */
+#define BH_POLICY_ASK_MAX ((uint64_t)1 << 62)
+
+/* Bytes the host's MemoryHolder plans for when upstream's eviction loop
+ * asks release_memory(device, size): size floored to a whole byte, capped
+ * at BH_POLICY_ASK_MAX (infinity and 1e30 included).  NaN, zero and
+ * negative values are 0. */
+BH_EXTERN uint64_t bh_policy_ask_bytes(double size);
+
 /* Bytes actually freed, from residency read before and after (0 if it
  * grew). */
 BH_EXTERN uint64_t bh_policy_freed(uint64_t before_bytes, uint64_t after_bytes);

@@ -10,7 +10,9 @@
  *   MAP                            u32 count, count (key, value) pairs
  *   TENSOR                         u8 lib, u8 dtype, u8 ndim, u32 block,
  *                                  u64 offset, u64 nbytes,
- *                                  ndim x i64 shape, ndim x i64 strides
+ *                                  ndim x i64 shape, ndim x i64 strides,
+ *                                  and for block BH_BLOCK_INLINE the
+ *                                  nbytes bytes of the tensor
  *   HANDLE                         u8 space, u64 id, u16 type-name length,
  *                                  type name (UTF-8, at most BH_TYPE_NAME_MAX)
  *
@@ -136,7 +138,10 @@ int bh_enc_map(bh_buf *b, uint32_t count) { return bh__enc_count(b, BH_TAG_MAP, 
 int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t) {
   if (b->err) return b->err;
   if (!t || bh_tensor_ref_check(t)) return -EINVAL;
-  uint8_t *p = bh__grow(b, BH__TENSOR_FIXED + (size_t)t->ndim * 16);
+  int inline_data = t->block == BH_BLOCK_INLINE;
+  if (inline_data && !t->data) return -EINVAL;
+  uint8_t *p = bh__grow(b, BH__TENSOR_FIXED + (size_t)t->ndim * 16 +
+                               (inline_data ? (size_t)t->nbytes : 0));
   if (!p) return b->err;
   p[0] = BH_TAG_TENSOR;
   p[1] = t->lib;
@@ -149,6 +154,7 @@ int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t) {
   for (unsigned i = 0; i < t->ndim; i++) bh__put_u64(p + 8 * i, (uint64_t)t->shape[i]);
   p += 8 * t->ndim;
   for (unsigned i = 0; i < t->ndim; i++) bh__put_u64(p + 8 * i, (uint64_t)t->strides[i]);
+  if (inline_data) memcpy(p + 8 * t->ndim, t->data, (size_t)t->nbytes);
   return 0;
 }
 
@@ -192,6 +198,8 @@ int bh_tensor_ref_check(const bh_tensor_ref *t) {
   if (t->nbytes != count * isz) return -BH_ETENSOR;
   if (count == 0) return t->block == BH_BLOCK_NONE && t->offset == 0 ? 0 : -BH_ETENSOR;
   if (t->block == BH_BLOCK_NONE) return -BH_ETENSOR;
+  if (t->block == BH_BLOCK_INLINE && (t->offset != 0 || t->nbytes > BH_TENSOR_INLINE_MAX))
+    return -BH_ETENSOR;
   if (extent > UINT64_MAX / isz || extent * isz > t->nbytes) return -BH_ETENSOR;
   if (t->offset > UINT64_MAX - t->nbytes) return -BH_ETENSOR;
   return 0;
@@ -294,7 +302,14 @@ int bh_dec_next(bh_reader *r, bh_item *it) {
     for (unsigned i = 0; i < t->ndim; i++) t->strides[i] = (int64_t)bh__get_u64(q + 8 * i);
     int rc = bh_tensor_ref_check(t);
     if (rc) return rc;
-    r->pos += BH__TENSOR_FIXED + (size_t)t->ndim * 16;
+    size_t head = BH__TENSOR_FIXED + (size_t)t->ndim * 16;
+    t->data = NULL;
+    if (t->block == BH_BLOCK_INLINE) { /* checked: nbytes <= BH_TENSOR_INLINE_MAX */
+      BH__NEED(r, head + (size_t)t->nbytes);
+      t->data = p + head;
+      head += (size_t)t->nbytes;
+    }
+    r->pos += head;
     return 0;
   }
   case BH_TAG_HANDLE: {

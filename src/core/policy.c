@@ -89,6 +89,12 @@ uint64_t bh_policy_unload_bytes(double memory_to_free, uint64_t resident_bytes) 
   return (uint64_t)whole;
 }
 
+uint64_t bh_policy_ask_bytes(double size) {
+  if (!(size > 0)) return 0;
+  if (size >= (double)BH_POLICY_ASK_MAX) return BH_POLICY_ASK_MAX;
+  return (uint64_t)size;
+}
+
 uint64_t bh_policy_freed(uint64_t before_bytes, uint64_t after_bytes) {
   return before_bytes > after_bytes ? before_bytes - after_bytes : 0;
 }

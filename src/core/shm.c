@@ -25,8 +25,13 @@
  *               an introduction past either is refused with
  *               -BH_EPEERMEM.
  *
- * Free own blocks beyond keep_bytes are destroyed least recently used
- * first; if the peer had mapped one, a retire note tells it to unmap.
+ * Free own blocks beyond keep_bytes, or beyond BH__KEEP_FREE_BLOCKS of
+ * them, are destroyed least recently used first; if the peer had mapped
+ * one, a retire note tells it to unmap.  Each own block holds an fd, so
+ * their count is bounded too: at most BH__OWN_BLOCKS_MAX at once (an
+ * acquire past it destroys free blocks first, then fails -BH_EPOOLFULL),
+ * well under the common soft RLIMIT_NOFILE of 1024.  Small tensors need
+ * no block at all: they travel inline (BH_BLOCK_INLINE).
  *
  * Locking: one mutex per pool guards every block's refs and the pool's
  * lists; bh_block_unref may run on any thread (a tensor's deleter).  The
@@ -194,18 +199,23 @@ void bh__pool_close(bh_pool *p) {
 }
 
 /* Destroys least recently used free own blocks until the free bytes fit
- * keep_bytes.  Lock held. */
-static void bh__pool_trim(bh_pool *p) {
+ * keep_bytes, at most keep_blocks free blocks remain and (keep_room) the
+ * pool has room for one more block.  Lock held. */
+static void bh__pool_trim_to(bh_pool *p, size_t keep_blocks, int keep_room) {
   for (;;) {
-    size_t free_bytes = 0, victim = SIZE_MAX;
+    size_t free_bytes = 0, free_blocks = 0, victim = SIZE_MAX;
     uint64_t oldest = UINT64_MAX;
     for (size_t i = 0; i < p->n_own; i++) {
       bh_block *b = p->own[i];
       if (atomic_load(&b->refs) != 0) continue;
       free_bytes += b->size;
+      free_blocks++;
       if (b->last_used < oldest) oldest = b->last_used, victim = i;
     }
-    if (free_bytes <= p->keep_bytes || victim == SIZE_MAX) return;
+    if (victim == SIZE_MAX) return;
+    if (free_bytes <= p->keep_bytes && free_blocks <= keep_blocks &&
+        (!keep_room || p->n_own < BH__OWN_BLOCKS_MAX))
+      return;
     bh_block *b = p->own[victim];
     if (b->peer_mapped && bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id))
       return; /* keep it rather than leave the peer a stale mapping */
@@ -213,6 +223,8 @@ static void bh__pool_trim(bh_pool *p) {
     bh__block_destroy(b);
   }
 }
+
+static void bh__pool_trim(bh_pool *p) { bh__pool_trim_to(p, BH__KEEP_FREE_BLOCKS, 0); }
 
 int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
   if (!p || !out || nbytes == 0) return -EINVAL;
@@ -234,6 +246,11 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
     pthread_mutex_unlock(&p->mu);
     *out = best;
     return 0;
+  }
+  bh__pool_trim_to(p, BH__KEEP_FREE_BLOCKS, 1);
+  if (p->n_own >= BH__OWN_BLOCKS_MAX) {
+    pthread_mutex_unlock(&p->mu);
+    return -BH_EPOOLFULL;
   }
   uint32_t id = p->next_id++;
   pthread_mutex_unlock(&p->mu);

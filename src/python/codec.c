@@ -7,6 +7,11 @@
  * with a tuple:
  *   (0, lib, dtype, shape, lease-or-None)  a C-contiguous tensor, copied
  *                                          into the shm block of the Lease;
+ *   (0, lib, dtype, shape, bytes)          a small one (at most
+ *                                          TENSOR_INLINE_MAX bytes), its
+ *                                          bytes inline in the value; the
+ *                                          decode hook gets a bytearray of
+ *                                          them (it owns its memory);
  *   (1, space, id, type_name)              a handle (type_name: str, '' for
  *                                          none said);
  *   (2, value)                             encode value in obj's place, as
@@ -132,7 +137,17 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
   for (Py_ssize_t i = 0; i < nd; i++) count *= (uint64_t)(t.shape[i] < 0 ? 0 : t.shape[i]);
   t.nbytes = count * isz;
   t.block = BH_BLOCK_NONE;
-  if (lease != Py_None) {
+  if (PyBytes_Check(lease)) {
+    if ((uint64_t)PyBytes_Size(lease) != t.nbytes || t.nbytes > BH_TENSOR_INLINE_MAX) {
+      PyErr_Format(PyExc_ValueError, "inline tensor data is %zd bytes; its shape needs %llu (at most %u)",
+                   PyBytes_Size(lease), (unsigned long long)t.nbytes, (unsigned)BH_TENSOR_INLINE_MAX);
+      goto out;
+    }
+    if (t.nbytes) {
+      t.block = BH_BLOCK_INLINE;
+      t.data = (const uint8_t *)PyBytes_AsString(lease); /* copied by bh_enc_tensor below */
+    }
+  } else if (lease != Py_None) {
     if (!PyObject_TypeCheck(lease, e->st->Lease) || !((bh_lease_obj *)lease)->block) {
       PyErr_SetString(PyExc_TypeError, "encode_other must return a live Lease");
       goto out;
@@ -286,7 +301,11 @@ static PyObject *dec_tensor(bh_dec_ctx *d, const bh_tensor_ref *t) {
   PyObject *lease = Py_None, *res = NULL;
   bh_block *blk = NULL;
   Py_INCREF(lease);
-  if (t->block != BH_BLOCK_NONE) {
+  if (t->block == BH_BLOCK_INLINE) { /* a copy the decoded object owns */
+    Py_DECREF(lease);
+    lease = PyByteArray_FromStringAndSize((const char *)t->data, (Py_ssize_t)t->nbytes);
+    if (!lease) return NULL;
+  } else if (t->block != BH_BLOCK_NONE) {
     int rc = bh_channel_peer_block(d->chan, t->block, &blk);
     if (rc) {
       Py_DECREF(lease);

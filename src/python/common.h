@@ -114,6 +114,7 @@ PyObject *bh_py_policy_pending(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_reserve(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_load_bytes(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_unload_bytes(PyObject *m, PyObject *args);
+PyObject *bh_py_policy_ask_bytes(PyObject *m, PyObject *size);
 PyObject *bh_py_policy_release_plan(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_pin_ceiling(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_share(PyObject *m, PyObject *args);

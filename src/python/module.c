@@ -37,6 +37,7 @@ PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
   if (code == ETIMEDOUT) type = st->Timeout;
   else if (code == BH_EEOF || code == EPIPE || code == ECONNRESET) type = st->PeerClosed;
   else if (code >= BH_ELEDGER && code <= BH_EMODELS) type = st->LedgerError;
+  else if (code == BH_EPOOLFULL) type = st->Error; /* our own limit: the peer did nothing wrong */
   else if (code >= BH_EMAGIC) type = st->ProtocolError;
   else {
     /* OSError(errno, "call: reason"): the errno subclass (ConnectionRefusedError,
@@ -110,6 +111,7 @@ static PyMethodDef bh_methods[] = {
     {"policy_reserve", bh_py_policy_reserve, METH_VARARGS, "policy_reserve(base, pendings) -> EXTRA_RESERVED_VRAM to publish"},
     {"policy_load_bytes", bh_py_policy_load_bytes, METH_VARARGS, "policy_load_bytes(extra_memory, size, resident) -> bytes to load"},
     {"policy_unload_bytes", bh_py_policy_unload_bytes, METH_VARARGS, "policy_unload_bytes(memory_to_free, resident) -> bytes to release"},
+    {"policy_ask_bytes", bh_py_policy_ask_bytes, METH_O, "policy_ask_bytes(size) -> bytes a MemoryHolder ask plans for (int or float; NaN, 0, negative: 0)"},
     {"policy_release_plan", bh_py_policy_release_plan, METH_VARARGS, "policy_release_plan([(idle, last_used_ns, resident, floor)...], shortfall) -> ([(index, bytes)...], uncovered)"},
     {"policy_pin_ceiling", bh_py_policy_pin_ceiling, METH_VARARGS, "policy_pin_ceiling(ram, swap, windows=False) -> upstream pinned-memory ceiling"},
     {"policy_share", bh_py_policy_share, METH_VARARGS, "policy_share(total, n_processes) -> one process's share"},
@@ -201,6 +203,7 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_NUMPY", BH_TENSOR_NUMPY) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_TORCH", BH_TENSOR_TORCH) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_NUMPY_SCALAR", BH_TENSOR_NUMPY_SCALAR) < 0 ||
+      PyModule_AddIntConstant(m, "TENSOR_INLINE_MAX", BH_TENSOR_INLINE_MAX) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
       PyModule_AddIntConstant(m, "TYPE_NAME_MAX", BH_TYPE_NAME_MAX) < 0 ||

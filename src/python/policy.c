@@ -11,6 +11,7 @@
 #include "bulkhead/policy.h"
 
 #include <limits.h>
+#include <math.h>
 
 /* "O&" converter for a byte count or a time: an int in [0, 2**63).  "K"
  * would wrap -1 into 2**64 - 1 (a worker's admit(dev, -1) became an
@@ -115,6 +116,24 @@ PyObject *bh_py_policy_unload_bytes(PyObject *m, PyObject *args) {
   unsigned long long resident;
   if (!PyArg_ParseTuple(args, "dO&:policy_unload_bytes", &x, u64_arg, &resident)) return NULL;
   return PyLong_FromUnsignedLongLong(bh_policy_unload_bytes(x, resident));
+}
+
+PyObject *bh_py_policy_ask_bytes(PyObject *m, PyObject *size) {
+  (void)m;
+  /* An int or a float (anything with __float__); an int past a double's
+   * range is +-infinity, which the rule caps or zeroes like any other. */
+  double x = PyFloat_AsDouble(size);
+  if (x == -1.0 && PyErr_Occurred()) {
+    if (!PyLong_Check(size) || !PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+    PyErr_Clear();
+    PyObject *zero = PyLong_FromLong(0);
+    if (!zero) return NULL;
+    int positive = PyObject_RichCompareBool(size, zero, Py_GT);
+    Py_DECREF(zero);
+    if (positive < 0) return NULL;
+    x = positive ? INFINITY : -INFINITY;
+  }
+  return PyLong_FromUnsignedLongLong(bh_policy_ask_bytes(x));
 }
 
 /* A zeroed array of n elements of size bytes, from PyMem_Malloc: new

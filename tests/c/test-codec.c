@@ -362,12 +362,17 @@ static void expect_tensor_eq(const bh_tensor_ref *a, const bh_tensor_ref *b) {
   }
 }
 
+/* Encodes t, decodes it back, and cuts the encoding at every offset (an
+ * inline tensor's bytes included: they follow the ref). */
 static void tensor_roundtrip(const bh_tensor_ref *t) {
   bh_buf b;
   bh_buf_init(&b);
   ASSERT_OK(bh_tensor_ref_check(t));
   ASSERT_OK(bh_enc_tensor(&b, t));
-  ASSERT_EQ(b.len, 24 + 16 * (size_t)t->ndim);
+  size_t head = 24 + 16 * (size_t)t->ndim;
+  int inline_data = t->block == BH_BLOCK_INLINE;
+  ASSERT_EQ(b.len, head + (inline_data ? (size_t)t->nbytes : 0));
+  if (inline_data) ASSERT(memcmp(b.data + head, t->data, (size_t)t->nbytes) == 0);
   ASSERT_RC(check_validate(b.data, b.len, 0), 0);
   bh_reader r;
   bh_item it;
@@ -375,6 +380,7 @@ static void tensor_roundtrip(const bh_tensor_ref *t) {
   ASSERT_OK(bh_dec_next(&r, &it));
   ASSERT_EQ(it.tag, BH_TAG_TENSOR);
   expect_tensor_eq(&it.u.t, t);
+  ASSERT(it.u.t.data == (inline_data ? b.data + head : NULL));
   ASSERT_EQ(r.pos, b.len);
   for (size_t cut = 0; cut < b.len; cut++)
     ASSERT_RC(check_validate(b.data, cut, 0), -BH_EOVERRUN);
@@ -781,6 +787,9 @@ TEST_IMPL(codec_tensor_lies) {
   LIE("empty tensor with an offset", -BH_ETENSOR, t->shape[0] = 0; t->nbytes = 0;
       t->block = BH_BLOCK_NONE; t->offset = 8);
   LIE("offset + nbytes overflows", -BH_ETENSOR, t->offset = UINT64_MAX - 10);
+  LIE("inline at an offset", -BH_ETENSOR, t->block = BH_BLOCK_INLINE; t->offset = 8);
+  LIE("inline past BH_TENSOR_INLINE_MAX", -BH_ETENSOR, t->block = BH_BLOCK_INLINE;
+      t->shape[0] = 4097; t->nbytes = 4097 * 4 * 4);
   LIE("unknown library", -BH_ETENSOR, t->lib = 200);
   LIE("ndim 17", -BH_ETENSOR, t->ndim = 17);
   LIE("ndim 255", -BH_ETENSOR, t->ndim = 255);
@@ -818,6 +827,39 @@ TEST_IMPL(codec_tensor_lies) {
   }
   free(wire);
   ASSERT_OK(bh_tensor_ref_check(&good));
+  return 0;
+}
+
+/* A small tensor inline: its bytes follow the ref, the decoded ref points
+ * at them, every truncation (into the data too) is an overrun, and an
+ * inline ref without data is refused. */
+TEST_IMPL(codec_tensor_inline) {
+  float data[12];
+  for (int i = 0; i < 12; i++) data[i] = (float)i * 1.5f;
+  bh_tensor_ref t = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_FLOAT32, .ndim = 2,
+                     .block = BH_BLOCK_INLINE, .nbytes = sizeof data, .shape = {3, 4},
+                     .strides = {4, 1}, .data = (const uint8_t *)data};
+  tensor_roundtrip(&t);
+  /* The largest inline tensor, then one byte more: refused. */
+  uint8_t *big = calloc(1, BH_TENSOR_INLINE_MAX + 1);
+  ASSERT_NOT_NULL(big);
+  bh_tensor_ref m = {.dtype = BH_DT_UINT8, .ndim = 1, .block = BH_BLOCK_INLINE,
+                     .nbytes = BH_TENSOR_INLINE_MAX, .shape = {BH_TENSOR_INLINE_MAX},
+                     .strides = {1}, .data = big};
+  bh_buf b;
+  bh_buf_init(&b);
+  ASSERT_OK(bh_enc_tensor(&b, &m));
+  ASSERT_RC(check_validate(b.data, b.len, 0), 0);
+  m.nbytes++, m.shape[0]++;
+  ASSERT_RC(bh_enc_tensor(&b, &m), -EINVAL);
+  free(big);
+  /* Inline with no data: refused, nothing written. */
+  t.data = NULL;
+  bh_buf_free(&b);
+  bh_buf_init(&b);
+  ASSERT_RC(bh_enc_tensor(&b, &t), -EINVAL);
+  ASSERT_EQ(b.len, 0);
+  bh_buf_free(&b);
   return 0;
 }
 
@@ -1003,7 +1045,7 @@ TEST_IMPL(codec_error_names) {
   values[n++] = value;
   BH_ERRNO_MAP(CHECK_ERR)
 #undef CHECK_ERR
-  ASSERT_EQ(n, 32);
+  ASSERT_EQ(n, 33);
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j < n; j++) ASSERT_NE(values[i], values[j]);
   /* errno values go through strerror, and the common ones have names. */

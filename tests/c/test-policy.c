@@ -134,6 +134,27 @@ TEST_IMPL(policy_load_and_unload_bytes) {
     if (got != unloads[i].want) fprintf(stderr, "unload row %zu: %s\n", i, unloads[i].rule);
     ASSERT_UEQ(got, unloads[i].want);
   }
+  static const struct {
+    const char *rule;
+    double arg;
+    uint64_t want;
+  } asks[] = {
+    {"a byte count is taken as it is", 300.0 * MiB, 300 * MiB},
+    {"a float ask is floored", 100.0 * MiB + 0.5, 100 * MiB},
+    {"under a byte is nothing", 0.5, 0},
+    {"1e30 (everything) is capped", 1e30, BH_POLICY_ASK_MAX},
+    {"infinity is capped", INFINITY, BH_POLICY_ASK_MAX},
+    {"2^62 exactly", 4611686018427387904.0, BH_POLICY_ASK_MAX},
+    {"zero", 0.0, 0},
+    {"negative", -5.0, 0},
+    {"minus infinity", -INFINITY, 0},
+    {"NaN", NAN, 0},
+  };
+  for (size_t i = 0; i < sizeof asks / sizeof asks[0]; i++) {
+    uint64_t got = bh_policy_ask_bytes(asks[i].arg);
+    if (got != asks[i].want) fprintf(stderr, "ask row %zu: %s\n", i, asks[i].rule);
+    ASSERT_UEQ(got, asks[i].want);
+  }
   ASSERT_UEQ(bh_policy_freed(1000, 400), 600);
   ASSERT_UEQ(bh_policy_freed(400, 1000), 0);
   ASSERT_UEQ(bh_policy_freed(7, 7), 0);

@@ -8,6 +8,7 @@
  * /proc/self/fd ("memfd:bulkhead-block-<id>").
  */
 #include "task.h"
+#include "src/core/internal.h" /* the pool's bounds */
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -194,6 +195,45 @@ TEST_IMPL(shm_block_is_sealed_memfd) {
   bh_channel_close(a);
   bh_channel_close(b);
   ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Every own block holds an fd: at most BH__OWN_BLOCKS_MAX at once (past
+ * it -BH_EPOOLFULL, nothing created), and once they are free the pool
+ * keeps BH__KEEP_FREE_BLOCKS of them, not all (a call that failed after
+ * taking many must not leave the process without fds). */
+TEST_IMPL(shm_own_blocks_are_bounded) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  static bh_block *x[BH__OWN_BLOCKS_MAX];
+  for (unsigned i = 0; i < BH__OWN_BLOCKS_MAX; i++) ASSERT_OK(bh_channel_block_acquire(a, 4096, &x[i]));
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 2 + (int)BH__OWN_BLOCKS_MAX);
+  bh_block *y;
+  ASSERT_RC(bh_channel_block_acquire(a, 4096, &y), -BH_EPOOLFULL);
+  ASSERT_EQ(stats_of(a).own_blocks, BH__OWN_BLOCKS_MAX);
+  for (unsigned i = 0; i < BH__OWN_BLOCKS_MAX; i++) bh_block_unref(x[i]);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.free_blocks, BH__KEEP_FREE_BLOCKS);
+  ASSERT_EQ(s.own_blocks, BH__KEEP_FREE_BLOCKS);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 2 + (int)BH__KEEP_FREE_BLOCKS);
+  /* Full, with free blocks of the wrong size among them: a new one still
+   * fits, a free one goes to make room. */
+  enum { HELD = BH__OWN_BLOCKS_MAX - BH__KEEP_FREE_BLOCKS };
+  for (unsigned i = 0; i < BH__OWN_BLOCKS_MAX; i++)
+    ASSERT_OK(bh_channel_block_acquire(a, i < HELD ? 4096 : 8192, &x[i]));
+  for (unsigned i = HELD; i < BH__OWN_BLOCKS_MAX; i++) bh_block_unref(x[i]), x[i] = NULL;
+  s = stats_of(a);
+  ASSERT_EQ(s.own_blocks, BH__OWN_BLOCKS_MAX);
+  ASSERT_EQ(s.free_blocks, BH__KEEP_FREE_BLOCKS);
+  ASSERT_OK(bh_channel_block_acquire(a, 1 << 20, &y));
+  ASSERT_EQ(stats_of(a).own_blocks, BH__OWN_BLOCKS_MAX);
+  bh_block_unref(y);
+  for (unsigned i = 0; i < BH__OWN_BLOCKS_MAX; i++)
+    if (x[i]) bh_block_unref(x[i]);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_EQ(bh_test_fd_count(), fds0);
   return 0;
 }
 

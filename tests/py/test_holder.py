@@ -100,7 +100,8 @@ def test_holder_keeps_floors_and_answers_what_it_can():
 
 @pytest.mark.parametrize("size, expect", [
     (1e30, 700 * MiB), (float(100 * MiB) + 0.5, 100 * MiB), (0, 0), (-5, 0), (float("nan"), 0),
-    (None, 0), ("lots", 0), (1 << 80, 700 * MiB)])
+    (None, 0), ("lots", 0), (1 << 80, 700 * MiB), (10 ** 400, 700 * MiB), (-10 ** 400, 0),
+    (float("inf"), 700 * MiB)])
 def test_holder_takes_what_upstream_passes(size, expect):
     hm = _hm(("a", "cpu", 10, 200 * MiB, 0), ("b", "cpu", 20, 500 * MiB, 0))
     assert bh_holder.BulkheadHolder(hm).release_memory("cpu", size) == expect

@@ -52,6 +52,49 @@ def _join(ledger, role, pack, host_pid=0, held=0, generation=1):
     return p
 
 
+# A process that takes the ledger's mutex (the BH_TESTING hook) and keeps it
+# until a line on stdin.
+MUTEX_HOLDER = r"""
+import sys
+from bulkhead import _native
+l = _native.Ledger(sys.argv[1])
+l._test_lock()
+print("ready", flush=True)
+sys.stdin.readline()
+l._test_unlock()
+l.close()
+"""
+
+
+class _Served:
+    """An aiohttp app with `routes` on it and a trivial GET /ping, served on
+    127.0.0.1 from a thread with its own loop (routes_env's Serve), and
+    http(method, path, body) -> (status, JSON) against it.  middlewares:
+    the app's (a test's own, before the routes)."""
+
+    def __init__(self, routes, middlewares=()):
+        from aiohttp import web
+        from routes_env import HTTP_HELPERS
+        import asyncio, threading, urllib.request, urllib.error
+        self.ns = dict(asyncio=asyncio, threading=threading, json=json, urllib=urllib, web=web)
+        exec(HTTP_HELPERS, self.ns)
+        app = web.Application(middlewares=list(middlewares))
+
+        async def ping(request):
+            return web.json_response({"pong": True})
+
+        app.router.add_get("/ping", ping)
+        routes.add_to(app.router)
+        self.serve = self.ns["Serve"](app)
+        self.ns["port"] = self.serve.port
+
+    def http(self, method, path, body=None, raw=None):
+        return self.ns["http"](method, path, body, raw, timeout=60)
+
+    def close(self):
+        self.serve.close()
+
+
 def _leave(*procs):
     for p in procs:
         p.stdin.close()
@@ -164,6 +207,59 @@ def test_status_route_reads_through_the_hosts_own_handles(tmp_path, monkeypatch)
     assert [d["uuid"] for d in doc["devices"] if d["source"] == "nvml"] == [UUID0]
 
 
+def test_status_route_answers_off_the_loop_while_the_ledger_mutex_is_held(tmp_path, monkeypatch):
+    """GET /bulkhead/status while another process holds the ledger's mutex
+    (a snapshot then waits up to 2 s for it): the snapshot runs off the
+    server's loop, so another route answers within 100 ms meanwhile, and
+    requests that come while one snapshot is in flight share it instead of
+    queueing more."""
+    import threading
+    import time
+    import types
+    monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
+    path = tmp_path / "ledger"
+    ledger = _native.Ledger(str(path))
+    ledger.join("host", pack="host", interpreter="3.12.1")
+    hm = types.SimpleNamespace(ledger=ledger, events=[], _gpu_probe=lambda: None)
+    routes = comfy_routes.BulkheadRoutes(hm)
+    snapshots = []
+    real = comfy_routes.status_document
+    monkeypatch.setattr(comfy_routes, "status_document",
+                        lambda *a: snapshots.append(time.monotonic()) or real(*a))
+    served = _Served(routes)
+    holder = subprocess.Popen([sys.executable, "-c", MUTEX_HOLDER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=BUILD_PY))
+    answers = []
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert served.http("GET", "/ping")[0] == 200   # the connection path is warm
+        clients = [threading.Thread(target=lambda: answers.append(served.http("GET", "/bulkhead/status")))
+                   for _ in range(3)]
+        for t in clients:
+            t.start()
+        while not snapshots:
+            time.sleep(0.01)
+        time.sleep(0.3)     # the snapshot waits on the mutex; every request has come
+        t0 = time.monotonic()
+        ping = served.http("GET", "/ping")
+        ping_s = time.monotonic() - t0
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        for t in clients:
+            t.join(30)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+        holder.stdout.close()
+        served.close()
+        ledger.close()
+    assert ping == (200, {"pong": True}) and ping_s < 0.1, ping_s
+    assert len(answers) == 3 and all(status == 200 for status, _ in answers), answers
+    assert all([p["pid"] for p in doc["processes"]] == [os.getpid()] == [doc["host_pid"]]
+               for _, doc in answers)
+    assert len(snapshots) == 1, snapshots
+
+
 def test_status_json_refuses_what_is_not_a_handle(tmp_path):
     with pytest.raises(TypeError, match="Gpu"):
         _native.status_json(None, "not a gpu")
@@ -186,6 +282,13 @@ def test_status_json_refuses_what_is_not_a_handle(tmp_path):
     ({"pack": 5}, '"pack" must be a non-empty string'),
     ({"pack": "a", "bytes": 0}, '"bytes" must be a positive integer or null'),
     ({"pack": "a", "bytes": 1.5}, '"bytes" must be a positive integer or null'),
+    ({"pack": "a", "bytes": 2 ** 63}, '"bytes" must be a positive integer or null'),
+    ({"pack": "a", "bytes": float("inf")}, '"bytes" must be a positive integer or null'),
+    ({"pack": "a", "bytes": float("nan")}, '"bytes" must be a positive integer or null'),
+    ({"pack": "a", "bytes": -1}, '"bytes" must be a positive integer or null'),
+    ({"pack": "a", "bytes": True}, '"bytes" must be a positive integer or null'),
+    ({"pack": "a", "bytes": "5"}, '"bytes" must be a positive integer or null'),
+    ({"pid": 2 ** 63}, '"pid" must be a positive integer'),
 ])
 def test_release_bodies_that_are_refused(body, message):
     with pytest.raises(comfy_routes.RouteError) as e:
@@ -197,6 +300,183 @@ def test_release_bodies_that_are_accepted():
     assert comfy_routes._parse_release({"pid": 42}) == (42, None)
     assert comfy_routes._parse_release({"pack": "p", "bytes": 5}) == ("p", 5)
     assert comfy_routes._parse_release({"pack": "p", "bytes": None}) == ("p", None)
+    assert comfy_routes._parse_release({"pack": "p", "bytes": 2 ** 63 - 1}) == ("p", 2 ** 63 - 1)
+
+
+@pytest.mark.parametrize("body, message", [
+    ([], "must be a JSON object"),
+    ({"all_hosts": "yes"}, '"all_hosts" must be a boolean'),
+    ({"all_hosts": 1}, '"all_hosts" must be a boolean'),
+    ({"wait_s": float("inf")}, '"wait_s" must be a number of seconds from 0 to 60'),
+    ({"wait_s": float("nan")}, '"wait_s" must be a number of seconds from 0 to 60'),
+    ({"wait_s": 1e8}, '"wait_s" must be a number of seconds from 0 to 60'),
+    ({"wait_s": 10 ** 400}, '"wait_s" must be a number of seconds from 0 to 60'),
+    ({"wait_s": -1}, '"wait_s" must be a number of seconds from 0 to 60'),
+    ({"wait_s": True}, '"wait_s" must be a number of seconds from 0 to 60'),
+    ({"wait_s": "5"}, '"wait_s" must be a number of seconds from 0 to 60'),
+])
+def test_free_bodies_that_are_refused(body, message):
+    with pytest.raises(comfy_routes.RouteError) as e:
+        comfy_routes._parse_free(body)
+    assert e.value.status == 400 and message in str(e.value)
+
+
+def test_free_bodies_that_are_accepted():
+    assert comfy_routes._parse_free({}) == (False, None)
+    assert comfy_routes._parse_free({"all_hosts": True, "wait_s": 0}) == (True, 0.0)
+    assert comfy_routes._parse_free({"wait_s": 60}) == (False, 60.0)
+
+
+@pytest.mark.parametrize("remote, loopback", [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("192.0.2.1", False), ("::ffff:192.0.2.1", False), ("2001:db8::1", False), ("", False), (None, False),
+])
+def test_which_clients_are_loopback(remote, loopback):
+    import types
+    assert comfy_routes.from_loopback(types.SimpleNamespace(remote=remote)) is loopback
+
+
+def _fake_host(tmp_path):
+    """A joined host record on a fresh ledger and a stand-in HostMemory with
+    no workers of its own: (ledger, hm)."""
+    import collections
+    import types
+    ledger = _native.Ledger(str(tmp_path / "ledger"))
+    ledger.join("host", pack="host", interpreter="3.12.1")
+    return ledger, types.SimpleNamespace(ledger=ledger, events=collections.deque(), owners=[],
+                                         _gpu_probe=lambda: None)
+
+
+def _remote_from_header():
+    """A test middleware: a request with X-Test-Remote reaches the routes
+    as if its client were that address (request.clone(remote=...)); no
+    traffic leaves 127.0.0.1."""
+    from aiohttp import web
+
+    @web.middleware
+    async def as_remote(request, handler):
+        remote = request.headers.get("X-Test-Remote")
+        return await handler(request.clone(remote=remote) if remote else request)
+
+    return as_remote
+
+
+def test_a_web_client_off_the_machine_cannot_reach_other_instances(tmp_path, monkeypatch):
+    """{"all_hosts": true} and a release of another host's worker, from a
+    client that is not on loopback: 403 naming the setting, and nothing is
+    asked of the other host; from loopback, or with the setting, they run."""
+    monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
+    monkeypatch.delenv("BULKHEAD_ALLOW_REMOTE_ALL_HOSTS", raising=False)
+    ledger, hm = _fake_host(tmp_path)
+    routes = comfy_routes.BulkheadRoutes(hm, free_wait_s=0.1, release_timeout_s=1.0)
+    asked = []
+    real_remote = routes.release_remote
+    routes.release_remote = lambda target, nbytes=None: asked.append(target) or real_remote(target, nbytes)
+    # another host (no control socket: unreachable) with an idle worker
+    ghost = _join(tmp_path / "ledger", "host", "ghost-host")
+    gw = _join(tmp_path / "ledger", "worker", "ghost-pack", host_pid=ghost.pid, held=MiB)
+    served = _Served(routes, [_remote_from_header()])
+    far = {"X-Test-Remote": "192.0.2.1"}
+
+    def post(path, body, headers=None):
+        import urllib.request
+        req = urllib.request.Request(f"http://127.0.0.1:{served.serve.port}{path}", method="POST",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        far_all = post("/bulkhead/free", {"all_hosts": True}, far)
+        far_release = post("/bulkhead/release", {"pack": "ghost-pack"}, far)
+        far_local = post("/bulkhead/free", {}, far)          # this instance's own: allowed
+        asked_far = list(asked)
+        near_all = post("/bulkhead/free", {"all_hosts": True})
+        near_release = post("/bulkhead/release", {"pack": "ghost-pack"})
+        monkeypatch.setenv("BULKHEAD_ALLOW_REMOTE_ALL_HOSTS", "1")
+        allowed_release = post("/bulkhead/release", {"pack": "ghost-pack"}, far)
+    finally:
+        served.close()
+        _leave(gw, ghost)
+        ledger.close()
+    for status, answer in (far_all, far_release):
+        assert status == 403 and "192.0.2.1" in answer["error"], answer
+        assert "BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1" in answer["error"] and "loopback" in answer["error"]
+    assert "ghost-pack" in far_release[1]["error"] and "all_hosts" in far_all[1]["error"]
+    assert far_local[0] == 200 and far_local[1]["processes"] == []
+    assert asked_far == []
+    # from loopback the other host is asked (and is unreachable: no control socket)
+    assert near_all[0] == 200 and [r["state"] for r in near_all[1]["processes"]] == ["unreachable"]
+    assert near_release[0] == 502 and "unreachable" in near_release[1]["error"]
+    assert allowed_release[0] == 502
+    assert [t.pid for t in asked] == [gw.pid] * 3
+
+
+def test_bad_numbers_are_400s_over_http(tmp_path, monkeypatch):
+    """What JSON can carry that Python parses into numbers no release can
+    take (Infinity, NaN, 2**63, 1e8 s): 400 naming the field, never a 500
+    or a thread held for a day."""
+    monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
+    ledger, hm = _fake_host(tmp_path)
+    served = _Served(comfy_routes.BulkheadRoutes(hm))
+    try:
+        answers = {raw: served.http("POST", path, raw=raw) for path, raw in [
+            ("/bulkhead/free", b'{"wait_s": Infinity}'),
+            ("/bulkhead/free", b'{"wait_s": NaN}'),
+            ("/bulkhead/free", b'{"wait_s": 1e8}'),
+            ("/bulkhead/free", b'{"wait_s": -1}'),
+            ("/bulkhead/free", b'{"all_hosts": "yes"}'),
+            ("/bulkhead/release", b'{"pid": %d, "bytes": 9223372036854775808}' % os.getpid()),
+            ("/bulkhead/release", b'{"pid": 9223372036854775808}'),
+            ("/bulkhead/release", b'{"pid": %d, "bytes": Infinity}' % os.getpid()),
+        ]}
+    finally:
+        served.close()
+        ledger.close()
+    for raw, (status, answer) in answers.items():
+        field = "wait_s" if b"wait_s" in raw else "all_hosts" if b"all_hosts" in raw else \
+            "bytes" if b"bytes" in raw else "pid"
+        assert status == 400 and f'"{field}"' in answer["error"], (raw, status, answer)
+
+
+def test_releases_in_progress_are_bounded(tmp_path, monkeypatch):
+    """At most ACT_ADMITTED releases and frees at once, on threads of their
+    own: one more is answered 429 at once, and the server answers other
+    routes meanwhile."""
+    import threading
+    monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
+    ledger, hm = _fake_host(tmp_path)
+    routes = comfy_routes.BulkheadRoutes(hm)
+    gate, entered = threading.Event(), []
+    real_free = routes.free
+    routes.free = lambda *a: entered.append(threading.current_thread().name) or gate.wait(60) and real_free(*a)
+    served = _Served(routes)
+    n = comfy_routes.ACT_ADMITTED
+    answers = []
+    clients = [threading.Thread(target=lambda: answers.append(served.http("POST", "/bulkhead/free", {})))
+               for _ in range(n)]
+    try:
+        for t in clients:
+            t.start()
+        for _ in range(3000):
+            if routes._acting == n:
+                break
+            threading.Event().wait(0.01)
+        extra = served.http("POST", "/bulkhead/free", {})
+        ping = served.http("GET", "/ping")
+    finally:
+        gate.set()
+        for t in clients:
+            t.join(60)
+        served.close()
+        ledger.close()
+    assert extra[0] == 429 and "in progress" in extra[1]["error"], extra
+    assert ping == (200, {"pong": True})
+    assert sorted(status for status, _ in answers) == [200] * n
+    assert len(entered) == n and all(name.startswith("bulkhead-act") for name in entered), entered
 
 
 def test_route_code_writes_nothing_into_comfy():

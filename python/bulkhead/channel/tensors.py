@@ -5,7 +5,10 @@ Sending copies the data once, straight into a pooled shared-memory block
 wraps the peer's block with no copy: numpy through the lease's
 ``__array_interface__``, torch through a DLPack capsule; the received
 object keeps the block alive, and when it goes the block goes back to its
-owner's pool.  Neither library is imported here unless the process already
+owner's pool.  A small tensor (at most ``_native.TENSOR_INLINE_MAX`` bytes,
+64 KiB) needs no block, so no fd: its bytes travel inline in the value, and
+the receiver's array owns a copy of them (a bytearray).  A list of a
+thousand small arrays thus costs no fds at all.  Neither library is imported here unless the process already
 has it loaded or a tensor of it arrives.
 """
 
@@ -14,6 +17,7 @@ import sys
 from .. import _native
 
 _CODES = {name: code for name, (code, _size) in _native.dtypes().items()}
+_INLINE_MAX = _native.TENSOR_INLINE_MAX
 
 # numpy dtype names that map directly; longdouble is platform-sized.
 _NUMPY_NAMES = {
@@ -83,6 +87,8 @@ def encode(chan, obj):
         if obj.dtype.hasobject or obj.dtype.fields is not None:
             raise TypeError(f"cannot send a numpy array of dtype {obj.dtype!s} (objects or records)")
         code = _numpy_code(np, obj.dtype)
+        if 0 < obj.nbytes <= _INLINE_MAX:
+            return (0, _native.TENSOR_NUMPY, code, obj.shape, obj.tobytes())  # C order
         lease = None
         if obj.nbytes:
             lease = chan.acquire(obj.nbytes)
@@ -105,6 +111,10 @@ def encode(chan, obj):
         if t.is_neg():
             t = t.resolve_neg()
         nbytes = t.numel() * t.element_size()
+        np = sys.modules.get("numpy")  # torch's .numpy() needs it
+        if 0 < nbytes <= _INLINE_MAX and np is not None:
+            data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            return (0, _native.TENSOR_TORCH, code, tuple(t.shape), data)
         lease = None
         if nbytes:
             lease = chan.acquire(nbytes)
@@ -123,7 +133,10 @@ def _torch_view(torch, lease, nbytes, dtype, shape):
 
 
 def decode(lib, code, shape, strides, lease):
-    """Wraps a received tensor ref without copying."""
+    """Wraps a received tensor ref without copying.  lease: a Lease over
+    the peer's block, None (an empty tensor) or a bytearray (an inline
+    one: the codec's copy, which the result keeps)."""
+    inline = isinstance(lease, bytearray)
     if lib == _native.TENSOR_TORCH:
         import torch
         dtype = _torch_dtypes(torch).get(code)
@@ -131,7 +144,10 @@ def decode(lib, code, shape, strides, lease):
             raise TypeError(f"this torch has no dtype for bulkhead code {code}")
         if lease is None:
             return torch.empty(shape, dtype=dtype)
-        t = _torch_view(torch, lease, lease.nbytes, dtype, (-1,))
+        if inline:
+            t = torch.frombuffer(lease, dtype=torch.uint8).view(dtype)
+        else:
+            t = _torch_view(torch, lease, lease.nbytes, dtype, (-1,))
         if tuple(strides) == _contiguous(shape):
             return t.view(shape)
         return t.as_strided(shape, strides)
@@ -141,10 +157,11 @@ def decode(lib, code, shape, strides, lease):
     if lib == _native.TENSOR_NUMPY_SCALAR:
         if shape or lease is None:
             raise TypeError(f"a numpy scalar must be a 0-d tensor with data, not shape {shape}")
-        return np.asarray(lease).view(dtype)[0].copy()
+        flat = np.frombuffer(lease, dtype) if inline else np.asarray(lease).view(dtype)
+        return flat[0].copy()
     if lease is None:
         return np.empty(shape, dtype=dtype)
-    flat = np.asarray(lease).view(dtype)
+    flat = np.frombuffer(lease, dtype) if inline else np.asarray(lease).view(dtype)
     if tuple(strides) == _contiguous(shape):
         return flat.reshape(shape)
     isz = dtype.itemsize

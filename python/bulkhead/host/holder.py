@@ -34,17 +34,13 @@ their own host's holder answers for them in their ComfyUI.
 import logging
 import threading
 
+from .. import _native
 from . import contract, release
 
 log = logging.getLogger("bulkhead")
 
 REGISTER = "register_memory_holder"
 UNREGISTER = "unregister_memory_holder"
-
-# The plan works in unsigned 64-bit bytes; upstream asks with floats up to
-# 1e30 ("everything").
-MAX_ASK_BYTES = 1 << 62
-
 
 def registry(mm):
     """(register, unregister) when ComfyUI's memory manager offers the
@@ -63,12 +59,11 @@ def registry(mm):
 
 def _ask_bytes(size):
     """size as upstream passes it (an int, or a float such as 1e30) ->
-    the bytes to plan for, 0 for anything that is not a positive number."""
+    the bytes to plan for (policy: bh_policy_ask_bytes), 0 for anything
+    that is not a number."""
     try:
-        if size != size or size <= 0:   # NaN, zero, negative
-            return 0
-        return MAX_ASK_BYTES if size >= MAX_ASK_BYTES else int(size)
-    except (TypeError, ValueError, OverflowError):
+        return _native.policy_ask_bytes(size)
+    except (TypeError, ValueError):
         return 0
 
 

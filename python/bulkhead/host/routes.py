@@ -24,18 +24,31 @@ custom nodes load, so upstream's ``add_routes`` also serves each under
                             {"worker_pid", "pack", "host_pid", "before_bytes",
                             "after_bytes", "freed_bytes", "receipt"}; errors
                             are {"error": message} with 400 (bad body, or a
-                            pack name that matches several workers), 404 (no
-                            such worker), 409 (the worker stayed busy), 502
-                            (its host is unreachable or failed), 504 (timeout)
-    POST /bulkhead/free     {"all_hosts": bool, "wait_s": float}: the full
-                            ladder on every worker of this host (waiting up
-                            to wait_s for one in a call), and with all_hosts
-                            on every idle worker of the other hosts ->
+                            pack name that matches several workers), 403 (a
+                            worker of another host, asked from off the
+                            machine), 404 (no such worker), 409 (the worker
+                            stayed busy), 429 (ACT_ADMITTED releases in
+                            progress already), 502 (its host is unreachable
+                            or failed), 504 (timeout)
+    POST /bulkhead/free     {"all_hosts": bool, "wait_s": float <= 60}: the
+                            full ladder on every worker of this host (waiting
+                            up to wait_s for one in a call), and with
+                            all_hosts (403 from off the machine) on every
+                            idle worker of the other hosts ->
                             {"host_pid", "all_hosts", "processes": [{"pid",
                             "pack", "host_pid", "state", "before_bytes",
                             "after_bytes", "freed_bytes", "error"}...],
                             "before_bytes", "after_bytes", "freed_bytes"};
-                            sent only after the bytes moved
+                            sent only after the bytes moved; errors as above
+
+What a web client may do (ComfyUI often listens on 0.0.0.0, with no
+authentication): read the status, release and free this instance's
+workers.  Reaching other instances' workers (all_hosts, a release of
+another host's worker) needs a loopback client or
+$BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1.  Every wait is bounded (wait_s at most
+MAX_WAIT_S, a release by the worker's release timeout), releases run on
+ACT_THREADS threads of their own with at most ACT_ADMITTED admitted, and
+the status snapshot runs off the loop, one at a time.
 
 ComfyUI's own ``POST /free`` ({"unload_models", "free_memory"}) only sets
 two flags for the prompt worker, which then calls ``unload_all_models()``
@@ -85,6 +98,8 @@ pid); a worker whose host has no live record stands on its own.  idle_s is
 """
 
 import asyncio
+import concurrent.futures
+import ipaddress
 import json
 import logging
 import os
@@ -101,6 +116,18 @@ SCHEMA = 1
 TIMELINE_LEN = 40                 # events the status route returns
 # How long /free and /bulkhead/free wait for a worker that is in a call.
 FREE_WAIT_S = float(os.environ.get("BULKHEAD_FREE_WAIT", "10"))
+MAX_WAIT_S = 60.0                 # the most a request's "wait_s" may ask
+MAX_BYTES = (1 << 63) - 1         # the most a request's "bytes" may ask (the codec's int64)
+# Releases and frees (POST /bulkhead/release, /bulkhead/free, ComfyUI's
+# /free) run on ACT_THREADS threads of their own, never the default
+# executor's; at most ACT_ADMITTED are admitted at once (running or
+# waiting for a thread), more are answered 429.
+ACT_THREADS = 2
+ACT_ADMITTED = 4
+# A web client off this machine may reach other ComfyUI instances' workers
+# ({"all_hosts": true}, a release of another host's worker) only with this
+# set to 1; a loopback client always may.
+ALLOW_REMOTE_ENV = "BULKHEAD_ALLOW_REMOTE_ALL_HOSTS"
 
 
 # --------------------------------------------------------------- reading
@@ -139,6 +166,12 @@ class RouteError(Exception):
         self.status = status
 
 
+def _shown(value):
+    """A request's value as JSON, shortened for an error message."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _parse_release(body):
     if not isinstance(body, dict):
         raise RouteError(400, 'the body must be a JSON object: {"pid": <int>} or {"pack": <str>}, '
@@ -146,14 +179,56 @@ def _parse_release(body):
     pid, pack, nbytes = body.get("pid"), body.get("pack"), body.get("bytes")
     if (pid is None) == (pack is None):
         raise RouteError(400, 'name exactly one worker: "pid" (an int) or "pack" (a string)')
-    if pid is not None and (type(pid) is not int or pid <= 0):
-        raise RouteError(400, f'"pid" must be a positive integer, not {json.dumps(pid)}')
+    if pid is not None and (type(pid) is not int or not 0 < pid < 1 << 31):
+        raise RouteError(400, f'"pid" must be a positive integer, not {_shown(pid)}')
     if pack is not None and (not isinstance(pack, str) or not pack):
-        raise RouteError(400, f'"pack" must be a non-empty string, not {json.dumps(pack)}')
-    if nbytes is not None and (type(nbytes) is not int or nbytes <= 0):
+        raise RouteError(400, f'"pack" must be a non-empty string, not {_shown(pack)}')
+    if nbytes is not None and (type(nbytes) is not int or not 0 < nbytes <= MAX_BYTES):
         raise RouteError(400, f'"bytes" must be a positive integer or null (the full release), '
-                              f'not {json.dumps(nbytes)}')
+                              f'at most {MAX_BYTES}, not {_shown(nbytes)}')
     return (pid if pid is not None else pack), nbytes
+
+
+def _parse_free(body):
+    """(all_hosts, wait_s) of a /bulkhead/free body; wait_s None: the
+    route's default."""
+    if not isinstance(body, dict):
+        raise RouteError(400, 'the body must be a JSON object: {"all_hosts": <bool>, "wait_s": <seconds>}')
+    all_hosts, wait_s = body.get("all_hosts", False), body.get("wait_s")
+    if not isinstance(all_hosts, bool):
+        raise RouteError(400, f'"all_hosts" must be a boolean, not {_shown(all_hosts)}')
+    # (NaN and infinities fail the comparison, as a huge int does)
+    if wait_s is not None and (isinstance(wait_s, bool) or not isinstance(wait_s, (int, float))
+                               or not 0 <= wait_s <= MAX_WAIT_S):
+        raise RouteError(400, f'"wait_s" must be a number of seconds from 0 to {MAX_WAIT_S:g}, '
+                              f'not {_shown(wait_s)}')
+    return all_hosts, (None if wait_s is None else float(wait_s))
+
+
+def from_loopback(request):
+    """True when the request's client is on this machine (a loopback
+    address; IPv4-mapped IPv6 included).  A request without an IP peer (a
+    Unix socket, an unknown transport) is not."""
+    try:
+        addr = ipaddress.ip_address(request.remote or "")
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+def may_reach_other_hosts(request):
+    """Whether this request may act on other ComfyUI instances' workers:
+    from loopback, or anywhere with $BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1."""
+    return from_loopback(request) or os.environ.get(ALLOW_REMOTE_ENV) == "1"
+
+
+def _refuse_other_hosts(client, what):
+    """The 403 for `what` (a release that reaches another instance's
+    workers) asked by `client` (its address) from off the machine."""
+    return RouteError(403, f"{what}: only a client on this machine (loopback) may act on another "
+                           f"ComfyUI instance's workers, not {client or 'this client'}; set "
+                           f"{ALLOW_REMOTE_ENV}=1 where ComfyUI runs to allow it from anywhere")
 
 
 class BulkheadRoutes:
@@ -171,6 +246,15 @@ class BulkheadRoutes:
         self.release_timeout_s = RELEASE_TIMEOUT_S if release_timeout_s is None else release_timeout_s
         self.prompt_hook = None        # what prompt_end is registered with, or None
         self._provider = None
+        # GET /bulkhead/status: the snapshot in flight (an asyncio future on
+        # the server's loop, shared by every request that comes meanwhile)
+        # and the one thread that takes snapshots, off the loop and apart
+        # from the default executor's (a snapshot may wait 2 s on the
+        # ledger's mutex; aiohttp's FileResponse needs those threads).
+        self._snapshot = None
+        self._status_pool = None
+        self._act_pool = None          # the threads releases and frees run on
+        self._acting = 0               # releases and frees admitted (on the loop only)
 
     # --- the host ---
 
@@ -204,12 +288,38 @@ class BulkheadRoutes:
 
     # --- status ---
 
-    def status(self):
+    def snapshot(self):
+        """The status document from the ledger and the probes (a blocking
+        read: the ledger's mutex, /proc; never call it on the loop)."""
         hm = self.hm
-        doc = status_document(self._ledger(), hm._gpu_probe() if hm is not None else None)
+        return status_document(self._ledger(), hm._gpu_probe() if hm is not None else None)
+
+    def status(self):
+        """The GET /bulkhead/status answer, synchronously."""
+        return self._answer(self.snapshot())
+
+    def _answer(self, doc):
+        doc = dict(doc)
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
         return doc
+
+    async def status_async(self):
+        """The GET /bulkhead/status answer, on the server's loop: the
+        snapshot runs on this object's own thread, one at a time; a request
+        that comes while one is in flight shares its document (taken at
+        most one snapshot's time before), so neither a held ledger mutex
+        nor a client polling in a loop ever waits on the loop or queues
+        snapshots."""
+        fut = self._snapshot
+        if fut is None or fut.done():
+            if self._status_pool is None:
+                self._status_pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="bulkhead-status")
+            fut = asyncio.get_running_loop().run_in_executor(self._status_pool, self.snapshot)
+            self._snapshot = fut
+        # shield: a client that goes away cancels its wait, not the others'
+        return self._answer(await asyncio.shield(fut))
 
     # --- releasing one worker ---
 
@@ -268,11 +378,16 @@ class BulkheadRoutes:
             raise RouteError(502, f"host {host_pid} failed to release {pack!r} (pid {pid}): "
                                   f"{str(e).splitlines()[0]}") from None
 
-    def release(self, who, nbytes=None):
-        """POST /bulkhead/release, synchronously."""
+    def release(self, who, nbytes=None, refused_client=None):
+        """POST /bulkhead/release, synchronously.  refused_client: None, or
+        the address of a client that may not reach other hosts (then a
+        worker of another host is refused with 403, not released)."""
         where = self.locate(who)
         if isinstance(where, _release.Local):
             return self.release_local(where.worker, nbytes)
+        if refused_client is not None:
+            raise _refuse_other_hosts(refused_client, f"worker {where.pack!r} (pid {where.pid}) belongs "
+                                                      f"to another ComfyUI instance (pid {where.host_pid})")
         return self.release_remote(where, nbytes)
 
     # --- freeing everything ---
@@ -395,41 +510,56 @@ class BulkheadRoutes:
     # --- aiohttp ---
 
     async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        """fn(*args) on this object's acting threads (not the default
+        executor: aiohttp's FileResponse needs those)."""
+        if self._act_pool is None:
+            self._act_pool = concurrent.futures.ThreadPoolExecutor(
+                ACT_THREADS, thread_name_prefix="bulkhead-act")
+        return await asyncio.get_running_loop().run_in_executor(self._act_pool, fn, *args)
+
+    async def _act(self, fn, *args):
+        """fn(*args) on the acting threads, if fewer than ACT_ADMITTED are
+        admitted already; else RouteError 429 (nothing runs)."""
+        if self._acting >= ACT_ADMITTED:
+            raise RouteError(429, f"{self._acting} releases and frees are in progress already; "
+                                  "try again when they have answered")
+        self._acting += 1
+        try:
+            return await self._run(fn, *args)
+        finally:
+            self._acting -= 1
+
+    async def _json_body(self, request, default=None):
+        if default is not None and not request.can_read_body:
+            return default
+        try:
+            return await request.json()
+        except ValueError as e:
+            raise RouteError(400, f"the body is not JSON: {e}") from None
 
     async def get_status(self, request):
         from aiohttp import web
-        return web.json_response(self.status())
+        return web.json_response(await self.status_async())
 
     async def post_release(self, request):
         from aiohttp import web
         try:
-            try:
-                body = await request.json()
-            except ValueError as e:
-                raise RouteError(400, f"the body is not JSON: {e}") from None
-            who, nbytes = _parse_release(body)
-            return web.json_response(await self._run(self.release, who, nbytes))
+            who, nbytes = _parse_release(await self._json_body(request))
+            refused = None if may_reach_other_hosts(request) else (request.remote or "")
+            return web.json_response(await self._act(self.release, who, nbytes, refused))
         except RouteError as e:
             return web.json_response({"error": str(e)}, status=e.status)
 
     async def post_free(self, request):
         from aiohttp import web
-        body = {}
-        if request.can_read_body:
-            try:
-                body = await request.json()
-            except ValueError as e:
-                return web.json_response({"error": f"the body is not JSON: {e}"}, status=400)
-        if not isinstance(body, dict):
-            return web.json_response({"error": 'the body must be a JSON object: {"all_hosts": <bool>}'},
-                                     status=400)
-        all_hosts, wait_s = body.get("all_hosts", False), body.get("wait_s")
-        if not isinstance(all_hosts, bool) or (wait_s is not None and (
-                isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or wait_s < 0)):
-            return web.json_response({"error": '"all_hosts" must be a boolean and "wait_s" a number >= 0'},
-                                     status=400)
-        return web.json_response(await self._run(self.free, all_hosts, wait_s, "free"))
+        try:
+            all_hosts, wait_s = _parse_free(await self._json_body(request, {}))
+            if all_hosts and not may_reach_other_hosts(request):
+                raise _refuse_other_hosts(request.remote,
+                                          '"all_hosts" reaches every instance on this machine')
+            return web.json_response(await self._act(self.free, all_hosts, wait_s, "free"))
+        except RouteError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
 
     def free_observer(self):
         """The aiohttp middleware that follows ComfyUI's POST /free (and
@@ -453,7 +583,11 @@ class BulkheadRoutes:
             response = await handler(request)
             if not asked or response.status != 200 or not isinstance(response, web.Response):
                 return response
-            report = await self._run(self.free, False, None, "free", before)
+            try:
+                report = await self._act(self.free, False, None, "free", before)
+            except RouteError as e:  # too many at once: upstream's answer alone
+                log.warning("bulkhead: ComfyUI's /free: %s (the workers release after their idle time)", e)
+                return response
             if response.body is None or response.body == b"":
                 return web.json_response({"bulkhead": report}, status=response.status)
             if response.content_type == "application/json":
