@@ -13,8 +13,10 @@ one bar per process with its pack, its models and the eviction in the
 timeline; then, with the page pressing "Free worker memory" (?press=<ms>),
 the freed bytes shown, the history chart's series and marks, and that no
 label is cut at the sidebar's default width (SIDEBAR_PX).  A screenshot is
-taken too: BULKHEAD_PANEL_SCREENSHOT=<path> keeps it (docs/panel.png was
-made that way), BULKHEAD_PANEL_SCREENSHOT_FREED=<path> the one after a free.
+taken too: BULKHEAD_PANEL_SCREENSHOT=<path> keeps it;
+BULKHEAD_PANEL_SCREENSHOT_FREED=<path> takes one of a worker growing while
+the panel watches, then the button pressed (docs/panel.png was made that
+way).
 """
 
 import html.parser
@@ -97,11 +99,14 @@ PAGE, APP_JS, API_JS = {PAGE!r}, {APP_JS!r}, {API_JS!r}
 polls = []
 
 frees = []   # the /bulkhead/free answers the panel got
+on_poll = []  # callables run (off the loop) with the poll's count, before it is answered
 
 @web.middleware
 async def count_polls(request, handler):
     if request.path == "/api/bulkhead/status":
         polls.append(time.monotonic())
+        for fn in on_poll:
+            await asyncio.get_running_loop().run_in_executor(None, fn, len(polls))
     response = await handler(request)
     if request.path == "/api/bulkhead/free":
         frees.append(json.loads(response.body))
@@ -297,6 +302,11 @@ def test_panel_charts_history_and_shows_what_free_gave_back(tmp_path, monkeypatc
         if {shot!r} is not None:
             a.call("bh_mempack:load", "UNetA", 512 * MiB)
             b.call("bh_mempack:load", "ClipB", 256 * MiB)
+            start = len(polls)
+            def grow(n):   # pack-b grows while the panel watches, as during a prompt
+                if n == start + 2:
+                    b.call("bh_mempack:load", "Grow", 192 * MiB)
+            on_poll.append(grow)
             subprocess.run(flags + ["--screenshot=" + {shot!r}, url], capture_output=True, timeout=180)
         out(res)
         finish(a, b)
