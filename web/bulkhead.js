@@ -238,6 +238,21 @@ function processLabel(doc, p) {
   return p.pack || p.role;
 }
 
+// The server's clock less this browser's, in seconds: the timeline's times
+// are the server's, the samples are taken here.  From each status answer's
+// Date header (whole seconds, so the largest of the recent differences is
+// the closest); 0 until one is seen.
+const skew = { recent: [] };
+
+export function serverClockOffset(res, now = Date.now() / 1000) {
+  const date = Date.parse(res && res.headers ? res.headers.get("Date") || "" : "") / 1000;
+  if (Number.isFinite(date)) {
+    skew.recent.push(date - now);
+    if (skew.recent.length > 30) skew.recent.shift();
+  }
+  return skew.recent.length ? Math.max(...skew.recent) : 0;
+}
+
 // Adds one poll's document to the ring and drops what is older than HISTORY_S.
 export function recordSample(doc, t = Date.now() / 1000) {
   const held = {};
@@ -436,7 +451,7 @@ function mount(el) {
       const res = await api.fetchApi("/bulkhead/status");
       if (!res.ok) throw new Error(`GET /bulkhead/status: HTTP ${res.status}`);
       const doc = await res.json();
-      recordSample(doc);
+      recordSample(doc, Date.now() / 1000 + serverClockOffset(res));
       renderStatus(body, doc);
       status.textContent = `updated ${new Date().toLocaleTimeString()}`;
       status.classList.remove("bh-error");
