@@ -130,6 +130,31 @@ nodes.EXTENSION_WEB_DIRS["bulkhead"] = os.path.join(os.path.dirname(bulkhead.__f
 """
 
 
+def two_workers(pack_b):
+    """Scenario lines: workers a ("pack-a", 672 MiB in two models) and b
+    (pack_b, 256 MiB held of 352), whose "Scratch" ComfyUI evicted through
+    its stand-in as upstream's free_memory does (unloaded, then dropped
+    from the list): the timeline has the eviction.  One line: the caller
+    indents it."""
+    return "; ".join([
+        f'a, b = worker("pack-a"), worker({pack_b!r})',
+        'a.call("bh_mempack:load", "UNetA", 512 * MiB)', 'a.call("bh_mempack:load", "VAEA", 160 * MiB)',
+        'b.call("bh_mempack:load", "ClipB", 256 * MiB)', 'b.call("bh_mempack:load", "Scratch", 96 * MiB)',
+        "hm.reconcile()",
+        's = next(s_ for s_ in hm.standins(b) if s_.model.__class__.__name__ == "Scratch")',
+        "lm = next(lm for lm in mm.current_loaded_models if lm.model is s)",
+        "lm.model_unload()", "mm.current_loaded_models.remove(lm)"])
+
+
+def chromium_flags(tmp_path, budget_ms, window):
+    """The headless Chromium command line (a Python list literal) for a
+    page in virtual time: budget_ms of it, a window of "W,H" pixels."""
+    return repr([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--hide-scrollbars", "--no-first-run", "--disable-extensions", "--mute-audio",
+                 "--user-data-dir=" + str(tmp_path / "chromium"), f"--virtual-time-budget={budget_ms}",
+                 f"--window-size={window}", "--force-device-scale-factor=1"])
+
+
 class Dom(html.parser.HTMLParser):
     """The rows the panel rendered: per process its attributes, bar width
     and models; the device rows; the timeline entries."""
@@ -188,21 +213,10 @@ def test_panel_renders_every_process_in_chromium(tmp_path, monkeypatch):
     shot = tmp_path / "panel.png"
     r = routes_scenario(tmp_path, f"""
         import shutil, subprocess
-        a, b = worker("pack-a"), worker("pack-b")
-        a.call("bh_mempack:load", "UNetA", 512 * MiB)
-        a.call("bh_mempack:load", "VAEA", 160 * MiB)
-        b.call("bh_mempack:load", "ClipB", 256 * MiB)
-        b.call("bh_mempack:load", "Scratch", 96 * MiB)
-        hm.reconcile()
-        # ComfyUI evicts one of pack-b's models through its stand-in: the timeline shows it
-        s = next(s_ for s_ in hm.standins(b) if s_.model.__class__.__name__ == "Scratch")
-        next(lm for lm in mm.current_loaded_models if lm.model is s).model_unload()
+        {two_workers("pack-b")}
         doc = routes.status()
         url = "http://127.0.0.1:%d/" % port
-        flags = [{CHROMIUM!r}, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--hide-scrollbars", "--no-first-run", "--disable-extensions", "--mute-audio",
-                 "--user-data-dir=" + {str(tmp_path / "chromium")!r}, "--virtual-time-budget=4500",
-                 "--window-size=400,760", "--force-device-scale-factor=1"]
+        flags = {chromium_flags(tmp_path, 4500, "400,760")}
         dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
         polls_in_dump = len(polls)
         png = subprocess.run(flags + ["--screenshot=" + {str(shot)!r}, url], capture_output=True,
@@ -280,22 +294,9 @@ def test_panel_charts_history_and_shows_what_free_gave_back(tmp_path, monkeypatc
     long_pack = "comfyui-impact-subpack-b"   # a real-world length: must not be cut
     r = routes_scenario(tmp_path, f"""
         import subprocess
-        a, b = worker("pack-a"), worker({long_pack!r})
-        a.call("bh_mempack:load", "UNetA", 512 * MiB)
-        a.call("bh_mempack:load", "VAEA", 160 * MiB)
-        b.call("bh_mempack:load", "ClipB", 256 * MiB)
-        b.call("bh_mempack:load", "Scratch", 96 * MiB)
-        hm.reconcile()
-        s = next(s_ for s_ in hm.standins(b) if s_.model.__class__.__name__ == "Scratch")
-        # an eviction, as upstream's free_memory makes one: unloaded, then dropped from the list
-        lm = next(lm for lm in mm.current_loaded_models if lm.model is s)
-        lm.model_unload()
-        mm.current_loaded_models.remove(lm)
+        {two_workers(long_pack)}
         url = "http://127.0.0.1:%d/?press=2500" % port
-        flags = [{CHROMIUM!r}, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--hide-scrollbars", "--no-first-run", "--disable-extensions", "--mute-audio",
-                 "--user-data-dir=" + {str(tmp_path / "chromium")!r}, "--virtual-time-budget=5000",
-                 "--window-size=420,1100", "--force-device-scale-factor=1"]
+        flags = {chromium_flags(tmp_path, 5000, "420,1100")}
         dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
         res = dict(dom=dom.stdout, rc=dom.returncode, err=dom.stderr[-3000:], frees=list(frees),
                    pids=dict(me=os.getpid(), a=a.pid, b=b.pid))
