@@ -34,6 +34,7 @@ const POLL_MS = 1000;
 const TIMELINE_SHOWN = 12;
 const HISTORY_S = 300;          // the ring: the last 5 minutes of polls
 const WINDOW_MIN_S = 30;        // the chart's time axis spans at least this
+const GAP_S = 5;                // polls further apart than this: a gap in the chart
 const CHART_H = 64;             // plot height in px (the axis goes below)
 const HOST_COLOUR = "#e0a040";
 const PALETTE = ["#4a9eff", "#5cc07a", "#c678dd", "#e06c75", "#56b6c2", "#d19a66",
@@ -319,15 +320,26 @@ function renderChart(doc, device, width) {
     svg("line", { x1: 0, x2: W, y1: 0.5, y2: 0.5, stroke: "currentColor", "stroke-opacity": 0.12,
       "stroke-dasharray": "2 3" }));
   const base = samples.map(() => 0);
+  const runs = [];
+  samples.forEach((smp, i) => {
+    if (i && smp.t - samples[i - 1].t <= GAP_S) runs[runs.length - 1][1] = i;
+    else runs.push([i, i]);
+  });
   for (const s of series) {
     const upper = samples.map((smp, i) => base[i] + ((smp.held[s.key] || {})[device] || 0));
+    // one closed area per run of samples: where the tab was hidden (no
+    // polls) the area breaks instead of drawing a line across the gap; a
+    // run of one sample is a 3 px bar, so a first look is not empty
     let d = "";
-    if (samples.length === 1) {
-      // one sample so far: a bar at the right edge, so a first look is not empty
-      d = `M${W - 3},${y(upper[0]).toFixed(1)}H${W}V${y(base[0]).toFixed(1)}H${W - 3}Z`;
-    } else if (samples.length) {
-      d = samples.map((smp, i) => `${i ? "L" : "M"}${x(smp.t).toFixed(1)},${y(upper[i]).toFixed(1)}`).join("");
-      for (let i = samples.length - 1; i >= 0; i--) d += `L${x(samples[i].t).toFixed(1)},${y(base[i]).toFixed(1)}`;
+    for (const [a, b] of runs) {
+      if (a === b) {
+        const x1 = Math.max(3, x(samples[a].t));
+        d += `M${(x1 - 3).toFixed(1)},${y(upper[a]).toFixed(1)}H${x1.toFixed(1)}V${y(base[a]).toFixed(1)}` +
+          `H${(x1 - 3).toFixed(1)}Z`;
+        continue;
+      }
+      for (let i = a; i <= b; i++) d += `${i === a ? "M" : "L"}${x(samples[i].t).toFixed(1)},${y(upper[i]).toFixed(1)}`;
+      for (let i = b; i >= a; i--) d += `L${x(samples[i].t).toFixed(1)},${y(base[i]).toFixed(1)}`;
       d += "Z";
     }
     const now_b = upper[upper.length - 1] - base[base.length - 1];
