@@ -208,16 +208,23 @@ def test_example_packs_run_in_their_own_environments(comfyui, example_envs):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (`make chromium`)")
 def test_the_panel_loads_from_the_server_and_shows_this_hosts_worker(comfyui, tmp_path):
     srv = comfyui(packs=("e2e_pack", "e2e_frontend"))
-    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "p", "times": 1}}}))
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "p", "times": 1}},
+                                        "2": {"class_type": "E2EHoldRam", "inputs": {"name": "UNetP", "mib": 96}}}))
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log()[-3000:])
     worker = entry["outputs"]["1"]["pid"][0]
+    assert entry["outputs"]["2"]["pid"][0] == worker
     flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--disable-extensions", "--user-data-dir=" + str(tmp_path / "chromium"),
-             "--virtual-time-budget=3000", "--window-size=400,760"]
-    dom = subprocess.run(flags + ["--dump-dom", srv.url + "/e2e/panel"], capture_output=True, text=True,
-                         timeout=120)
+             "--virtual-time-budget=4000", "--window-size=400,760"]
+    # the page presses "Free worker memory" after 2 s: the panel shows what this host's worker gave back
+    dom = subprocess.run(flags + ["--dump-dom", srv.url + "/e2e/panel?press=2000"], capture_output=True,
+                         text=True, timeout=120)
     assert dom.returncode == 0 and "data-bh-panel" in dom.stdout, dom.stderr[-3000:]
     assert 'data-tabs="bulkhead:custom"' in dom.stdout
     assert f'data-pid="{worker}"' in dom.stdout and f'data-pid="{srv.proc.pid}"' in dom.stdout
+    assert f'data-bh-freed="" data-freed-bytes="{96 << 20}"' in dom.stdout, srv.log()[-3000:]
+    assert f'data-pid="{worker}" data-pack="e2e_pack" data-freed-bytes="{96 << 20}"' in dom.stdout
+    assert "Freed <b>96.0 MiB</b> from 1 of 1 worker<" in dom.stdout
 
 
 def test_a_node_object_outlives_its_worker_when_nothing_prewarms(comfyui):

@@ -10,11 +10,17 @@ extensionManager.registerSidebarTab) and /scripts/api.js (fetchApi with the
 absent) loads the page with a virtual-time budget, so the panel's
 one-second polling runs several times, and dumps the DOM; the test checks
 one bar per process with its pack, its models and the eviction in the
-timeline.  A screenshot is taken too: BULKHEAD_PANEL_SCREENSHOT=<path>
-keeps it (docs/panel.png was made that way).
+timeline; then, with the page pressing "Free worker memory" (?press=<ms>),
+the freed bytes shown, the history chart's series and marks, and that no
+label is cut at the sidebar's default width (SIDEBAR_PX).  A screenshot is
+taken too: BULKHEAD_PANEL_SCREENSHOT=<path> keeps it;
+BULKHEAD_PANEL_SCREENSHOT_FREED=<path> takes one of a worker growing while
+the panel watches, then the button pressed (docs/panel.png was made that
+way).
 """
 
 import html.parser
+import json
 import os
 import shutil
 
@@ -23,6 +29,10 @@ import pytest
 from routes_env import routes_scenario
 
 MiB = 1 << 20
+# ComfyUI's sidebar opens at 20 % of its splitter beside a panel asking for
+# 100 %: flexbox settles it at ~16.5 % of the window, 317 px at 1920 wide
+# (comfyui-frontend-package 1.27, LiteGraphCanvasSplitterOverlay).
+SIDEBAR_PX = 317
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -38,7 +48,7 @@ PAGE = """<!doctype html>
   :root { --fg-color: #e0e0e0; --comfy-input-bg: #2b2b2b; --border-color: #4a4a4a;
           --p-primary-color: #4a9eff; }
   body { margin: 0; background: #202020; }
-  #sidebar { width: 400px; min-height: 100vh; background: #171717; border-right: 1px solid #333; }
+  #sidebar { width: %dpx; min-height: 100vh; background: #171717; border-right: 1px solid #333; }
 </style></head>
 <body><div id="sidebar"></div>
 <script type="module">
@@ -48,8 +58,23 @@ PAGE = """<!doctype html>
   const tab = app.extensionManager.tabs.find((t) => t.id === "bulkhead");
   document.body.dataset.tabs = app.extensionManager.tabs.map((t) => `${t.id}:${t.type}`).join(",");
   tab.render(document.getElementById("sidebar"));
+  // ?press=<ms>: press "Free worker memory" that long after the panel shows
+  const press = Number(new URLSearchParams(location.search).get("press") || 0);
+  if (press) setTimeout(() => document.querySelector("[data-bh-free]").click(), press);
+  // what a user cannot read: a box whose content is wider than it (inline
+  // boxes have no client width: their block parents are measured)
+  const measure = () => {
+    const cut = [];
+    for (const e of document.querySelectorAll("[data-bh-panel], [data-bh-panel] *")) {
+      if (e instanceof SVGElement || !e.clientWidth) continue;
+      if (e.scrollWidth > e.clientWidth) cut.push(`${e.tagName}.${e.className}: ${e.textContent.slice(0, 60)}`);
+    }
+    document.body.dataset.cut = JSON.stringify(cut);
+    document.body.dataset.measured = String(Number(document.body.dataset.measured || 0) + 1);
+  };
+  setInterval(measure, 250);
 </script></body></html>
-"""
+""" % SIDEBAR_PX
 
 # What the panel imports from ComfyUI's frontend, reduced to what it uses.
 APP_JS = """
@@ -73,11 +98,19 @@ SERVE_PAGE = f"""
 PAGE, APP_JS, API_JS = {PAGE!r}, {APP_JS!r}, {API_JS!r}
 polls = []
 
+frees = []   # the /bulkhead/free answers the panel got
+on_poll = []  # callables run (off the loop) with the poll's count, before it is answered
+
 @web.middleware
 async def count_polls(request, handler):
     if request.path == "/api/bulkhead/status":
         polls.append(time.monotonic())
-    return await handler(request)
+        for fn in on_poll:
+            await asyncio.get_running_loop().run_in_executor(None, fn, len(polls))
+    response = await handler(request)
+    if request.path == "/api/bulkhead/free":
+        frees.append(json.loads(response.body))
+    return response
 srv.app.middlewares.append(count_polls)
 
 async def page(request):
@@ -95,6 +128,31 @@ srv.routes.get("/scripts/api.js")(api_js)
 # what ComfyUI's load_custom_node does with the package's WEB_DIRECTORY
 nodes.EXTENSION_WEB_DIRS["bulkhead"] = os.path.join(os.path.dirname(bulkhead.__file__), bulkhead.WEB_DIRECTORY)
 """
+
+
+def two_workers(pack_b):
+    """Scenario lines: workers a ("pack-a", 672 MiB in two models) and b
+    (pack_b, 256 MiB held of 352), whose "Scratch" ComfyUI evicted through
+    its stand-in as upstream's free_memory does (unloaded, then dropped
+    from the list): the timeline has the eviction.  One line: the caller
+    indents it."""
+    return "; ".join([
+        f'a, b = worker("pack-a"), worker({pack_b!r})',
+        'a.call("bh_mempack:load", "UNetA", 512 * MiB)', 'a.call("bh_mempack:load", "VAEA", 160 * MiB)',
+        'b.call("bh_mempack:load", "ClipB", 256 * MiB)', 'b.call("bh_mempack:load", "Scratch", 96 * MiB)',
+        "hm.reconcile()",
+        's = next(s_ for s_ in hm.standins(b) if s_.model.__class__.__name__ == "Scratch")',
+        "lm = next(lm for lm in mm.current_loaded_models if lm.model is s)",
+        "lm.model_unload()", "mm.current_loaded_models.remove(lm)"])
+
+
+def chromium_flags(tmp_path, budget_ms, window):
+    """The headless Chromium command line (a Python list literal) for a
+    page in virtual time: budget_ms of it, a window of "W,H" pixels."""
+    return repr([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--hide-scrollbars", "--no-first-run", "--disable-extensions", "--mute-audio",
+                 "--user-data-dir=" + str(tmp_path / "chromium"), f"--virtual-time-budget={budget_ms}",
+                 f"--window-size={window}", "--force-device-scale-factor=1"])
 
 
 class Dom(html.parser.HTMLParser):
@@ -155,21 +213,10 @@ def test_panel_renders_every_process_in_chromium(tmp_path, monkeypatch):
     shot = tmp_path / "panel.png"
     r = routes_scenario(tmp_path, f"""
         import shutil, subprocess
-        a, b = worker("pack-a"), worker("pack-b")
-        a.call("bh_mempack:load", "UNetA", 512 * MiB)
-        a.call("bh_mempack:load", "VAEA", 160 * MiB)
-        b.call("bh_mempack:load", "ClipB", 256 * MiB)
-        b.call("bh_mempack:load", "Scratch", 96 * MiB)
-        hm.reconcile()
-        # ComfyUI evicts one of pack-b's models through its stand-in: the timeline shows it
-        s = next(s_ for s_ in hm.standins(b) if s_.model.__class__.__name__ == "Scratch")
-        next(lm for lm in mm.current_loaded_models if lm.model is s).model_unload()
+        {two_workers("pack-b")}
         doc = routes.status()
         url = "http://127.0.0.1:%d/" % port
-        flags = [{CHROMIUM!r}, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--hide-scrollbars", "--no-first-run", "--disable-extensions", "--mute-audio",
-                 "--user-data-dir=" + {str(tmp_path / "chromium")!r}, "--virtual-time-budget=4500",
-                 "--window-size=400,760", "--force-device-scale-factor=1"]
+        flags = {chromium_flags(tmp_path, 4500, "400,760")}
         dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
         polls_in_dump = len(polls)
         png = subprocess.run(flags + ["--screenshot=" + {str(shot)!r}, url], capture_output=True,
@@ -212,3 +259,99 @@ def test_panel_renders_every_process_in_chromium(tmp_path, monkeypatch):
     keep = os.environ.get("BULKHEAD_PANEL_SCREENSHOT")
     if keep:
         shutil.copyfile(shot, keep)
+
+
+class Marked(html.parser.HTMLParser):
+    """Every element carrying one of `keys` (data-bh-chart, ...), with its
+    attributes and its text: {key: [dict(attrs, text=...)]}."""
+
+    def __init__(self, *keys):
+        super().__init__()
+        self.keys, self.found, self.open = keys, {k: [] for k in keys}, []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        hits = [k for k in self.keys if k in a]
+        entry = dict(a, tag=tag, text="")
+        for k in hits:
+            self.found[k].append(entry)
+        if tag not in ("meta", "br", "img", "input", "link"):
+            self.open.append((tag, entry if hits else None))
+
+    def handle_endtag(self, tag):
+        while self.open:
+            if self.open.pop()[0] == tag:
+                break
+
+    def handle_data(self, data):
+        for _tag, entry in self.open:
+            if entry is not None:
+                entry["text"] += data
+
+
+def test_panel_charts_history_and_shows_what_free_gave_back(tmp_path, monkeypatch):
+    shot = os.environ.get("BULKHEAD_PANEL_SCREENSHOT_FREED")
+    long_pack = "comfyui-impact-subpack-b"   # a real-world length: must not be cut
+    r = routes_scenario(tmp_path, f"""
+        import subprocess
+        {two_workers(long_pack)}
+        url = "http://127.0.0.1:%d/?press=2500" % port
+        flags = {chromium_flags(tmp_path, 5000, "420,1100")}
+        dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+        res = dict(dom=dom.stdout, rc=dom.returncode, err=dom.stderr[-3000:], frees=list(frees),
+                   pids=dict(me=os.getpid(), a=a.pid, b=b.pid))
+        if {shot!r} is not None:
+            a.call("bh_mempack:load", "UNetA", 512 * MiB)
+            b.call("bh_mempack:load", "ClipB", 256 * MiB)
+            start = len(polls)
+            def grow(n):   # pack-b grows while the panel watches, as during a prompt
+                if n == start + 2:
+                    b.call("bh_mempack:load", "Grow", 192 * MiB)
+            on_poll.append(grow)
+            subprocess.run(flags + ["--screenshot=" + {shot!r}, url], capture_output=True, timeout=180)
+        out(res)
+        finish(a, b)
+    """, monkeypatch, before_serve=SERVE_PAGE)
+    assert r["rc"] == 0 and "data-bh-panel" in r["dom"], r["err"]
+    pids = r["pids"]
+    found = Marked("data-bh-chart", "data-bh-series", "data-bh-legend", "data-bh-mark", "data-bh-freed",
+                   "data-freed-bytes", "data-cut", "data-bh-process")
+    found.feed(r["dom"])
+    f = found.found
+
+    # the button: the route's answer, shown in total and per worker
+    assert len(r["frees"]) == 1, r["frees"]
+    answer = r["frees"][0]
+    rows = {row["pid"]: row for row in answer["processes"]}
+    assert set(rows) == {pids["a"], pids["b"]} and answer["freed_bytes"] == 672 * MiB + 256 * MiB
+    [box] = f["data-bh-freed"]
+    assert int(box["data-freed-bytes"]) == answer["freed_bytes"]
+    assert "Freed 928 MiB from 2 of 2 workers" in " ".join(box["text"].split()), box["text"]
+    shown = {int(e["data-pid"]): e for e in f["data-freed-bytes"] if "data-pid" in e}
+    assert set(shown) == set(rows)
+    for pid, row in rows.items():
+        assert int(shown[pid]["data-freed-bytes"]) == row["freed_bytes"] > 0
+        assert row["pack"] in shown[pid]["text"] and f"pid {pid}" in shown[pid]["text"]
+        assert "→ 0 B" in shown[pid]["text"], shown[pid]["text"]
+
+    # the history: one CPU chart, one series and one legend entry per process
+    [chart] = [c for c in f["data-bh-chart"] if c["data-device"] == "cpu"]
+    assert int(chart["data-series"]) == 3 and int(chart["data-samples"]) >= 3, chart
+    series = {int(s["data-pid"]) for s in f["data-bh-series"]}
+    assert series == {pids["me"], pids["a"], pids["b"]}
+    assert len(f["data-bh-series"]) == 3 * len(f["data-bh-chart"])
+    legend = {int(e["data-pid"]): e for e in f["data-bh-legend"]}
+    assert set(legend) == set(series) and "pack-a" in legend[pids["a"]]["text"]
+    # the eviction and the releases are marks on its time axis, hover text naming them
+    marks = [(m["data-kind"], m["data-process"]) for m in f["data-bh-mark"]]
+    assert ("evict", long_pack) in marks and ("release", "pack-a") in marks and ("release", long_pack) in marks \
+        and ("free", "2 workers") in marks, marks
+    evict = next(m for m in f["data-bh-mark"] if m["data-kind"] == "evict")
+    assert "evict" in evict["text"] and long_pack in evict["text"]
+
+    # nothing cut at the sidebar's default width, and the full names are there
+    body = next(e for e in f["data-cut"])
+    assert json.loads(body["data-cut"]) == [], body["data-cut"]
+    procs = {int(p["data-pid"]): p for p in f["data-bh-process"]}
+    assert long_pack in procs[pids["b"]]["text"] and f"pid {pids['b']}" in procs[pids["b"]]["text"]
+    assert "ComfyUI (this instance)" in procs[pids["me"]]["text"]
