@@ -280,10 +280,10 @@ def test_other_pixi_tables_warn_once_each_naming_table_and_file(tmp_path):
         t = w.split("table [", 1)[1].split("]", 1)[0]
         tables[t] = w
         assert w.startswith(f"{tmp_path}/bad/nodes/comfy-env.toml:")
-    assert set(tables) == {"pypi-options", "system-requirements", "activation", "dependencies", "cuda", "workspace",
+    assert set(tables) == {"pypi-options", "system-requirements", "activation",
                            f"target.{packconfig.current_platform()}.activation"}
     assert "pip options" in tables["pypi-options"] and "NOT checked" in tables["system-requirements"]
-    assert "conda packages: ffmpeg" in tables["dependencies"]
+    assert c.conda == ("ffmpeg",) and c.channels == ("conda-forge",) and c.cuda == ("nvdiffrast",)
 
 
 def test_apt_is_checked_never_run(tmp_path, monkeypatch):
@@ -502,3 +502,129 @@ def test_bulkhead_install_needs_no_install_py(tmp_path, sources):
                        timeout=300, env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
     assert r.returncode == 0, r.stderr
     assert "ComfyUI-NoInstallPy.x: ready" in r.stdout
+
+
+# --- conda [dependencies] from a local channel (py-rattler) ---
+
+def conda_package(channel, name, version, files, depends=()):
+    """A noarch conda package (.tar.bz2: info/index.json, info/paths.json,
+    info/files and the files) written into channel/noarch."""
+    import io
+    import json
+    import tarfile
+    os.makedirs(os.path.join(channel, "noarch"), exist_ok=True)
+    index = {"name": name, "version": version, "build": "0", "build_number": 0, "depends": list(depends),
+             "noarch": "generic", "subdir": "noarch", "license": "MIT", "timestamp": 1700000000000}
+    paths = {"paths_version": 1, "paths": [{"_path": p, "path_type": "hardlink", "size_in_bytes": len(d),
+                                            "sha256": hashlib.sha256(d).hexdigest()}
+                                           for p, (d, _) in files.items()]}
+    fn = os.path.join(channel, "noarch", f"{name}-{version}-0.tar.bz2")
+    with tarfile.open(fn, "w:bz2") as t:
+        def add(n, data, mode=0o644):
+            ti = tarfile.TarInfo(n)
+            ti.size, ti.mode = len(data), mode
+            t.addfile(ti, io.BytesIO(data))
+        add("info/index.json", json.dumps(index).encode())
+        add("info/paths.json", json.dumps(paths).encode())
+        add("info/files", "".join(p + "\n" for p in files).encode())
+        for p, (d, mode) in files.items():
+            add(p, d, mode)
+    return fn
+
+
+@pytest.fixture
+def channel(tmp_path):
+    """A local conda channel, indexed by py-rattler: bhtool 1.0 and 1.2 (a
+    program, a data file, and a Python module in the prefix's
+    site-packages for this interpreter's version)."""
+    pytest.importorskip("rattler.index", reason="py-rattler (make check-py installs it)")
+    ch = str(tmp_path / "channel")
+    for v in ("1.0", "1.2"):
+        conda_package(ch, "bhtool", v, {
+            "bin/bhtool": (f"#!/bin/sh\necho bhtool {v} \"$CONDA_PREFIX\"\n".encode(), 0o755),
+            "share/bhtool/data.txt": (f"data {v}\n".encode(), 0o644),
+            f"lib/python{HOST_MM}/site-packages/bhconda/__init__.py": (f"VALUE = 'conda {v}'\n".encode(), 0o644),
+        })
+    # in a child: rattler's runtime keeps threads and fds for the life of a process
+    subprocess.run([sys.executable, "-c", "import asyncio, sys, rattler.index as i; "
+                    "asyncio.run(i.index_fs(sys.argv[1], write_zst=False, write_shards=False)); "
+                    "import os; os._exit(0)", ch], check=True)  # os._exit: see envs/conda.py
+    return ch
+
+
+def conda_pack(tmp_path, channel, deps, extra=""):
+    pack = tmp_path / "ComfyUI-Conda"
+    write(pack / "__init__.py", PACK_INIT)
+    write(pack / "nodes" / "__init__.py", node_module(
+        "CondaNode", "__import__('subprocess').run(['bhtool'], capture_output=True, text=True).stdout.strip() + '|' + "
+                     "__import__('bhconda').VALUE + '|' + __import__('bhplain').VALUE + '|' + "
+                     "open(os.path.join(os.environ['CONDA_PREFIX'], 'share/bhtool/data.txt')).read().strip()"))
+    write(pack / "nodes" / "comfy-env.toml", f'''
+        python = "{HOST_MM}"
+        [workspace]
+        channels = ["{channel}"]
+        [dependencies]
+        {deps}
+        [pypi-dependencies]
+        bhplain = "*"
+        {extra}
+    ''')
+    return pack
+
+
+def test_conda_dependencies_from_a_local_channel(tmp_path, sources, channel, home):
+    pack = conda_pack(tmp_path, channel, 'bhtool = ">=1"',
+                      f'[target.{packconfig.current_platform()}.dependencies]\nbhtool = "1.0.*"\n'
+                      f'[target.{other_platform()}.dependencies]\nbhnowhere = "*"\n')
+    [c] = packconfig.load_configs(pack, warn=False)
+    assert c.conda == ("bhtool 1.0.*",) and c.channels == ("file://" + channel,)
+    assert not [w for w in c.warnings if "dependencies" in w or "workspace" in w], c.warnings
+    lines = []
+    [st] = bulkhead.install(str(pack), progress=lines.append,
+                            pip_args=["--no-index", "--find-links", sources["wheels"]])
+    assert st.ok, st
+    assert any("solving 1 conda package(s)" in l for l in lines), lines
+    prefix = os.path.join(st.env_dir, "conda")
+    assert os.path.isdir(os.path.join(prefix, "conda-meta"))
+    stamp = envs.read_stamp(st.env_dir)
+    assert [r[:2] for r in stamp["conda"]["installed"]] == [["bhtool", "1.0"]]
+    # nothing of the temporary directory is left in the built environment
+    pth = open(os.path.join(st.env_dir, "lib", f"python{HOST_MM}", "site-packages", "bulkhead-conda.pth")).read()
+    assert pth.strip() == os.path.join(prefix, "lib", f"python{HOST_MM}", "site-packages")
+    assert [n for n in os.listdir(home / "envs") if ".tmp-" in n] == []
+    # the worker runs under the venv's python with the prefix activated
+    r = host(tmp_path, [pack], """
+        emit(dict(me=os.getpid(), out=run("ComfyUI-Conda", "CondaNode")))
+    """)
+    assert r["out"][0] != r["me"]
+    assert r["out"][1] == f"bhtool 1.0 {prefix}|conda 1.0|plain|data 1.0", r
+
+
+@pytest.mark.parametrize("deps, channel_text, expected", [
+    ('bhmissing = "*"', None, r"cannot satisfy them .*bhmissing"),
+    ('bhtool = ">=5"', None, r"cannot satisfy them .*bhtool >=5"),
+    ('bhtool = "*"', "/nonexistent/channel", r"cannot read the conda channel\(s\) file:///nonexistent/channel "
+                                             r"from this machine.*\[workspace\] channels"),
+])
+def test_conda_failures_name_the_package_and_leave_nothing(tmp_path, sources, channel, home, deps,
+                                                           channel_text, expected):
+    pack = conda_pack(tmp_path, channel_text or channel, deps)
+    with pytest.raises(bulkhead.EnvBuildError, match=expected) as ei:
+        bulkhead.install(str(pack), progress=lambda l: None,
+                         pip_args=["--no-index", "--find-links", sources["wheels"]])
+    assert "no environment was made" in str(ei.value) and str(pack / "nodes" / "comfy-env.toml") in str(ei.value)
+    assert [n for n in os.listdir(home / "envs") if not n.endswith(".lock")] == []
+
+
+def test_conda_spec_shapes(tmp_path):
+    c = load_text(tmp_path, '''
+        [dependencies]
+        FFmpeg = "6.*"
+        av = { version = ">=12", channel = "conda-forge" }
+        cgal = { version = "5.6", build = "h1*" }
+        mesalib = "*"
+    ''')
+    assert c.conda == ("cgal 5.6 h1*", "conda-forge::av >=12", "ffmpeg 6.*", "mesalib")
+    assert c.channels == ("conda-forge",)
+    with pytest.raises(PackConfigError, match=r"key 'md5' is not supported"):
+        load_text(tmp_path, '[dependencies]\nav = { md5 = "x" }\n')

@@ -133,7 +133,9 @@ def _load(config, pack_dir, python, stamp, module, hm):
         opts["interrupt_grace"] = float(o["interrupt_grace_s"])
     if "prewarm" in o:
         opts["prewarm"] = o["prewarm"]
-    env = dict(config.env_vars)
+    from ..envs import conda
+    env = conda.worker_env(os.path.dirname(os.path.dirname(python)))
+    env.update(config.env_vars)
     if o.get("idle_release_s"):
         env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))
     if hm is not None:
