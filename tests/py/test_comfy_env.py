@@ -628,3 +628,108 @@ def test_conda_spec_shapes(tmp_path):
     assert c.channels == ("conda-forge",)
     with pytest.raises(PackConfigError, match=r"key 'md5' is not supported"):
         load_text(tmp_path, '[dependencies]\nav = { md5 = "x" }\n')
+
+
+# --- [cuda] packages from a local wheel index ---
+
+PY_TAG = "cp%d%d" % sys.version_info[:2]
+
+
+def tagged_wheel(directory, name, version, tag, value):
+    """A wheel named and tagged for one build (``1.0+cu128torch2.8``,
+    cp311-cp311-linux_x86_64)."""
+    import platform
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VALUE = {value!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: false\nTag: {tag}\n"}
+    rec = []
+    for p, t in files.items():
+        d = base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b"=").decode()
+        rec.append(f"{p},sha256={d},{len(t.encode())}")
+    files[f"{info}/RECORD"] = "\n".join(rec + [f"{info}/RECORD,,"]) + "\n"
+    os.makedirs(directory, exist_ok=True)
+    fn = f"{name}-{version}-{tag}.whl"
+    with zipfile.ZipFile(os.path.join(directory, fn), "w") as z:
+        for p, t in files.items():
+            z.writestr(p, t)
+    return fn
+
+
+@pytest.fixture
+def cuda_index(tmp_path):
+    """A wheel index laid out as comfy-env's cuda-wheels: <pkg>/index.html
+    whose link texts are the wheel names."""
+    import platform
+    arch = platform.machine()
+    idx = tmp_path / "cuda-index"
+    names = [tagged_wheel(str(idx / "bh_cudaext"), "bh_cudaext", f"1.0+{local}", f"{PY_TAG}-{PY_TAG}-linux_{arch}",
+                          local)
+             for local in ("cu128torch2.8", "cu124torch2.5", "cputorch2.4")]
+    names.append(tagged_wheel(str(idx / "bh_cudaext"), "bh_cudaext", "1.0+cu128torch2.8",
+                              f"cp30-cp30-linux_{arch}", "wrong python"))
+    write(idx / "bh_cudaext" / "index.html",
+          "".join(f'<a href="{n}">{n}</a><br>\n' for n in names))
+    return str(idx)
+
+
+def cuda_pack(tmp_path, packages='["bh-cudaext"]'):
+    pack = tmp_path / "ComfyUI-Cuda"
+    write(pack / "nodes" / "comfy-env.toml", f'python = "{HOST_MM}"\n[cuda]\npackages = {packages}\n')
+    return pack
+
+
+@pytest.mark.parametrize("torch_v, cuda_v, value", [("2.8.0", "12.8", "cu128torch2.8"),
+                                                     ("2.5.1", "12.4", "cu124torch2.5"),
+                                                     ("2.4.0", "none", "cputorch2.4")])
+def test_cuda_packages_from_a_local_index(tmp_path, cuda_index, monkeypatch, torch_v, cuda_v, value):
+    monkeypatch.setenv("BULKHEAD_CUDA_INDEX", "/nonexistent-index " + cuda_index)
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", torch_v)
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", cuda_v)
+    lines = []
+    [st] = bulkhead.install(str(cuda_pack(tmp_path)), progress=lines.append, pip_args=["--no-index"])
+    assert st.ok, st
+    out = subprocess.run([st.python, "-I", "-c", "import bh_cudaext; print(bh_cudaext.VALUE)"],
+                         stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout.strip()
+    assert out == value
+    assert any(l.startswith("[cuda] bh-cudaext: bh_cudaext-1.0+" + value) for l in lines), lines
+
+
+def test_cuda_package_without_a_wheel_names_package_build_and_indexes(tmp_path, cuda_index, monkeypatch, home):
+    monkeypatch.setenv("BULKHEAD_CUDA_INDEX", cuda_index)
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.9.0")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "13.0")
+    with pytest.raises(bulkhead.EnvBuildError) as ei:
+        bulkhead.install(str(cuda_pack(tmp_path, '["bh-cudaext", "bh-other"]')), progress=lambda l: None,
+                         pip_args=["--no-index"])
+    e = str(ei.value)
+    assert "no wheel of 'bh-cudaext' for +cu130torch2.9" in e and PY_TAG in e, e
+    assert f"file://{cuda_index}/bh_cudaext/" in e and "no environment was made" in e
+    assert [n for n in os.listdir(home / "envs") if not n.endswith(".lock")] == []
+
+
+def test_cuda_package_on_a_host_whose_torch_has_no_cuda(tmp_path, cuda_index, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_CUDA_INDEX", cuda_index)
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.8.0")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "none")
+    with pytest.raises(bulkhead.EnvBuildError, match=r"'bh-cudaext' is a CUDA extension and the host's torch "
+                                                     r"\(2\.8\.0\) has no CUDA .*\+cputorch2\.8"):
+        bulkhead.install(str(cuda_pack(tmp_path)), progress=lambda l: None, pip_args=["--no-index"])
+
+
+def test_cuda_host_torch_is_read_without_importing_it(monkeypatch):
+    from bulkhead.envs import cudawheels
+    monkeypatch.delenv("BULKHEAD_TORCH_VERSION", raising=False)
+    monkeypatch.delenv("BULKHEAD_CUDA_VERSION", raising=False)
+    tv, cv = cudawheels.host_torch()
+    torch = pytest.importorskip("torch")
+    assert tv == torch.__version__ and cv == torch.version.cuda
+    monkeypatch.delenv("BULKHEAD_CUDA_INDEX", raising=False)
+    monkeypatch.delenv("COMFY_ENV_CUDA_WHEELS_INDEX", raising=False)
+    assert cudawheels.indexes() == ["https://comfy-forge.github.io/cuda-wheels/"]
+
+
+def test_torch_in_cuda_packages_is_refused_by_name(tmp_path):
+    with pytest.raises(PackConfigError, match=r"\[cuda\] packages lists 'torchvision'"):
+        load_text(tmp_path, '[cuda]\npackages = ["nvdiffrast", "torchvision"]\n')
+

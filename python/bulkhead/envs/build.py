@@ -618,6 +618,11 @@ def build(config, progress=None, force=False, *, pip_args=None):
                 from . import conda
                 conda_records = conda.install(config, tmp, final, interp.version, progress)
             reqs = list(config.requirements)
+            cuda_reqs = []
+            if config.cuda:
+                from . import cudawheels
+                cuda_reqs = cudawheels.resolve(config, interp.version, progress)
+                reqs += cuda_reqs
             tool = "uv pip" if uv else "pip"
 
             def pip(extra, what):
@@ -663,6 +668,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
                 "requirements": reqs,
                 "indexes": [[i, list(rs)] for i, rs in config.indexes],
                 "pip_args": args,
+                **({"cuda": {"wheels": cuda_reqs, "torch": list(cudawheels.host_torch())}} if config.cuda else {}),
                 **({"conda": {"channels": conda.channels_for(config), "specs": list(config.conda),
                               "installed": [list(r) for r in conda_records]}} if config.conda else {}),
                 "created": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),

@@ -723,6 +723,8 @@ def load(path, root=None, *, warn=True):
             if k not in ("channels", "name", "platforms", "version", "description", "authors"):
                 line = _find_line(text, "workspace", k)
                 notes.append(f"{path}:{line}: [workspace] {k} is not read by bulkhead and has no effect")
+    # python in [dependencies] is the interpreter: the venv's, pinned in the solve (envs/conda.py)
+    conda.pop("python", None)
     if conda and not channels:
         channels = ("conda-forge",)     # pixi's default, which comfy-env writes
     rl = data.get("requirements", [])
