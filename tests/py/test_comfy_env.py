@@ -733,3 +733,126 @@ def test_torch_in_cuda_packages_is_refused_by_name(tmp_path):
     with pytest.raises(PackConfigError, match=r"\[cuda\] packages lists 'torchvision'"):
         load_text(tmp_path, '[cuda]\npackages = ["nvdiffrast", "torchvision"]\n')
 
+
+# --- typed values across packs: a custom [types] type by its serializer ---
+
+MESH_SERIALIZATION = '''
+from comfy_env import register_serializer
+
+def serialize(mesh, recurse):
+    {raise_}return {{"vertices": mesh.vertices, "faces": mesh.faces, "name": mesh.name}}
+
+def deserialize(payload, recurse):
+    import bhmesh
+    return bhmesh.Mesh(payload["vertices"], payload["faces"], payload["name"])
+
+register_serializer("Mesh", serialize, deserialize, tag="TRIMESH")
+'''
+
+MESH_NODES = '''
+import os
+import numpy as np
+import bhmesh
+
+class MakeMesh:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"n": ("INT", {"default": 3})}}
+    RETURN_TYPES = ("TRIMESH",)
+    FUNCTION = "run"
+    CATEGORY = "test"
+
+    def run(self, n):
+        v = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+        return (bhmesh.Mesh(v, np.array([[0, 1, 2]], dtype=np.int32), "made in %d" % os.getpid()),)
+
+class Opaque:
+    pass
+
+class MakeOpaque:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+    RETURN_TYPES = ("THING",)
+    FUNCTION = "run"
+    CATEGORY = "test"
+
+    def run(self):
+        return (Opaque(),)
+
+NODE_CLASS_MAPPINGS = {"MakeMesh": MakeMesh, "MakeOpaque": MakeOpaque}
+'''
+
+USE_NODES = '''
+import os
+import bhmesh
+
+class UseMesh:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"mesh": ("TRIMESH",)}}
+    RETURN_TYPES = ("FLOAT", "STRING")
+    FUNCTION = "run"
+    CATEGORY = "test"
+
+    def run(self, mesh):
+        assert isinstance(mesh, bhmesh.Mesh), type(mesh)
+        return (float(mesh.vertices.sum()) + len(mesh.faces), "%s, used in %d" % (mesh.name, os.getpid()))
+
+NODE_CLASS_MAPPINGS = {"UseMesh": UseMesh}
+'''
+
+
+def mesh_packs(tmp_path, raise_=""):
+    wheels = os.path.dirname(make_wheel(str(tmp_path / "meshwheels"), "bhmesh", "1.0", {"bhmesh/__init__.py": (
+        "class Mesh:\n    def __init__(self, vertices, faces, name):\n"
+        "        self.vertices, self.faces, self.name = vertices, faces, name\n")}))
+    custom = tmp_path / "custom_nodes"
+    geo, use = custom / "ComfyUI-Geo", custom / "ComfyUI-Use"
+    for pack, nodes_text, root in ((geo, MESH_NODES, ""), (use, USE_NODES, '[node_packs]\nComfyUI-Geo = "x/ComfyUI-Geo"\n')):
+        write(pack / "__init__.py", PACK_INIT)
+        write(pack / "comfy-env-root.toml", root + '[types]\nTRIMESH = "custom"\n')
+        write(pack / "serialization.py", MESH_SERIALIZATION.format(raise_=raise_ if pack == geo else ""))
+        write(pack / "nodes" / "__init__.py", nodes_text)
+        write(pack / "nodes" / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\nnumpy = "*"\nbhmesh = "*"\n')
+        bulkhead.install(str(pack), progress=lambda l: None, pip_args=["--find-links", wheels])
+    return geo, use
+
+
+@pytest.mark.torch
+def test_a_custom_type_made_in_one_pack_is_used_in_another(tmp_path):
+    geo, use = mesh_packs(tmp_path)
+    r = host(tmp_path, [geo, use], """
+        geo, use = mods["ComfyUI-Geo"].NODE_CLASS_MAPPINGS, mods["ComfyUI-Use"].NODE_CLASS_MAPPINGS
+        (mesh,) = geo["MakeMesh"]().run(n=3)
+        held = dict(type=mesh.get("__bulkhead_type__"), pack=mesh.get("pack"),
+                    vertices=type(mesh["value"]["vertices"]).__name__)
+        total, name = use["UseMesh"]().run(mesh=mesh)
+        (thing,) = geo["MakeOpaque"]().run()
+        try:
+            use["UseMesh"]().run(mesh=thing)
+            err = None
+        except Exception as e:
+            err = type(e).__name__ + ": " + str(e)
+        emit(dict(me=os.getpid(), held=held, total=total, name=name, err=err))
+    """)
+    assert r["held"] == {"type": "TRIMESH", "pack": "ComfyUI-Geo", "vertices": "ndarray"}, r
+    assert r["total"] == 36.0 + 1
+    made, used = r["name"].split(", ")
+    assert made.startswith("made in ") and used.startswith("used in ")
+    assert len({int(made.split()[-1]), int(used.split()[-1]), r["me"]}) == 3, r
+    # a class nobody registered stays a handle in its worker, with today's error
+    assert r["err"].startswith("HandleError") and "ComfyUI-Geo" in r["err"], r["err"]
+
+
+@pytest.mark.torch
+def test_a_serializer_that_raises_names_the_type_and_the_pack(tmp_path):
+    geo, use = mesh_packs(tmp_path, raise_="raise ValueError('no mesh today')\n    ")
+    r = host(tmp_path, [geo, use], """
+        try:
+            mods["ComfyUI-Geo"].NODE_CLASS_MAPPINGS["MakeMesh"]().run(n=3)
+            emit("no error")
+        except Exception as e:
+            emit(str(e))
+    """)
+    assert "the serializer of type 'Mesh' (pack 'ComfyUI-Geo'" in r and "ValueError: no mesh today" in r, r

@@ -47,6 +47,7 @@ from .._importwatch import when_imported
 from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
 from ..channel.peer import type_name
 from ..packimport import import_nodes
+from . import typed as _typed
 
 
 _lock = threading.RLock()
@@ -393,6 +394,9 @@ def _sendable(v, peer, types, depth=0):
             cpu = v.detach().cpu()
             if _tensor_ok(cpu):
                 return cpu
+    typed = _typed.serialize(v, lambda x: _sendable(x, peer, types, depth + 1))
+    if typed is not None:       # a custom type a pack registered a serializer for
+        return typed
     held = peer.hold(v)
     types[held.ident] = type_name(v)
     return held
@@ -452,6 +456,7 @@ def run(key, kwargs, instance=None, method=None):
     if instance is None:
         instance = cls()
     fn = getattr(instance, method or cls.FUNCTION)
+    kwargs = _typed.restore(kwargs)
     out = _invoke(fn, kwargs)
     types = {}
     outputs = _sendable(out, peer, types)
