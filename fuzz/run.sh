@@ -17,7 +17,7 @@ for t in "$@"; do
   mkdir -p "$out/corpus/$t" "$out/artifacts/$t"
   extra=""
   case $t in
-    ledger) extra="-max_len=204800" ;; # one whole ledger file
+    ledger) extra="-max_len=2248704" ;; # one whole ledger file
   esac
   log="$out/$t.log"
   echo "fuzz_$t: running ($flags)"

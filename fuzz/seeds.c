@@ -127,7 +127,7 @@ static void codec_seeds(void) {
   bh_enc_str(&b, "steps", 5), bh_enc_int(&b, 20);
   bh_enc_str(&b, "cfg", 3), bh_enc_float(&b, 7.5);
   bh_enc_str(&b, "model", 5);
-  bh_handle_ref h = {.space = BH_HANDLE_OBJECT, .id = 7};
+  bh_handle_ref h = {.space = BH_HANDLE_OBJECT, .id = 7, .type = "packa.nodes.Model", .type_len = 17};
   bh_enc_handle(&b, &h);
   seed_buf("call_args", &b);
 
@@ -332,8 +332,8 @@ static void frame_seeds(void) {
 
 /* ----------------------------------------------------------------- ledger */
 
-#define LEDGER_BYTES 204800u
-#define SLOT_BYTES 3136u
+#define LEDGER_BYTES 2248704u
+#define SLOT_BYTES 4384u
 
 /* Joins as this process, fills the record, then hands it to a made-up
  * pid that the fuzz build's rule counts alive (or, if dead, not). */
@@ -402,9 +402,9 @@ static void ledger_seeds(void) {
 
   img = fresh_image(&l);
   bh_ledger_close(l);
-  img[8] = 2; /* version */
+  img[8] = BH_LEDGER_VERSION + 1; /* version */
   ledger_seed("other_version", img, LEDGER_BYTES);
-  img[8] = 1;
+  img[8] = BH_LEDGER_VERSION;
   memset(img, 0, LEDGER_BYTES);
   ledger_seed("all_zero", img, LEDGER_BYTES);
   free(img);

@@ -13,8 +13,9 @@
  * read-only in spirit: the command never joins it and never creates it.
  * Acting (release) goes through the worker's host, the only process that
  * holds the worker's channel, over the host's control socket.  The verbs
- * live in status.c, top.c and release.c; this file parses the verb and
- * holds every help text, so the exit codes are documented in one place
+ * live in status_main.c, top.c and release.c (the snapshot they show is
+ * the status library's, src/status/); this file parses the verb and holds
+ * every help text, so the exit codes are documented in one place
  * (they are the BH_CLI_EXIT_* values of cli.h):
  *
  *   0  success
@@ -54,7 +55,7 @@
 
 #define BH__LEDGER_OPT                                                            \
   "  --ledger PATH   the ledger file (default: $BULKHEAD_LEDGER, else\n"          \
-  "                  /dev/shm/bulkhead-ledger-<uid>)\n"
+  "                  /dev/shm/bulkhead-<uid>/ledger)\n"
 
 static const char bh__usage_main[] =
     "usage: bulkhead VERB [OPTIONS]\n"
@@ -80,11 +81,13 @@ static const char bh__usage_main[] =
     "`bulkhead VERB --help` explains a verb; --version prints the version.\n"
     "\n"
     "environment:\n"
-    "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-ledger-<uid>)\n"
+    "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-<uid>/ledger)\n"
     "  BULKHEAD_NVML_LIBRARY  the NVML library to load (default libnvidia-ml.so.1)\n"
     "  XDG_RUNTIME_DIR        where hosts' control sockets are (release --help)\n"
     "  BULKHEAD_PYTHON        the Python that runs install/env/doctor/canary\n"
-    "                         (default python3; use ComfyUI's own)\n"
+    "                         (default the python3 beside this command, as pip\n"
+    "                         installs it into a venv's bin/, else python3 on\n"
+    "                         PATH; use ComfyUI's own)\n"
     "\n" BH__EXITS;
 
 static const char bh__usage_status[] =
@@ -186,16 +189,20 @@ int bh_cli_write_all(int fd, const void *p, size_t n) {
  * StandIn's signatures off the type), so these verbs run
  * `<python> -m bulkhead VERB ...` with the same arguments
  * and exit status.  Next to a build tree's command the package is found in
- * ../python; elsewhere the Python given must import bulkhead. */
+ * ../python; elsewhere the Python given must import bulkhead.  Without
+ * BULKHEAD_PYTHON the Python is the python3 beside the command, where
+ * there is one (pip installs the command into the bin/ of the environment
+ * that holds the package), else python3 on PATH. */
 static int bh__python_verb(int argc, char **argv) {
   const char *python = getenv("BULKHEAD_PYTHON");
-  if (!python || !python[0]) python = "python3";
-  char exe[PATH_MAX], pkg[PATH_MAX + 64];
+  char exe[PATH_MAX], pkg[PATH_MAX + 64], beside[PATH_MAX + 16];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {
     exe[n] = 0;
     char *slash = strrchr(exe, '/');
     if (slash) *slash = 0;
+    snprintf(beside, sizeof beside, "%s/python3", exe);
+    if ((!python || !python[0]) && access(beside, X_OK) == 0) python = beside;
     snprintf(pkg, sizeof pkg, "%s/../python/bulkhead/__init__.py", exe);
     if (access(pkg, R_OK) == 0) {
       snprintf(pkg, sizeof pkg, "%s/../python", exe);
@@ -208,6 +215,7 @@ static int bh__python_verb(int argc, char **argv) {
       }
     }
   }
+  if (!python || !python[0]) python = "python3";
   char **av = calloc((size_t)argc + 3, sizeof *av);
   if (!av) return BH_CLI_EXIT_NOTFOUND;
   av[0] = (char *)python;

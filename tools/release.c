@@ -44,7 +44,7 @@
 /* ------------------------------------------------------ finding it */
 
 /* "pack-a (pid 12, host 10), ..." for error messages. */
-static void bh__list_workers(const bh_cli_snap *s, char *out, size_t len) {
+static void bh__list_workers(const bh_status_snap *s, char *out, size_t len) {
   size_t o = 0;
   int shown = 0;
   out[0] = 0;
@@ -56,7 +56,7 @@ static void bh__list_workers(const bh_cli_snap *s, char *out, size_t len) {
       snprintf(out + o, len - o, ", ...");
       return;
     }
-    bh_cli_text_fit(pack, sizeof pack, r->pack, 32, 0);
+    bh_text_fit(pack, sizeof pack, r->pack, 32, 0);
     int n = snprintf(out + o, len - o, "%s%s (pid %d, host %d)", shown ? ", " : "", pack, (int)r->pid,
                      (int)r->host_pid);
     if (n < 0) break;
@@ -78,12 +78,12 @@ static int bh__is_pid(const char *t, pid_t *pid) {
 
 /* Finds the one worker `target` names.  Returns its record index, or -1
  * after printing why (the exit code in *code). */
-static int bh__find(const bh_cli_snap *s, const char *target, int *code) {
+static int bh__find(const bh_status_snap *s, const char *target, int *code) {
   char list[1024], shown[4 * 64 + 1];
   pid_t pid;
   int found = -1, matches = 0;
   *code = BH_CLI_EXIT_NOTFOUND;
-  bh_cli_text_fit(shown, sizeof shown, target, 64, 0);
+  bh_text_fit(shown, sizeof shown, target, 64, 0);
   if (!s->ledger_present) {
     fprintf(stderr, "bulkhead release: no worker '%s': no bulkhead processes (no ledger at %s)\n", shown,
             s->ledger_path);
@@ -100,7 +100,7 @@ static int bh__find(const bh_cli_snap *s, const char *target, int *code) {
     }
     if (s->records[found].role != BH_ROLE_WORKER) {
       fprintf(stderr, "bulkhead release: pid %d is a %s, not a worker; workers: %s\n", (int)pid,
-              bh_cli_role_name(s->records[found].role), list);
+              bh_status_role_name(s->records[found].role), list);
       return -1;
     }
     return found;
@@ -277,7 +277,7 @@ int bh_cli_release_main(int argc, char **argv) {
   double timeout_s = 60;
   uint64_t nbytes = 0;
   int with_bytes = 0, json = 0, c, code, is_error = 0;
-  bh_cli_snap snap;
+  bh_status_snap snap;
   bh_cli_answer a;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
@@ -305,7 +305,7 @@ int bh_cli_release_main(int argc, char **argv) {
   const char *target = argv[optind];
   if (!target[0]) return bh_cli_usage_error("release", "the worker's PID or PACK is empty");
 
-  int rc = bh_cli_snap_take(&snap, ledger, NULL);
+  int rc = bh_status_snap_take(&snap, ledger, NULL, NULL);
   if (rc < 0) {
     fprintf(stderr, "bulkhead release: cannot read the ledger %s: %s\n", snap.ledger_path, bh_strerror(rc));
     code = BH_CLI_EXIT_LEDGER;
@@ -315,7 +315,7 @@ int bh_cli_release_main(int argc, char **argv) {
   if (i < 0) goto out;
   const bh_ledger_record *w = &snap.records[i];
   char pack[4 * 64 + 1];
-  bh_cli_text_fit(pack, sizeof pack, w->pack, 64, 0);
+  bh_text_fit(pack, sizeof pack, w->pack, 64, 0);
   if (w->host_pid <= 0) {
     fprintf(stderr, "bulkhead release: worker %d (%s) has no host to ask (host_pid 0)\n", (int)w->pid, pack);
     code = BH_CLI_EXIT_UNREACHABLE;
@@ -325,18 +325,18 @@ int bh_cli_release_main(int argc, char **argv) {
   code = bh__ask(w->host_pid, w->pid, with_bytes, nbytes, timeout_s, &a, &is_error);
   if (code == BH_CLI_EXIT_REFUSED) {
     char type[4 * 64 + 1];
-    bh_cli_text_fit(type, sizeof type, a.type[0] ? a.type : "error", 64, 0);
+    bh_text_fit(type, sizeof type, a.type[0] ? a.type : "error", 64, 0);
     fprintf(stderr, "bulkhead release: host %d refused: %s: %s\n", (int)w->host_pid, type, a.message);
   } else if (code == BH_CLI_EXIT_OK) {
     bh_buf out;
     bh_buf_init(&out);
     if (json) {
-      bh_cli_appendf(&out, "{\"worker_pid\": %" PRId64 ", \"pack\": ", a.worker_pid);
-      bh_cli_json_str(&out, a.pack, strlen(a.pack));
-      bh_cli_appendf(&out, ", \"host_pid\": %d, \"asked_bytes\": ", (int)w->host_pid);
-      if (with_bytes) bh_cli_appendf(&out, "%" PRIu64, nbytes);
-      else bh_cli_appendf(&out, "null");
-      bh_cli_appendf(&out,
+      bh_text_appendf(&out, "{\"worker_pid\": %" PRId64 ", \"pack\": ", a.worker_pid);
+      bh_text_json_str(&out, a.pack, strlen(a.pack));
+      bh_text_appendf(&out, ", \"host_pid\": %d, \"asked_bytes\": ", (int)w->host_pid);
+      if (with_bytes) bh_text_appendf(&out, "%" PRIu64, nbytes);
+      else bh_text_appendf(&out, "null");
+      bh_text_appendf(&out,
                      ", \"before_bytes\": %" PRId64 ", \"after_bytes\": %" PRId64 ", \"freed_bytes\": %" PRId64
                      "}\n",
                      a.before_bytes, a.after_bytes, a.freed_bytes);
@@ -344,23 +344,23 @@ int bh_cli_release_main(int argc, char **argv) {
       char x[16], shown[4 * 64 + 1];
       const struct { const char *label; int64_t v; } rows[] = {
           {"before", a.before_bytes}, {"after", a.after_bytes}, {"freed", a.freed_bytes}};
-      bh_cli_text_fit(shown, sizeof shown, a.pack[0] ? a.pack : w->pack, 64, 0);
-      bh_cli_appendf(&out, "released worker %" PRId64 " (%s) of host %d", a.worker_pid, shown, (int)w->host_pid);
+      bh_text_fit(shown, sizeof shown, a.pack[0] ? a.pack : w->pack, 64, 0);
+      bh_text_appendf(&out, "released worker %" PRId64 " (%s) of host %d", a.worker_pid, shown, (int)w->host_pid);
       if (with_bytes) {
-        bh_cli_bytes_format(nbytes, x, sizeof x);
-        bh_cli_appendf(&out, ", asked for %s", x);
+        bh_text_bytes_format(nbytes, x, sizeof x);
+        bh_text_appendf(&out, ", asked for %s", x);
       }
-      bh_cli_appendf(&out, "\n");
+      bh_text_appendf(&out, "\n");
       for (size_t k = 0; k < 3; k++) {
         uint64_t v = rows[k].v > 0 ? (uint64_t)rows[k].v : 0;
-        bh_cli_bytes_format(v, x, sizeof x);
-        bh_cli_appendf(&out, "  %-7s %10s  (%" PRIu64 " bytes)\n", rows[k].label, x, v);
+        bh_text_bytes_format(v, x, sizeof x);
+        bh_text_appendf(&out, "  %-7s %10s  (%" PRIu64 " bytes)\n", rows[k].label, x, v);
       }
     }
     if (out.err == 0) (void)bh_cli_write_all(STDOUT_FILENO, out.data, out.len);
     bh_buf_free(&out);
   }
 out:
-  bh_cli_snap_free(&snap);
+  bh_status_snap_free(&snap);
   return code;
 }

@@ -1,8 +1,9 @@
 /*
  * status_main.c -- the `bulkhead status` verb: options, one snapshot, the
  * table or the JSON document on stdout.  The snapshot and both renderings
- * are status.c's, which the extension also links, so ComfyUI's
- * GET /bulkhead/status serves the very same document.
+ * are the status library's (src/status/status.c), which the extension
+ * also links, so ComfyUI's GET /bulkhead/status serves the very same
+ * document.
  */
 #include "cli.h"
 
@@ -19,8 +20,8 @@ int bh_cli_status_main(int argc, char **argv) {
                                         {NULL, 0, NULL, 0}};
   const char *ledger = NULL;
   int json = 0, c, rc, code = BH_CLI_EXIT_OK;
-  bh_cli_probes probes;
-  bh_cli_snap snap;
+  bh_status_probes probes;
+  bh_status_snap snap;
   bh_buf out;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
@@ -33,8 +34,8 @@ int bh_cli_status_main(int argc, char **argv) {
   if (optind < argc) return bh_cli_usage_error("status", "unexpected argument '%s'", argv[optind]);
   if (ledger && !ledger[0]) return bh_cli_usage_error("status", "--ledger needs a path");
   bh_buf_init(&out);
-  bh_cli_probes_open(&probes);
-  rc = bh_cli_snap_take(&snap, ledger, &probes);
+  bh_status_probes_open(&probes);
+  rc = bh_status_snap_take(&snap, ledger, NULL, &probes);
   if (rc < 0) {
     fprintf(stderr, "bulkhead status: cannot read the ledger %s: %s\n", snap.ledger_path, bh_strerror(rc));
     code = BH_CLI_EXIT_LEDGER;
@@ -44,15 +45,15 @@ int bh_cli_status_main(int argc, char **argv) {
   struct winsize ws;
   if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
     cols = ws.ws_col;
-  rc = json ? bh_cli_status_json(&out, &snap) : bh_cli_status_text(&out, &snap, cols);
+  rc = json ? bh_status_json(&out, &snap) : bh_status_text(&out, &snap, cols);
   if (rc == 0) rc = bh_cli_write_all(STDOUT_FILENO, out.data, out.len);
   if (rc < 0) {
     fprintf(stderr, "bulkhead status: %s\n", bh_strerror(rc));
     code = BH_CLI_EXIT_LEDGER;
   }
 out:
-  bh_cli_snap_free(&snap);
-  bh_cli_probes_close(&probes);
+  bh_status_snap_free(&snap);
+  bh_status_probes_close(&probes);
   bh_buf_free(&out);
   return code;
 }

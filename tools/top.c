@@ -24,7 +24,7 @@
  * Frame layout (80 columns):
  *
  *   bulkhead top  3 processes  every 1.0s  q quits                 12:34:56
- *   ledger /dev/shm/bulkhead-ledger-1000
+ *   ledger /dev/shm/bulkhead-1000/ledger
  *   cpu      [||||||||||||......................]    5.4 GiB of   15.6 GiB used
  *   cuda:0   [|||...............................]   12.0 GiB of  140.0 GiB used
  *
@@ -106,9 +106,9 @@ static void bh__term_size(unsigned *cols, unsigned *rows) {
 
 /* The probed device a ledger device name refers to: by name, or for
  * "cuda:GPU-..." / "cuda:MIG-..." by UUID. */
-static const bh_cli_device *bh__device_of(const bh_cli_snap *s, const char *name) {
+static const bh_status_device *bh__device_of(const bh_status_snap *s, const char *name) {
   for (int i = 0; i < s->n_devices; i++) {
-    const bh_cli_device *d = &s->devices[i];
+    const bh_status_device *d = &s->devices[i];
     if (strcmp(d->device, name) == 0) return d;
     if (d->uuid[0] && strncmp(name, "cuda:", 5) == 0 && strcasecmp(name + 5, d->uuid) == 0) return d;
   }
@@ -118,7 +118,7 @@ static const bh_cli_device *bh__device_of(const bh_cli_snap *s, const char *name
 /* One frame into b: at most `rows` lines, each at most `cols` wide, each
  * ended by clear-to-end-of-line; lines are separated by CR LF (no newline
  * after the last, so the screen never scrolls). */
-static void bh__frame(bh_buf *b, const bh_cli_snap *s, double interval, unsigned cols, unsigned rows) {
+static void bh__frame(bh_buf *b, const bh_status_snap *s, double interval, unsigned cols, unsigned rows) {
   int idx[BH_LEDGER_SLOTS], depth[BH_LEDGER_SLOTS];
   char x[16], y[16], pid[16], pack[4 * 18 + 1], idle[16], bar[512], clock[16];
   unsigned line = 0;
@@ -131,58 +131,58 @@ static void bh__frame(bh_buf *b, const bh_cli_snap *s, double interval, unsigned
 #define BH__LINE_BEGIN() (start = b->len)
 #define BH__LINE_END()                                   \
   do {                                                   \
-    bh_cli_line_clip(b, start, cols);                    \
-    bh_cli_appendf(b, "\033[K");                         \
-    if (++line < rows) bh_cli_appendf(b, "\r\n");        \
+    bh_text_line_clip(b, start, cols);                    \
+    bh_text_appendf(b, "\033[K");                         \
+    if (++line < rows) bh_text_appendf(b, "\r\n");        \
   } while (0)
 
-  bh_cli_appendf(b, "\033[H");
+  bh_text_appendf(b, "\033[H");
   BH__LINE_BEGIN();
   {
     char head[128];
     int n = snprintf(head, sizeof head, "bulkhead top  %d process%s  every %.1fs  q quits", s->n_records,
                      s->n_records == 1 ? "" : "es", interval);
     int pad = (int)cols - n - (int)strlen(clock);
-    bh_cli_appendf(b, "%s%*s%s", head, pad > 1 ? pad : 1, "", clock);
+    bh_text_appendf(b, "%s%*s%s", head, pad > 1 ? pad : 1, "", clock);
   }
   BH__LINE_END();
   if (line < rows) {
     BH__LINE_BEGIN();
-    bh_cli_appendf(b, "ledger %s%s", s->ledger_path, s->ledger_present ? "" : " (none: nobody joined)");
+    bh_text_appendf(b, "ledger %s%s", s->ledger_path, s->ledger_present ? "" : " (none: nobody joined)");
     BH__LINE_END();
   }
   /* Device bars: name(8) [bar] "  <used> of <total> used" */
   for (int i = 0; i < s->n_devices && line < rows; i++) {
-    const bh_cli_device *d = &s->devices[i];
+    const bh_status_device *d = &s->devices[i];
     uint64_t used = d->total_bytes > d->free_bytes ? d->total_bytes - d->free_bytes : 0;
     char tail[64];
-    bh_cli_bytes_format(used, x, sizeof x);
-    bh_cli_bytes_format(d->total_bytes, y, sizeof y);
+    bh_text_bytes_format(used, x, sizeof x);
+    bh_text_bytes_format(d->total_bytes, y, sizeof y);
     snprintf(tail, sizeof tail, "  %10s of %10s used", x, y); /* fixed width: bars line up */
     int w = (int)cols - 8 - 1 - 2 - (int)strlen(tail);
     BH__LINE_BEGIN();
-    bh_cli_appendf(b, "%-8s ", d->device);
+    bh_text_appendf(b, "%-8s ", d->device);
     if (w >= 4) {
       if (w > (int)sizeof bar - 1) w = (int)sizeof bar - 1;
       bh_cli_bar(bar, used, d->total_bytes, (unsigned)w);
-      bh_cli_appendf(b, "[%s]", bar);
+      bh_text_appendf(b, "[%s]", bar);
     }
-    bh_cli_appendf(b, "%s", tail);
+    bh_text_appendf(b, "%s", tail);
     BH__LINE_END();
   }
   if (s->gpu_error[0] && line < rows) {
     BH__LINE_BEGIN();
-    bh_cli_appendf(b, "%-8s %s", "gpu", s->gpu_error);
+    bh_text_appendf(b, "%-8s %s", "gpu", s->gpu_error);
     BH__LINE_END();
   }
   if (line < rows) {
     BH__LINE_BEGIN();
     BH__LINE_END();
   }
-  int n = bh_cli_snap_order(s, 1, idx, depth);
+  int n = bh_status_snap_order(s, 1, idx, depth);
   if (n == 0 && line < rows) {
     BH__LINE_BEGIN();
-    bh_cli_appendf(b, "no bulkhead processes");
+    bh_text_appendf(b, "no bulkhead processes");
     BH__LINE_END();
   }
   /* PID(9) ROLE(6) PACK(18) STATE(9) IDLE(7) HELD(10) = 64 columns, then
@@ -191,65 +191,65 @@ static void bh__frame(bh_buf *b, const bh_cli_snap *s, double interval, unsigned
   if (barw > (int)sizeof bar - 1) barw = (int)sizeof bar - 1;
   if (n > 0 && line < rows) {
     BH__LINE_BEGIN();
-    bh_cli_appendf(b, "%-9s %-6s %-18s %-9s %7s %10s%s", "PID", "ROLE", "PACK", "STATE", "IDLE", "HELD",
+    bh_text_appendf(b, "%-9s %-6s %-18s %-9s %7s %10s%s", "PID", "ROLE", "PACK", "STATE", "IDLE", "HELD",
                    barw >= 4 ? "  OF DEVICE" : "");
     BH__LINE_END();
   }
   uint64_t max_held = 1;
   for (int k = 0; k < n; k++) {
-    uint64_t h = bh_cli_record_held(&s->records[idx[k]]);
+    uint64_t h = bh_status_record_held(&s->records[idx[k]]);
     if (h > max_held) max_held = h;
   }
   for (int k = 0; k < n && line < rows; k++) {
     const bh_ledger_record *r = &s->records[idx[k]];
     if (line == rows - 1 && k < n - 1) { /* the last row says what did not fit */
       BH__LINE_BEGIN();
-      bh_cli_appendf(b, "... %d more", n - k);
+      bh_text_appendf(b, "... %d more", n - k);
       BH__LINE_END();
       break;
     }
-    uint64_t held = bh_cli_record_held(r), whole = max_held;
+    uint64_t held = bh_status_record_held(r), whole = max_held;
     const bh_ledger_device *most = NULL;
     for (uint32_t i = 0; i < r->n_devices && i < BH_LEDGER_DEVICES; i++)
       if (!most || r->devices[i].held_bytes > most->held_bytes) most = &r->devices[i];
-    const bh_cli_device *dev = most ? bh__device_of(s, most->device) : NULL;
+    const bh_status_device *dev = most ? bh__device_of(s, most->device) : NULL;
     if (dev && dev->total_bytes) whole = dev->total_bytes;
     snprintf(pid, sizeof pid, "%s%d", depth[k] ? "  " : "", (int)r->pid);
-    bh_cli_text_fit(pack, sizeof pack, r->pack[0] ? r->pack : "-", 18, 1);
-    bh_cli_idle_format(r->last_used_ns ? s->now_ns - (int64_t)r->last_used_ns : -1, idle, sizeof idle);
-    bh_cli_bytes_format(held, x, sizeof x);
+    bh_text_fit(pack, sizeof pack, r->pack[0] ? r->pack : "-", 18, 1);
+    bh_text_idle_format(r->last_used_ns ? s->now_ns - (int64_t)r->last_used_ns : -1, idle, sizeof idle);
+    bh_text_bytes_format(held, x, sizeof x);
     BH__LINE_BEGIN();
-    bh_cli_appendf(b, "%-9s %-6s %s %-9s %7s %10s", pid, bh_cli_role_name(r->role), pack,
-                   bh_cli_run_name(r->run), idle, x);
+    bh_text_appendf(b, "%-9s %-6s %s %-9s %7s %10s", pid, bh_status_role_name(r->role), pack,
+                   bh_status_run_name(r->run), idle, x);
     if (barw >= 4) {
       bh_cli_bar(bar, held, whole, (unsigned)barw);
-      bh_cli_appendf(b, "  [%s]", bar);
+      bh_text_appendf(b, "  [%s]", bar);
     }
     BH__LINE_END();
   }
-  bh_cli_appendf(b, "\033[J");
+  bh_text_appendf(b, "\033[J");
 #undef BH__LINE_BEGIN
 #undef BH__LINE_END
 }
 
 /* Not a terminal (or --once): the status table, once per interval. */
 static int bh__top_plain(const char *ledger, double interval, int once) {
-  bh_cli_probes probes;
+  bh_status_probes probes;
   int code = BH_CLI_EXIT_OK;
-  bh_cli_probes_open(&probes);
+  bh_status_probes_open(&probes);
   for (int frame = 0;; frame++) {
-    bh_cli_snap snap;
+    bh_status_snap snap;
     bh_buf out;
     bh_buf_init(&out);
-    int rc = bh_cli_snap_take(&snap, ledger, &probes);
+    int rc = bh_status_snap_take(&snap, ledger, NULL, &probes);
     if (rc == 0) {
-      if (frame > 0) bh_cli_appendf(&out, "\n");
-      rc = bh_cli_status_text(&out, &snap, 80);
+      if (frame > 0) bh_text_appendf(&out, "\n");
+      rc = bh_status_text(&out, &snap, 80);
       if (rc == 0) rc = bh_cli_write_all(STDOUT_FILENO, out.data, out.len);
     } else {
       fprintf(stderr, "bulkhead top: cannot read the ledger %s: %s\n", snap.ledger_path, bh_strerror(rc));
     }
-    bh_cli_snap_free(&snap);
+    bh_status_snap_free(&snap);
     bh_buf_free(&out);
     if (rc < 0) {
       code = BH_CLI_EXIT_LEDGER;
@@ -260,7 +260,7 @@ static int bh__top_plain(const char *ledger, double interval, int once) {
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
     }
   }
-  bh_cli_probes_close(&probes);
+  bh_status_probes_close(&probes);
   return code;
 }
 
@@ -268,14 +268,14 @@ static int bh__top_plain(const char *ledger, double interval, int once) {
 static int bh__top_screen(const char *ledger, double interval) {
   struct sigaction sa, old[5];
   static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGWINCH, SIGTSTP};
-  bh_cli_probes probes;
+  bh_status_probes probes;
   int keys = isatty(STDIN_FILENO), code = BH_CLI_EXIT_OK, quit = 0;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = bh__on_signal; /* no SA_RESTART: poll returns EINTR */
   sigemptyset(&sa.sa_mask);
   for (int i = 0; i < 5; i++) sigaction(sigs[i], &sa, &old[i]);
   atexit(bh__term_restore);
-  bh_cli_probes_open(&probes);
+  bh_status_probes_open(&probes);
   bh__term_take(keys);
   int64_t next = 0;
   while (!quit && !g_signal) {
@@ -292,11 +292,11 @@ static int bh__top_screen(const char *ledger, double interval) {
     if (g_winch || now >= next) {
       g_winch = 0;
       unsigned cols, rows;
-      bh_cli_snap snap;
+      bh_status_snap snap;
       bh_buf out;
       bh_buf_init(&out);
       bh__term_size(&cols, &rows);
-      int rc = bh_cli_snap_take(&snap, ledger, &probes);
+      int rc = bh_status_snap_take(&snap, ledger, NULL, &probes);
       if (rc < 0) {
         bh__term_restore();
         fprintf(stderr, "bulkhead top: cannot read the ledger %s: %s\n", snap.ledger_path, bh_strerror(rc));
@@ -306,7 +306,7 @@ static int bh__top_screen(const char *ledger, double interval) {
         bh__frame(&out, &snap, interval, cols, rows);
         if (out.err == 0) (void)bh_cli_write_all(STDOUT_FILENO, out.data, out.len);
       }
-      bh_cli_snap_free(&snap);
+      bh_status_snap_free(&snap);
       bh_buf_free(&out);
       next = now + (int64_t)(interval * 1e9);
       continue;
@@ -327,7 +327,7 @@ static int bh__top_screen(const char *ledger, double interval) {
     }
   }
   bh__term_restore();
-  bh_cli_probes_close(&probes);
+  bh_status_probes_close(&probes);
   for (int i = 0; i < 5; i++) sigaction(sigs[i], &old[i], NULL);
   if (g_signal) {
     int sig = g_signal;

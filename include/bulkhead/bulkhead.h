@@ -57,7 +57,8 @@ extern "C" {
   X(BH_EBLOCK, 10028, "reference to an unknown shared-memory block")           \
   X(BH_ESEALS, 10029, "shared-memory block is not a sealed memfd of the declared size") \
   X(BH_EBLOCKSEC, 10030, "frame's block section is malformed")                 \
-  X(BH_ETOOMANY, 10031, "too many items for one frame") \
+  X(BH_ETOOMANY, 10031, "value has more items than one frame may carry (BH_MAX_ITEMS)") \
+  X(BH_EPEERMEM, 10032, "peer lends more shared memory than one channel maps (too many blocks or bytes)") \
   X(BH_ELEDGER, 10040, "segment is not a bulkhead ledger (bad magic or size)") \
   X(BH_ELEDGERVER, 10041, "ledger has another layout version (every bulkhead on this machine must match)") \
   X(BH_ELEDGERFULL, 10042, "ledger has no free record slot") \
@@ -134,12 +135,17 @@ enum bh_tag {
   BH_TAG_LIST = 0x07,    /* u32 count, values */
   BH_TAG_MAP = 0x08,     /* u32 count, key/value pairs */
   BH_TAG_TENSOR = 0x09,  /* struct bh_tensor_ref, see bh_enc_tensor */
-  BH_TAG_HANDLE = 0x0a,  /* u8 space, u64 id */
+  BH_TAG_HANDLE = 0x0a,  /* u8 space, u64 id, u16 type-name length, UTF-8 type name */
   BH_TAG_TUPLE = 0x0b,   /* u32 count, values; a list the host reads as a tuple */
 };
 
 #define BH_MAX_DIMS 16
 #define BH_MAX_DEPTH 64
+/* Items (scalars and containers alike) in one value: what bounds the
+ * objects a decoder builds from one frame (a list of empty lists costs 5
+ * bytes each on the wire and some 60 as Python objects), whatever the
+ * frame's size.  Past it: -BH_ETOOMANY. */
+#define BH_MAX_ITEMS (1u << 20)
 #define BH_BLOCK_NONE UINT32_MAX /* tensor-ref of an empty tensor */
 
 /* Which library a tensor came from, so the receiver rebuilds the same kind
@@ -163,7 +169,15 @@ typedef struct bh_tensor_ref {
 typedef struct bh_handle_ref {
   uint8_t space; /* which table of the owner, e.g. BH_HANDLE_CALLABLE */
   uint64_t id;
+  /* The qualified type name of the object, as its owner knows it (UTF-8,
+   * at most BH_TYPE_NAME_MAX bytes; type_len 0: not said).  Borrowed: the
+   * encoder's caller owns it; a decoded one points into the reader's
+   * buffer. */
+  const char *type;
+  uint16_t type_len;
 } bh_handle_ref;
+
+#define BH_TYPE_NAME_MAX 1024
 
 enum { BH_HANDLE_CALLABLE = 1, BH_HANDLE_OBJECT = 2 };
 
@@ -195,6 +209,7 @@ BH_EXTERN int bh_enc_tuple(bh_buf *b, uint32_t count);
 BH_EXTERN int bh_enc_map(bh_buf *b, uint32_t count);
 /* Fails with -EINVAL for a ref bh_tensor_ref_check() rejects. */
 BH_EXTERN int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t);
+/* Fails with -EINVAL for a type name over BH_TYPE_NAME_MAX bytes. */
 BH_EXTERN int bh_enc_handle(bh_buf *b, const bh_handle_ref *h);
 
 /* Validates a tensor ref on its own: known dtype, ndim, non-negative
@@ -234,13 +249,14 @@ BH_EXTERN void bh_reader_init(bh_reader *r, const void *p, size_t len);
  * item takes at least one byte). */
 BH_EXTERN int bh_dec_next(bh_reader *r, bh_item *it);
 /* Walks one whole value from the reader's position, nesting at most
- * max_depth, and then requires the buffer to end.  Returns 0 or a negative
- * BH_E* code naming the first problem. */
+ * max_depth and holding at most BH_MAX_ITEMS items, and then requires the
+ * buffer to end.  Returns 0 or a negative BH_E* code naming the first
+ * problem. */
 BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 
 /* ------------------------------------------------------------------ frames */
 
-#define BH_PROTOCOL_VERSION 2
+#define BH_PROTOCOL_VERSION 3
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u
@@ -322,7 +338,8 @@ typedef struct bh_channel bh_channel;
 
 typedef struct bh_channel_opts {
   uid_t peer_uid;           /* frames from another uid are rejected */
-  pid_t peer_pid;           /* 0: any pid; else frames must come from it */
+  pid_t peer_pid;           /* 0: any pid; else frames must come from it,
+                             * and its death ends a wait (see bh_channel_recv) */
   size_t pool_keep_bytes;   /* free own blocks kept for reuse (0: default) */
   int64_t spin_ns;          /* before blocking in recv, poll this long
                              * yielding the CPU (0: default 20 us, <0: never;
@@ -380,8 +397,11 @@ typedef struct bh_frame {
  * forever).  Block bookkeeping in the frame (intros, returns, retires) is
  * applied before returning; BLOCKS frames are consumed here and never
  * returned.  Returns 0, -ETIMEDOUT, -EINTR (a signal arrived: check and
- * call again), -BH_EEOF (peer gone), or a BH_E* code naming what was wrong
- * with the frame; after such an error the channel stays usable. */
+ * call again), -BH_EEOF (peer gone: its end closed, or, when opts.peer_pid
+ * was given, that process exited and nothing it sent is left to read, even
+ * though a process it forked may still hold its end), or a BH_E* code
+ * naming what was wrong with the frame; after such an error the channel
+ * stays usable. */
 BH_EXTERN int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns);
 BH_EXTERN void bh_channel_frame_done(bh_channel *c, bh_frame *f);
 
@@ -423,6 +443,10 @@ BH_EXTERN int bh_proc_wait(bh_proc *p, int timeout_ms, int *status);
  * term_ms, SIGKILL, reap.  Returns 0 with the status, never leaves a
  * zombie. */
 BH_EXTERN int bh_proc_stop(bh_proc *p, int grace_ms, int term_ms, int *status);
+/* Sends sig to the child alone (SIGUSR1 interrupts it; what it forked is
+ * not disturbed).  -ESRCH once reaped.  bh_proc_stop's SIGTERM and
+ * SIGKILL and bh_proc_close's SIGKILL go to the child's whole process
+ * group (its own, from the spawn), so a helper it forked goes too. */
 BH_EXTERN int bh_proc_kill(bh_proc *p, int sig);
 /* Copies the last bytes the child printed (at most n-1) into buf,
  * NUL-terminated; returns the length. */

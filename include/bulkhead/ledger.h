@@ -17,7 +17,7 @@
  *
  *   bh_ledger *l;
  *   int rc = bh_ledger_open(&l, NULL);            // $BULKHEAD_LEDGER or
- *   if (rc < 0) return rc;                        // /dev/shm/bulkhead-ledger-<uid>
+ *   if (rc < 0) return rc;                        // /dev/shm/bulkhead-<uid>/ledger
  *   rc = bh_ledger_join(l, BH_ROLE_WORKER, "my-pack", "3.12.1", 1, host_pid);
  *   bh_ledger_device d = {.device = "cuda:GPU-8f3a...", .held_bytes = 1 << 30};
  *   bh_ledger_set_device(l, &d);
@@ -52,9 +52,16 @@ extern "C" {
 /* Layout version of the segment.  Every bulkhead process on the machine
  * must agree; a segment of another version fails to open with
  * -BH_ELEDGERVER. */
-#define BH_LEDGER_VERSION 1
-#define BH_LEDGER_SLOTS 64       /* records in one segment */
-#define BH_LEDGER_DEVICES 4      /* device entries per record */
+#define BH_LEDGER_VERSION 2
+/* Records in one segment: every bulkhead process of one user on the
+ * machine (each host, each of its workers, a tool while it reads), e.g.
+ * 8 ComfyUI instances of 60 isolated packs each.  The 513th process runs
+ * without a record (a warning; what it holds is invisible to the others). */
+#define BH_LEDGER_SLOTS 512
+/* Device entries per record: cpu and 16 GPUs (the most one node carries).
+ * A record that would need more refuses the next device with -BH_EMODELS;
+ * the census goes on without it. */
+#define BH_LEDGER_DEVICES 17
 #define BH_LEDGER_MODELS 32      /* model entries per record */
 #define BH_LEDGER_PACK_MAX 64    /* sizes of the string fields, NUL included */
 #define BH_LEDGER_INTERP_MAX 48
@@ -64,7 +71,9 @@ extern "C" {
 typedef struct bh_ledger bh_ledger;
 
 enum bh_ledger_role { BH_ROLE_HOST = 1, BH_ROLE_WORKER = 2, BH_ROLE_TOOL = 3 };
-enum bh_ledger_run { BH_RUN_IDLE = 0, BH_RUN_BUSY = 1, BH_RUN_RELEASING = 2 };
+/* BH_RUN_STALE is never written: a snapshot reports it for a record whose
+ * owner (alive, e.g. stopped) stayed mid-write, with only slot and pid. */
+enum bh_ledger_run { BH_RUN_IDLE = 0, BH_RUN_BUSY = 1, BH_RUN_RELEASING = 2, BH_RUN_STALE = 3 };
 
 /* One device's bytes as the record's owner accounts them. */
 typedef struct bh_ledger_device {
@@ -104,9 +113,12 @@ typedef struct bh_ledger_record {
   bh_ledger_model models[BH_LEDGER_MODELS];
 } bh_ledger_record;
 
-/* Writes the default path ($BULKHEAD_LEDGER if set and non-empty, else
- * /dev/shm/bulkhead-ledger-<uid>) into buf.  Returns its length, or
- * -ENAMETOOLONG when it does not fit in n bytes. */
+/* Writes the default path into buf: $BULKHEAD_LEDGER if set and
+ * non-empty, else /dev/shm/bulkhead-<uid>/ledger in a private directory
+ * (bh_private_dir), or $XDG_RUNTIME_DIR/bulkhead-ledger when another user
+ * took that directory and XDG_RUNTIME_DIR is a private directory of ours.
+ * Creates nothing (bh_ledger_open(NULL) makes the directory).  Returns its
+ * length, or -ENAMETOOLONG when it does not fit in n bytes. */
 BH_EXTERN int bh_ledger_default_path(char *buf, size_t n);
 
 /* Opens (creating and initialising it if needed) the ledger at `path`, or
@@ -118,6 +130,15 @@ BH_EXTERN int bh_ledger_default_path(char *buf, size_t n);
  * caller: bh_ledger_close.  Never blocks for long (a file lock held while
  * another process initialises the segment). */
 BH_EXTERN int bh_ledger_open(bh_ledger **out, const char *path);
+
+/* Makes `path` a directory 0700 when create is set and it is missing (its
+ * parent must exist), then checks it with lstat: 0 when it is a directory
+ * owned by our euid with no group or other permission; else -ENOENT
+ * (missing), -ELOOP (a symbolic link), -ENOTDIR, -EPERM (another owner) or
+ * -EACCES (group/other bits).  Used for every directory bulkhead keeps
+ * private state in (the ledger's, the control sockets', a worker's package
+ * root). */
+BH_EXTERN int bh_private_dir(const char *path, int create);
 
 /* Leaves (when this process joined through this handle), unmaps and frees
  * the handle.  When no other handle anywhere has the segment open and no
@@ -166,14 +187,17 @@ BH_EXTERN int bh_ledger_drop_model(bh_ledger *l, uint64_t id);
 BH_EXTERN int bh_ledger_note_release(bh_ledger *l, uint64_t bytes);
 
 /* Reaps the records of dead processes, then copies at most `max` live
- * records into out (slot order).  Returns the number copied, or -EAGAIN
- * when a live owner stayed mid-write past the retry budget.  When the
+ * records into out (slot order).  Returns the number copied.  A record
+ * whose live owner stayed mid-write past the retry budget (a stopped
+ * process) does not fail the snapshot: it is copied as slot and pid only,
+ * run BH_RUN_STALE, everything else zero.  When the
  * segment's lock is held past its bound (a stopped holder) it does not
  * reap but still leaves dead owners' records out. */
 BH_EXTERN int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max);
 
 /* Copies the live record of `pid`.  Returns 0, -ESRCH when there is none
- * (a dead owner's record is reaped on the way), -EAGAIN as above. */
+ * (a dead owner's record is reaped on the way), -EAGAIN when its live
+ * owner stayed mid-write past the retry budget. */
 BH_EXTERN int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out);
 
 /* The fast path behind a stand-in's loaded_size(): one model's size and

@@ -22,12 +22,16 @@
  * (bh__frame_check, bh__section_parse) are pure functions, which is what
  * fuzz/fuzz_frame.c drives.  Every fd received is either kept or
  * closed, on every path.  Waits use SO_RCVTIMEO against an absolute
- * deadline; the peer's death shows as EOF at once.
+ * deadline; the peer's death shows as EOF at once.  A channel that knows
+ * its peer's pid also holds a pidfd on it and waits in poll() on both: a
+ * peer that died while a process it forked still holds its end (so no EOF
+ * comes) reads as EOF all the same, once nothing is left to receive.
  */
 #include "internal.h"
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/syscall.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -46,6 +50,7 @@ struct bh_channel {
   int fd;
   uid_t peer_uid;
   pid_t peer_pid;
+  int peer_pidfd;      /* readable once peer_pid exited; -1: none (no pid, no pidfd_open) */
   bh_pool *pool;
   int64_t rcvtimeo_ns; /* what SO_RCVTIMEO is set to now; 0 = none */
   int64_t spin_ns;     /* poll before blocking; 0 = don't */
@@ -73,6 +78,24 @@ int bh_frame_header_check(const bh_frame_header *h) {
   return 0;
 }
 
+/* A pidfd on pid (close-on-exec), or -1 when there is none to have (no
+ * pid, an old kernel, the process already reaped). */
+static int bh__peer_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  if (pid > 0) {
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0); /* pidfds are always close-on-exec */
+    if (fd >= 0 && fd <= 2) {
+      int hi = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* keep stdio's numbers free (bh__close asserts) */
+      close(fd);
+      fd = hi;
+    }
+    return fd;
+  }
+#endif
+  (void)pid;
+  return -1;
+}
+
 int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
   int rc = -EINVAL, one = 1, sndbuf = 1 << 20;
   bh_channel *c = NULL;
@@ -83,6 +106,7 @@ int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
     goto err;
   }
   c->fd = fd;
+  c->peer_pidfd = -1;
   /* A worker's fd came through exec without FD_CLOEXEC; what the worker
    * execs must not hold the channel open after the worker dies. */
   if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
@@ -91,6 +115,7 @@ int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
   }
   c->peer_uid = o->peer_uid;
   c->peer_pid = o->peer_pid;
+  c->peer_pidfd = bh__peer_pidfd(o->peer_pid);
   c->spin_ns = o->spin_ns < 0 ? 0 : o->spin_ns ? o->spin_ns : 20000;
   cpu_set_t cpus;
   if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2) c->spin_ns = 0;
@@ -112,7 +137,10 @@ int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
   *out = c;
   return 0;
 err:
-  if (c) free(c->rx);
+  if (c) {
+    if (c->peer_pidfd >= 0) bh__close(c->peer_pidfd);
+    free(c->rx);
+  }
   free(c);
   if (fd > 2) bh__close(fd);
   return rc;
@@ -122,6 +150,7 @@ void bh_channel_close(bh_channel *c) {
   if (!c) return;
   bh_channel_frame_done(c, NULL);
   if (c->fd >= 0) bh__close(c->fd);
+  if (c->peer_pidfd >= 0) bh__close(c->peer_pidfd);
   bh__pool_close(c->pool);
   free(c->rx);
   free(c);
@@ -129,7 +158,12 @@ void bh_channel_close(bh_channel *c) {
 
 int bh_channel_fd(const bh_channel *c) { return c->fd; }
 bh_pool *bh_channel_pool(bh_channel *c) { return c->pool; }
-void bh_channel_set_peer_pid(bh_channel *c, pid_t pid) { c->peer_pid = pid; }
+void bh_channel_set_peer_pid(bh_channel *c, pid_t pid) {
+  if (pid == c->peer_pid) return;
+  if (c->peer_pidfd >= 0) bh__close(c->peer_pidfd);
+  c->peer_pid = pid;
+  c->peer_pidfd = bh__peer_pidfd(pid);
+}
 
 int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **out) {
   if (!c) return -EINVAL;
@@ -470,6 +504,31 @@ void bh_channel_frame_done(bh_channel *c, bh_frame *f) {
   if (f) f->value = NULL, f->value_len = 0;
 }
 
+/* Waits until the socket is readable (0), the deadline passes
+ * (-ETIMEDOUT), a signal arrives (-EINTR) or the peer process is gone
+ * with nothing left to read (-BH_EEOF), in poll() on the socket and the
+ * peer's pidfd. */
+static int bh__wait_peer(bh_channel *c, int64_t deadline_ns) {
+  for (;;) {
+    int ms = -1;
+    if (deadline_ns >= 0) {
+      int64_t left = deadline_ns - bh_now_ns();
+      if (left <= 0) return -ETIMEDOUT;
+      ms = left > (int64_t)INT32_MAX * 1000000 ? INT32_MAX : (int)((left + 999999) / 1000000);
+    }
+    struct pollfd pf[2] = {{c->fd, POLLIN, 0}, {c->peer_pidfd, POLLIN, 0}};
+    int r = poll(pf, 2, ms);
+    if (r < 0) return -errno; /* -EINTR too: the caller checks its signals, as after recvmsg */
+    if (pf[0].revents) return 0; /* a frame, EOF or an error: recvmsg says which */
+    if (pf[1].revents) {
+      /* Dead: what it sent before dying is still read first. */
+      pf[0].revents = 0;
+      if (poll(pf, 1, 0) > 0 && pf[0].revents) return 0;
+      return -BH_EEOF;
+    }
+  }
+}
+
 int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
   if (!c || !f) return -EINVAL;
   bh_channel_frame_done(c, f);
@@ -490,7 +549,12 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
         sched_yield();
       } while (bh_now_ns() < until);
     }
-    if (rc == -ETIMEDOUT) {
+    if (rc == -ETIMEDOUT && c->peer_pidfd >= 0) {
+      rc = bh__wait_peer(c, deadline_ns);
+      if (rc) return rc;
+      rc = bh__recv_one(c, f, fds, &n_fds, MSG_DONTWAIT);
+      if (rc == -ETIMEDOUT) continue; /* readable, then not: wait again */
+    } else if (rc == -ETIMEDOUT) {
       rc = bh__arm_timeout(c, deadline_ns);
       if (rc) return rc;
       rc = bh__recv_one(c, f, fds, &n_fds, 0);

@@ -11,10 +11,13 @@
  *   TENSOR                         u8 lib, u8 dtype, u8 ndim, u32 block,
  *                                  u64 offset, u64 nbytes,
  *                                  ndim x i64 shape, ndim x i64 strides
- *   HANDLE                         u8 space, u64 id
+ *   HANDLE                         u8 space, u64 id, u16 type-name length,
+ *                                  type name (UTF-8, at most BH_TYPE_NAME_MAX)
  *
  * Decoding is total: every read checks the bytes left first, a container's
- * count may not exceed the bytes left (each item takes one byte at least),
+ * count may not exceed the bytes left (each item takes one byte at least)
+ * nor, over the whole value, BH_MAX_ITEMS (what a decoder builds from one
+ * frame stays bounded whatever its size),
  * strings are checked for UTF-8, tensor refs for consistency.  Nothing here
  * allocates on the decode side.
  */
@@ -150,11 +153,15 @@ int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t) {
 }
 
 int bh_enc_handle(bh_buf *b, const bh_handle_ref *h) {
-  uint8_t *p = bh__grow(b, 10);
+  if (h->type_len > BH_TYPE_NAME_MAX || (h->type_len && !h->type)) return -EINVAL;
+  uint8_t *p = bh__grow(b, 12 + (size_t)h->type_len);
   if (p) {
     p[0] = BH_TAG_HANDLE;
     p[1] = h->space;
     bh__put_u64(p + 2, h->id);
+    p[10] = (uint8_t)(h->type_len & 0xff);
+    p[11] = (uint8_t)(h->type_len >> 8);
+    if (h->type_len) memcpy(p + 12, h->type, h->type_len);
   }
   return b->err;
 }
@@ -290,12 +297,19 @@ int bh_dec_next(bh_reader *r, bh_item *it) {
     r->pos += BH__TENSOR_FIXED + (size_t)t->ndim * 16;
     return 0;
   }
-  case BH_TAG_HANDLE:
-    BH__NEED(r, 10);
+  case BH_TAG_HANDLE: {
+    BH__NEED(r, 12);
+    uint16_t n = (uint16_t)(p[10] | p[11] << 8);
+    if (n > BH_TYPE_NAME_MAX) return -BH_ECOUNT;
+    BH__NEED(r, 12 + (size_t)n);
+    if (!bh__utf8_ok(p + 12, n)) return -BH_EUTF8;
     it->u.h.space = p[1];
     it->u.h.id = bh__get_u64(p + 2);
-    r->pos += 10;
+    it->u.h.type = n ? (const char *)p + 12 : NULL;
+    it->u.h.type_len = n;
+    r->pos += 12 + (size_t)n;
     return 0;
+  }
   }
   return -BH_EBADTAG;
 }
@@ -306,6 +320,7 @@ int bh_dec_validate(const void *p, size_t len, unsigned max_depth) {
   bh_item it;
   uint64_t left[BH_MAX_DEPTH + 1];
   unsigned depth = 0;
+  uint64_t items = 0;
   if (max_depth > BH_MAX_DEPTH) max_depth = BH_MAX_DEPTH;
   bh_reader_init(&r, p, len);
   left[0] = 1;
@@ -314,6 +329,7 @@ int bh_dec_validate(const void *p, size_t len, unsigned max_depth) {
     if (depth == 0 && left[0] == 0) break;
     int rc = bh_dec_next(&r, &it);
     if (rc) return rc;
+    if (++items > BH_MAX_ITEMS) return -BH_ETOOMANY;
     left[depth]--;
     if (it.tag == BH_TAG_LIST || it.tag == BH_TAG_TUPLE || it.tag == BH_TAG_MAP) {
       uint64_t n = it.tag == BH_TAG_MAP ? 2 * (uint64_t)it.u.count : it.u.count;

@@ -141,6 +141,12 @@ int bh__ledger_forge(bh_ledger *l, int slot, pid_t pid, uint64_t start_time);
  * reaps in it like in a mapped file; bh_ledger_close frees only the
  * handle (nothing to unlock, unmap or unlink). */
 int bh__ledger_open_mem(bh_ledger **out, void *image, size_t len);
+
+/* rundir.c: the default ledger path (bh_ledger_default_path's rules) into
+ * buf; with create, its private directory is made and a taken one is an
+ * error (-EPERM, -EACCES, -ENOTDIR, -ELOOP as bh_private_dir).  Returns the
+ * length, or -ENAMETOOLONG. */
+int bh__ledger_home(char *buf, size_t n, int create);
 /* Fuzz builds (-DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, fuzz/ only):
  * a record is alive iff its start_time is this function of its pid, so an
  * input decides its own records' fate without /proc. */

@@ -16,14 +16,15 @@
  * reaps it: the pid is gone, is a zombie, or now belongs to a process with
  * another start time (/proc/<pid>/stat field 22), i.e. the pid was reused.
  *
- * Layout (BH_LEDGER_VERSION 1, host byte order, 204800 bytes):
+ * Layout (BH_LEDGER_VERSION 2, host byte order, 2248704 bytes; version 1
+ * had 64 records of 4 devices):
  *
  *   offset 0      header, 4096 bytes
  *     0   char     magic[8]        "BHLEDGR\0", written last at creation
  *     8   u32      version         BH_LEDGER_VERSION
  *     12  u32      head_bytes      4096
- *     16  u32      record_bytes    3136 (sizeof(bh__slot))
- *     20  u32      record_count    BH_LEDGER_SLOTS (64)
+ *     16  u32      record_bytes    4384 (sizeof(bh__slot))
+ *     20  u32      record_count    BH_LEDGER_SLOTS (512)
  *     24  u32      mutex_bytes     sizeof(pthread_mutex_t): a 32-bit and a
  *     28  u32      reserved        64-bit process must not share a mutex
  *     32  pthread_mutex_t mu       robust, process-shared
@@ -35,7 +36,7 @@
  *         u64 start_time, i32 host_pid, u32 run, u32 n_devices, u32 n_models,
  *         u64 last_used_ns, u64 release_count, u64 released_bytes,
  *         char pack[64], char interpreter[48], u64 reserved,
- *         4 x device {char name[48]; u64 held, pinned, pin_ceiling, pager,
+ *         17 x device {char name[48]; u64 held, pinned, pin_ceiling, pager,
  *                     floor, reserve},                         (96 bytes each)
  *         32 x model {u64 id; u32 device (index into the devices, or
  *                     BH__NO_DEVICE); u32 reserved; char name[48];
@@ -68,7 +69,9 @@
  * A slot left mid-write by a process that died under the mutex (seq odd,
  * state FREE, or LIVE with a dead pid) is cleared by the next reap.
  *
- * The mutex is waited for at most BH__LOCK_WAIT_MS (critical sections take
+ * The mutex, and the file locks below, are waited for at most
+ * BH__LOCK_WAIT_MS (an open then fails with -ETIMEDOUT, a close leaves the
+ * file for the next closer to unlink; critical sections take
  * microseconds; only a holder that is stopped, not dead, keeps it longer).
  * Then readers go on without reaping (a snapshot leaves out the records
  * of dead owners instead of freeing them; the next reader frees them) and
@@ -195,7 +198,7 @@ _Static_assert(sizeof(bh__model) == 80, "model entry is 80 bytes");
 _Static_assert(offsetof(bh__body, start_time) == 16, "body layout");
 _Static_assert(offsetof(bh__body, pack) == 64, "body layout");
 _Static_assert(offsetof(bh__body, devices) == 184, "body layout");
-_Static_assert(sizeof(bh__slot) == 3136, "record is 3136 bytes");
+_Static_assert(sizeof(bh__slot) == 4384, "record is 4384 bytes");
 _Static_assert(offsetof(bh__head, mu) == 32, "header layout");
 _Static_assert(sizeof(bh__head) <= BH__HEAD_BYTES, "header fits its page");
 _Static_assert(sizeof(_Atomic uint32_t) == 4, "seq is a plain u32 in the file");
@@ -422,11 +425,7 @@ int bh__ledger_forge(bh_ledger *l, int slot, pid_t pid, uint64_t start_time) {
 
 int bh_ledger_default_path(char *buf, size_t n) {
   if (!buf || !n) return -EINVAL;
-  const char *env = getenv("BULKHEAD_LEDGER");
-  int len = env && *env ? snprintf(buf, n, "%s", env)
-                        : snprintf(buf, n, "/dev/shm/bulkhead-ledger-%u", (unsigned)geteuid());
-  if (len < 0 || (size_t)len >= n) return -ENAMETOOLONG;
-  return len;
+  return bh__ledger_home(buf, n, 0); /* rundir.c */
 }
 
 /* Open-file-description locks on single bytes of the file (released when
@@ -439,12 +438,24 @@ int bh_ledger_default_path(char *buf, size_t n) {
 #define BH__LOCK_INIT 0
 #define BH__LOCK_OPEN 1
 
+/* Takes (or drops) a one-byte lock.  wait 0: one try (-EAGAIN when held
+ * elsewhere); wait 1: retried for at most BH__LOCK_WAIT_MS, like the
+ * mutex (holders keep these locks for microseconds; one that stays is a
+ * stopped process), then -ETIMEDOUT.  Polled, because F_OFD_SETLKW has no
+ * timeout. */
 static int bh__lock_byte(int fd, short type, off_t byte, int wait) {
   struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
-  int rc;
-  while ((rc = fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl)) < 0 && errno == EINTR) {
+  int64_t until = wait ? bh_now_ns() + (int64_t)BH__LOCK_WAIT_MS * 1000000 : 0;
+  for (int i = 0;; i++) {
+    fl.l_type = type;
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EACCES) return -errno;
+    if (!wait) return -EAGAIN;
+    if (bh_now_ns() >= until) return -ETIMEDOUT;
+    struct timespec ts = {0, (i < 10 ? 100 : 2000) * 1000L}; /* 0.1 ms, then 2 ms */
+    nanosleep(&ts, NULL);
   }
-  return rc < 0 ? -errno : 0;
 }
 
 static int bh__check_file(int fd, struct stat *st) {
@@ -570,7 +581,7 @@ int bh_ledger_open(bh_ledger **out, const char *path) {
   if (!out) return -EINVAL;
   *out = NULL;
   if (!path) {
-    rc = bh_ledger_default_path(def, sizeof def);
+    rc = bh__ledger_home(def, sizeof def, 1); /* and its private directory made */
     if (rc < 0) return rc;
     path = def;
   }
@@ -1026,6 +1037,16 @@ int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max) {
         !(atomic_load_explicit(&l->slots[i].seq, memory_order_relaxed) & 1))
       continue;
     rc = bh__read_slot(l, i, &b);
+    if (rc == -EAGAIN) {
+      /* Its owner is alive and stayed mid-write past the retries (a
+       * stopped process): that record is shown stale, the rest as usual. */
+      bh_ledger_record *r = &out[n++];
+      memset(r, 0, sizeof *r);
+      r->slot = i;
+      r->pid = BH__LOAD(l->slots[i].body.pid);
+      r->run = BH_RUN_STALE;
+      continue;
+    }
     if (rc < 0) return rc;
     if (rc == 1 && (reaped || bh__alive(b.pid, b.start_time))) bh__to_record(i, &b, &out[n++]);
   }

@@ -15,7 +15,15 @@
  *   peer block  the peer's block, mapped here on its first introduction
  *               and kept mapped; references are held by the objects that
  *               wrap it, and when the last one goes its id is queued as a
- *               return note for the next outgoing frame.
+ *               return note for the next outgoing frame.  It is mapped
+ *               without populating: a page costs this process memory only
+ *               once something here reads it (the peer declares the size,
+ *               and a sparse memfd must not become our RSS).  The peer's
+ *               blocks mapped at once are bounded, in count
+ *               (BH__PEER_BLOCKS_MAX: each is a mapping, and mappings are
+ *               a per-process limit) and in bytes (the machine's RAM);
+ *               an introduction past either is refused with
+ *               -BH_EPEERMEM.
  *
  * Free own blocks beyond keep_bytes are destroyed least recently used
  * first; if the peer had mapped one, a retire note tells it to unmap.
@@ -31,6 +39,7 @@
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifndef MFD_CLOEXEC
 #define MFD_CLOEXEC 0x0001U
@@ -47,6 +56,8 @@ struct bh_pool {
   size_t n_own, cap_own;
   bh_block **peer;
   size_t n_peer, cap_peer;
+  uint64_t peer_bytes;     /* sum of the peer blocks' sizes */
+  uint64_t peer_max_bytes; /* what the peer may have mapped here at once */
   uint32_t *returns; /* peer ids to hand back */
   size_t n_returns, cap_returns;
   uint32_t *retires; /* own ids the peer must unmap */
@@ -56,6 +67,9 @@ struct bh_pool {
 
 #define BH__PAGE 4096u
 #define BH__DEFAULT_KEEP (256u << 20)
+/* A quarter of Linux's default vm.max_map_count (65530): far more blocks
+ * than any value lends, and the process keeps room for its own mappings. */
+#define BH__PEER_BLOCKS_MAX 16384u
 
 int bh__memfd_create(const char *name, size_t size, int *fd_out, void **addr_out) {
   int fd = -1;
@@ -101,6 +115,8 @@ int bh__pool_open(bh_pool **out, size_t keep_bytes) {
   pthread_mutex_init(&p->mu, NULL);
   p->keep_bytes = keep_bytes ? keep_bytes : BH__DEFAULT_KEEP;
   p->next_id = 1;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  p->peer_max_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : UINT64_MAX;
   *out = p;
   return 0;
 }
@@ -330,9 +346,14 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
   }
   pthread_mutex_lock(&p->mu);
   bh_block *old = bh__find(p->peer, p->n_peer, id, NULL);
+  int over = p->n_peer >= BH__PEER_BLOCKS_MAX || size > p->peer_max_bytes - p->peer_bytes;
   pthread_mutex_unlock(&p->mu);
   if (old) {
     rc = -BH_EBLOCK;
+    goto out;
+  }
+  if (over) {
+    rc = -BH_EPEERMEM;
     goto out;
   }
   bh_block *b = calloc(1, sizeof *b);
@@ -340,7 +361,7 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
     rc = -ENOMEM;
     goto out;
   }
-  b->addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  b->addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); /* lazily */
   if (b->addr == MAP_FAILED) {
     rc = -errno;
     free(b);
@@ -353,6 +374,7 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
   atomic_init(&b->refs, 0);
   pthread_mutex_lock(&p->mu);
   rc = bh__push_ptr(&p->peer, &p->n_peer, &p->cap_peer, b);
+  if (!rc) p->peer_bytes += b->size;
   pthread_mutex_unlock(&p->mu);
   if (rc) bh__block_destroy(b);
 out:
@@ -369,6 +391,7 @@ int bh__pool_retire_peer(bh_pool *p, uint32_t id) {
     return -BH_EBLOCK;
   }
   bh__remove_at(p->peer, &p->n_peer, at);
+  p->peer_bytes -= b->size;
   pthread_mutex_unlock(&p->mu);
   bh__block_destroy(b);
   return 0;

@@ -5,9 +5,14 @@
  * listening address to find or steal), then posix_spawns the interpreter
  * with: fd 0 /dev/null, fds 1 and 2 a pipe, fd 3 the child's end of the
  * socketpair, default signal dispositions, an empty signal mask, its own
- * process group (a terminal's Ctrl-C reaches the host, which decides), and
+ * process group (a terminal's Ctrl-C reaches the host, which decides; the
+ * stop ladder and close signal that whole group, not just the worker), and
  * exactly the environment the caller built.  Every other fd bulkhead holds
- * is close-on-exec, so the child inherits nothing else of ours.
+ * is close-on-exec, and the host's own inheritable fds (a ComfyUI extension's
+ * pipe, a library's log file) are closed in the child after the dup2s:
+ * closefrom(4) as a spawn action where the C library has one (glibc 2.34),
+ * else one close action per inheritable fd found in /proc/self/fd.  So the
+ * child inherits exactly fds 0-3.
  *
  * A drain thread copies the child's output to a sink fd (the host's
  * stderr), prefixing each line, and keeps the last BH__TAIL bytes so an
@@ -17,6 +22,7 @@
  */
 #include "internal.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -111,6 +118,27 @@ static void *bh__drain_main(void *arg) {
 }
 
 /* Moves fd above the low numbers the child's layout uses. */
+#ifndef BH_HAS_ADDCLOSEFROM_NP
+/* The fallback of closefrom(4): a close action for every fd >= 4 without
+ * FD_CLOEXEC open now.  (An fd another thread opens between this walk and
+ * the spawn is not seen: the C library's closefrom has no such window.) */
+static int bh__add_close_inheritable(posix_spawn_file_actions_t *fa) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return errno;
+  int self = dirfd(d), rc = 0;
+  struct dirent *e;
+  while (rc == 0 && (e = readdir(d)) != NULL) {
+    char *end;
+    long fd = strtol(e->d_name, &end, 10);
+    if (*end || end == e->d_name || fd < 4 || fd == self) continue;
+    int flags = fcntl((int)fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) rc = posix_spawn_file_actions_addclose(fa, (int)fd);
+  }
+  closedir(d);
+  return rc;
+}
+#endif
+
 static int bh__lift(int *fd) {
   if (*fd > 3) return 0;
   int n = fcntl(*fd, F_DUPFD_CLOEXEC, 10);
@@ -164,6 +192,11 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
       (rc = posix_spawn_file_actions_adddup2(&fa, outp[1], 2)) ||
       (rc = posix_spawn_file_actions_adddup2(&fa, sv[1], 3)))
     goto err_rc;
+#ifdef BH_HAS_ADDCLOSEFROM_NP
+  if ((rc = posix_spawn_file_actions_addclosefrom_np(&fa, 4))) goto err_rc;
+#else
+  if ((rc = bh__add_close_inheritable(&fa))) goto err_rc;
+#endif
   if (o->cwd) {
 #ifdef BH_HAS_ADDCHDIR_NP
     if ((rc = posix_spawn_file_actions_addchdir_np(&fa, o->cwd))) goto err_rc;
@@ -269,12 +302,23 @@ int bh_proc_kill(bh_proc *p, int sig) {
   return kill(p->pid, sig) < 0 ? -errno : 0;
 }
 
+/* Teardown's signal: the child's whole process group (its own, from the
+ * spawn), so what the worker forked -- a pack's helper that may hold the
+ * channel's end -- goes with it.  Not reaped yet, so neither the pid nor
+ * the group it names can have been reused.  A worker that left its group
+ * (setsid) is signalled alone. */
+static int bh__kill_group(bh_proc *p, int sig) {
+  if (p->reaped) return -ESRCH;
+  if (kill(-p->pid, sig) == 0) return 0;
+  return kill(p->pid, sig) < 0 ? -errno : 0;
+}
+
 int bh_proc_stop(bh_proc *p, int grace_ms, int term_ms, int *status) {
   if (!p) return -EINVAL;
   if (bh_proc_wait(p, grace_ms, status) == 0) return 0;
-  bh_proc_kill(p, SIGTERM);
+  bh__kill_group(p, SIGTERM);
   if (bh_proc_wait(p, term_ms, status) == 0) return 0;
-  bh_proc_kill(p, SIGKILL);
+  bh__kill_group(p, SIGKILL);
   return bh_proc_wait(p, -1, status);
 }
 
@@ -301,7 +345,7 @@ size_t bh_proc_output_tail(bh_proc *p, char *buf, size_t n) {
 void bh_proc_close(bh_proc *p) {
   if (!p) return;
   if (!p->reaped) {
-    bh_proc_kill(p, SIGKILL);
+    bh__kill_group(p, SIGKILL);
     bh_proc_wait(p, -1, NULL);
   }
   if (p->drain_started) {

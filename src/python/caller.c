@@ -1,18 +1,33 @@
 /*
  * caller.c (binding) -- the Caller type: the base of host.Worker, whose
- * call() runs in C from the argument tuple to the result.
+ * requests (call() and release()) run in C from the arguments to the
+ * result.
  *
  * A trivial call is a few microseconds, and the Python glue around
  * Channel.request (a method frame, the lock as a context manager, the busy
- * count, try/finally) was a fifth of it.  Caller.call does the same steps
- * in C on the state host.Worker keeps in Caller's slots: take the worker
- * lock (threading.RLock, so Python code shares it unchanged), count the
- * request as busy, send and wait on the generation's Channel, undo.  What
- * is not the plain path stays in Python: a worker that is not running
- * (Worker._call_slow starts it), a channel that failed
- * (Worker._request_failed: a rerun on the next generation, or the error
- * that names the worker), handles to tidy after the outermost request
- * (Worker._after_request).
+ * count, try/finally) was a fifth of it.  Caller.request is the one
+ * implementation of a request to the worker, on the state host.Worker
+ * keeps in Caller's slots: take the worker lock (threading.RLock, so
+ * Python code shares it unchanged), count the request as busy, send and
+ * wait on the generation's Channel, undo.  Caller.call is request(CALL,
+ * ...) with the call's payload built here; Worker.release and
+ * Worker.post_release are request(RELEASE, ...), the latter with
+ * wait=False (a frame with request id 0, sent only when the lock is free).
+ *
+ * What is not the plain path stays in Python, in the methods of the
+ * subclass this file calls by name (bh_caller_hooks below; exported as
+ * _native.CALLER_HOOKS, and host/workers.py refuses to define a Worker
+ * that lacks one, so a rename fails at import):
+ *   _start()            the worker is not running: start it (lock held);
+ *   _request_failed(exc, verb, obj, timeout, attempt)
+ *                       the channel failed (lock held, counted busy):
+ *                       returns True to run the request again on the next
+ *                       generation (it died idle and never got it), else
+ *                       raises the error that names the worker;
+ *   _after_request(chan, peer)
+ *                       the outermost request left handles or releases to
+ *                       tidy (checked here first: Peer.exports and
+ *                       Peer.pending_releases, read by name too).
  */
 #include "common.h"
 
@@ -169,25 +184,157 @@ static int peer_has_leftovers(bh_state *st, PyObject *peer) {
   return 0;
 }
 
-/* The request on a locked, running worker: send, wait, and what a channel
- * failure becomes.  New reference, or NULL with an exception. */
-static PyObject *caller_request(bh_caller_obj *self, PyObject *chan, PyObject *target, PyObject *payload) {
+/* The hooks, in the order of the HOOK_* indices. */
+static const char *const bh_caller_hooks[] = {"_start", "_request_failed", "_after_request"};
+enum { HOOK_START, HOOK_FAILED, HOOK_AFTER, HOOK_COUNT };
+
+PyObject *bh_py_caller_hooks(void) {
+  PyObject *t = PyTuple_New(HOOK_COUNT);
+  for (int i = 0; t && i < HOOK_COUNT; i++) {
+    PyObject *s = PyUnicode_FromString(bh_caller_hooks[i]);
+    if (!s) Py_CLEAR(t);
+    else PyTuple_SetItem(t, i, s);
+  }
+  return t;
+}
+
+/* One attempt on a running generation: send, wait, and what a channel
+ * failure becomes (_request_failed).  Sets *again when the hook asks for
+ * a rerun.  New reference, or NULL with an exception (or NULL and no
+ * exception with *again set). */
+static PyObject *request_once(bh_caller_obj *self, PyObject *chan, int kind, PyObject *payload,
+                              PyObject *timeout, const char *verb, PyObject *obj, int attempt,
+                              int *again) {
   int err;
-  int64_t deadline = bh_py_deadline_of(self->timeout, &err);
+  *again = 0;
+  int64_t deadline = bh_py_deadline_of(timeout, &err);
   if (err) return NULL;
-  PyObject *out = bh_py_channel_request(chan, BH_KIND_CALL, payload, deadline);
+  PyObject *out = bh_py_channel_request(chan, kind, payload, deadline);
   if (out || !PyErr_ExceptionMatches(bh_py_channel_state(chan)->Error)) return out;
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
   if (tb && value) PyException_SetTraceback(value, tb);
-  out = PyObject_CallMethod((PyObject *)self, "_request_failed", "OiOOsO", value ? value : Py_None,
-                            BH_KIND_CALL, payload, self->timeout ? self->timeout : Py_None, "call",
-                            target);
+  PyObject *r = PyObject_CallMethod((PyObject *)self, bh_caller_hooks[HOOK_FAILED], "OsOOi",
+                                    value ? value : Py_None, verb, obj, timeout, attempt);
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(tb);
+  if (!r) return NULL;
+  int t = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  if (t > 0) *again = 1;
+  else if (t == 0)
+    PyErr_Format(PyExc_RuntimeError, "Worker.%s neither raised nor asked for a rerun",
+                 bh_caller_hooks[HOOK_FAILED]);
+  return NULL;
+}
+
+/* The request: lock, start when not running, count busy, send and wait,
+ * rerun when _request_failed asks, tidy after the outermost request,
+ * unlock.  New reference, or NULL with an exception. */
+static PyObject *caller_request(bh_caller_obj *self, int kind, PyObject *payload, PyObject *timeout,
+                                const char *verb, PyObject *obj) {
+  PyObject *op = (PyObject *)self;
+  if (!self->acquire) {
+    PyErr_SetString(PyExc_RuntimeError, "Worker has no _lock yet (Worker.__init__ has not run)");
+    return NULL;
+  }
+  PyObject *r = PyObject_CallObject(self->acquire, NULL);
+  if (!r) return NULL;
+  Py_DECREF(r);
+  PyObject *release = bh_py_newref(self->release);
+  timeout = bh_py_newref(timeout ? timeout : Py_None); /* call_timeout's slot: NULL for None */
+  PyObject *out = NULL, *t = NULL, *v = NULL, *tb = NULL;
+  for (int attempt = 0, again = 1; again; attempt++) {
+    again = 0;
+    if (!self->chan || !self->peer) {
+      /* Not running, or torn down while this thread waited for the lock. */
+      if (!(r = PyObject_CallMethod(op, bh_caller_hooks[HOOK_START], NULL))) break;
+      Py_DECREF(r);
+      if (!self->chan || !self->peer) {
+        PyErr_Format(PyExc_RuntimeError, "Worker.%s left no channel", bh_caller_hooks[HOOK_START]);
+        break;
+      }
+    }
+    PyObject *chan = bh_py_newref(self->chan), *peer = bh_py_newref(self->peer);
+    self->busy++;
+    out = request_once(self, chan, kind, payload, timeout, verb, obj, attempt, &again);
+    self->busy--;
+    /* The outcome waits aside while Python runs the steps after it. */
+    PyErr_Fetch(&t, &v, &tb);
+    if (bh_py_channel_depth(chan) == 0) {
+      int left = peer_has_leftovers(bh_py_channel_state(chan), peer);
+      if (left > 0) {
+        r = PyObject_CallMethod(op, bh_caller_hooks[HOOK_AFTER], "OO", chan, peer);
+        left = r ? 0 : -1;
+        Py_XDECREF(r);
+      }
+      if (left < 0) step_failed(&out, &t, &v, &tb, op);
+    }
+    PyErr_Restore(t, v, tb);
+    Py_DECREF(chan);
+    Py_DECREF(peer);
+  }
+  PyErr_Fetch(&t, &v, &tb);
+  if (!(r = PyObject_CallObject(release, NULL))) step_failed(&out, &t, &v, &tb, release);
+  Py_XDECREF(r);
+  PyErr_Restore(t, v, tb);
+  Py_DECREF(timeout);
+  Py_DECREF(release);
   return out;
+}
+
+/* request(wait=False): the frame alone, request id 0 (no reply), sent only
+ * when the lock is free and the worker runs.  True when sent. */
+static PyObject *caller_post(bh_caller_obj *self, int kind, PyObject *payload) {
+  if (!self->acquire) Py_RETURN_FALSE;
+  PyObject *r = PyObject_CallFunctionObjArgs(self->acquire, Py_False, NULL);
+  int got = r ? PyObject_IsTrue(r) : -1;
+  Py_XDECREF(r);
+  if (got <= 0) return got < 0 ? NULL : bh_py_newref(Py_False);
+  PyObject *release = bh_py_newref(self->release), *out = NULL;
+  if (!self->chan) {
+    out = bh_py_newref(Py_False);
+  } else {
+    PyObject *chan = bh_py_newref(self->chan);
+    r = PyObject_CallMethod(chan, "notify", "iOi", kind, payload, 0);
+    if (r) {
+      out = bh_py_newref(Py_True);
+    } else if (PyErr_ExceptionMatches(bh_py_channel_state(chan)->Error)) {
+      PyErr_Clear();
+      out = bh_py_newref(Py_False);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(chan);
+  }
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);
+  if (!(r = PyObject_CallObject(release, NULL))) step_failed(&out, &t, &v, &tb, release);
+  Py_XDECREF(r);
+  PyErr_Restore(t, v, tb);
+  Py_DECREF(release);
+  return out;
+}
+
+static PyObject *Caller_request(PyObject *op, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"kind", "payload", "timeout", "verb", "obj", "wait", NULL};
+  int kind, wait = 1;
+  PyObject *payload, *timeout = Py_None, *obj = Py_None;
+  const char *verb = "request";
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iO|OsO$p:request", kwlist, &kind, &payload, &timeout,
+                                   &verb, &obj, &wait))
+    return NULL;
+  if (!bh_kind_name((unsigned)kind)) {
+    PyErr_Format(PyExc_ValueError, "unknown frame kind %d", kind);
+    return NULL;
+  }
+  if (timeout != Py_None) {
+    double s = PyFloat_AsDouble(timeout);
+    if (s == -1.0 && PyErr_Occurred()) return NULL;
+  }
+  bh_caller_obj *self = (bh_caller_obj *)op;
+  return wait ? caller_request(self, kind, payload, timeout, verb, obj) : caller_post(self, kind, payload);
 }
 
 static PyObject *Caller_call(PyObject *op, PyObject *args, PyObject *kw) {
@@ -201,48 +348,7 @@ static PyObject *Caller_call(PyObject *op, PyObject *args, PyObject *kw) {
   PyObject *rest = PyTuple_GetSlice(args, 1, n);
   PyObject *kwargs = kw ? bh_py_newref(kw) : PyDict_New();
   PyObject *payload = rest && kwargs ? PyTuple_Pack(3, target, rest, kwargs) : NULL;
-  PyObject *out = NULL;
-  if (!payload) goto done;
-  if (!self->chan || !self->acquire) {
-    /* Not running (or still being built): the Python path starts it. */
-    out = PyObject_CallMethod(op, "_call_slow", "(O)", payload);
-    goto done;
-  }
-  PyObject *r = PyObject_CallObject(self->acquire, NULL);
-  if (!r) goto done;
-  Py_DECREF(r);
-  PyObject *release = bh_py_newref(self->release);
-  PyObject *chan = self->chan, *peer = self->peer;
-  if (!chan || !peer) {
-    /* Torn down while this thread waited for the lock. */
-    chan = peer = NULL;
-    out = PyObject_CallMethod(op, "_call_slow", "(O)", payload);
-  } else {
-    Py_INCREF(chan);
-    Py_INCREF(peer);
-    self->busy++;
-    out = caller_request(self, chan, target, payload);
-    self->busy--;
-  }
-  /* The outcome waits aside while Python runs the steps after it. */
-  PyObject *t, *v, *tb;
-  PyErr_Fetch(&t, &v, &tb);
-  if (chan && bh_py_channel_depth(chan) == 0) {
-    int left = peer_has_leftovers(bh_py_channel_state(chan), peer);
-    if (left > 0) {
-      r = PyObject_CallMethod(op, "_after_request", "OO", chan, peer);
-      left = r ? 0 : -1;
-      Py_XDECREF(r);
-    }
-    if (left < 0) step_failed(&out, &t, &v, &tb, op);
-  }
-  if (!(r = PyObject_CallObject(release, NULL))) step_failed(&out, &t, &v, &tb, release);
-  Py_XDECREF(r);
-  PyErr_Restore(t, v, tb);
-  Py_XDECREF(chan);
-  Py_XDECREF(peer);
-  Py_DECREF(release);
-done:
+  PyObject *out = payload ? caller_request(self, BH_KIND_CALL, payload, self->timeout, "call", target) : NULL;
   Py_XDECREF(payload);
   Py_XDECREF(rest);
   Py_XDECREF(kwargs);
@@ -253,7 +359,16 @@ static PyMethodDef Caller_methods[] = {
     {"call", (PyCFunction)(void (*)(void))Caller_call, METH_VARARGS | METH_KEYWORDS,
      "call(target, /, *args, **kwargs) -> result\n"
      "Runs target ('module:function' or 'module.function') in the worker with the\n"
-     "arguments and returns its result; starts the worker first if it is not running."},
+     "arguments and returns its result; starts the worker first if it is not running.\n"
+     "request(CALL, (target, args, kwargs), call_timeout, 'call', target)."},
+    {"request", (PyCFunction)(void (*)(void))Caller_request, METH_VARARGS | METH_KEYWORDS,
+     "request(kind, payload, timeout=None, verb='request', obj=None, *, wait=True) -> reply\n"
+     "Sends a request of frame kind `kind` to the worker and returns its reply, under\n"
+     "the worker lock, counted in busy; starts the worker when it is not running.\n"
+     "verb and obj name it in errors ('call', target).  A failed channel goes to\n"
+     "_request_failed (rerun on the next generation, or the error naming the worker).\n"
+     "wait=False: sends the frame with request id 0 (no reply) when the lock is free\n"
+     "and the worker runs, starting nothing; returns whether it was sent."},
     {NULL, NULL, 0, NULL}};
 
 #define SLOT(name) ((void *)offsetof(bh_caller_obj, name))

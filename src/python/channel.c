@@ -657,7 +657,10 @@ PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw) {
     return NULL;
   bh_state *st = bh_py_state(module);
   bh_chan_obj *self = PyObject_GC_New(bh_chan_obj, st->Channel);
-  if (!self) return NULL;
+  if (!self) {
+    close(fd); /* consumed on every failure past the argument check */
+    return NULL;
+  }
   memset((char *)self + sizeof(PyObject), 0, sizeof *self - sizeof(PyObject));
   self->module = bh_py_newref(module);
   self->st = st;

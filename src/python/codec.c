@@ -2,10 +2,22 @@
  * codec.c (binding) -- Python values to bulkhead's encoding and back.
  *
  * Plain values (None, bool, int64, float, str, bytes, bytearray, list,
- * tuple, dict) are walked here in C.  Anything else goes to the channel's
- * encode_other hook, which answers with a tensor description (and a Lease
- * over the shm block it copied the data into) or a handle, or raises
- * TypeError naming the type: nothing is ever pickled.  Decoding validates
+ * tuple, dict) are walked here in C, once per crossing.  Anything else goes
+ * to the channel's encode_other hook (Peer.encode_other), which answers
+ * with a tuple:
+ *   (0, lib, dtype, shape, lease-or-None)  a C-contiguous tensor, copied
+ *                                          into the shm block of the Lease;
+ *   (1, space, id, type_name)              a handle (type_name: str, '' for
+ *                                          none said);
+ *   (2, value)                             encode value in obj's place, as
+ *                                          a node's value: inside it the
+ *                                          hook is called encode_other(o,
+ *                                          True), and an int over int64 goes
+ *                                          to the hook too, so the peer's
+ *                                          node policy decides what cannot
+ *                                          cross (the worker holds it, the
+ *                                          host refuses it);
+ * or raises TypeError naming the type: nothing is ever pickled.  Decoding validates
  * as it goes (bh_dec_next is total) and hands tensor refs and handles to
  * the decode hooks, which build numpy/torch objects or proxies.
  */
@@ -50,12 +62,12 @@ static int enc_count(bh_enc_ctx *e, Py_ssize_t n, int (*hdr)(bh_buf *, uint32_t)
 static int enc_value(bh_enc_ctx *e, PyObject *o, int depth);
 
 /* Seconds of a (kind, ...) tuple from encode_other. */
-static int enc_other(bh_enc_ctx *e, PyObject *o) {
+static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
   if (!e->encode_other) {
     PyErr_Format(PyExc_TypeError, "cannot send an object of type %R", (PyObject *)Py_TYPE(o));
     return -1;
   }
-  PyObject *r = PyObject_CallFunctionObjArgs(e->encode_other, o, NULL);
+  PyObject *r = PyObject_CallFunctionObjArgs(e->encode_other, o, e->node ? Py_True : NULL, NULL);
   if (!r) return -1;
   int rc = -1;
   long kind;
@@ -64,14 +76,27 @@ static int enc_other(bh_enc_ctx *e, PyObject *o) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "encode_other must return a tuple");
     goto out;
   }
-  if (kind == 1) { /* (1, space, id): a handle */
+  if (kind == 1) { /* (1, space, id, type_name): a handle */
     bh_handle_ref h;
     unsigned char space;
     unsigned long long id;
-    if (!PyArg_ParseTuple(r, "lbK", &kind, &space, &id)) goto out;
+    const char *tname;
+    Py_ssize_t tlen;
+    if (!PyArg_ParseTuple(r, "lbKs#", &kind, &space, &id, &tname, &tlen)) goto out;
     h.space = space;
     h.id = id;
+    h.type = tname;
+    h.type_len = (uint16_t)(tlen > BH_TYPE_NAME_MAX ? 0 : tlen); /* a name too long is not said */
     rc = bh_enc_handle(&e->buf, &h) ? enc_fail(e) : 0;
+    goto out;
+  }
+  if (kind == 2) { /* (2, value): value in o's place, as a node's */
+    PyObject *k, *v;
+    if (!PyArg_ParseTuple(r, "OO", &k, &v)) goto out;
+    int was = e->node;
+    e->node = 1;
+    rc = enc_value(e, v, depth + 1);
+    e->node = was;
     goto out;
   }
   /* (0, lib, dtype, shape, lease-or-None): a C-contiguous tensor */
@@ -174,12 +199,19 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
     PyErr_Format(PyExc_ValueError, "value nests deeper than %d levels (a cycle?)", BH_MAX_DEPTH);
     return -1;
   }
+  if (++e->items > BH_MAX_ITEMS) {
+    PyErr_Format(PyExc_ValueError,
+                 "value holds more than %u items; one message carries at most that many "
+                 "(send large data as arrays)", (unsigned)BH_MAX_ITEMS);
+    return -1;
+  }
   bh_buf *b = &e->buf;
   if (o == Py_None) return bh_enc_nil(b) ? enc_fail(e) : 0;
   if (o == Py_True || o == Py_False) return bh_enc_bool(b, o == Py_True) ? enc_fail(e) : 0;
   if (PyLong_Check(o)) {
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow && e->node) return enc_other(e, o, depth);
     if (overflow) {
       PyErr_Format(PyExc_OverflowError, "int %R does not fit bulkhead's int64", o);
       return -1;
@@ -228,7 +260,7 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
       if (enc_value(e, k, depth + 1) < 0 || enc_value(e, v, depth + 1) < 0) return -1;
     return 0;
   }
-  return enc_other(e, o);
+  return enc_other(e, o, depth);
 }
 
 int bh_py_encode(bh_enc_ctx *e, PyObject *obj) {
@@ -294,6 +326,10 @@ out:
 static PyObject *dec_items(bh_dec_ctx *d, bh_reader *r, int depth, const bh_item *it) {
   if (depth + 1 > BH_MAX_DEPTH) return dec_error(d, -BH_EDEPTH);
   uint32_t n = it->u.count;
+  /* Before PyList_New(n): a count within the frame's bytes may still be
+   * more than the items left to this value. */
+  if ((it->tag == BH_TAG_MAP ? 2 * (uint64_t)n : n) > d->items_left)
+    return dec_error(d, -BH_ETOOMANY);
   if (it->tag == BH_TAG_MAP) {
     PyObject *m = PyDict_New();
     for (uint32_t i = 0; m && i < n; i++) {
@@ -319,6 +355,8 @@ static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
   bh_item it;
   int rc = bh_dec_next(r, &it);
   if (rc) return dec_error(d, rc);
+  if (d->items_left == 0) return dec_error(d, -BH_ETOOMANY);
+  d->items_left--;
   switch (it.tag) {
   case BH_TAG_NIL: Py_RETURN_NONE;
   case BH_TAG_FALSE: Py_RETURN_FALSE;
@@ -332,8 +370,9 @@ static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
   case BH_TAG_MAP: return dec_items(d, r, depth, &it);
   case BH_TAG_TENSOR: return dec_tensor(d, &it.u.t);
   case BH_TAG_HANDLE:
-    return PyObject_CallFunction(d->decode_handle, "iK", (int)it.u.h.space,
-                                 (unsigned long long)it.u.h.id);
+    return PyObject_CallFunction(d->decode_handle, "iKs#", (int)it.u.h.space,
+                                 (unsigned long long)it.u.h.id, it.u.h.type ? it.u.h.type : "",
+                                 (Py_ssize_t)it.u.h.type_len);
   }
   return dec_error(d, -BH_EBADTAG);
 }
@@ -341,6 +380,7 @@ static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
 PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n) {
   bh_reader r;
   bh_reader_init(&r, p, n);
+  d->items_left = BH_MAX_ITEMS;
   if (Py_EnterRecursiveCall(" while decoding a bulkhead value")) return NULL;
   PyObject *v = dec_value(d, &r, 0);
   Py_LeaveRecursiveCall();

@@ -70,6 +70,8 @@ typedef struct bh_enc_ctx {
   PyObject *keep;         /* leases referenced by the value, until sent */
   bh_block **blocks;      /* their blocks, for bh_msg.blocks */
   uint32_t n_blocks, cap_blocks;
+  uint64_t items;         /* encoded so far, at most BH_MAX_ITEMS */
+  int node;               /* inside a value the hook marked as a node's (see codec.c) */
 } bh_enc_ctx;
 
 void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other);
@@ -83,15 +85,20 @@ typedef struct bh_dec_ctx {
   bh_channel *chan;
   PyObject *decode_tensor; /* hooks (borrowed) */
   PyObject *decode_handle;
+  uint64_t items_left;     /* BH_MAX_ITEMS less those decoded (bh_py_decode sets it) */
 } bh_dec_ctx;
 
 /* Decodes one whole value from p[0..n).  New reference, or NULL with
- * ProtocolError naming what was malformed. */
+ * ProtocolError naming what was malformed (BH_ETOOMANY past BH_MAX_ITEMS
+ * items: checked before a container's storage is allocated). */
 PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
 
 /* Per-file type specs and module-level functions. */
 extern PyType_Spec bh_channel_spec;
 extern PyType_Spec bh_caller_spec;
+/* caller.c: the names of the Worker methods Caller calls (a new tuple of
+ * str), exported as _native.CALLER_HOOKS. */
+PyObject *bh_py_caller_hooks(void);
 extern PyType_Spec bh_lease_spec;
 extern PyType_Spec bh_proc_spec;
 extern PyType_Spec bh_gpu_spec;
@@ -108,7 +115,6 @@ PyObject *bh_py_policy_reserve(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_load_bytes(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_unload_bytes(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_release_plan(PyObject *m, PyObject *args);
-PyObject *bh_py_policy_idle_sweep(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_pin_ceiling(PyObject *m, PyObject *args);
 PyObject *bh_py_policy_share(PyObject *m, PyObject *args);
 /* status.c: the `bulkhead status --json` document, from the same C code. */
@@ -131,6 +137,7 @@ PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);
 int bh_py_probe_exec(PyObject *module, bh_state *st);
 extern PyType_Spec bh_ledger_spec;
 PyObject *bh_py_ledger_default_path(PyObject *module, PyObject *unused);
+PyObject *bh_py_private_dir(PyObject *module, PyObject *args);
 
 /* ---- ledger.c: for other bindings (a StandIn reading residency) ---- */
 
@@ -145,6 +152,17 @@ PyObject *bh_py_ledger_default_path(PyObject *module, PyObject *unused);
  *   rc = bh_ledger_model_read(l, pid, id, &self->hint, &size, &resident);
  */
 bh_ledger *bh_py_ledger_get(bh_state *st, PyObject *obj);
+/* The same for a call that releases the GIL: the Ledger counts the
+ * borrow, so close() from another thread raises instead of freeing the
+ * handle under it; pair every non-NULL return with bh_py_ledger_unborrow
+ * (under the GIL). */
+bh_ledger *bh_py_ledger_borrow(bh_state *st, PyObject *obj);
+void bh_py_ledger_unborrow(PyObject *obj);
+/* probe.c: the same pair for a Gpu (TypeError when obj is not a Gpu,
+ * ValueError when it is closed). */
+struct bh_gpu;
+struct bh_gpu *bh_py_gpu_borrow(bh_state *st, PyObject *obj);
+void bh_py_gpu_unborrow(PyObject *obj);
 /* New Lease over [offset, offset+nbytes) of b; takes its own reference. */
 PyObject *bh_py_lease_new(bh_state *st, bh_block *b, uint64_t offset, uint64_t nbytes);
 

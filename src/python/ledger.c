@@ -4,7 +4,7 @@
  *
  *   Ledger(path=None)   opens (creating if needed) the segment; None: the
  *                       default ($BULKHEAD_LEDGER, else
- *                       /dev/shm/bulkhead-ledger-<uid>)
+ *                       /dev/shm/bulkhead-<uid>/ledger: bh_ledger_default_path)
  *   .join(role, pack='', interpreter='', generation=0, host_pid=0) -> slot
  *   .leave(), .close() (idempotent; also `with Ledger(...) as l:`)
  *   .set_run(run), .set_device(...), .set_model(...), .drop_model(id),
@@ -34,7 +34,9 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 typedef struct {
   PyObject_HEAD
@@ -46,7 +48,9 @@ typedef struct {
 } bh_ledger_obj;
 
 static const char *const role_names[] = {NULL, "host", "worker", "tool"};
-static const char *const run_names[] = {"idle", "busy", "releasing"};
+/* The first three are what set_run takes; "stale" is only read (a record
+ * its owner left mid-write, see bh_ledger_snapshot). */
+static const char *const run_names[] = {"idle", "busy", "releasing", "stale"};
 
 #define BH_PY_BYTES_MAX ((uint64_t)INT64_MAX)
 
@@ -65,6 +69,14 @@ bh_ledger *bh_py_ledger_get(bh_state *st, PyObject *obj) {
   }
   return ledger_live((bh_ledger_obj *)obj);
 }
+
+bh_ledger *bh_py_ledger_borrow(bh_state *st, PyObject *obj) {
+  bh_ledger *l = bh_py_ledger_get(st, obj);
+  if (l) ((bh_ledger_obj *)obj)->busy++;
+  return l;
+}
+
+void bh_py_ledger_unborrow(PyObject *obj) { ((bh_ledger_obj *)obj)->busy--; }
 
 /* An int in [0, max] into *out; OverflowError names `what` otherwise. */
 static int as_u64(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
@@ -190,7 +202,29 @@ static PyObject *Ledger_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!path) path = bh_ledger_default_path(def, sizeof def) >= 0 ? def : "(default path)";
     int code = -rc;
     if (code < BH_EMAGIC) {
-      const char *why = code == EPERM    ? "ledger file is owned by another user"
+      /* The default path's directory taken by another user: say whose. */
+      char dir[PATH_MAX];
+      struct stat dst;
+      const char *slash = strrchr(path, '/');
+      size_t dlen = slash ? (size_t)(slash - path) : 0;
+      char dwhy[PATH_MAX + 512];
+      int dir_taken = 0;
+      if (dlen && dlen < sizeof dir && (code == EPERM || code == EACCES || code == ENOTDIR || code == ELOOP)) {
+        memcpy(dir, path, dlen);
+        dir[dlen] = 0;
+        if (lstat(dir, &dst) == 0 && (dst.st_uid != geteuid() || S_ISLNK(dst.st_mode) || !S_ISDIR(dst.st_mode) ||
+                                      (dst.st_mode & 077))) {
+          snprintf(dwhy, sizeof dwhy,
+                   "ledger directory %s is not a private directory of ours (owner uid %u, mode %o%s): another "
+                   "user may have made it first; remove it (as root), or set XDG_RUNTIME_DIR to a private "
+                   "directory or BULKHEAD_LEDGER to a path of ours",
+                   dir, (unsigned)dst.st_uid, (unsigned)(dst.st_mode & 07777),
+                   S_ISLNK(dst.st_mode) ? ", a symbolic link" : S_ISDIR(dst.st_mode) ? "" : ", not a directory");
+          dir_taken = 1;
+        }
+      }
+      const char *why = dir_taken        ? dwhy
+                        : code == EPERM    ? "ledger file is owned by another user"
                         : code == EACCES ? "ledger file grants access to group or others "
                                            "(it must be mode 0600)"
                         : code == EINVAL ? "ledger path is not a regular file"
@@ -463,7 +497,7 @@ static PyObject *record_dict(const bh_ledger_record *r) {
                     "host_pid", (int)r->host_pid,
                     "pack", str_of(r->pack),
                     "interpreter", str_of(r->interpreter),
-                    "run", word_of(r->run, run_names, 3),
+                    "run", word_of(r->run, run_names, 4),
                     "last_used_ns", (unsigned long long)r->last_used_ns,
                     "release_count", (unsigned long long)r->release_count,
                     "released_bytes", (unsigned long long)r->released_bytes,
@@ -599,6 +633,32 @@ PyObject *bh_py_ledger_default_path(PyObject *module, PyObject *unused) {
     return NULL;
   }
   return PyUnicode_DecodeFSDefault(buf);
+}
+
+PyObject *bh_py_private_dir(PyObject *module, PyObject *args) {
+  (void)module;
+  PyObject *path_o, *path_b = NULL;
+  int create = 1, rc;
+  if (!PyArg_ParseTuple(args, "O|p:private_dir", &path_o, &create)) return NULL;
+  if (!PyUnicode_FSConverter(path_o, &path_b)) return NULL;
+  const char *path = PyBytes_AsString(path_b);
+  if (!path) goto err;
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_private_dir(path, create);
+  Py_END_ALLOW_THREADS
+  if (rc < 0) {
+    PyObject *e = Py_BuildValue("(isO)", -rc, strerror(-rc), path_o);
+    if (e) {
+      PyErr_SetObject(PyExc_OSError, e);
+      Py_DECREF(e);
+    }
+    goto err;
+  }
+  Py_DECREF(path_b);
+  Py_RETURN_NONE;
+err:
+  Py_XDECREF(path_b);
+  return NULL;
 }
 
 static PyMethodDef Ledger_methods[] = {

@@ -39,7 +39,10 @@ PyObject *bh_py_raise(bh_state *st, int rc, const char *call) {
   else if (code >= BH_ELEDGER && code <= BH_EMODELS) type = st->LedgerError;
   else if (code >= BH_EMAGIC) type = st->ProtocolError;
   else {
-    PyObject *e = Py_BuildValue("(is)", code, bh_strerror(rc));
+    /* OSError(errno, "call: reason"): the errno subclass (ConnectionRefusedError,
+     * ...) is chosen by OSError itself; the message names the failing call. */
+    PyObject *msg = PyUnicode_FromFormat("%s: %s", call ? call : "bulkhead", bh_strerror(rc));
+    PyObject *e = msg ? Py_BuildValue("(iN)", code, msg) : NULL; /* N: takes msg */
     if (e) {
       PyErr_SetObject(PyExc_OSError, e);
       Py_DECREF(e);
@@ -78,7 +81,8 @@ static PyObject *bh_py_dtypes(PyObject *module, PyObject *unused) {
 static PyMethodDef bh_methods[] = {
     {"channel_open", (PyCFunction)(void (*)(void))bh_py_channel_open, METH_VARARGS | METH_KEYWORDS,
      "channel_open(fd, hooks, peer_uid, peer_pid=0, pool_keep_bytes=0) -> Channel\n"
-     "Takes over fd (one end of a SOCK_SEQPACKET socketpair)."},
+     "Takes over fd (one end of a SOCK_SEQPACKET socketpair), also when it raises: only a\n"
+     "TypeError from the arguments themselves leaves fd to the caller."},
     {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
      "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
      "Starts a worker with the channel's child end as fd 3."},
@@ -89,7 +93,11 @@ static PyMethodDef bh_methods[] = {
      "cgroup_reclaimable_bytes (of the tightest level), swap_total_bytes.  root: read\n"
      "proc/ and sys/fs/cgroup/ below this directory instead of /."},
     {"ledger_default_path", bh_py_ledger_default_path, METH_NOARGS,
-     "ledger_default_path() -> $BULKHEAD_LEDGER, else /dev/shm/bulkhead-ledger-<uid>"},
+     "ledger_default_path() -> $BULKHEAD_LEDGER, else /dev/shm/bulkhead-<uid>/ledger (or\n"
+     "$XDG_RUNTIME_DIR/bulkhead-ledger where another user took that directory)"},
+    {"private_dir", bh_py_private_dir, METH_VARARGS,
+     "private_dir(path, create=True): makes path 0700 if missing, then raises OSError unless\n"
+     "it is a directory (not a link) owned by our euid with no group/other bits"},
     {"standin", (PyCFunction)(void (*)(void))bh_py_standin_new, METH_VARARGS | METH_KEYWORDS,
      "standin(owner, ledger, pid, model_id, *, generation, name, size_bytes, model,\n"
      "        load_device, offload_device, dtype=None, clone_base_uuid=None) -> StandIn"},
@@ -103,11 +111,11 @@ static PyMethodDef bh_methods[] = {
     {"policy_load_bytes", bh_py_policy_load_bytes, METH_VARARGS, "policy_load_bytes(extra_memory, size, resident) -> bytes to load"},
     {"policy_unload_bytes", bh_py_policy_unload_bytes, METH_VARARGS, "policy_unload_bytes(memory_to_free, resident) -> bytes to release"},
     {"policy_release_plan", bh_py_policy_release_plan, METH_VARARGS, "policy_release_plan([(idle, last_used_ns, resident, floor)...], shortfall) -> ([(index, bytes)...], uncovered)"},
-    {"policy_idle_sweep", bh_py_policy_idle_sweep, METH_VARARGS, "policy_idle_sweep(workers, now_ns, idle_after_ns) -> [index...]"},
     {"policy_pin_ceiling", bh_py_policy_pin_ceiling, METH_VARARGS, "policy_pin_ceiling(ram, swap, windows=False) -> upstream pinned-memory ceiling"},
     {"policy_share", bh_py_policy_share, METH_VARARGS, "policy_share(total, n_processes) -> one process's share"},
     {"status_json", (PyCFunction)(void (*)(void))bh_py_status_json, METH_VARARGS | METH_KEYWORDS,
-     "status_json(ledger=None) -> str: the document `bulkhead status --json` prints"},
+     "status_json(ledger=None, gpu=None) -> str: the document `bulkhead status --json` prints;\n"
+     "ledger: an open Ledger, a path or None (the default); gpu: an open Gpu or None (NVML opened for the call)"},
     {"strerror", bh_py_strerror, METH_O, "strerror(code) -> str"},
     {"dtypes", bh_py_dtypes, METH_NOARGS, "dtypes() -> {name: (code, itemsize)}"},
     {NULL, NULL, 0, NULL}};
@@ -151,6 +159,11 @@ static int bh_exec(PyObject *m) {
   if (!(st->str_exports = PyUnicode_InternFromString("exports")) ||
       !(st->str_pending_releases = PyUnicode_InternFromString("pending_releases")))
     return -1;
+  PyObject *hooks = bh_py_caller_hooks();
+  if (!hooks || PyModule_AddObject(m, "CALLER_HOOKS", hooks) < 0) {
+    Py_XDECREF(hooks);
+    return -1;
+  }
   PyObject *surface = bh_py_comfy_surface();
   if (!surface || PyModule_AddObject(m, "COMFY_SURFACE", surface) < 0) {
     Py_XDECREF(surface);
@@ -190,6 +203,7 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_NUMPY_SCALAR", BH_TENSOR_NUMPY_SCALAR) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
+      PyModule_AddIntConstant(m, "TYPE_NAME_MAX", BH_TYPE_NAME_MAX) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_VERSION", BH_LEDGER_VERSION) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_SLOTS", BH_LEDGER_SLOTS) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_DEVICES", BH_LEDGER_DEVICES) < 0 ||

@@ -49,6 +49,19 @@ static bh_gpu *gpu_live(bh_gpu_obj *g) {
   return g->gpu;
 }
 
+bh_gpu *bh_py_gpu_borrow(bh_state *st, PyObject *obj) {
+  if (!st || !obj || !PyObject_TypeCheck(obj, st->Gpu)) {
+    PyErr_SetString(PyExc_TypeError, "expected a bulkhead._native.Gpu");
+    return NULL;
+  }
+  bh_gpu_obj *g = (bh_gpu_obj *)obj;
+  bh_gpu *gpu = gpu_live(g);
+  if (gpu) g->busy++;
+  return gpu;
+}
+
+void bh_py_gpu_unborrow(PyObject *obj) { ((bh_gpu_obj *)obj)->busy--; }
+
 static PyObject *Gpu_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"library", NULL};
   PyObject *lib_o = Py_None, *lib_b = NULL, *module = NULL;

@@ -43,7 +43,7 @@ static const char *const surface[] = {
 typedef struct {
   PyObject_HEAD
   PyObject *weakreflist;
-  PyObject *owner;          /* host runtime of the worker */
+  PyObject *owner;          /* host runtime of the worker; NULL once retired */
   PyObject *module;         /* bulkhead._native, for its state */
   PyObject *ledger;         /* the Ledger object (its core handle is looked
                                up on every read: it may have been closed) */
@@ -339,7 +339,10 @@ static int float_arg(PyObject *o, double *out) {
   return 0;
 }
 
+/* owner.method(model_id, nbytes or None): new reference, NULL with an
+ * exception; None without calling anything once retired (no owner). */
 static PyObject *call_owner(standin_obj *s, const char *method, uint64_t nbytes, int full) {
+  if (!s->owner) return bh_py_newref(Py_None);
   PyObject *n = full ? bh_py_newref(Py_None) : PyLong_FromUnsignedLongLong(nbytes);
   if (!n) return NULL;
   PyObject *id = PyLong_FromUnsignedLongLong(s->model_id);
@@ -529,15 +532,17 @@ PyObject *bh_py_standin_info(PyObject *module, PyObject *o) {
                        (unsigned long long)s->model_id, "generation", (unsigned long)s->generation,
                        "name", s->name, "size_bytes", (unsigned long long)size, "resident_bytes",
                        (unsigned long long)resident, "retired", s->retired ? Py_True : Py_False,
-                       "owner", s->owner);
+                       "owner", s->owner ? s->owner : Py_None);
 }
 
 /* standin_retire(s): its worker's generation ended.  From now on it reads
- * 0 resident, sends nothing, and drops its owner (no cycle to the pool). */
+ * 0 resident, sends nothing, and drops its owner (no cycle to the pool: a
+ * retired stand-in that upstream still lists keeps no worker alive). */
 PyObject *bh_py_standin_retire(PyObject *module, PyObject *o) {
   standin_obj *s = as_standin(module, o);
   if (!s) return NULL;
   s->retired = 1;
+  Py_CLEAR(s->owner);
   Py_RETURN_NONE;
 }
 

@@ -820,6 +820,66 @@ TEST_IMPL(channel_bad_frames) {
   return 0;
 }
 
+/* A sparse sealed memfd of `size` bytes, introduced by the raw peer as
+ * block `id` on a RESULT frame (request `req`). */
+static void send_sparse_intro(int raw, uint32_t id, uint64_t size, uint64_t req) {
+  int mfd = memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_SYS(mfd);
+  ASSERT_SYS(ftruncate(mfd, (off_t)size));
+  ASSERT_SYS(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW));
+  uint8_t payload[12 + 12 + 1] = {0};
+  payload[0] = 1; /* n_intro */
+  memcpy(payload + 12, &id, 4);
+  memcpy(payload + 16, &size, 8);
+  payload[24] = BH_TAG_NIL;
+  uint8_t hdr[32];
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, req, 0, sizeof payload, 1, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, sizeof payload, &mfd, 1), 32 + (ssize_t)sizeof payload);
+  close(mfd);
+}
+
+/* This process's resident bytes (/proc/self/statm). */
+static uint64_t rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "re");
+  ASSERT_NOT_NULL(f);
+  unsigned long long size = 0, resident = 0;
+  ASSERT_EQ(fscanf(f, "%llu %llu", &size, &resident), 2);
+  fclose(f);
+  return resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A peer declares its blocks' sizes: a sparse 256 MiB block costs this
+ * side nothing until read (no MAP_POPULATE), and one larger than the
+ * machine's RAM is refused with BH_EPEERMEM, the channel usable after. */
+TEST_IMPL(channel_peer_blocks_are_bounded_and_lazy) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *c;
+  int raw;
+  bh_test_raw_pair(&c, &raw);
+  uint64_t before = rss_bytes();
+  send_sparse_intro(raw, 1, 256ull << 20, 1);
+  bh_frame f;
+  ASSERT_OK(bh_test_recv(c, &f, 5000));
+  uint64_t after = rss_bytes();
+  if (after > before + (64ull << 20))
+    FAIL("adopting a sparse 256 MiB block made RSS grow by %llu MiB",
+         (unsigned long long)((after - before) >> 20));
+  bh_pool_stats st;
+  ASSERT_OK(bh_pool_stats_get(bh_channel_pool(c), &st));
+  ASSERT_EQ(st.peer_blocks, 1);
+  uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+  send_sparse_intro(raw, 2, ram + (1ull << 30), 2);
+  ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EPEERMEM);
+  ASSERT_OK(bh_pool_stats_get(bh_channel_pool(c), &st));
+  ASSERT_EQ(st.peer_blocks, 1);
+  bh_test_raw_good(raw, 3);
+  bh_test_expect_good(c, 3);
+  close(raw);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
 /* A block section whose notes name nothing we know. */
 TEST_IMPL(channel_bad_block_section) {
   int fds0 = bh_test_fd_count();
@@ -1192,6 +1252,60 @@ static int echo_peer(int fd) {
     if (rc) return 26;
   }
   bh_channel_close(c);
+  return 0;
+}
+
+/* The peer dies while a process it forked still holds its end of the
+ * socket (a pack's helper inheriting fd 3): no EOF ever comes, yet a wait
+ * with no deadline ends with -BH_EEOF once the peer is gone; what it sent
+ * before dying is still received first. */
+TEST_IMPL(channel_peer_death_hidden_by_a_forked_child) {
+  int fds0 = bh_test_fd_count();
+  int sv[2], ready[2];
+  ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  ASSERT_SYS(pipe2(ready, O_CLOEXEC));
+  pid_t pid = fork();
+  ASSERT_SYS(pid);
+  if (pid == 0) {
+    close(sv[0]);
+    close(ready[0]);
+    pid_t helper = fork();
+    if (helper == 0) { /* keeps the peer's end open, outliving the peer */
+      close(ready[1]);
+      sleep(30);
+      _exit(0);
+    }
+    bh_channel_opts po = {.peer_uid = getuid()};
+    bh_channel *pc;
+    if (helper < 0 || bh_channel_open(&pc, sv[1], &po) < 0) _exit(1);
+    static const uint8_t nil = BH_TAG_NIL;
+    if (bh_test_send(pc, BH_KIND_RESULT, 7, &nil, 1, NULL, 0) < 0) _exit(1);
+    char pid_s[16];
+    int n = snprintf(pid_s, sizeof pid_s, "%d", (int)helper);
+    if (write(ready[1], pid_s, (size_t)n) != n) _exit(1);
+    _exit(0); /* the helper still holds the socket */
+  }
+  close(sv[1]);
+  close(ready[1]);
+  char pid_s[16] = {0};
+  ASSERT_GT(read(ready[0], pid_s, sizeof pid_s - 1), 0);
+  close(ready[0]);
+  pid_t helper = (pid_t)atoi(pid_s);
+  bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = pid};
+  bh_channel *c;
+  ASSERT_OK(bh_channel_open(&c, sv[0], &o));
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid); /* dead and reaped: only the helper holds the end */
+  bh_frame f;
+  ASSERT_OK(bh_channel_recv(c, &f, -1)); /* its last words come first */
+  ASSERT_UEQ(f.h.request_id, 7);
+  int64_t t0 = bh_now_ns();
+  ASSERT_EQ(bh_channel_recv(c, &f, bh_now_ns() + 10ll * 1000000000), -BH_EEOF);
+  ASSERT_LT(bh_now_ns() - t0, 5ll * 1000000000); /* at once, not at the deadline */
+  bh_channel_close(c);
+  kill(helper, SIGKILL);
+  (void)waitpid(helper, NULL, 0); /* ours when the runner made us a subreaper */
+  ASSERT_FD_COUNT(fds0);
   return 0;
 }
 

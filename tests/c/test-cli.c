@@ -1,5 +1,6 @@
 /*
- * test-cli.c -- the `bulkhead` command's pure helpers (tools/text.c):
+ * test-cli.c -- the `bulkhead` command's pure helpers (tools/text.c, and
+ * the status library's src/status/text.c):
  * byte sizes both ways, seconds and idle times, JSON string literals for
  * names with quotes, control characters and broken UTF-8, text made safe
  * and narrow for a terminal, and a host's answer to `release` decoded.  Each is a table; the command itself is
@@ -84,13 +85,13 @@ TEST_IMPL(cli_bytes_format) {
   };
   char buf[32];
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    int n = bh_cli_bytes_format(rows[i].n, buf, sizeof buf);
+    int n = bh_text_bytes_format(rows[i].n, buf, sizeof buf);
     ASSERT_STR_EQ(buf, rows[i].out);
     ASSERT_EQ(n, (int)strlen(rows[i].out));
     ASSERT_LE(n, 10);
   }
   /* Truncated to the buffer, still terminated. */
-  ASSERT_EQ(bh_cli_bytes_format(512ull << 20, buf, 4), 3);
+  ASSERT_EQ(bh_text_bytes_format(512ull << 20, buf, 4), 3);
   ASSERT_STR_EQ(buf, "512");
   return 0;
 }
@@ -122,16 +123,16 @@ TEST_IMPL(cli_seconds_and_idle) {
   };
   char buf[16];
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    bh_cli_idle_format(rows[i].ns, buf, sizeof buf);
+    bh_text_idle_format(rows[i].ns, buf, sizeof buf);
     ASSERT_STR_EQ(buf, rows[i].out);
   }
   return 0;
 }
 
-/* The JSON literal bh_cli_json_str makes of n bytes. */
+/* The JSON literal bh_text_json_str makes of n bytes. */
 static const char *json_of(const char *s, size_t n, bh_buf *b) {
   b->len = 0;
-  ASSERT_OK(bh_cli_json_str(b, s, n));
+  ASSERT_OK(bh_text_json_str(b, s, n));
   ASSERT_OK(bh_buf_reserve(b, 1));
   b->data[b->len] = 0;
   return (const char *)b->data;
@@ -201,14 +202,14 @@ TEST_IMPL(cli_text_fit) {
       {"x\xff" "y", 10, 0, "x?y", 3},            /* broken UTF-8 */
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    int shown = bh_cli_text_fit(out, sizeof out, rows[i].in, rows[i].cols, rows[i].pad);
+    int shown = bh_text_fit(out, sizeof out, rows[i].in, rows[i].cols, rows[i].pad);
     ASSERT_STR_EQ(out, rows[i].out);
     ASSERT_EQ(shown, rows[i].shown);
   }
-  ASSERT_EQ(bh_cli_text_fit(out, sizeof out, NULL, 3, 0), 0);
+  ASSERT_EQ(bh_text_fit(out, sizeof out, NULL, 3, 0), 0);
   ASSERT_STR_EQ(out, "");
   /* A small destination cuts sooner, never overflows. */
-  bh_cli_text_fit(out, 4, "abcdefgh", 8, 0);
+  bh_text_fit(out, 4, "abcdefgh", 8, 0);
   ASSERT_STR_EQ(out, "abc");
   return 0;
 }
@@ -216,13 +217,13 @@ TEST_IMPL(cli_text_fit) {
 TEST_IMPL(cli_line_clip_and_bar) {
   bh_buf b;
   bh_buf_init(&b);
-  ASSERT_OK(bh_cli_appendf(&b, "head\n"));
+  ASSERT_OK(bh_text_appendf(&b, "head\n"));
   size_t start = b.len;
-  ASSERT_OK(bh_cli_appendf(&b, "\033[1mabc\033[0m d\xc3\xa9" "fgh"));
-  ASSERT_EQ(bh_cli_line_clip(&b, start, 6), 6);
+  ASSERT_OK(bh_text_appendf(&b, "\033[1mabc\033[0m d\xc3\xa9" "fgh"));
+  ASSERT_EQ(bh_text_line_clip(&b, start, 6), 6);
   ASSERT_EQ(b.len - start, strlen("\033[1mabc\033[0m d\xc3\xa9"));
-  ASSERT_EQ(bh_cli_line_clip(&b, start, 80), 6); /* short enough: unchanged */
-  ASSERT_OK(bh_cli_appendf(&b, "%s", "")); /* appendf of nothing is fine */
+  ASSERT_EQ(bh_text_line_clip(&b, start, 80), 6); /* short enough: unchanged */
+  ASSERT_OK(bh_text_appendf(&b, "%s", "")); /* appendf of nothing is fine */
   bh_buf_free(&b);
 
   char bar[16];
@@ -244,13 +245,13 @@ TEST_IMPL(cli_line_clip_and_bar) {
 TEST_IMPL(cli_appendf_grows) {
   bh_buf b;
   bh_buf_init(&b);
-  for (int i = 0; i < 1000; i++) ASSERT_OK(bh_cli_appendf(&b, "%04d,", i));
+  for (int i = 0; i < 1000; i++) ASSERT_OK(bh_text_appendf(&b, "%04d,", i));
   ASSERT_EQ(b.len, 5000);
   ASSERT_MEM_EQ(b.data + 4995, "0999,", 5);
   char big[10000];
   memset(big, 'x', sizeof big - 1);
   big[sizeof big - 1] = 0;
-  ASSERT_OK(bh_cli_appendf(&b, "%s", big));
+  ASSERT_OK(bh_text_appendf(&b, "%s", big));
   ASSERT_EQ(b.len, 5000 + sizeof big - 1);
   bh_buf_free(&b);
   return 0;

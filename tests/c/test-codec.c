@@ -430,12 +430,15 @@ TEST_IMPL(codec_roundtrip_tensor) {
 
 TEST_IMPL(codec_roundtrip_handle) {
   static const bh_handle_ref hs[] = {
-      {BH_HANDLE_CALLABLE, 0}, {BH_HANDLE_OBJECT, 1}, {0, UINT64_MAX}, {255, 0x0102030405060708ull}};
+      {BH_HANDLE_CALLABLE, 0, NULL, 0},
+      {BH_HANDLE_OBJECT, 1, "packa.nodes.Model", 17},
+      {0, UINT64_MAX, "\xc3\xa9t\xc3\xa9", 6},
+      {255, 0x0102030405060708ull, NULL, 0}};
   for (size_t k = 0; k < sizeof hs / sizeof hs[0]; k++) {
     bh_buf b;
     bh_buf_init(&b);
     ASSERT_OK(bh_enc_handle(&b, &hs[k]));
-    ASSERT_EQ(b.len, 10);
+    ASSERT_EQ(b.len, 12 + (size_t)hs[k].type_len);
     ASSERT_EQ(b.data[0], BH_TAG_HANDLE);
     ASSERT_RC(check_validate(b.data, b.len, 0), 0);
     bh_reader r;
@@ -445,10 +448,35 @@ TEST_IMPL(codec_roundtrip_handle) {
     ASSERT_EQ(it.tag, BH_TAG_HANDLE);
     ASSERT_EQ(it.u.h.space, hs[k].space);
     ASSERT_UEQ(it.u.h.id, hs[k].id);
+    ASSERT_EQ(it.u.h.type_len, hs[k].type_len);
+    if (hs[k].type_len) ASSERT_MEM_EQ(it.u.h.type, hs[k].type, hs[k].type_len);
+    else ASSERT(it.u.h.type == NULL);
     for (size_t cut = 0; cut < b.len; cut++)
       ASSERT_RC(check_validate(b.data, cut, 0), -BH_EOVERRUN);
     bh_buf_free(&b);
   }
+  return 0;
+}
+
+/* A handle's type name: over BH_TYPE_NAME_MAX refused on both sides, and
+ * UTF-8 checked on decode. */
+TEST_IMPL(codec_handle_type_name_bounds) {
+  static char name[BH_TYPE_NAME_MAX + 1];
+  memset(name, 'x', sizeof name);
+  bh_buf b;
+  bh_buf_init(&b);
+  bh_handle_ref h = {BH_HANDLE_OBJECT, 3, name, BH_TYPE_NAME_MAX + 1};
+  ASSERT_RC(bh_enc_handle(&b, &h), -EINVAL);
+  ASSERT_EQ(b.len, 0);
+  h.type_len = BH_TYPE_NAME_MAX;
+  ASSERT_OK(bh_enc_handle(&b, &h));
+  ASSERT_RC(check_validate(b.data, b.len, 0), 0);
+  b.data[10] = (uint8_t)((BH_TYPE_NAME_MAX + 1) & 0xff); /* the length field, over the limit */
+  b.data[11] = (uint8_t)((BH_TYPE_NAME_MAX + 1) >> 8);
+  ASSERT_RC(check_validate(b.data, b.len, 0), -BH_ECOUNT);
+  bh_buf_free(&b);
+  uint8_t bad[] = {BH_TAG_HANDLE, BH_HANDLE_OBJECT, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0xc3, 0x28};
+  ASSERT_RC(check_validate(bad, sizeof bad, 0), -BH_EUTF8);
   return 0;
 }
 
@@ -458,7 +486,7 @@ TEST_IMPL(codec_truncation_every_offset) {
   bh_buf_init(&b);
   bh_tensor_ref t = {.dtype = BH_DT_FLOAT32, .ndim = 3, .block = 1, .shape = {2, 3, 4}};
   contiguous(&t);
-  bh_handle_ref h = {BH_HANDLE_CALLABLE, 99};
+  bh_handle_ref h = {BH_HANDLE_CALLABLE, 99, "m.f", 3};
   bh_enc_list(&b, 12);
   bh_enc_nil(&b);
   bh_enc_bool(&b, 1);
@@ -634,6 +662,34 @@ TEST_IMPL(codec_depth_limit) {
   ASSERT_RC(check_validate(nil, 1, 0), 0);
   ASSERT_RC(check_validate(empty, 5, 0), 0);
   ASSERT_RC(check_validate(one, 6, 0), -BH_EDEPTH);
+  return 0;
+}
+
+/* At most BH_MAX_ITEMS items per value, containers counted: a list of
+ * BH_MAX_ITEMS - 1 nils passes, one more is -BH_ETOOMANY (and so is a map
+ * whose keys and values together pass it). */
+TEST_IMPL(codec_items_limit) {
+  for (int extra = 0; extra < 2; extra++) {
+    uint32_t n = BH_MAX_ITEMS - 1 + (uint32_t)extra;
+    size_t len = 5 + (size_t)n;
+    uint8_t *p = malloc(len);
+    ASSERT_NOT_NULL(p);
+    p[0] = BH_TAG_LIST;
+    memcpy(p + 1, &n, 4);
+    memset(p + 5, BH_TAG_NIL, n);
+    ASSERT_RC(validate_exact(p, len, BH_MAX_DEPTH), extra ? -BH_ETOOMANY : 0);
+    free(p);
+  }
+  uint32_t pairs = BH_MAX_ITEMS / 2;
+  size_t len = 5 + 2 * (size_t)pairs;
+  uint8_t *p = malloc(len);
+  ASSERT_NOT_NULL(p);
+  p[0] = BH_TAG_MAP;
+  memcpy(p + 1, &pairs, 4);
+  memset(p + 5, BH_TAG_NIL, 2 * (size_t)pairs);
+  ASSERT_RC(validate_exact(p, len, BH_MAX_DEPTH), -BH_ETOOMANY);
+  free(p);
+  ASSERT_STR_CONTAINS(bh_strerror(-BH_ETOOMANY), "BH_MAX_ITEMS");
   return 0;
 }
 
@@ -858,7 +914,7 @@ TEST_IMPL(codec_fuzz_mutations) {
                      .shape = {2, 1, 3, 2}};
   contiguous(&t);
   bh_tensor_ref e = {.dtype = BH_DT_BOOL, .ndim = 1, .block = BH_BLOCK_NONE};
-  bh_handle_ref h = {BH_HANDLE_OBJECT, 5};
+  bh_handle_ref h = {BH_HANDLE_OBJECT, 5, "torch.nn.Linear", 15};
   for (int s = 0; s < SEEDS; s++) bh_buf_init(&seeds[s]);
   bh_enc_map(&seeds[0], 2);
   bh_enc_str(&seeds[0], "img", 3);
@@ -947,7 +1003,7 @@ TEST_IMPL(codec_error_names) {
   values[n++] = value;
   BH_ERRNO_MAP(CHECK_ERR)
 #undef CHECK_ERR
-  ASSERT_EQ(n, 31);
+  ASSERT_EQ(n, 32);
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j < n; j++) ASSERT_NE(values[i], values[j]);
   /* errno values go through strerror, and the common ones have names. */

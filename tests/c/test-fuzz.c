@@ -21,7 +21,7 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
-#define LEDGER_BYTES 204800u
+#define LEDGER_BYTES 2248704u
 
 typedef void (*replay_fn)(const uint8_t *p, size_t n);
 

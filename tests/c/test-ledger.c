@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#define LEDGER_BYTES 204800
+#define LEDGER_BYTES 2248704 /* 4096 + 512 records of 4384 */
 
 static void tpath(char *buf, size_t n, const char *tag) {
   snprintf(buf, n, "/tmp/bh-ledger-test-%d-%s", (int)getpid(), tag);
@@ -78,7 +78,7 @@ static void write_file(const char *path, const void *data, size_t n, off_t size)
 static void header(uint8_t h[32], uint32_t version) {
   memset(h, 0, 32);
   memcpy(h, "BHLEDGR", 8);
-  uint32_t v[5] = {version, 4096, 3136, BH_LEDGER_SLOTS, (uint32_t)sizeof(pthread_mutex_t)};
+  uint32_t v[5] = {version, 4096, 4384, BH_LEDGER_SLOTS, (uint32_t)sizeof(pthread_mutex_t)};
   memcpy(h + 8, v, sizeof v);
 }
 
@@ -130,7 +130,7 @@ TEST_IMPL(ledger_open_init) {
 TEST_IMPL(ledger_default_path) {
   char buf[256], want[64];
   unsetenv("BULKHEAD_LEDGER");
-  snprintf(want, sizeof want, "/dev/shm/bulkhead-ledger-%u", (unsigned)geteuid());
+  snprintf(want, sizeof want, "/dev/shm/bulkhead-%u/ledger", (unsigned)geteuid());
   ASSERT_EQ(bh_ledger_default_path(buf, sizeof buf), (int)strlen(want));
   ASSERT_STR_EQ(buf, want);
   ASSERT_RC(bh_ledger_default_path(buf, 5), -ENAMETOOLONG);
@@ -195,17 +195,17 @@ TEST_IMPL(ledger_open_mem_same_verdicts) {
     size_t size;
     uint32_t record_bytes;
   } cases[] = {
-      {"valid", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 3136},
-      {"bad magic", BH_LEDGER_VERSION, "NOTLEDGR", LEDGER_BYTES, 3136},
-      {"other version", BH_LEDGER_VERSION + 1, "BHLEDGR", LEDGER_BYTES, 3136},
-      {"other version, other size", BH_LEDGER_VERSION + 1, "BHLEDGR", 65536, 3136},
-      {"short", BH_LEDGER_VERSION, "BHLEDGR", 8192, 3136},
-      {"long", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES + 4096, 3136},
+      {"valid", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 4384},
+      {"bad magic", BH_LEDGER_VERSION, "NOTLEDGR", LEDGER_BYTES, 4384},
+      {"other version", BH_LEDGER_VERSION + 1, "BHLEDGR", LEDGER_BYTES, 4384},
+      {"other version, other size", BH_LEDGER_VERSION + 1, "BHLEDGR", 65536, 4384},
+      {"short", BH_LEDGER_VERSION, "BHLEDGR", 8192, 4384},
+      {"long", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES + 4096, 4384},
       {"record size", BH_LEDGER_VERSION, "BHLEDGR", LEDGER_BYTES, 3137},
       {"all zero", 0, NULL, LEDGER_BYTES, 0},
       {"all zero, short", 0, NULL, 8192, 0},
       {"two bytes", 0, "BH", 2, 0},
-      {"header only", BH_LEDGER_VERSION, "BHLEDGR", 32, 3136},
+      {"header only", BH_LEDGER_VERSION, "BHLEDGR", 32, 4384},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     fprintf(stderr, "case: %s\n", cases[k].what);
@@ -576,14 +576,20 @@ TEST_IMPL(ledger_models_devices) {
   ASSERT_RC(bh_ledger_set_model(l, &x), -BH_EMODELS);
   x.id = 2; /* replacing still works */
   ASSERT_OK(bh_ledger_set_model(l, &x));
-  bh_ledger_device e = {.device = "cuda:2"};
-  ASSERT_OK(bh_ledger_set_device(l, &e));
-  memcpy(e.device, "cuda:3", 7);
-  ASSERT_OK(bh_ledger_set_device(l, &e));
-  memcpy(e.device, "cuda:4", 7);
+  /* Room for cpu and 16 GPUs (the most one node carries, #9), then a
+   * clear refusal. */
+  ASSERT_GE(BH_LEDGER_DEVICES, 17);
+  ASSERT_OK(bh_ledger_read(l, getpid(), &r));
+  bh_ledger_device e = {.device = ""};
+  for (int g = 2; r.n_devices < BH_LEDGER_DEVICES; g++) {
+    snprintf(e.device, sizeof e.device, "cuda:%d", g);
+    ASSERT_OK(bh_ledger_set_device(l, &e));
+    ASSERT_OK(bh_ledger_read(l, getpid(), &r));
+  }
+  memcpy(e.device, "cuda:99", 8);
   ASSERT_RC(bh_ledger_set_device(l, &e), -BH_EMODELS);
   ASSERT_OK(bh_ledger_drop_model(l, 100));
-  bh_ledger_model y = {.id = 6000, .name = "y", .device = "cuda:5"};
+  bh_ledger_model y = {.id = 6000, .name = "y", .device = "cuda:98"};
   ASSERT_RC(bh_ledger_set_model(l, &y), -BH_EMODELS); /* no device entry left */
   ASSERT_OK(bh_ledger_read(l, getpid(), &r));
   ASSERT_EQ(r.n_devices, BH_LEDGER_DEVICES);
@@ -921,6 +927,87 @@ TEST_IMPL(ledger_seqlock_no_torn_reads) {
   ASSERT_LT(again, 1000);
   /* A writer killed mid-write (seq left odd) is reaped, never waited on. */
   ASSERT_EQ(count_records(l), 0);
+  bh_ledger_close(l);
+  ASSERT(!exists(p));
+  return 0;
+}
+
+/* One record left mid-write by a live owner (stopped with its seqlock
+ * odd) does not fail the snapshot (#11): every other record is read, and
+ * that one comes back stale, with its slot and pid. */
+TEST_IMPL(ledger_snapshot_skips_a_record_left_mid_write) {
+  char p[128];
+  tpath(p, sizeof p, "stale");
+  int ready[2], hold[2];
+  bh_ledger *l;
+  ASSERT_OK(bh_ledger_open(&l, p));
+  ASSERT_SYS(pipe2(ready, O_CLOEXEC));
+  ASSERT_SYS(pipe2(hold, O_CLOEXEC));
+  pid_t kid = fork();
+  ASSERT_SYS(kid);
+  if (kid == 0) {
+    close(ready[0]), close(hold[1]);
+    int slot = bh_ledger_join(l, BH_ROLE_WORKER, "stuck", "", 1, 0);
+    if (slot < 0 || write(ready[1], &slot, sizeof slot) != sizeof slot) _exit(3);
+    wait_eof(hold[0]);
+    _exit(0);
+  }
+  close(ready[1]), close(hold[0]);
+  int slot = -1;
+  ASSERT_EQ(read(ready[0], &slot, sizeof slot), (ssize_t)sizeof slot);
+  close(ready[0]);
+  ASSERT_GE(slot, 0);
+  ASSERT_GE(bh_ledger_join(l, BH_ROLE_HOST, "host", "", 1, 0), 0);
+  /* The owner's seqlock left odd, as by a writer stopped mid-write. */
+  int fd = open(p, O_RDWR | O_CLOEXEC);
+  ASSERT_SYS(fd);
+  size_t bytes = 4096 + (size_t)BH_LEDGER_SLOTS * 4384;
+  uint8_t *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT(map != MAP_FAILED);
+  close(fd);
+  _Atomic uint32_t *seq = (_Atomic uint32_t *)(map + 4096 + (size_t)slot * 4384);
+  uint32_t was = atomic_load(seq);
+  atomic_store(seq, was | 1);
+  bh_ledger_record recs[4];
+  int n = bh_ledger_snapshot(l, recs, 4);
+  ASSERT_EQ(n, 2);
+  int saw_stale = 0, saw_host = 0;
+  for (int i = 0; i < n; i++) {
+    if (recs[i].slot == slot) {
+      saw_stale = 1;
+      ASSERT_EQ(recs[i].pid, kid);
+      ASSERT_EQ(recs[i].run, BH_RUN_STALE);
+    } else if (recs[i].pid == getpid()) {
+      saw_host = 1;
+      ASSERT_STR_EQ(recs[i].pack, "host");
+    }
+  }
+  ASSERT(saw_stale && saw_host);
+  atomic_store(seq, was);
+  munmap(map, bytes);
+  close(hold[1]);
+  reap(kid, 0);
+  bh_ledger_close(l);
+  return 0;
+}
+
+/* The open/close file lock is waited for with a bound (#12), like the
+ * mutex: a holder that stays (a stopped process) makes an open fail with
+ * -ETIMEDOUT instead of hanging it. */
+TEST_IMPL(ledger_open_lock_wait_is_bounded) {
+  char p[128];
+  tpath(p, sizeof p, "lockwait");
+  bh_ledger *l, *l2 = NULL;
+  ASSERT_OK(bh_ledger_open(&l, p));
+  int fd = open(p, O_RDWR | O_CLOEXEC);
+  ASSERT_SYS(fd);
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  ASSERT_SYS(fcntl(fd, F_OFD_SETLK, &fl)); /* INIT, held as a stopped opener would */
+  ASSERT_RC(bh_ledger_open(&l2, p), -ETIMEDOUT);
+  ASSERT(l2 == NULL);
+  close(fd); /* let go: the next open goes through */
+  ASSERT_OK(bh_ledger_open(&l2, p));
+  bh_ledger_close(l2);
   bh_ledger_close(l);
   ASSERT(!exists(p));
   return 0;

@@ -107,10 +107,10 @@ TEST_IMPL(proc_output_tail_keeps_the_end) {
   return 0;
 }
 
-/* A HELLO frame (protocol 2, request id 42, empty block section, value nil) as printf
+/* A HELLO frame (protocol 3, request id 42, empty block section, value nil) as printf
  * escapes: sh writes it to fd 3 in one write. */
 #define HELLO_FRAME_PRINTF                                                      \
-  "printf '\\102\\114\\110\\113\\002\\000\\001\\000"                            \
+  "printf '\\102\\114\\110\\113\\003\\000\\001\\000"                            \
   "\\052\\000\\000\\000\\000\\000\\000\\000"                                    \
   "\\000\\000\\000\\000\\015\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000" \
   "\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000' >&3"
@@ -238,6 +238,36 @@ TEST_IMPL(proc_no_inherited_fds) {
   return 0;
 }
 
+/* The host's own inheritable fds (opened without O_CLOEXEC by someone
+ * else in the process: a ComfyUI extension, a library) stay home too. */
+TEST_IMPL(proc_host_inheritable_fds_stay_home) {
+  int opened = open("/dev/null", O_RDONLY); /* no O_CLOEXEC, on purpose */
+  ASSERT_GE(opened, 0);
+  int low = fcntl(opened, F_DUPFD, 10), high = fcntl(opened, F_DUPFD, 200); /* F_DUPFD: inheritable */
+  close(opened);
+  ASSERT_GT(low, 9);
+  ASSERT_GT(high, 199);
+  bh_proc *p;
+  int chan, st;
+  ASSERT_OK(spawn_sh_env("exec ls -l /proc/self/fd", env_path, NULL, -1, NULL, &p, &chan));
+  ASSERT_OK(bh_proc_wait(p, 10000, &st));
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  char out[BH_TEST_TAIL];
+  bh_proc_output_tail(p, out, sizeof out);
+  int fds[64];
+  char targets[64][128];
+  int n = parse_fds(out, fds, targets, 64);
+  ASSERT_GT(n, 3);
+  for (int i = 0; i < n; i++)
+    if (fds[i] == low || fds[i] == high)
+      FAIL("the child inherited the host's fd %d -> %s\n--- ls output ---\n%s", fds[i], targets[i], out);
+  close(chan);
+  bh_proc_close(p);
+  close(low);
+  close(high);
+  return 0;
+}
+
 TEST_IMPL(proc_exact_environment) {
   setenv("HOME", "/root-of-the-test", 1);
   setenv("BH_SHOULD_NOT_LEAK", "1", 1);
@@ -342,6 +372,47 @@ TEST_IMPL(proc_stop_kill_ladder) {
   close(chan);
   bh_proc_close(p);
   ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* A process's state letter from /proc/<pid>/stat, or 0 when it is gone. */
+static char proc_state(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  char *rp = strrchr(buf, ')');
+  return rp && rp[1] == ' ' ? rp[2] : 0;
+}
+
+/* Teardown takes the worker's whole process group: a helper it forked
+ * (which would hold the channel's end) does not outlive it.  Both the stop
+ * ladder and close. */
+TEST_IMPL(proc_teardown_takes_the_process_group) {
+  for (int how = 0; how < 2; how++) {
+    bh_proc *p;
+    int chan, st;
+    spawn_sh("trap '' TERM; sleep 30 & echo helper=$!; exec sleep 30", &p, &chan);
+    wait_output(p, "helper=");
+    char out[BH_TEST_TAIL];
+    bh_proc_output_tail(p, out, sizeof out);
+    pid_t helper = (pid_t)atoi(strstr(out, "helper=") + 7);
+    ASSERT_GT(helper, 0);
+    ASSERT(proc_state(helper) != 0 && proc_state(helper) != 'Z');
+    if (how == 0) ASSERT_OK(bh_proc_stop(p, 0, 200, &st));
+    bh_proc_close(p);
+    close(chan);
+    char state = 0;
+    for (int i = 0; i < 500 && (state = proc_state(helper)) != 0 && state != 'Z'; i++)
+      bh_test_sleep_ms(10);
+    if (state != 0 && state != 'Z')
+      FAIL("%s left the worker's helper %d running (state %c)", how ? "close" : "stop",
+           (int)helper, state);
+  }
   return 0;
 }
 

@@ -28,17 +28,30 @@ whose input signature -- class, IS_CHANGED's answer, its literal inputs and
 the signatures of what it links to -- was seen before is not run again (its
 outputs come from the cache; NaN from IS_CHANGED means always run); node
 objects are kept per node id and class.  A node returns a tuple or
-{"ui": ..., "result": ...}.  The websocket hears execution_start,
+{"ui": ..., "result": ...}, or, a V3 node (comfy_api.latest.io), an
+io.NodeOutput: V3 nodes run as upstream runs them, their FUNCTION called on
+a clone of the class carrying the hidden values the schema asks for
+(unique id, prompt, a DynamicPrompt, extra_pnginfo, the auth keys), async
+ones awaited; fingerprint_inputs / validate_inputs / check_lazy_status are
+the node's own overrides; NOT_IDEMPOTENT keeps a node from sharing another
+node's cached outputs.  Lazy inputs: a node with check_lazy_status gets
+None for its unevaluated lazy links and is asked until it wants no more.
+An `expand` adds its graph's nodes (their display node the expanding node),
+runs those the result links to and the output nodes among them, and the
+result's links become the node's outputs.  A `block_execution` makes the
+outputs ExecutionBlockers: a node getting one is not run and passes it on.  The websocket hears execution_start,
 execution_cached, executing, executed (a node's ui), execution_success,
 execution_error or execution_interrupted, with upstream's fields.  Not
-here: list inputs/outputs (INPUT_IS_LIST, OUTPUT_IS_LIST), lazy inputs,
-subgraph expansion, async nodes, the LRU/RAM caches.  `reset()` drops the
+here: list inputs/outputs (INPUT_IS_LIST, OUTPUT_IS_LIST), the V3 node
+info, upstream's execution list (nodes run depth first), the LRU/RAM
+caches.  `reset()` drops the
 output cache and the node objects (what /free's free_memory does).
 
 Written for bulkhead from a reading of upstream's behaviour; no upstream
 code.
 """
 
+import asyncio
 import copy
 import heapq
 import inspect
@@ -47,7 +60,11 @@ import time
 import traceback
 
 import nodes
+from comfy_api.internal import _ComfyNodeInternal, _NodeOutputInternal, first_real_override
+from comfy_api.latest import io
 from comfy_execution import cache_provider
+from comfy_execution.graph import DynamicPrompt
+from comfy_execution.graph_utils import ExecutionBlocker
 
 MAXIMUM_HISTORY_SIZE = 10000
 
@@ -155,6 +172,41 @@ class PromptQueue:
 
 # ------------------------------------------------------------ validation
 
+def is_v3(cls):
+    return isinstance(cls, type) and issubclass(cls, _ComfyNodeInternal)
+
+
+def _node_method(cls, v3_name, v1_name):
+    """A V3 node's own override of v3_name (not ComfyNode's placeholder),
+    or a V1 node's v1_name; None when there is none."""
+    if is_v3(cls):
+        return first_real_override(cls, v3_name)
+    return getattr(cls, v1_name, None)
+
+
+def _hidden_inputs(cls, node_id, prompt, extra_data, dynprompt=None):
+    """The V3 hidden values the node's schema asks for, keyed by io.Hidden."""
+    if not is_v3(cls):
+        return {}
+    _inputs, schema = cls.INPUT_TYPES(include_hidden=False, return_schema=True)
+    values = {io.Hidden.unique_id: node_id, io.Hidden.prompt: prompt, io.Hidden.dynprompt: dynprompt,
+              io.Hidden.extra_pnginfo: extra_data.get("extra_pnginfo"),
+              io.Hidden.auth_token_comfy_org: extra_data.get("auth_token_comfy_org"),
+              io.Hidden.api_key_comfy_org: extra_data.get("api_key_comfy_org")}
+    return {h: values[h] for h in schema.hidden or () if h in values}
+
+
+def _call_node(cls, name, kwargs, hidden, obj=None):
+    """Calls method `name` as upstream does: a V3 node's on a clone of its
+    class carrying the hidden values, a V1 node's on obj (or the class).
+    Returns what it returned (a coroutine for an async method)."""
+    if is_v3(cls):
+        cls.VALIDATE_CLASS()
+        clone = cls.PREPARE_CLASS_CLONE(hidden)
+        return getattr(cls, name).__func__(clone, **kwargs)
+    return getattr(obj if obj is not None else cls, name)(**kwargs)
+
+
 def _is_link(value):
     return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
         and isinstance(value[1], int)
@@ -168,7 +220,7 @@ def _input_types(cls):
     return cls.INPUT_TYPES() if hasattr(cls, "INPUT_TYPES") else None
 
 
-def _validate_node(prompt, node_id, validated):
+async def _validate_node(prompt, node_id, validated):
     """(ok, errors) for node_id and what it links to, memoised in validated."""
     if node_id in validated:
         return validated[node_id]
@@ -181,9 +233,10 @@ def _validate_node(prompt, node_id, validated):
         return validated[node_id]
     inputs = spec.get("inputs", {})
     custom = set()
-    validate_fn = getattr(cls, "VALIDATE_INPUTS", None)
+    validate_fn = _node_method(cls, "validate_inputs", "VALIDATE_INPUTS")
     if validate_fn is not None:
-        custom = set(inspect.signature(validate_fn).parameters)
+        spec = inspect.getfullargspec(validate_fn)
+        custom = set(spec.args) - ({"cls"} if is_v3(cls) else set())
     errors, values, ok = [], {}, True
     for section in ("required", "optional"):
         for name, info in (types.get(section) or {}).items():
@@ -215,7 +268,7 @@ def _validate_node(prompt, node_id, validated):
                                          f"{name}, received_type({got}) mismatch input_type({type_})",
                                          received_type=got, linked_node=value, **where))
                     continue
-                src_ok, _ = _validate_node(prompt, src, validated)
+                src_ok, _ = await _validate_node(prompt, src, validated)
                 ok = ok and src_ok
                 continue
             if name in custom:
@@ -254,7 +307,10 @@ def _validate_node(prompt, node_id, validated):
             args["input_types"] = {k: getattr(nodes.NODE_CLASS_MAPPINGS[prompt[v[0]]["class_type"]],
                                               "RETURN_TYPES")[v[1]]
                                    for k, v in inputs.items() if _is_link(v)}
-        result = validate_fn(**args)   # inline, on the server's event loop, as upstream
+        result = _call_node(cls, "validate_inputs" if is_v3(cls) else "VALIDATE_INPUTS", args,
+                            _hidden_inputs(cls, node_id, prompt, {}))
+        if inspect.isawaitable(result):
+            result = await result
         if result is not True:
             errors.append(_error("custom_validation_failed", "Custom validation failed for node",
                                  f"{', '.join(sorted(args))}: {result}"))
@@ -282,7 +338,7 @@ async def validate_prompt(prompt_id, prompt, partial_execution_targets=None):
     validated, good, node_errors = {}, [], {}
     for out in outputs:
         try:
-            ok, _ = _validate_node(prompt, out, validated)
+            ok, _ = await _validate_node(prompt, out, validated)
         except Exception as e:   # upstream reports a crashing validation the same way
             ok = False
             validated[out] = (False, [_error("exception_during_validation", "Exception when validating node",
@@ -343,19 +399,24 @@ class PromptExecutor:
             v = inputs[name]
             parts.append((name, ("link", self._signature(prompt, v[0], memo), v[1]) if _is_link(v) else repr(v)))
         changed = None
-        if hasattr(cls, "IS_CHANGED"):
+        if _node_method(cls, "fingerprint_inputs", "IS_CHANGED") is not None:
             literal = {k: v for k, v in inputs.items() if not _is_link(v)}
             try:
-                changed = cls.IS_CHANGED(**literal)
+                changed = _call_node(cls, "fingerprint_inputs" if is_v3(cls) else "IS_CHANGED", literal,
+                                     _hidden_inputs(cls, node_id, prompt, {}))
+                if inspect.isawaitable(changed):
+                    changed = asyncio.run(changed)
             except Exception:
                 changed = float("nan")
             if isinstance(changed, float) and changed != changed:
                 changed = ("always", object())   # never equal to any earlier signature
         memo[node_id] = (spec["class_type"], repr(changed) if not isinstance(changed, tuple) else changed,
-                         tuple(parts))
+                         tuple(parts), node_id if getattr(cls, "NOT_IDEMPOTENT", False) else None)
         return memo[node_id]
 
     def _hidden(self, cls, node_id, prompt, extra_data):
+        if is_v3(cls):
+            return {}
         hidden = ((_input_types(cls) or {}).get("hidden") or {})
         out = {}
         for name, kind in hidden.items():
@@ -366,6 +427,19 @@ class PromptExecutor:
             elif kind == "EXTRA_PNGINFO":
                 out[name] = extra_data.get("extra_pnginfo")
         return out
+
+    @staticmethod
+    def _lazy_links(cls, inputs):
+        """The linked inputs the node declares lazy (left for check_lazy_status)."""
+        if _node_method(cls, "check_lazy_status", "check_lazy_status") is None:
+            return set()
+        types = _input_types(cls) or {}
+        lazy = set()
+        for section in ("required", "optional"):
+            for name, info in (types.get(section) or {}).items():
+                if len(info) > 1 and isinstance(info[1], dict) and info[1].get("lazy") and _is_link(inputs.get(name)):
+                    lazy.add(name)
+        return lazy
 
     def execute(self, prompt, prompt_id, extra_data={}, execute_outputs=[]):
         import comfy.model_management as mm
@@ -393,61 +467,154 @@ class PromptExecutor:
             signatures = {n: self._signature(prompt, n, memo) for n in order}
             cached = [n for n in order if signatures[n] in self.outputs]
             self.add_message("execution_cached", {"nodes": cached, "prompt_id": prompt_id}, broadcast=False)
+            dynprompt = DynamicPrompt(prompt)
             results, ui_outputs, meta, executed = {}, {}, {}, []
-            for node_id in order:
-                spec = prompt[node_id]
+            parents = {}   # expanded node id -> the node that expanded it
+
+            class Stop(Exception):
+                pass
+
+            def run(node_id):
+                if node_id in results:
+                    return
+                spec = dynprompt.get_node(node_id)
                 cls = nodes.NODE_CLASS_MAPPINGS[spec["class_type"]]
-                sig = signatures[node_id]
-                if sig in self.outputs:
+                inputs = spec.get("inputs", {})
+                sig = signatures.get(node_id)
+                if sig is not None and sig in self.outputs:
                     results[node_id], ui = self.outputs[sig]
-                else:
-                    self.server.last_node_id = node_id
-                    if self.server.client_id is not None:
-                        self.server.send_sync("executing", {"node": node_id, "display_node": node_id,
-                                                            "prompt_id": prompt_id}, self.server.client_id)
+                    record_ui(node_id, ui)
+                    return
+                lazy = self._lazy_links(cls, inputs)
+                for name, v in inputs.items():
+                    if _is_link(v) and name not in lazy:
+                        run(v[0])
+
+                def gather():
                     kwargs = {}
-                    for name, v in spec.get("inputs", {}).items():
-                        kwargs[name] = results[v[0]][v[1]] if _is_link(v) else v
+                    for name, v in inputs.items():
+                        if not _is_link(v):
+                            kwargs[name] = v
+                        elif v[0] in results:
+                            kwargs[name] = results[v[0]][v[1]]
+                        else:
+                            kwargs[name] = None   # a lazy input not evaluated (yet)
+                    return kwargs
+                kwargs = gather()
+                hidden = _hidden_inputs(cls, node_id, prompt, extra_data, dynprompt)
+                self.server.last_node_id = node_id
+                if self.server.client_id is not None:
+                    self.server.send_sync("executing", {"node": node_id, "display_node": parents.get(node_id, node_id),
+                                                        "prompt_id": prompt_id}, self.server.client_id)
+                blocker = next((v for v in kwargs.values() if isinstance(v, ExecutionBlocker)), None)
+                try:
+                    if blocker is not None:
+                        results[node_id] = tuple([blocker] * len(getattr(cls, "RETURN_TYPES", ())))
+                        return
+                    obj = self.objects.get((node_id, spec["class_type"]))
+                    if obj is None:
+                        obj = self.objects[(node_id, spec["class_type"])] = cls()
+                    while lazy:
+                        wanted = _call_node(cls, "check_lazy_status", kwargs, hidden, obj)
+                        if inspect.isawaitable(wanted):
+                            wanted = asyncio.run(wanted)
+                        todo = [n for n in (wanted or ()) if n in lazy and inputs[n][0] not in results]
+                        if not todo:
+                            break
+                        for n in todo:
+                            run(inputs[n][0])
+                        kwargs = gather()
                     kwargs.update(self._hidden(cls, node_id, prompt, extra_data))
-                    try:
-                        obj = self.objects.get((node_id, spec["class_type"]))
-                        if obj is None:
-                            obj = self.objects[(node_id, spec["class_type"])] = cls()
-                        value = getattr(obj, cls.FUNCTION)(**kwargs)
-                    except mm.InterruptProcessingException:
-                        self.add_message("execution_interrupted", {
-                            "prompt_id": prompt_id, "node_id": node_id, "node_type": spec["class_type"],
-                            "executed": executed}, broadcast=True)
-                        self.success = False
-                        break
-                    except Exception as e:
-                        self.add_message("execution_error", {
-                            "prompt_id": prompt_id, "node_id": node_id, "node_type": spec["class_type"],
-                            "executed": executed, "exception_message": str(e),
-                            "exception_type": _full_type_name(type(e)),
-                            "traceback": traceback.format_tb(e.__traceback__),
-                            "current_inputs": {k: repr(v)[:200] for k, v in kwargs.items()},
-                            "current_outputs": list(results)}, broadcast=False)
-                        self.success = False
-                        break
-                    ui = None
-                    if isinstance(value, dict):
-                        ui = value.get("ui")
-                        value = tuple(value.get("result", ()))
-                    results[node_id] = tuple(value) if value is not None else ()
-                    self.outputs[sig] = (results[node_id], ui)
-                    executed.append(node_id)
-                    if ui is not None and self.server.client_id is not None:
-                        self.server.send_sync("executed", {"node": node_id, "display_node": node_id,
-                                                           "output": ui, "prompt_id": prompt_id},
-                                              self.server.client_id)
+                    value = _call_node(cls, cls.FUNCTION, kwargs, hidden, obj)
+                    if inspect.isawaitable(value):
+                        value = asyncio.run(value)
+                except mm.InterruptProcessingException:
+                    self.add_message("execution_interrupted", {
+                        "prompt_id": prompt_id, "node_id": node_id, "node_type": spec["class_type"],
+                        "executed": executed}, broadcast=True)
+                    raise Stop() from None
+                except Stop:
+                    raise
+                except Exception as e:
+                    self.add_message("execution_error", {
+                        "prompt_id": prompt_id, "node_id": node_id, "node_type": spec["class_type"],
+                        "executed": executed, "exception_message": str(e),
+                        "exception_type": _full_type_name(type(e)),
+                        "traceback": traceback.format_tb(e.__traceback__),
+                        "current_inputs": {k: repr(v)[:200] for k, v in kwargs.items()},
+                        "current_outputs": list(results)}, broadcast=False)
+                    raise Stop() from None
+                ui, expand, block = None, None, None
+                if isinstance(value, _NodeOutputInternal):
+                    ui = value.ui if value.ui is None or isinstance(value.ui, dict) else value.ui.as_dict()
+                    expand, block = value.expand, value.block_execution
+                    value = value.args
+                elif isinstance(value, dict):
+                    ui, expand = value.get("ui"), value.get("expand")
+                    value = tuple(value.get("result", ()))
+                value = tuple(value) if value is not None else ()
+                if block is not None:
+                    value = tuple([ExecutionBlocker(block)] * len(getattr(cls, "RETURN_TYPES", ())))
+                if expand is not None:
+                    value = self._expand(node_id, expand, value, dynprompt, parents, run, results)
+                results[node_id] = value
+                if sig is not None and expand is None:
+                    self.outputs[sig] = (value, ui)
+                executed.append(node_id)
+                if ui is not None and self.server.client_id is not None:
+                    self.server.send_sync("executed", {"node": node_id, "display_node": parents.get(node_id, node_id),
+                                                       "output": ui, "prompt_id": prompt_id},
+                                          self.server.client_id)
+                record_ui(node_id, ui)
+
+            def record_ui(node_id, ui):
                 if ui is not None:
                     ui_outputs[node_id] = ui
-                    meta[node_id] = {"node_id": node_id, "display_node": node_id, "parent_node": None,
-                                     "real_node_id": node_id}
+                    meta[node_id] = {"node_id": node_id, "display_node": parents.get(node_id, node_id),
+                                     "parent_node": parents.get(node_id), "real_node_id": node_id}
+
+            try:
+                for node_id in order:
+                    if node_id in (execute_outputs or order) or not self._lazy_only(node_id, order, prompt):
+                        run(node_id)
+            except Stop:
+                self.success = False
             if self.success:
                 self.add_message("execution_success", {"prompt_id": prompt_id}, broadcast=False)
             self.history_result = {"outputs": ui_outputs, "meta": meta}
             self.server.last_node_id = None
         finally:
             self._lifecycle("end", prompt_id)
+
+    def _lazy_only(self, node_id, order, prompt):
+        """Whether node_id is reached only through lazy inputs (run() runs
+        it when check_lazy_status asks)."""
+        for other in order:
+            spec = prompt[other]
+            cls = nodes.NODE_CLASS_MAPPINGS[spec["class_type"]]
+            inputs = spec.get("inputs", {})
+            lazy = self._lazy_links(cls, inputs)
+            for name, v in inputs.items():
+                if _is_link(v) and v[0] == node_id and name not in lazy:
+                    return False
+        return True
+
+    @staticmethod
+    def _expand(node_id, graph, value, dynprompt, parents, run, results):
+        """A node's expansion: its graph's nodes join the prompt (parent:
+        node_id), the ones its result links to and the output nodes among
+        them run, and the node's outputs are what its result links to."""
+        for new_id, info in graph.items():
+            dynprompt.add_ephemeral_node(new_id, info, node_id)
+            parents[new_id] = parents.get(node_id, node_id)
+        for new_id, info in graph.items():
+            if getattr(nodes.NODE_CLASS_MAPPINGS[info["class_type"]], "OUTPUT_NODE", False):
+                run(new_id)
+        out = []
+        for v in value:
+            if _is_link(v) and v[0] in graph:
+                run(v[0])
+                out.append(results[v[0]][v[1]])
+            else:
+                out.append(v)
+        return tuple(out)

@@ -12,15 +12,18 @@ under /extensions/<folder name>/; its NODE_CLASS_MAPPINGS and
 NODE_DISPLAY_NAME_MAPPINGS are merged (a name already built in is kept);
 each class gets RELATIVE_PYTHON_MODULE "custom_nodes.<name>".  A package
 that raises is logged with its traceback and listed "(IMPORT FAILED)" in
-the import-times table, and the server starts anyway.  Not here:
-pyproject `[tool.comfy] web` folders, V3 `comfy_entrypoint` extensions and
-the API nodes.
+the import-times table, and the server starts anyway.  A package without
+NODE_CLASS_MAPPINGS but with a V3 `comfy_entrypoint()` is loaded through
+its ComfyExtension (on_load, get_node_list; each node under its schema's
+node_id).  Not here: pyproject `[tool.comfy] web` folders and the API
+nodes.
 
 Written for bulkhead from a reading of upstream's behaviour; no upstream
 code.
 """
 
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -69,6 +72,8 @@ async def load_custom_node(module_path, ignore=set(), module_parent="custom_node
                 EXTENSION_WEB_DIRS[module_name] = web_dir
 
         mappings = getattr(module, "NODE_CLASS_MAPPINGS", None)
+        if mappings is None and hasattr(module, "comfy_entrypoint"):
+            return await _load_extension(module, module_path, module_name, ignore, module_parent)
         if mappings is None:
             logging.warning(f"Skip {module_path} module for custom nodes due to the lack of "
                             "NODE_CLASS_MAPPINGS or NODES_LIST (need one).")
@@ -82,6 +87,40 @@ async def load_custom_node(module_path, ignore=set(), module_parent="custom_node
     except Exception as e:
         logging.warning(traceback.format_exc())
         logging.warning(f"Cannot import {module_path} module for custom nodes: {e}")
+        return False
+
+
+async def _load_extension(module, module_path, module_name, ignore, module_parent):
+    """A V3 pack: comfy_entrypoint() (awaited when a coroutine function)
+    must give a ComfyExtension; its on_load() is awaited (as upstream does
+    since after v0.3.64, which never calls it), then each class of its
+    get_node_list() registered under its schema's node_id, with the
+    schema's display name.  Anything wrong is one warning and no nodes."""
+    from comfy_api.latest import ComfyExtension
+    entrypoint = module.comfy_entrypoint
+    if not callable(entrypoint):
+        logging.warning(f"comfy_entrypoint in {module_path} is not callable, skipping.")
+        return False
+    try:
+        extension = await entrypoint() if inspect.iscoroutinefunction(entrypoint) else entrypoint()
+        if not isinstance(extension, ComfyExtension):
+            logging.warning(f"comfy_entrypoint in {module_path} did not return a ComfyExtension, skipping.")
+            return False
+        await extension.on_load()
+        node_list = await extension.get_node_list()
+        if not isinstance(node_list, list):
+            logging.warning(f"comfy_entrypoint in {module_path} did not return a list of nodes, skipping.")
+            return False
+        for node_cls in node_list:
+            schema = node_cls.GET_SCHEMA()
+            if schema.node_id not in ignore:
+                NODE_CLASS_MAPPINGS[schema.node_id] = node_cls
+                node_cls.RELATIVE_PYTHON_MODULE = f"{module_parent}.{module_name}"
+            if schema.display_name is not None:
+                NODE_DISPLAY_NAME_MAPPINGS[schema.node_id] = schema.display_name
+        return True
+    except Exception as e:
+        logging.warning(f"Error while calling comfy_entrypoint in {module_path}: {e}")
         return False
 
 

@@ -30,6 +30,12 @@ Not here: the frontend (no GET /), binary preview frames, /upload, /view,
 `.sent` (the tests read it) and, once the server runs (`loop` given),
 hands it to the event loop, whose `publish_loop` sends it.
 
+`send_sync` records what it sends (bytes as bytes, an unencoded preview
+as the tuple); `send`, `send_json`, `send_bytes`, `encode_bytes`,
+`send_progress_text` and `BinaryEventTypes` (upstream's protocol.py, which
+server.py imports) behave as upstream's; `trigger_on_prompt` runs the
+`add_on_prompt_handler` handlers in order, skipping one that raises.
+
 Written for bulkhead from a reading of upstream's behaviour; no upstream
 code.
 """
@@ -38,6 +44,7 @@ import asyncio
 import json
 import logging
 import os
+import struct
 import sys
 import uuid
 
@@ -48,8 +55,25 @@ import execution
 import nodes
 
 
+def _is_v3(cls):
+    try:
+        from comfy_api.internal import _ComfyNodeInternal
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, _ComfyNodeInternal)
+
+
+class BinaryEventTypes:
+    PREVIEW_IMAGE = 1
+    UNENCODED_PREVIEW_IMAGE = 2
+    TEXT = 3
+    PREVIEW_IMAGE_WITH_METADATA = 4
+
+
 def _node_info(name):
     cls = nodes.NODE_CLASS_MAPPINGS[name]
+    if _is_v3(cls):
+        return cls.GET_NODE_INFO_V1()   # V3: the schema's V1 info, as upstream
     types = cls.INPUT_TYPES()
     info = {
         "input": types,
@@ -265,18 +289,64 @@ class PromptServer:
     def queue_updated(self):
         self.send_sync("status", {"status": self.get_queue_info()})
 
+    def _targets(self, sid):
+        return list(self.sockets.values()) if sid is None else [self.sockets[sid]] if sid in self.sockets else []
+
     async def send(self, event, data, sid=None):
+        if event == BinaryEventTypes.UNENCODED_PREVIEW_IMAGE:
+            await self.send_image(data, sid=sid)
+        elif isinstance(data, (bytes, bytearray)):
+            await self.send_bytes(event, data, sid)
+        else:
+            await self.send_json(event, data, sid)
+
+    async def send_image(self, image_data, sid=None):
+        image_type, image, max_size = image_data
+        import io
+        from PIL import Image
+        if max_size is not None:
+            image = image.copy()
+            image.thumbnail((max_size, max_size), Image.LANCZOS)
+        buf = io.BytesIO()
+        image.save(buf, format=image_type, quality=95, compress_level=1) if image_type == "PNG" else \
+            image.save(buf, format=image_type, quality=95)
+        header = struct.pack(">I", {"JPEG": 1, "PNG": 2}.get(image_type, 1))
+        await self.send_bytes(BinaryEventTypes.PREVIEW_IMAGE, header + buf.getvalue(), sid)
+
+    async def send_json(self, event, data, sid=None):
         message = json.dumps({"type": event, "data": data}, default=str)
-        targets = list(self.sockets.values()) if sid is None else \
-            [self.sockets[sid]] if sid in self.sockets else []
-        for ws in targets:
+        for ws in self._targets(sid):
             try:
                 await ws.send_str(message)
             except (aiohttp.ClientError, ConnectionError) as e:
                 logging.warning("send error: {}".format(e))
 
+    async def send_bytes(self, event, data, sid=None):
+        message = self.encode_bytes(event, data)
+        for ws in self._targets(sid):
+            try:
+                await ws.send_bytes(message)
+            except (aiohttp.ClientError, ConnectionError) as e:
+                logging.warning("send error: {}".format(e))
+
+    def encode_bytes(self, event, data):
+        if not isinstance(event, int):
+            raise RuntimeError(f"Binary event types must be integers, got {event}")
+        return struct.pack(">I", event) + bytes(data)
+
+    def send_progress_text(self, text, node_id, sid=None):
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        node = str(node_id).encode("utf-8")
+        self.send_sync(BinaryEventTypes.TEXT, struct.pack(">I", len(node)) + node + text, sid)
+
     def send_sync(self, event, data, sid=None):
-        self.sent.append((event, json.loads(json.dumps(data, default=str)), sid))
+        if isinstance(data, (bytes, bytearray)):
+            self.sent.append((event, bytes(data), sid))
+        elif event in (BinaryEventTypes.UNENCODED_PREVIEW_IMAGE, BinaryEventTypes.PREVIEW_IMAGE_WITH_METADATA):
+            self.sent.append((event, data, sid))
+        else:
+            self.sent.append((event, json.loads(json.dumps(data, default=str)), sid))
         del self.sent[:-1000]   # a long-running server keeps only the latest
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.messages.put_nowait, (event, data, sid))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .e2eenv import BUILD, CLI, EXAMPLE_PACKS, HELPERS, Server, _shm, assemble
+from .e2eenv import BUILD, CLI, EXAMPLE_PACKS, HELPERS, Server, _shm, assemble, clone_into, run_manager_flow
 
 @pytest.fixture
 def comfyui(tmp_path):
@@ -19,16 +19,23 @@ def comfyui(tmp_path):
     shm_before = _shm()
     ledger = str(tmp_path / "ledger")
 
-    def start(packs=("e2e_pack",), example_packs=(), name="comfyui", env=None, bulkhead_home=None):
+    def start(packs=("e2e_pack",), example_packs=(), name="comfyui", env=None, bulkhead_home=None,
+              installed=None):
+        """installed: a (python, clone) pair from the manager_install
+        fixture: the server runs that Python, bulkhead comes from its
+        site-packages and the clone is the custom node."""
         base = str(tmp_path / name)
-        path = assemble(base, packs, example_packs)
+        python, clone = installed or (None, None)
+        path = assemble(base, packs, example_packs, clone=clone)
         full = dict(os.environ)
         full.pop("COMFYUI_PATH", None)
+        if installed:
+            full.pop("BULKHEAD_BUILD", None)
         full.update({"PYTHONPATH": os.pathsep.join(path), "BULKHEAD_LEDGER": ledger,
                      "BH_E2E_HELPERS": HELPERS, "PYTHONUNBUFFERED": "1",
                      "BULKHEAD_HOME": bulkhead_home or str(tmp_path / "bulkhead-home")})
         full.update(env or {})
-        s = Server(base, full, ledger)
+        s = Server(base, full, ledger, python=python)
         made.append(s)
         return s.start()
 
@@ -57,3 +64,26 @@ def example_envs():
             pytest.skip(f"`bulkhead install examples/packs/{pack}` failed (an interpreter or PyPI "
                         f"missing?):\n{r.stderr[-2000:]}")
     return home
+
+
+@pytest.fixture(scope="session")
+def manager_install(tmp_path_factory):
+    """bulkhead installed as ComfyUI-Manager installs it, once per session:
+    a fresh venv standing for ComfyUI's own Python (ComfyUI's requirements
+    -- torch, aiohttp, ... -- are this test venv's, reached through a .pth,
+    as a ComfyUI venv has them installed), a clone of this repository in a
+    custom_nodes/ folder, `pip install -r requirements.txt`, then `python
+    install.py`.  Returns (python, clone)."""
+    import sysconfig
+    root = tmp_path_factory.mktemp("manager")
+    venv = root / "comfy-venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "comfyui-requirements.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    clone = clone_into(str(root / "custom_nodes"))
+    with open(root / "install.log", "w") as log:
+        run_manager_flow(clone, python, log)
+    return python, clone

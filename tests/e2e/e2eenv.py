@@ -69,6 +69,35 @@ def install_bulkhead(custom_nodes_dir):
     return [BUILD_PY]
 
 
+def clone_into(custom_nodes_dir):
+    """What `git clone` of this repository into custom_nodes/ gives (the
+    tracked files and the untracked ones git does not ignore, as they are
+    in the working tree: a run with uncommitted edits tests those edits);
+    returns the clone's directory."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    d = os.path.join(custom_nodes_dir, "bulkhead")
+    for rel in filter(None, files):
+        src = os.path.join(REPO, rel)
+        if not os.path.isfile(src) or os.path.islink(src):
+            continue
+        os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+        shutil.copy2(src, os.path.join(d, rel))
+    return d
+
+
+def run_manager_flow(clone, python, log):
+    """ComfyUI-Manager's flow in a clone: `pip install -r requirements.txt`,
+    then `python install.py`, with ComfyUI's own Python; output to `log`
+    (a file object).  Raises AssertionError with the output on failure."""
+    for argv in ([python, "-m", "pip", "install", "-q", "-r", "requirements.txt"], [python, "install.py"]):
+        r = subprocess.run(argv, cwd=clone, stdout=log, stderr=subprocess.STDOUT, timeout=900)
+        if r.returncode != 0:
+            log.flush()
+            with open(log.name, errors="replace") as f:
+                raise AssertionError(f"{' '.join(argv[1:])} failed ({r.returncode}):\n{f.read()[-6000:]}")
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,10 +143,11 @@ def _needs_torchvision_shim():
 class Server:
     """One ComfyUI server process on a free port."""
 
-    def __init__(self, base, env, ledger):
+    def __init__(self, base, env, ledger, python=None):
         self.base = base
         self.env = env
         self.ledger = ledger
+        self.python = python or sys.executable
         self.port = None
         self.proc = None
         self.log_path = os.path.join(base, "server.log")
@@ -128,7 +158,7 @@ class Server:
 
     def start(self):
         self.port = _free_port()
-        argv = [sys.executable, os.path.join(self.base, "main.py"), "--cpu", "--listen", "127.0.0.1",
+        argv = [self.python, os.path.join(self.base, "main.py"), "--cpu", "--listen", "127.0.0.1",
                 "--port", str(self.port), "--base-directory", self.base]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, cwd=self.base, env=self.env, stdout=self._log,
@@ -216,10 +246,12 @@ class Server:
         assert not left, f"processes left behind by the server: {left}\n{self.log()}"
 
 
-def assemble(base, packs=(), example_packs=()):
+def assemble(base, packs=(), example_packs=(), clone=None):
     """A ComfyUI base directory at `base` with bulkhead and `packs` (names
     under tests/e2e/packs) in custom_nodes/; returns the PYTHONPATH entries
-    the server needs."""
+    the server needs.  clone: a Manager-installed clone of bulkhead to copy
+    in (its package is installed in the server's Python: no PYTHONPATH),
+    instead of install_bulkhead's build-tree loader."""
     root = comfy_root()
     os.makedirs(base)
     for entry in os.listdir(root):
@@ -229,7 +261,11 @@ def assemble(base, packs=(), example_packs=()):
     os.makedirs(custom)
     for d in ("models", "input", "output", "user"):
         os.makedirs(os.path.join(base, d))
-    path = install_bulkhead(custom)
+    if clone is not None:
+        shutil.copytree(clone, os.path.join(custom, "bulkhead"), symlinks=True)
+        path = []
+    else:
+        path = install_bulkhead(custom)
     for name in packs:
         shutil.copytree(os.path.join(PACKS, name), os.path.join(custom, name))
     for name in example_packs:

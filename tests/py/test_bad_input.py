@@ -20,6 +20,7 @@ the next call, and the host's control socket answers the next client.
                something the socket does not serve
 """
 
+import errno
 import os
 import socket
 import struct
@@ -76,7 +77,7 @@ def test_config(tmp_path, host_worker, text, line, named):
     ("cpu", "BH_EHEADER"), ("short", "BH_ESHORT"), ("oversized", "BH_E2BIG"),
     ("fdcount", "BH_EFDCOUNT"), ("badvalue", "BH_EBADTAG"), ("trailing", "BH_ETRAILING"),
     ("utf8", "BH_EUTF8"), ("overrun", "BH_EOVERRUN"), ("count", "BH_ECOUNT"),
-    ("depth", "BH_EDEPTH"),
+    ("depth", "BH_EDEPTH"), ("toomany", "BH_ETOOMANY"),
 ])
 def test_malformed_frame(make_worker, host_worker, what, named):
     liar = make_worker(name="liar")
@@ -300,6 +301,57 @@ def test_host_memory_on_an_unusable_ledger_warns_and_goes_on(tmp_path):
 
 # --- the control socket ------------------------------------------------
 
+def _hooks():
+    """What channel_open reads off its hooks object (none is called here)."""
+    import types
+    return types.SimpleNamespace(**{name: None for name in (
+        "encode_other", "decode_tensor", "decode_handle", "resolve", "format_exc", "make_error",
+        "on_frame", "on_request")})
+
+
+def test_channel_open_failure_names_the_call_and_consumes_the_fd():
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError) as e:
+            _native.channel_open(r, _hooks(), os.getuid(), 0)  # a pipe is no socket
+        assert e.value.errno == errno.ENOTSOCK and "channel_open" in str(e.value), str(e.value)
+        with pytest.raises(OSError) as gone:
+            os.fstat(r)  # taken over and closed, even though it raised
+        assert gone.value.errno == errno.EBADF
+    finally:
+        os.close(w)
+
+
+def test_control_server_never_closes_an_fd_channel_open_consumed(tmp_path, host_worker, monkeypatch):
+    """A failed channel_open has already closed the accepted fd; in a
+    threaded host its number may be another thread's file by the time the
+    server looks again, and the server must leave it alone."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    from bulkhead.host.control import ControlServer, request
+    real = _native.channel_open
+    victim = []
+
+    def failing(fd, *args, **kw):
+        os.close(fd)  # what channel_open does with fd on every failure
+        victim.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))  # another thread's, same number
+        raise OSError(errno.EMFILE, "channel_open: injected")
+
+    monkeypatch.setattr(_native, "channel_open", failing)
+    srv = ControlServer(_Host([host_worker]), release_timeout=5)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.connect(srv.path)
+            _wait_for(lambda: victim)
+        monkeypatch.setattr(_native, "channel_open", real)
+        # served after the failed one: the server is past its except branch
+        assert request(os.getpid(), "workers", timeout=10)[0]["pack"] == "bystander"
+        os.fstat(victim[0])  # still open: nobody closed it behind its owner's back
+    finally:
+        srv.close()
+        for fd in victim:
+            os.close(fd)
+
+
 class _Host:
     """The part of HostMemory a ControlServer uses."""
 
@@ -350,3 +402,27 @@ def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, capl
     finally:
         srv.close()
     assert serves(host_worker)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: _native.policy_pending(-1, 0, 0),
+    lambda: _native.policy_pending(1 << 63, 0, 0),
+    lambda: _native.policy_reserve(-5, []),
+    lambda: _native.policy_admission_need(0, -1, 0, 0),
+    lambda: _native.policy_ask_target(-1, 0, 0, 0, True),
+    lambda: _native.policy_release_plan([(True, 0, -1, 0)], 1),
+], ids=["pending", "pending_huge", "reserve", "admission_need", "ask_target", "release_plan_row"])
+def test_policy_bindings_refuse_what_would_wrap(call):
+    """"K" parsed -1 as 2**64 - 1: every byte count and time is an int in
+    [0, 2**63) now, or OverflowError."""
+    with pytest.raises(OverflowError):
+        call()
+
+
+def test_encoder_refuses_more_items_than_a_frame_may_carry(worker):
+    """The sender names the limit itself (the peer's decoder would refuse
+    the frame as BH_ETOOMANY)."""
+    with pytest.raises(ValueError, match=r"more than 1048576 items"):
+        worker.call("operator:length_hint", [None] * (1 << 20))
+    n = (1 << 20) - 16  # room for the request around it: (target, args, kwargs)
+    assert worker.call("operator:length_hint", [None] * n) == n

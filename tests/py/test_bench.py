@@ -38,3 +38,20 @@ def test_ipc_bench_writes_every_named_key(tmp_path):
     assert len(r["rounds"]) == 2 and all("call_ratio_same_cpu" in x for x in r["rounds"])
     assert set(r["targets"]) >= {"call_ratio", "h2w_ratio", "w2h_ratio", "ready_ms", "rss_overhead_mib"}
     assert "call_ratio_same_cpu" in run.stdout  # the table was printed
+
+
+@pytest.mark.torch
+def test_first_node_bench_writes_its_figures(tmp_path):
+    """bench/first_node.py, one round: cold, prewarmed and in-process
+    first-node times of an isolated torch pack, and the ratio."""
+    out = tmp_path / "first_node.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "first_node.py"), "--out", str(out),
+                          "--rounds", "1"], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    r = json.loads(out.read_text())
+    ms = r["first_node_ms"]
+    assert set(ms) == {"in_process", "cold", "prewarmed"} and all(v > 0 for v in ms.values())
+    assert r["prewarmed_ratio"] == pytest.approx(ms["prewarmed"] / ms["in_process"])
+    assert r["targets"]["prewarmed_ratio"]["limit"] == 1.1 and len(r["rounds"]) == 1
+    assert "prewarmed" in run.stdout

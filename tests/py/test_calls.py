@@ -158,6 +158,16 @@ def test_worker_env_is_controlled(make_worker, monkeypatch):
     assert "BULKHEAD_FD" not in env
 
 
+def test_pip_args_stay_out_of_workers(make_worker, monkeypatch):
+    """BULKHEAD_PIP_ARGS may hold an index's credentials: the environment
+    builder's, never a worker's (issue 17 item 19)."""
+    monkeypatch.setenv("BULKHEAD_PIP_ARGS", "--index-url https://user:token@example.invalid/simple")
+    monkeypatch.setenv("BULKHEAD_IDLE_RELEASE_S", "7")
+    env = make_worker().call("os:environ.copy")
+    assert "BULKHEAD_PIP_ARGS" not in env
+    assert env["BULKHEAD_IDLE_RELEASE_S"] == "7"  # the other BULKHEAD_ settings still pass
+
+
 def test_cwd_option(make_worker, tmp_path):
     w = make_worker(cwd=str(tmp_path))
     assert w.call("os:getcwd") == str(tmp_path)
@@ -243,3 +253,78 @@ def test_close_and_restart(worker):
 def test_many_calls_keep_working(worker):
     for i in range(3000):
         assert worker.call("operator:add", i, 1) == i + 1
+
+
+def test_release_and_call_take_one_request_path(worker):
+    """Worker.release and Worker.call are both Caller.request (C): both
+    count busy while they wait, and both wait for the worker lock."""
+    import threading
+    from bulkhead import _native
+    seen = []
+
+    def watch(payload):
+        seen.append((payload["op"], worker.busy))
+        return {"freed_bytes": 0}
+    worker.expose("watch", watch)
+    assert worker.call("bh_testmod:serve_release_via", "watch") is True
+    assert worker.call("bh_testmod:host_named", "watch", {"op": "call"}) == {"freed_bytes": 0}
+    assert worker.release("pins", timeout=30) == {"freed_bytes": 0}
+    assert seen == [("call", 1), ("pins", 1)] and worker.busy == 0
+    got = []
+    with worker._lock:
+        ts = [threading.Thread(target=lambda: got.append(worker.release("all", timeout=30))),
+              threading.Thread(target=lambda: got.append(worker.call("bh_testmod:echo", 1)))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(0.3)
+            assert t.is_alive()
+        posted = []  # from a third thread: the RLock is this one's
+        p = threading.Thread(target=lambda: posted.append(worker.post_release("all")))
+        p.start()
+        p.join(30)
+        assert got == [] and posted == [False]  # the lock is taken: not idle, nothing sent
+    for t in ts:
+        t.join(30)
+    assert sorted(map(repr, got)) == sorted(map(repr, [{"freed_bytes": 0}, ((1,), {})]))
+    assert seen[-1] == ("all", 1)
+    assert worker.call("bh_testmod:serve_release_via", None) is True
+    assert worker.post_release("pins") is True
+    assert worker.call("bh_testmod:released") == [{"op": "pins", "model_id": None, "bytes": None}]
+    assert worker.request(_native.CALL, ("operator:add", (2, 3), {}), 30, "call", "operator:add") == 5
+
+
+def test_request_reruns_a_release_after_idle_death_on_the_next_generation(worker):
+    """The generation rerun rule is Caller.request's, so a RELEASE request
+    that finds the worker dead idle runs on generation 2 as a call does
+    (test_faults.test_call_after_idle_death_runs_on_the_next_generation).
+    Generation 2 has no RELEASE handler: its refusal proves it got it."""
+    import os
+    import select
+    import signal
+    from bulkhead import _native
+    pid = worker.call("bh_testmod:pid")
+    os.kill(pid, signal.SIGKILL)
+    poller = select.poll()
+    poller.register(worker._chan.fileno(), select.POLLRDHUP)
+    assert poller.poll(10_000), "the killed worker's socket never closed"
+    with pytest.raises(bulkhead.RemoteError, match="does not handle frame kind") as ei:
+        worker.request(_native.RELEASE, {"op": "all", "model_id": None, "bytes": None}, 30, "release", "all")
+    assert isinstance(ei.value, NotImplementedError)
+    assert worker.generation == 2 and worker.busy == 0 and worker.pid != pid
+    assert "while idle" in worker.last_exit
+
+
+def test_caller_hooks_are_checked_at_import():
+    """The methods caller.c calls by name are _native.CALLER_HOOKS, each
+    defined on Worker; a class that lacks one is refused (as a rename would
+    be, when bulkhead.host.workers is imported)."""
+    from bulkhead import _native
+    from bulkhead.host import workers
+    assert _native.CALLER_HOOKS == ("_start", "_request_failed", "_after_request")
+    workers._check_hooks(workers.Worker)
+
+    class Renamed(workers.Worker):
+        _start = None
+    with pytest.raises(ImportError, match="Renamed lacks _start, which _native.Caller calls by name"):
+        workers._check_hooks(Renamed)

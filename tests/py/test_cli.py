@@ -333,7 +333,7 @@ class StandInWorker:
         self.alive, self.busy, self.generation = True, False, 1
         self.asks = []
 
-    def release(self, op, model_id, nbytes, timeout=None):
+    def release(self, op, model_id, nbytes, timeout=None, wait_s=None):
         self.asks.append((op, nbytes))
         before = self.held
         self.held = 0 if op == "all" else max(0, self.held - nbytes)
@@ -402,6 +402,24 @@ def test_release_finds_the_socket_where_the_host_put_it(env, ledger, host, membe
     r = cli("release", "pack-a", "--ledger", ledger, env=env)
     assert r.returncode == 0, r.stderr
     assert "(8388608 bytes)" in r.stdout
+
+
+def test_python_client_finds_the_socket_where_the_host_put_it(env, ledger, host, member, control,
+                                                               monkeypatch):
+    """control.request looks in both places, as the command does (issue 17
+    item 16): a host without XDG_RUNTIME_DIR, a client with one."""
+    from bulkhead.host import control as bh_control
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    a = member("worker", **worker_spec(8 * MiB))
+    srv = control([StandInWorker(a.pid, "pack-a", 8 * MiB)])
+    assert srv.path == f"/tmp/bulkhead-{os.getuid()}/host-{os.getpid()}.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", env["XDG_RUNTIME_DIR"])
+    assert bh_control.request(os.getpid(), "workers") == [
+        {"pid": a.pid, "pack": "pack-a", "generation": 1, "busy": False}]
+    with pytest.raises(bh_control.ControlUnreachable) as e:
+        bh_control.request(999999999, "workers")
+    assert os.path.join(env["XDG_RUNTIME_DIR"], "bulkhead", "host-999999999.sock") in str(e.value)
+    assert f"/tmp/bulkhead-{os.getuid()}/host-999999999.sock" in str(e.value)
 
 
 def test_release_no_such_worker_exits_1(env, ledger, host, member):
@@ -736,3 +754,53 @@ def test_install_and_env_run_bulkheads_python(tmp_path):
     env["BULKHEAD_PYTHON"] = str(tmp_path / "no-such-python")
     p = subprocess.run([CLI, "install", str(pack)], capture_output=True, text=True, env=env)
     assert p.returncode == 127 and "no-such-python" in p.stderr and "BULKHEAD_PYTHON" in p.stderr
+
+
+class BusyWorker:
+    """A real Worker (its lock, its channel) under the pid and pack of a
+    ledger record, so the command finds it; counts the releases that ran."""
+
+    def __init__(self, real, pid, name, release_timeout):
+        self.real, self.pid, self.name, self.release_timeout = real, pid, name, release_timeout
+        self.alive, self.generation = True, 1
+        self.ran = []
+
+    @property
+    def busy(self):
+        return self.real.busy
+
+    def release(self, *args, **kw):
+        r = self.real.release(*args, **kw)
+        self.ran.append(r)
+        return r
+
+
+def test_release_of_a_worker_in_a_long_call_answers_within_its_release_timeout(
+        env, ledger, host, member, make_worker):
+    """The control socket never waits on a busy worker past its release
+    timeout, serves workers() meanwhile, and runs no stale release after
+    the call ends (issue 17, item 7)."""
+    import threading
+    from bulkhead.host import control
+    a = member("worker", **worker_spec(8 * MiB))
+    real = make_worker(name="pack-a")
+    real.start()
+    w = BusyWorker(real, a.pid, "pack-a", release_timeout=1.0)
+    srv = control.ControlServer(StandInHost([w]), release_timeout=10)
+    try:
+        call = threading.Thread(target=real.call, args=("time:sleep", 6.0))
+        call.start()
+        deadline = time.monotonic() + 10
+        while not real.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = cli("release", "pack-a", "--timeout", "20", "--ledger", ledger, env=env)
+        listed = control.request(os.getpid(), "workers", timeout=1.0)  # while the call runs
+        still_busy = real.busy
+        call.join()
+        time.sleep(0.5)
+    finally:
+        srv.close()
+    assert still_busy
+    assert r.returncode == 4 and "stayed busy in a call for 1 s" in r.stderr, (r.returncode, r.stderr)
+    assert listed == [{"pid": a.pid, "pack": "pack-a", "generation": 1, "busy": True}]
+    assert w.ran == []     # nothing ran once the call was over

@@ -23,6 +23,10 @@ def test_public_api():
     for name in ("channel_open", "spawn", "strerror", "dtypes", "Channel", "Lease", "Proc"):
         assert hasattr(_native, name), name
     assert _native.PROTOCOL_VERSION >= 1
+    # The idle sweep is each worker's own timer (worker_memory.on_idle); no
+    # process decides it for several workers, so policy.c's rule has no
+    # binding to drift from.
+    assert not hasattr(_native, "policy_idle_sweep")
 
 
 def test_pack_environment_api():

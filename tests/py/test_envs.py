@@ -457,3 +457,36 @@ def test_conflicting_packs_from_pypi(tmp_path, monkeypatch):
     assert py1.startswith("3.11.") and py2.startswith("3.12."), got
     assert np1.startswith("1.") and int(np2.split(".")[0]) >= 2, got
     assert (which1, which2) == ("old numpy", "new numpy")
+
+
+def test_a_rebuild_while_a_worker_runs_leaves_it_its_environment(tmp_path, home, offline, caplog):
+    # `bulkhead install` after the pack's config changed (a new environment
+    # directory) while ComfyUI's worker runs on the old one: the old one
+    # stays while that worker runs, and its next generation starts in the
+    # new one (the host's PackRuntime resolves the interpreter as here).
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["bhdemo==1.0"]\n')
+    [old] = bulkhead.install(pack, progress=lambda l: None)
+    w = bulkhead.Worker(old.python, name="pack")
+    w.resolve_python = envs.current_python
+    try:
+        assert w.call("bhdemo:value") == "from a local wheel"
+        pid = w.pid
+        make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["bhdemo>=1.0"]\n')
+        r = cli("install", pack)
+        assert r.returncode == 0, r.stderr
+        new = bulkhead.env_status(only_config(pack))
+        assert new.ok and new.env_dir != old.env_dir
+        assert f"keeping {old.env_dir}: worker pid(s) {pid} run on it" in r.stderr
+        assert "a restart picks up " + new.env_dir in r.stderr
+        assert os.path.isdir(old.env_dir) and w.call("sys:prefix.__str__") == old.env_dir
+        w.kill()
+        time.sleep(0.2)
+        with caplog.at_level("WARNING", logger="bulkhead"):
+            assert w.call("bhdemo:value") == "from a local wheel"
+        assert w.pid != pid and w.call("sys:prefix.__str__") == new.env_dir
+        assert f"its environment was rebuilt; generation 2 runs {new.python}" in caplog.text
+        r = cli("install", pack, "--force")   # nothing runs on the old one now: it goes
+        assert r.returncode == 0, r.stderr
+        assert not os.path.exists(old.env_dir)
+    finally:
+        w.close()

@@ -56,6 +56,25 @@ def test_worker_exit_mid_call_quotes_its_output(worker):
     assert worker.call("operator:add", 1, 2) == 3
 
 
+def test_worker_death_hidden_by_a_forked_helper(worker):
+    """The worker dies while a process it forked still holds its end of the
+    channel: the host's wait watches the worker's pidfd too, so the call
+    ends with WorkerDied, not at its timeout (nor never, with none)."""
+    import re
+    worker.call_timeout = 120  # a failure here is a CallTimeout, not a hung test
+    with pytest.raises(bulkhead.WorkerDied) as ei:
+        worker.call("bh_testmod:exit_leaving_a_helper", 5)
+    helper = int(re.search(r"helper=(\d+)", str(ei.value)).group(1))
+    try:
+        assert ei.value.exit_code == 5 and "exited with status 5" in str(ei.value)
+        assert worker.call("operator:add", 1, 2) == 3
+    finally:
+        try:
+            os.kill(helper, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_missing_interpreter_fails_fast(make_worker):
     w = make_worker("/nonexistent/bin/python3", name="ghost")
     t = time.monotonic()

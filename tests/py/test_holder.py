@@ -26,6 +26,7 @@ import pytest
 
 from bulkhead.host import holder as bh_holder
 from bulkhead.host.memory import HostMemory
+from bulkhead.host.release import Candidate
 from comfyenv import STUB_ROOT, run_comfy_script, using_real_checkout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,7 +67,7 @@ class FakeHM:
 
     def _candidates(self, device_name, exclude=None, foreign=True):
         self.asked.append((device_name, foreign))
-        return [(w.name, last, res, floor, None, w) for w, dev, last, res, floor in self.rows
+        return [Candidate(w.name, last, res, floor, None, w) for w, dev, last, res, floor in self.rows
                 if dev == device_name]
 
 
@@ -406,3 +407,33 @@ def test_comfyui_with_the_registry_gets_one_holder_from_host_memory(tmp_path, pa
     assert r == {"holder": True, "flag": False, "registered": [True], "after": 0}
     r = run_comfy_script(HOST_MEMORY, env=env, root=STUB_ROOT, real=False)
     assert r == {"holder": False, "flag": True, "registered": [], "after": 0}
+
+
+class _PressureHM(HostMemory):
+    """HostMemory's own pressure() and events over fake workers (no ledger,
+    no ComfyUI): what an eviction loop posting again and again leaves."""
+
+    def __init__(self, worker, sibling):
+        self.events = []
+        self.register_standins = True
+        standin = type("S", (), {"load_device": "cpu"})()
+        self.owners = {worker: type("O", (), {"worker": worker, "standins": {1: standin}})(),
+                       sibling: type("O", (), {"worker": sibling, "standins": {}})()}
+        self._sibling = sibling
+
+    def _candidates(self, device_name, exclude=None, foreign=True):
+        w = self._sibling
+        return [Candidate(w.name, 1, 1 << 40, 0, None, w)]
+
+
+def test_events_stay_bounded_on_the_pressure_path():
+    """Every path that records an event trims the list, as note_release
+    and the holder do (issue 17 item 17: pressure and admission did not;
+    both go through release.note now)."""
+    asker, sibling = FakeWorker("asker"), FakeWorker("sibling")
+    hm = _PressureHM(asker, sibling)
+    for _ in range(1000):
+        hm.pressure(asker, MiB)
+    assert len(hm.events) <= 256, len(hm.events)
+    assert hm.events[-1][1:] == ("pressure", "sibling", MiB)
+

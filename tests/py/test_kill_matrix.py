@@ -139,7 +139,7 @@ def state():
         except OSError:
             pass
     return {"fds": fds, "children": children(),
-            "shm": [n for n in ours(os.listdir("/dev/shm")) if not n.startswith("bulkhead-ledger-")],
+            "shm": [n for n in ours(os.listdir("/dev/shm")) if n != f"bulkhead-{os.geteuid()}"],  # the ledger's (kept) directory
             "control": ours(os.listdir(control.control_dir())),
             "tmp": ours(os.listdir("/tmp")), "tmpdir": sorted(os.listdir(TMP))}
 

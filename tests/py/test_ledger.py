@@ -101,7 +101,7 @@ def test_api_roundtrip(path):
 
 def test_default_path_and_env(path, monkeypatch):
     monkeypatch.delenv("BULKHEAD_LEDGER", raising=False)
-    assert _native.ledger_default_path() == f"/dev/shm/bulkhead-ledger-{os.geteuid()}"
+    assert _native.ledger_default_path() == f"/dev/shm/bulkhead-{os.geteuid()}/ledger"
     monkeypatch.setenv("BULKHEAD_LEDGER", path)
     assert _native.ledger_default_path() == path
     l = Ledger()

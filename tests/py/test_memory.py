@@ -188,6 +188,40 @@ def test_admission_releases_idle_workers_first(tmp_path):
     assert r["reserve"] == r["base"]  # the load showed: nothing pending
 
 
+def test_admission_arguments_from_a_worker_are_checked(tmp_path):
+    """A worker's bulkhead.admit / loads_done are checked before anything
+    acts on them: need_bytes an int in [0, 2**63) (-1 once became an
+    EXTRA_RESERVED_VRAM of 2**64 - 1), worker_pid the caller's own."""
+    r = scenario(tmp_path, """
+        a, b = worker("pack-a"), worker("pack-b")
+        a.call("bh_testmod:pid"), b.call("bh_testmod:pid")
+        before = mm.EXTRA_RESERVED_VRAM
+        seen = {}
+        for label, name, args in (("negative", "bulkhead.admit", ("cpu", -1, a.pid)),
+                                  ("huge", "bulkhead.admit", ("cpu", 1 << 63, a.pid)),
+                                  ("float", "bulkhead.admit", ("cpu", 1e30, a.pid)),
+                                  ("sibling", "bulkhead.admit", ("cpu", MiB, b.pid)),
+                                  ("sibling_done", "bulkhead.loads_done", (b.pid,))):
+            try:
+                a.call("bh_testmod:host_named", name, *args)
+                err = None
+            except Exception as e:
+                err = f"{type(e).__name__}: {e}"
+            seen[label] = (err, mm.EXTRA_RESERVED_VRAM, sorted(w.name for w in hm.pending))
+        ok = a.call("bh_testmod:host_named", "bulkhead.admit", "cpu", MiB, a.pid)
+        out(dict(seen=seen, before=before, granted=ok["granted"],
+                 pending=sorted(w.name for w in hm.pending)))
+        hm.close(); a.close(); b.close()
+    """)
+    for label, (err, reserve, pending) in r["seen"].items():
+        assert err is not None, (label, r)
+        assert reserve == r["before"] and pending == [], (label, r)
+    assert "need_bytes must be an int in [0, 2**63)" in r["seen"]["negative"][0], r
+    assert "may only speak for itself" in r["seen"]["sibling"][0], r
+    assert "may only speak for itself" in r["seen"]["sibling_done"][0], r
+    assert r["granted"] is True and r["pending"] == ["pack-a"]
+
+
 def test_pressure_hook_posts_the_shortfall_to_idle_siblings(tmp_path):
     r = scenario(tmp_path, """
         a, b = worker("pack-a"), worker("pack-b")

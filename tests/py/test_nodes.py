@@ -857,7 +857,7 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
     import urllib.request
     from aiohttp import web
     from bulkhead.host import prewarm
-    [(rt, _)] = _cold_packs(tmp_path, base, ("httppack", None))
+    [(rt, mappings)] = _cold_packs(tmp_path, base, ("httppack", None))
     before = set(sys.modules)
     sys.path.insert(0, os.path.join(ROOT, "tests", "comfyui"))
     try:
@@ -866,6 +866,8 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
         sys.path.pop(0)
     srv = comfy_server.PromptServer()
     comfy_server.PromptServer.instance = None
+    comfy_nodes = sys.modules["nodes"]          # ComfyUI's table: the pack is loaded
+    comfy_nodes.NODE_CLASS_MAPPINGS.update(mappings)
     for name in set(sys.modules) - before:  # ComfyUI's server is this test's only
         del sys.modules[name]
     assert prewarm.install(srv) and not prewarm.install(srv)  # once per server
@@ -879,7 +881,9 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        body = json.dumps({"prompt": {"1": {"class_type": "MakeModel", "inputs": {"size": 2}}}}).encode()
+        body = json.dumps({"prompt": {"1": {"class_type": "MakeModel", "inputs": {"size": 2, "kind": "a"}},
+                                      "2": {"class_type": "UseModel", "inputs": {"model": ["1", 0], "add": 0}}}
+                           }).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/prompt", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -891,3 +895,21 @@ def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
         loop.close()
+
+
+def test_host_object_input_is_refused_by_name(tmp_path, base, host):
+    """The host's node policy (Peer.encode_other under a NodeValue): an
+    input the host made that cannot cross is refused before anything is
+    sent, naming where it sits; the worker still serves."""
+    a = write_pack(tmp_path, "packa", FULL_PACK)
+    ma, _ = nodes.load_pack(a, next(iter(WORKER_VENVS.values())), options={"comfyui": base})
+
+    class HostThing:
+        pass
+    with pytest.raises(TypeError, match=r"^input 'model' of node 'UseModel' \(pack 'packa'\)\[1\]\['k'\] is a "
+                                        r"test_nodes\..*HostThing made in the host process; an isolated node "
+                                        r"takes plain values"):
+        ma["UseModel"]().use(model=[1, {"k": HostThing()}])
+    model, _ = ma["MakeModel"]().make(size=3)
+    assert model.remote_type == "packa.nodes.Model"
+    assert ma["UseModel"]().use(model=model)[0] == 3

@@ -116,3 +116,38 @@ def test_fallbacks_warn_once_and_import_in_process(tmp_path, case, config, edit,
     warnings = [l for l in r["log"].splitlines() if "runs in-process, NOT isolated" in l]
     assert len(warnings) == 1, r["log"]
     assert expect in warnings[0] and "bulkhead install" in warnings[0], warnings[0]
+
+
+def test_the_drain_runs_only_off_the_server_loop(monkeypatch):
+    # after_call reconciles current_loaded_models, which ComfyUI's execution
+    # thread walks: never from the web server's loop (VALIDATE_INPUTS runs
+    # there); the execution thread's own loop (upstream wraps each prompt in
+    # asyncio.run) is not the server's.
+    import asyncio
+    import sys
+    import threading
+    import types
+    from bulkhead.host import nodes, pack
+
+    calls = []
+    drain = pack._drain(types.SimpleNamespace(reconcile=lambda: calls.append(threading.current_thread().name)))
+
+    async def on_loop():
+        drain(None)
+    server_loop = asyncio.new_event_loop()
+    fake = types.ModuleType("server")
+    fake.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(loop=server_loop))
+    monkeypatch.setitem(sys.modules, "server", fake)
+    try:
+        server_loop.run_until_complete(on_loop())      # the server's loop: no drain
+        assert calls == []
+        t = threading.Thread(target=lambda: asyncio.run(on_loop()), name="prompt_worker")
+        t.start()
+        t.join()
+        drain(None)                                    # no loop at all
+        assert calls == ["prompt_worker", threading.current_thread().name]
+        monkeypatch.delitem(sys.modules, "server")     # no PromptServer: the main thread's loop is the server's
+        asyncio.run(on_loop())
+        assert len(calls) == 2 and not nodes.on_server_loop()
+    finally:
+        server_loop.close()

@@ -133,6 +133,48 @@ def test_status_document_lists_every_nvml_device(tmp_path, monkeypatch):
          "index": 1, "uuid": "GPU-66666666-7777-8888-9999-000000000000", "name": "Fake A100"}]
 
 
+@pytest.mark.skipif(not os.path.exists(FAKE_NVML), reason=f"no fake NVML at {FAKE_NVML} (build first)")
+def test_status_route_reads_through_the_hosts_own_handles(tmp_path, monkeypatch):
+    """GET /bulkhead/status reuses the ledger and the NVML handle the host
+    already holds: no ledger open and no dlopen + nvmlInit per request.
+    Proven by taking both away from the path: the ledger file is unlinked
+    (a reopen by path would find nobody) and $BULKHEAD_NVML_LIBRARY names
+    nothing (a fresh NVML open would fail)."""
+    import types
+    state = tmp_path / "nvml"
+    state.write_text(f'device {UUID0} "Fake H200" total=150000000000 free=140000000000 used=0\n')
+    monkeypatch.setenv("BH_FAKE_NVML", str(state))
+    path = tmp_path / "ledger"
+    ledger = _native.Ledger(str(path))
+    ledger.join("host", pack="host", interpreter="3.12.1")
+    gpu = _native.Gpu(FAKE_NVML)
+    hm = types.SimpleNamespace(ledger=ledger, events=[], _gpu_probe=lambda: gpu)
+    try:
+        os.unlink(path)
+        monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
+        doc = comfy_routes.BulkheadRoutes(hm).status()
+        # both handles are still the host's, open and usable
+        assert ledger.read(os.getpid()) is not None and gpu.count() == 1
+    finally:
+        ledger.close()
+        gpu.close()
+    assert doc["ledger"] == str(path) and doc["ledger_present"] is True
+    assert [p["pid"] for p in doc["processes"]] == [os.getpid()] == [doc["host_pid"]]
+    assert doc["gpu_error"] is None
+    assert [d["uuid"] for d in doc["devices"] if d["source"] == "nvml"] == [UUID0]
+
+
+def test_status_json_refuses_what_is_not_a_handle(tmp_path):
+    with pytest.raises(TypeError, match="Gpu"):
+        _native.status_json(None, "not a gpu")
+    with pytest.raises(TypeError):
+        _native.status_json(3)
+    closed = _native.Ledger(str(tmp_path / "ledger"))
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        _native.status_json(closed)
+
+
 @pytest.mark.parametrize("body, message", [
     ([], "must be a JSON object"),
     ({}, "exactly one worker"),
@@ -463,3 +505,25 @@ def test_prompt_end_soft_releases_and_reconciles_on_the_execution_thread(tmp_pat
     # once the boundary reconciled, and it stayed loaded (a soft release)
     assert listed_before == 0 and r["listed_after"] == 1
     assert r["resident_after"] == 48 * MiB and r["state_after"] == "idle"
+
+
+@pytest.mark.torch
+def test_release_route_honours_the_packs_release_timeout(tmp_path, monkeypatch):
+    """POST /bulkhead/release runs under the worker's own release timeout (a
+    pack's release_timeout_s), not the route's default: a worker stopped in
+    its release is found hung and killed after 1.5 s, where the route's own
+    deadline is 120 s."""
+    r = routes_scenario(tmp_path, """
+        w = hm.attach(bulkhead.Worker(sys.executable, name="pack-slow", release_timeout=1.5,
+                                      env={"PYTHONPATH": WORKER_PATH}))
+        w.call("bh_mempack:load", "UNetS", 32 * MiB)
+        w.call("bh_killpoints:arm", "release", "SIGSTOP")
+        t = time.monotonic()
+        res = {"release": http("POST", "/bulkhead/release", {"pack": "pack-slow"})}
+        res["elapsed"] = time.monotonic() - t
+        out(res)
+        finish(w)
+    """, monkeypatch, options={"release_timeout_s": 120.0})
+    status, body = r["release"]
+    assert status == 200 and "error" in body and body["after_bytes"] == 0, body
+    assert r["elapsed"] < 60, r

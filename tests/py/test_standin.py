@@ -210,6 +210,25 @@ def test_retired_standin_reads_zero_and_sends_nothing(made):
     assert info["retired"] is True and info["model_id"] == 7
 
 
+def test_retired_standin_drops_its_owner(ledger):
+    """standin_retire's promise: the stand-in keeps no reference to its
+    owner (a retired stand-in upstream still lists keeps no pool alive)."""
+    import os
+    import weakref
+    owner = Owner(ledger, 100 * MiB)
+    s = _native.standin(owner, ledger, os.getpid(), 7, generation=1, name="UNetModel",
+                        size_bytes=100 * MiB, model=_native.RemoteModel(), load_device="cpu",
+                        offload_device="cpu")
+    assert _native.standin_info(s)["owner"] is owner
+    gone = weakref.ref(owner)
+    _native.standin_retire(s)
+    del owner
+    assert gone() is None  # freed by refcount alone, with no GC pass
+    assert _native.standin_info(s)["owner"] is None
+    assert s.partially_unload("cpu", 1e32) == 0 and s.partially_load("cpu", 1e32) == 0
+    assert s.detach() is s.model
+
+
 def test_record_gone_reads_zero(tmp_path):
     led = _native.Ledger(str(tmp_path / "ledger"))
     try:

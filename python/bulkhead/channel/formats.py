@@ -24,7 +24,7 @@ import sys
 
 from .peer import BulkheadError, type_name
 
-FORMAT = 1
+FORMAT = 3  # 2: the description carries the routes and prompt handlers; 3: V3 nodes (their schema)
 
 
 # --- the error tags ---

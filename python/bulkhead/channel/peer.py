@@ -9,8 +9,10 @@ its own objects from the peer's.
 
 Object handles (HANDLE_OBJECT): an object the codec cannot carry (a model a
 node pack made, say) stays in the process that made it, in that peer's
-object table, when it is sent wrapped in ``Held`` (see ``Peer.hold``); the
-other side gets a ``RemoteObject``.  Sent back to the same peer it resolves
+object table, when it is sent wrapped in ``Held`` (see ``Peer.hold``) or
+inside a ``NodeValue`` from a worker (a node's outputs: the codec's one walk
+holds what it cannot carry); the other side gets a ``RemoteObject``, named
+by the type name the handle ref carries.  Sent back to the same peer it resolves
 to the original; sent anywhere else (another worker, or the same worker
 after a restart: another Peer) it is a ``HandleError`` naming the object's
 type and its owner.  The table counts how many times each entry was sent;
@@ -115,10 +117,44 @@ class Held:
         self.ident = ident
 
 
+class NodeValue:
+    """Marks a value that crosses as a node's input or output: the codec
+    walks it (once, in C) under the sending peer's node policy
+    (``Peer.holds_for_nodes``): what cannot cross is held as a handle
+    (a worker) or refused with ``HostObject`` (the host), and torch tensors
+    on a device are copied to host memory.  A worker's object whose class a
+    pack registered a serializer for crosses as that serializer's tagged
+    map instead (``Peer.node_serializer``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class HostObject(TypeError):
+    """A node's input the host made that cannot cross (the host's node
+    policy).  ``obj`` is the object, for the caller to say where it was."""
+
+    def __init__(self, obj):
+        t = type(obj)
+        super().__init__(
+            f"input is a {t.__module__}.{t.__qualname__} made in the host process; an isolated "
+            "node takes plain values, tensors and objects its own pack made (none of another pack's "
+            "or ComfyUI's own objects)")
+        self.obj = obj
+
+
 def type_name(obj):
     t = type(obj)
     mod = t.__module__
     return t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"
+
+
+def _clip(name, limit=_native.TYPE_NAME_MAX):
+    """name in at most limit UTF-8 bytes (what a handle ref carries)."""
+    b = name.encode("utf-8", "replace")
+    return name if len(b) <= limit else b[:limit].decode("utf-8", "ignore")
 
 
 class RemoteObject:
@@ -214,6 +250,13 @@ class Peer:
         self.remote_objects = weakref.WeakValueDictionary()
         self.pending_releases = []   # (ident, count) to tell the owner
         self.on_release_queued = None
+        # The node policy (NodeValue): True, a worker's: what cannot cross is
+        # held here as a handle; False, the host's: it is refused.
+        self.holds_for_nodes = False
+        # A worker's node policy for the classes its packs registered a
+        # serializer for (worker/typed.py): obj -> a value to encode in
+        # obj's place, or None to hold obj as a handle.
+        self.node_serializer = None
 
     # --- object handles ---
 
@@ -225,7 +268,7 @@ class Peer:
             if ident is None or self.objects.get(ident, (None,))[0] is not obj:
                 ident = next(self._ids)
                 self._object_ids[id(obj)] = ident
-                self.objects[ident] = [obj, 0]
+                self.objects[ident] = [obj, 0, _clip(type_name(obj))]
         return Held(ident)
 
     def held_object(self, ident):
@@ -268,16 +311,33 @@ class Peer:
 
     # --- hooks called by the C loop ---
 
-    def encode_other(self, obj):
-        t = _tensors.encode(self.channel, obj)
-        if t is not None:
-            return t
+    def encode_other(self, obj, node=False):
+        """Hook (src/python/codec.c calls it for what is not a plain value,
+        node=True inside a NodeValue): answers a tensor (0, ...), a handle
+        (1, space, id, type_name) or a value to encode in obj's place
+        (2, value), or raises TypeError."""
+        if type(obj) is NodeValue:
+            return (2, obj.value)
+        if node:
+            torch = sys.modules.get("torch")
+            if (torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu"
+                    and obj.layout == torch.strided):
+                obj = obj.detach().cpu()  # device tensors cross in host memory
+        try:
+            t = _tensors.encode(self.channel, obj)
+        except TypeError:
+            if not (node and self.holds_for_nodes):
+                raise
+            t = None  # an array the codec cannot carry (objects, records): held below
+        else:
+            if t is not None:
+                return t
         if isinstance(obj, Held):
             entry = self.objects.get(obj.ident)
             if entry is None:
                 raise HandleError(f"object #{obj.ident} is no longer held by {self.describe()}")
             entry[1] += 1
-            return (1, _native.HANDLE_OBJECT, obj.ident)
+            return (1, _native.HANDLE_OBJECT, obj.ident, entry[2])
         if isinstance(obj, RemoteObject):
             mine = obj._peer
             if mine is not self:
@@ -289,11 +349,20 @@ class Peer:
                            "holds stays in that worker")
                 raise HandleError(f"the {obj.remote_type} made by pack {mine.name!r} is held by "
                                   f"worker generation {mine.generation}; {why}")
-            return (1, _native.HANDLE_OBJECT | OWNED_BY_RECEIVER, obj._id)
+            return (1, _native.HANDLE_OBJECT | OWNED_BY_RECEIVER, obj._id, "")
+        if node:
+            if not self.holds_for_nodes:
+                raise HostObject(obj)
+            if self.node_serializer is not None:
+                typed = self.node_serializer(obj)
+                if typed is not None:  # a registered class: its payload, walked as a node's value
+                    return (2, typed)
+            held = self.hold(obj)
+            return self.encode_other(held)
         if isinstance(obj, RemoteCallable):
             if obj._peer is not self:
                 raise TypeError(f"{obj!r} belongs to another worker; it cannot be sent to {self.describe()}")
-            return (1, _native.HANDLE_CALLABLE | OWNED_BY_RECEIVER, obj._id)
+            return (1, _native.HANDLE_CALLABLE | OWNED_BY_RECEIVER, obj._id, "")
         if callable(obj) and not isinstance(obj, type):
             key = id(obj)
             ident = self._export_ids.get(key)
@@ -301,7 +370,7 @@ class Peer:
                 ident = next(self._ids)
                 self._export_ids[key] = ident
                 self.exports[ident] = obj
-            return (1, _native.HANDLE_CALLABLE, ident)
+            return (1, _native.HANDLE_CALLABLE, ident, "")
         raise TypeError(
             f"cannot send an object of type {type(obj).__module__}.{type(obj).__qualname__} "
             f"to {self.describe()}: bulkhead carries None, bool, int, float, str, bytes, "
@@ -310,7 +379,8 @@ class Peer:
     def decode_tensor(self, lib, code, shape, strides, lease):
         return _tensors.decode(lib, code, shape, strides, lease)
 
-    def decode_handle(self, space, ident):
+    def decode_handle(self, space, ident, type_name=""):
+        """Hook (codec.c): a handle ref -> the object it stands for."""
         if space == _native.HANDLE_CALLABLE | OWNED_BY_RECEIVER:
             fn = self.exports.get(ident)
             if fn is None:
@@ -328,9 +398,11 @@ class Peer:
             ro = self.remote_objects.get(ident)
             if ro is not None:
                 ro._count[0] += 1
+                ro._type = ro._type or type_name or None
                 return ro
             count = [1]
             ro = RemoteObject(self, ident, count)
+            ro._type = type_name or None
             fin = weakref.finalize(ro, _release_later, weakref.ref(self), ident, count)
             fin.atexit = False
             self.remote_objects[ident] = ro

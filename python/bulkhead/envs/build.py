@@ -11,7 +11,7 @@ Layout.  Everything lives in one per-user workspace, ``workspace()``:
     <workspace>/envs/.<name>-<hash12>.lock       serialises installs of it
     <workspace>/envs/.<name>-<hash12>.tmp-XXXX   a build in progress
 
-``<hash12>`` is the start of the config's ``config_hash`` (packconfig.py):
+``<hash12>`` is the start of the config's ``config_hash`` (envs/config.py):
 a config whose requirements or python change gets a new directory, and the
 old one is then found as STALE by the config path its stamp records.
 
@@ -32,7 +32,12 @@ A config with conda packages gets them first, in a conda prefix
 PyPI packages, so the rename commits both.
 The stamp is written last and the rename is the commit: a failed or killed
 install leaves only a ``.tmp-`` directory, which no check mistakes for an
-environment and the next install of that environment removes.
+environment and the next install of that environment removes.  An
+environment a rebuild replaces (the config changed: another directory)
+while a worker runs on it is kept for that worker and marked with the new
+one (``SUPERSEDED``); the worker's next generation starts in the new one
+(``current_python``, which the host's workers resolve at each start), and
+a later build removes the old one once nothing runs there.
 
 Checking (``env_status``): ready, missing, stale (the config changed),
 foreign (built for another bulkhead protocol, or its interpreter is gone or
@@ -357,6 +362,71 @@ def find_interpreter(request=None, *, installer_uv=None):
     raise InterpreterNotFound(msg, found)
 
 
+# --- environments in use ---
+
+# A file in an environment that a rebuild replaced (its config changed, so
+# the new one has another directory) while a worker still ran on it: the
+# replacing environment's directory.  The old one is kept for that worker;
+# the worker's next generation starts in the new one (current_python), and
+# a later build removes the old one once nothing runs there.
+SUPERSEDED = "bulkhead-superseded-by"
+
+
+def users(directory):
+    """Pids of the processes running an interpreter of the environment at
+    ``directory`` (their argv[0] is under it)."""
+    prefixes = tuple({os.path.join(os.path.abspath(directory), ""), os.path.join(os.path.realpath(directory), "")})
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue
+        if argv0.startswith(prefixes):
+            out.append(int(pid))
+    return out
+
+
+def current_python(python):
+    """The interpreter a new worker should run for ``python``: itself, or,
+    where its environment was replaced by a rebuild while a worker ran on
+    it, the replacing environment's interpreter (followed to the newest)."""
+    seen = set()
+    while True:
+        d = os.path.dirname(os.path.dirname(python))
+        try:
+            with open(os.path.join(d, SUPERSEDED), encoding="utf-8") as f:
+                newer = f.read().strip()
+        except OSError:
+            return python
+        cand = env_python(newer) if newer else ""
+        if not newer or newer in seen or not os.access(cand, os.X_OK):
+            return python
+        seen.add(newer)
+        python = os.path.join(newer, "bin", os.path.basename(python))
+        if not os.access(python, os.X_OK):
+            python = cand
+
+
+def _retire(old, final, progress):
+    """An environment replaced by ``final``: removed, or, while workers run
+    on it, kept for them and marked as replaced."""
+    live = users(old)
+    if not live:
+        progress(f"removing the environment this config was built into before: {old}")
+        _remove(old)
+        return
+    tmp = os.path.join(old, SUPERSEDED + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(final + "\n")
+    os.replace(tmp, os.path.join(old, SUPERSEDED))
+    progress(f"keeping {old}: worker pid(s) {', '.join(map(str, live))} run on it; they keep it until they "
+             f"restart, and a restart picks up {final} (a later install removes the old one)")
+
+
 # --- stamps and status ---
 
 def read_stamp(directory):
@@ -675,6 +745,10 @@ def build(config, progress=None, force=False, *, pip_args=None):
                 "created_unix": now,
             })
             if os.path.lexists(final):
+                live = users(final)
+                if live:
+                    progress(f"worker pid(s) {', '.join(map(str, live))} run on {final}: they keep what they "
+                             "loaded until they restart, and a restart picks up the new build")
                 old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=envs)
                 os.rename(final, os.path.join(old, "env"))
             os.rename(tmp, final)
@@ -685,8 +759,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
             if old is not None:
                 _remove(old)
         for sib, _ in _siblings(config):
-            progress(f"removing the environment this config was built into before: {sib}")
-            _remove(sib)
+            _retire(sib, final, progress)
         st = env_status(config)
         progress(f"{config.name}: built {final} ({st.state})")
         if not st.ok:

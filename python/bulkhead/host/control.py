@@ -6,20 +6,29 @@ Reading needs no host: everything a process holds is in the shared ledger.
 Acting does, because only the host holds a worker's channel.  Each host
 listens on ``control_path(pid)`` — ``$XDG_RUNTIME_DIR/bulkhead/host-<pid>.sock``
 when that directory is usable, else ``/tmp/bulkhead-<uid>/host-<pid>.sock``
-(directory 0700, socket 0600) — a ``SOCK_SEQPACKET`` socket speaking the
+(directory 0700 and ours, checked: rundir; socket 0600; a client tries
+both places, as the CLI does) — a ``SOCK_SEQPACKET`` socket speaking the
 same frames as a worker channel, with the peer's uid checked on every
 frame.  A client sends CALL frames ``(target, args, kwargs)``:
 
-    release(who, nbytes=None) -> {"worker_pid", "pack", "before_bytes",
-                                  "after_bytes", "freed_bytes"}
-        who: a worker pid or a pack name; nbytes None: the full ladder.
+    release(who, nbytes=None, wait_s=None) -> {"worker_pid", "pack",
+                        "before_bytes", "after_bytes", "freed_bytes"}
+        who: a worker pid or a pack name; nbytes None: the full ladder;
+        the figures are the worker's receipt.
     workers() -> [{"pid", "pack", "generation", "busy"}...]
 
-and gets a RESULT, or an ERROR whose message says what went wrong.  One
-connection is served at a time, on a thread of its own; a release waits
-for the worker's current call to finish (up to the release timeout).  A
-client that breaks the protocol (garbage, a frame from another uid) is
-logged with the error's name and dropped; nothing else is affected.
+        wait_s (optional): how long to wait for a call the worker is in,
+        at most (and by default) the worker's release timeout.
+
+and gets a RESULT, or an ERROR whose message says what went wrong.  The
+release is ``release.release``: a worker in a call is waited for up to
+that deadline and then refused (``WorkerBusy``: "stayed busy"); nothing
+runs after the answer.  Each connection is served on a thread of its own
+(at most ``MAX_CLIENTS`` at once; one past that is closed at once), so a
+client waiting for a busy worker never holds up ``workers()`` or another
+release.  A client that breaks the protocol (garbage, a frame from
+another uid) is logged with the error's name and dropped; nothing else is
+affected.
 
 A host killed with SIGKILL cannot remove its socket; the next host to
 start a control server removes every socket in the directory that nothing
@@ -34,23 +43,18 @@ import threading
 
 from .. import _native
 from ..channel.peer import Peer
+from . import rundir
+from . import release as _release
 
 log = logging.getLogger("bulkhead")
 
+MAX_CLIENTS = 8      # connections served at once
+
 
 def control_dir():
-    """The directory control sockets live in (created 0700 if missing)."""
-    run = os.environ.get("XDG_RUNTIME_DIR")
-    if run and os.path.isdir(run) and os.access(run, os.W_OK):
-        d = os.path.join(run, "bulkhead")
-    else:
-        d = f"/tmp/bulkhead-{os.getuid()}"
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"{d} must be a directory owned by uid {os.getuid()} with mode 0700 "
-                              f"(it is uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}); remove it")
-    return d
+    """The directory control sockets live in (rundir.runtime_dir: made 0700
+    if missing, refused unless it is a private directory of ours)."""
+    return rundir.runtime_dir()
 
 
 def control_path(pid):
@@ -102,13 +106,26 @@ def request(host_pid, target, *args, timeout=30.0):
     """Calls `target` on host `host_pid`'s control socket and returns the
     result (raises what the host raised, as RemoteError; Timeout past
     `timeout`; ControlUnreachable when nothing listens there)."""
-    path = control_path(host_pid)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        s.connect(path)
-    except OSError as e:
-        s.close()
-        raise ControlUnreachable(f"no bulkhead host listens at {path} ({e.strerror})") from None
+    s, tried = None, []
+    for d in rundir.runtime_dirs():  # both places, as the CLI looks (release.c)
+        path = os.path.join(d, f"host-{host_pid}.sock")
+        try:
+            _native.private_dir(d, False)  # never talk to a socket another user could have put there
+        except OSError as e:
+            tried.append(f"{path} ({e.strerror})")
+            continue
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            s.connect(path)
+            break
+        except OSError as e:
+            s.close()
+            s = None
+            tried.append(f"{path} ({e.strerror})")
+            if not isinstance(e, (FileNotFoundError, ConnectionRefusedError)):
+                break  # it is there but broken: say so
+    if s is None:
+        raise ControlUnreachable(f"no bulkhead host {host_pid} listens at " + " or ".join(tried))
     peer = Peer(describe=f"bulkhead host {host_pid}", outgoing=_native.CALL)
     chan = _native.channel_open(s.detach(), peer, os.getuid(), 0, first_id=1)
     peer.channel = chan
@@ -159,41 +176,33 @@ class ControlServer:
                 pass
             raise
         self._stop = False
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self._clients = set()
+        self._clients_lock = threading.Lock()
         self._calls = {"release": self.release, "workers": self.workers}
         self._thread = threading.Thread(target=self._serve, name="bulkhead-control", daemon=True)
         self._thread.start()
 
     # --- requests ---
 
-    def _find(self, who):
-        workers = [w for w in self.hm.owners if w.alive]
-        if isinstance(who, int):
-            match = [w for w in workers if w.pid == who]
-        else:
-            match = [w for w in workers if w.name == who]
-        if not match:
-            known = ", ".join(f"{w.name} (pid {w.pid})" for w in workers) or "none running"
-            raise LookupError(f"no running worker {who!r} in host {os.getpid()} (workers: {known})")
-        if len(match) > 1:
-            raise LookupError(f"pack {who!r} has {len(match)} workers here; name one by pid: "
-                              + ", ".join(str(w.pid) for w in match))
-        return match[0]
+    def _workers(self):
+        return [w for w in self.hm.owners if w.alive]
 
-    def release(self, who, nbytes=None):
-        w = self._find(who)
-        op = "all" if nbytes is None else "bytes"
-        own = getattr(w, "release_timeout", None)  # the pack's release_timeout_s
-        timeout = self.release_timeout if own is None else own
-        receipt = w.release(op, None, nbytes, timeout=timeout) or {}
-        self.hm.note_release(w)
-        return {"worker_pid": w.pid, "pack": w.name,
-                "before_bytes": receipt.get("before_bytes", 0),
-                "after_bytes": receipt.get("after_bytes", 0),
-                "freed_bytes": receipt.get("freed_bytes", 0)}
+    def release(self, who, nbytes=None, wait_s=None):
+        try:
+            w = _release.find(who, self._workers(), remote=False).worker
+        except LookupError as e:
+            raise LookupError(str(e)) from None  # what clients match on: LookupError by name
+        timeout = _release.release_timeout(w, self.release_timeout)
+        wait = timeout if wait_s is None else min(max(0.0, float(wait_s)), timeout)
+        r = _release.release(_release.Local(w), nbytes, wait_s=wait, hm=self.hm,
+                             ledger=getattr(self.hm, "ledger", None), timeout_s=self.release_timeout,
+                             raise_dead=True)
+        return {"worker_pid": w.pid, "pack": w.name, **r["receipt"]}
 
     def workers(self):
         return [{"pid": w.pid, "pack": w.name, "generation": w.generation, "busy": bool(w.busy)}
-                for w in self.hm.owners if w.alive]
+                for w in self._workers()]
 
     def _resolve(self, target):
         fn = self._calls.get(target)
@@ -213,13 +222,27 @@ class ControlServer:
             if self._stop:
                 os.close(fd)
                 return
+            if not self._slots.acquire(blocking=False):
+                log.warning("bulkhead: control socket %s: %d clients are being served; closed "
+                            "one more", self.path, MAX_CLIENTS)
+                os.close(fd)
+                continue
+            t = threading.Thread(target=self._serve_one, args=(fd,), name="bulkhead-control-client",
+                                 daemon=True)
+            with self._clients_lock:
+                self._clients = {c for c in self._clients if c.is_alive()}
+                self._clients.add(t)
+            t.start()
+
+    def _serve_one(self, fd):
+        """One client's connection, on its own thread."""
+        try:
             peer = Peer(describe="bulkhead control client", outgoing=_native.CALLBACK,
                         resolve=self._resolve)
             try:
                 chan = _native.channel_open(fd, peer, os.getuid(), 0, first_id=2)
             except Exception:
-                os.close(fd)
-                continue
+                return  # channel_open consumed fd even so: its number may be another thread's now
             peer.channel = chan
             try:
                 chan.serve(30.0)  # a client idle for 30 s is dropped
@@ -232,6 +255,8 @@ class ControlServer:
                 log.warning("bulkhead: control socket %s: dropped a client: %s", self.path, e)
             finally:
                 chan.close()
+        finally:
+            self._slots.release()
 
     def close(self):
         if self._stop:
@@ -243,6 +268,10 @@ class ControlServer:
             pass
         self.sock.close()
         self._thread.join(5.0)
+        with self._clients_lock:
+            clients = list(self._clients)
+        for t in clients:
+            t.join(5.0)
         try:
             os.unlink(self.path)
         except FileNotFoundError:

@@ -19,8 +19,8 @@ instead of walking eighteen duck-typed members (``HostMemory``'s
 The answer is synchronous and never blocks: ComfyUI calls it on its own
 thread, inside free_memory, inside a node.  It is computed from what the
 shared ledger already says (each worker's resident bytes and floor on the
-device, its last use) by the same plan as an admission
-(``HostMemory._plan``: ``_candidates`` are the idle workers, and
+device, its last use) by the same plan as an admission and as pressure
+(``release.post``: ``HostMemory._candidates`` are the idle workers, and
 ``policy_release_plan`` takes them least recently used first, each for at
 most what it holds above its floor, until ``size`` is covered), and the
 releases are posted (``Worker.post_release``: a frame, no reply awaited).  It returns the bytes it asked for: what will be freed
@@ -33,10 +33,8 @@ their own host's holder answers for them in their ComfyUI.
 
 import logging
 import threading
-import time
 
-from .. import _native
-from . import contract
+from . import contract, release
 
 log = logging.getLogger("bulkhead")
 
@@ -122,32 +120,10 @@ class BulkheadHolder:
         return promised
 
     def _post(self, name, n):
-        """Posts releases for n bytes on device `name` by the admission's
-        plan (policy_release_plan over HostMemory._candidates: least
-        recently used first, above each floor).  A worker that turns its
-        post down (busy) is left out and the rest planned again, what was
-        posted already counted.  Returns the bytes posted."""
-        hm = self.hm
-        cands = hm._candidates(name, foreign=False)
-        posted = {}
-        refused = set()
-        promised = 0
-        while promised < n:
-            rows = [(i not in refused and c[5] is not None, c[1], max(0, c[2] - posted.get(i, 0)), c[3])
-                    for i, c in enumerate(cands)]
-            asks, _uncovered = _native.policy_release_plan(rows, n - promised)
-            if not asks:
-                break
-            for i, nbytes in asks:
-                worker = cands[i][5]
-                if not worker.post_release("bytes", None, int(nbytes)):
-                    refused.add(i)
-                    break   # plan the rest again without it
-                posted[i] = posted.get(i, 0) + int(nbytes)
-                promised += int(nbytes)
-                hm.events.append((time.time(), "holder", worker.name, int(nbytes)))
-        del hm.events[:-256]
-        return promised
+        """Posts releases for n bytes on device `name` (release.post: the
+        admission's plan over this host's idle workers, a busy one left
+        out and the rest planned again).  Returns the bytes posted."""
+        return release.post(self.hm, name, n, kind="holder")
 
     def __repr__(self):
         return f"<bulkhead.holder.BulkheadHolder: {len(self.hm.owners)} workers>"

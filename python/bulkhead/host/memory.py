@@ -17,33 +17,22 @@ Arithmetic that decides memory lives in ``policy.c``; this file measures
 and acts.
 """
 
+import functools
 import logging
 import os
 import sys
 import threading
-import time
 import weakref
 
 from .. import _native, pager
 from ..channel.peer import RemoteError
-from .workers import CallTimeout, ProtocolError, WorkerDied
+from . import release as _release
+# The release deadline (RELEASE_TIMEOUT_S; a worker's own outranks it) and
+# every release that waits or posts live in release.py.
+from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, release_timeout  # noqa: F401
+from .workers import WorkerBusy
 
 log = logging.getLogger("bulkhead")
-
-# How long an eviction-path release may take before the worker is declared
-# hung and killed (a hung worker must never block ComfyUI's eviction loop).
-# A worker's own ``release_timeout`` (a pack's ``release_timeout_s``)
-# outranks it.
-RELEASE_TIMEOUT_S = float(os.environ.get("BULKHEAD_RELEASE_TIMEOUT", "30"))
-
-
-def release_timeout(worker):
-    """The release deadline of one worker, in seconds."""
-    t = getattr(worker, "release_timeout", None)
-    return RELEASE_TIMEOUT_S if t is None else t
-
-
-_DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
 
 
 def _torch_device(name):
@@ -175,7 +164,11 @@ class HostMemory:
         self.control = None
         if control:
             from .control import ControlServer
-            self.control = ControlServer(self, RELEASE_TIMEOUT_S)
+            try:
+                self.control = ControlServer(self, RELEASE_TIMEOUT_S)
+            except OSError as e:  # a control directory not ours (rundir): stay in the budget
+                log.warning("bulkhead: no control socket for this host (`bulkhead release` cannot "
+                            "reach it): %s", e)
 
     # --- workers ---
 
@@ -191,8 +184,8 @@ class HostMemory:
         state = getattr(getattr(self.mm, "vram_state", None), "name", None)
         if state:
             worker.env.setdefault("BULKHEAD_VRAM_STATE", state)
-        worker.expose("bulkhead.admit", self.admit)
-        worker.expose("bulkhead.loads_done", self.loads_done)
+        worker.expose("bulkhead.admit", functools.partial(self._worker_admit, worker))
+        worker.expose("bulkhead.loads_done", functools.partial(self._worker_loads_done, worker))
         self.owners[worker] = _Owner(self, worker)
         return worker
 
@@ -272,7 +265,10 @@ class HostMemory:
             self.ledger.drop_model(mid)
             del self._host_rows[mid]
         for dev in set(held) | self._host_devices:
-            self.ledger.set_device(dev, held_bytes=held.get(dev, 0))
+            try:
+                self.ledger.set_device(dev, held_bytes=held.get(dev, 0))
+            except _native.LedgerError as e:  # more devices than a record holds: never fails a node
+                log.warning("bulkhead: %s; device %s is not published", e, dev)
         self._host_devices |= set(held)
 
     def standins(self, worker=None):
@@ -324,10 +320,12 @@ class HostMemory:
 
     def _candidates(self, device_name, exclude=None, foreign=True):
         """Workers that may be asked to release on device_name, as
-        (label, last_used_ns, resident, floor, release(nbytes) -> freed):
-        this host's running workers that are not the asker and not in a
-        call, and (foreign=True) idle workers of other bulkhead hosts on
-        the machine, asked through their host's control socket."""
+        release.Candidate rows: this host's running workers that are not
+        the asker and not in a call, and (foreign=True) idle workers of
+        other bulkhead hosts on the machine, asked through their host's
+        control socket.  Each one's release(n) is release.release: the
+        worker's lock within its release timeout, then its own release
+        timeout, the bytes freed measured from the ledger."""
         out = []
         records = {r["pid"]: r for r in self.ledger.records()}
 
@@ -336,16 +334,21 @@ class HostMemory:
             floor = sum(d["floor_bytes"] for d in rec["devices"] if d["device"] == device_name)
             return resident, floor
 
+        def release(target, wait_s):
+            def ask(n):
+                r = _release.release(target, n, wait_s=wait_s, hm=self, ledger=self.ledger,
+                                     kind="admission", remote_timeout_s=RELEASE_TIMEOUT_S,
+                                     raise_dead=True)
+                return r["freed_bytes"]
+            return ask
+
         for w in self.owners:
             if w is exclude or not w.alive or w.busy or w.pid not in records:
                 continue
             rec = records[w.pid]
             resident, floor = on_device(rec)
-
-            def release(n, w=w):
-                receipt = w.release("bytes", None, n, timeout=release_timeout(w)) or {}
-                return receipt.get("freed_bytes", 0)
-            out.append((w.name, rec["last_used_ns"], resident, floor, release, w))
+            out.append(_release.Candidate(w.name, rec["last_used_ns"], resident, floor,
+                                          release(_release.Local(w), release_timeout(w)), w))
         if not foreign:
             return out
         me = os.getpid()
@@ -355,25 +358,23 @@ class HostMemory:
             if records.get(rec["host_pid"], {}).get("role") != "host":
                 continue  # its host is gone or never joined: nobody to ask
             resident, floor = on_device(rec)
-
-            def release(n, rec=rec):
-                from .control import request
-                receipt = request(rec["host_pid"], "release", rec["pid"], n, timeout=RELEASE_TIMEOUT_S)
-                return receipt.get("freed_bytes", 0)
-            out.append((f"{rec['pack']} (pid {rec['pid']}, host {rec['host_pid']})",
-                        rec["last_used_ns"], resident, floor, release, None))
+            # Idle in the ledger: its host does not wait for it if a call
+            # started meanwhile.
+            target = _release.Remote(rec["host_pid"], rec["pid"], rec["pack"])
+            out.append(_release.Candidate(f"{rec['pack']} (pid {rec['pid']}, host {rec['host_pid']})",
+                                          rec["last_used_ns"], resident, floor, release(target, 0.0), None))
         return out
 
     def _plan(self, device_name, shortfall, exclude=None, foreign=True):
         cands = self._candidates(device_name, exclude, foreign)
-        rows = [(True, c[1], c[2], c[3]) for c in cands]
+        rows = [(True, c.last_used_ns, c.resident_bytes, c.floor_bytes) for c in cands]
         asks, uncovered = _native.policy_release_plan(rows, shortfall)
         return [(cands[i], n) for i, n in asks], uncovered
 
     def pressure(self, asker, nbytes):
         """A stand-in of `asker` was asked for nbytes inside ComfyUI's
         eviction loop: post the same shortfall to idle siblings, least
-        recently used first, without waiting for them."""
+        recently used first, without waiting for them (release.post)."""
         for owner in self.owners.values():
             if owner.worker is asker:
                 dev = next(iter(s.load_device for s in owner.standins.values()), None)
@@ -382,15 +383,31 @@ class HostMemory:
             return
         if dev is None:
             return
-        plan, _ = self._plan(str(dev), nbytes, exclude=asker, foreign=False)
-        for cand, n in plan:
-            w = cand[5]
-            if w.post_release("bytes", None, n):
-                self.events.append((time.time(), "pressure", w.name, n))
+        _release.post(self, str(dev), nbytes, exclude=asker, kind="pressure")
 
     def note_release(self, worker):
-        self.events.append((time.time(), "evict", worker.name, 0))
-        del self.events[:-256]
+        _release.note(self, "evict", worker.name, 0)
+
+    # What a worker sends is checked before anything acts on it: a byte
+    # count in [0, 2**63) (the policy bindings refuse the rest in C too),
+    # and worker_pid the calling worker's own, not a sibling's.
+    @staticmethod
+    def _check_caller(worker, worker_pid):
+        if worker_pid is not None and worker_pid != worker.pid:
+            raise PermissionError(f"{worker.describe()} asked for worker_pid {worker_pid!r}; "
+                                  f"a worker may only speak for itself (pid {worker.pid})")
+
+    def _worker_admit(self, worker, device, need_bytes, worker_pid=None):
+        self._check_caller(worker, worker_pid)
+        if not isinstance(device, str):
+            raise TypeError(f"admit: device must be a str, not {type(device).__name__}")
+        if type(need_bytes) is not int or not 0 <= need_bytes < 1 << 63:
+            raise ValueError(f"admit: need_bytes must be an int in [0, 2**63), not {need_bytes!r}")
+        return self.admit(device, need_bytes, worker_pid)
+
+    def _worker_loads_done(self, worker, worker_pid=None):
+        self._check_caller(worker, worker_pid)
+        return self.loads_done(worker_pid)
 
     def admit(self, device, need_bytes, worker_pid=None):
         """CALLBACK from a worker about to load need_bytes onto device.
@@ -410,12 +427,12 @@ class HostMemory:
                 plan, _ = self._plan(str(dev), need_bytes - true_free, exclude=asker)
                 for cand, n in plan:
                     try:
-                        freed = cand[4](n)
-                    except (_DEAD + (RemoteError, ConnectionError, _native.Error)) as e:
-                        log.warning("bulkhead: %s could not release for an admission: %s", cand[0], e)
+                        freed = cand.release(n)   # records the admission event
+                    except (_DEAD + (WorkerBusy, RemoteError, ConnectionError, _native.Error)) as e:
+                        log.warning("bulkhead: %s could not release for an admission: %s", cand.label, e)
+                        _release.note(self, "admission", cand.label, 0)
                         freed = 0
                     released += freed
-                    self.events.append((time.time(), "admission", cand[0], freed))
                     valid, true_free = self.true_free(dev)
                     if true_free >= need_bytes:
                         break

@@ -4,11 +4,20 @@ A pack's ``__init__.py`` (in the host) makes one call::
 
     NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = load_pack(pack_dir, python)
 
-and gets V1 proxy classes: each carries the real node's INPUT_TYPES,
+and gets proxy classes.  A V1 proxy carries the real node's INPUT_TYPES,
 RETURN_TYPES, RETURN_NAMES, FUNCTION, CATEGORY, OUTPUT_NODE, INPUT_IS_LIST,
 OUTPUT_IS_LIST, DESCRIPTION (every upper-case class attribute, in fact) and,
 where the real node has them, IS_CHANGED, VALIDATE_INPUTS (with the real
-signature, which ComfyUI inspects) and check_lazy_status.  The real nodes
+signature, which ComfyUI inspects) and check_lazy_status.  A V3 node (a
+``comfy_api.latest.io.ComfyNode``, in NODE_CLASS_MAPPINGS or from the pack's
+``comfy_entrypoint()``) gets a ComfyNode subclass of the host's own
+comfy_api whose schema is the real one's, rebuilt (``_v3_schema``: the same
+/object_info), whose ``execute`` (async when the real one is, run in a
+thread and awaited) calls the real one with the inputs and the hidden
+values and answers an ``io.NodeOutput`` (ui, expand, block_execution), and
+which forwards validate_inputs, fingerprint_inputs and check_lazy_status
+where the real node has them; a schema the host cannot rebuild leaves that
+node out, with a warning naming it.  The real nodes
 live in the pack's worker (``bulkhead.worker.nodes``), one persistent
 process under the pack's interpreter.
 
@@ -23,10 +32,12 @@ A run: the proxy's FUNCTION sends the inputs to the worker, which runs the
 real node on its own instance of the class (one per proxy instance, held by
 handle) and answers with the outputs.  Objects the codec cannot carry (a
 MODEL the pack made) stay in the worker and come back as
-``bulkhead.RemoteObject`` handles; see ``_rpc``.  While the call runs:
+``bulkhead.RemoteObject`` handles; see ``bulkhead.channel.peer``.  While the call runs:
 
 * PROGRESS frames from the worker's ComfyUI progress hook drive a
-  ``comfy.utils.ProgressBar`` here, in the node's own thread and context;
+  ``comfy.utils.ProgressBar`` here, in the node's own thread and context,
+  previews included (rebuilt as the (format, PIL.Image, max_size) tuple
+  ComfyUI's hook takes);
 * a watcher thread polls ComfyUI's non-consuming ``processing_interrupted()``
   every few milliseconds and, when it is set, interrupts the worker at once
   (``Worker.interrupt``: a frame and SIGUSR1); the worker's node stops on its
@@ -44,6 +55,11 @@ warning per pack naming the reason and the fix; load_pack uses it when it
 finds no ComfyUI or no built environment, and the config layer calls it for
 its own reasons (``REASONS``).
 
+What the pack registered on ``server.PromptServer`` at import (routes,
+prompt handlers) is installed on the host's server by
+``host/serverproxy.py``; events its worker sends reach the host's
+PromptServer there too.
+
 This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
 
@@ -60,8 +76,9 @@ import time
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                remote_name)
-from ..channel.peer import BulkheadError, RemoteError, RemoteObject
+from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..packimport import default_module, import_nodes, in_worker
+from .serverproxy import ServerProxy
 from .workers import Worker, WorkerDied
 
 log = logging.getLogger("bulkhead")
@@ -349,7 +366,7 @@ class _Progress:
         try:
             if self.bar is None:
                 self.bar = self.utils.ProgressBar(total)
-            self.bar.update_absolute(value, total)
+            self.bar.update_absolute(value, total, _preview(v.get("preview")))
         except BaseException as e:
             if mm is not None and isinstance(e, mm.InterruptProcessingException):
                 # ComfyUI's hook consumed the click (a race with the check
@@ -359,6 +376,117 @@ class _Progress:
                 log.debug("bulkhead: progress update failed: %r", e)
             else:
                 raise
+
+
+def _preview(p):
+    """A PROGRESS frame's preview (worker/nodes.py _preview_pixels) as the
+    (format, PIL.Image, max_size) tuple ComfyUI's progress hook takes."""
+    if not isinstance(p, dict):
+        return None
+    try:
+        from PIL import Image
+        image = Image.frombytes(p["mode"], tuple(p["size"]), p["pixels"])
+        return (p["format"], image, p.get("max_size"))
+    except Exception as e:
+        log.debug("bulkhead: a preview from a worker could not be rebuilt: %r", e)
+        return None
+
+
+# --- V3 nodes: the schema rebuilt in the host's comfy_api ---
+
+def _v3_schema(io, node):
+    """The io.Schema the worker captured (worker/nodes.py _describe_v3),
+    made of the host's own classes: each input and output an instance of
+    (a subclass of) the io class the real one is, answering exactly what
+    the real one answered (as_dict, its type, a dynamic input's
+    expansion); the schema's fields as they were (a field this ComfyUI's
+    Schema lacks is an error naming it)."""
+    import dataclasses
+    known = {f.name for f in dataclasses.fields(io.Schema)}
+    fields = {}
+    for k, v in node["schema"].items():
+        v = decode_meta(v)
+        if k not in known:
+            default = next((f.default for f in dataclasses.fields(io.Schema) if f.name == k), None)
+            if v in (None, False, "", [], default):
+                continue   # a newer flag, unset: nothing is lost
+            raise TypeError(f"schema field {k}={v!r} has no place in this ComfyUI's io.Schema "
+                            "(the worker's ComfyUI is newer?)")
+        fields[k] = v
+    fields["inputs"] = [_v3_io(io, d, False) for d in node["inputs"]]
+    fields["outputs"] = [_v3_io(io, d, True) for d in node["outputs"]]
+    fields["hidden"] = [io.Hidden(h) for h in node["hidden"]]
+    return io.Schema(**fields)
+
+
+def _io_lookup(io, qualname):
+    found = io
+    for part in (qualname or "").split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
+def _v3_io(io, d, output):
+    plain = io.Output if output else io.Input
+    base = _io_lookup(io, d.get("class"))
+    if base is None or not issubclass(base, plain):
+        base = plain
+    dynamic = None
+    if "dynamic" in d:
+        dyn_base = getattr(io, "DynamicOutput" if output else "DynamicInput", None)
+        if dyn_base is None:
+            raise TypeError(f"{'output' if output else 'input'} {d['attrs'].get('id')!r} is dynamic, and "
+                            "this ComfyUI's io has no dynamic inputs")
+        if not issubclass(base, dyn_base):
+            base = dyn_base
+        dynamic = [_v3_io(io, c, output) for c in d["dynamic"]]
+    io_type = decode_meta(d["io_type"])
+    if isinstance(io_type, str):
+        io_type = _io_str(io)(io_type)
+    as_dict = d["as_dict"]
+    ns = {"__module__": __name__, "__qualname__": base.__qualname__,
+          "as_dict": lambda self: decode_meta(as_dict),
+          "get_io_type": lambda self: io_type,
+          "io_type": property(lambda self: io_type)}
+    if dynamic is not None:
+        ns["get_dynamic"] = lambda self: list(dynamic)
+    obj = object.__new__(type(base.__name__, (base,), ns))
+    obj.__dict__.update(d["attrs"])
+    return obj
+
+
+def _io_str(io):
+    """The host's own type-name string class (its "*" / comma matching)."""
+    t = type(getattr(getattr(io, "Int", None), "io_type", ""))
+    return t if issubclass(t, str) else str
+
+
+def _hidden_values(clone):
+    """{Hidden value: value} of a class clone's `hidden` (a HiddenHolder),
+    DYNPROMPT as data (its nodes, original and added by expansions)."""
+    from comfy_api.latest import io
+    holder = getattr(clone, "hidden", None)
+    out = {}
+    if holder is None:
+        return out
+    for h in io.Hidden:
+        v = getattr(holder, h.name, None)
+        if v is None:
+            continue
+        if h.value == "DYNPROMPT":
+            v = {"original": v.get_original_prompt(), "ephemeral": dict(getattr(v, "ephemeral_prompt", {}) or {}),
+                 "parents": dict(getattr(v, "ephemeral_parents", {}) or {})}
+        out[h.value] = v
+    return out
+
+
+async def _in_thread(fn, *args):
+    """fn(*args) in a thread, awaited (its context copied: ComfyUI's
+    progress reads the executing node from it)."""
+    import asyncio
+    import contextvars
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.run(fn, *args))
 
 
 class _InterruptWatch:
@@ -408,28 +536,97 @@ class _InterruptWatch:
         self._thread.join()
 
 
-def _to_worker(v, where, depth=0):
-    """Inputs as they can cross: device tensors copied to the CPU;
-    anything the host made that cannot cross is a clear error."""
-    if v is None or isinstance(v, (bool, int, float, str, bytes, bytearray, RemoteObject)):
-        return v
+def _where(v, obj, where, depth=0):
+    """Where obj sits in the input v (named `where`), or None: the path for
+    HostObject's message, walked only once the codec refused obj."""
+    if v is obj:
+        return where
     if depth < 32:
-        if isinstance(v, (list, tuple)):
-            items = [_to_worker(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
-            return tuple(items) if isinstance(v, tuple) else items
+        items = (enumerate(v) if isinstance(v, (list, tuple)) else
+                 v.items() if isinstance(v, dict) else ())
+        for k, x in items:
+            found = _where(x, obj, f"{where}[{k!r}]" if isinstance(v, dict) else f"{where}[{k}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _holds_handles(v, depth=0):
+    """Whether a node's outputs hold worker handles (RemoteObjects), at
+    any depth a value can nest (ui dicts, lists of results)."""
+    if isinstance(v, RemoteObject):
+        return True
+    if depth < 32:
+        if isinstance(v, (tuple, list)):
+            return any(_holds_handles(x, depth + 1) for x in v)
         if isinstance(v, dict):
-            return {k: _to_worker(x, f"{where}[{k!r}]", depth + 1) for k, x in v.items()}
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, (np.ndarray, np.generic)):
-        return v
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(v, torch.Tensor):
-        return v if v.device.type == "cpu" else v.detach().cpu()
-    t = type(v)
-    raise TypeError(
-        f"input {where} is a {t.__module__}.{t.__qualname__} made in the host process; an isolated "
-        "node takes plain values, tensors and objects its own pack made (none of another pack's "
-        "or ComfyUI's own objects)")
+            return any(_holds_handles(x, depth + 1) for x in v.values())
+    return False
+
+
+def _host_object_error(e, kwargs, what):
+    """HostObject (the host's node policy refused an input) -> the
+    TypeError naming the input: 'input <where> is a <type> made in the
+    host process; ...'.  what(k) names input k."""
+    for k, v in kwargs.items():
+        where = _where(v, e.obj, what(k))
+        if where is not None:
+            return TypeError(str(e).replace("input is a", f"input {where} is a", 1))
+    return TypeError(str(e))
+
+
+def on_server_loop():
+    """Whether this thread is running ComfyUI's web server loop (where
+    nothing bulkhead does may wait on a worker): the running loop is
+    ``PromptServer.instance.loop``, or, with no PromptServer, a loop on the
+    main thread.  ComfyUI's execution thread runs a loop of its own
+    (``asyncio.run`` around each prompt): that one is not the server's."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return False
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+    mine = getattr(server, "loop", None)
+    if mine is not None:
+        return loop is mine
+    return threading.current_thread() is threading.main_thread()
+
+
+def _running(worker):
+    """Whether the worker's current generation is up (not ended, maybe not
+    reaped yet).  Safe without the worker's lock."""
+    chan, proc = worker._chan, worker._proc
+    return chan is not None and proc is not None and proc.wait(0) is None
+
+
+# ComfyUI types whose values cross as plain data (tensors, numbers, text,
+# dicts of tensors); an output of any other type may be an object of the
+# pack's, which stays in the worker as a handle.
+PLAIN_TYPES = frozenset(("IMAGE", "MASK", "LATENT", "INT", "FLOAT", "STRING", "BOOLEAN", "AUDIO"))
+
+
+def _may_hold_handles(return_types):
+    return any(not (isinstance(t, str) and t in PLAIN_TYPES) for t in return_types or ()
+               if not isinstance(t, (list, tuple)))   # a list: a combo's values, plain
+
+
+def _matches(checked, kwargs):
+    """Whether the inputs a deferred VALIDATE_INPUTS got are those a run
+    gets (input_types, which only VALIDATE_INPUTS gets, aside)."""
+    for k, v in checked.items():
+        if k == "input_types":
+            continue
+        if k not in kwargs:
+            return False
+        try:
+            if not bool(kwargs[k] == v):
+                return False
+        except Exception:
+            return False
+    return True
 
 
 # --- one pack ---
@@ -452,6 +649,8 @@ class PackRuntime:
                              call_timeout=options.get("call_timeout"),
                              release_timeout=options.get("release_timeout"))
         self.worker.env_hooks.append(self._worker_env)
+        from ..envs.build import current_python
+        self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
         attach = options.get("attach")
         if attach is not None:
             attach(self.worker)
@@ -460,6 +659,11 @@ class PackRuntime:
         self.from_cache = False
         self.classes = {}
         self.display = {}
+        self.server = ServerProxy(self)
+        self._handle_gen = {}       # key -> the generation the node's outputs first held handles in
+        self._is_changed_fns = {}   # key -> the proxy's IS_CHANGED (see _proxy)
+        self._deferred = {}         # key -> VALIDATE_INPUTS kwargs answered "later" (call_class)
+        self._deferred_lock = threading.Lock()
 
     def _worker_env(self):
         env = {
@@ -516,8 +720,18 @@ class PackRuntime:
             raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}): {e}") from None
 
     def build(self):
-        self.classes = {key: self._proxy(key, node) for key, node in self.meta["nodes"].items()}
+        self.classes = {}
+        for key, node in self.meta["nodes"].items():
+            if not node.get("v3"):
+                self.classes[key] = self._proxy(key, node)
+                continue
+            try:
+                self.classes[key] = self._proxy_v3(key, node)
+            except Exception as e:
+                log.warning("bulkhead: pack %r: V3 node %r left out: its schema cannot be rebuilt in the "
+                            "host's comfy_api (%s: %s)", self.name, key, type(e).__name__, e)
         self.display = {k: v for k, v in self.meta.get("display", {}).items() if k in self.classes}
+        self.server.install(self.meta)
         return self.classes, self.display
 
     def _proxy(self, key, node):
@@ -539,9 +753,27 @@ class PackRuntime:
         run.__name__ = run.__qualname__ = function
         ns[function] = run
         methods = node.get("methods", {})
-        for mname in ("IS_CHANGED", "VALIDATE_INPUTS"):
-            if mname in methods:
-                ns[mname] = classmethod(self._class_method(key, mname, methods[mname]))
+        if "VALIDATE_INPUTS" in methods:
+            ns["VALIDATE_INPUTS"] = classmethod(self._class_method(key, "VALIDATE_INPUTS",
+                                                                   methods["VALIDATE_INPUTS"]))
+        # IS_CHANGED: the real node's, combined with the worker generation
+        # once the node's outputs held handles (_is_changed).  A node
+        # without a real one has it too where an output type may be an
+        # object of the pack's (not PLAIN_TYPES), and otherwise gets it
+        # when its outputs first hold a handle (run; ComfyUI then runs it
+        # once more, as a node whose IS_CHANGED appeared).
+        real = None
+        if "IS_CHANGED" in methods:
+            real = self._class_method(key, "IS_CHANGED", methods["IS_CHANGED"])
+
+        def IS_CHANGED(*_cls, **kwargs):
+            return rt._is_changed(key, real, kwargs)
+        IS_CHANGED.__name__ = IS_CHANGED.__qualname__ = "IS_CHANGED"
+        if real is not None and hasattr(real, "__signature__"):
+            IS_CHANGED.__signature__ = real.__signature__
+        if real is not None or _may_hold_handles(ns.get("RETURN_TYPES")):
+            ns["IS_CHANGED"] = classmethod(IS_CHANGED)
+        self._is_changed_fns[key] = IS_CHANGED
         if "check_lazy_status" in methods:
             def check_lazy_status(self, **kwargs):
                 return rt.run(self, key, kwargs, method="check_lazy_status")
@@ -552,10 +784,60 @@ class PackRuntime:
         cls.__qualname__ = node["class_name"]
         return cls
 
+    def _proxy_v3(self, key, node):
+        """A V3 proxy: a ComfyNode subclass of the host's comfy_api whose
+        define_schema rebuilds the real node's schema (_v3_schema), whose
+        execute (async when the real one is) runs the real one in the
+        worker with the hidden values, and which has the real node's
+        validate_inputs / fingerprint_inputs / check_lazy_status (with
+        their signatures) where it has its own."""
+        from comfy_api.latest import io
+        rt = self
+        ns = {"__module__": f"bulkhead.nodes.{self.name}", "__doc__": f"{node['class_name']} "
+              f"of pack {self.name!r} (a V3 node), run in its worker ({self.python}).",
+              "_bulkhead_pack": self.name}
+
+        def define_schema(cls):
+            return _v3_schema(io, node)
+        ns["define_schema"] = classmethod(define_schema)
+        if node.get("execute_async"):
+            async def execute(cls, **kwargs):
+                return await _in_thread(rt.run_v3, cls, key, kwargs)
+        else:
+            def execute(cls, **kwargs):
+                return rt.run_v3(cls, key, kwargs)
+        ns["execute"] = classmethod(execute)
+        for mname, spec in node.get("methods", {}).items():
+            if mname in ("validate_inputs", "fingerprint_inputs", "check_lazy_status"):
+                ns[mname] = classmethod(self._v3_method(key, mname, spec))
+        name = node["class_name"].rsplit(".", 1)[-1]
+        cls = type(name if name.isidentifier() else "ProxyNode", (io.ComfyNode,), ns)
+        cls.__qualname__ = node["class_name"]
+        cls.GET_NODE_INFO_V1()   # a schema this ComfyUI cannot take fails here, at load
+        return cls
+
+    def _v3_method(self, key, mname, spec):
+        rt = self
+        if spec.get("async_"):
+            async def method(cls, **kwargs):
+                return await _in_thread(rt.run_v3, cls, key, kwargs, mname)
+        else:
+            def method(cls, **kwargs):
+                return rt.run_v3(cls, key, kwargs, mname)
+        method.__name__ = method.__qualname__ = mname
+        try:
+            method.__signature__ = _signature(spec)
+        except (ValueError, TypeError) as e:
+            log.warning("bulkhead: pack %r: the signature of %s.%s cannot be rebuilt (%s); ComfyUI "
+                        "will pass it every input", self.name, key, mname, e)
+        return method
+
     def _class_method(self, key, mname, spec):
         rt = self
 
         def method(*_cls, **kwargs):
+            if mname == "VALIDATE_INPUTS" and on_server_loop():
+                return rt.validate_on_loop(key, kwargs)
             return rt.call_class(key, mname, kwargs)
         method.__name__ = method.__qualname__ = mname
         try:
@@ -571,29 +853,159 @@ class PackRuntime:
         mm = _mm()
         if mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
-        kwargs = {k: _to_worker(v, f"{k!r} of node {key!r} (pack {self.name!r})") for k, v in kwargs.items()}
+        deferred = self._take_deferred(key, kwargs) if method is None else []
         w = self.worker
         with w._lock:
+            w.poll()  # a generation that died idle is noticed here, not half-way through the call
             w.start()
-            peer = w.peer
+            for checked in deferred:
+                self._validate_late(w, mm, key, checked)
             instance = node.__dict__.get("_bulkhead_instance")
-            if instance is not None and instance._peer is not peer:
+            if instance is not None and instance._peer is not w.peer:
                 instance = None  # the worker was restarted: a new instance there
-            res = self._call(w, mm, "bulkhead.worker.nodes:run", key, kwargs, instance, method)
-        types = res.get("types") or {}
-        for ident, tname in types.items():
-            ro = peer.remote_objects.get(int(ident))
-            if ro is not None:
-                ro._type = tname
+            try:
+                res = self._call(w, mm, "bulkhead.worker.nodes:run", key, NodeValue(kwargs), instance, method)
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") from None
+            except HandleError:
+                # The worker died between the checks above and the call,
+                # which then ran on the next generation with the old
+                # generation's instance and failed before anything ran
+                # there: once more, with a new instance.  (A dead handle
+                # among the inputs fails again, and that error stands.)
+                if instance is None or instance._peer is w.peer:
+                    raise
+                node.__dict__.pop("_bulkhead_instance", None)
+                res = self._call(w, mm, "bulkhead.worker.nodes:run", key, NodeValue(kwargs), None, method)
+            peer = w.peer
+        if key not in self._handle_gen and _holds_handles(res["outputs"]):
+            self._outputs_hold_handles(type(node), key, peer.generation)
         node._bulkhead_instance = res["instance"]
         return res["outputs"]
 
-    def call_class(self, key, mname, kwargs):
-        kwargs = {k: _to_worker(v, f"{k!r} of {key}.{mname} (pack {self.name!r})") for k, v in kwargs.items()}
-        with self.worker._lock:
-            return self._call(self.worker, _mm(), "bulkhead.worker.nodes:call_class", key, mname, kwargs)
+    def _outputs_hold_handles(self, cls, key, generation):
+        """Node key's outputs hold worker handles (first seen on this
+        generation): from now on its IS_CHANGED says when they died."""
+        self._handle_gen[key] = generation
+        if "IS_CHANGED" not in cls.__dict__:
+            cls.IS_CHANGED = classmethod(self._is_changed_fns[key])
 
-    def _call(self, w, mm, target, *args):
+    def _is_changed(self, key, real, kwargs):
+        """The proxy's IS_CHANGED: the real node's answer (False when it has
+        none), and, for a node whose outputs held worker handles, from the
+        first restart of the worker that made them on, that answer with
+        the generation the node's next run would use.  ComfyUI caches a
+        node's outputs by its inputs and this answer, so handles of a dead
+        worker are never handed on: the node runs again, on the next
+        generation, though its inputs did not change.  The answer never
+        goes back to an earlier one (a cache keyed by it would hold dead
+        handles), and while the worker lives it stays the same.  NaN (run
+        every time) is passed on as it is."""
+        answer = real(**kwargs) if real is not None else False
+        first = self._handle_gen.get(key)
+        if first is None or (isinstance(answer, float) and answer != answer):
+            return answer
+        gen = self.worker.generation
+        if not _running(self.worker):
+            gen += 1
+        if gen == first:
+            return answer
+        if real is None:
+            return f"bulkhead worker generation {gen}"
+        return f"{answer!r} (bulkhead worker generation {gen})"
+
+    # VALIDATE_INPUTS from ComfyUI's web server.  ComfyUI calls it inline
+    # on the event loop when a prompt is queued.  The worker answers it at
+    # once where it is running and idle; where it is busy with a node (the
+    # lock held, maybe for minutes) or not started yet (a spawn and the
+    # pack's import), waiting would freeze the whole server, so the check
+    # is deferred instead: the prompt is accepted, and the check runs in the
+    # worker just before a node with those inputs runs, failing that node
+    # with the validator's message, as a prompt refused at queue time would
+    # have been.  Deferred checks are bounded per node (the oldest go).
+    DEFERRED_MAX = 64
+
+    def validate_on_loop(self, key, kwargs):
+        """VALIDATE_INPUTS without waiting: the worker's answer when it is
+        idle and running, else True and the check deferred to the node's
+        run (see above)."""
+        w = self.worker
+        if w._lock.acquire(blocking=False):
+            try:
+                if _running(w) and not w.busy:
+                    return self._validate(w, _mm(), key, kwargs, drain=False)
+            finally:
+                w._lock.release()
+        with self._deferred_lock:
+            pending = self._deferred.setdefault(key, [])
+            pending.append(dict(kwargs))
+            del pending[:-self.DEFERRED_MAX]
+        log.info("bulkhead: pack %r: %s.VALIDATE_INPUTS is checked when the node runs (its worker is %s)",
+                 self.name, key, "busy" if _running(w) else "not started")
+        return True
+
+    def _take_deferred(self, key, kwargs):
+        """The deferred VALIDATE_INPUTS kwargs of node key that match the
+        inputs it runs with (taken off the list)."""
+        with self._deferred_lock:
+            pending = self._deferred.get(key)
+            if not pending:
+                return []
+            hits = [p for p in pending if _matches(p, kwargs)]
+            pending[:] = [p for p in pending if all(p is not h for h in hits)]
+            return hits
+
+    def _validate(self, w, mm, key, kwargs, drain=True):
+        """The worker's VALIDATE_INPUTS answer for these inputs (the caller
+        holds the worker lock)."""
+        try:
+            return self._call(w, mm, "bulkhead.worker.nodes:call_class", key, "VALIDATE_INPUTS",
+                              NodeValue(dict(kwargs)), drain=drain)
+        except HostObject as e:
+            raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.VALIDATE_INPUTS (pack {self.name!r})") \
+                from None
+
+    def _validate_late(self, w, mm, key, checked):
+        answer = self._validate(w, mm, key, checked)
+        if answer is not True:
+            raise ValueError(f"{key}: its VALIDATE_INPUTS refused these inputs: {answer} (pack {self.name!r}; "
+                             "checked when the node ran, because its worker was busy or not started when the "
+                             "prompt was queued)")
+
+    def run_v3(self, clone, key, kwargs, method=None):
+        """A V3 proxy's execute (method None) or its validate_inputs /
+        fingerprint_inputs / check_lazy_status, on the class clone ComfyUI
+        made (its `hidden` holds the hidden values), run in the worker.
+        execute answers an io.NodeOutput of the host's comfy_api."""
+        mm = _mm()
+        if method is None and mm is not None and mm.processing_interrupted():
+            raise mm.InterruptProcessingException()
+        hidden = _hidden_values(clone)
+        w = self.worker
+        with w._lock:
+            w.poll()  # a generation that died idle is noticed here, not half-way through the call
+            w.start()
+            try:
+                res = self._call(w, mm, "bulkhead.worker.nodes:run_v3", key, method, NodeValue(kwargs), hidden)
+            except HostObject as e:
+                where = f"{key}.{method}" if method else f"node {key!r}"
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {where} (pack {self.name!r})") from None
+        if method is not None:
+            return res
+        from comfy_api.latest import io
+        out = res["outputs"]
+        return io.NodeOutput(*out["args"], ui=out["ui"], expand=out["expand"],
+                             block_execution=out["block_execution"])
+
+    def call_class(self, key, mname, kwargs):
+        with self.worker._lock:
+            try:
+                return self._call(self.worker, _mm(), "bulkhead.worker.nodes:call_class", key, mname,
+                                  NodeValue(kwargs))
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.{mname} (pack {self.name!r})") from None
+
+    def _call(self, w, mm, target, *args, drain=True):
         progress = _Progress(mm)
         w.frame_handlers[_native.PROGRESS] = progress.on_frame
         watch = None
@@ -617,7 +1029,7 @@ class PackRuntime:
                 watch.stop()
                 self.last_interrupt_at = watch.fired_at
             w.frame_handlers.pop(_native.PROGRESS, None)
-            after = self.options.get("after_call")
+            after = self.options.get("after_call") if drain else None
             if after is not None:
                 after(w)  # the memory layer's drain: stand-ins made to match the ledger
 
@@ -684,7 +1096,9 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     'attach' (called with the Worker before it starts, e.g.
     HostMemory.attach), 'after_call' (called with the Worker after every
     proxied call, on ComfyUI's execution thread), 'start_timeout',
-    'call_timeout', 'release_timeout' (seconds: Worker's),
+    'call_timeout', 'release_timeout' (seconds: Worker's), 'route_timeout',
+    'prompt_handler_timeout' (seconds: the pack's routes and prompt
+    handlers on the host's server, host/serverproxy.py),
     'interrupt_grace' (seconds a node may run on after the stop button
     before its worker is stopped; 0: never; default INTERRUPT_GRACE_S),
     'prewarm' ('prompt': start the worker when a queued prompt uses the

@@ -78,7 +78,12 @@ def _attach(hm):
 
 def _drain(hm):
     def after_call(worker):
-        hm.reconcile()
+        # Only on ComfyUI's execution thread: reconcile edits
+        # current_loaded_models, which that thread walks.  A call from the
+        # web server's event loop (VALIDATE_INPUTS) leaves it to the next
+        # node's drain.
+        if not nodes.on_server_loop():
+            hm.reconcile()
     return after_call
 
 

@@ -88,54 +88,34 @@ import asyncio
 import json
 import logging
 import os
-import threading
-import time
 import weakref
 
 from .. import _native
 from ..channel.peer import RemoteError
-from .workers import CallTimeout, ProtocolError, WorkerDied
-from .memory import RELEASE_TIMEOUT_S
+from . import release as _release
+from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, WorkerBusy, held as _held
 
 log = logging.getLogger("bulkhead")
 
 SCHEMA = 1
 TIMELINE_LEN = 40                 # events the status route returns
-EVENTS_KEPT = 256                 # HostMemory keeps as many
 # How long /free and /bulkhead/free wait for a worker that is in a call.
 FREE_WAIT_S = float(os.environ.get("BULKHEAD_FREE_WAIT", "10"))
-
-_DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
 
 
 # --------------------------------------------------------------- reading
 
-def _snapshot(ledger):
-    """Every live record; a writer that stayed mid-write past the ledger's
-    retry budget (EAGAIN) is asked again a few times."""
-    for attempt in range(5):
-        try:
-            return ledger.records()
-        except BlockingIOError:
-            if attempt == 4:
-                raise
-            time.sleep(0.001)
-
-
-def _held(rec):
-    return sum(d["held_bytes"] for d in rec["devices"]) if rec else 0
-
-
-def status_document(ledger=None):
+def status_document(ledger=None, gpu=None):
     """The status document (module doc) as a dict: exactly what
     `bulkhead status --json` prints, built by the same C code
-    (``_native.status_json``).  ledger: an open ``_native.Ledger`` (read,
-    not joined), a path, or None for the default; a path with no file is
-    not created (nobody ever joined: no processes).  GPUs come from the
+    (``_native.status_json``).  ledger: an open ``_native.Ledger`` (read
+    through, left open), a path, or None for the default; a path with no
+    file is not created (nobody ever joined: no processes).  gpu: an open
+    ``_native.Gpu`` (a host's: no NVML open per request), or None for the
     NVML library named by $BULKHEAD_NVML_LIBRARY or the default search."""
-    if ledger is not None and not isinstance(ledger, (str, bytes, os.PathLike)):
-        ledger = ledger.path
-    return json.loads(_native.status_json(None if ledger is None else os.fsdecode(ledger)))
+    if isinstance(ledger, (str, bytes, os.PathLike)):
+        ledger = os.fsdecode(ledger)
+    return json.loads(_native.status_json(ledger, gpu))
 
 
 def timeline(host_memory, limit=TIMELINE_LEN):
@@ -207,37 +187,26 @@ class BulkheadRoutes:
             return hm.ledger
         return self.ledger_path  # a path or None: opened per read
 
+    def _ledger_or_path(self):
+        """The open ledger, or the path to open for a read."""
+        ledger = self._ledger()
+        return _native.ledger_default_path() if ledger is None else ledger
+
     def _read(self, pid):
         """One process's record now, or None."""
-        ledger = self._ledger()
-        if ledger is None or isinstance(ledger, (str, bytes, os.PathLike)):
-            path = os.fsdecode(ledger) if ledger is not None else _native.ledger_default_path()
-            if not os.path.lexists(path):
-                return None
-            with _native.Ledger(path) as opened:
-                return opened.read(pid)
-        return ledger.read(pid)
+        return _release.read(self._ledger_or_path(), pid)
 
     def _records(self):
-        ledger = self._ledger()
-        if ledger is None or isinstance(ledger, (str, bytes, os.PathLike)):
-            path = os.fsdecode(ledger) if ledger is not None else _native.ledger_default_path()
-            if not os.path.lexists(path):
-                return []
-            with _native.Ledger(path) as opened:
-                return _snapshot(opened)
-        return _snapshot(ledger)
+        return _release.records(self._ledger_or_path())
 
     def _note(self, kind, who, nbytes):
-        hm = self.hm
-        if hm is not None:
-            hm.events.append((time.time(), kind, who, nbytes))
-            del hm.events[:-EVENTS_KEPT]
+        _release.note(self.hm, kind, who, nbytes)
 
     # --- status ---
 
     def status(self):
-        doc = status_document(self._ledger())
+        hm = self.hm
+        doc = status_document(self._ledger(), hm._gpu_probe() if hm is not None else None)
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
         return doc
@@ -249,95 +218,62 @@ class BulkheadRoutes:
         return [w for w in hm.owners if w.alive] if hm is not None else []
 
     def locate(self, who):
-        """("local", Worker) for a worker of this host, or ("remote",
-        host_pid, worker_pid, pack) for one of another host on the machine.
-        Raises RouteError 404 / 400 (a pack with several workers)."""
-        me = os.getpid()
-        local = self._local_workers()
-        match = [w for w in local if (w.pid == who if isinstance(who, int) else w.name == who)]
-        if len(match) == 1:
-            return ("local", match[0])
-        records = [r for r in self._records() if r["role"] == "worker"]
-        if isinstance(who, int):
-            rec = next((r for r in records if r["pid"] == who), None)
-            if rec is not None and rec["host_pid"] not in (0, me):
-                return ("remote", rec["host_pid"], rec["pid"], rec["pack"])
-            known = ", ".join(f"{r['pack']} (pid {r['pid']})" for r in records) or "none"
-            raise RouteError(404, f"no running bulkhead worker has pid {who} (workers: {known})")
-        remote = [r for r in records if r["pack"] == who and r["host_pid"] not in (0, me)]
-        if len(match) + len(remote) > 1:
-            pids = [w.pid for w in match] + [r["pid"] for r in remote]
-            raise RouteError(400, f"pack {who!r} has {len(pids)} workers; name one by pid: "
-                                  + ", ".join(str(p) for p in pids))
-        if remote:
-            r = remote[0]
-            return ("remote", r["host_pid"], r["pid"], r["pack"])
-        known = ", ".join(sorted({r["pack"] for r in records})) or "none running"
-        raise RouteError(404, f"no running bulkhead worker of pack {who!r} (packs: {known})")
+        """release.Local(worker) for a worker of this host, or
+        release.Remote(host_pid, pid, pack) for one of another host on the
+        machine.  Raises RouteError 404 / 400 (a pack with several workers)."""
+        try:
+            return _release.find(who, self._local_workers(), self._ledger_or_path())
+        except _release.Ambiguous as e:
+            raise RouteError(400, str(e)) from None
+        except _release.NotFound as e:
+            raise RouteError(404, str(e)) from None
 
     def release_local(self, w, nbytes=None, wait_s=None, before_bytes=None):
         """Releases a worker of this host (nbytes None: the full ladder),
-        waiting up to wait_s for a call it is in to finish.  Returns the
-        answer dict (before/after from the ledger; before_bytes: a reading
-        taken earlier, by a caller that started something else first)."""
+        waiting up to wait_s for a call it is in to finish (then 409), under
+        the worker's own release timeout.  Returns the answer dict (before/
+        after from the ledger; before_bytes: a reading taken earlier, by a
+        caller that started something else first)."""
         wait_s = self.free_wait_s if wait_s is None else wait_s
-        pid, pack = w.pid, w.name
-        before = _held(self._read(pid)) if before_bytes is None else before_bytes
-        # The worker's own lock is what its calls hold: taking it with a
-        # deadline is how a release waits for a call without hanging.
-        if not w._lock.acquire(timeout=max(0.0, wait_s)):
-            raise RouteError(409, f"worker {pack!r} (pid {pid}) stayed busy in a call for {wait_s:g} s; "
-                                  "try again when it is idle")
-        error = None
         try:
-            receipt = w.release("all" if nbytes is None else "bytes", None, nbytes,
-                                timeout=self.release_timeout_s) or {}
-        except _DEAD as e:
-            # It died (or hung and was killed): what it held is gone.
-            receipt, error = {}, str(e).splitlines()[0]
-        finally:
-            w._lock.release()
-        after = _held(self._read(pid)) if error is None else 0
-        freed = max(0, before - after)
-        self._note("release", pack, freed)
-        out = {"worker_pid": pid, "pack": pack, "host_pid": os.getpid(), "before_bytes": before,
-               "after_bytes": after, "freed_bytes": freed,
-               "receipt": {k: receipt.get(k, 0) for k in ("before_bytes", "after_bytes", "freed_bytes")}}
-        if error:
-            out["error"] = error
-        return out
+            return _release.release(_release.Local(w), nbytes, wait_s=wait_s, hm=self.hm,
+                                     ledger=self._ledger_or_path(), timeout_s=self.release_timeout_s,
+                                     before_bytes=before_bytes)
+        except WorkerBusy as e:
+            raise RouteError(409, str(e)) from None
 
-    def release_remote(self, host_pid, pid, pack, nbytes=None):
-        """Asks host host_pid, through its control socket, to release its
-        worker pid.  Raises RouteError 404/502/504."""
-        from .control import ControlUnreachable, request
-        before = _held(self._read(pid))
+    def release_remote(self, target, nbytes=None):
+        """Asks another host, through its control socket, to release its
+        worker (target: release.Remote).  Raises RouteError 404/409/502/504."""
+        from .control import ControlUnreachable
+        host_pid, pid, pack = target
+        limit = self.release_timeout_s + 5.0
         try:
-            receipt = request(host_pid, "release", pid, nbytes, timeout=self.release_timeout_s + 5.0)
+            return _release.release(target, nbytes, wait_s=self.free_wait_s, hm=self.hm,
+                                     ledger=self._ledger_or_path(), remote_timeout_s=limit)
         except ControlUnreachable as e:
             raise RouteError(502, f"the host of worker {pack!r} (pid {pid}), pid {host_pid}, is "
                                   f"unreachable: {e}") from None
         except _native.Timeout:
             raise RouteError(504, f"host {host_pid} did not answer the release of {pack!r} (pid {pid}) "
-                                  f"within {self.release_timeout_s + 5.0:g} s") from None
+                                  f"within {limit:g} s") from None
         except LookupError as e:  # the remote's own "no running worker"
             raise RouteError(404, getattr(e, "remote_message", str(e))) from None
-        except (RemoteError, ConnectionError, OSError, _native.Error) as e:
+        except RemoteError as e:
+            if e.remote_type.endswith("WorkerBusy"):
+                raise RouteError(409, e.remote_message) from None
             raise RouteError(502, f"host {host_pid} failed to release {pack!r} (pid {pid}): "
                                   f"{str(e).splitlines()[0]}") from None
-        after = _held(self._read(pid))
-        freed = max(0, before - after)
-        self._note("release", f"{pack} (pid {pid}, host {host_pid})", freed)
-        return {"worker_pid": pid, "pack": pack, "host_pid": host_pid, "before_bytes": before,
-                "after_bytes": after, "freed_bytes": freed,
-                "receipt": {k: receipt.get(k, 0) for k in ("before_bytes", "after_bytes", "freed_bytes")}}
+        except (ConnectionError, OSError, _native.Error) as e:
+            raise RouteError(502, f"host {host_pid} failed to release {pack!r} (pid {pid}): "
+                                  f"{str(e).splitlines()[0]}") from None
 
     def release(self, who, nbytes=None):
         """POST /bulkhead/release, synchronously."""
         where = self.locate(who)
-        if where[0] == "local":
-            return self.release_local(where[1], nbytes)
-        return self.release_remote(*where[1:], nbytes)
+        if isinstance(where, _release.Local):
+            return self.release_local(where.worker, nbytes)
+        return self.release_remote(where, nbytes)
 
     # --- freeing everything ---
 
@@ -386,7 +322,7 @@ class BulkheadRoutes:
                                      "other hosts are released")
                 else:
                     try:
-                        r = self.release_remote(rec["host_pid"], rec["pid"], rec["pack"], None)
+                        r = self.release_remote(_release.Remote(rec["host_pid"], rec["pid"], rec["pack"]))
                         row.update(state="released", before_bytes=r["before_bytes"],
                                    after_bytes=r["after_bytes"], freed_bytes=r["freed_bytes"], error=None)
                     except RouteError as e:

@@ -14,10 +14,17 @@ runs on the next generation instead of failing -- and logged.  A worker
 that stops answering is killed at its deadline (``call_timeout``,
 ``start_timeout``; ``release_timeout`` for memory releases) and reported as
 hung, or as stopped when it was (SIGSTOP, a debugger).
+
+Frames a worker sends unasked (a pack's own thread calling the host with
+request id 0: a PromptServer event, say) are read while a call waits on
+the worker; with ``serve_unasked`` set, a reader thread per generation
+also reads them while none does: it polls the channel and, when a frame
+is there, takes the worker lock and serves what is pending (``serve(0)``).
 """
 
 import atexit
 import os
+import select
 import signal
 import sys
 import threading
@@ -30,7 +37,6 @@ from .. import _native
 from ..channel.peer import BulkheadError, Peer
 
 ProtocolError = _native.ProtocolError
-_CALL = _native.CALL
 
 
 class WorkerStartError(BulkheadError):
@@ -63,6 +69,11 @@ class CallTimeout(BulkheadError):
         self.stopped = stopped
 
 
+class WorkerBusy(BulkheadError):
+    """A release asked with a deadline found the worker in a call past it;
+    nothing was sent (the release does not run later)."""
+
+
 def _proc_state(pid):
     """The one-letter state of /proc/<pid>/stat ('R', 'S', 'T' stopped,
     't' traced, 'Z'...), or None."""
@@ -84,6 +95,10 @@ HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
 XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
 """.split())
 _PASS_PREFIXES = ("LC_", "BULKHEAD_")
+# ...except these: the environment builder's pip options may hold an index's
+# credentials (--index-url https://user:token@...), and a worker never
+# builds an environment.
+_NEVER_PASS = frozenset({"BULKHEAD_PIP_ARGS"})
 
 
 def describe_status(status):
@@ -104,13 +119,19 @@ def describe_status(status):
 
 _root_lock = threading.Lock()
 _root = None
+_ROOT_NAME = "pkgroot-"
 
 
 def worker_pythonpath():
     """A directory holding only the ``bulkhead`` package, for a worker's
     PYTHONPATH.  The package's own parent when it holds nothing else (a
-    build tree); otherwise a per-user directory with a symlink, so a host
-    installed into site-packages does not leak that site-packages."""
+    build tree); otherwise a directory of this host process alone, made
+    with mkdtemp in the checked private directory (rundir) and holding one
+    symlink to this host's package: no other user can swap it, and another
+    install's host (another version) never repoints it.  Removed at exit;
+    those of hosts that died without exiting go at the next host's first
+    worker.  Raises rundir.PrivateDirError when the private directory is
+    not ours."""
     global _root
     with _root_lock:
         if _root is not None:
@@ -121,16 +142,43 @@ def worker_pythonpath():
         if not others:
             _root = parent
             return _root
-        base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/bulkhead-{os.getuid()}"
-        root = os.path.join(base, "bulkhead-pkgroot")
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        link = os.path.join(root, "bulkhead")
-        if os.path.realpath(link) != os.path.realpath(pkg):
-            tmp = f"{link}.{os.getpid()}"
-            os.symlink(pkg, tmp)
-            os.replace(tmp, link)
+        import tempfile
+        from . import rundir
+        base = rundir.runtime_dir()
+        _sweep_roots(base)
+        root = tempfile.mkdtemp(prefix=f"{_ROOT_NAME}{os.getpid()}-", dir=base)
+        os.symlink(pkg, os.path.join(root, "bulkhead"))
+        atexit.register(_remove_root, root, os.getpid())
         _root = root
         return _root
+
+
+def _remove_root(root, pid=None):
+    if pid is not None and pid != os.getpid():
+        return  # a forked child exiting: the root is its parent's
+    try:
+        os.unlink(os.path.join(root, "bulkhead"))
+        os.rmdir(root)
+    except OSError:
+        pass
+
+
+def _sweep_roots(base):
+    """Removes the package roots of host processes that are gone."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_ROOT_NAME):].split("-", 1)[0]
+        if not name.startswith(_ROOT_NAME) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _remove_root(os.path.join(base, name))
+        except OSError:
+            pass
 
 
 def build_env(extra=None, inherit=True):
@@ -138,7 +186,7 @@ def build_env(extra=None, inherit=True):
     env = {}
     if inherit:
         for k, v in os.environ.items():
-            if k in _PASS or k.startswith(_PASS_PREFIXES):
+            if (k in _PASS or k.startswith(_PASS_PREFIXES)) and k not in _NEVER_PASS:
                 env[k] = v
     extra = dict(extra or {})
     path = worker_pythonpath()
@@ -203,6 +251,38 @@ def _close_all():
             pass
 
 
+def _read_unasked(ref, chan, wake_r):
+    """Reader of one generation's channel while no call waits on it (see
+    the module doc).  Ends when its wake pipe closes (teardown), when the
+    channel is no longer the worker's, or at EOF (the next call or poll()
+    sees the death)."""
+    poller = select.poll()
+    poller.register(chan.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    try:
+        while True:
+            if any(fd == wake_r for fd, _ in poller.poll()):
+                return
+            w = ref()
+            if w is None:
+                return
+            with w._lock:
+                if w._chan is not chan:
+                    return
+                try:
+                    why = chan.serve(0)
+                except Exception:  # a broken channel: the next call reports it
+                    why = "eof"
+                if why != "idle":
+                    return
+                peer = w._peer
+                if peer is not None and peer.pending_releases:
+                    w._flush_releases()
+            del w
+    finally:
+        os.close(wake_r)
+
+
 class Worker(_native.Caller):
     """A persistent worker process running ``python`` (a path to an
     interpreter, typically a venv's ``bin/python``).
@@ -242,8 +322,11 @@ class Worker(_native.Caller):
         self._notify_lock = threading.Lock()  # interrupt() vs teardown
         self.frame_handlers = {}    # frame kind -> handler(value), shared with every generation's Peer
         self.env_hooks = []         # callables -> dict of variables, evaluated at each start
+        self.resolve_python = None  # python -> the interpreter to start, at each start (a rebuilt env)
         self.busy = 0               # requests in flight (nested ones count)
         self.last_exit = None       # how the last generation ended, when it died unasked
+        self.serve_unasked = False  # a reader thread serves what the worker sends while idle
+        self._reader_wake = None    # its wake pipe's write end (closed to stop it)
         self._ref = weakref.ref(self)
         _live.add(self)
 
@@ -274,12 +357,24 @@ class Worker(_native.Caller):
         return self._peer
 
     def _start(self):
+        """Hook (Caller.request, lock held): starts the next generation."""
         gen = self.generation + 1
+        if self.resolve_python is not None:
+            python = self.resolve_python(self.python)
+            if python != self.python:
+                import logging
+                logging.getLogger("bulkhead").warning(
+                    "bulkhead: worker %r: its environment was rebuilt; generation %d runs %s (was %s)",
+                    self.name, gen, python, self.python)
+                self.python = python
         extra = dict(self.env)
         for hook in self.env_hooks:
             for k, v in hook().items():
                 extra.setdefault(k, v)  # the caller's env= outranks a hook
-        env = build_env(extra, self.inherit_env)
+        try:
+            env = build_env(extra, self.inherit_env)
+        except PermissionError as e:  # rundir.PrivateDirError: a directory not ours
+            raise WorkerStartError(f"cannot start worker {self.name!r}: {e}") from None
         envlist = [f"{k}={v}" for k, v in env.items()]
         argv = [self.python, "-m", "bulkhead.worker"]
         sink = -1
@@ -345,11 +440,18 @@ class Worker(_native.Caller):
         peer.timeout = self.call_timeout
         self.generation = gen
         self.info = hello
+        if self.serve_unasked:
+            wake_r, self._reader_wake = os.pipe()
+            threading.Thread(target=_read_unasked, args=(self._ref, chan, wake_r),
+                             name=f"bulkhead-reader-{self.name}", daemon=True).start()
 
     def _teardown(self):
         with self._notify_lock:
             chan, proc = self._chan, self._proc
             self._chan = self._proc = self._peer = None
+            wake, self._reader_wake = self._reader_wake, None
+        if wake is not None:
+            os.close(wake)  # the reader wakes, closes its end and ends
         if chan is not None:
             chan.close()
         if proc is not None:
@@ -473,79 +575,57 @@ class Worker(_native.Caller):
                 f"the host exposes no callable named {target!r} to {self.describe()} "
                 f"(exposed: {sorted(self._exposed) or 'none'}; see Worker.expose)") from None
 
-    # call(target, /, *args, **kwargs) is _native.Caller.call: the same
-    # steps as _request, in C, on the state kept in Caller's slots (_chan,
-    # _peer, _lock, call_timeout, busy).  What is not the plain path comes
-    # back here: _call_slow, _request_failed, _after_request.
+    # call(target, /, *args, **kwargs) and request(kind, payload, timeout,
+    # verb, obj, *, wait=True) are _native.Caller's, in C: the one request
+    # path (lock, busy count, send and wait, undo) on the state kept in
+    # Caller's slots (_chan, _peer, _lock, call_timeout, busy).  What is not
+    # the plain path comes back here, to the hooks C calls by name
+    # (_native.CALLER_HOOKS; _check_hooks below refuses a Worker without
+    # them at import): _start, _request_failed, _after_request.
 
-    def _call_slow(self, payload):
-        """call() on a worker that is not running: starts it."""
-        return self._request(_CALL, payload, self.call_timeout, "call", payload[0])
-
-    def release(self, op="all", model_id=None, nbytes=None, timeout=None):
+    def release(self, op="all", model_id=None, nbytes=None, timeout=None, wait_s=None):
         """Asks the worker to release memory and waits for its receipt (a
         dict with ``before_bytes``, ``after_bytes``, ``freed_bytes``).  op:
         'all' (the full ladder: models, cast buffers, pins, allocator
         cache), 'model' (model_id; nbytes of it, or all of it when None),
         'pins', or 'load' (model_id: load nbytes more).  Starts nothing: a
-        worker that is not running holds nothing and answers None."""
-        with self._lock:
+        worker that is not running holds nothing and answers None.
+        wait_s: how long to wait for a call the worker is in (None: until
+        it ends); past it WorkerBusy, and nothing is sent."""
+        wait = -1 if wait_s is None else max(0.0, wait_s)
+        if not self._lock.acquire(timeout=wait):
+            raise WorkerBusy(f"worker {self.name!r} (pid {self.pid}) stayed busy in a call for "
+                             f"{wait_s:g} s; try again when it is idle")
+        try:
             if self.busy == 0:
                 self.poll()  # a generation that died idle held nothing: start none for it
             if self._chan is None:
                 return None
-            return self._request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
-                                 timeout, "release", op)
+            return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
+                                timeout, "release", op)
+        finally:
+            self._lock.release()
 
     def post_release(self, op="all", model_id=None, nbytes=None):
         """The same ask without waiting for it (request id 0: no reply), for
         pressure on an idle worker from inside ComfyUI's eviction loop.
         Returns False, sending nothing, when the worker is not running or
         another thread is using it (then it is not idle)."""
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            if self._chan is None:
-                return False
-            self._chan.notify(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes}, 0)
-            return True
-        except _native.Error:
-            return False
-        finally:
-            self._lock.release()
+        return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
+                            None, "release", op, wait=False)
 
-    def _request(self, kind, payload, timeout, verb, obj):
-        with self._lock:
-            chan = self._chan
-            if chan is None:
-                self._start()
-                chan = self._chan
-            peer = self._peer
-            self.busy += 1
-            try:
-                return chan.request(kind, payload, timeout)
-            except _native.Error as e:
-                return self._request_failed(e, kind, payload, timeout, verb, obj)
-            finally:
-                self.busy -= 1
-                self._after_request(chan, peer)
-
-    def _request_failed(self, exc, kind, payload, timeout, verb, obj):
-        """A request whose channel failed (under the lock, counted busy):
-        rerun on the next generation when the worker died idle and never got
-        it, else the error that names the worker and what it was doing."""
-        if isinstance(exc, _native.NotDelivered) and self.busy == 1 and self._reap_idle(2.0) is not None:
+    def _request_failed(self, exc, verb, obj, timeout, attempt):
+        """Hook (Caller.request): a request whose channel failed, under the
+        lock, counted busy.  Returns True to have it run again on the next
+        generation, when this was its first attempt and the worker died
+        idle and never got it; else raises the error that names the worker
+        and what it was doing (verb, obj)."""
+        if (attempt == 0 and isinstance(exc, _native.NotDelivered) and self.busy == 1
+                and self._reap_idle(2.0) is not None):
             # It died while idle, so nothing of this request ran: it runs on
             # the next generation instead of failing.  (Nested, or a socket
             # closed by a process that lives on, is the death path below.)
-            self._start()
-            chan, peer = self._chan, self._peer
-            try:
-                return chan.request(kind, payload, timeout)
-            except _native.Error as again:
-                exc = again
-            finally:
-                self._after_request(chan, peer)
+            return True
         if isinstance(exc, _native.PeerClosed):
             self._died(f"during {verb} {obj!r}")
         if isinstance(exc, _native.Timeout):
@@ -555,10 +635,10 @@ class Worker(_native.Caller):
         raise exc
 
     def _after_request(self, chan, peer):
-        """After a request on chan: once it was the outermost one, the
-        handles exported for it are dropped, and the releases the host owes
-        the worker are sent.  (Caller.call makes the same checks in C before
-        it calls this.)"""
+        """Hook (Caller.request): after the outermost request on chan left
+        something (Caller checks chan.depth, peer.exports and
+        peer.pending_releases first), the handles exported for it are
+        dropped, and the releases the host owes the worker are sent."""
         if chan.depth:
             return
         if peer.exports:
@@ -603,3 +683,16 @@ class Worker(_native.Caller):
     def stats(self):
         """Block-pool statistics of this side of the channel."""
         return self._chan.stats() if self._chan is not None else {}
+
+
+def _check_hooks(cls):
+    """Refuses a Worker class without every method _native.Caller calls by
+    name (caller.c's bh_caller_hooks), so a rename on either side fails at
+    import, not at the first failed call."""
+    missing = [n for n in _native.CALLER_HOOKS if not callable(getattr(cls, n, None))]
+    if missing:
+        raise ImportError(f"bulkhead: {cls.__qualname__} lacks {', '.join(missing)}, which "
+                          "_native.Caller calls by name (src/python/caller.c)")
+
+
+_check_hooks(Worker)

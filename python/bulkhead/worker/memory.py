@@ -245,9 +245,15 @@ class WorkerMemory:
                 # first call (warm-up), never the first reading.
                 self._floor[dev] = min(self._floor.get(dev, total), total)
             pager_held = pager.pager_bytes(self.pager) if self.pager and dev.startswith("cuda") else 0
-            self.ledger.set_device(dev, held_bytes=max(total, pager_held), pinned_bytes=pinned,
-                                   pin_ceiling_bytes=ceiling, pager_bytes=pager_held,
-                                   floor_bytes=self._floor.get(dev, 0))
+            try:
+                self.ledger.set_device(dev, held_bytes=max(total, pager_held), pinned_bytes=pinned,
+                                       pin_ceiling_bytes=ceiling, pager_bytes=pager_held,
+                                       floor_bytes=self._floor.get(dev, 0))
+            except _native.LedgerError as e:  # more devices than a record holds: never fails a node
+                if not self._full_warned:
+                    self._full_warned = True
+                    print(f"bulkhead.worker: WARNING: {e}; device {dev} is not published",
+                          file=sys.stderr)
         self._devices |= set(held)
 
     def _allocator_bytes(self, dev, weights):

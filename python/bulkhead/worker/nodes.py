@@ -14,7 +14,10 @@ with the pack and ComfyUI named in the environment:
 
 and then calls ``describe()`` (node metadata, as JSON) and ``run()`` /
 ``call_class()`` (a node's FUNCTION, check_lazy_status, IS_CHANGED,
-VALIDATE_INPUTS) here.
+VALIDATE_INPUTS) here; for a V3 node (a ``comfy_api`` ComfyNode, listed in
+NODE_CLASS_MAPPINGS or returned by the pack's ``comfy_entrypoint()``
+extension) ``describe()`` captures its finalised schema and ``run_v3()``
+calls its classmethods on a class clone carrying the hidden values.
 
 The pack is imported once per worker as a package named after its
 directory, so its relative imports work.  When the nodes live in a
@@ -45,7 +48,7 @@ from .. import _native
 from .. import worker as _worker
 from .._importwatch import when_imported
 from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
-from ..channel.peer import type_name
+from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
 from . import typed as _typed
 
@@ -97,8 +100,9 @@ def _env_json(name):
 
 def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_kw):
     """comfy.utils' global progress hook in this worker: ComfyUI's own
-    check (as the host's hook does), then a PROGRESS frame to the host.
-    Previews are not sent."""
+    check (as the host's hook does), then a PROGRESS frame to the host,
+    with the preview (a (format, PIL.Image, max_size) tuple) as raw pixels
+    the host rebuilds into the same tuple for its own hook."""
     mm = sys.modules.get("comfy.model_management")
     if mm is not None:
         mm.throw_exception_if_processing_interrupted()
@@ -110,10 +114,28 @@ def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_
     if not done and total == _last_progress[1] and now - _last_progress[0] < 0.01:
         return
     _last_progress[0], _last_progress[1] = now, total
+    frame = {"value": value, "total": total}
+    if preview is not None:
+        frame["preview"] = _preview_pixels(preview)
     try:
-        peer.channel.notify(_native.PROGRESS, {"value": value, "total": total})
+        peer.channel.notify(_native.PROGRESS, frame)
     except (_native.Error, TypeError, ValueError):
         pass
+
+
+def _preview_pixels(preview):
+    """("JPEG"|"PNG", PIL.Image, max_size) -> {"format", "mode", "size",
+    "pixels", "max_size"} (the image as it is: the host's hook contains it
+    in max_size when it sends it), or None for anything else."""
+    try:
+        fmt, image, max_size = preview
+        if image.mode not in ("RGB", "RGBA", "L"):
+            image = image.convert("RGB")
+        return {"format": str(fmt), "mode": image.mode, "size": list(image.size),
+                "pixels": image.tobytes(), "max_size": max_size}
+    except Exception as e:  # a preview must never break the node
+        print(f"bulkhead: preview not sent: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
 
 
 def _install_progress(utils):
@@ -178,6 +200,9 @@ def ready():
         when_imported("comfy.model_management", _mm_imported)
         if _on_interrupt not in _worker.interrupt_handlers:
             _worker.interrupt_handlers.append(_on_interrupt)
+        if "server" not in sys.modules:  # the pack's `from server import PromptServer`
+            from . import server
+            sys.modules["server"] = server
         _ready_done = True
 
 
@@ -201,14 +226,59 @@ def _load():
         module = os.environ.get("BULKHEAD_PACK_MODULE", "auto") or None
         mod = import_nodes(pack_dir, module)
         mappings = getattr(mod, "NODE_CLASS_MAPPINGS", None)
+        display = getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", None) or {}
+        if mappings is None and hasattr(mod, "comfy_entrypoint"):
+            mappings, display = _entrypoint_nodes(mod, pack_dir)
         if not isinstance(mappings, dict):
-            raise ImportError(f"{mod.__name__} ({pack_dir}) defines no NODE_CLASS_MAPPINGS dict")
+            raise ImportError(f"{mod.__name__} ({pack_dir}) defines no NODE_CLASS_MAPPINGS dict "
+                              "(nor a comfy_entrypoint())")
         _classes.clear()
         _classes.update(mappings)
         _display.clear()
-        _display.update(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", None) or {})
+        _display.update(display)
         _nodes_module = mod
         return mod
+
+
+def _entrypoint_nodes(mod, pack_dir):
+    """A V3 pack's (mappings, display names) from its comfy_entrypoint():
+    the ComfyExtension it returns is loaded (on_load awaited) and each
+    class of get_node_list() keyed by its schema's node_id, as ComfyUI's
+    load_custom_node does."""
+    where = f"{mod.__name__}.comfy_entrypoint ({pack_dir})"
+    entrypoint = mod.comfy_entrypoint
+    if not callable(entrypoint):
+        raise ImportError(f"{where} is not callable")
+    extension = _run_maybe_async(entrypoint())
+    if not callable(getattr(extension, "get_node_list", None)):
+        raise ImportError(f"{where} returned a {type_name(extension)}, not a ComfyExtension")
+    on_load = getattr(extension, "on_load", None)
+    if callable(on_load):
+        _run_maybe_async(on_load())
+    node_list = _run_maybe_async(extension.get_node_list())
+    if not isinstance(node_list, list):
+        raise ImportError(f"{where}: get_node_list() returned a {type_name(node_list)}, not a list of nodes")
+    mappings, display = {}, {}
+    for cls in node_list:
+        schema = cls.GET_SCHEMA()
+        mappings[schema.node_id] = cls
+        if schema.display_name is not None:
+            display[schema.node_id] = schema.display_name
+    return mappings, display
+
+
+def _run_maybe_async(value):
+    return asyncio.run(_await(value)) if inspect.isawaitable(value) else value
+
+
+def route_modules(mod):
+    """The pack's modules whose ROUTES lists count: the nodes module and
+    the package above it, when imported."""
+    out = [mod]
+    pkg = sys.modules.get(mod.__name__.rpartition(".")[0]) if "." in mod.__name__ else None
+    if pkg is not None and pkg is not mod:
+        out.append(pkg)
+    return out
 
 
 def _class(key):
@@ -274,9 +344,110 @@ def _argspec(fn, meta, where):
     }
 
 
+def is_v3(cls):
+    """Whether cls is a V3 node (a comfy_api ComfyNode)."""
+    internal = sys.modules.get("comfy_api.internal")
+    base = getattr(internal, "_ComfyNodeInternal", None)
+    return isinstance(cls, type) and base is not None and issubclass(cls, base)
+
+
+_V3_METHODS = ("validate_inputs", "fingerprint_inputs", "check_lazy_status")
+_V3_SCHEMA_PARTS = ("inputs", "outputs", "hidden")
+
+
+def _own_override(cls, name):
+    """cls's own override of a ComfyNode placeholder, or None."""
+    base = cls.GET_BASE_CLASS() if hasattr(cls, "GET_BASE_CLASS") else None
+    for c in cls.__mro__:
+        if c is base:
+            return None
+        if name in c.__dict__:
+            return getattr(cls, name)
+    return None
+
+
+class _Strict(Meta):
+    """Meta for a V3 schema: anything that would cross changed (a string
+    for an object) is an error naming where it is, not a warning."""
+
+    def problem(self, where, what):
+        raise TypeError(f"{where} {what}")
+
+
+def _io_class(x, io):
+    """(qualname in io, kind) of an Input/Output object: the first class of
+    its MRO defined in the io module (e.g. "Int.Input")."""
+    for c in type(x).__mro__:
+        found = io
+        for part in c.__qualname__.split("."):
+            found = getattr(found, part, None)
+        if found is c:
+            return c.__qualname__
+    return None
+
+
+def _plain_attr(v):
+    return v is None or isinstance(v, (bool, int, float, str)) and type(v) in (bool, int, float, str)
+
+
+def _describe_io(x, meta, where, io, output):
+    """One schema input or output: what it answers (as_dict, get_io_type,
+    io_type), its plain attributes (id, optional, lazy...), the io class it
+    is, and a dynamic input's expansion."""
+    out = {
+        "class": _io_class(x, io),
+        "attrs": {k: v for k, v in vars(x).items() if not k.startswith("_") and _plain_attr(v)},
+        "as_dict": meta(x.as_dict(), f"{where}.as_dict()"),
+        "io_type": meta(_plain_str(x.io_type if output else x.get_io_type()), f"{where} type"),
+    }
+    dynamic = getattr(io, "DynamicOutput" if output else "DynamicInput", None)
+    if dynamic is not None and isinstance(x, dynamic):
+        out["dynamic"] = [_describe_io(d, meta, f"{where} dynamic[{i}]", io, output)
+                          for i, d in enumerate(x.get_dynamic())]
+    return out
+
+
+def _plain_str(v):
+    return str.__str__(v) if isinstance(v, str) else v
+
+
+def _describe_v3(key, cls, problems):
+    """A V3 node: its finalised schema (what GET_NODE_INFO_V1 is made
+    from), whether execute is async, and the optional methods it has."""
+    import dataclasses
+    io = sys.modules["comfy_api.latest"].io
+    with _FolderRecorder() as rec:
+        schema = cls.GET_SCHEMA()
+    meta = _Strict(key, problems, rec.lists)
+    fields = {}
+    for f in dataclasses.fields(schema):
+        if f.name not in _V3_SCHEMA_PARTS:
+            fields[f.name] = meta(getattr(schema, f.name), f"schema.{f.name}")
+    out = {
+        "v3": True,
+        "class_name": cls.__qualname__,
+        "class_module": cls.__module__,
+        "schema": fields,
+        "inputs": [_describe_io(x, meta, f"input {getattr(x, 'id', i)!r}", io, False)
+                   for i, x in enumerate(schema.inputs or ())],
+        "outputs": [_describe_io(x, meta, f"output {getattr(x, 'id', i)!r}", io, True)
+                    for i, x in enumerate(schema.outputs or ())],
+        "hidden": [_plain_str(getattr(h, "value", h)) for h in schema.hidden or ()],
+        "execute_async": inspect.iscoroutinefunction(cls.execute),
+        "methods": {},
+    }
+    for name in _V3_METHODS:
+        fn = _own_override(cls, name)
+        if fn is not None:
+            out["methods"][name] = dict(_argspec(fn, meta, name), async_=inspect.iscoroutinefunction(fn))
+    return out
+
+
 def _describe_class(key, cls, problems):
     if not isinstance(cls, type):
         raise TypeError(f"NODE_CLASS_MAPPINGS[{key!r}] is a {type_name(cls)}, not a class")
+    if is_v3(cls):
+        return _describe_v3(key, cls, problems)
     function = getattr(cls, "FUNCTION", None)
     if not isinstance(function, str):
         raise TypeError(f"{cls.__qualname__} has no FUNCTION naming its method")
@@ -322,12 +493,21 @@ def describe():
             nodes[str(key)] = _describe_class(key, cls, problems)
         except Exception as e:
             problems.append(f"node {key!r} left out: {type(e).__name__}: {e}")
+    routes, prompt_handlers = [], 0
+    shim = sys.modules.get("server")
+    if getattr(shim, "collect_routes", None) is not None:  # ours, not a real server.py
+        entries, route_problems = shim.collect_routes(route_modules(mod))
+        routes = shim.describe_routes(entries)
+        problems.extend(route_problems)
+        prompt_handlers = len(shim.PromptServer.instance.on_prompt_handlers)
     v = sys.version_info
     return json.dumps({
         "format": FORMAT,
         "module": mod.__name__,
         "python": f"{v[0]}.{v[1]}.{v[2]}",
         "nodes": nodes,
+        "routes": routes,
+        "prompt_handlers": prompt_handlers,
         "display": {str(k): str(v) for k, v in _display.items() if str(k) in nodes},
         "problems": problems,
     })
@@ -371,60 +551,6 @@ def _translate(e):
     raise e
 
 
-def _sendable(v, peer, types, depth=0):
-    """v with everything the codec cannot carry replaced by a handle (the
-    object stays in this worker's table).  Tensors on a device are copied
-    to the CPU; tuples stay tuples."""
-    if v is None or isinstance(v, (bool, float, str, bytes, bytearray)):
-        return v
-    if isinstance(v, int):
-        if -(1 << 63) <= v < (1 << 63):
-            return v
-    elif depth < 32 and isinstance(v, (list, tuple)):
-        items = [_sendable(x, peer, types, depth + 1) for x in v]
-        return tuple(items) if isinstance(v, tuple) else items
-    elif depth < 32 and isinstance(v, dict):
-        if all(isinstance(k, (str, int, float, bool)) or k is None for k in v):
-            return {k: _sendable(x, peer, types, depth + 1) for k, x in v.items()}
-    elif _tensor_ok(v):
-        return v
-    else:
-        torch = sys.modules.get("torch")
-        if torch is not None and type(v) in (torch.Tensor, torch.nn.Parameter) and v.device.type != "cpu":
-            cpu = v.detach().cpu()
-            if _tensor_ok(cpu):
-                return cpu
-    typed = _typed.serialize(v, lambda x: _sendable(x, peer, types, depth + 1))
-    if typed is not None:       # a custom type a pack registered a serializer for
-        return typed
-    held = peer.hold(v)
-    types[held.ident] = type_name(v)
-    return held
-
-
-def _tensor_ok(v):
-    from ..channel import tensors as _tensors
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(v, (np.ndarray, np.generic)):
-        if v.dtype.hasobject or v.dtype.fields is not None:
-            return False
-        try:
-            _tensors._numpy_code(np, v.dtype)
-            return True
-        except TypeError:
-            return False
-    torch = sys.modules.get("torch")
-    if torch is not None and type(v) in (torch.Tensor, torch.nn.Parameter):
-        if v.device.type != "cpu" or v.layout != torch.strided:
-            return False
-        try:
-            _tensors._torch_code(torch, v.dtype)
-            return True
-        except TypeError:
-            return False
-    return False
-
-
 async def _await(aw):
     return await aw
 
@@ -447,9 +573,9 @@ def _invoke(fn, kwargs):
 def run(key, kwargs, instance=None, method=None):
     """Runs node `key`'s FUNCTION (or `method`) on `instance` (a handle
     the host got from an earlier run; None makes a new instance) with
-    kwargs.  Returns {"outputs", "instance", "types"}: the result, with
-    objects that cannot cross held here as handles, the instance's handle,
-    and the type name of every handle."""
+    kwargs.  Returns {"outputs", "instance"}: the result as a NodeValue (the
+    codec holds here, as handles carrying their type names, the objects in
+    it that cannot cross; see Peer.encode_other) and the instance's handle."""
     cls = _class(key)
     peer = _worker._peer
     peer.drop_unsent()
@@ -458,18 +584,74 @@ def run(key, kwargs, instance=None, method=None):
     fn = getattr(instance, method or cls.FUNCTION)
     kwargs = _typed.restore(kwargs)
     out = _invoke(fn, kwargs)
-    types = {}
-    outputs = _sendable(out, peer, types)
-    inst = peer.hold(instance)
-    types[inst.ident] = type_name(instance)
-    return {"outputs": outputs, "instance": inst, "types": types}
+    return {"outputs": NodeValue(out), "instance": peer.hold(instance)}
+
+
+class DynPrompt:
+    """Hidden.dynprompt in a worker: the host's DynamicPrompt as data (its
+    nodes, original and added by expansions), read-only, with the methods
+    nodes call on it."""
+
+    def __init__(self, data):
+        self.original_prompt = data.get("original") or {}
+        self.ephemeral_prompt = data.get("ephemeral") or {}
+        self.ephemeral_parents = data.get("parents") or {}
+
+    def get_node(self, node_id):
+        if node_id in self.ephemeral_prompt:
+            return self.ephemeral_prompt[node_id]
+        return self.original_prompt[node_id]
+
+    def has_node(self, node_id):
+        return node_id in self.ephemeral_prompt or node_id in self.original_prompt
+
+    def get_parent_node_id(self, node_id):
+        return self.ephemeral_parents.get(node_id)
+
+    def all_node_ids(self):
+        return set(self.original_prompt) | set(self.ephemeral_prompt)
+
+    def get_original_prompt(self):
+        return self.original_prompt
+
+
+def run_v3(key, method, kwargs, hidden):
+    """Runs V3 node `key`'s classmethod `method` (None: its FUNCTION, or
+    validate_inputs / fingerprint_inputs / check_lazy_status) as ComfyUI
+    does: on a clone of the class whose `hidden` holds the host's hidden
+    values ({Hidden value: value}; DYNPROMPT as DynPrompt data).  FUNCTION's
+    answer is {"outputs": NodeValue({"args", "ui", "expand",
+    "block_execution"})} (a UI object as its as_dict()); another method's is
+    its value (a result that cannot cross becomes its repr)."""
+    cls = _class(key)
+    method = method or cls.FUNCTION
+    hidden = dict(hidden or {})
+    io = sys.modules["comfy_api.latest"].io
+    values = {}
+    for h in io.Hidden:
+        if h.value in hidden:
+            v = hidden[h.value]
+            values[h] = DynPrompt(v) if h.value == "DYNPROMPT" and isinstance(v, dict) else v
+    _worker._peer.drop_unsent()
+    cls.VALIDATE_CLASS()
+    clone = cls.PREPARE_CLASS_CLONE(values)
+    fn = getattr(cls, method).__func__
+    kwargs = _typed.restore(kwargs)
+    out = _invoke(lambda **kw: fn(clone, **kw), kwargs)
+    if method != cls.FUNCTION:
+        return out if _plain(out) else repr(out)
+    ui = out.ui
+    if ui is not None and not isinstance(ui, dict):
+        ui = ui.as_dict()
+    return {"outputs": NodeValue({"args": tuple(out.args), "ui": ui, "expand": out.expand,
+                                  "block_execution": out.block_execution})}
 
 
 def call_class(key, method, kwargs):
     """IS_CHANGED / VALIDATE_INPUTS of node `key`, called on the class as
     ComfyUI does.  A result that cannot cross becomes its repr."""
     cls = _class(key)
-    out = _invoke(getattr(cls, method), kwargs)
+    out = _invoke(getattr(cls, method), _typed.restore(kwargs))
     if not _plain(out):
         return repr(out)
     return out

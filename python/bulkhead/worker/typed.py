@@ -9,15 +9,21 @@ The host names the serialization files a worker loads in
 and the packs its ``comfy-env-root.toml`` lists in ``[node_packs]`` /
 ``[node_reqs]`` that declare custom types), and this module runs them at
 the first node call, with ``comfy_env`` standing for this registry while
-they run.  A node's result that the codec cannot carry and whose class (or
-a base, by ``__name__``) is registered crosses as a map::
+they run.  The worker's node policy (``Peer.node_serializer``, set by the
+worker's main) calls ``serialize`` where the codec would otherwise hold an
+object of a node's outputs (V1 ``run`` and V3 ``run_v3`` alike) as a
+handle: an object whose class (or a base, by ``__name__``) is registered
+crosses as a map::
 
     {"__bulkhead_type__": tag, "type": type_name, "pack": pack, "value": payload}
 
-which the host holds as it is (arrays, maps, strings: no pickle) and
-passes on to any node.  A worker whose registry knows the tag turns such a
-map in a node's inputs back into the object; one that does not gets the
-map.  A class nobody registered still stays in the worker as a handle.
+whose payload the codec walks under the same policy (an object in it a
+pack registered crosses by its own serializer, any other is held).  The
+host holds the map as it is (arrays, maps, strings: no pickle) and passes
+it on to any node.  A worker whose registry knows the tag turns such a map
+in a node's inputs back into the object (``restore``); one that does not
+gets the map.  A class nobody registered still stays in the worker as a
+handle.
 """
 
 import json
@@ -71,7 +77,7 @@ def _run_file(pack, path):
             sys.modules["comfy_env"] = saved
 
 
-def serialize(v, recurse):
+def serialize(v):
     """The typed map for v, or None when no serializer is registered for
     its class.  Raises SerializerError when the serializer fails."""
     if not _loaded:
@@ -86,20 +92,37 @@ def serialize(v, recurse):
         return None
     tag, ser, _, pack, where = entry
     try:
-        payload = ser(v, recurse)
+        payload = ser(v, _recurse)
     except Exception as e:
         raise SerializerError(f"the serializer of type {cls.__name__!r} (pack {pack!r}, registered at {where}) "
                               f"raised {type(e).__name__}: {e}") from e
-    return {MARK: tag, "type": cls.__name__, "pack": pack, "value": recurse(payload)}
+    return {MARK: tag, "type": cls.__name__, "pack": pack, "value": payload}
+
+
+def _recurse(v, depth=0):
+    """A serializer's ``recurse``: v with the registered objects in it as
+    their typed maps (what else it holds the codec carries or holds)."""
+    typed = serialize(v)
+    if typed is not None:
+        return typed
+    if depth < 32 and isinstance(v, (list, tuple)):
+        items = [_recurse(x, depth + 1) for x in v]
+        return tuple(items) if isinstance(v, tuple) else items
+    if depth < 32 and isinstance(v, dict):
+        return {k: _recurse(x, depth + 1) for k, x in v.items()}
+    return v
 
 
 def restore(v, depth=0):
     """v with every typed map whose tag this worker knows turned back into
     its object (inputs of a node)."""
+    if depth == 0:
+        if not _loaded:
+            _load()
+        if not _by_tag:
+            return v
     if isinstance(v, dict):
         if isinstance(v.get(MARK), str) and "value" in v:
-            if not _loaded:
-                _load()
             entry = _by_tag.get(v[MARK])
             if entry is not None and entry[2] is not None:
                 try:

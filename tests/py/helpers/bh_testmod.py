@@ -70,6 +70,18 @@ def exit_now(code, message=""):
     os._exit(code)
 
 
+def exit_leaving_a_helper(code):
+    """Forks a helper that inherits the channel (fd 3, as a pack's
+    subprocess would) and outlives this worker, then exits: the host sees
+    no EOF while the helper lives."""
+    helper = os.fork()
+    if helper == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(f"helper={helper}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
 def unsendable():
     return object()
 
@@ -137,6 +149,20 @@ def send_raw(what):
         elif what == "badvalue":
             body = struct.pack("<III", 0, 0, 0) + b"\xee"
             s.send(_header(payload=len(body)) + body)
+        elif what == "toomany":
+            # A list of 2**20 nones: 1 MiB on the wire, one item past
+            # BH_MAX_ITEMS; too big to go inline, so spilled to a sealed
+            # memfd as a real sender does.
+            import fcntl
+            body = struct.pack("<III", 0, 0, 0) + b"\x07" + struct.pack("<I", 1 << 20) + b"\x00" * (1 << 20)
+            mfd = os.memfd_create("toomany", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            try:
+                os.write(mfd, body)
+                fcntl.fcntl(mfd, fcntl.F_ADD_SEALS,
+                            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+                socket.send_fds(s, [_header(flags=1, payload=len(body), fds=1)], [mfd])
+            finally:
+                os.close(mfd)
         elif what in _VALUES:
             body = struct.pack("<III", 0, 0, 0) + _VALUES[what]
             s.send(_header(payload=len(body)) + body)
@@ -196,3 +222,27 @@ def ledger_close():
     _ledger.close()
     _ledger = None
     return True
+
+
+_releases = []
+
+
+def serve_release_via(name):
+    """From now on this worker answers a RELEASE request by calling the
+    host function `name` with its payload (a stand-in for the memory
+    runtime's ladder, to watch the host's side of a release); name None:
+    by noting the payload (see released())."""
+    import bulkhead.worker as w
+    from bulkhead import _native
+
+    def handler(payload):
+        if name is None:
+            _releases.append(payload)
+            return None
+        return w.call_host(name, payload)
+    w._peer.request_handlers[_native.RELEASE] = handler
+    return True
+
+
+def released():
+    return _releases

@@ -92,5 +92,48 @@ class HoldRam:
         return {"ui": {"pid": [os.getpid()], "resident": [bh_mempack.resident()]}, "result": (mib,)}
 
 
-NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam}
+class Thing:
+    """What MakeThing returns: an object no codec carries, so it stays in the
+    worker and the host holds a handle to it (a MODEL a loader made)."""
+
+    def __init__(self, label):
+        self.label = label
+        self.pid = os.getpid()
+
+
+class MakeThing:
+    """Makes a Thing (its output crosses as a handle)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"label": ("STRING", {"default": "thing"})}}
+
+    RETURN_TYPES = ("E2E_THING",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, label):
+        return (Thing(label),)
+
+
+class UseThing:
+    """Reads a Thing of the same worker: its label, the pid that made it and
+    this worker's pid."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"thing": ("E2E_THING",), "suffix": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, thing, suffix):
+        return {"ui": {"text": [thing.label + suffix], "made_in": [thing.pid], "pid": [os.getpid()]},
+                "result": (thing.label + suffix,)}
+
+
+NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam,
+                       "E2EMakeThing": MakeThing, "E2EUseThing": UseThing}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}

@@ -1,0 +1,156 @@
+"""The host side of ``server.PromptServer`` in workers (worker/server.py).
+
+One ``ServerProxy`` per isolated pack.  It exposes ``HOST_TARGET`` to the
+pack's worker, through which the worker's PromptServer sends events
+(``send_sync`` on this process's real ``PromptServer.instance``) and reads
+``client_id`` / ``last_node_id`` / ``last_prompt_id``; and, from the
+pack's description, it installs on the host's server what the pack
+registered at import, as an in-process pack would have: each route on
+``PromptServer.instance.routes`` (so ``add_routes()`` serves it, ``/api``
+copy included), static directories as they are, and one prompt handler
+standing for the pack's.
+
+A route's handler runs on the host's event loop only to read the request;
+the call into the worker runs on an executor thread (the worker lock may
+be held by a running node), waits ``route_timeout`` s at most for the
+lock, and gives the worker the same deadline for the pack's handler.  Each
+way it can fail is an HTTP answer naming the pack: 503 busy, 504 too slow,
+502 dead or failed to start, 500 the handler raised.  Prompt handlers run
+synchronously (upstream's ``trigger_on_prompt`` is) under
+``prompt_handler_timeout`` s; a failure is logged and the prompt goes on
+unchanged, as upstream does with a handler that raises.
+"""
+
+import asyncio
+import logging
+import sys
+
+from .. import _native
+from ..channel.peer import BulkheadError, RemoteError
+
+log = logging.getLogger("bulkhead")
+
+HOST_TARGET = "bulkhead.server"  # worker/server.py's HOST_TARGET
+ROUTE_TIMEOUT_S = 60.0
+PROMPT_HANDLER_TIMEOUT_S = 10.0
+GRACE_S = 10.0  # beyond the worker-side deadline before the worker counts as hung
+
+
+def prompt_server():
+    """This process's PromptServer.instance, or None."""
+    srv = sys.modules.get("server")
+    cls = getattr(srv, "PromptServer", None)
+    return getattr(cls, "instance", None)
+
+
+class RouteFailed(Exception):
+    def __init__(self, status, text):
+        super().__init__(text)
+        self.status = status
+
+
+def from_worker(op, *args):
+    """What the worker's PromptServer asks of the host's (HOST_TARGET)."""
+    srv = prompt_server()
+    if op == "send_sync":
+        event, data, sid = args
+        if srv is not None:
+            srv.send_sync(event, data, sid)
+        return None
+    if op == "state":
+        return {name: getattr(srv, name, None) for name in ("client_id", "last_node_id", "last_prompt_id")}
+    raise ValueError(f"unknown PromptServer operation {op!r}")
+
+
+class ServerProxy:
+    def __init__(self, rt):
+        self.rt = rt
+        rt.worker.expose(HOST_TARGET, from_worker)
+        rt.worker.serve_unasked = True
+        self.route_timeout_s = float(rt.options.get("route_timeout", ROUTE_TIMEOUT_S))
+        self.prompt_timeout_s = float(rt.options.get("prompt_handler_timeout", PROMPT_HANDLER_TIMEOUT_S))
+        self.installed = []
+
+    def install(self, meta):
+        """Puts the pack's routes and prompt handler on the host's server."""
+        routes = meta.get("routes") or []
+        handlers = int(meta.get("prompt_handlers") or 0)
+        if not routes and not handlers:
+            return
+        srv = prompt_server()
+        if srv is None:
+            log.warning("bulkhead: pack %r registers %d route(s) and %d prompt handler(s), but this "
+                        "process has no PromptServer.instance: they are not served", self.rt.name,
+                        len(routes), handlers)
+            return
+        for index, r in enumerate(routes):
+            if r.get("static"):
+                srv.routes.static(r["prefix"], r["path"])
+            else:
+                srv.routes.route(r["method"], r["path"])(self._handler(index, r["method"], r["path"]))
+            self.installed.append(r)
+        if handlers:
+            srv.add_on_prompt_handler(self.on_prompt)
+
+    def _handler(self, index, method, path):
+        proxy = self
+
+        async def handler(request):
+            from aiohttp import web
+            body = await request.read() if request.can_read_body else b""
+            data = {"method": request.method, "path": request.path, "path_qs": request.path_qs,
+                    "query": list(request.query.items()), "headers": list(request.headers.items()),
+                    "match_info": dict(request.match_info), "remote": request.remote, "body": body}
+            loop = asyncio.get_running_loop()
+            try:
+                res = await loop.run_in_executor(None, proxy.call_route, index, method, path, data)
+            except RouteFailed as e:
+                return web.Response(status=e.status, text=str(e))
+            if res.get("file"):
+                resp = web.FileResponse(res["file"], status=res["status"])
+            else:
+                resp = web.Response(status=res["status"], body=res.get("body") or b"",
+                                    content_type=res.get("content_type") or None,
+                                    charset=res.get("charset") or None)
+            for k, v in res.get("headers") or ():
+                resp.headers.add(k, v)
+            return resp
+        handler.__name__ = handler.__qualname__ = f"bulkhead_route_{self.rt.name}_{index}"
+        return handler
+
+    def call_route(self, index, method, path, data):
+        """On an executor thread: the worker's answer as data, or RouteFailed."""
+        rt, t = self.rt, self.route_timeout_s
+        what = f"route {method} {path} of pack {rt.name!r}"
+        out = self._call(what, t, "bulkhead.worker.server:handle_route", index, method, path, data, t)
+        if not isinstance(out, dict) or not isinstance(out.get("status"), int):
+            raise RouteFailed(500, f"bulkhead: {what} answered {type(out).__name__}, not a response")
+        return out
+
+    def on_prompt(self, json_data):
+        what = f"the prompt handlers of pack {self.rt.name!r}"
+        t = self.prompt_timeout_s
+        try:
+            return self._call(what, t, "bulkhead.worker.server:on_prompt", json_data, t)
+        except RouteFailed as e:
+            log.warning("%s; the prompt goes on without them", e)
+            return json_data
+
+    def _call(self, what, timeout_s, target, *args):
+        w = self.rt.worker
+        if not w._lock.acquire(timeout=timeout_s):
+            raise RouteFailed(503, f"bulkhead: {what} cannot run now: the pack's worker has been busy "
+                                   f"(running a node) for over {timeout_s:g} s; try again when it is done")
+        try:
+            return w.request(_native.CALL, (target, args, {}), timeout_s + GRACE_S, "call", what)
+        except RemoteError as e:
+            if e.remote_type.endswith("RouteTimeout"):
+                raise RouteFailed(504, f"bulkhead: {what} did not answer within {timeout_s:g} s "
+                                       "(the worker goes on serving)") from None
+            log.warning("bulkhead: %s failed: %s", what, e)
+            raise RouteFailed(500, f"bulkhead: {what} raised {e.remote_type}: {e.remote_message}") from None
+        except BulkheadError as e:
+            log.warning("bulkhead: %s: %s", what, e)
+            raise RouteFailed(502, f"bulkhead: {what} failed: {str(e).splitlines()[0]}") from None
+        finally:
+            w._lock.release()
