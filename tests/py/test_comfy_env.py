@@ -803,13 +803,51 @@ NODE_CLASS_MAPPINGS = {"UseMesh": UseMesh}
 '''
 
 
-def mesh_packs(tmp_path, raise_=""):
+# The same types made and used by V3 nodes (their outputs cross from run_v3).
+MESH_NODES_V3 = '''
+from comfy_api.latest import io
+
+class MakeMesh3(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="MakeMesh3", category="test", inputs=[io.Int.Input("n", default=3)],
+                         outputs=[io.Custom("TRIMESH").Output(), io.Custom("THING").Output()])
+
+    @classmethod
+    def execute(cls, n):
+        v = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+        return io.NodeOutput(bhmesh.Mesh(v, np.array([[0, 1, 2]], dtype=np.int32), "v3 made in %d" % os.getpid()),
+                             Opaque())
+
+NODE_CLASS_MAPPINGS["MakeMesh3"] = MakeMesh3
+'''
+
+USE_NODES_V3 = '''
+from comfy_api.latest import io
+
+class UseMesh3(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="UseMesh3", category="test", inputs=[io.Custom("TRIMESH").Input("mesh")],
+                         outputs=[io.Float.Output(), io.String.Output()])
+
+    @classmethod
+    def execute(cls, mesh):
+        assert isinstance(mesh, bhmesh.Mesh), type(mesh)
+        return io.NodeOutput(float(mesh.vertices.sum()) + len(mesh.faces), "%s, used in %d" % (mesh.name, os.getpid()))
+
+NODE_CLASS_MAPPINGS["UseMesh3"] = UseMesh3
+'''
+
+
+def mesh_packs(tmp_path, raise_="", v3=False):
     wheels = os.path.dirname(make_wheel(str(tmp_path / "meshwheels"), "bhmesh", "1.0", {"bhmesh/__init__.py": (
         "class Mesh:\n    def __init__(self, vertices, faces, name):\n"
         "        self.vertices, self.faces, self.name = vertices, faces, name\n")}))
     custom = tmp_path / "custom_nodes"
     geo, use = custom / "ComfyUI-Geo", custom / "ComfyUI-Use"
-    for pack, nodes_text, root in ((geo, MESH_NODES, ""), (use, USE_NODES, '[node_packs]\nComfyUI-Geo = "x/ComfyUI-Geo"\n')):
+    geo_nodes, use_nodes = (MESH_NODES + MESH_NODES_V3, USE_NODES + USE_NODES_V3) if v3 else (MESH_NODES, USE_NODES)
+    for pack, nodes_text, root in ((geo, geo_nodes, ""), (use, use_nodes, '[node_packs]\nComfyUI-Geo = "x/ComfyUI-Geo"\n')):
         write(pack / "__init__.py", PACK_INIT)
         write(pack / "comfy-env-root.toml", root + '[types]\nTRIMESH = "custom"\n')
         write(pack / "serialization.py", MESH_SERIALIZATION.format(raise_=raise_ if pack == geo else ""))
@@ -843,6 +881,27 @@ def test_a_custom_type_made_in_one_pack_is_used_in_another(tmp_path):
     assert len({int(made.split()[-1]), int(used.split()[-1]), r["me"]}) == 3, r
     # a class nobody registered stays a handle in its worker, with today's error
     assert r["err"].startswith("HandleError") and "ComfyUI-Geo" in r["err"], r["err"]
+
+
+@pytest.mark.torch
+def test_a_custom_type_made_by_a_v3_node_is_used_by_a_v3_node_of_another_pack(tmp_path):
+    geo, use = mesh_packs(tmp_path, v3=True)
+    r = host(tmp_path, [geo, use], """
+        geo, use = mods["ComfyUI-Geo"].NODE_CLASS_MAPPINGS, mods["ComfyUI-Use"].NODE_CLASS_MAPPINGS
+        make, take = geo["MakeMesh3"], use["UseMesh3"]
+        mesh, thing = make.execute.__func__(make.PREPARE_CLASS_CLONE({}), n=3).args
+        held = dict(type=mesh.get("__bulkhead_type__"), pack=mesh.get("pack"),
+                    vertices=type(mesh["value"]["vertices"]).__name__, thing=type(thing).__name__)
+        total, name = take.execute.__func__(take.PREPARE_CLASS_CLONE({}), mesh=mesh).args
+        (v1_total, _) = use["UseMesh"]().run(mesh=mesh)
+        emit(dict(me=os.getpid(), held=held, total=total, v1_total=v1_total, name=name))
+    """)
+    assert r["held"] == {"type": "TRIMESH", "pack": "ComfyUI-Geo", "vertices": "ndarray",
+                         "thing": "RemoteObject"}, r
+    assert r["total"] == r["v1_total"] == 36.0 + 1
+    made, used = r["name"].split(", ")
+    assert made.startswith("v3 made in ") and used.startswith("used in ")
+    assert len({int(made.split()[-1]), int(used.split()[-1]), r["me"]}) == 3, r
 
 
 @pytest.mark.torch
