@@ -60,6 +60,13 @@ $(VENV)/.stamp-hypothesis: $(VENV)/.stamp
 	$(VPY) -c 'import hypothesis' 2>/dev/null || $(VPY) -m pip install -q hypothesis==6.170.15
 	touch $@
 
+# py-rattler (the library under pixi): solves and installs a pack's conda
+# [dependencies] (python/bulkhead/envs/conda.py); the tests use it offline
+# against a local channel they build and index (tests/py/test_comfy_env.py).
+$(VENV)/.stamp-rattler: $(VENV)/.stamp
+	$(VPY) -c 'import rattler' 2>/dev/null || $(VPY) -m pip install -q py-rattler==0.28.0
+	touch $@
+
 # Packaging (pyproject.toml, tests/py/test_install.py): meson-python and
 # build make the wheel, auditwheel names its manylinux tag (make wheel).
 # The install tests build in fresh venvs of their own; these are for
@@ -148,7 +155,7 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
 check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-pillow $(VENV)/.stamp-aimdo \
-          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-pkg chromium
+          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler $(VENV)/.stamp-pkg chromium
 	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q $(PYTEST_PATHS) $(PYTEST_FLAGS)
 
@@ -159,7 +166,7 @@ check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV
 # tests/py's scenarios, only as a user assembles it, and under ASan each
 # server start costs more than the suite's budget allows.
 check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo $(VENV)/.stamp-hypothesis \
-            chromium
+            $(VENV)/.stamp-rattler chromium
 	BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

@@ -122,7 +122,9 @@ class NodeValue:
     walks it (once, in C) under the sending peer's node policy
     (``Peer.holds_for_nodes``): what cannot cross is held as a handle
     (a worker) or refused with ``HostObject`` (the host), and torch tensors
-    on a device are copied to host memory."""
+    on a device are copied to host memory.  A worker's object whose class a
+    pack registered a serializer for crosses as that serializer's tagged
+    map instead (``Peer.node_serializer``)."""
 
     __slots__ = ("value",)
 
@@ -251,6 +253,10 @@ class Peer:
         # The node policy (NodeValue): True, a worker's: what cannot cross is
         # held here as a handle; False, the host's: it is refused.
         self.holds_for_nodes = False
+        # A worker's node policy for the classes its packs registered a
+        # serializer for (worker/typed.py): obj -> a value to encode in
+        # obj's place, or None to hold obj as a handle.
+        self.node_serializer = None
 
     # --- object handles ---
 
@@ -347,6 +353,10 @@ class Peer:
         if node:
             if not self.holds_for_nodes:
                 raise HostObject(obj)
+            if self.node_serializer is not None:
+                typed = self.node_serializer(obj)
+                if typed is not None:  # a registered class: its payload, walked as a node's value
+                    return (2, typed)
             held = self.hold(obj)
             return self.encode_other(held)
         if isinstance(obj, RemoteCallable):

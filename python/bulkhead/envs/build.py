@@ -27,6 +27,9 @@ temporary directory next to the target: find the interpreter, ``python -m
 venv`` (``uv venv`` when uv is on PATH), install the requirements with pip
 (``uv pip``), rewrite the temporary path in ``bin/`` scripts to the final
 one, write the stamp (tmp + rename), and rename the directory into place.
+A config with conda packages gets them first, in a conda prefix
+``<env>/conda`` inside the temporary directory (envs/conda.py), then its
+PyPI packages, so the rename commits both.
 The stamp is written last and the rename is the commit: a failed or killed
 install leaves only a ``.tmp-`` directory, which no check mistakes for an
 environment and the next install of that environment removes.  An
@@ -550,7 +553,7 @@ def _without_index_args(args):
     return out
 
 
-def _stream(cmd, progress, what, tail_lines=40):
+def _stream(cmd, progress, what, tail_lines=40, env=None):
     """Runs ``cmd``, handing each output line (stdout and stderr merged) to
     ``progress``.  Raises EnvBuildError with the output's tail when it
     fails.  On any exception (KeyboardInterrupt included) the command is
@@ -558,7 +561,7 @@ def _stream(cmd, progress, what, tail_lines=40):
     tail = collections.deque(maxlen=tail_lines)
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=_clean_env(), universal_newlines=True,
+                                stderr=subprocess.STDOUT, env=env or _clean_env(), universal_newlines=True,
                                 errors="replace", bufsize=1)
     except OSError as e:
         raise EnvBuildError(f"{what}: cannot run {cmd[0]}: {e.strerror}") from None
@@ -680,7 +683,16 @@ def build(config, progress=None, force=False, *, pip_args=None):
                 _stream([interp.path, "-m", "venv", "--prompt", config.name, tmp], progress,
                         f"{interp.path} -m venv")
             py = env_python(tmp)
+            conda_records = []
+            if config.conda:
+                from . import conda
+                conda_records = conda.install(config, tmp, final, interp.version, progress)
             reqs = list(config.requirements)
+            cuda_reqs = []
+            if config.cuda:
+                from . import cudawheels
+                cuda_reqs = cudawheels.resolve(config, interp.version, progress)
+                reqs += cuda_reqs
             tool = "uv pip" if uv else "pip"
 
             def pip(extra, what):
@@ -707,6 +719,8 @@ def build(config, progress=None, force=False, *, pip_args=None):
             if reqs:
                 progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
                 pip(args + reqs, "the requirements")
+            if config.conda:
+                conda.finish(tmp, final, interp.version)
             _relocate(tmp, final)
             from .. import __version__
             now = time.time()
@@ -724,6 +738,9 @@ def build(config, progress=None, force=False, *, pip_args=None):
                 "requirements": reqs,
                 "indexes": [[i, list(rs)] for i, rs in config.indexes],
                 "pip_args": args,
+                **({"cuda": {"wheels": cuda_reqs, "torch": list(cudawheels.host_torch())}} if config.cuda else {}),
+                **({"conda": {"channels": conda.channels_for(config), "specs": list(config.conda),
+                              "installed": [list(r) for r in conda_records]}} if config.conda else {}),
                 "created": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
                 "created_unix": now,
             })

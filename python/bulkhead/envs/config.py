@@ -45,12 +45,19 @@ What is read:
                            (``str()``: 3 -> "3", true -> "True").
   ``[apt]``/``[brew]``     ``packages = [...]``: checked for presence at
                            install (``check_system_packages``), never run.
+  ``[dependencies]``       conda packages (``name = "spec"`` or ``{ version,
+                           build, channel }``), with this platform's
+                           ``[target.*.dependencies]``, from ``[workspace]
+                           channels`` (default conda-forge; a local
+                           directory too): solved and installed into the
+                           environment's conda prefix (envs/conda.py).
+  ``[cuda]``               ``packages = [...]``: wheels resolved from the
+                           CUDA wheel indexes (envs/cudawheels.py); torch
+                           and its family are refused there by name.
   ``[bulkhead]``           bulkhead's own options (``OPTIONS`` below); an
                            unknown key here is an error.
 
-Anything else -- conda ``[dependencies]``, ``[workspace]``, ``[cuda]``
-(whose shapes are checked: a malformed one is an error),
-``pypi-options``, ``system-requirements``, ``activation``, ``[tasks]``, ...
+Anything else -- ``pypi-options``, ``system-requirements``, ``activation``, ``[tasks]``, ...
 -- is one ``PackConfigWarning`` per table naming the table, the file and
 what not reading it means.  ``comfy-env-root.toml`` at the pack's root
 (``load_root``) is no environment: its ``[node_packs]``/``[node_reqs]``,
@@ -116,10 +123,6 @@ CHOICES = {
 
 # Tables bulkhead knows it does not implement, with what that means.
 _UNIMPLEMENTED = {
-    "dependencies": "its conda packages are NOT installed: bulkhead builds environments with "
-                    "pip only{pixi}; list PyPI equivalents under [pypi-dependencies]",
-    "cuda": "its CUDA wheels are NOT resolved or installed; list them under "
-            "[pypi-dependencies] with a URL or an index in BULKHEAD_PIP_ARGS",
     "apt": "its system packages are NOT installed (bulkhead checks each with dpkg-query at install and "
            "names the apt-get command for those missing)",
     "brew": "its system packages are NOT installed (bulkhead checks each with brew list at install on macOS and "
@@ -193,6 +196,14 @@ class PackConfig:
                       checked for presence at install, never installed.
     ``platform``      the pixi platform the ``[target.*]`` tables were chosen
                       for (``current_platform()``).
+    ``conda``         conda match specs from ``[dependencies]`` and this
+                      platform's ``[target.*.dependencies]`` (sorted):
+                      installed into the environment's conda prefix.
+    ``channels``      the channels they come from (``[workspace] channels``,
+                      default conda-forge); empty without conda packages.
+    ``cuda``          ``[cuda] packages``: wheels resolved at install from
+                      the CUDA wheel indexes for the env's torch, CUDA,
+                      Python and platform (``envs.cudawheels``).
     """
 
     path: str
@@ -207,6 +218,9 @@ class PackConfig:
     indexes: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
     system_packages: Mapping[str, Tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
     platform: str = ""
+    conda: Tuple[str, ...] = ()
+    channels: Tuple[str, ...] = ()
+    cuda: Tuple[str, ...] = ()
 
     @property
     def directory(self):
@@ -490,19 +504,37 @@ def _read_pypi(r, deps, keypath):
 
 
 def _check_conda(r, deps, keypath):
-    """Shape of a conda ``[dependencies]`` table (name = "spec" or a
-    table); returns the names."""
+    """A conda ``[dependencies]`` table (name = "spec" or a table of
+    version/build/channel): {name: match spec string} (``channel::name
+    version build``, what rattler's MatchSpec reads)."""
     if not isinstance(deps, dict):
         r.type_error(keypath, 'a table of conda package = "version spec"', deps)
+    out = {}
     for name, spec in deps.items():
+        if not _DIST_NAME.match(name):
+            r.error(f"{'.'.join(_q(k) for k in keypath)}: {name!r} is not a conda package name", *keypath, name)
+        version, build, channel = "", "", ""
         if isinstance(spec, dict):
             for k, v in spec.items():
                 if k in ("version", "build", "channel", "build-number", "file-name", "md5", "sha256",
                          "subdir", "license") and not isinstance(v, str):
                     r.type_error(keypath + (name, k), "a string", v)
-        elif not isinstance(spec, str):
+                if k not in ("version", "build", "channel"):
+                    r.error(f"{'.'.join(_q(k) for k in keypath + (name,))}: key {k!r} is not supported by "
+                            "bulkhead (known: version, build, channel)", *keypath, name)
+            version, build, channel = (spec.get("version", ""), spec.get("build", ""), spec.get("channel", ""))
+        elif isinstance(spec, str):
+            version = spec
+        else:
             r.type_error(keypath + (name,), 'a version spec string or a table', spec)
-    return sorted(deps)
+        version = version.strip()
+        ms = (f"{channel}::" if channel else "") + name.lower()
+        if version and version != "*" or build:
+            ms += " " + (version.replace(" ", "") or "*")
+        if build:
+            ms += " " + build.strip()
+        out[name.lower()] = ms
+    return out
 
 
 def _check_packages(r, table, value, allow_scalar=False):
@@ -626,7 +658,7 @@ def load(path, root=None, *, warn=True):
 
     platform = current_platform()
     pypi = _read_pypi(r, data.get("pypi-dependencies", {}), ("pypi-dependencies",))
-    conda = []
+    conda = {}
     if "dependencies" in data:
         conda = _check_conda(r, data["dependencies"], ("dependencies",))
     tgt = data.get("target", {})
@@ -648,9 +680,9 @@ def load(path, root=None, *, warn=True):
                 if here:
                     pypi.update(got)    # the more specific target wins over the top level
             elif sub == "dependencies":
-                names = _check_conda(r, v, kp)
+                got = _check_conda(r, v, kp)
                 if here:
-                    conda += names
+                    conda.update(got)   # the more specific target wins
             elif here:
                 line = _find_line(text, *kp)
                 notes.append(f"{path}:{line}: table [target.{plat}.{sub}] is not implemented by bulkhead: "
@@ -665,11 +697,18 @@ def load(path, root=None, *, warn=True):
     for table in ("apt", "brew"):
         if table in data:
             system[table] = _check_packages(r, table, data[table])
+    cuda = ()
     if "cuda" in data:
         cuda = _check_packages(r, "cuda", data["cuda"], allow_scalar=True)
         for k in data["cuda"]:
             if k not in ("packages",):
                 r.error(f"[cuda] unknown key {k!r} (known: packages)", "cuda", k)
+        for name in cuda:
+            if _norm_name(name) in ("torch", "torchvision", "torchaudio"):
+                r.error(f"[cuda] packages lists {name!r}: torch and its family come from the host's torch "
+                        "(as comfy-env refuses them there too); remove it from [cuda] packages",
+                        "cuda", "packages")
+    channels = ()
     ws = data.get("workspace")
     if ws is not None:
         if not isinstance(ws, dict):
@@ -679,6 +718,15 @@ def load(path, root=None, *, warn=True):
                                                                       isinstance(c.get("channel"), str))
                                                for c in ch):
             r.type_error(("workspace", "channels"), 'an array of channel names or URLs', ch)
+        channels = tuple(_channel_name(c if isinstance(c, str) else c["channel"], path) for c in ch)
+        for k in ws:
+            if k not in ("channels", "name", "platforms", "version", "description", "authors"):
+                line = _find_line(text, "workspace", k)
+                notes.append(f"{path}:{line}: [workspace] {k} is not read by bulkhead and has no effect")
+    # python in [dependencies] is the interpreter: the venv's, pinned in the solve (envs/conda.py)
+    conda.pop("python", None)
+    if conda and not channels:
+        channels = ("conda-forge",)     # pixi's default, which comfy-env writes
     rl = data.get("requirements", [])
     if not isinstance(rl, list):
         r.type_error(("requirements",), "an array of pip requirement strings", rl)
@@ -716,18 +764,13 @@ def load(path, root=None, *, warn=True):
         options[k] = float(v)
 
     for k, v in data.items():
-        if k in ("python", "requirements", "env_vars", "pypi-dependencies", "bulkhead"):
+        if k in ("python", "requirements", "env_vars", "pypi-dependencies", "bulkhead", "dependencies", "cuda",
+                 "workspace"):
             continue
         line = _find_line(text, k)
         loc = f"{path}:{line}" if line else path
         if k == "target":
             continue        # read above: the machine's tables applied, each other table warned
-        if k == "dependencies":
-            why = _UNIMPLEMENTED[k].format(pixi="; pixi is on this machine, but bulkhead does not drive it"
-                                           if shutil.which("pixi") else " and pixi is not on this machine")
-            notes.append(f"{loc}: table [dependencies] is not implemented by bulkhead: {why} "
-                         f"(conda packages: {', '.join(conda) or 'none'})")
-            continue
         if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(e, dict) for e in v)):
             why = _UNIMPLEMENTED.get(k, "nothing in it is read")
             if "{pixi}" in why:
@@ -746,13 +789,29 @@ def load(path, root=None, *, warn=True):
         "python": python,
         "requirements": list(requirements),
         **({"indexes": [[i, list(rs)] for i, rs in indexes]} if indexes else {}),
+        **({"conda": sorted(conda.values()), "channels": list(channels)} if conda else {}),
+        **({"cuda": list(cuda)} if cuda else {}),
     }, sort_keys=True).encode()).hexdigest()
 
     return PackConfig(
         path=path, root=root, name=_pack_name(path, root), python=python,
         env_vars=types.MappingProxyType(env_vars), requirements=requirements,
         options=types.MappingProxyType(options), warnings=tuple(notes), config_hash=digest,
-        indexes=indexes, system_packages=types.MappingProxyType(system), platform=platform)
+        indexes=indexes, system_packages=types.MappingProxyType(system), platform=platform,
+        conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=cuda)
+
+
+def _channel_name(c, path):
+    """A [workspace] channel as rattler takes it: a name (conda-forge), a
+    URL, or a local directory (absolute, or relative to the config) as a
+    file:// URL."""
+    c = c.strip()
+    if c.startswith(("/", "./", "../", "~")):
+        p = os.path.expanduser(c)
+        if not os.path.isabs(p):
+            p = os.path.join(os.path.dirname(path), p)
+        return "file://" + os.path.normpath(p)
+    return c
 
 
 # --- the pack's root file: comfy-env-root.toml ---

@@ -262,7 +262,9 @@ def ce_env(config):
 
 def register_serializer(type_name, serialize, deserialize=None, tag=None):
     """Records a serializer for a custom type (comfy-env's signature).  The
-    typed-value transport that uses it is not built yet: recorded only."""
+    values cross between workers by the copy each worker registers from the
+    same serialization.py (worker/typed.py); this record is the host's
+    check of the file."""
     if not isinstance(type_name, str) or not type_name:
         raise TypeError(f"register_serializer: type_name must be a class name (a str), not {type_name!r}")
     if not callable(serialize):

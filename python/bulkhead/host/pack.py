@@ -18,6 +18,7 @@ warning naming the reason and the command that fixes it (``bulkhead
 install <pack dir>``, ``bulkhead doctor``).
 """
 
+import json
 import logging
 import os
 import threading
@@ -138,13 +139,47 @@ def _load(config, pack_dir, python, stamp, module, hm):
         opts["interrupt_grace"] = float(o["interrupt_grace_s"])
     if "prewarm" in o:
         opts["prewarm"] = o["prewarm"]
-    env = dict(config.env_vars)
+    from ..envs import conda
+    env = conda.worker_env(os.path.dirname(os.path.dirname(python)))
+    env.update(config.env_vars)
+    ser = serializer_files(config.root)
+    if ser:
+        env["BULKHEAD_SERIALIZERS"] = json.dumps(ser)
     if o.get("idle_release_s"):
         env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))
     if hm is not None:
         opts["attach"] = _attach(hm)
         opts["after_call"] = _drain(hm)
     return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts)
+
+
+def serializer_files(pack_root):
+    """[[pack, serialization.py], ...] a worker of the pack at pack_root
+    loads (worker/typed.py): its own when its comfy-env-root.toml declares
+    custom [types], then those of the packs its [node_packs] / [node_reqs]
+    name that are installed beside it and declare custom types."""
+    from ..envs import config as packconfig
+    out = []
+    try:
+        root = packconfig.load_root(pack_root, warn=False)
+    except packconfig.PackConfigError:
+        return out
+    if root is None:
+        return out
+    roots = [(os.path.basename(pack_root), pack_root, root)]
+    for name, _ in root.node_packs:
+        d = os.path.join(os.path.dirname(pack_root), name)
+        try:
+            r = packconfig.load_root(d, warn=False) if os.path.isdir(d) else None
+        except packconfig.PackConfigError:
+            r = None
+        if r is not None:
+            roots.append((name, d, r))
+    for name, d, r in roots:
+        path = os.path.join(d, "serialization.py")
+        if any(v == "custom" for v in r.types.values()) and os.path.isfile(path):
+            out.append([name, path])
+    return out
 
 
 def serve_config(config, pack_dir, module, refusal, hm, reuse=None):

@@ -84,6 +84,13 @@ def _watch_host(host_pid):
     os._exit(70)
 
 
+def _serialize_typed(obj):
+    """The worker's node policy for an object that cannot cross: its
+    registered serializer's tagged map, or None (worker/typed.py)."""
+    from . import typed
+    return typed.serialize(obj)
+
+
 def main():
     global _peer
     fd = int(os.environ.pop("BULKHEAD_FD", "3"))
@@ -99,6 +106,7 @@ def main():
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
+    peer.node_serializer = _serialize_typed  # ... unless a pack registered a serializer for its class
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)
     peer.channel = chan
     _peer = peer

@@ -50,6 +50,7 @@ from .._importwatch import when_imported
 from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
 from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
+from . import typed as _typed
 
 
 _lock = threading.RLock()
@@ -581,6 +582,7 @@ def run(key, kwargs, instance=None, method=None):
     if instance is None:
         instance = cls()
     fn = getattr(instance, method or cls.FUNCTION)
+    kwargs = _typed.restore(kwargs)
     out = _invoke(fn, kwargs)
     return {"outputs": NodeValue(out), "instance": peer.hold(instance)}
 
@@ -634,6 +636,7 @@ def run_v3(key, method, kwargs, hidden):
     cls.VALIDATE_CLASS()
     clone = cls.PREPARE_CLASS_CLONE(values)
     fn = getattr(cls, method).__func__
+    kwargs = _typed.restore(kwargs)
     out = _invoke(lambda **kw: fn(clone, **kw), kwargs)
     if method != cls.FUNCTION:
         return out if _plain(out) else repr(out)
@@ -648,7 +651,7 @@ def call_class(key, method, kwargs):
     """IS_CHANGED / VALIDATE_INPUTS of node `key`, called on the class as
     ComfyUI does.  A result that cannot cross becomes its repr."""
     cls = _class(key)
-    out = _invoke(getattr(cls, method), kwargs)
+    out = _invoke(getattr(cls, method), _typed.restore(kwargs))
     if not _plain(out):
         return repr(out)
     return out

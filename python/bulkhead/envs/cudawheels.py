@@ -1,0 +1,170 @@
+"""``[cuda] packages``: CUDA extension wheels matched to the environment.
+
+Packs written for comfy-env list CUDA extensions (nvdiffrast, spconv,
+flash-attn, ...) under ``[cuda] packages``; their wheels are published on
+a wheel index laid out as comfy-env reads it: ``<index>/<package>/`` is an
+HTML page of links whose text is the wheel's file name, and the build a
+wheel is for is in its local version: ``+cu128torch2.8`` (or
+``+pt2.8cu128``).  The default index is the one those packs use,
+``https://comfy-forge.github.io/cuda-wheels/``; ``$BULKHEAD_CUDA_INDEX``
+(space separated, tried in order) replaces it, ``$COMFY_ENV_CUDA_WHEELS_INDEX``
+(comfy-env's own variable) too when bulkhead's is unset.  An index may be
+a URL or a local directory (``<dir>/<package>/index.html``, or the wheels
+themselves in ``<dir>/<package>/``).
+
+A wheel fits when its name is a spelling of the package (``-``/``_``), its
+local version names the host's CUDA (``torch.version.cuda``, major+minor)
+and torch (major.minor) -- the versions comfy-env pins into its envs --, it
+is for the environment's CPython (``cp311``) and this machine's
+architecture (``_x86_64``); manylinux wheels first.  A host whose torch has
+no CUDA (a CPU build) matches only CPU builds (``+cputorch2.8``,
+``+pt2.8cpu``).  The host's torch is read from its ``torch/version.py``
+without importing torch; ``$BULKHEAD_TORCH_VERSION`` and
+``$BULKHEAD_CUDA_VERSION`` ("none" for no CUDA) override it.
+
+No fit is an ``EnvBuildError`` naming the package, the build wanted and
+every index tried (and why an index could not be read).  The wheel found
+is installed as ``name @ url`` with the environment's other requirements
+(its dependencies from the default indexes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform as _platform
+import re
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from .build import EnvBuildError
+
+DEFAULT_INDEX = "https://comfy-forge.github.io/cuda-wheels/"
+
+_LINK = re.compile(r'href="([^"]+\.whl(?:#[^"]*)?)"[^>]*>([^<]+)</a>', re.IGNORECASE)
+
+
+def indexes():
+    raw = os.environ.get("BULKHEAD_CUDA_INDEX", "").strip() or \
+        os.environ.get("COMFY_ENV_CUDA_WHEELS_INDEX", "").strip() or DEFAULT_INDEX
+    out = []
+    for i in raw.split():
+        if i.startswith("/"):
+            i = "file://" + i
+        out.append(i if i.endswith("/") else i + "/")
+    return out
+
+
+def host_torch():
+    """(torch version, CUDA version or None) of the host's torch, read from
+    torch/version.py; (None, None) when the host has no torch."""
+    tv = os.environ.get("BULKHEAD_TORCH_VERSION", "").strip() or None
+    cv = os.environ.get("BULKHEAD_CUDA_VERSION")
+    if tv is None or cv is None:
+        spec = importlib.util.find_spec("torch")
+        text = ""
+        if spec is not None and spec.submodule_search_locations:
+            try:
+                with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py"),
+                          encoding="utf-8") as f:
+                    text = f.read()
+            except OSError:
+                pass
+        if tv is None:
+            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            tv = m.group(1) if m else None
+        if cv is None:
+            m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            cv = m.group(1) if m else None
+    if cv is not None and cv.strip().lower() in ("", "none", "cpu"):
+        cv = None
+    return tv, cv
+
+
+def _arch_tag():
+    m = _platform.machine().lower()
+    if sys.platform.startswith("linux"):
+        return "_" + {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+    if sys.platform == "win32":
+        return "win_amd64"
+    return ""
+
+
+def _listing(index, pkg_dir):
+    """[(href, text)] of the wheels <index><pkg_dir>/ lists.  Raises
+    OSError (a directory or file that is not there, an unreachable host)
+    and urllib's errors."""
+    url = index + pkg_dir + "/"
+    if url.startswith("file://"):
+        d = urllib.parse.unquote(urllib.parse.urlparse(url).path)
+        page = os.path.join(d, "index.html")
+        if os.path.isfile(page):
+            with open(page, encoding="utf-8") as f:
+                html = f.read()
+        else:
+            return [(n, n) for n in sorted(os.listdir(d)) if n.endswith(".whl")]
+    else:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "bulkhead"}),
+                                    timeout=15) as r:
+            html = r.read().decode("utf-8", "replace")
+    return [(m.group(1), m.group(2).strip()) for m in _LINK.finditer(html)]
+
+
+def wanted(torch_version, cuda_version):
+    """The local-version spellings of the build wanted."""
+    t = ".".join(torch_version.split("+")[0].split(".")[:2])
+    if cuda_version is None:
+        return [f"+cputorch{t}", f"+pt{t}cpu"]
+    c = "".join(cuda_version.split(".")[:2])
+    return [f"+cu{c}torch{t}", f"+pt{t}cu{c}"]
+
+
+def resolve(config, python_version, progress):
+    """``[name @ url, ...]``: a wheel for each of config.cuda.  Raises
+    EnvBuildError."""
+    tv, cv = host_torch()
+    where = f"{config.path}: [cuda] packages"
+    if tv is None:
+        raise EnvBuildError(f"{where} lists {', '.join(config.cuda)}, whose wheels are built for a torch "
+                            f"version, and the host ({sys.executable}) has no torch; install torch there (or "
+                            "set BULKHEAD_TORCH_VERSION and BULKHEAD_CUDA_VERSION to the build wanted)")
+    py_tag = "cp" + "".join(python_version.split(".")[:2])
+    arch = _arch_tag()
+    pats = wanted(tv, cv)
+    idx = indexes()
+    out = []
+    for pkg in config.cuda:
+        variants = list(dict.fromkeys([pkg, pkg.replace("-", "_"), pkg.replace("_", "-")]))
+        found, tried = [], []
+        for index in idx:
+            for v in variants:
+                try:
+                    links = _listing(index, v)
+                except (OSError, urllib.error.URLError) as e:
+                    why = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
+                    tried.append(f"{index}{v}/ ({why})")
+                    continue
+                tried.append(f"{index}{v}/")
+                for href, text in links:
+                    if any(p in text for p in pats) and f"-{py_tag}-" in text and (not arch or arch in text):
+                        url = href if "://" in href else index + v + "/" + href
+                        found.append((0 if "manylinux" in text else 1, text, url))
+            if found:
+                break
+        if not found:
+            build = f"{pats[0]} (or {pats[1]}), {py_tag}, {arch.lstrip('_') or 'any platform'}"
+            head = f"{where}: no wheel of {pkg!r} for {build}"
+            if cv is None:
+                head = (f"{where}: {pkg!r} is a CUDA extension and the host's torch ({tv}) has no CUDA "
+                        f"(torch.version.cuda is None); no CPU build of it ({build}) either")
+            raise EnvBuildError(f"{head} in the indexes tried: {'; '.join(tried)}. Point BULKHEAD_CUDA_INDEX at "
+                                "an index that has it, or list the wheel under [pypi-dependencies] with its url; "
+                                "no environment was made")
+        found.sort()
+        _, text, url = found[0]
+        progress(f"[cuda] {pkg}: {text} ({url})")
+        name = text.split("-", 1)[0]
+        out.append(f"{name} @ {url}")
+    return out

@@ -1,0 +1,141 @@
+"""Typed values across packs: a pack's custom ``[types]`` carried by the
+serializers its ``serialization.py`` registers (comfy-env's
+``register_serializer(type_name, serialize, deserialize=None, tag=None)``;
+``serialize(obj, recurse)`` -> a payload of what bulkhead's codec carries,
+``deserialize(payload, recurse)`` -> the object).
+
+The host names the serialization files a worker loads in
+``BULKHEAD_SERIALIZERS`` (JSON: [[pack, path], ...]: the worker's own pack
+and the packs its ``comfy-env-root.toml`` lists in ``[node_packs]`` /
+``[node_reqs]`` that declare custom types), and this module runs them at
+the first node call, with ``comfy_env`` standing for this registry while
+they run.  The worker's node policy (``Peer.node_serializer``, set by the
+worker's main) calls ``serialize`` where the codec would otherwise hold an
+object of a node's outputs (V1 ``run`` and V3 ``run_v3`` alike) as a
+handle: an object whose class (or a base, by ``__name__``) is registered
+crosses as a map::
+
+    {"__bulkhead_type__": tag, "type": type_name, "pack": pack, "value": payload}
+
+whose payload the codec walks under the same policy (an object in it a
+pack registered crosses by its own serializer, any other is held).  The
+host holds the map as it is (arrays, maps, strings: no pickle) and passes
+it on to any node.  A worker whose registry knows the tag turns such a map
+in a node's inputs back into the object (``restore``); one that does not
+gets the map.  A class nobody registered still stays in the worker as a
+handle.
+"""
+
+import json
+import os
+import sys
+import types as _types
+
+MARK = "__bulkhead_type__"
+
+_registry = {}      # type_name -> (tag, serialize, deserialize, pack, where)
+_by_tag = {}        # tag -> the same
+_loaded = False
+
+
+class SerializerError(Exception):
+    """A registered serializer that failed, naming the type and the pack."""
+
+
+def _load():
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    try:
+        files = json.loads(os.environ.get("BULKHEAD_SERIALIZERS") or "[]")
+    except ValueError:
+        files = []
+    for pack, path in files:
+        _run_file(pack, path)
+
+
+def _run_file(pack, path):
+    def register_serializer(type_name, serialize, deserialize=None, tag=None):
+        f = sys._getframe(1)
+        entry = (tag or type_name, serialize, deserialize, pack, f"{f.f_code.co_filename}:{f.f_lineno}")
+        _registry.setdefault(type_name, entry)
+        _by_tag.setdefault(entry[0], entry)
+
+    shim = _types.ModuleType("comfy_env")
+    shim.register_serializer = register_serializer
+    saved = sys.modules.get("comfy_env")
+    sys.modules["comfy_env"] = shim
+    try:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec")
+        exec(code, {"__name__": "_bulkhead_serialization", "__file__": path})
+    finally:
+        if saved is None:
+            sys.modules.pop("comfy_env", None)
+        else:
+            sys.modules["comfy_env"] = saved
+
+
+def serialize(v):
+    """The typed map for v, or None when no serializer is registered for
+    its class.  Raises SerializerError when the serializer fails."""
+    if not _loaded:
+        _load()
+    if not _registry:
+        return None
+    for cls in type(v).__mro__:
+        entry = _registry.get(cls.__name__)
+        if entry is not None:
+            break
+    else:
+        return None
+    tag, ser, _, pack, where = entry
+    try:
+        payload = ser(v, _recurse)
+    except Exception as e:
+        raise SerializerError(f"the serializer of type {cls.__name__!r} (pack {pack!r}, registered at {where}) "
+                              f"raised {type(e).__name__}: {e}") from e
+    return {MARK: tag, "type": cls.__name__, "pack": pack, "value": payload}
+
+
+def _recurse(v, depth=0):
+    """A serializer's ``recurse``: v with the registered objects in it as
+    their typed maps (what else it holds the codec carries or holds)."""
+    typed = serialize(v)
+    if typed is not None:
+        return typed
+    if depth < 32 and isinstance(v, (list, tuple)):
+        items = [_recurse(x, depth + 1) for x in v]
+        return tuple(items) if isinstance(v, tuple) else items
+    if depth < 32 and isinstance(v, dict):
+        return {k: _recurse(x, depth + 1) for k, x in v.items()}
+    return v
+
+
+def restore(v, depth=0):
+    """v with every typed map whose tag this worker knows turned back into
+    its object (inputs of a node)."""
+    if depth == 0:
+        if not _loaded:
+            _load()
+        if not _by_tag:
+            return v
+    if isinstance(v, dict):
+        if isinstance(v.get(MARK), str) and "value" in v:
+            entry = _by_tag.get(v[MARK])
+            if entry is not None and entry[2] is not None:
+                try:
+                    return entry[2](v["value"], lambda x: restore(x, depth + 1))
+                except Exception as e:
+                    raise SerializerError(
+                        f"the deserializer of type {v.get('type')!r} (pack {entry[3]!r}, registered at "
+                        f"{entry[4]}) raised {type(e).__name__}: {e} on a value made by pack "
+                        f"{v.get('pack')!r}") from e
+            return v
+        if depth < 32:
+            return {k: restore(x, depth + 1) for k, x in v.items()}
+    elif depth < 32 and isinstance(v, (list, tuple)):
+        items = [restore(x, depth + 1) for x in v]
+        return tuple(items) if isinstance(v, tuple) else items
+    return v
