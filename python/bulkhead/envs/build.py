@@ -15,11 +15,14 @@ Layout.  Everything lives in one per-user workspace, ``workspace()``:
 a config whose requirements or python change gets a new directory, and the
 old one is then found as STALE by the config path its stamp records.
 
-What an environment holds: exactly the pack's requirements, nothing else.
-bulkhead itself is NOT installed there -- a worker imports it from the host
-through PYTHONPATH (``host.worker_pythonpath``), so the host and its workers
-can never disagree about bulkhead's version.  numpy is needed in a worker
-only to receive or send arrays, and then the pack must list it.
+What an environment holds: the pack's requirements plus what a worker's
+``comfy`` import needs, matched to the host (envs/hostmatch.py: the host's
+torch, comfy-aimdo, comfy-kitchen and what comfy.model_management and
+comfy.utils import from ComfyUI's requirements.txt -- shared read-only
+under the host's Python minor, installed at the host's versions under
+another).  bulkhead itself is NOT installed there -- a worker imports it
+from the host through PYTHONPATH (``host.worker_pythonpath``), so the host
+and its workers can never disagree about bulkhead's version.
 
 Building (``build``, ``install``): under an fcntl lock on the lock file (a
 second install of the same environment waits, then finds it built), in a
@@ -36,7 +39,8 @@ one (``SUPERSEDED``); the worker's next generation starts in the new one
 (``current_python``, which the host's workers resolve at each start), and
 a later build removes the old one once nothing runs there.
 
-Checking (``env_status``): ready, missing, stale (the config changed),
+Checking (``env_status``): ready, missing, stale (the config or the
+host's matched set changed),
 foreign (built for another bulkhead protocol, or its interpreter is gone or
 changed minor version) or broken (no readable stamp, a python that does not
 run).  Every state but ready carries the command that rebuilds it.
