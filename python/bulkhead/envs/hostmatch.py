@@ -318,10 +318,10 @@ def stale_reason(stamped, config, rebuild):
         if stamped.get(key) != now[key]:
             return (f"{what} changed from {stamped.get(key) or 'none'} to {now[key] or 'none'}; "
                     f"run `{rebuild}`")
-    if stamped.get("requirements_sha256") != now["requirements_sha256"]:
-        if not stamped.get("comfyui"):
-            return (f"it was built without a ComfyUI to match (none was found); now {base} is the "
-                    f"host's: run `COMFYUI_PATH={base} {rebuild}`")
+    # Built where no ComfyUI was found (an install outside ComfyUI, the pack
+    # not in its custom_nodes): its torch is matched, which is what must
+    # agree; ComfyUI's other requirements are not held against it.
+    if stamped.get("comfyui") and stamped.get("requirements_sha256") != now["requirements_sha256"]:
         return (f"the host ComfyUI's requirements.txt ({_requirements_file(base)}) changed; "
                 f"run `{rebuild}`")
     return None
