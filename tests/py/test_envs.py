@@ -217,11 +217,15 @@ def test_build_offline_then_run_a_worker(tmp_path, home, wheels):
         if not os.path.islink(p):
             with open(p, "rb") as f:
                 assert b".tmp-" not in f.read(), n
-    # the environment holds exactly the pack's requirements: not bulkhead
+    # the environment holds the pack's requirements plus the host's matched
+    # set (test_hostmatch.py): not bulkhead, nor the host's pytest
     out = subprocess.run([st.python, "-I", "-c", "import bhdemo, importlib.util as u; "
-                          "print(bhdemo.value(), u.find_spec('bulkhead'))"],
+                          "print(bhdemo.value(), u.find_spec('bulkhead'), u.find_spec('pytest'))"],
                          stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
-    assert out.strip() == "from a local wheel None"
+    assert out.strip() == "from a local wheel None None"
+    import importlib.metadata
+    assert s["host"]["shared"]["torch"] == importlib.metadata.version("torch")
+    assert "pytest" not in s["host"]["shared"] and "bhdemo" not in s["host"]["shared"]
     # a worker on it: the pack's module, its env var, and not in the host
     w = bulkhead.Worker(st.python, name=c.name, env=c.env_vars)
     try:
@@ -435,12 +439,16 @@ def test_conflicting_packs_from_pypi(tmp_path, monkeypatch):
         [env_vars]
         BH_WHICH = "old numpy"
     """, name="bh-numpy1")
+    # The host's torch has no build for 3.12 here: that pack opts out of
+    # the host's set (test_hostmatch.py builds under another minor).
     new = make_pack(tmp_path, """
         python = "3.12"
         [pypi-dependencies]
         numpy = ">=2"
         [env_vars]
         BH_WHICH = "new numpy"
+        [bulkhead]
+        host_packages = "none"
     """, name="bh-numpy2")
     got = {}
     for pack in (old, new):

@@ -15,11 +15,14 @@ Layout.  Everything lives in one per-user workspace, ``workspace()``:
 a config whose requirements or python change gets a new directory, and the
 old one is then found as STALE by the config path its stamp records.
 
-What an environment holds: exactly the pack's requirements, nothing else.
-bulkhead itself is NOT installed there -- a worker imports it from the host
-through PYTHONPATH (``host.worker_pythonpath``), so the host and its workers
-can never disagree about bulkhead's version.  numpy is needed in a worker
-only to receive or send arrays, and then the pack must list it.
+What an environment holds: the pack's requirements plus what a worker's
+``comfy`` import needs, matched to the host (envs/hostmatch.py: the host's
+torch, comfy-aimdo, comfy-kitchen and what comfy.model_management and
+comfy.utils import from ComfyUI's requirements.txt -- shared read-only
+under the host's Python minor, installed at the host's versions under
+another).  bulkhead itself is NOT installed there -- a worker imports it
+from the host through PYTHONPATH (``host.worker_pythonpath``), so the host
+and its workers can never disagree about bulkhead's version.
 
 Building (``build``, ``install``): under an fcntl lock on the lock file (a
 second install of the same environment waits, then finds it built), in a
@@ -39,7 +42,8 @@ one (``SUPERSEDED``); the worker's next generation starts in the new one
 (``current_python``, which the host's workers resolve at each start), and
 a later build removes the old one once nothing runs there.
 
-Checking (``env_status``): ready, missing, stale (the config changed),
+Checking (``env_status``): ready, missing, stale (the config or the
+host's matched set changed),
 foreign (built for another bulkhead protocol, or its interpreter is gone or
 changed minor version) or broken (no readable stamp, a python that does not
 run).  Every state but ready carries the command that rebuilds it.
@@ -65,6 +69,7 @@ from typing import Optional
 from .. import _native
 from ..channel.peer import BulkheadError
 from . import config as packconfig
+from . import hostmatch
 from .config import PackConfigError
 
 STAMP = "bulkhead-stamp.json"
@@ -514,6 +519,9 @@ def env_status(config):
     if s.get("config_hash") != config.config_hash:
         return status("stale", f"{config.path} changed since {d} was built "
                                f"(config hash {str(s.get('config_hash'))[:12]}, now {config.hash12})", py, now)
+    host = hostmatch.stale_reason(s.get("host"), config, rebuild_command(config))
+    if host:
+        return status("stale", host, py, now)
     return status("ready", f"built {s.get('created', '?')} with Python {now} ({ipath})", py, now)
 
 
@@ -643,6 +651,45 @@ def _remove(path):
             pass
 
 
+def _match_host(match, config, tmp, py, args, pip, progress):
+    """Gives the environment being built at ``tmp`` what ``match`` (a
+    hostmatch.Plan) says it gets from the host: the shared farm on its path,
+    the host's versions installed; returns the pip arguments that keep the
+    pack's requirements to the host's torch."""
+    for line in match.notes:
+        progress(line)
+    if match.share:
+        site, seeded = _probe(py, "import sysconfig, json, importlib.metadata as m; "
+                                  "print(sysconfig.get_path('purelib')); "
+                                  "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")[:2]
+        site = site.strip()
+        # What venv seeded (setuptools on 3.11) would shadow the host's
+        # copy (pip would then replace it for torch's requirement): the
+        # host's is the one.
+        shadow = [n for n, v in json.loads(seeded).items()
+                  if hostmatch.canonical(n) in match.stamp["shared"] and match.stamp["shared"][hostmatch.canonical(n)] != v]
+        if shadow:
+            progress(f"removing the venv's own {', '.join(shadow)}: the host's are shared")
+            _stream([py, "-m", "pip", "uninstall", "-y", "-q"] + shadow, progress, "pip uninstall")
+        farm = hostmatch.build_farm(match.share, os.path.join(workspace(), "host"))
+        hostmatch.write_pth(site, farm)
+        match.stamp["farm"] = farm
+        progress(f"sharing the host's {', '.join(f'{n} {v}' for n, v in match.stamp['shared'].items())} "
+                 f"read-only ({farm})")
+    if match.install:
+        progress(f"installing the host's versions: {' '.join(match.install)}")
+        pip(args + match.install, f"the host's versions of what a worker's comfy import needs, for this "
+                                  f"interpreter: pip found no {' / '.join(match.install)} for it; install "
+                                  "them on an index pip uses (BULKHEAD_PIP_ARGS), give the pack the host's "
+                                  "Python minor, or set [bulkhead] host_packages = \"none\"")
+    if not match.constraints:
+        return []
+    cfile = os.path.join(tmp, "bulkhead-host-constraints.txt")
+    with open(cfile, "w", encoding="utf-8") as f:
+        f.write("\n".join(match.constraints) + "\n")
+    return ["-c", cfile]
+
+
 def build(config, progress=None, force=False, *, pip_args=None):
     """Builds ``config``'s environment unless it is ready (or rebuilds it
     when ``force``).  ``progress(line)`` gets every line of progress
@@ -672,6 +719,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
             raise EnvBuildError("BULKHEAD_INSTALLER=uv but uv is not on PATH")
         interp = find_interpreter(config.python, installer_uv=uv)
         progress(f"interpreter: {interp.path} (Python {interp.version}): {interp.why}")
+        match = hostmatch.plan(config, interp.version, hostmatch.comfyui_for(config))
         args = _pip_args(pip_args)
         tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=envs)
         old = None
@@ -710,6 +758,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
                         f"{e.returncode} ({what}); no environment was made\n--- last lines of {tool}'s "
                         f"output ---\n{e.output_tail}", e.output_tail, e.returncode) from None
 
+            keep_torch = _match_host(match, config, tmp, py, args, pip, progress)
             # An entry pinned to an index comes from that index alone (no
             # dependencies: they come from the default indexes next).
             for index, pinned in config.indexes:
@@ -718,7 +767,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
                     f"from the index {index}")
             if reqs:
                 progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
-                pip(args + reqs, "the requirements")
+                pip(args + keep_torch + reqs, "the requirements")
             if config.conda:
                 conda.finish(tmp, final, interp.version)
             _relocate(tmp, final)
@@ -735,6 +784,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
                 "interpreter": {"path": interp.path, "version": interp.version,
                                 "source": interp.source, "why": interp.why},
                 "installer": "uv" if uv else "pip",
+                "host": match.stamp,
                 "requirements": reqs,
                 "indexes": [[i, list(rs)] for i, rs in config.indexes],
                 "pip_args": args,

@@ -119,6 +119,11 @@ OPTIONS = {
 CHOICES = {
     "prewarm": ("when the worker starts ahead of its first node: when a queued prompt uses the pack, "
                 "when ComfyUI loads the pack, or only when a node runs", ("prompt", "startup", "off")),
+    # Read by envs/hostmatch.py; the stamp records it (a change marks the
+    # environment stale there, not through the config hash).
+    "host_packages": ("what the environment gets from the host: torch, comfy-aimdo, comfy-kitchen and what "
+                      "ComfyUI's comfy import needs, at the host's versions (match), or nothing (none: for a "
+                      "pack that never imports comfy or torch)", ("match", "none")),
 }
 
 # Tables bulkhead knows it does not implement, with what that means.

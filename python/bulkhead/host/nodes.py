@@ -78,6 +78,7 @@ from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decod
                                remote_name)
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..packimport import default_module, import_nodes, in_worker
+from ..envs import hostmatch
 from .serverproxy import ServerProxy
 from .workers import Worker, WorkerDied
 
@@ -155,20 +156,8 @@ class PackLoadError(BulkheadError, ImportError):
 def find_comfyui(options=None):
     """The host's ComfyUI directory: options['comfyui'], else where the
     imported ``folder_paths`` or ``comfy`` came from, else $COMFYUI_PATH;
-    None when there is none."""
-    given = (options or {}).get("comfyui")
-    if given:
-        return os.path.realpath(given)
-    fp = sys.modules.get("folder_paths")
-    if getattr(fp, "__file__", None):
-        return os.path.dirname(os.path.realpath(fp.__file__))
-    comfy = sys.modules.get("comfy")
-    if getattr(comfy, "__file__", None):
-        return os.path.dirname(os.path.dirname(os.path.realpath(comfy.__file__)))
-    env = os.environ.get("COMFYUI_PATH")
-    if env and os.path.isdir(os.path.join(env, "comfy")):
-        return os.path.realpath(env)
-    return None
+    None when there is none (envs.hostmatch matches environments to it)."""
+    return hostmatch.find_comfyui(options)
 
 
 def cache_dir():

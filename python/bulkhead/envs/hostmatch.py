@@ -1,0 +1,513 @@
+"""What a pack environment gets from the host, matched to the host.
+
+A worker imports the host's ComfyUI (``comfy.model_management``,
+``comfy.utils``), and tensors cross between the host and its workers, so
+every environment holds, beside the pack's own requirements:
+
+- torch at the host's exact version and build, with its dependencies;
+- comfy-aimdo and comfy-kitchen at the host's versions (where installed);
+- the requirements of the host ComfyUI's ``requirements.txt`` that the
+  modules ``comfy.model_management`` and ``comfy.utils`` import at module
+  level (read with ``ast``, following ``comfy.*`` imports), with their
+  dependencies: numpy, psutil, safetensors, einops, Pillow, ...
+
+"The host" is the Python running this module: ComfyUI's, or the one
+``bulkhead install`` runs in (BULKHEAD_PYTHON).  Its installed
+distributions (``importlib.metadata``) are the source of truth; a
+requirement the host does not have installed is left out with a note.
+
+How they get there depends on the environment's interpreter.  Of the
+host's own minor version: shared read-only, never copied -- a symlink farm
+(``<workspace>/host/<hash12>/``, outside every environment, so pip in an
+environment never uninstalls through it) holds links to exactly those
+distributions' files (their RECORDs; a directory another host
+distribution also has files in is made real and linked one level down),
+and one ``bulkhead-host.pth`` in the environment's site-packages names the
+farm.  The host's whole site-packages is never on a worker's path.  Of
+another minor: installed with pip at the host's versions
+(``torch==2.13.0+cpu``, ...), before the pack's requirements.
+
+A pack that pins a torch the host's does not satisfy is refused by name; a
+pack's pin of anything else that the host's version does not satisfy wins
+(that distribution is left out of the host's set) and is reported.
+
+The stamp records ``fingerprint()`` (the host's torch version and CUDA
+build, comfy-aimdo, comfy-kitchen, the sha256 of ComfyUI's
+requirements.txt); ``stale_reason`` compares it with the host now, so an
+upgraded host marks its environments stale with the command that rebuilds
+them.  A config's ``[bulkhead] host_packages = "none"`` opts out (a pack
+that never imports comfy or torch, e.g. under a Python the host's torch
+has no build for).
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import dataclasses
+import hashlib
+import importlib.metadata as metadata
+import os
+import sys
+import tempfile
+from typing import Dict, List, Optional, Tuple
+
+try:
+    from packaging.markers import default_environment
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+except ImportError:     # bulkhead has no Python dependencies; pip (which builds environments) has packaging
+    from pip._vendor.packaging.markers import default_environment
+    from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
+    from pip._vendor.packaging.version import InvalidVersion, Version
+
+from .config import PackConfigError
+
+# Distributions every environment gets at the host's versions (where the
+# host has them), whatever ComfyUI's requirements.txt says.
+ALWAYS = ("torch", "comfy-aimdo", "comfy-kitchen")
+# The modules whose imports decide which of ComfyUI's requirements a
+# worker needs.
+ENTRY_MODULES = ("comfy.model_management", "comfy.utils")
+PTH_NAME = "bulkhead-host.pth"
+FINGERPRINT_FORMAT = 1
+
+
+# --- the host's ComfyUI ---
+
+def find_comfyui(options=None):
+    """The host's ComfyUI directory: options['comfyui'], else where the
+    imported ``folder_paths`` or ``comfy`` came from, else $COMFYUI_PATH;
+    None when there is none.  (host.nodes.find_comfyui is this.)"""
+    given = (options or {}).get("comfyui")
+    if given:
+        return os.path.realpath(given)
+    fp = sys.modules.get("folder_paths")
+    if getattr(fp, "__file__", None):
+        return os.path.dirname(os.path.realpath(fp.__file__))
+    comfy = sys.modules.get("comfy")
+    if getattr(comfy, "__file__", None):
+        return os.path.dirname(os.path.dirname(os.path.realpath(comfy.__file__)))
+    env = os.environ.get("COMFYUI_PATH")
+    if env and os.path.isdir(os.path.join(env, "comfy")):
+        return os.path.realpath(env)
+    return None
+
+
+def comfyui_for(config):
+    """The ComfyUI a pack's environment is matched to: ``find_comfyui()``,
+    else the one the pack is installed in (``<ComfyUI>/custom_nodes/<pack>``),
+    else None."""
+    base = find_comfyui()
+    if base:
+        return base
+    up = os.path.dirname(os.path.dirname(os.path.realpath(config.root)))
+    if os.path.basename(os.path.dirname(os.path.realpath(config.root))) == "custom_nodes" and \
+            os.path.isdir(os.path.join(up, "comfy")):
+        return up
+    return None
+
+
+def _requirements_file(base):
+    return os.path.join(base, "requirements.txt") if base else None
+
+
+def _sha256(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def read_requirements(path):
+    """The requirements of a requirements.txt, parsed (comments, blank
+    lines and pip options skipped).  [] when the file cannot be read."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        try:
+            out.append(Requirement(line))
+        except InvalidRequirement:
+            continue
+    return out
+
+
+def _module_file(base, module):
+    p = os.path.join(base, *module.split("."))
+    for cand in (p + ".py", os.path.join(p, "__init__.py")):
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def _module_level(body):
+    """The statements that run when a module is imported: function bodies
+    are skipped; if/try/with/class bodies are not."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            sub = getattr(node, field, None)
+            if isinstance(sub, list):
+                yield from _module_level([s for s in sub if isinstance(s, ast.AST)])
+
+
+def comfy_imports(base):
+    """Top-level names of the modules outside ``comfy`` (and outside the
+    standard library) that ENTRY_MODULES import when imported, following
+    their ``comfy.*`` imports through ``base``."""
+    todo, seen, out = list(ENTRY_MODULES), set(), set()
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        path = _module_file(base, mod)
+        if path is None:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
+        for node in _module_level(tree.body):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[:len(parts) - node.level + 1]
+                    prefix = ".".join(parts + ([node.module] if node.module else []))
+                else:
+                    prefix = node.module or ""
+                names = [prefix] + [f"{prefix}.{a.name}" for a in node.names]
+            for n in names:
+                top = n.split(".")[0]
+                if top == "comfy":
+                    todo.append(n)
+                elif top and top not in stdlib and top != "__future__":
+                    out.add(top)
+    return out
+
+
+# --- the host's distributions ---
+
+def canonical(name):
+    """A distribution name in its canonical form (PEP 503)."""
+    return canonicalize_name(name)
+
+
+def _host_dists():
+    """{canonical name: Distribution} of the host, the first on sys.path
+    winning (as import does)."""
+    out = {}
+    for d in metadata.distributions():
+        name = d.metadata["Name"] if d.metadata else None
+        if name:
+            out.setdefault(canonicalize_name(name), d)
+    return out
+
+
+def _top_names(d):
+    """Top-level import names a distribution provides."""
+    text = d.read_text("top_level.txt")
+    if text:
+        return {t.strip() for t in text.split() if t.strip()}
+    out = set()
+    for f in d.files or ():
+        first = f.parts[0] if f.parts else ""
+        if first in ("..", "__pycache__") or first.endswith((".dist-info", ".egg-info", ".pth", ".data")):
+            continue
+        out.add(first[:-3] if first.endswith(".py") else first.split(".")[0])
+    return out
+
+
+def _torch_cuda(d):
+    """torch.version.cuda of an installed torch, read from torch/version.py
+    without importing it; None for a CPU build or when unreadable."""
+    try:
+        path = d.locate_file("torch/version.py")
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+            return node.value.value if isinstance(node.value.value, str) else None
+    return None
+
+
+def _closure(dists, roots):
+    """The canonical names of ``roots`` and everything they require
+    (markers evaluated here, no extras), as far as the host has them."""
+    env = dict(default_environment(), extra="")
+    out, todo = [], list(roots)
+    while todo:
+        n = canonicalize_name(todo.pop(0))
+        if n in out or n not in dists:
+            continue
+        out.append(n)
+        for r in dists[n].requires or ():
+            try:
+                req = Requirement(r)
+            except InvalidRequirement:
+                continue
+            if req.marker is None or req.marker.evaluate(env):
+                todo.append(req.name)
+    return out
+
+
+def fingerprint(comfyui, mode="match"):
+    """What an environment's match to the host depends on, as the stamp
+    records it; cheap (no RECORD or source read beyond torch/version.py
+    and requirements.txt)."""
+    if mode == "none":
+        return {"format": FINGERPRINT_FORMAT, "mode": "none"}
+    found = {}
+    for name in ALWAYS:
+        try:
+            found[name] = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    torch = found["torch"]
+    req = _requirements_file(comfyui)
+    return {"format": FINGERPRINT_FORMAT, "mode": "match",
+            "torch": torch.version if torch is not None else None,
+            "torch_cuda": _torch_cuda(torch) if torch is not None else None,
+            "comfy-aimdo": found["comfy-aimdo"].version if found["comfy-aimdo"] else None,
+            "comfy-kitchen": found["comfy-kitchen"].version if found["comfy-kitchen"] else None,
+            "comfyui": comfyui,
+            "requirements_sha256": _sha256(req) if req else None}
+
+
+_COMPARED = (("torch", "the host's torch"), ("torch_cuda", "the host's torch CUDA build"),
+             ("comfy-aimdo", "the host's comfy-aimdo"), ("comfy-kitchen", "the host's comfy-kitchen"))
+
+
+def stale_reason(stamped, config, rebuild):
+    """Why an environment stamped with ``stamped`` (its stamp's ``host``)
+    no longer matches the host, in words ending in ``rebuild`` (the
+    command); None while it matches."""
+    mode = config.options.get("host_packages", "match")
+    if not isinstance(stamped, dict) or stamped.get("format") != FINGERPRINT_FORMAT:
+        return f"it was built before bulkhead matched environments to the host; run `{rebuild}`"
+    if stamped.get("mode") != mode:
+        return (f"[bulkhead] host_packages changed from {stamped.get('mode')!r} to {mode!r}; "
+                f"run `{rebuild}`")
+    if mode == "none":
+        return None
+    base = comfyui_for(config) or stamped.get("comfyui")
+    now = fingerprint(base, mode)
+    for key, what in _COMPARED:
+        if stamped.get(key) != now[key]:
+            return (f"{what} changed from {stamped.get(key) or 'none'} to {now[key] or 'none'}; "
+                    f"run `{rebuild}`")
+    # Built where no ComfyUI was found (an install outside ComfyUI, the pack
+    # not in its custom_nodes): its torch is matched, which is what must
+    # agree; ComfyUI's other requirements are not held against it.
+    if stamped.get("comfyui") and stamped.get("requirements_sha256") != now["requirements_sha256"]:
+        return (f"the host ComfyUI's requirements.txt ({_requirements_file(base)}) changed; "
+                f"run `{rebuild}`")
+    return None
+
+
+# --- planning ---
+
+@dataclasses.dataclass
+class Plan:
+    """What an environment gets from the host.
+
+    ``share``      canonical names shared read-only (same minor), in order.
+    ``install``    pip requirement strings at the host's versions (another
+                   minor, or what cannot be shared).
+    ``constraints`` lines for pip's -c: the host's torch, always.
+    ``pack_wins``  (name, the pack's requirement, the host's version): the
+                   pack's pin is used instead of the host's.
+    ``notes``      lines for the install output.
+    ``stamp``      the stamp's ``host`` entry.
+    """
+
+    share: List[str]
+    install: List[str]
+    constraints: List[str]
+    pack_wins: List[Tuple[str, str, str]]
+    notes: List[str]
+    stamp: Dict[str, object]
+
+
+def _pin(name, version):
+    try:
+        Version(version)
+        return f"{name}=={version}"
+    except InvalidVersion:
+        return f"{name}==={version}"
+
+
+def plan(config, python_version, comfyui):
+    """The Plan for ``config``'s environment under an interpreter of
+    ``python_version`` ("3.12.1"), matched to the host ComfyUI at
+    ``comfyui`` (or None).  Raises PackConfigError when the pack pins a
+    torch the host's does not satisfy."""
+    mode = config.options.get("host_packages", "match")
+    fp = fingerprint(comfyui, mode)
+    if mode == "none":
+        return Plan([], [], [], [], ["host_packages = \"none\": nothing of the host's is matched"], fp)
+    dists = _host_dists()
+    notes = []
+    roots = [n for n in ALWAYS if n in dists]
+    if comfyui:
+        imported = comfy_imports(comfyui)
+        providers = {}
+        for n, d in dists.items():
+            for top in _top_names(d):
+                providers.setdefault(top, set()).add(n)
+        wanted = {p for top in imported for p in providers.get(top, ())}
+        path = _requirements_file(comfyui)
+        for req in read_requirements(path):
+            n = canonicalize_name(req.name)
+            if n in wanted:
+                roots.append(n)
+            elif n not in dists and n.replace("-", "_") in imported:
+                notes.append(f"the host has no {req.name} installed ({path} lists it and comfy imports it): "
+                             "not matched")
+    else:
+        notes.append("no ComfyUI found (COMFYUI_PATH, or the pack in <ComfyUI>/custom_nodes): only "
+                     f"{', '.join(roots) or 'nothing'} matched to the host")
+    names = _closure(dists, roots)
+    host_torch = dists["torch"].version if "torch" in dists else None
+
+    marker_env = dict(default_environment(), python_version=".".join(python_version.split(".")[:2]),
+                      python_full_version=python_version, extra="")
+    pack_wins = []
+    for text in config.requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate(marker_env):
+            continue
+        n = canonicalize_name(req.name)
+        if n not in names:
+            continue
+        host_v = dists[n].version
+        if not req.url and req.specifier.contains(host_v, prereleases=True):
+            continue        # the host's version does: shared or pinned as below
+        if n == "torch":
+            raise PackConfigError(
+                config.path, f"requirement {text!r} asks for another torch than the host's torch {host_v}: "
+                "the host and its workers run one torch (tensors and CUDA IPC cross between them); "
+                f"remove the torch pin or let it allow {host_v}", key="requirements")
+        pack_wins.append((n, text, host_v))
+    won = {n for n, _, _ in pack_wins}
+    for n, text, host_v in pack_wins:
+        notes.append(f"{n}: the pack's {text} wins over the host's {n} {host_v}")
+    names = [n for n in names if n not in won]
+    same_minor = python_version.split(".")[:2] == [str(x) for x in sys.version_info[:2]]
+    share, install = [], []
+    for n in names:
+        if same_minor and dists[n].files is not None:
+            share.append(n)
+        else:
+            install.append(_pin(dists[n].metadata["Name"], dists[n].version))
+    constraints = [_pin("torch", host_torch)] if host_torch and "torch" not in won else []
+    fp.update({"shared": {n: dists[n].version for n in share}, "installed": install,
+               "pack_wins": [list(w) for w in pack_wins]})
+    return Plan(share, install, constraints, pack_wins, notes, fp)
+
+
+# --- sharing ---
+
+def _site_files(d):
+    """(site directory, [path parts]) of a distribution's files that lie
+    in its site directory."""
+    loc = os.path.realpath(str(d.locate_file("")))
+    out = []
+    for f in d.files or ():
+        parts = tuple(f.parts)
+        if not parts or ".." in parts or parts[0] == "__pycache__" or (len(parts) == 1 and parts[0].endswith(".pth")):
+            continue
+        out.append(parts)
+    return loc, out
+
+
+def build_farm(names, directory):
+    """Makes (or finds) the symlink farm holding exactly the host's
+    distributions ``names`` under ``directory`` and returns its path."""
+    dists = _host_dists()
+    key = hashlib.sha256(repr(sorted((n, dists[n].version, str(dists[n].locate_file(""))) for n in names))
+                         .encode()).hexdigest()[:12]
+    farm = os.path.join(directory, key)
+    if os.path.isdir(farm):
+        return farm
+    os.makedirs(directory, exist_ok=True)
+    mine = {}
+    for n in names:
+        loc, files = _site_files(dists[n])
+        mine.setdefault(loc, []).extend(files)
+    others = {}
+    chosen = set(names)
+    for n, d in dists.items():
+        if n in chosen:
+            continue
+        loc = os.path.realpath(str(d.locate_file("")))
+        if loc not in mine:
+            continue
+        pre = others.setdefault(loc, set())
+        for f in d.files or ():
+            parts = tuple(f.parts)
+            for k in range(1, len(parts) + 1):
+                pre.add(parts[:k])
+    tmp = tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=directory)
+    try:
+        os.chmod(tmp, 0o755)
+        for loc, files in mine.items():
+            taken = others.get(loc, set())
+            linked = set()
+            for parts in files:
+                k = 1
+                while k < len(parts) and parts[:k] in taken:
+                    k += 1
+                head = parts[:k]
+                if any(head[:j] in linked for j in range(1, k + 1)):
+                    continue
+                src = os.path.join(loc, *head)
+                if not os.path.lexists(src):
+                    continue
+                dst = os.path.join(tmp, *head)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.symlink(src, dst)
+                linked.add(head)
+        try:
+            os.rename(tmp, farm)
+        except OSError:
+            if not os.path.isdir(farm):        # not another install's farm: a real failure
+                raise
+        else:
+            tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return farm
+
+
+def write_pth(site_packages, farm):
+    """Puts the farm on the environment's path (after its own
+    site-packages, so the pack's own distributions win)."""
+    with open(os.path.join(site_packages, PTH_NAME), "w", encoding="utf-8") as f:
+        f.write(farm + "\n")

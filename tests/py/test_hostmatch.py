@@ -1,0 +1,215 @@
+"""Pack environments matched to the host (envs/hostmatch.py): a pack with no
+requirements gets the host's torch (shared read-only) and what ComfyUI's
+comfy import needs, and its worker runs comfy.utils and torch under
+tests/comfyui; a torch pin the host's torch does not satisfy is refused;
+another pin wins and is reported; an upgraded host's torch marks the
+environment stale; another minor installs the host's versions (planned,
+and its error when pip cannot find them)."""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bulkhead
+from bulkhead.envs import build as envs, hostmatch
+from bulkhead.envs.build import EnvBuildError
+from comfyenv import STUB_ROOT, run_comfy_script
+from test_envs import HOST_MM, cli, make_pack, make_wheel, only_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(ROOT, "build", "rel")))
+HOST_TORCH = importlib.metadata.version("torch")
+HOST_PSUTIL = importlib.metadata.version("psutil")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    h = tmp_path / "home"
+    monkeypatch.setenv("BULKHEAD_HOME", str(h))
+    monkeypatch.delenv("BULKHEAD_PIP_ARGS", raising=False)
+    monkeypatch.delenv("BULKHEAD_INSTALLER", raising=False)
+    monkeypatch.delenv("COMFYUI_PATH", raising=False)
+    return h
+
+
+def env_run(python, code):
+    return subprocess.run([python, "-I", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, check=True).stdout.strip()
+
+
+NODES = '''
+import os, sys
+
+
+class UsesComfy:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"n": ("INT", {"default": 3})}}
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "go"
+
+    def go(self, n):
+        import json
+        import comfy.utils
+        import comfy.model_management as mm
+        import psutil
+        import torch
+        bar = comfy.utils.ProgressBar(n)
+        t = torch.arange(n, dtype=torch.float32)
+        bar.update(n)
+        return (json.dumps({"sum": float(t.sum()), "torch": torch.__version__, "torch_file": torch.__file__,
+                            "psutil_file": psutil.__file__, "prefix": sys.prefix,
+                            "device": str(mm.get_torch_device())}),)
+
+
+NODE_CLASS_MAPPINGS = {"UsesComfy": UsesComfy}
+'''
+
+
+def test_a_pack_without_requirements_runs_comfy_and_torch(tmp_path, home, monkeypatch):
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\n', name="bare")
+    with open(os.path.join(pack, "nodes.py"), "w") as f:
+        f.write(NODES)
+    monkeypatch.setenv("COMFYUI_PATH", STUB_ROOT)
+    lines = []
+    # offline: nothing may need a download (the host's set is shared)
+    [st] = bulkhead.install(pack, progress=lines.append, pip_args=["--no-index"])
+    assert st.ok, st
+    s = envs.read_stamp(st.env_dir)["host"]
+    assert s["torch"] == HOST_TORCH and s["comfyui"] == os.path.realpath(STUB_ROOT)
+    assert s["shared"]["torch"] == HOST_TORCH and s["shared"]["psutil"] == HOST_PSUTIL
+    assert "comfy-aimdo" in s["shared"] and "sympy" in s["shared"]       # ALWAYS, torch's own
+    assert s["installed"] == [] and s["pack_wins"] == []
+    assert any(l.startswith("sharing the host's torch " + HOST_TORCH) for l in lines), lines
+    farm = s["farm"]
+    assert os.path.isdir(farm) and not farm.startswith(st.env_dir + os.sep)
+    # only those distributions: not the host's aiohttp (requirements.txt lists it, comfy does
+    # not import it), nor pytest, nor bulkhead
+    out = env_run(st.python, "import importlib.util as u, torch, psutil; print(torch.__version__, "
+                             "torch.__file__, [u.find_spec(m) is None for m in ('aiohttp', 'pytest', 'bulkhead')])")
+    version, where, absent = out.split(" ", 2)
+    assert version == HOST_TORCH and where.startswith(farm + os.sep)
+    assert absent == "[True, True, True]"
+    assert bulkhead.env_status(only_config(pack)).ok
+    # its worker, in a ComfyUI-shaped host: comfy.utils, comfy.model_management and torch
+    r = run_comfy_script(textwrap.dedent(f"""
+        from bulkhead.host import nodes
+        m, _ = nodes.load_pack({pack!r}, {st.python!r})
+        out = json.loads(m["UsesComfy"]().go(n=4)[0])
+        nodes.close_all()
+        emit(out)
+    """), env={"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(home)}, timeout=240)
+    assert r["sum"] == 6.0 and r["torch"] == HOST_TORCH and r["device"] == "cpu"
+    assert r["torch_file"].startswith(farm + os.sep) and r["psutil_file"].startswith(farm + os.sep)
+    assert r["prefix"] == st.env_dir
+
+
+def test_a_torch_pin_other_than_the_hosts_is_refused(tmp_path, home):
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["torch<2"]\n')
+    with pytest.raises(bulkhead.PackConfigError) as ei:
+        bulkhead.install(pack, progress=lambda l: None)
+    msg = str(ei.value)
+    assert msg.startswith(f"{pack}/comfy-env.toml: ") and "'torch<2'" in msg
+    assert f"the host's torch {HOST_TORCH}" in msg and "CUDA IPC" in msg
+    assert [e for e in os.listdir(home / "envs") if not e.endswith(".lock")] == []
+    # a pin the host's torch satisfies is no conflict
+    make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["torch>=2"]\n')
+    [st] = bulkhead.install(pack, progress=lambda l: None, pip_args=["--no-index"])
+    assert st.ok and envs.read_stamp(st.env_dir)["host"]["shared"]["torch"] == HOST_TORCH
+
+
+def test_another_pin_wins_and_is_reported(tmp_path, home, monkeypatch):
+    wheels = str(tmp_path / "wheels")
+    os.makedirs(wheels)
+    make_wheel(wheels, "psutil", "0.1", {"psutil/__init__.py": "__version__ = '0.1'\n"})
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["psutil==0.1"]\n')
+    monkeypatch.setenv("COMFYUI_PATH", STUB_ROOT)
+    lines = []
+    [st] = bulkhead.install(pack, progress=lines.append, pip_args=["--no-index", "--find-links", wheels])
+    won = [l for l in lines if "wins over" in l]
+    assert won == [f"psutil: the pack's psutil==0.1 wins over the host's psutil {HOST_PSUTIL}"], lines
+    s = envs.read_stamp(st.env_dir)["host"]
+    assert "psutil" not in s["shared"] and s["shared"]["torch"] == HOST_TORCH
+    assert s["pack_wins"] == [["psutil", "psutil==0.1", HOST_PSUTIL]]
+    assert env_run(st.python, "import psutil, torch; print(psutil.__version__, torch.__version__)") \
+        == f"0.1 {HOST_TORCH}"
+
+
+def test_an_upgraded_host_torch_makes_it_stale(tmp_path, home, monkeypatch):
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\n')
+    [st] = bulkhead.install(pack, progress=lambda l: None, pip_args=["--no-index"])
+    c = only_config(pack)
+    assert bulkhead.env_status(c).ok
+    # the host now has another torch first on its path: a distribution's
+    # metadata is what the host's torch is read from
+    newer = tmp_path / "newer-host"
+    info = newer / "torch-9.9.9.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
+    monkeypatch.syspath_prepend(str(newer))
+    s = bulkhead.env_status(c)
+    assert s.state == "stale" and not s.ok
+    assert s.reason == f"the host's torch changed from {HOST_TORCH} to 9.9.9; run `bulkhead install {pack}`"
+    assert f"bulkhead install {pack}" in s.fix
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(newer), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "bulkhead", "env", pack], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, env=env, timeout=120)
+    assert r.returncode == 1 and "pack: stale" in r.stdout
+    assert f"the host's torch changed from {HOST_TORCH} to 9.9.9; run `bulkhead install {pack}`" in r.stdout
+    monkeypatch.syspath_prepend(str(tmp_path / "nothing"))
+    sys.path.remove(str(newer))
+    assert bulkhead.env_status(c).ok
+    # the host ComfyUI's requirements.txt changing does too
+    base = tmp_path / "ComfyUI"
+    (base / "comfy").mkdir(parents=True)
+    (base / "requirements.txt").write_text("torch\n")
+    monkeypatch.setenv("COMFYUI_PATH", str(base))
+    # built without a ComfyUI, it is not held against one found now (its torch matches)
+    assert bulkhead.env_status(c).ok
+    [st] = bulkhead.install(pack, force=True, progress=lambda l: None, pip_args=["--no-index"])
+    assert st.ok and envs.read_stamp(st.env_dir)["host"]["comfyui"] == str(base)
+    (base / "requirements.txt").write_text("torch\npsutil\n")
+    s = bulkhead.env_status(c)
+    assert s.state == "stale" and f"the host ComfyUI's requirements.txt ({base}/requirements.txt) changed" in s.reason
+    # a stamp from before host matching is stale too
+    stamp = envs.read_stamp(st.env_dir)
+    del stamp["host"]
+    envs._write_stamp(st.env_dir, stamp)
+    s = bulkhead.env_status(c)
+    assert s.state == "stale" and "built before bulkhead matched environments to the host" in s.reason
+
+
+def test_another_minor_installs_the_hosts_versions(tmp_path, home):
+    other = "3.12" if HOST_MM != "3.12" else "3.11"
+    pack = make_pack(tmp_path, f'python = "{other}"\nrequirements = ["bhdemo"]\n')
+    c = only_config(pack)
+    p = hostmatch.plan(c, other + ".1", os.path.realpath(STUB_ROOT))
+    assert p.share == [] and p.install[0] == f"torch=={HOST_TORCH}"
+    assert f"psutil=={HOST_PSUTIL}" in p.install and p.constraints == [f"torch=={HOST_TORCH}"]
+    assert not any(r.lower().startswith("aiohttp") for r in p.install)
+    try:
+        envs.find_interpreter(other)
+    except envs.InterpreterNotFound:
+        pytest.skip(f"no Python {other} here to build under")
+    wheels = str(tmp_path / "wheels")
+    os.makedirs(wheels)
+    make_wheel(wheels, "bhdemo", "1.0", {"bhdemo/__init__.py": ""})
+    lines = []
+    with pytest.raises(EnvBuildError) as ei:
+        bulkhead.install(pack, progress=lines.append, pip_args=["--no-index", "--find-links", wheels])
+    msg = str(ei.value)
+    assert f"pip found no torch=={HOST_TORCH}" in msg and "no environment was made" in msg
+    assert "host_packages = \"none\"" in msg
+    assert any(l.startswith(f"installing the host's versions: torch=={HOST_TORCH}") for l in lines)
+    assert [e for e in os.listdir(home / "envs") if not e.endswith(".lock")] == []
+    # a pack that opts out builds there
+    make_pack(tmp_path, f'python = "{other}"\nrequirements = ["bhdemo"]\n[bulkhead]\nhost_packages = "none"\n')
+    [st] = bulkhead.install(pack, progress=lambda l: None, pip_args=["--no-index", "--find-links", wheels])
+    assert st.ok and envs.read_stamp(st.env_dir)["host"] == {"format": 1, "mode": "none"}
+    r = cli("env", pack)
+    assert r.returncode == 0 and "pack: ready" in r.stdout
