@@ -50,7 +50,7 @@ import importlib.metadata as metadata
 import os
 import sys
 import tempfile
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 try:
     from packaging.markers import default_environment

@@ -319,7 +319,7 @@ def register_nodes(nodes_package="nodes"):
 def serve(pack_dir, pkg_name, nodes_package="nodes"):
     """register_nodes for an explicit pack directory and package name."""
     from ..envs import config as packconfig
-    from . import nodes as hnodes, pack as hpack
+    from . import pack as hpack
     _announce(pack_dir, "register_nodes")
     root = packconfig.load_root(pack_dir)
     if root is not None:
