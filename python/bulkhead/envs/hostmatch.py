@@ -365,9 +365,9 @@ def plan(config, python_version, comfyui):
     ``comfyui`` (or None).  Raises PackConfigError when the pack pins a
     torch the host's does not satisfy."""
     mode = config.options.get("host_packages", "match")
-    fp = fingerprint(comfyui, mode)
+    stamp = fingerprint(comfyui, mode)
     if mode == "none":
-        return Plan([], [], [], [], ["host_packages = \"none\": nothing of the host's is matched"], fp)
+        return Plan([], [], [], [], ["host_packages = \"none\": nothing of the host's is matched"], stamp)
     dists = _host_dists()
     notes = []
     roots = [n for n in ALWAYS if n in dists]
@@ -426,9 +426,9 @@ def plan(config, python_version, comfyui):
         else:
             install.append(_pin(dists[n].metadata["Name"], dists[n].version))
     constraints = [_pin("torch", host_torch)] if host_torch and "torch" not in won else []
-    fp.update({"shared": {n: dists[n].version for n in share}, "installed": install,
+    stamp.update({"shared": {n: dists[n].version for n in share}, "installed": install,
                "pack_wins": [list(w) for w in pack_wins]})
-    return Plan(share, install, constraints, pack_wins, notes, fp)
+    return Plan(share, install, constraints, pack_wins, notes, stamp)
 
 
 # --- sharing ---

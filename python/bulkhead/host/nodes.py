@@ -813,6 +813,12 @@ class PackRuntime:
         else:
             def method(cls, **kwargs):
                 return rt.run_v3(cls, key, kwargs, mname)
+        return self._named(method, key, mname, spec)
+
+    def _named(self, method, key, mname, spec):
+        """method, named mname and presenting the real method's signature
+        (which ComfyUI inspects); a signature that cannot be rebuilt is a
+        warning, and ComfyUI then passes every input."""
         method.__name__ = method.__qualname__ = mname
         try:
             method.__signature__ = _signature(spec)
@@ -828,13 +834,7 @@ class PackRuntime:
             if mname == "VALIDATE_INPUTS" and on_server_loop():
                 return rt.validate_on_loop(key, kwargs)
             return rt.call_class(key, mname, kwargs)
-        method.__name__ = method.__qualname__ = mname
-        try:
-            method.__signature__ = _signature(spec)
-        except (ValueError, TypeError) as e:
-            log.warning("bulkhead: pack %r: the signature of %s.%s cannot be rebuilt (%s); ComfyUI "
-                        "will pass it every input", self.name, key, mname, e)
-        return method
+        return self._named(method, key, mname, spec)
 
     # calls
 
