@@ -75,6 +75,10 @@ def site():
 
 def _env(extra=None):
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    if os.environ.get("BULKHEAD_ASAN"):  # the extension is built under ASan: its runtime goes first
+        for name in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "BULKHEAD_ASAN"):
+            if name in os.environ:
+                env[name] = os.environ[name]
     env.update(extra or {})
     return env
 
