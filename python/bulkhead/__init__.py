@@ -58,13 +58,14 @@ NODE_DISPLAY_NAME_MAPPINGS = {}
 def _comfyui_server():
     """In a ComfyUI process whose PromptServer exists (custom nodes load
     after it is made), put bulkhead's routes, /free observer and prompt
-    boundary on it (again harmless: idempotent per server; the custom
-    node's root __init__.py calls it too, for a package first imported
-    before the server existed, by a prestartup script) (host.routes.install), sharing from the start the one
+    boundary on it (host.routes.install), sharing from the start the one
     HostMemory the packs' workers will attach to (host.pack.host_memory),
     so /free, /bulkhead/* and the panel act on this host's workers before
     and after the first pack loads.  Only the package imported as
-    ``bulkhead`` does this (``_one_package``).  Never fails the import."""
+    ``bulkhead`` does this (``_one_package``).  Idempotent per server: the
+    custom node's root __init__.py calls it again, for a package a
+    prestartup script imported before the server existed.  Never fails
+    the import."""
     import sys
     server = sys.modules.get("server")
     if getattr(getattr(server, "PromptServer", None), "instance", None) is None:
