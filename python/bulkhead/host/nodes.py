@@ -584,13 +584,6 @@ def on_server_loop():
     return threading.current_thread() is threading.main_thread()
 
 
-def _running(worker):
-    """Whether the worker's current generation is up (not ended, maybe not
-    reaped yet).  Safe without the worker's lock."""
-    chan, proc = worker._chan, worker._proc
-    return chan is not None and proc is not None and proc.wait(0) is None
-
-
 # ComfyUI types whose values cross as plain data (tensors, numbers, text,
 # dicts of tensors); an output of any other type may be an object of the
 # pack's, which stays in the worker as a handle.
@@ -895,7 +888,7 @@ class PackRuntime:
         if first is None or (isinstance(answer, float) and answer != answer):
             return answer
         gen = self.worker.generation
-        if not _running(self.worker):
+        if not self.worker.alive:
             gen += 1
         if gen == first:
             return answer
@@ -921,7 +914,7 @@ class PackRuntime:
         w = self.worker
         if w._lock.acquire(blocking=False):
             try:
-                if _running(w) and not w.busy:
+                if w.alive and not w.busy:
                     return self._validate(w, _mm(), key, kwargs, drain=False)
             finally:
                 w._lock.release()
@@ -930,7 +923,7 @@ class PackRuntime:
             pending.append(dict(kwargs))
             del pending[:-self.DEFERRED_MAX]
         log.info("bulkhead: pack %r: %s.VALIDATE_INPUTS is checked when the node runs (its worker is %s)",
-                 self.name, key, "busy" if _running(w) else "not started")
+                 self.name, key, "busy" if w.alive else "not started")
         return True
 
     def _take_deferred(self, key, kwargs):

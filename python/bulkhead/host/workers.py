@@ -338,7 +338,11 @@ class Worker(_native.Caller):
 
     @property
     def alive(self):
-        return self._chan is not None and self._proc is not None and self._proc.wait(0) is None
+        """Whether the current generation is up (not ended, maybe not
+        reaped yet).  Safe without the worker's lock: the channel and the
+        process are read once."""
+        chan, proc = self._chan, self._proc
+        return chan is not None and proc is not None and proc.wait(0) is None
 
     def describe(self):
         return (f"worker {self.name!r} (pid {self.pid}, {self.python}, generation {self.generation})"
