@@ -67,6 +67,13 @@ $(VENV)/.stamp-rattler: $(VENV)/.stamp
 	$(VPY) -c 'import rattler' 2>/dev/null || $(VPY) -m pip install -q py-rattler==0.28.0
 	touch $@
 
+# uv: the tests build pack environments with it (on PATH, bulkhead's
+# default installer; python/bulkhead/envs/build.py), as ComfyUI-Manager and
+# comfy-env prefer it; the pip path is tested with BULKHEAD_INSTALLER=pip.
+$(VENV)/.stamp-uv: $(VENV)/.stamp
+	$(VPY) -c 'import uv' 2>/dev/null || $(VPY) -m pip install -q uv==0.9.30
+	touch $@
+
 # Packaging (pyproject.toml, tests/py/test_install.py): meson-python and
 # build make the wheel, auditwheel names its manylinux tag (make wheel).
 # The install tests build in fresh venvs of their own; these are for
@@ -155,8 +162,8 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
 check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-pillow $(VENV)/.stamp-aimdo \
-          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler $(VENV)/.stamp-pkg chromium
-	BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
+          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler $(VENV)/.stamp-pkg $(VENV)/.stamp-uv chromium
+	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
 	  $(VPY) -m pytest -q $(PYTEST_PATHS) $(PYTEST_FLAGS)
 
 # The Python tests once more with the extension built under ASan+UBSan; the
@@ -166,8 +173,8 @@ check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV
 # tests/py's scenarios, only as a user assembles it, and under ASan each
 # server start costs more than the suite's budget allows.
 check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo $(VENV)/.stamp-hypothesis \
-            $(VENV)/.stamp-rattler chromium
-	BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
+            $(VENV)/.stamp-rattler $(VENV)/.stamp-uv chromium
+	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  $(VPY) -m pytest -q tests/py -m "not torch" $(PYTEST_FLAGS)

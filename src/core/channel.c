@@ -549,6 +549,13 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
         sched_yield();
       } while (bh_now_ns() < until);
     }
+    /* A deadline already past (serve(0): "what is pending") still reads a
+     * frame that is there: the waits below give up at once, and a reader
+     * polling the socket would see it readable forever (issue 16). */
+    if (rc == -ETIMEDOUT && deadline_ns >= 0 && bh_now_ns() >= deadline_ns) {
+      rc = bh__recv_one(c, f, fds, &n_fds, MSG_DONTWAIT);
+      if (rc == -ETIMEDOUT) return rc;
+    }
     if (rc == -ETIMEDOUT && c->peer_pidfd >= 0) {
       rc = bh__wait_peer(c, deadline_ns);
       if (rc) return rc;

@@ -587,6 +587,26 @@ TEST_IMPL(channel_deadline) {
     FAIL("recv returned ETIMEDOUT %.3f ms before its deadline", (double)(deadline - end) / 1e6);
   /* A deadline already past: ETIMEDOUT at once. */
   ASSERT_RC(bh_channel_recv(a, &f, bh_now_ns() - 1), -ETIMEDOUT);
+  /* ... but a frame that is there is read with a deadline already past
+   * (serve(0)), whichever way the wait goes: the spin, the peer's pidfd,
+   * SO_RCVTIMEO.  It used to be left unread, so a reader polling the
+   * socket saw it readable and spun forever (issue 16). */
+  bh_channel_opts ways[] = {{.peer_uid = getuid(), .spin_ns = 1000000},
+                            {.peer_uid = getuid(), .peer_pid = getpid(), .spin_ns = -1},
+                            {.peer_uid = getuid(), .spin_ns = -1}};
+  for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++) {
+    int sv[2];
+    bh_channel *x, *y;
+    ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+    ASSERT_OK(bh_channel_open(&x, sv[0], &ways[i]));
+    ASSERT_OK(bh_channel_open(&y, sv[1], &ways[i]));
+    ASSERT_OK(bh_test_send_nil(y, 4));
+    ASSERT_OK(bh_channel_recv(x, &f, bh_now_ns() - 1));
+    ASSERT_UEQ(f.h.request_id, 4);
+    ASSERT_RC(bh_channel_recv(x, &f, bh_now_ns() - 1), -ETIMEDOUT);
+    bh_channel_close(x);
+    bh_channel_close(y);
+  }
   /* A frame that is there is returned before the deadline. */
   ASSERT_OK(bh_test_send_nil(b, 5));
   ASSERT_OK(bh_test_recv(a, &f, 5000));

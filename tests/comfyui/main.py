@@ -18,7 +18,8 @@ executed (a failure is logged "Failed to execute startup-script" and listed
 "(PRESTARTUP FAILED)"), then the PromptServer made on a new event loop, the
 custom nodes loaded (nodes.init_extra_nodes), the routes added, the
 progress hook set (comfy.utils's global hook sends `progress` to the
-prompt's client and raises a pending interrupt), the prompt worker thread
+prompt's client, and a preview as the unencoded preview event, and raises
+a pending interrupt), the prompt worker thread
 started, and the server run on --listen/--port until SIGINT/SIGTERM.
 
 Written for bulkhead from a reading of upstream's behaviour; no upstream
@@ -102,6 +103,7 @@ def execute_prestartup_script(args, folder_paths):
 def hijack_progress(server_instance):
     import comfy.model_management
     import comfy.utils
+    import server
 
     def hook(value, total, preview_image, prompt_id=None, node_id=None):
         comfy.model_management.throw_exception_if_processing_interrupted()
@@ -109,6 +111,9 @@ def hijack_progress(server_instance):
                     "prompt_id": prompt_id if prompt_id is not None else server_instance.last_prompt_id,
                     "node": node_id if node_id is not None else server_instance.last_node_id}
         server_instance.send_sync("progress", progress, server_instance.client_id)
+        if preview_image is not None:   # the old preview event: no client here says it takes metadata
+            server_instance.send_sync(server.BinaryEventTypes.UNENCODED_PREVIEW_IMAGE, preview_image,
+                                      server_instance.client_id)
 
     comfy.utils.set_progress_bar_global_hook(hook)
 

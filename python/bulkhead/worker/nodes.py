@@ -42,7 +42,6 @@ import os
 import re
 import sys
 import threading
-import time
 
 from .. import _native
 from .. import worker as _worker
@@ -60,7 +59,6 @@ _display = {}
 _nodes_module = None
 _in_call = False
 _interrupt_pending = False
-_last_progress = [0.0, None]
 
 
 # --- what the host mirrors ---
@@ -100,8 +98,9 @@ def _env_json(name):
 
 def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_kw):
     """comfy.utils' global progress hook in this worker: ComfyUI's own
-    check (as the host's hook does), then a PROGRESS frame to the host,
-    with the preview (a (format, PIL.Image, max_size) tuple) as raw pixels
+    check (as the host's hook does), then a PROGRESS frame to the host for
+    every update, as ComfyUI's hook sends every one (none dropped: the
+    websocket gets what it gets in-process), with the preview (a (format, PIL.Image, max_size) tuple) as raw pixels
     the host rebuilds into the same tuple for its own hook."""
     mm = sys.modules.get("comfy.model_management")
     if mm is not None:
@@ -109,11 +108,6 @@ def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_
     peer = _worker._peer
     if not _in_call or peer is None or peer.channel is None:
         return
-    now = time.monotonic()
-    done = total is not None and value is not None and value >= total
-    if not done and total == _last_progress[1] and now - _last_progress[0] < 0.01:
-        return
-    _last_progress[0], _last_progress[1] = now, total
     frame = {"value": value, "total": total}
     if preview is not None:
         frame["preview"] = _preview_pixels(preview)
@@ -170,7 +164,6 @@ def _begin_call():
     mm = sys.modules.get("comfy.model_management")
     if mm is not None and hasattr(mm, "interrupt_current_processing"):
         mm.interrupt_current_processing(False)
-    _last_progress[0], _last_progress[1] = 0.0, None
     _in_call = True
 
 
