@@ -189,7 +189,9 @@ def test_version_not_on_this_machine(tmp_path, home):
 
 # --- building offline ---
 
-def test_build_offline_then_run_a_worker(tmp_path, home, wheels):
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_build_offline_then_run_a_worker(tmp_path, home, wheels, installer, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_INSTALLER", installer)
     pack = make_pack(tmp_path, f"""
         python = "{HOST_MM}"
         requirements = ["bhdemo==1.0"]
@@ -205,11 +207,11 @@ def test_build_offline_then_run_a_worker(tmp_path, home, wheels):
     assert st.python == os.path.join(envs.env_dir(c), "bin", "python") and os.access(st.python, os.X_OK)
     assert st.version.startswith(HOST_MM + ".")
     assert any("interpreter: " in l and f"(Python {HOST_MM}." in l for l in lines)
-    assert any("Successfully installed bhdemo-1.0" in l for l in lines)
+    assert any(("Successfully installed bhdemo-1.0" if installer == "pip" else "+ bhdemo==1.0") in l for l in lines)
     assert env_entries(home) == sorted([os.path.basename(st.env_dir), f".{os.path.basename(st.env_dir)}.lock"])
     s = envs.read_stamp(st.env_dir)
     assert s["config_hash"] == c.config_hash and s["protocol"] == bulkhead._native.PROTOCOL_VERSION
-    assert s["config"] == c.path and s["requirements"] == ["bhdemo==1.0"] and s["installer"] == "pip"
+    assert s["config"] == c.path and s["requirements"] == ["bhdemo==1.0"] and s["installer"] == installer
     assert s["interpreter"]["version"] == st.version and os.path.exists(s["interpreter"]["path"])
     # nothing in bin/ still names the temporary build directory
     for n in os.listdir(os.path.join(st.env_dir, "bin")):
@@ -244,7 +246,8 @@ def test_build_offline_then_run_a_worker(tmp_path, home, wheels):
     assert r.returncode == 0 and f"{c.name}: ready" in r.stdout and st.python in r.stdout
 
 
-def test_failed_pip_install_leaves_nothing(tmp_path, home, offline):
+def test_failed_pip_install_leaves_nothing(tmp_path, home, offline, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_INSTALLER", "pip")   # pip's own words below
     pack = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["bhdemo==1.0", "bh-no-such-dist==3"]\n')
     lines = []
     with pytest.raises(EnvBuildError) as ei:

@@ -651,11 +651,12 @@ def _remove(path):
             pass
 
 
-def _match_host(match, config, tmp, py, args, pip, progress):
+def _match_host(match, config, tmp, py, args, pip, progress, uv=None):
     """Gives the environment being built at ``tmp`` what ``match`` (a
     hostmatch.Plan) says it gets from the host: the shared farm on its path,
     the host's versions installed; returns the pip arguments that keep the
-    pack's requirements to the host's torch."""
+    pack's requirements to the host's torch.  uv: the uv binary when it
+    is the installer (it gets the shared distributions' markers)."""
     for line in match.notes:
         progress(line)
     if match.share:
@@ -670,9 +671,12 @@ def _match_host(match, config, tmp, py, args, pip, progress):
                   if hostmatch.canonical(n) in match.stamp["shared"] and match.stamp["shared"][hostmatch.canonical(n)] != v]
         if shadow:
             progress(f"removing the venv's own {', '.join(shadow)}: the host's are shared")
-            _stream([py, "-m", "pip", "uninstall", "-y", "-q"] + shadow, progress, "pip uninstall")
+            _stream(([uv, "pip", "uninstall", "--python", py] if uv else [py, "-m", "pip", "uninstall", "-y", "-q"])
+                    + shadow, progress, "pip uninstall")
         farm = hostmatch.build_farm(match.share, os.path.join(workspace(), "host"))
         hostmatch.write_pth(site, farm)
+        if uv:   # uv reads only site-packages itself, not what a .pth adds: it must see them installed
+            hostmatch.write_markers(site, match.share)
         match.stamp["farm"] = farm
         progress(f"sharing the host's {', '.join(f'{n} {v}' for n, v in match.stamp['shared'].items())} "
                  f"read-only ({farm})")
@@ -758,7 +762,7 @@ def build(config, progress=None, force=False, *, pip_args=None):
                         f"{e.returncode} ({what}); no environment was made\n--- last lines of {tool}'s "
                         f"output ---\n{e.output_tail}", e.output_tail, e.returncode) from None
 
-            keep_torch = _match_host(match, config, tmp, py, args, pip, progress)
+            keep_torch = _match_host(match, config, tmp, py, args, pip, progress, uv)
             # An entry pinned to an index comes from that index alone (no
             # dependencies: they come from the default indexes next).
             for index, pinned in config.indexes:

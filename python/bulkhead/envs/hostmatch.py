@@ -23,7 +23,8 @@ environment never uninstalls through it) holds links to exactly those
 distributions' files (their RECORDs; a directory another host
 distribution also has files in is made real and linked one level down),
 and one ``bulkhead-host.pth`` in the environment's site-packages names the
-farm.  The host's whole site-packages is never on a worker's path.  Of
+farm (with uv as the installer, which does not read a .pth, each shared
+distribution also gets a metadata-only marker there: ``write_markers``).  The host's whole site-packages is never on a worker's path.  Of
 another minor: installed with pip at the host's versions
 (``torch==2.13.0+cpu``, ...), before the pack's requirements.
 
@@ -504,6 +505,32 @@ def build_farm(names, directory):
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return farm
+
+
+def write_markers(site_packages, names):
+    """For installers that read only the environment's own site-packages
+    (uv): one ``<name>-<version>.dist-info`` per shared distribution there,
+    holding the host's METADATA (what a resolver reads) and a RECORD that
+    lists only the marker itself, so the distribution counts as installed
+    while its code stays in the farm, and an uninstall removes the marker,
+    never a host file.  Returns the marker directories made."""
+    dists = _host_dists()
+    made = []
+    for n in names:
+        d = dists[n]
+        text = d.read_text("METADATA")
+        if text is None:
+            continue
+        stem = f"{canonicalize_name(d.metadata['Name']).replace('-', '_')}-{d.version}.dist-info"
+        marker = os.path.join(site_packages, stem)
+        os.makedirs(marker, exist_ok=True)
+        for name, body in (("METADATA", text), ("INSTALLER", "bulkhead-host\n")):
+            with open(os.path.join(marker, name), "w", encoding="utf-8") as f:
+                f.write(body)
+        with open(os.path.join(marker, "RECORD"), "w", encoding="utf-8") as f:
+            f.write("".join(f"{stem}/{name},,\n" for name in ("METADATA", "INSTALLER", "RECORD")))
+        made.append(marker)
+    return made
 
 
 def write_pth(site_packages, farm):
