@@ -11,8 +11,6 @@ import json
 import struct
 import time
 
-import pytest
-
 PROMPT = {
     "1": {"class_type": "E2EV3Gen", "inputs": {"steps": 3, "size": 16}},
     "2": {"class_type": "E2EV3Save", "inputs": {"images": ["1", 0], "prefix": "e2e_v3"}},

@@ -560,7 +560,7 @@ emit(dict(me=os.getpid(), pids=pids, log=buf.getvalue(), once=contract._startup 
 
 def _host(tmp_path, root, packs):
     env = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(tmp_path / "home"),
-           "BULKHEAD_LEDGER": str(tmp_path / "ledger")}
+           "BULKHEAD_LEDGER": str(tmp_path / "ledger"), "BULKHEAD_BUILD_AT_START": "0"}
     return run_comfy_script(f"PACKS = {packs!r}\n" + HOST, timeout=180, env=env, root=str(root), real=False)
 
 

@@ -50,7 +50,7 @@ def make_pack(root, name, config):
     return d
 
 
-def run_host(tmp_path, pack, body):
+def run_host(tmp_path, pack, body, env=None):
     code = f"""
         import logging, warnings
         logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
@@ -60,30 +60,47 @@ def run_host(tmp_path, pack, body):
     """
     code = textwrap.dedent(code) + textwrap.dedent(body)
     env = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(tmp_path / "home"),
-           "BULKHEAD_LEDGER": str(tmp_path / "ledger")}
+           "BULKHEAD_LEDGER": str(tmp_path / "ledger"), **(env or {})}
     return run_comfy_script(code, timeout=240, env=env)
 
 
 HOST_VERSION = "%d.%d" % os.sys.version_info[:2]
 
 
-def test_isolated_pack_runs_in_a_worker_under_the_memory_budget(tmp_path):
+@pytest.mark.parametrize("built", ["by bulkhead install", "at start"])
+def test_isolated_pack_runs_in_a_worker_under_the_memory_budget(tmp_path, built):
+    """Built by `bulkhead install` first, or (a pack just cloned into
+    custom_nodes/) by ComfyUI's start itself, with its progress logged."""
     pack = make_pack(tmp_path, "iso_pack", f'python = "{HOST_VERSION}"\n')
-    r = run_host(tmp_path, pack, """
-        statuses = bulkhead.install(PACK, progress=lambda line: None)
+    r = run_host(tmp_path, pack, f"""
+        import io
+        buf = io.StringIO()
+        handler = logging.StreamHandler(buf)
+        logging.getLogger().addHandler(handler)
+        logging.getLogger().setLevel(logging.INFO)
+        if {built!r} == "by bulkhead install":
+            bulkhead.install(PACK, progress=lambda line: None)
         mod = load(PACK)
+        statuses = bulkhead.install(PACK, progress=lambda line: None)
         cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
         pid, doubled = getattr(cls(), cls.FUNCTION)(x=21)
         hm = bulkhead.host_memory()
         rec = hm.ledger.read(pid)
         emit(dict(state=statuses[0].state, me=os.getpid(), pid=pid, doubled=doubled,
                   role=rec and rec["role"], host_pid=rec and rec["host_pid"], pack=rec and rec["pack"],
-                  display=mod.NODE_DISPLAY_NAME_MAPPINGS))
+                  display=mod.NODE_DISPLAY_NAME_MAPPINGS, log=buf.getvalue()))
         from bulkhead.host import nodes
         nodes.close_all()
         hm.close()
     """)
     assert r["state"] == "ready"
+    building = [line for line in r["log"].splitlines() if "building it now" in line]
+    if built == "at start":
+        assert len(building) == 1 and "iso_pack" in building[0] and "BULKHEAD_BUILD_AT_START=0" in building[0]
+        assert any(line.startswith("[bulkhead install iso_pack] ") for line in r["log"].splitlines()), r["log"]
+        assert any("environment built in" in line for line in r["log"].splitlines())
+    else:
+        assert building == [], r["log"]
     assert r["pid"] != r["me"] and r["doubled"] == 42
     assert r["role"] == "worker" and r["host_pid"] == r["me"] and r["pack"] == "iso_pack"
     assert r["display"] == {"WhereAmI": "Where am I"}
@@ -91,7 +108,9 @@ def test_isolated_pack_runs_in_a_worker_under_the_memory_budget(tmp_path):
 
 @pytest.mark.parametrize("case, config, edit, expect", [
     ("no config", None, None, "has no comfy-env.toml"),
-    ("not built", f'python = "{HOST_VERSION}"\n', None, "environment is not built"),
+    ("not built", f'python = "{HOST_VERSION}"\n', None, "environment is not built"),   # BULKHEAD_BUILD_AT_START=0
+    ("not buildable", f'python = "{HOST_VERSION}"\nrequirements = ["bh-no-such-dist==3"]\n', None,
+     "building it at start failed"),   # BULKHEAD_PIP_ARGS=--no-index
     ("stale", f'python = "{HOST_VERSION}"\n', f'python = "{HOST_VERSION}"\nrequirements = ["nothing-here"]\n',
      "stamp was refused"),
     ("invalid", "python = \n", None, "comfy-env.toml is invalid"),
@@ -111,7 +130,8 @@ def test_fallbacks_warn_once_and_import_in_process(tmp_path, case, config, edit,
         cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
         pid, _ = getattr(cls(), cls.FUNCTION)(x=1)
         emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue()))
-    """)
+    """, env={"not built": {"BULKHEAD_BUILD_AT_START": "0"},
+              "not buildable": {"BULKHEAD_PIP_ARGS": "--no-index"}}.get(case))
     assert r["pid"] == r["me"]  # in-process
     warnings = [l for l in r["log"].splitlines() if "runs in-process, NOT isolated" in l]
     assert len(warnings) == 1, r["log"]

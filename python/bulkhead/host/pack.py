@@ -15,7 +15,8 @@ cannot work without refuses isolation.  Anything that keeps the pack from
 running isolated — no config, an environment not built or refused, no
 ComfyUI, a contract refused — falls back to an in-process import with ONE
 warning naming the reason and the command that fixes it (``bulkhead
-install <pack dir>``, ``bulkhead doctor``).
+install <pack dir>``, ``bulkhead doctor``).  An environment that is
+missing is first built, there and then (``build_at_start``).
 """
 
 import json
@@ -106,6 +107,8 @@ def comfy_pack(init_file, *, module="auto"):
     hm = host_memory() if refusal is None else None
     for config in configs:
         st = envs.env_status(config)
+        if refusal is None:
+            st = build_at_start(config, st)
         sub_dir = config.directory
         sub_module = module if sub_dir == pack_dir else None
         if refusal is not None:
@@ -120,6 +123,38 @@ def comfy_pack(init_file, *, module="auto"):
         classes.update(c)
         display.update(d)
     return classes, display
+
+
+BUILD_AT_START = "BULKHEAD_BUILD_AT_START"
+
+
+def build_at_start(config, st):
+    """A config whose environment is missing (a pack just installed by
+    ComfyUI-Manager or ``git clone``: its install.py ran comfy-env, or
+    nothing) is built now, while ComfyUI starts, as ``bulkhead install``
+    would, its progress in the log.  Returns the EnvStatus after it, or
+    ``st`` with the build's error in its reason.  ``BULKHEAD_BUILD_AT_START=0``
+    leaves it to ``bulkhead install``; a stale or refused environment is
+    never rebuilt here (a worker of another ComfyUI may run on it)."""
+    if st.state != "missing" or os.environ.get(BUILD_AT_START, "1").lower() in ("0", "off", "no", "false"):
+        return st
+    import dataclasses
+    import time
+    from ..envs import build as envs
+    from ..envs.config import PackConfigError
+    log.info("bulkhead: pack %r: its environment is not built; building it now, as `bulkhead install %s` "
+             "would (%s=0 leaves it to that command)", config.name, config.root, BUILD_AT_START)
+    t0 = time.monotonic()
+    try:
+        envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line))
+    except (envs.EnvBuildError, PackConfigError, OSError) as e:
+        log.warning("bulkhead: pack %r: building its environment failed: %s", config.name, e)
+        first = (str(e).splitlines() or [""])[0]   # the whole output is in the warning above
+        return dataclasses.replace(st, reason=f"{st.reason}; building it at start failed: {first}")
+    after = envs.env_status(config)
+    log.info("bulkhead: pack %r: environment built in %.1f s (%s)", config.name, time.monotonic() - t0,
+             after.env_dir)
+    return after
 
 
 def _load(config, pack_dir, python, stamp, module, hm):
@@ -200,6 +235,10 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
         if python:
             log.info("bulkhead: pack %r: using the environment comfy-env built (%s)", config.name, python)
             return _load(config, pack_dir, python, None, module, hm)
+    if not why:   # comfy-env's own environment, there but refused, is reported as it is
+        st = build_at_start(config, st)
+    if st.ok:
+        return _load(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
     reason = nodes.ENV_NOT_BUILT if st.state == "missing" and not why else nodes.STAMP_REFUSED
     return nodes.fallback(pack_dir, reason, detail=f"{st.state}: {st.reason}" + (f"; {why}" if why else ""),
                           name=config.name, module=module)
