@@ -20,13 +20,14 @@ def comfyui(tmp_path):
     ledger = str(tmp_path / "ledger")
 
     def start(packs=("e2e_pack",), example_packs=(), name="comfyui", env=None, bulkhead_home=None,
-              installed=None):
+              installed=None, pack_dirs=()):
         """installed: a (python, clone) pair from the manager_install
         fixture: the server runs that Python, bulkhead comes from its
-        site-packages and the clone is the custom node."""
+        site-packages and the clone is the custom node.  pack_dirs: more
+        packs to copy into custom_nodes/ (directories a test wrote)."""
         base = str(tmp_path / name)
         python, clone = installed or (None, None)
-        path = assemble(base, packs, example_packs, clone=clone)
+        path = assemble(base, packs, example_packs, clone=clone, pack_dirs=pack_dirs)
         full = dict(os.environ)
         full.pop("COMFYUI_PATH", None)
         if installed:

@@ -246,12 +246,13 @@ class Server:
         assert not left, f"processes left behind by the server: {left}\n{self.log()}"
 
 
-def assemble(base, packs=(), example_packs=(), clone=None):
+def assemble(base, packs=(), example_packs=(), clone=None, pack_dirs=()):
     """A ComfyUI base directory at `base` with bulkhead and `packs` (names
-    under tests/e2e/packs) in custom_nodes/; returns the PYTHONPATH entries
-    the server needs.  clone: a Manager-installed clone of bulkhead to copy
-    in (its package is installed in the server's Python: no PYTHONPATH),
-    instead of install_bulkhead's build-tree loader."""
+    under tests/e2e/packs; pack_dirs: more, by path) in custom_nodes/;
+    returns the PYTHONPATH entries the server needs.  clone: a
+    Manager-installed clone of bulkhead to copy in (its package is
+    installed in the server's Python: no PYTHONPATH), instead of
+    install_bulkhead's build-tree loader."""
     root = comfy_root()
     os.makedirs(base)
     for entry in os.listdir(root):
@@ -270,6 +271,8 @@ def assemble(base, packs=(), example_packs=(), clone=None):
         shutil.copytree(os.path.join(PACKS, name), os.path.join(custom, name))
     for name in example_packs:
         shutil.copytree(os.path.join(EXAMPLE_PACKS, name), os.path.join(custom, name))
+    for d in pack_dirs:
+        shutil.copytree(d, os.path.join(custom, os.path.basename(d)))
     if using_real_checkout() and _needs_torchvision_shim():
         path.insert(0, SHIMS)
     return path
