@@ -111,10 +111,16 @@ chromium:
 # puts an empty stand-in on the path when the real one fails to import).
 COMFYUI_DEPS := psutil numpy safetensors einops pillow tqdm pyyaml comfy-aimdo comfy-kitchen
 
+# With COMFYUI_PATH set, the checkout's own requirements.txt too (less
+# torch, torchvision and torchaudio; with requests, which its server imports
+# but does not list), for the e2e servers' full start-up.
 comfyui-deps: $(VENV)/.stamp
 	@mkdir -p $(BUILD)
 	echo 'torch==2.13.0' > $(BUILD)/torch-pin.txt
 	$(VPY) -m pip install -q -c $(BUILD)/torch-pin.txt $(COMFYUI_DEPS)
+	if [ -n "$(COMFYUI_PATH)" ]; then \
+	  grep -viE '^(torch|torchvision|torchaudio)([^a-z_-]|$$)' $(COMFYUI_PATH)/requirements.txt > $(BUILD)/comfyui-reqs.txt && \
+	  $(VPY) -m pip install -q -c $(BUILD)/torch-pin.txt -r $(BUILD)/comfyui-reqs.txt requests; fi
 
 # A venv with numpy per worker interpreter (the tests' and demo's "other
 # interpreters"); one that cannot be made is skipped with a message.

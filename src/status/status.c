@@ -194,6 +194,14 @@ static int bh__host_of(const bh_status_snap *s, const bh_ledger_record *r) {
   return -1;
 }
 
+/* Whether record u goes after record v by pid: ascending, except that a
+ * worker whose host is gone comes after every host and tool (pids wrap, so
+ * a pid alone would put it anywhere). */
+static int bh__after_by_pid(const bh_status_snap *s, int u, int v) {
+  int wu = s->records[u].role == BH_ROLE_WORKER, wv = s->records[v].role == BH_ROLE_WORKER;
+  return wu != wv ? wu > wv : s->records[u].pid > s->records[v].pid;
+}
+
 /* Sorts idx[0..n) by key descending (by_held) or by pid ascending;
  * insertion sort: at most BH_LEDGER_SLOTS entries. */
 static void bh__sort(const bh_status_snap *s, int *idx, const uint64_t *key, int n, int by_held) {
@@ -202,7 +210,7 @@ static void bh__sort(const bh_status_snap *s, int *idx, const uint64_t *key, int
     while (j > 0) {
       int u = idx[j - 1];
       int after = by_held ? (key[u] < key[v] || (key[u] == key[v] && s->records[u].pid > s->records[v].pid))
-                          : s->records[u].pid > s->records[v].pid;
+                          : bh__after_by_pid(s, u, v);
       if (!after) break;
       idx[j] = u;
       j--;

@@ -303,13 +303,11 @@ class PromptServer:
     async def send_image(self, image_data, sid=None):
         image_type, image, max_size = image_data
         import io
-        from PIL import Image
-        if max_size is not None:
-            image = image.copy()
-            image.thumbnail((max_size, max_size), Image.LANCZOS)
+        from PIL import Image, ImageOps
+        if max_size is not None:   # contained in max_size, enlarged too, as upstream
+            image = ImageOps.contain(image, (max_size, max_size), Image.Resampling.BILINEAR)
         buf = io.BytesIO()
-        image.save(buf, format=image_type, quality=95, compress_level=1) if image_type == "PNG" else \
-            image.save(buf, format=image_type, quality=95)
+        image.save(buf, format=image_type, quality=95, compress_level=1)
         header = struct.pack(">I", {"JPEG": 1, "PNG": 2}.get(image_type, 1))
         await self.send_bytes(BinaryEventTypes.PREVIEW_IMAGE, header + buf.getvalue(), sid)
 

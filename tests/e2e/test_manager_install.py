@@ -17,7 +17,10 @@ def test_a_manager_install_works_on_first_start(comfyui, manager_install):
     python, _clone = manager_install
     srv = comfyui(installed=manager_install)
     log = srv.log()
-    assert "IMPORT FAILED" not in log, log
+    # no custom node failed ("(IMPORT FAILED)" in ComfyUI's import times; a
+    # real checkout's own comfy_extras may fail here for the torchvision
+    # stand-in, which ComfyUI reports as "IMPORT FAILED: nodes_....py")
+    assert "(IMPORT FAILED)" not in log, log
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and "E2EEcho" in info and "E2EHoldRam" in info
     # the panel is served from the installed package

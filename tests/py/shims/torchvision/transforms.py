@@ -1,0 +1,1 @@
+"""Empty: see the package's docstring (`import torchvision.transforms as transforms`)."""
