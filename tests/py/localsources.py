@@ -54,22 +54,29 @@ def write(path, text):
     return str(path)
 
 
-def make_wheel(directory, name, version, files):
+def _write_wheel(directory, name, version, tag, files, purelib):
+    """A wheel of ``files`` (path -> text) with its dist-info and RECORD."""
     info = f"{name}-{version}.dist-info"
     entries = dict(files)
     entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    entries[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    entries[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: {str(purelib).lower()}\n"
+                                f"Tag: {tag}\n")
     record = []
     for path, text in entries.items():
         d = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
         record.append(f"{path},sha256={d},{len(text.encode())}")
     entries[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
     os.makedirs(directory, exist_ok=True)
-    whl = os.path.join(directory, f"{name}-{version}-py3-none-any.whl")
+    whl = os.path.join(directory, f"{name}-{version}-{tag}.whl")
     with zipfile.ZipFile(whl, "w") as z:
         for path, text in entries.items():
             z.writestr(path, text)
     return whl
+
+
+def make_wheel(directory, name, version, files):
+    """A pure-Python wheel (py3-none-any); returns its path."""
+    return _write_wheel(directory, name, version, "py3-none-any", files, True)
 
 
 def source_tree(directory, name, version, value):
@@ -164,22 +171,9 @@ PY_TAG = "cp%d%d" % sys.version_info[:2]
 
 def tagged_wheel(directory, name, version, tag, value):
     """A wheel named and tagged for one build (``1.0+cu128torch2.8``,
-    cp311-cp311-linux_x86_64)."""
-    info = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": f"VALUE = {value!r}\n",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: false\nTag: {tag}\n"}
-    rec = []
-    for p, t in files.items():
-        d = base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b"=").decode()
-        rec.append(f"{p},sha256={d},{len(t.encode())}")
-    files[f"{info}/RECORD"] = "\n".join(rec + [f"{info}/RECORD,,"]) + "\n"
-    os.makedirs(directory, exist_ok=True)
-    fn = f"{name}-{version}-{tag}.whl"
-    with zipfile.ZipFile(os.path.join(directory, fn), "w") as z:
-        for p, t in files.items():
-            z.writestr(p, t)
-    return fn
+    cp311-cp311-linux_x86_64); returns its file name."""
+    return os.path.basename(_write_wheel(directory, name, version, tag, {f"{name}/__init__.py": f"VALUE = {value!r}\n"},
+                                         False))
 
 
 def make_cuda_index(root, locals_=("cu128torch2.8", "cu124torch2.5", "cputorch2.4")):
