@@ -74,6 +74,11 @@ $(VENV)/.stamp-uv: $(VENV)/.stamp
 	$(VPY) -c 'import uv' 2>/dev/null || $(VPY) -m pip install -q uv==0.9.30
 	touch $@
 
+# pytest-xdist: the Python tests in two processes side by side (XDIST_FLAGS).
+$(VENV)/.stamp-xdist: $(VENV)/.stamp
+	$(VPY) -c 'import xdist' 2>/dev/null || $(VPY) -m pip install -q pytest-xdist==3.8.0
+	touch $@
+
 # Packaging (pyproject.toml, tests/py/test_install.py): meson-python and
 # build make the wheel, auditwheel names its manylinux tag (make wheel).
 # The install tests build in fresh venvs of their own; these are for
@@ -167,10 +172,20 @@ check-c: build build-asan
 	$(VENV)/bin/meson test -C $(REL) --print-errorlogs
 	$(VENV)/bin/meson test -C $(ASAN) --print-errorlogs
 
+# The Python tests run in XDIST processes side by side (a module stays in
+# one), each in a mount namespace of its own with private /dev/shm and /tmp
+# (tests/xdist-worker: every test checks what it leaves there), where this
+# machine lets a process make one (root: CI here); else, or with XDIST=0,
+# in one process.
+XDIST ?= 2
+XDIST_FLAGS = $(shell [ "$(XDIST)" != 0 ] && unshare --mount --propagation private true 2>/dev/null && \
+                echo "-p xdist --tx $(XDIST)*popen//python=tests/xdist-worker --dist loadfile")
+XDIST_ENV = BH_XDIST_PYTHON=$(abspath $(VPY))
+
 check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-pillow $(VENV)/.stamp-aimdo \
-          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler $(VENV)/.stamp-pkg $(VENV)/.stamp-uv chromium
-	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
-	  $(VPY) -m pytest -q $(PYTEST_PATHS) $(PYTEST_FLAGS)
+          $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler $(VENV)/.stamp-pkg $(VENV)/.stamp-uv $(VENV)/.stamp-xdist chromium
+	$(XDIST_ENV) PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
+	  $(VPY) -m pytest -q $(XDIST_FLAGS) $(PYTEST_PATHS) $(PYTEST_FLAGS)
 
 # The Python tests once more with the extension built under ASan+UBSan; the
 # runtime is preloaded into the host and, through the environment, every
@@ -184,11 +199,11 @@ check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV
 # other tests run.
 ASAN_SKIP = test_install test_envs test_hostmatch test_comfy_env test_bench test_panel
 check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo $(VENV)/.stamp-hypothesis \
-            $(VENV)/.stamp-rattler $(VENV)/.stamp-uv chromium
-	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
+            $(VENV)/.stamp-rattler $(VENV)/.stamp-uv $(VENV)/.stamp-xdist chromium
+	$(XDIST_ENV) PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  $(VPY) -m pytest -q tests/py -m "not torch" $(foreach t,$(ASAN_SKIP),--ignore=tests/py/$(t).py) $(PYTEST_FLAGS)
+	  $(VPY) -m pytest -q $(XDIST_FLAGS) tests/py -m "not torch" $(foreach t,$(ASAN_SKIP),--ignore=tests/py/$(t).py) $(PYTEST_FLAGS)
 
 check: check-c check-py check-asan
 
