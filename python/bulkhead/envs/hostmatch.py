@@ -24,8 +24,9 @@ distributions' files (their RECORDs; a directory another host
 distribution also has files in is made real and linked one level down),
 and one ``bulkhead-host.pth`` in the environment's site-packages names the
 farm (with uv as the installer, which does not read a .pth, each shared
-distribution also gets a metadata-only marker there: ``write_markers``).  The host's whole site-packages is never on a worker's path.  Of
-another minor: installed with pip at the host's versions
+distribution also gets a metadata-only marker there: ``write_markers``).
+The host's whole site-packages is never on a worker's path.  Of another
+minor: installed with pip at the host's versions
 (``torch==2.13.0+cpu``, ...), before the pack's requirements.
 
 A pack that pins a torch the host's does not satisfy is refused by name; a

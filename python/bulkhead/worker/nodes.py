@@ -100,8 +100,9 @@ def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_
     """comfy.utils' global progress hook in this worker: ComfyUI's own
     check (as the host's hook does), then a PROGRESS frame to the host for
     every update, as ComfyUI's hook sends every one (none dropped: the
-    websocket gets what it gets in-process), with the preview (a (format, PIL.Image, max_size) tuple) as raw pixels
-    the host rebuilds into the same tuple for its own hook."""
+    websocket gets what it gets in-process), with the preview (a (format,
+    PIL.Image, max_size) tuple) as raw pixels the host rebuilds into the
+    same tuple for its own hook."""
     mm = sys.modules.get("comfy.model_management")
     if mm is not None:
         mm.throw_exception_if_processing_interrupted()
