@@ -12,6 +12,7 @@ import os
 import textwrap
 
 from comfyenv import run_comfy_script
+from routes_env import HTTP_HELPERS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -120,51 +121,14 @@ NODE_CLASS_MAPPINGS = {"Talk": Talk, "Bad": Bad, "Sleep": Sleep}
 '''
 
 SCRIPT = '''
-import asyncio, io, struct, threading, time, urllib.request, urllib.error
+import asyncio, io, json, struct, threading, time, urllib.request, urllib.error
 import comfy.utils
 from aiohttp import web
 import server as comfy_server
 from bulkhead.host import nodes
 PACK = {pack!r}
 
-class Serve:
-    def __init__(self, app):
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        def run():
-            asyncio.set_event_loop(self.loop)
-            self.runner = web.AppRunner(app)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            self.loop.run_until_complete(site.start())
-            self.port = self.runner.addresses[0][1]
-            ready.set()
-            self.loop.run_forever()
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert ready.wait(30)
-
-    def close(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        asyncio.run_coroutine_threadsafe(self.loop.shutdown_default_executor(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-        self.loop.close()
-
-def http(method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request("http://127.0.0.1:%d%s" % (serve.port, path), data=data, method=method,
-                                 headers={{"Content-Type": "application/json"}})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return [status, json.loads(text)]
-    except ValueError:
-        return [status, text]
-
+{http_helpers}
 def events(name):
     return [d for e, d, s in srv.sent if e == name]
 
@@ -174,6 +138,7 @@ srv.last_prompt_id = "prompt-9"
 m, _ = nodes.load_pack(PACK, sys.executable, options={{"route_timeout": 1.5}})
 srv.add_routes()
 serve = Serve(srv.app)
+port = serve.port
 '''
 
 
@@ -183,7 +148,8 @@ def scenario(tmp_path, body):
     (pack / "__init__.py").write_text("")
     (pack / "nodes.py").write_text(PACK_NODES)
     env = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(tmp_path / "home")}
-    return run_comfy_script(SCRIPT.format(pack=str(pack)) + textwrap.dedent(body), env=env, timeout=240)
+    return run_comfy_script(SCRIPT.format(pack=str(pack), http_helpers=HTTP_HELPERS) + textwrap.dedent(body),
+                            env=env, timeout=240)
 
 
 def test_events_previews_and_routes_reach_the_hosts_server(tmp_path):
