@@ -94,7 +94,7 @@ def comfy_pack(init_file, *, module="auto"):
     ('auto': ``nodes.py`` / ``nodes/``).  A pack with several configs (in
     ``nodes/<subdir>/``) gets one worker per config, each serving the nodes
     of its directory."""
-    from ..envs import build as envs, config as packconfig
+    from ..envs import config as packconfig
     pack_dir = os.path.dirname(os.path.realpath(os.fspath(init_file)))
     try:
         configs = packconfig.load_configs(pack_dir)
@@ -106,20 +106,8 @@ def comfy_pack(init_file, *, module="auto"):
     refusal = contract_refusal()
     hm = host_memory() if refusal is None else None
     for config in configs:
-        st = envs.env_status(config)
-        if refusal is None:
-            st = build_at_start(config, st)
-        sub_dir = config.directory
-        sub_module = module if sub_dir == pack_dir else None
-        if refusal is not None:
-            c, d = nodes.fallback(sub_dir, nodes.CONTRACT_REFUSED, detail=refusal, name=config.name,
-                                  module=sub_module or "auto")
-        elif not st.ok:
-            reason = nodes.ENV_NOT_BUILT if st.state == "missing" else nodes.STAMP_REFUSED
-            c, d = nodes.fallback(sub_dir, reason, detail=f"{st.state}: {st.reason}", name=config.name,
-                                  module=sub_module or "auto")
-        else:
-            c, d = _load(config, sub_dir, st.python, f"{config.config_hash}:{st.version}", sub_module or "auto", hm)
+        sub_module = module if config.directory == pack_dir else None
+        c, d = serve_config(config, config.directory, sub_module or "auto", refusal, hm)
         classes.update(c)
         display.update(d)
     return classes, display
@@ -146,12 +134,11 @@ def build_at_start(config, st):
              "would (%s=0 leaves it to that command)", config.name, config.root, BUILD_AT_START)
     t0 = time.monotonic()
     try:
-        envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line))
+        after = envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line))
     except (envs.EnvBuildError, PackConfigError, OSError) as e:
         log.warning("bulkhead: pack %r: building its environment failed: %s", config.name, e)
         first = (str(e).splitlines() or [""])[0]   # the whole output is in the warning above
         return dataclasses.replace(st, reason=f"{st.reason}; building it at start failed: {first}")
-    after = envs.env_status(config)
     log.info("bulkhead: pack %r: environment built in %.1f s (%s)", config.name, time.monotonic() - t0,
              after.env_dir)
     return after
@@ -221,16 +208,16 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
     """One config's nodes for a pack laid out as comfy-env's: module (e.g.
     "nodes" or "nodes.<subdir>") of the package at pack_dir, in a worker
     under the config's environment -- bulkhead's when ready, else what
-    ``reuse(config)`` offers ((python, None), or (None, why)) -- or
-    imported in-process with one warning saying why."""
+    ``reuse(config)`` offers ((python, None), or (None, why)), else
+    bulkhead's built now when there is none (build_at_start) -- or
+    imported in-process with one warning saying why.  comfy_pack serves
+    each of its configs through it too."""
     from ..envs import build as envs
     if refusal is not None:
         return nodes.fallback(pack_dir, nodes.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module)
     st = envs.env_status(config)
-    if st.ok:
-        return _load(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
     why = None
-    if reuse is not None:
+    if not st.ok and reuse is not None:
         python, why = reuse(config)
         if python:
             log.info("bulkhead: pack %r: using the environment comfy-env built (%s)", config.name, python)
