@@ -1,7 +1,7 @@
 """What the first node of an isolated torch pack costs, cold and prewarmed,
 next to the same node in-process, measured in the same run.
 
-    python bench/first_node.py --out build/bench/first_node.json [--rounds 3]
+    python bench/first_node.py --out build/bench/first_node.json [--rounds 11]
 
 The pack imports torch and ComfyUI's model_management at import (as real
 torch packs do) and its node does a fixed amount of torch work.  Each
@@ -90,7 +90,7 @@ MODES = ("in_process", "cold", "prewarmed")
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="where to write the JSON report")
-    ap.add_argument("--rounds", type=int, default=3, help="fresh hosts per mode (medians reported)")
+    ap.add_argument("--rounds", type=int, default=11, help="fresh hosts per mode (medians reported)")
     return ap.parse_args(argv)
 
 

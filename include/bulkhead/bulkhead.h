@@ -343,6 +343,11 @@ typedef struct bh_pool_stats {
 } bh_pool_stats;
 
 BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);
+/* Destroys free own blocks, least recently used first, until at most
+ * keep_bytes of them remain (0: every one); a block the peer had mapped is
+ * retired (a note on the next frame tells it to unmap).  Blocks in use or
+ * lent stay.  Returns the bytes freed. */
+BH_EXTERN size_t bh_pool_trim(bh_pool *p, size_t keep_bytes);
 
 /* ----------------------------------------------------------------- channel */
 

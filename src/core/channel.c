@@ -349,6 +349,7 @@ int bh_channel_send(bh_channel *c, const bh_msg *m) {
   rc = bh__send_frame(c, m->kind, m->request_id, intro ? intro + sent : NULL, n_intro - sent,
                       notes, n_ret, notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
   if (rc) goto rollback;
+  if (n_intro) bh__pool_introduced(c->pool, intro, n_intro);
   free(intro);
   free(lent);
   return 0;

@@ -49,7 +49,7 @@ struct bh_block {
   uint32_t id;
   uint8_t own;         /* ours (1) or the peer's (0) */
   uint8_t peer_mapped; /* own: the peer has our fd mapped */
-  int fd;              /* own blocks keep their memfd; peer blocks close it */
+  int fd;              /* own: the memfd until the peer has it (-1 after); peer: -1 */
   void *addr;
   size_t size;
   atomic_int refs;     /* holders; an own block lent to the peer counts 1 */
@@ -65,6 +65,14 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out);
  * must travel with this frame (the peer has not mapped it yet).  -EBUSY if
  * it is lent already: a block goes out once until the peer returns it. */
 int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd);
+/* The frames introducing intro[0..n) were sent: their memfds close (the
+ * peer holds its own, and the mapping here needs none). */
+void bh__pool_introduced(bh_pool *p, bh_block *const *intro, uint32_t n);
+/* Block memfds open in this process now, over every pool, and the most
+ * there may be (a quarter of the soft RLIMIT_NOFILE, at least
+ * BH__KEEP_FREE_BLOCKS). */
+size_t bh__block_fds_open(void);
+size_t bh__block_fds_max(void);
 /* The peer returned own block `id` (drop the lent reference); a return
  * for a block not lent is a harmless duplicate.  -BH_EBLOCK if unknown. */
 int bh__pool_returned(bh_pool *p, uint32_t id);

@@ -27,11 +27,16 @@
  *
  * Free own blocks beyond keep_bytes, or beyond BH__KEEP_FREE_BLOCKS of
  * them, are destroyed least recently used first; if the peer had mapped
- * one, a retire note tells it to unmap.  Each own block holds an fd, so
- * their count is bounded too: at most BH__OWN_BLOCKS_MAX at once (an
- * acquire past it destroys free blocks first, then fails -BH_EPOOLFULL),
- * well under the common soft RLIMIT_NOFILE of 1024.  Small tensors need
- * no block at all: they travel inline (BH_BLOCK_INLINE).
+ * one, a retire note tells it to unmap.  An own block holds its memfd only
+ * until the frame that introduces it to the peer is sent (the peer then
+ * has its own fd, and a mapping needs none), so the fds blocks hold are
+ * those of blocks not lent yet.  Their count is bounded twice: at most
+ * BH__OWN_BLOCKS_MAX own blocks per pool (an acquire past it destroys free
+ * blocks first, then fails -BH_EPOOLFULL), and at most
+ * bh__block_fds_max() block memfds open in the whole process, over every
+ * pool (a quarter of the soft RLIMIT_NOFILE: a host with many workers
+ * keeps its fds for everything else; past it -BH_EPOOLFULL too).  Small
+ * tensors need no block at all: they travel inline (BH_BLOCK_INLINE).
  *
  * Locking: one mutex per pool guards every block's refs and the pool's
  * lists; bh_block_unref may run on any thread (a tensor's deleter).  The
@@ -43,6 +48,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -75,6 +81,26 @@ struct bh_pool {
 /* A quarter of Linux's default vm.max_map_count (65530): far more blocks
  * than any value lends, and the process keeps room for its own mappings. */
 #define BH__PEER_BLOCKS_MAX 16384u
+
+/* Own-block memfds open in this process (every pool). */
+static atomic_size_t bh__block_fds;
+
+size_t bh__block_fds_open(void) { return atomic_load(&bh__block_fds); }
+
+size_t bh__block_fds_max(void) {
+  struct rlimit rl;
+  size_t max = 1024 / 4;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    max = rl.rlim_cur == RLIM_INFINITY ? (size_t)1 << 16 : (size_t)(rl.rlim_cur / 4);
+  return max < BH__KEEP_FREE_BLOCKS ? BH__KEEP_FREE_BLOCKS : max;
+}
+
+static void bh__block_close_fd(bh_block *b) {
+  if (b->fd < 0) return;
+  bh__close(b->fd);
+  b->fd = -1;
+  if (b->own) atomic_fetch_sub(&bh__block_fds, 1);
+}
 
 int bh__memfd_create(const char *name, size_t size, int *fd_out, void **addr_out) {
   int fd = -1;
@@ -152,7 +178,7 @@ static int bh__push_id(uint32_t **arr, size_t *n, size_t *cap, uint32_t id) {
 
 static void bh__block_destroy(bh_block *b) {
   if (b->addr && b->size) munmap(b->addr, b->size);
-  if (b->fd >= 0) bh__close(b->fd);
+  bh__block_close_fd(b);
   free(b);
 }
 
@@ -200,8 +226,9 @@ void bh__pool_close(bh_pool *p) {
 
 /* Destroys least recently used free own blocks until the free bytes fit
  * keep_bytes, at most keep_blocks free blocks remain and (keep_room) the
- * pool has room for one more block.  Lock held. */
-static void bh__pool_trim_to(bh_pool *p, size_t keep_blocks, int keep_room) {
+ * pool has room for one more block.  Lock held.  Returns the bytes freed. */
+static size_t bh__pool_trim_to(bh_pool *p, size_t keep_bytes, size_t keep_blocks, int keep_room) {
+  size_t freed = 0;
   for (;;) {
     size_t free_bytes = 0, free_blocks = 0, victim = SIZE_MAX;
     uint64_t oldest = UINT64_MAX;
@@ -212,19 +239,28 @@ static void bh__pool_trim_to(bh_pool *p, size_t keep_blocks, int keep_room) {
       free_blocks++;
       if (b->last_used < oldest) oldest = b->last_used, victim = i;
     }
-    if (victim == SIZE_MAX) return;
-    if (free_bytes <= p->keep_bytes && free_blocks <= keep_blocks &&
+    if (victim == SIZE_MAX) return freed;
+    if (free_bytes <= keep_bytes && free_blocks <= keep_blocks &&
         (!keep_room || p->n_own < BH__OWN_BLOCKS_MAX))
-      return;
+      return freed;
     bh_block *b = p->own[victim];
     if (b->peer_mapped && bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id))
-      return; /* keep it rather than leave the peer a stale mapping */
+      return freed; /* keep it rather than leave the peer a stale mapping */
     bh__remove_at(p->own, &p->n_own, victim);
+    freed += b->size;
     bh__block_destroy(b);
   }
 }
 
-static void bh__pool_trim(bh_pool *p) { bh__pool_trim_to(p, BH__KEEP_FREE_BLOCKS, 0); }
+static void bh__pool_trim(bh_pool *p) { bh__pool_trim_to(p, p->keep_bytes, BH__KEEP_FREE_BLOCKS, 0); }
+
+size_t bh_pool_trim(bh_pool *p, size_t keep_bytes) {
+  if (!p) return 0;
+  pthread_mutex_lock(&p->mu);
+  size_t freed = bh__pool_trim_to(p, keep_bytes, BH__KEEP_FREE_BLOCKS, 0);
+  pthread_mutex_unlock(&p->mu);
+  return freed;
+}
 
 int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
   if (!p || !out || nbytes == 0) return -EINVAL;
@@ -247,8 +283,15 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
     *out = best;
     return 0;
   }
-  bh__pool_trim_to(p, BH__KEEP_FREE_BLOCKS, 1);
+  bh__pool_trim_to(p, p->keep_bytes, BH__KEEP_FREE_BLOCKS, 1);
   if (p->n_own >= BH__OWN_BLOCKS_MAX) {
+    pthread_mutex_unlock(&p->mu);
+    return -BH_EPOOLFULL;
+  }
+  /* The process-wide bound: counted before the memfd exists, so that
+   * threads creating blocks at once cannot pass it together. */
+  if (atomic_fetch_add(&bh__block_fds, 1) >= bh__block_fds_max()) {
+    atomic_fetch_sub(&bh__block_fds, 1);
     pthread_mutex_unlock(&p->mu);
     return -BH_EPOOLFULL;
   }
@@ -256,11 +299,11 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
   pthread_mutex_unlock(&p->mu);
 
   bh_block *b = calloc(1, sizeof *b);
-  if (!b) return -ENOMEM;
   char name[32];
   snprintf(name, sizeof name, "bulkhead-block-%u", id);
-  int rc = bh__memfd_create(name, size, &b->fd, &b->addr);
+  int rc = b ? bh__memfd_create(name, size, &b->fd, &b->addr) : -ENOMEM;
   if (rc) {
+    atomic_fetch_sub(&bh__block_fds, 1);
     free(b);
     return rc;
   }
@@ -291,6 +334,12 @@ static bh_block *bh__find(bh_block **arr, size_t n, uint32_t id, size_t *at) {
       return arr[i];
     }
   return NULL;
+}
+
+void bh__pool_introduced(bh_pool *p, bh_block *const *intro, uint32_t n) {
+  pthread_mutex_lock(&p->mu);
+  for (uint32_t i = 0; i < n; i++) bh__block_close_fd(intro[i]);
+  pthread_mutex_unlock(&p->mu);
 }
 
 int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd) {

@@ -474,20 +474,30 @@ static PyObject *Channel_recv(PyObject *op, PyObject *args) {
   return out;
 }
 
+/* serve()'s timeout argument: None -> -1 (none), else seconds >= 0 in ns. */
+static int serve_seconds(PyObject *v, const char *what, int64_t *ns) {
+  *ns = -1;
+  if (v == Py_None) return 0;
+  double s = PyFloat_AsDouble(v);
+  if (s == -1.0 && PyErr_Occurred()) return -1;
+  if (!(s >= 0)) {
+    PyErr_Format(PyExc_ValueError, "serve(%s): it must be >= 0 seconds", what);
+    return -1;
+  }
+  *ns = s > 1e9 ? -1 : (int64_t)(s * 1e9);
+  return 0;
+}
+
 static PyObject *Channel_serve(PyObject *op, PyObject *args) {
   bh_chan_obj *self = (bh_chan_obj *)op;
-  PyObject *timeout = Py_None;
-  if (!PyArg_ParseTuple(args, "|O:serve", &timeout)) return NULL;
-  int64_t idle_ns = -1;
-  if (timeout != Py_None) {
-    double s = PyFloat_AsDouble(timeout);
-    if (s == -1.0 && PyErr_Occurred()) return NULL;
-    if (!(s >= 0)) {
-      PyErr_SetString(PyExc_ValueError, "serve(timeout): timeout must be >= 0 seconds");
-      return NULL;
-    }
-    idle_ns = s > 1e9 ? -1 : (int64_t)(s * 1e9);
-  }
+  PyObject *timeout = Py_None, *quiet = Py_None;
+  if (!PyArg_ParseTuple(args, "|OO:serve", &timeout, &quiet)) return NULL;
+  int64_t idle_ns, quiet_ns;
+  if (serve_seconds(timeout, "timeout", &idle_ns) < 0 || serve_seconds(quiet, "quiet", &quiet_ns) < 0)
+    return NULL;
+  /* After a request, the wait for the next frame is the quiet one, when
+   * that is shorter: its end is 'quiet', not 'idle'. */
+  int64_t after_ns = quiet_ns >= 0 && (idle_ns < 0 || quiet_ns < idle_ns) ? quiet_ns : idle_ns;
   if (chan_enter(self) < 0) return NULL;
   PyObject *out = NULL;
   bh_frame f;
@@ -498,14 +508,15 @@ static PyObject *Channel_serve(PyObject *op, PyObject *args) {
       if (PyErr_ExceptionMatches(chan_state(self)->PeerClosed)) {
         PyErr_Clear();
         out = PyUnicode_FromString("eof");
-      } else if (idle_ns >= 0 && PyErr_ExceptionMatches(chan_state(self)->Timeout)) {
+      } else if (then.idle_ns >= 0 && PyErr_ExceptionMatches(chan_state(self)->Timeout)) {
         PyErr_Clear();
-        out = PyUnicode_FromString("idle");
+        out = PyUnicode_FromString(then.idle_ns == idle_ns ? "idle" : "quiet");
       }
       break;
     }
     int kind = f.h.kind;
     if (kind == BH_KIND_CALL || kind == BH_KIND_CALLBACK || kind == BH_KIND_RELEASE) {
+      then.idle_ns = after_ns;
       if (chan_handle_request(self, &f, &then) < 0) break;
     } else if (kind == BH_KIND_BYE) {
       bh_channel_frame_done(self->c, &f);
@@ -555,6 +566,19 @@ static PyObject *Channel_stats(PyObject *op, PyObject *unused) {
                        "own_bytes", s.own_bytes, "free_blocks", s.free_blocks, "free_bytes",
                        s.free_bytes, "lent_blocks", s.lent_blocks, "peer_blocks", s.peer_blocks,
                        "peer_bytes", s.peer_bytes, "created", s.created, "reused", s.reused);
+}
+
+static PyObject *Channel_trim_pool(PyObject *op, PyObject *args) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  unsigned long long keep = 0;
+  if (!PyArg_ParseTuple(args, "|K:trim_pool", &keep)) return NULL;
+  bh_channel *c = chan_live(self);
+  if (!c) return NULL;
+  size_t freed;
+  Py_BEGIN_ALLOW_THREADS
+  freed = bh_pool_trim(bh_channel_pool(c), (size_t)keep);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromSize_t(freed);
 }
 
 static PyObject *Channel_close(PyObject *op, PyObject *unused) {
@@ -611,10 +635,13 @@ static PyMethodDef Channel_methods[] = {
     {"notify", Channel_notify, METH_VARARGS, "notify(kind, payload=None, request_id=0): send, no reply"},
     {"recv", Channel_recv, METH_VARARGS, "recv(timeout=None) -> (kind, request_id, value)"},
     {"serve", Channel_serve, METH_VARARGS,
-     "serve(timeout=None) -> 'bye' | 'eof' | 'idle': answer requests until the peer goes,\n"
-     "or until nothing arrived for timeout seconds ('idle')"},
+     "serve(timeout=None, quiet=None) -> 'bye' | 'eof' | 'idle' | 'quiet': answer requests\n"
+     "until the peer goes, until nothing arrived for timeout seconds ('idle'), or, when quiet\n"
+     "is shorter, for quiet seconds after a request ('quiet')"},
     {"acquire", Channel_acquire, METH_O, "acquire(nbytes) -> Lease over a free own block"},
     {"stats", Channel_stats, METH_NOARGS, "block pool statistics"},
+    {"trim_pool", Channel_trim_pool, METH_VARARGS,
+     "trim_pool(keep_bytes=0): destroys free own blocks beyond keep_bytes; returns the bytes freed"},
     {"close", Channel_close, METH_NOARGS, "close the socket; blocks stay while referenced"},
     {"fileno", Channel_fileno, METH_NOARGS, "the socket fd"},
     {"set_peer_pid", Channel_set_peer_pid, METH_O, "frames must come from this pid from now on"},

@@ -31,8 +31,12 @@
 #include "bulkhead/policy.h"
 #include "src/core/internal.h" /* bh__proc_start_time, bh__alive */
 
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <structmember.h>
+#include <sys/wait.h>
+#include <time.h>
 
 static const char *const surface[] = {
     "load_device", "offload_device", "parent", "model", "model_size", "loaded_size",
@@ -49,6 +53,9 @@ typedef struct {
                                up on every read: it may have been closed) */
   pid_t pid;                /* worker whose record holds the model */
   uint64_t start_time;      /* its start time (/proc), 0 when unreadable */
+  int64_t proc_checked_ns;  /* when start_time was last compared (coarse clock; 0: never) */
+  int proc_alive;           /* what that comparison said */
+  int not_child;            /* waitid said ECHILD: kill(pid, 0) from then on */
   uint64_t model_id;
   uint32_t generation;
   int slot_hint;
@@ -204,6 +211,36 @@ PyObject *bh_py_standin_new(PyObject *module, PyObject *args, PyObject *kw) {
  * the worker dropped all read as 0 resident; *size keeps the last size
  * seen.  The liveness check (one /proc read) runs only while the record
  * says something is resident. */
+/* Whether the stand-in's worker is still there, cheaply enough for
+ * ComfyUI's loops (they read loaded_size per model, pass after pass) and
+ * at once: one syscall per read.  A child of ours (a worker is the host's)
+ * that exited, a zombie not reaped yet, is seen by waitid without reaping
+ * it; another process's end by kill(pid, 0).  A pid reused by another
+ * process is seen by its start time in /proc (a read that costs ~10 us)
+ * at most once a second. */
+#define BH__PROC_CHECK_NS 1000000000LL
+
+static int worker_alive(standin_obj *s) {
+  if (!s->not_child) {
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    if (waitid(P_PID, (id_t)s->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0) {
+      if (si.si_pid != 0) return 0;
+    } else if (errno == ECHILD) {
+      s->not_child = 1;
+    }
+  }
+  if (s->not_child && kill(s->pid, 0) < 0 && errno == ESRCH) return 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  int64_t now = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+  if (s->proc_checked_ns == 0 || now - s->proc_checked_ns >= BH__PROC_CHECK_NS) {
+    s->proc_checked_ns = now ? now : 1;
+    s->proc_alive = bh__alive(s->pid, s->start_time);
+  }
+  return s->proc_alive;
+}
+
 static void read_residency(standin_obj *s, uint64_t *size, uint64_t *resident) {
   *size = s->size_bytes;
   *resident = 0;
@@ -217,7 +254,7 @@ static void read_residency(standin_obj *s, uint64_t *size, uint64_t *resident) {
   if (bh_ledger_model_read(led, s->pid, s->model_id, &s->slot_hint, &sz, &res) == 0) {
     s->size_bytes = sz;
     *size = sz;
-    if (res > 0 && s->start_time != 0 && !bh__alive(s->pid, s->start_time)) res = 0;
+    if (res > 0 && s->start_time != 0 && !worker_alive(s)) res = 0;
     *resident = res;
   }
 }

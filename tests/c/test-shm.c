@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #define MiB (1024u * 1024u)
@@ -237,6 +238,71 @@ TEST_IMPL(shm_own_blocks_are_bounded) {
   return 0;
 }
 
+/* An own block holds its memfd only until the frame that introduces it
+ * is sent; lent again later it needs none.  Block memfds open in the whole
+ * process are bounded (a quarter of the soft RLIMIT_NOFILE), over every
+ * pool: a host with many workers keeps fds for everything else. */
+TEST_IMPL(shm_block_fds_close_once_sent_and_are_bounded_per_process) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b, *c, *d;
+  bh_test_pair(&a, &b, 0);
+  bh_test_pair(&c, &d, 0);
+  static const uint8_t nil = BH_TAG_NIL;
+  bh_frame f;
+  bh_block *x, *pb;
+  ASSERT_OK(bh_channel_block_acquire(a, 4096, &x));
+  ASSERT(block_fd(bh_block_id(x)) >= 0);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, &nil, 1, &x, 1));
+  ASSERT_EQ(block_fd(bh_block_id(x)), -1);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 4);
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_OK(bh_channel_peer_block(b, bh_block_id(x), &pb));
+  memcpy(bh_block_addr(pb), "one", 4);
+  bh_block_unref(pb);
+  ASSERT_OK(bh_test_send_nil(b, 2)); /* carries the return note */
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_EQ(stats_of(a).lent_blocks, 0);
+  /* lent again: by id, no fd, the same memory */
+  memcpy(bh_block_addr(x), "two", 4);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 3, &nil, 1, &x, 1));
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 0);
+  ASSERT_OK(bh_channel_peer_block(b, bh_block_id(x), &pb));
+  ASSERT_MEM_EQ(bh_block_addr(pb), "two", 4);
+  bh_block_unref(pb);
+  bh_block_unref(x);
+
+  /* The process-wide bound, over two pools each far from its own. */
+  struct rlimit old, low;
+  ASSERT_SYS(getrlimit(RLIMIT_NOFILE, &old));
+  low = old;
+  low.rlim_cur = 4 * BH__KEEP_FREE_BLOCKS;
+  ASSERT_SYS(setrlimit(RLIMIT_NOFILE, &low));
+  ASSERT_UEQ(bh__block_fds_max(), BH__KEEP_FREE_BLOCKS);
+  size_t room = BH__KEEP_FREE_BLOCKS - bh__block_fds_open();
+  static bh_block *y[BH__KEEP_FREE_BLOCKS];
+  for (size_t i = 0; i < room; i++) ASSERT_OK(bh_channel_block_acquire(i % 2 ? a : c, 4096, &y[i]));
+  bh_block *z;
+  ASSERT_RC(bh_channel_block_acquire(a, 4096, &z), -BH_EPOOLFULL);
+  ASSERT_RC(bh_channel_block_acquire(c, 4096, &z), -BH_EPOOLFULL);
+  ASSERT(stats_of(a).own_blocks < BH__OWN_BLOCKS_MAX / 2);
+  /* one of c's sent to d: its memfd closes, and a may make one more */
+  ASSERT_OK(bh_test_send(c, BH_KIND_RESULT, 4, &nil, 1, &y[0], 1));
+  ASSERT_OK(bh_test_recv(d, &f, 5000));
+  ASSERT_OK(bh_channel_block_acquire(a, 4096, &z));
+  ASSERT_RC(bh_channel_block_acquire(a, 4096, &y[room]), -BH_EPOOLFULL);
+  ASSERT_SYS(setrlimit(RLIMIT_NOFILE, &old));
+  bh_block_unref(z);
+  for (size_t i = 0; i < room; i++) bh_block_unref(y[i]);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  bh_channel_close(c);
+  bh_channel_close(d);
+  ASSERT_FD_COUNT(fds0);
+  ASSERT_UEQ(bh__block_fds_open(), 0);
+  return 0;
+}
+
 TEST_IMPL(shm_trim_keep_bytes) {
   int fds0 = bh_test_fd_count();
   bh_channel *a, *b;
@@ -306,11 +372,11 @@ TEST_IMPL(shm_close_keeps_mapping) {
   bh_frame f;
   ASSERT_OK(bh_test_recv(b, &f, 5000));
   ASSERT_OK(bh_channel_peer_block(b, bh_block_id(lent_held), &pb));
-  ASSERT_EQ(bh_test_fd_count(), fds0 + 2 + 4);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 2 + 2); /* the lent two closed their memfds when sent */
 
   /* a closes: the free block and the lent-only block go at once. */
   bh_channel_close(a);
-  ASSERT_EQ(bh_test_fd_count(), fds0 + 1 + 2);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 1 + 1);
   uint8_t *p = bh_block_addr(own);
   memset(p, 0x42, 8192);
   ASSERT_EQ(p[8191], 0x42);
@@ -320,7 +386,7 @@ TEST_IMPL(shm_close_keeps_mapping) {
   bh_block_unref(own);
   ASSERT_EQ(p[0], 0x42);
   bh_block_unref(own);
-  ASSERT_EQ(bh_test_fd_count(), fds0 + 1 + 1);
+  ASSERT_EQ(bh_test_fd_count(), fds0 + 1);
   /* The last one is unreferenced from another thread. */
   pthread_t th;
   ASSERT_EQ(pthread_create(&th, NULL, unref_thread, lent_held), 0);

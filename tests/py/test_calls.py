@@ -151,9 +151,12 @@ def test_named_host_function(worker):
 def test_worker_env_is_controlled(make_worker, monkeypatch):
     monkeypatch.setenv("PYTHONHOME", "/nonexistent")  # would break the worker if it leaked
     monkeypatch.setenv("SOME_HOST_SECRET", "x")
+    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"):  # the user's thread tuning
+        monkeypatch.setenv(k, "7")
     w = make_worker(env={"PACK_SETTING": "on"})
     env = w.call("os:environ.copy")
     assert env["PACK_SETTING"] == "on"
+    assert env["OMP_WAIT_POLICY"] == env["GOMP_SPINCOUNT"] == env["KMP_BLOCKTIME"] == "7"
     assert "SOME_HOST_SECRET" not in env and "PYTHONHOME" not in env
     assert "BULKHEAD_FD" not in env
 

@@ -340,6 +340,51 @@ def test_release_ladders_reachable_from_host(tmp_path):
     assert r["releases"] == 2
 
 
+def test_shared_blocks_count_in_the_workers_record_and_the_full_ladder_frees_them(tmp_path):
+    """An array a worker sends lives in one of its shared-memory blocks:
+    RAM of the worker's, on the cpu device of its record while the host
+    holds the array and while the pool keeps the block for reuse; the full
+    ladder frees the kept block, and the worker's shared RSS goes with it
+    (issue 17 item 6)."""
+    r = scenario(tmp_path, """
+        a = worker("pack-a")
+        a.call("bh_mempack:load", "UNetA", 8 * MiB)   # ComfyUI imported there: the census runs
+        a.release("all")
+
+        def cpu_held():
+            rec = hm.ledger.read(a.pid)
+            return sum(d["held_bytes"] for d in rec["devices"] if d["device"] == "cpu")
+
+        def rss_shmem():
+            with open(f"/proc/{a.pid}/status") as f:
+                return next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssShmem:"))
+        def settled(want, timeout_s=5.0):   # the census runs once the worker is quiet
+            end = time.monotonic() + timeout_s
+            while cpu_held() != want and time.monotonic() < end:
+                time.sleep(0.01)
+            return cpu_held()
+        steps = {"base": cpu_held(), "shm_base": rss_shmem()}
+        arr = a.call("numpy:ones", 16 * MiB, "uint8")
+        steps["holding"] = settled(16 * MiB)
+        steps["sum"] = int(arr.sum())
+        del arr
+        a.call("bh_mempack:resident")   # carries the block's return; the pool keeps it
+        steps["kept"] = settled(16 * MiB)
+        steps["shm_kept"] = rss_shmem()
+        steps["receipt"] = a.release("all")
+        steps["after"] = cpu_held()
+        steps["shm_after"] = rss_shmem()
+        out(steps)
+        hm.close(); a.close()
+    """)
+    block = 16 * MiB
+    assert r["base"] == 0 and r["sum"] == block
+    assert r["holding"] == block and r["kept"] == block, r
+    assert r["receipt"]["shm_freed_bytes"] == block, r["receipt"]
+    assert r["after"] == 0, r
+    assert r["shm_kept"] - r["shm_base"] >= block - MiB and r["shm_after"] - r["shm_base"] < MiB, r
+
+
 def test_two_instances_arbitrate_through_the_ledger(tmp_path):
     """Host B's admission asks host A's idle worker to release, through A's
     control socket, because both see each other's workers in the ledger."""

@@ -686,6 +686,49 @@ def test_interrupt_stops_a_worker_node_and_leaves_the_hosts_flag_set(tmp_path):
 
 
 @pytest.mark.torch
+def test_the_interrupt_watcher_starts_no_thread_per_call_and_reads_the_flag_itself(tmp_path):
+    """Node calls start no thread (one watcher for the host, woken by
+    ComfyUI's interrupt_current_processing), and a flag set without that
+    function (straight into model_management) still stops the node."""
+    r = comfy_scenario(tmp_path, """
+        m, _ = nodes.load_pack(PACK, sys.executable)
+        loop = m["Loop"]()
+        loop.go(seconds=0.05)  # the worker, its reader and the watcher are up
+        started = []
+        real_start = threading.Thread.start
+
+        def counting_start(self):
+            started.append(self.name)
+            return real_start(self)
+        threading.Thread.start = counting_start
+        for _ in range(20):
+            loop.go(seconds=0.0)
+        threading.Thread.start = real_start
+        set_at = []
+
+        def click():
+            time.sleep(0.3)
+            set_at.append(time.perf_counter())
+            with mm.interrupt_processing_mutex:
+                mm.interrupt_processing = True   # not through interrupt_current_processing
+        threading.Thread(target=click).start()
+        try:
+            loop.go(seconds=30.0)
+            raised = False
+        except mm.InterruptProcessingException:
+            raised = True
+        stop_ms = (time.perf_counter() - set_at[0]) * 1000
+        mm.interrupt_current_processing(False)
+        names = sorted(t.name for t in threading.enumerate() if t.name.startswith("bulkhead-interrupt"))
+        nodes.close_all()
+        emit({"started": started, "raised": raised, "stop_ms": stop_ms, "watchers": names})
+    """)
+    assert r["started"] == []
+    assert r["raised"] is True and r["stop_ms"] < 1000
+    assert r["watchers"] == ["bulkhead-interrupt"]
+
+
+@pytest.mark.torch
 def test_a_node_that_never_checks_the_flag_is_stopped_after_its_grace(tmp_path):
     """The stop button on a node that never checks ComfyUI's flag: after
     interrupt_grace_s its worker is stopped, the host raises ComfyUI's own

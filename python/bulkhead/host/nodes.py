@@ -38,8 +38,9 @@ MODEL the pack made) stay in the worker and come back as
   ``comfy.utils.ProgressBar`` here, in the node's own thread and context,
   previews included (rebuilt as the (format, PIL.Image, max_size) tuple
   ComfyUI's hook takes);
-* a watcher thread polls ComfyUI's non-consuming ``processing_interrupted()``
-  every few milliseconds and, when it is set, interrupts the worker at once
+* the host's interrupt watcher (one thread, woken by ComfyUI's
+  ``interrupt_current_processing``, and reading the non-consuming
+  ``processing_interrupted()`` every 50 ms as well) interrupts the worker at once
   (``Worker.interrupt``: a frame and SIGUSR1); the worker's node stops on its
   own ComfyUI flag and the host raises its own InterruptProcessingException,
   leaving its flag set for ComfyUI's own check;
@@ -63,6 +64,7 @@ PromptServer there too.
 This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
 
+import functools
 import glob
 import hashlib
 import inspect
@@ -478,51 +480,146 @@ async def _in_thread(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.run(fn, *args))
 
 
-class _InterruptWatch:
-    """Polls the host's interrupt flag (non-consuming) while a worker call
-    runs; when it is set, interrupts the worker, then keeps signalling
-    until the call ends (a signal that arrives between two calls is
-    harmless: each call starts with the worker's flag clear).  A node
-    still running ``grace_s`` after the click (one that never checks the
-    flag) has its worker stopped (SIGKILL): ``stopped_worker`` says so, and
-    the call fails with WorkerDied, which PackRuntime turns into ComfyUI's
-    interrupt.  grace_s 0: never."""
+class _Watch:
+    """One worker call under the interrupt watcher (see _InterruptWatcher)."""
 
-    POLL_S = 0.005
+    __slots__ = ("worker", "mm", "grace_s", "fired_at", "stopped_worker", "done", "lock", "next_at")
+
+    def __init__(self, worker, mm, grace_s):
+        self.worker, self.mm, self.grace_s = worker, mm, grace_s
+        self.fired_at = None        # when the click was seen
+        self.stopped_worker = False  # its worker was stopped past the grace
+        self.done = False           # the call ended: nothing more is done for it
+        self.lock = threading.Lock()
+        self.next_at = None         # when to act next, once fired
+
+
+class _InterruptWatcher:
+    """Passes the host's interrupt (ComfyUI's stop button) to the workers
+    whose calls are running: one thread for the whole host, asleep while
+    no call runs.  ComfyUI's ``interrupt_current_processing`` is wrapped to
+    wake it at once (the flag it sets is still ComfyUI's, non-consumed);
+    while calls run it also reads ``processing_interrupted()`` every
+    FALLBACK_S, for a flag set some other way.  Once a call's flag is
+    seen, its worker is interrupted (a frame and SIGUSR1), then signalled
+    every RESIGNAL_S until the call ends; a node still running ``grace_s``
+    after the click (one that never checks the flag) has its worker stopped
+    (SIGKILL), ``stopped_worker`` says so, and the call fails with
+    WorkerDied, which PackRuntime turns into ComfyUI's interrupt.  grace_s 0:
+    never.
+
+    A call costs the thread no wake-up when it ends, and none at all while
+    the thread is already awake for another: a thread started and joined
+    per call put two wake-ups of the host on each node's critical path,
+    behind the worker's spinning OpenMP threads on a small machine."""
+
+    FALLBACK_S = 0.05
     RESIGNAL_S = 0.025
 
-    def __init__(self, worker, mm, grace_s=0.0):
-        self.worker = worker
-        self.mm = mm
-        self.grace_s = grace_s
-        self.fired_at = None
-        self.stopped_worker = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bulkhead-interrupt", daemon=True)
-        self._thread.start()
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._calls = []
+        self._thread = None
+        self._asleep = False  # in the untimed wait: a new call must wake it
+        self._hooked = set()  # id() of the model_management modules wrapped
+
+    def begin(self, worker, mm, grace_s):
+        self._hook(mm)
+        watch = _Watch(worker, mm, grace_s)
+        with self._cond:
+            self._calls.append(watch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="bulkhead-interrupt", daemon=True)
+                self._thread.start()
+            elif self._asleep:
+                self._cond.notify()
+        return watch
+
+    def end(self, watch):
+        """The call ended: after this returns nothing is done for it."""
+        with watch.lock:
+            watch.done = True
+        with self._cond:
+            self._calls.remove(watch)
+
+    def wake(self):
+        with self._cond:
+            self._cond.notify()
+
+    def _hook(self, mm):
+        """Wraps mm.interrupt_current_processing (once per module) so that
+        setting the flag wakes the watcher."""
+        if id(mm) in self._hooked:
+            return
+        real = getattr(mm, "interrupt_current_processing", None)
+        if real is None or getattr(real, "_bulkhead_wakes", False):
+            self._hooked.add(id(mm))
+            return
+
+        @functools.wraps(real)
+        def interrupt_current_processing(*args, **kwargs):
+            out = real(*args, **kwargs)
+            value = args[0] if args else kwargs.get("value", True)
+            if value:
+                self.wake()
+            return out
+        interrupt_current_processing._bulkhead_wakes = True
+        mm.interrupt_current_processing = interrupt_current_processing
+        self._hooked.add(id(mm))
 
     def _run(self):
-        poll = self.mm.processing_interrupted
-        while not self._stop.wait(self.POLL_S):
-            if poll():
-                self.fired_at = time.perf_counter()
-                self.worker.interrupt(frame=True)
-                deadline = self.fired_at + self.grace_s if self.grace_s > 0 else None
-                while True:
-                    wait_s = self.RESIGNAL_S
-                    if deadline is not None:
-                        wait_s = min(wait_s, max(0.0, deadline - time.perf_counter()))
-                    if self._stop.wait(wait_s):
-                        return
-                    if deadline is not None and time.perf_counter() >= deadline:
-                        self.stopped_worker = True
-                        self.worker.kill()
-                        return
-                    self.worker.interrupt(frame=False)
+        while True:
+            with self._cond:
+                while not self._calls:
+                    self._asleep = True
+                    self._cond.wait()
+                self._asleep = False
+                calls = list(self._calls)
+            wait_s = self.FALLBACK_S
+            for watch in calls:
+                try:
+                    due = self._act(watch)
+                except Exception as e:  # a broken flag reader: never the watcher's end
+                    log.debug("bulkhead: interrupt watcher: %r", e)
+                    due = None
+                if due is not None:
+                    wait_s = min(wait_s, max(0.0, due - time.perf_counter()))
+            with self._cond:
+                if self._calls:
+                    self._cond.wait(wait_s)
 
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
+    def _act(self, watch):
+        """What is due for one call now; returns when it next needs the
+        thread (None: at the next fallback read)."""
+        with watch.lock:
+            if watch.done or watch.stopped_worker:
+                return None
+            now = time.perf_counter()
+            if watch.fired_at is None:
+                if not watch.mm.processing_interrupted():
+                    return None
+                watch.fired_at = now
+                watch.worker.interrupt(frame=True)
+            elif watch.grace_s > 0 and now >= watch.fired_at + watch.grace_s:
+                watch.stopped_worker = True
+                watch.worker.kill()
+                return None
+            elif now >= watch.next_at:
+                watch.worker.interrupt(frame=False)
+            else:
+                return watch.next_at
+            watch.next_at = now + self.RESIGNAL_S
+            if watch.grace_s > 0:
+                watch.next_at = min(watch.next_at, watch.fired_at + watch.grace_s)
+            return watch.next_at
+
+
+    def _after_fork(self):
+        self.__init__()  # the child has none of the parent's threads or calls
+
+
+_watcher = _InterruptWatcher()
+os.register_at_fork(after_in_child=_watcher._after_fork)
 
 
 def _where(v, obj, where, depth=0):
@@ -992,7 +1089,8 @@ class PackRuntime:
         w.frame_handlers[_native.PROGRESS] = progress.on_frame
         watch = None
         if mm is not None and hasattr(mm, "processing_interrupted"):
-            watch = _InterruptWatch(w, mm, self.options.get("interrupt_grace", INTERRUPT_GRACE_S))
+            watch = _watcher.begin(w, mm, self.options.get("interrupt_grace", INTERRUPT_GRACE_S))
+        w.park_reader()
         try:
             return w.call(target, *args)
         except RemoteError as e:
@@ -1008,7 +1106,7 @@ class PackRuntime:
             raise NodeInterrupted(f"a node of pack {self.name!r} was interrupted (its worker was stopped)") from None
         finally:
             if watch is not None:
-                watch.stop()
+                _watcher.end(watch)
                 self.last_interrupt_at = watch.fired_at
             w.frame_handlers.pop(_native.PROGRESS, None)
             after = self.options.get("after_call") if drain else None
@@ -1035,11 +1133,19 @@ class PackRuntime:
 
     def prewarm(self):
         """Starts the worker and imports the pack there: what the pack's
-        first node would otherwise wait for.  Blocks (the caller is a
+        first node would otherwise wait for; then rehearses a node call.  Blocks (the caller is a
         thread of host/prewarm.py); returns the number of node classes."""
-        with self.worker._lock:
-            self.worker.start()
-            return self.worker.call("bulkhead.worker.nodes:warm")
+        w = self.worker
+        with w._lock:
+            w.start()
+            n = w.call("bulkhead.worker.nodes:warm")
+            # and a node call's round trip without a node (worker/nodes.py
+            # rehearse), so that the first node does not run that code first
+            res = self._call(w, _mm(), "bulkhead.worker.nodes:rehearse",
+                             NodeValue({"value": 1.0, "text": "", "list": [1, 2]}), drain=False)
+            _holds_handles(res["outputs"])
+            del res
+            return n
 
     def close(self):
         self.worker.close()

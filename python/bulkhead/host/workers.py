@@ -94,7 +94,7 @@ LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
 XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
 """.split())
-_PASS_PREFIXES = ("LC_", "BULKHEAD_")
+_PASS_PREFIXES = ("LC_", "BULKHEAD_", "OMP_", "GOMP_", "KMP_")
 # ...except these: the environment builder's pip options may hold an index's
 # credentials (--index-url https://user:token@...), and a worker never
 # builds an environment.
@@ -255,18 +255,21 @@ def _read_unasked(ref, chan, wake_r):
     """Reader of one generation's channel while no call waits on it (see
     the module doc).  Ends when its wake pipe closes (teardown), when the
     channel is no longer the worker's, or at EOF (the next call or poll()
-    sees the death)."""
+    sees the death).  A byte on the wake pipe parks it (Worker.park_reader):
+    it waits on the worker lock, which the call holds, instead of on the
+    channel, so the call's reply wakes only the thread that waits for it."""
     poller = select.poll()
     poller.register(chan.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     try:
         while True:
-            if any(fd == wake_r for fd, _ in poller.poll()):
+            if any(fd == wake_r for fd, _ in poller.poll()) and not os.read(wake_r, 64):
                 return
             w = ref()
             if w is None:
                 return
             with w._lock:
+                w._reader_parked = False
                 if w._chan is not chan:
                     return
                 try:
@@ -327,6 +330,7 @@ class Worker(_native.Caller):
         self.last_exit = None       # how the last generation ended, when it died unasked
         self.serve_unasked = False  # a reader thread serves what the worker sends while idle
         self._reader_wake = None    # its wake pipe's write end (closed to stop it)
+        self._reader_parked = False  # a byte was written there since the reader last took the lock
         self._ref = weakref.ref(self)
         _live.add(self)
 
@@ -446,6 +450,7 @@ class Worker(_native.Caller):
         self.info = hello
         if self.serve_unasked:
             wake_r, self._reader_wake = os.pipe()
+            os.set_blocking(self._reader_wake, False)
             threading.Thread(target=_read_unasked, args=(self._ref, chan, wake_r),
                              name=f"bulkhead-reader-{self.name}", daemon=True).start()
 
@@ -460,6 +465,19 @@ class Worker(_native.Caller):
             chan.close()
         if proc is not None:
             proc.close()
+
+    def park_reader(self):
+        """Before a call (the caller holds the lock): the reader thread
+        leaves the channel to the call until it ends.  A reply that woke
+        the reader too put a second host thread, and its GIL hand-off,
+        on every call's way back."""
+        wake = self._reader_wake
+        if wake is not None and not self._reader_parked:
+            self._reader_parked = True
+            try:
+                os.write(wake, b"p")
+            except OSError:  # full (it is parked already) or closed (teardown)
+                pass
 
     def poll(self):
         """Notices a generation that ended while no call waited on it (a

@@ -128,8 +128,18 @@ def main():
         except Exception as e:  # the worker still serves calls; the host sees no record
             print(f"bulkhead.worker: WARNING: not under the host's memory budget: {e}", file=sys.stderr)
     idle = memory.idle_release_s if memory is not None and memory.idle_release_s > 0 else None
-    while chan.serve(idle) == "idle":
-        memory.on_idle()
+    # A call's census ran before its result was encoded: RECOUNT_S after a
+    # request (none since), it runs again, and the result's shared-memory
+    # blocks are in the record.
+    quiet = memory.RECOUNT_S if memory is not None else None
+    while True:
+        why = chan.serve(idle, quiet)
+        if why == "quiet":
+            memory.recount()
+        elif why == "idle":
+            memory.on_idle()
+        else:
+            break
     chan.close()
     return 0
 

@@ -39,6 +39,33 @@ from .._importwatch import when_imported
 _libc = None
 
 
+def _channel():
+    from .. import worker
+    peer = worker._peer
+    return getattr(peer, "channel", None) if peer is not None else None
+
+
+def _shm_bytes():
+    """RAM this worker holds in shared-memory blocks of its channel (RAM
+    on the cpu device in its record): blocks lent to the host, which a
+    tensor there keeps alive, and free ones kept for reuse."""
+    chan = _channel()
+    try:
+        return int(chan.stats()["own_bytes"]) if chan is not None else 0
+    except Exception:  # a closed channel: the worker is on its way out
+        return 0
+
+
+def _trim_shm():
+    """The full ladder's step for the channel's free blocks (kept for
+    reuse, up to the pool's keep_bytes): every one goes."""
+    chan = _channel()
+    try:
+        return chan.trim_pool(0) if chan is not None else 0
+    except Exception:
+        return 0
+
+
 def _trim_heap():
     """Returns freed heap pages to the OS (glibc keeps them otherwise, and
     RAM the worker freed must show as available)."""
@@ -63,6 +90,8 @@ def ledger_name(name):
 
 
 class WorkerMemory:
+    RECOUNT_S = 0.05  # quiet after a request: recount() (worker/__init__.py)
+
     def __init__(self, ledger_path, pack, generation, host_pid, call_host, idle_release_s=0.0):
         v = sys.version_info
         self.ledger = _native.Ledger(ledger_path)
@@ -237,8 +266,11 @@ class WorkerMemory:
             del self._published[mid]
         pinned = int(getattr(self.mm, "TOTAL_PINNED_MEMORY", 0) or 0)
         ceiling = max(0, int(getattr(self.mm, "MAX_PINNED_MEMORY", 0) or 0))
+        shm = _shm_bytes()
+        if shm:
+            self._devices.add("cpu")
         for dev in self._devices | set(held):
-            total = self._allocator_bytes(dev, held.get(dev, 0))
+            total = self._allocator_bytes(dev, held.get(dev, 0)) + (shm if dev == "cpu" else 0)
             if held.get(dev, 0) == 0:
                 # The floor: what this process holds with no model resident
                 # (CUDA context, allocator slack), the lowest seen after the
@@ -324,7 +356,7 @@ class WorkerMemory:
             return {"before_bytes": 0, "after_bytes": 0, "freed_bytes": 0, "note": "ComfyUI not loaded"}
         self.ledger.set_run("releasing")
         before = self._resident()
-        loaded = 0
+        loaded = shm_freed = 0
         try:
             if op == "model":
                 lm = self._find(model_id)
@@ -343,7 +375,7 @@ class WorkerMemory:
             elif op == "bytes":
                 self._release_bytes(int(nbytes or 0))
             elif op == "all":
-                self._full_release()
+                shm_freed = self._full_release()
             elif op == "pins":
                 self._release_pins()
             else:
@@ -358,7 +390,8 @@ class WorkerMemory:
         freed = max(0, before - after)
         if freed:
             self.ledger.note_release(freed)
-        return {"before_bytes": before, "after_bytes": after, "freed_bytes": freed, "loaded_bytes": loaded}
+        return {"before_bytes": before, "after_bytes": after, "freed_bytes": freed, "loaded_bytes": loaded,
+                "shm_freed_bytes": shm_freed}
 
     def _release_bytes(self, nbytes):
         """n bytes of this worker, its models taken in upstream's eviction
@@ -388,15 +421,17 @@ class WorkerMemory:
     def _full_release(self):
         """The full ladder, in dependency order: models off the device, then
         a collection (cycles still holding blocks hand them back), then the
-        cast buffers, pins, the device allocator cache, and torch's pinned
-        host cache last (it would miss buffers the collection returned),
-        then the heap."""
+        channel's free shared-memory blocks, the cast buffers, pins, the
+        device allocator cache, and torch's pinned host cache last (it
+        would miss buffers the collection returned), then the heap.
+        Returns the shared-memory bytes freed."""
         mm = self.mm
         entries = [lm for _, lm in self._entries()]
         for lm in entries:
             lm.model_unload()
         self._drop_entries(entries)
         gc.collect()  # ~40 ms with torch loaded: only on this ladder
+        shm_freed = _trim_shm()  # after the collection: tensors it freed gave their blocks back
         reset = getattr(mm, "reset_cast_buffers", None)
         if callable(reset):
             reset()
@@ -410,6 +445,7 @@ class WorkerMemory:
             except RuntimeError:
                 pass  # no CUDA in this build: nothing pinned
         _trim_heap()
+        return shm_freed
 
     def _release_pins(self):
         free_pins = getattr(self.mm, "free_pins", None)
@@ -441,6 +477,12 @@ class WorkerMemory:
                 self.split_pins()  # the host may have started or lost workers since
             self.census()
         self.ledger.set_run("idle")
+
+    def recount(self):
+        """The census once more, after a call's result went (its blocks
+        were taken while it was encoded, after the call's own census)."""
+        if self._hook():
+            self.census()
 
     def on_idle(self):
         if self.mm is not None and self._entries():

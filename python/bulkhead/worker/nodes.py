@@ -207,6 +207,22 @@ def warm():
     return len(_classes)
 
 
+class _Rehearsal:
+    """What rehearse() holds as a node instance."""
+
+
+def rehearse(kwargs):
+    """A node call's round trip with no node in it (PackRuntime.prewarm,
+    after warm): inputs restored, the call's interrupt reset, an output
+    value and a held instance sent back.  The first call of a process pays
+    for running that path's code for the first time, in both processes;
+    a prewarmed worker has paid it before the prompt's first node."""
+    peer = _worker._peer
+    peer.drop_unsent()
+    out = _invoke(lambda **kw: (kw,), _typed.restore(kwargs))
+    return {"outputs": NodeValue(out), "instance": peer.hold(_Rehearsal())}
+
+
 def _load():
     """The pack's node classes, imported once."""
     global _nodes_module

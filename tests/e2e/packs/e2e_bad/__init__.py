@@ -1,0 +1,13 @@
+"""The e2e suite's badly behaved PromptServer and V3 pack (nodes.py),
+isolated under the host's own interpreter with a short route timeout:
+tests/e2e/test_bad_pack.py drives it over HTTP and the websocket."""
+import os
+import sys
+
+from bulkhead.host import nodes, pack
+
+_hm = pack.host_memory()
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
+    os.path.dirname(os.path.abspath(__file__)), sys.executable,
+    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
+             "route_timeout": 1.5})
