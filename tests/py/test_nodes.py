@@ -686,10 +686,10 @@ def test_interrupt_stops_a_worker_node_and_leaves_the_hosts_flag_set(tmp_path):
 
 
 @pytest.mark.torch
-def test_the_interrupt_watcher_starts_no_thread_per_call_and_reads_the_flag_itself(tmp_path):
-    """Node calls start no thread (one watcher for the host, woken by
-    ComfyUI's interrupt_current_processing), and a flag set without that
-    function (straight into model_management) still stops the node."""
+def test_the_interrupt_watcher_starts_no_thread_per_call_and_reads_the_flag(tmp_path):
+    """Node calls start no thread (one watcher for the host), and a flag
+    set without interrupt_current_processing (straight into
+    model_management) stops the node as the stop button does."""
     r = comfy_scenario(tmp_path, """
         m, _ = nodes.load_pack(PACK, sys.executable)
         loop = m["Loop"]()

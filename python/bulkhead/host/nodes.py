@@ -38,9 +38,8 @@ MODEL the pack made) stay in the worker and come back as
   ``comfy.utils.ProgressBar`` here, in the node's own thread and context,
   previews included (rebuilt as the (format, PIL.Image, max_size) tuple
   ComfyUI's hook takes);
-* the host's interrupt watcher (one thread, woken by ComfyUI's
-  ``interrupt_current_processing``, and reading the non-consuming
-  ``processing_interrupted()`` every 50 ms as well) interrupts the worker at once
+* the host's interrupt watcher (one thread, reading ComfyUI's non-consuming
+  ``processing_interrupted()`` every 20 ms while nodes run) interrupts the worker
   (``Worker.interrupt``: a frame and SIGUSR1); the worker's node stops on its
   own ComfyUI flag and the host raises its own InterruptProcessingException,
   leaving its flag set for ComfyUI's own check;
@@ -64,7 +63,6 @@ PromptServer there too.
 This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
 
-import functools
 import glob
 import hashlib
 import inspect
@@ -497,23 +495,23 @@ class _Watch:
 class _InterruptWatcher:
     """Passes the host's interrupt (ComfyUI's stop button) to the workers
     whose calls are running: one thread for the whole host, asleep while
-    no call runs.  ComfyUI's ``interrupt_current_processing`` is wrapped to
-    wake it at once (the flag it sets is still ComfyUI's, non-consumed);
-    while calls run it also reads ``processing_interrupted()`` every
-    FALLBACK_S, for a flag set some other way.  Once a call's flag is
-    seen, its worker is interrupted (a frame and SIGUSR1), then signalled
-    every RESIGNAL_S until the call ends; a node still running ``grace_s``
-    after the click (one that never checks the flag) has its worker stopped
+    no call runs, reading ComfyUI's non-consuming
+    ``processing_interrupted()`` every POLL_S while calls run (a new call
+    wakes it; it reads the flag at once).  Once a call's flag is seen, its
+    worker is interrupted (a frame and SIGUSR1), then signalled every
+    RESIGNAL_S until the call ends; a node still running ``grace_s`` after
+    the click (one that never checks the flag) has its worker stopped
     (SIGKILL), ``stopped_worker`` says so, and the call fails with
-    WorkerDied, which PackRuntime turns into ComfyUI's interrupt.  grace_s 0:
-    never.
+    WorkerDied, which PackRuntime turns into ComfyUI's interrupt.  grace_s
+    0: never.  (bulkhead writes nothing into ComfyUI but the reserve, so
+    the flag is read, never hooked.)
 
-    A call costs the thread no wake-up when it ends, and none at all while
-    the thread is already awake for another: a thread started and joined
-    per call put two wake-ups of the host on each node's critical path,
+    A call costs the thread no wake-up when it ends, and none when it
+    begins while the thread is awake for another: a thread started and
+    joined per call put two wake-ups of the host on each node's way back,
     behind the worker's spinning OpenMP threads on a small machine."""
 
-    FALLBACK_S = 0.05
+    POLL_S = 0.02
     RESIGNAL_S = 0.025
 
     def __init__(self):
@@ -521,10 +519,8 @@ class _InterruptWatcher:
         self._calls = []
         self._thread = None
         self._asleep = False  # in the untimed wait: a new call must wake it
-        self._hooked = set()  # id() of the model_management modules wrapped
 
     def begin(self, worker, mm, grace_s):
-        self._hook(mm)
         watch = _Watch(worker, mm, grace_s)
         with self._cond:
             self._calls.append(watch)
@@ -542,31 +538,6 @@ class _InterruptWatcher:
         with self._cond:
             self._calls.remove(watch)
 
-    def wake(self):
-        with self._cond:
-            self._cond.notify()
-
-    def _hook(self, mm):
-        """Wraps mm.interrupt_current_processing (once per module) so that
-        setting the flag wakes the watcher."""
-        if id(mm) in self._hooked:
-            return
-        real = getattr(mm, "interrupt_current_processing", None)
-        if real is None or getattr(real, "_bulkhead_wakes", False):
-            self._hooked.add(id(mm))
-            return
-
-        @functools.wraps(real)
-        def interrupt_current_processing(*args, **kwargs):
-            out = real(*args, **kwargs)
-            value = args[0] if args else kwargs.get("value", True)
-            if value:
-                self.wake()
-            return out
-        interrupt_current_processing._bulkhead_wakes = True
-        mm.interrupt_current_processing = interrupt_current_processing
-        self._hooked.add(id(mm))
-
     def _run(self):
         while True:
             with self._cond:
@@ -575,7 +546,7 @@ class _InterruptWatcher:
                     self._cond.wait()
                 self._asleep = False
                 calls = list(self._calls)
-            wait_s = self.FALLBACK_S
+            wait_s = self.POLL_S
             for watch in calls:
                 try:
                     due = self._act(watch)
@@ -590,7 +561,7 @@ class _InterruptWatcher:
 
     def _act(self, watch):
         """What is due for one call now; returns when it next needs the
-        thread (None: at the next fallback read)."""
+        thread (None: at the next read of the flag)."""
         with watch.lock:
             if watch.done or watch.stopped_worker:
                 return None
@@ -612,7 +583,6 @@ class _InterruptWatcher:
             if watch.grace_s > 0:
                 watch.next_at = min(watch.next_at, watch.fired_at + watch.grace_s)
             return watch.next_at
-
 
     def _after_fork(self):
         self.__init__()  # the child has none of the parent's threads or calls
