@@ -59,7 +59,7 @@ extern "C" {
   X(BH_EBLOCKSEC, 10030, "frame's block section is malformed")                 \
   X(BH_ETOOMANY, 10031, "value has more items than one frame may carry (BH_MAX_ITEMS)") \
   X(BH_EPEERMEM, 10032, "peer lends more shared memory than one channel maps (too many blocks or bytes)") \
-  X(BH_EPOOLFULL, 10033, "one channel has too many shared-memory blocks in use at once (send fewer, larger arrays)") \
+  X(BH_EPOOLFULL, 10033, "too many shared-memory blocks in use at once, in one channel or in this process (send fewer, larger arrays; raise the soft RLIMIT_NOFILE)") \
   X(BH_ELEDGER, 10040, "segment is not a bulkhead ledger (bad magic or size)") \
   X(BH_ELEDGERVER, 10041, "ledger has another layout version (every bulkhead on this machine must match)") \
   X(BH_ELEDGERFULL, 10042, "ledger has no free record slot") \
