@@ -190,14 +190,15 @@ BH_EXTERN int bh_ledger_note_release(bh_ledger *l, uint64_t bytes);
  * records into out (slot order).  Returns the number copied.  A record
  * whose live owner stayed mid-write past the retry budget (a stopped
  * process) does not fail the snapshot: it is copied as slot and pid only,
- * run BH_RUN_STALE, everything else zero.  When the
- * segment's lock is held past its bound (a stopped holder) it does not
- * reap but still leaves dead owners' records out. */
+ * run BH_RUN_STALE, everything else zero.  It never waits on the
+ * segment's lock: when another process holds it, it does not reap but
+ * still leaves dead owners' records out. */
 BH_EXTERN int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max);
 
 /* Copies the live record of `pid`.  Returns 0, -ESRCH when there is none
- * (a dead owner's record is reaped on the way), -EAGAIN when its live
- * owner stayed mid-write past the retry budget. */
+ * (a dead owner's record is reaped on the way, unless another process
+ * holds the segment's lock: a read never waits on it), -EAGAIN when its
+ * live owner stayed mid-write past the retry budget. */
 BH_EXTERN int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out);
 
 /* The fast path behind a stand-in's loaded_size(): one model's size and

@@ -378,6 +378,14 @@ int bh__ledger_lock(bh_ledger *l) {
 
 void bh__ledger_unlock(bh_ledger *l) { pthread_mutex_unlock(&l->head->mu); }
 
+/* The mutex if it is free now, else -EBUSY: for readers, which never wait
+ * on it (the reap they would do under it is someone else's to do then). */
+static int bh__ledger_trylock(bh_ledger *l) {
+  int rc = pthread_mutex_trylock(&l->head->mu);
+  if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(&l->head->mu);
+  return -rc;
+}
+
 static void bh__slot_clear(bh__slot *s) {
   bh__write_begin(s);
   memset(&s->body, 0, sizeof s->body);
@@ -989,10 +997,11 @@ static void bh__to_record(int slot, const bh__body *b, bh_ledger_record *r) {
   }
 }
 
-/* Reaps slot i if its owner is dead (the caller found it stuck odd). */
-static int bh__reap_if_dead(bh_ledger *l, int i) {
+/* Reaps slot i if its owner is dead (the caller found it stuck odd);
+ * without waiting for the mutex when nowait (-EBUSY if it is held). */
+static int bh__reap_if_dead(bh_ledger *l, int i, int nowait) {
   bh__slot *s = &l->slots[i];
-  int rc = bh__ledger_lock(l);
+  int rc = nowait ? bh__ledger_trylock(l) : bh__ledger_lock(l);
   if (rc < 0) return rc;
   int dead = BH__LOAD(s->body.state) == BH__LIVE &&
              !bh__alive(BH__LOAD(s->body.pid), BH__LOAD(s->body.start_time));
@@ -1002,10 +1011,11 @@ static int bh__reap_if_dead(bh_ledger *l, int i) {
 }
 
 /* Copies slot i: 1 live (copied into *b), 0 free or reaped, -EAGAIN. */
-static int bh__read_slot(bh_ledger *l, int i, bh__body *b) {
+static int bh__read_slot(bh_ledger *l, int i, bh__body *b, int nowait) {
   int rc = bh__slot_copy(&l->slots[i], b);
   if (rc == -EAGAIN) {
-    rc = bh__reap_if_dead(l, i);
+    rc = bh__reap_if_dead(l, i, nowait);
+    if (rc == -EBUSY) return -EAGAIN; /* someone holds the mutex: shown stale this time */
     if (rc < 0) return rc;
     if (rc == 1) return 0;
     /* Alive: maybe it finished meanwhile. */
@@ -1026,17 +1036,23 @@ int bh_ledger_reap(bh_ledger *l) {
 int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max) {
   bh__body b;
   if (!l || max < 0 || (max > 0 && !out)) return -EINVAL;
-  int rc = bh_ledger_reap(l);
-  /* The mutex held past the bound by a stopped process: read without
-   * reaping, leaving dead owners' records out instead. */
-  int reaped = rc >= 0;
-  if (rc < 0 && rc != -ETIMEDOUT) return rc;
+  /* A snapshot never waits on the mutex (the status page and the web
+   * server's routes take one while another process may hold it): held,
+   * it reads without reaping, leaving dead owners' records out instead. */
+  int rc = bh__ledger_trylock(l);
+  int reaped = rc == 0;
+  if (reaped) {
+    bh__reap_locked(l);
+    bh__ledger_unlock(l);
+  } else if (rc != -EBUSY) {
+    return rc;
+  }
   int n = 0;
   for (int i = 0; i < BH_LEDGER_SLOTS && n < max; i++) {
     if (BH__LOAD(l->slots[i].body.state) != BH__LIVE &&
         !(atomic_load_explicit(&l->slots[i].seq, memory_order_relaxed) & 1))
       continue;
-    rc = bh__read_slot(l, i, &b);
+    rc = bh__read_slot(l, i, &b, 1);
     if (rc == -EAGAIN) {
       /* Its owner is alive and stayed mid-write past the retries (a
        * stopped process): that record is shown stale, the rest as usual. */
@@ -1058,13 +1074,13 @@ int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out) {
   if (!l || !out || pid <= 0) return -EINVAL;
   for (int i = 0; i < BH_LEDGER_SLOTS; i++) {
     if (BH__LOAD(l->slots[i].body.pid) != pid) continue;
-    int rc = bh__read_slot(l, i, &b);
+    int rc = bh__read_slot(l, i, &b, 1);
     if (rc < 0) return rc;
     if (rc == 0 || b.pid != pid) continue;
     if (!bh__alive(b.pid, b.start_time)) {
-      rc = bh__reap_if_dead(l, i);
-      /* Dead either way; -ETIMEDOUT only means someone else reaps it. */
-      if (rc < 0 && rc != -ETIMEDOUT) return rc;
+      rc = bh__reap_if_dead(l, i, 1);
+      /* Dead either way; -EBUSY only means someone else reaps it. */
+      if (rc < 0 && rc != -EBUSY) return rc;
       continue;
     }
     bh__to_record(i, &b, out);

@@ -207,12 +207,12 @@ def test_status_route_reads_through_the_hosts_own_handles(tmp_path, monkeypatch)
     assert [d["uuid"] for d in doc["devices"] if d["source"] == "nvml"] == [UUID0]
 
 
-def test_status_route_answers_off_the_loop_while_the_ledger_mutex_is_held(tmp_path, monkeypatch):
-    """GET /bulkhead/status while another process holds the ledger's mutex
-    (a snapshot then waits up to 2 s for it): the snapshot runs off the
-    server's loop, so another route answers within 100 ms meanwhile, and
-    requests that come while one snapshot is in flight share it instead of
-    queueing more."""
+def test_status_route_never_waits_on_the_ledger_mutex_and_answers_off_the_loop(tmp_path, monkeypatch):
+    """GET /bulkhead/status while another process holds the ledger's mutex:
+    the snapshot does not wait for it (it used to wait up to its 2 s
+    bound) and is whole.  And a slow snapshot runs off the server's loop:
+    another route answers within 100 ms meanwhile, and requests that come
+    while one snapshot is in flight share it instead of queueing more."""
     import threading
     import time
     import types
@@ -222,37 +222,48 @@ def test_status_route_answers_off_the_loop_while_the_ledger_mutex_is_held(tmp_pa
     ledger.join("host", pack="host", interpreter="3.12.1")
     hm = types.SimpleNamespace(ledger=ledger, events=[], _gpu_probe=lambda: None)
     routes = comfy_routes.BulkheadRoutes(hm)
-    snapshots = []
-    real = comfy_routes.status_document
-    monkeypatch.setattr(comfy_routes, "status_document",
-                        lambda *a: snapshots.append(time.monotonic()) or real(*a))
     served = _Served(routes)
     holder = subprocess.Popen([sys.executable, "-c", MUTEX_HOLDER, str(path)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=BUILD_PY))
-    answers = []
     try:
         assert holder.stdout.readline().strip() == "ready"
         assert served.http("GET", "/ping")[0] == 200   # the connection path is warm
+        t0 = time.monotonic()
+        held = served.http("GET", "/bulkhead/status")
+        held_s = time.monotonic() - t0
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(30)
+        holder.stdout.close()
+    snapshots = []
+    real = comfy_routes.status_document
+
+    def slow(*a):
+        snapshots.append(time.monotonic())
+        time.sleep(1.0)
+        return real(*a)
+    monkeypatch.setattr(comfy_routes, "status_document", slow)
+    answers = []
+    try:
         clients = [threading.Thread(target=lambda: answers.append(served.http("GET", "/bulkhead/status")))
                    for _ in range(3)]
         for t in clients:
             t.start()
         while not snapshots:
             time.sleep(0.01)
-        time.sleep(0.3)     # the snapshot waits on the mutex; every request has come
+        time.sleep(0.3)     # the snapshot is in flight; every request has come
         t0 = time.monotonic()
         ping = served.http("GET", "/ping")
         ping_s = time.monotonic() - t0
-        holder.stdin.write("\n")
-        holder.stdin.flush()
         for t in clients:
             t.join(30)
     finally:
-        holder.stdin.close()
-        holder.wait(30)
-        holder.stdout.close()
         served.close()
         ledger.close()
+    status, doc = held
+    assert status == 200 and [p["pid"] for p in doc["processes"]] == [os.getpid()], held
+    assert held_s < 1.0, held_s
     assert ping == (200, {"pong": True}) and ping_s < 0.1, ping_s
     assert len(answers) == 3 and all(status == 200 for status, _ in answers), answers
     assert all([p["pid"] for p in doc["processes"]] == [os.getpid()] == [doc["host_pid"]]
