@@ -997,11 +997,11 @@ static void bh__to_record(int slot, const bh__body *b, bh_ledger_record *r) {
   }
 }
 
-/* Reaps slot i if its owner is dead (the caller found it stuck odd);
- * without waiting for the mutex when nowait (-EBUSY if it is held). */
-static int bh__reap_if_dead(bh_ledger *l, int i, int nowait) {
+/* Reaps slot i if its owner is dead (the caller found it stuck odd),
+ * without waiting for the mutex (-EBUSY if it is held). */
+static int bh__reap_if_dead(bh_ledger *l, int i) {
   bh__slot *s = &l->slots[i];
-  int rc = nowait ? bh__ledger_trylock(l) : bh__ledger_lock(l);
+  int rc = bh__ledger_trylock(l);
   if (rc < 0) return rc;
   int dead = BH__LOAD(s->body.state) == BH__LIVE &&
              !bh__alive(BH__LOAD(s->body.pid), BH__LOAD(s->body.start_time));
@@ -1011,10 +1011,10 @@ static int bh__reap_if_dead(bh_ledger *l, int i, int nowait) {
 }
 
 /* Copies slot i: 1 live (copied into *b), 0 free or reaped, -EAGAIN. */
-static int bh__read_slot(bh_ledger *l, int i, bh__body *b, int nowait) {
+static int bh__read_slot(bh_ledger *l, int i, bh__body *b) {
   int rc = bh__slot_copy(&l->slots[i], b);
   if (rc == -EAGAIN) {
-    rc = bh__reap_if_dead(l, i, nowait);
+    rc = bh__reap_if_dead(l, i);
     if (rc == -EBUSY) return -EAGAIN; /* someone holds the mutex: shown stale this time */
     if (rc < 0) return rc;
     if (rc == 1) return 0;
@@ -1052,7 +1052,7 @@ int bh_ledger_snapshot(bh_ledger *l, bh_ledger_record *out, int max) {
     if (BH__LOAD(l->slots[i].body.state) != BH__LIVE &&
         !(atomic_load_explicit(&l->slots[i].seq, memory_order_relaxed) & 1))
       continue;
-    rc = bh__read_slot(l, i, &b, 1);
+    rc = bh__read_slot(l, i, &b);
     if (rc == -EAGAIN) {
       /* Its owner is alive and stayed mid-write past the retries (a
        * stopped process): that record is shown stale, the rest as usual. */
@@ -1074,11 +1074,11 @@ int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out) {
   if (!l || !out || pid <= 0) return -EINVAL;
   for (int i = 0; i < BH_LEDGER_SLOTS; i++) {
     if (BH__LOAD(l->slots[i].body.pid) != pid) continue;
-    int rc = bh__read_slot(l, i, &b, 1);
+    int rc = bh__read_slot(l, i, &b);
     if (rc < 0) return rc;
     if (rc == 0 || b.pid != pid) continue;
     if (!bh__alive(b.pid, b.start_time)) {
-      rc = bh__reap_if_dead(l, i, 1);
+      rc = bh__reap_if_dead(l, i);
       /* Dead either way; -EBUSY only means someone else reaps it. */
       if (rc < 0 && rc != -EBUSY) return rc;
       continue;

@@ -1111,10 +1111,8 @@ class PackRuntime:
             n = w.call("bulkhead.worker.nodes:warm")
             # and a node call's round trip without a node (worker/nodes.py
             # rehearse), so that the first node does not run that code first
-            res = self._call(w, _mm(), "bulkhead.worker.nodes:rehearse",
-                             NodeValue({"value": 1.0, "text": "", "list": [1, 2]}), drain=False)
-            _holds_handles(res["outputs"])
-            del res
+            self._call(w, _mm(), "bulkhead.worker.nodes:rehearse",
+                       NodeValue({"value": 1.0, "text": "", "list": [1, 2]}), drain=False)
             return n
 
     def close(self):
