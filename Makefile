@@ -205,7 +205,18 @@ check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo 
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  $(VPY) -m pytest -q $(XDIST_FLAGS) tests/py -m "not torch" $(foreach t,$(ASAN_SKIP),--ignore=tests/py/$(t).py) $(PYTEST_FLAGS)
 
-check: check-c check-py check-asan
+# Three stages, one after another, each announced with the time so far:
+# about 16 minutes on 2 cores once .venv and the worker venvs exist (the
+# first run also installs them: a few minutes more).
+CHECK_STAGES := check-c check-py check-asan
+
+check:
+	@echo "make check: $(CHECK_STAGES) -- C tests on the release and ASan builds (~2 min), the Python and" \
+	  "e2e tests (~9 min), the Python tests on the ASan build (~5 min); about 16 minutes on 2 cores"
+	@t0=$$(date +%s); for s in $(CHECK_STAGES); do \
+	  echo "== make check: $$s (at $$(( $$(date +%s) - t0 )) s)"; \
+	  $(MAKE) --no-print-directory $$s || { echo "== make check: $$s FAILED (at $$(( $$(date +%s) - t0 )) s)"; exit 1; }; \
+	done; echo "== make check: passed in $$(( $$(date +%s) - t0 )) s"
 
 # The memory layer on a real NVIDIA GPU, C only (tools/gpu-check.c): workers
 # allocate with cuMemAlloc, NVML must see it by UUID, the ledger and the

@@ -537,12 +537,25 @@ def test_cuda_package_without_a_wheel_names_package_build_and_indexes(tmp_path, 
 
 
 def test_cuda_package_on_a_host_whose_torch_has_no_cuda(tmp_path, cuda_index, monkeypatch):
+    """As comfy-env without an NVIDIA GPU: a CUDA wheel with no CPU build is
+    skipped with one warning naming it, and the rest is built."""
     monkeypatch.setenv("BULKHEAD_CUDA_INDEX", cuda_index)
     monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.8.0")
     monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "none")
-    with pytest.raises(bulkhead.EnvBuildError, match=r"'bh-cudaext' is a CUDA extension and the host's torch "
-                                                     r"\(2\.8\.0\) has no CUDA .*\+cputorch2\.8"):
-        bulkhead.install(str(cuda_pack(tmp_path)), progress=lambda l: None, pip_args=["--no-index"])
+    pack = cuda_pack(tmp_path, '["bh-cudaext", "bh-nowhere"]')
+    lines = []
+    [st] = bulkhead.install(str(pack), progress=lines.append, pip_args=["--no-index"])
+    assert st.ok, st
+    warned = [l for l in lines if l.startswith("warning:")]
+    assert len(warned) == 1, lines
+    w = warned[0]
+    assert w.startswith(f"warning: {pack}/nodes/comfy-env.toml: [cuda] packages: skipping the CUDA wheels "
+                        "bh-cudaext, bh-nowhere: the host's torch (2.8.0) has no CUDA"), w
+    assert "+cputorch2.8" in w and f"`bulkhead install {pack} --force`" in w
+    assert envs.read_stamp(st.env_dir)["cuda"]["wheels"] == []
+    r = subprocess.run([st.python, "-I", "-c", "import importlib.util as u; print(u.find_spec('bh_cudaext'))"],
+                       stdout=subprocess.PIPE, universal_newlines=True, check=True)
+    assert r.stdout.strip() == "None"
 
 
 def test_cuda_host_torch_is_read_without_importing_it(monkeypatch):

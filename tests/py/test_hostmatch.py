@@ -1,10 +1,12 @@
 """Pack environments matched to the host (envs/hostmatch.py): a pack with no
-requirements gets the host's torch (shared read-only) and what ComfyUI's
-comfy import needs, and its worker runs comfy.utils and torch under
-tests/comfyui; a torch pin the host's torch does not satisfy is refused;
-another pin wins and is reported; an upgraded host's torch marks the
-environment stale; another minor installs the host's versions (planned,
-and its error when pip cannot find them)."""
+requirements gets the host's torch (shared read-only) and every requirement
+of ComfyUI's requirements.txt, and its worker runs comfy.utils and torch
+under tests/comfyui; a torch pin the host's torch does not satisfy is
+refused; another pin wins and is reported; an upgraded host's torch marks
+the environment stale; another minor installs the host's versions
+(planned; the host's torch build from a local index; where it is nowhere,
+built without it with one warning, and a pack that never imports torch
+runs isolated)."""
 
 import importlib.metadata
 import os
@@ -88,13 +90,14 @@ def test_a_pack_without_requirements_runs_comfy_and_torch(tmp_path, home, monkey
     assert any(l.startswith("sharing the host's torch " + HOST_TORCH) for l in lines), lines
     farm = s["farm"]
     assert os.path.isdir(farm) and not farm.startswith(st.env_dir + os.sep)
-    # only those distributions: not the host's aiohttp (requirements.txt lists it, comfy does
-    # not import it), nor pytest, nor bulkhead
-    out = env_run(st.python, "import importlib.util as u, torch, psutil; print(torch.__version__, "
-                             "torch.__file__, [u.find_spec(m) is None for m in ('aiohttp', 'pytest', 'bulkhead')])")
-    version, where, absent = out.split(" ", 2)
-    assert version == HOST_TORCH and where.startswith(farm + os.sep)
-    assert absent == "[True, True, True]"
+    # what an in-process pack sees: every requirement of ComfyUI's requirements.txt (aiohttp,
+    # which server.py imports and comfy does not) -- and only those: not pytest, nor bulkhead
+    out = env_run(st.python, "import importlib.util as u, torch, psutil, aiohttp; print(torch.__version__, "
+                             "torch.__file__, aiohttp.__file__, [u.find_spec(m) is None for m in ('pytest', "
+                             "'bulkhead')])")
+    version, where, aio, absent = out.split(" ", 3)
+    assert version == HOST_TORCH and where.startswith(farm + os.sep) and aio.startswith(farm + os.sep)
+    assert absent == "[True, True]"
     assert bulkhead.env_status(only_config(pack)).ok
     # its worker, in a ComfyUI-shaped host: comfy.utils, comfy.model_management and torch
     r = run_comfy_script(textwrap.dedent(f"""
@@ -184,32 +187,118 @@ def test_an_upgraded_host_torch_makes_it_stale(tmp_path, home, monkeypatch):
     assert s.state == "stale" and "built before bulkhead matched environments to the host" in s.reason
 
 
-def test_another_minor_installs_the_hosts_versions(tmp_path, home):
-    other = "3.12" if HOST_MM != "3.12" else "3.11"
-    pack = make_pack(tmp_path, f'python = "{other}"\nrequirements = ["bhdemo"]\n')
+OTHER_MM = "3.12" if HOST_MM != "3.12" else "3.11"
+
+NUMPY_NODES = '''
+import sys
+
+
+class NoTorch:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"n": ("INT", {"default": 3})}}
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "go"
+
+    def go(self, n):
+        import json
+        import importlib.util
+        import numpy
+        return (json.dumps({"sum": int(numpy.arange(n).sum()), "python": "%d.%d" % sys.version_info[:2],
+                            "torch": importlib.util.find_spec("torch") is not None, "prefix": sys.prefix}),)
+
+
+NODE_CLASS_MAPPINGS = {"NoTorch": NoTorch}
+'''
+
+
+def _other_minor():
+    try:
+        envs.find_interpreter(OTHER_MM)
+    except envs.InterpreterNotFound:
+        pytest.skip(f"no Python {OTHER_MM} here to build under")
+
+
+def test_another_minor_plans_the_hosts_versions(tmp_path, home, monkeypatch):
+    pack = make_pack(tmp_path, f'python = "{OTHER_MM}"\nrequirements = ["bhdemo"]\n')
     c = only_config(pack)
-    p = hostmatch.plan(c, other + ".1", os.path.realpath(STUB_ROOT))
+    p = hostmatch.plan(c, OTHER_MM + ".1", os.path.realpath(STUB_ROOT))
     assert p.share == [] and p.install[0] == f"torch=={HOST_TORCH}"
     assert f"psutil=={HOST_PSUTIL}" in p.install and p.constraints == [f"torch=={HOST_TORCH}"]
-    assert not any(r.lower().startswith("aiohttp") for r in p.install)
-    try:
-        envs.find_interpreter(other)
-    except envs.InterpreterNotFound:
-        pytest.skip(f"no Python {other} here to build under")
+    assert any(r.lower().startswith("aiohttp==") for r in p.install)       # requirements.txt lists it
+    local = HOST_TORCH.partition("+")[2]
+    if local:       # a local build: looked for where it came from, then where pip looks
+        where = [w for _, w in p.sources[f"torch=={HOST_TORCH}"]]
+        assert where[-1] == "BULKHEAD_PIP_ARGS and pip's configuration"
+        assert where[0] == f"the PyTorch index for +{local} builds (https://download.pytorch.org/whl/{local})"
+        monkeypatch.setenv("BULKHEAD_TORCH_INDEX", str(tmp_path / "idx-{local}"))
+        p = hostmatch.plan(c, OTHER_MM + ".1", os.path.realpath(STUB_ROOT))
+        [(args, w), *_] = p.sources[f"torch=={HOST_TORCH}"]
+        assert args == ["--extra-index-url", str(tmp_path / f"idx-{local}")] and w.startswith("BULKHEAD_TORCH_INDEX")
+    assert f"torch=={HOST_TORCH}" in p.needing(["torch"]) and f"psutil=={HOST_PSUTIL}" not in p.needing(["torch"])
+
+
+def test_another_minor_gets_the_hosts_torch_from_a_local_index(tmp_path, home, monkeypatch):
+    """The host's torch build lies on a local index only (a directory of
+    wheels named by BULKHEAD_TORCH_INDEX): the environment gets it from
+    there.  (A stand-in wheel of the host's exact version: no real torch
+    build for another minor can be had here.)"""
+    _other_minor()
+    index = tmp_path / "torch-index"
+    index.mkdir()
+    make_wheel(str(index), "torch", HOST_TORCH, {"torch/__init__.py": f"__version__ = {HOST_TORCH!r}\n"})
     wheels = str(tmp_path / "wheels")
     os.makedirs(wheels)
     make_wheel(wheels, "bhdemo", "1.0", {"bhdemo/__init__.py": ""})
+    monkeypatch.setenv("BULKHEAD_TORCH_INDEX", str(index))
+    monkeypatch.setenv("COMFYUI_PATH", STUB_ROOT)
+    pack = make_pack(tmp_path, f'python = "{OTHER_MM}"\nrequirements = ["bhdemo"]\n')
     lines = []
+    [st] = bulkhead.install(pack, progress=lines.append, pip_args=["--find-links", wheels])
+    assert st.ok, st
+    assert not any("warning" in l for l in lines), [l for l in lines if "warning" in l]
+    assert any(l.startswith(f"installing the host's build torch=={HOST_TORCH} (looking in BULKHEAD_TORCH_INDEX")
+               for l in lines), lines
+    s = envs.read_stamp(st.env_dir)["host"]
+    assert s["lacking"] == {} and f"torch=={HOST_TORCH}" in s["installed"]
+    assert env_run(st.python, "import importlib.metadata as m, aiohttp, psutil; print(m.version('torch'), "
+                              "psutil.__version__)") == f"{HOST_TORCH} {HOST_PSUTIL}"
+
+
+def test_another_minor_without_the_hosts_torch_runs_isolated(tmp_path, home, monkeypatch):
+    """No build of the host's torch for that minor anywhere pip looks: the
+    environment is built without it, one warning says what the worker
+    lacks, and a pack that never imports torch runs in its worker."""
+    _other_minor()
+    monkeypatch.setenv("BULKHEAD_TORCH_INDEX", "none")
+    monkeypatch.setenv("COMFYUI_PATH", STUB_ROOT)
+    pack = make_pack(tmp_path, f'python = "{OTHER_MM}"\nrequirements = ["numpy"]\n', name="notorch")
+    with open(os.path.join(pack, "nodes.py"), "w") as f:
+        f.write(NUMPY_NODES)
+    lines = []
+    [st] = bulkhead.install(pack, progress=lines.append)
+    assert st.ok, st
+    warned = [l for l in lines if l.startswith("warning:")]
+    assert len(warned) == 1, warned
+    w = warned[0]
+    assert f"lacks the host's torch {HOST_TORCH}" in w and "`import torch`" in w
+    assert f"host's Python minor ({HOST_MM})" in w and "BULKHEAD_TORCH_INDEX" in w
+    s = envs.read_stamp(st.env_dir)["host"]
+    assert list(s["lacking"]) == [f"torch=={HOST_TORCH}"]
+    assert bulkhead.env_status(only_config(pack)).ok
+    r = run_comfy_script(textwrap.dedent(f"""
+        from bulkhead.host import nodes
+        m, _ = nodes.load_pack({pack!r}, {st.python!r})
+        out = json.loads(m["NoTorch"]().go(n=4)[0])
+        nodes.close_all()
+        emit(out)
+    """), env={"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(home)}, timeout=240)
+    assert r == {"sum": 6, "python": OTHER_MM, "torch": False, "prefix": st.env_dir}
+    # a pack that needs torch itself fails to build, naming why
+    make_pack(tmp_path, f'python = "{OTHER_MM}"\nrequirements = ["torch"]\n', name="needs")
     with pytest.raises(EnvBuildError) as ei:
-        bulkhead.install(pack, progress=lines.append, pip_args=["--no-index", "--find-links", wheels])
-    msg = str(ei.value)
-    assert f"pip found no torch=={HOST_TORCH}" in msg and "no environment was made" in msg
-    assert "host_packages = \"none\"" in msg
-    assert any(l.startswith(f"installing the host's versions: torch=={HOST_TORCH}") for l in lines)
-    assert [e for e in os.listdir(home / "envs") if not e.endswith(".lock")] == []
-    # a pack that opts out builds there
-    make_pack(tmp_path, f'python = "{other}"\nrequirements = ["bhdemo"]\n[bulkhead]\nhost_packages = "none"\n')
-    [st] = bulkhead.install(pack, progress=lambda l: None, pip_args=["--no-index", "--find-links", wheels])
-    assert st.ok and envs.read_stamp(st.env_dir)["host"] == {"format": 1, "mode": "none"}
+        bulkhead.install(str(tmp_path / "needs"), progress=lambda l: None)
+    assert "which this Python has no build of here" in str(ei.value)
+    assert [e for e in os.listdir(home / "envs") if not e.endswith(".lock") and "needs" in e] == []
     r = cli("env", pack)
-    assert r.returncode == 0 and "pack: ready" in r.stdout
+    assert r.returncode == 0 and "notorch: ready" in r.stdout

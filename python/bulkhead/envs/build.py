@@ -651,6 +651,79 @@ def _remove(path):
             pass
 
 
+def _last_error(output_tail):
+    """What pip's (uv's) output says made it fail: its first error line
+    (pip's first ``ERROR:`` names the requirement; a later one only points
+    at the docs), with uv's reason (``╰─▶`` and what continues it) or its
+    innermost ``Caused by``."""
+    lines = [l.strip() for l in (output_tail or "").splitlines() if l.strip()]
+    for i, l in enumerate(lines):
+        if l.startswith(("ERROR:", "error:", "\u00d7")):
+            after = lines[i + 1:]
+            if after and after[0].startswith("\u2570\u2500\u25b6"):
+                why = [after[0][3:].strip()]
+                for c in after[1:]:
+                    if c.startswith(("hint:", "\u2570", "Caused by")):
+                        break
+                    why.append(c)
+                return " ".join(why)
+            cause = [c for c in after if c.startswith("Caused by:")]
+            return l + (f" ({cause[-1]})" if cause else "")
+    return lines[-1] if lines else "no output"
+
+
+def _install_host_versions(match, args, pip, progress):
+    """Installs ``match.install`` (the host's versions, under another
+    minor): each of the host's local builds from where it may be
+    (``match.sources``, in order), the rest in one pip call, then one at a
+    time if that fails.  What cannot be installed is left out with one
+    warning (a pack that never imports it keeps its isolation).  Returns
+    {pin: pip's reason} of what is left out."""
+    lacking = {}
+    for p, sources in match.sources.items():
+        tried = []
+        for src, where in sources:
+            progress(f"installing the host's build {p} (looking in {where})")
+            try:
+                pip(args + list(src) + [p], f"the host's build {p}")
+                break
+            except EnvBuildError as e:
+                if e.returncode is None:
+                    raise
+                tried.append(f"{where}: {_last_error(e.output_tail)}")
+        else:
+            lacking[p] = "no build for this Python in " + "; ".join(tried)
+    rest = [p for p in match.install if p not in match.sources]
+    if lacking:
+        skipped = [p for p in match.needing([hostmatch.pin_name(p) for p in lacking]) if p in rest]
+        lacking.update((p, f"it requires {', '.join(lacking)}") for p in skipped)
+        rest = [p for p in rest if p not in skipped]
+    if rest:
+        progress(f"installing the host's versions: {' '.join(rest)}")
+        try:
+            pip(args + rest, "the host's versions")
+        except EnvBuildError as e:
+            if e.returncode is None:
+                raise
+            progress("installing the host's versions one at a time, to find which ones pip cannot install")
+            for p in rest:
+                try:
+                    pip(args + [p], f"the host's {p}")
+                except EnvBuildError as e:
+                    if e.returncode is None:
+                        raise
+                    lacking[p] = _last_error(e.output_tail)
+    if lacking:
+        names = ", ".join(p.replace("==", " ") for p in lacking)
+        progress(f"warning: this environment lacks the host's {names}, which an in-process pack has "
+                 f"({'; '.join(f'{p}: {why}' for p, why in lacking.items())}). The "
+                 "pack's worker cannot import them (`import torch` and ComfyUI's own modules that need "
+                 "them fail there); a pack that never imports them runs isolated as it is. Fix: put "
+                 f"builds for this Python where pip looks ({hostmatch.TORCH_INDEX}, BULKHEAD_PIP_ARGS), "
+                 f"or give the pack the host's Python minor ({sys.version_info[0]}.{sys.version_info[1]})")
+    return lacking
+
+
 def _match_host(match, config, tmp, py, args, pip, progress, uv=None):
     """Gives the environment being built at ``tmp`` what ``match`` (a
     hostmatch.Plan) says it gets from the host: the shared farm on its path,
@@ -681,17 +754,64 @@ def _match_host(match, config, tmp, py, args, pip, progress, uv=None):
         progress(f"sharing the host's {', '.join(f'{n} {v}' for n, v in match.stamp['shared'].items())} "
                  f"read-only ({farm})")
     if match.install:
-        progress(f"installing the host's versions: {' '.join(match.install)}")
-        pip(args + match.install, f"the host's versions of what a worker's comfy import needs, for this "
-                                  f"interpreter: pip found no {' / '.join(match.install)} for it; install "
-                                  "them on an index pip uses (BULKHEAD_PIP_ARGS), give the pack the host's "
-                                  "Python minor, or set [bulkhead] host_packages = \"none\"")
+        match.stamp["lacking"] = _install_host_versions(match, args, pip, progress)
     if not match.constraints:
         return []
     cfile = os.path.join(tmp, "bulkhead-host-constraints.txt")
     with open(cfile, "w", encoding="utf-8") as f:
         f.write("\n".join(match.constraints) + "\n")
     return ["-c", cfile]
+
+
+# --- failed builds, remembered ---
+
+def _failure_path(config):
+    return os.path.join(workspace(), "failed", os.path.basename(env_dir(config)) + ".json")
+
+
+def _failure_key(config):
+    """What a failed build is remembered against: the config, the host's
+    matched set and bulkhead; any change is worth another try."""
+    from .. import __version__
+    mode = config.options.get("host_packages", "match")
+    return {"config_hash": config.config_hash, "bulkhead_version": __version__,
+            "host": hostmatch.fingerprint(hostmatch.comfyui_for(config), mode)}
+
+
+def failed_before(config):
+    """The record of this config's last build, when it failed and nothing
+    it depends on changed since ({"error": first line, "created": time,
+    ...}), else None.  ComfyUI's start does not retry such a build
+    (host/pack.py); ``bulkhead install`` does."""
+    try:
+        with open(_failure_path(config), encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("key") != json.loads(json.dumps(_failure_key(config))):
+        return None
+    return rec
+
+
+def _remember_failure(config, error):
+    path = _failure_path(config)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"key": _failure_key(config), "config": config.path,
+                       "error": (str(error).splitlines() or [""])[0],
+                       "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass        # a failure not remembered is only tried again
+
+
+def _forget_failure(config):
+    try:
+        os.unlink(_failure_path(config))
+    except OSError:
+        pass
 
 
 def build(config, progress=None, force=False, *, pip_args=None):
@@ -701,7 +821,18 @@ def build(config, progress=None, force=False, *, pip_args=None):
     (a list or a shell-quoted string) go to pip/uv before the
     requirements, default ``$BULKHEAD_PIP_ARGS``.  Returns the
     ``EnvStatus`` afterwards (ready).  Raises ``InterpreterNotFound``,
-    ``EnvBuildError``; leaves nothing behind when it fails."""
+    ``EnvBuildError``, ``PackConfigError``; leaves nothing behind when it
+    fails but the failure's record (``failed_before``)."""
+    try:
+        st = _build(config, progress, force, pip_args)
+    except (EnvBuildError, PackConfigError) as e:
+        _remember_failure(config, e)
+        raise
+    _forget_failure(config)
+    return st
+
+
+def _build(config, progress, force, pip_args):
     progress = progress or _default_progress(config.name)
     envs = os.path.join(workspace(), "envs")
     os.makedirs(envs, exist_ok=True)
@@ -771,7 +902,10 @@ def build(config, progress=None, force=False, *, pip_args=None):
                     f"from the index {index}")
             if reqs:
                 progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
-                pip(args + keep_torch + reqs, "the requirements")
+                lacking = match.stamp.get("lacking") or {}
+                pip(args + keep_torch + reqs, "the requirements" + (
+                    f"; if one of them needs {', '.join(lacking)}, which this Python has no build of here "
+                    "(the warning above), give the pack the host's Python minor" if lacking else ""))
             if config.conda:
                 conda.finish(tmp, final, interp.version)
             _relocate(tmp, final)

@@ -294,7 +294,9 @@ def _pack_root(path):
     return d
 
 
-def _pack_name(path, root):
+def pack_name(path, root):
+    """The name of the config at ``path`` of the pack at ``root`` in logs
+    and handles: the pack's, ``<pack>.<subdir>`` for ``nodes/<subdir>/``."""
     name = os.path.basename(root.rstrip(os.sep)) or "pack"
     d = os.path.dirname(path)
     if os.path.dirname(d) == os.path.join(root, "nodes"):
@@ -799,7 +801,7 @@ def load(path, root=None, *, warn=True):
     }, sort_keys=True).encode()).hexdigest()
 
     return PackConfig(
-        path=path, root=root, name=_pack_name(path, root), python=python,
+        path=path, root=root, name=pack_name(path, root), python=python,
         env_vars=types.MappingProxyType(env_vars), requirements=requirements,
         options=types.MappingProxyType(options), warnings=tuple(notes), config_hash=digest,
         indexes=indexes, system_packages=types.MappingProxyType(system), platform=platform,

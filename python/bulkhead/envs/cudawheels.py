@@ -23,7 +23,10 @@ without importing torch; ``$BULKHEAD_TORCH_VERSION`` and
 ``$BULKHEAD_CUDA_VERSION`` ("none" for no CUDA) override it.
 
 No fit is an ``EnvBuildError`` naming the package, the build wanted and
-every index tried (and why an index could not be read).  The wheel found
+every index tried (and why an index could not be read) -- except on a host
+whose torch has no CUDA: there, as comfy-env skips the CUDA wheels on a
+machine without an NVIDIA GPU, a package with no CPU build is left out
+with one warning naming it, and the rest of the environment is built.  The wheel found
 is installed as ``name @ url`` with the environment's other requirements
 (its dependencies from the default indexes).
 """
@@ -39,7 +42,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from .build import EnvBuildError
+from .build import EnvBuildError, rebuild_command
 
 DEFAULT_INDEX = "https://comfy-forge.github.io/cuda-wheels/"
 
@@ -134,7 +137,7 @@ def resolve(config, python_version, progress):
     arch = _arch_tag()
     pats = wanted(tv, cv)
     idx = indexes()
-    out = []
+    out, skipped, indexes_tried = [], [], []
     for pkg in config.cuda:
         variants = list(dict.fromkeys([pkg, pkg.replace("-", "_"), pkg.replace("_", "-")]))
         found, tried = [], []
@@ -153,12 +156,13 @@ def resolve(config, python_version, progress):
                         found.append((0 if "manylinux" in text else 1, text, url))
             if found:
                 break
+        if not found and cv is None:
+            skipped.append(pkg)
+            indexes_tried.extend(t for t in tried if t not in indexes_tried)
+            continue
         if not found:
             build = f"{pats[0]} (or {pats[1]}), {py_tag}, {arch.lstrip('_') or 'any platform'}"
             head = f"{where}: no wheel of {pkg!r} for {build}"
-            if cv is None:
-                head = (f"{where}: {pkg!r} is a CUDA extension and the host's torch ({tv}) has no CUDA "
-                        f"(torch.version.cuda is None); no CPU build of it ({build}) either")
             raise EnvBuildError(f"{head} in the indexes tried: {'; '.join(tried)}. Point BULKHEAD_CUDA_INDEX at "
                                 "an index that has it, or list the wheel under [pypi-dependencies] with its url; "
                                 "no environment was made")
@@ -167,4 +171,12 @@ def resolve(config, python_version, progress):
         progress(f"[cuda] {pkg}: {text} ({url})")
         name = text.split("-", 1)[0]
         out.append(f"{name} @ {url}")
+    if skipped:
+        build = f"{pats[0]} (or {pats[1]}), {py_tag}"
+        progress(f"warning: {where}: skipping the CUDA wheels {', '.join(skipped)}: the host's torch ({tv}) has "
+                 f"no CUDA (torch.version.cuda is None; as comfy-env, which skips them without an NVIDIA GPU) "
+                 f"and no CPU build ({build}) is in the indexes tried ({'; '.join(indexes_tried)}). The "
+                 "environment is built without them: the pack runs isolated, and its code that imports them "
+                 "fails in its worker. Fix: on a machine with a CUDA build of torch, run "
+                 f"`{rebuild_command(config)} --force`")
     return out

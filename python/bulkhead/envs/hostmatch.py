@@ -1,15 +1,15 @@
 """What a pack environment gets from the host, matched to the host.
 
-A worker imports the host's ComfyUI (``comfy.model_management``,
-``comfy.utils``), and tensors cross between the host and its workers, so
-every environment holds, beside the pack's own requirements:
+A worker imports the host's ComfyUI (``comfy``, ``comfy_api``,
+``server``), and tensors cross between the host and its workers, so a
+worker must see what an in-process pack sees: every environment holds,
+beside the pack's own requirements:
 
 - torch at the host's exact version and build, with its dependencies;
 - comfy-aimdo and comfy-kitchen at the host's versions (where installed);
-- the requirements of the host ComfyUI's ``requirements.txt`` that the
-  modules ``comfy.model_management`` and ``comfy.utils`` import at module
-  level (read with ``ast``, following ``comfy.*`` imports), with their
-  dependencies: numpy, psutil, safetensors, einops, Pillow, ...
+- every requirement of the host ComfyUI's ``requirements.txt`` that the
+  host has installed (markers evaluated for the host), with their
+  dependencies: numpy, Pillow, aiohttp, av, transformers, ...
 
 "The host" is the Python running this module: ComfyUI's, or the one
 ``bulkhead install`` runs in (BULKHEAD_PYTHON).  Its installed
@@ -27,7 +27,11 @@ farm (with uv as the installer, which does not read a .pth, each shared
 distribution also gets a metadata-only marker there: ``write_markers``).
 The host's whole site-packages is never on a worker's path.  Of another
 minor: installed with pip at the host's versions
-(``torch==2.13.0+cpu``, ...), before the pack's requirements.
+(``torch==2.13.0+cpu``, ...), before the pack's requirements; a local
+build (``+cpu``, ``+cu128``) is looked for where it came from
+(``local_sources``).  What no index reachable has for that minor is left
+out with one warning naming it (envs/build.py): a pack that never imports
+torch keeps its isolation.
 
 A pack that pins a torch the host's does not satisfy is refused by name; a
 pack's pin of anything else that the host's version does not satisfy wins
@@ -49,9 +53,12 @@ import shutil
 import dataclasses
 import hashlib
 import importlib.metadata as metadata
+import json
 import os
+import re
 import sys
 import tempfile
+import urllib.parse
 from typing import Dict, List, Tuple
 
 try:
@@ -70,9 +77,6 @@ from .config import PackConfigError
 # Distributions every environment gets at the host's versions (where the
 # host has them), whatever ComfyUI's requirements.txt says.
 ALWAYS = ("torch", "comfy-aimdo", "comfy-kitchen")
-# The modules whose imports decide which of ComfyUI's requirements a
-# worker needs.
-ENTRY_MODULES = ("comfy.model_management", "comfy.utils")
 PTH_NAME = "bulkhead-host.pth"
 FINGERPRINT_FORMAT = 1
 
@@ -144,68 +148,6 @@ def read_requirements(path):
     return out
 
 
-def _module_file(base, module):
-    p = os.path.join(base, *module.split("."))
-    for cand in (p + ".py", os.path.join(p, "__init__.py")):
-        if os.path.isfile(cand):
-            return cand
-    return None
-
-
-def _module_level(body):
-    """The statements that run when a module is imported: function bodies
-    are skipped; if/try/with/class bodies are not."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        yield node
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            sub = getattr(node, field, None)
-            if isinstance(sub, list):
-                yield from _module_level([s for s in sub if isinstance(s, ast.AST)])
-
-
-def comfy_imports(base):
-    """Top-level names of the modules outside ``comfy`` (and outside the
-    standard library) that ENTRY_MODULES import when imported, following
-    their ``comfy.*`` imports through ``base``."""
-    todo, seen, out = list(ENTRY_MODULES), set(), set()
-    stdlib = getattr(sys, "stdlib_module_names", frozenset())
-    while todo:
-        mod = todo.pop()
-        if mod in seen:
-            continue
-        seen.add(mod)
-        path = _module_file(base, mod)
-        if path is None:
-            continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read(), path)
-        except (OSError, SyntaxError, ValueError):
-            continue
-        package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
-        for node in _module_level(tree.body):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    parts = package.split(".")
-                    parts = parts[:len(parts) - node.level + 1]
-                    prefix = ".".join(parts + ([node.module] if node.module else []))
-                else:
-                    prefix = node.module or ""
-                names = [prefix] + [f"{prefix}.{a.name}" for a in node.names]
-            for n in names:
-                top = n.split(".")[0]
-                if top == "comfy":
-                    todo.append(n)
-                elif top and top not in stdlib and top != "__future__":
-                    out.add(top)
-    return out
-
-
 # --- the host's distributions ---
 
 def canonical(name):
@@ -221,20 +163,6 @@ def _host_dists():
         name = d.metadata["Name"] if d.metadata else None
         if name:
             out.setdefault(canonicalize_name(name), d)
-    return out
-
-
-def _top_names(d):
-    """Top-level import names a distribution provides."""
-    text = d.read_text("top_level.txt")
-    if text:
-        return {t.strip() for t in text.split() if t.strip()}
-    out = set()
-    for f in d.files or ():
-        first = f.parts[0] if f.parts else ""
-        if first in ("..", "__pycache__") or first.endswith((".dist-info", ".egg-info", ".pth", ".data")):
-            continue
-        out.add(first[:-3] if first.endswith(".py") else first.split(".")[0])
     return out
 
 
@@ -343,6 +271,12 @@ class Plan:
                    pack's pin is used instead of the host's.
     ``notes``      lines for the install output.
     ``stamp``      the stamp's ``host`` entry.
+    ``sources``    {an ``install`` entry: [(pip arguments, in words)]} for
+                   the host's local builds (``torch==2.13.0+cpu``), which
+                   no index pip uses by default holds (``local_sources``).
+    ``requires``   {canonical name: every canonical name it requires,
+                   through others too} of what ``install`` holds, as the
+                   host has them installed.
     """
 
     share: List[str]
@@ -351,6 +285,73 @@ class Plan:
     pack_wins: List[Tuple[str, str, str]]
     notes: List[str]
     stamp: Dict[str, object]
+    sources: Dict[str, List[Tuple[List[str], str]]] = dataclasses.field(default_factory=dict)
+    requires: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+
+    def needing(self, lacking):
+        """The ``install`` entries that need (directly or through others)
+        one of the canonical names ``lacking``, those included."""
+        lacking = set(lacking)
+        return [p for p in self.install
+                if pin_name(p) in lacking or lacking.intersection(self.requires.get(pin_name(p), ()))]
+
+
+def pin_name(pin):
+    """The canonical name of a ``name==version`` pin."""
+    return canonicalize_name(Requirement(pin).name)
+
+
+# Where another minor's build of a host's local build comes from (a
+# version with a local segment: torch 2.13.0+cpu from /opt/wheels, or
+# 2.13.0+cu128 from the PyTorch index): $BULKHEAD_TORCH_INDEX (a URL, or a
+# directory of wheels; "{local}" in it becomes the local segment; "none":
+# nowhere but BULKHEAD_PIP_ARGS and pip's own configuration), else the
+# PyTorch index that build implies (+cpu, +cuXYZ, +rocmX.Y, +xpu).
+TORCH_INDEX = "BULKHEAD_TORCH_INDEX"
+PYTORCH_INDEX = "https://download.pytorch.org/whl/{local}"
+_PYTORCH_LOCAL = re.compile(r"(cpu|cu\d+|rocm\d+(\.\d+)*|xpu)\Z")
+
+
+def _direct_dir(d):
+    """The directory of the wheel file the host installed ``d`` from
+    (its direct_url.json), where a build for another minor may lie beside
+    it; None when it came from an index."""
+    try:
+        url = json.loads(d.read_text("direct_url.json") or "null")
+    except ValueError:
+        return None
+    u = url.get("url", "") if isinstance(url, dict) else ""
+    if u.startswith("file://") and u.endswith(".whl"):
+        return os.path.dirname(urllib.parse.unquote(u[len("file://"):]))
+    return None
+
+
+def local_sources(d):
+    """Where to look for another minor's build of the host distribution
+    ``d``'s exact version: [(pip arguments, in words)], tried in order (an
+    unreachable index fails uv's whole resolution, so each is its own
+    try), the last one pip's own configuration; None when its version has
+    no local segment (any index pip uses serves it)."""
+    try:
+        local = Version(d.version).local
+    except InvalidVersion:
+        return None
+    if not local:
+        return None
+    out = []
+    given = os.environ.get(TORCH_INDEX, "").strip()
+    if given and given.lower() != "none":
+        loc = given.replace("{local}", local)
+        out.append((["--find-links", loc] if os.path.isdir(loc) else ["--extra-index-url", loc],
+                    f"{TORCH_INDEX} ({loc})"))
+    elif not given and _PYTORCH_LOCAL.match(local):
+        loc = PYTORCH_INDEX.format(local=local)
+        out.append((["--extra-index-url", loc], f"the PyTorch index for +{local} builds ({loc})"))
+    beside = _direct_dir(d)
+    if beside and os.path.isdir(beside):
+        out.append((["--find-links", beside], f"beside the host's own wheel ({beside})"))
+    out.append(([], "BULKHEAD_PIP_ARGS and pip's configuration"))
+    return out
 
 
 def _pin(name, version):
@@ -374,20 +375,22 @@ def plan(config, python_version, comfyui):
     notes = []
     roots = [n for n in ALWAYS if n in dists]
     if comfyui:
-        imported = comfy_imports(comfyui)
-        providers = {}
-        for n, d in dists.items():
-            for top in _top_names(d):
-                providers.setdefault(top, set()).add(n)
-        wanted = {p for top in imported for p in providers.get(top, ())}
+        # Every requirement of ComfyUI's requirements.txt the host has: what
+        # an in-process pack can import (comfy_api's av, server's aiohttp, ...).
         path = _requirements_file(comfyui)
+        host_env = dict(default_environment(), extra="")
+        lacking = []
         for req in read_requirements(path):
+            if req.marker is not None and not req.marker.evaluate(host_env):
+                continue
             n = canonicalize_name(req.name)
-            if n in wanted:
+            if n in dists:
                 roots.append(n)
-            elif n not in dists and n.replace("-", "_") in imported:
-                notes.append(f"the host has no {req.name} installed ({path} lists it and comfy imports it): "
-                             "not matched")
+            else:
+                lacking.append(req.name)
+        if lacking:
+            notes.append(f"the host has no {', '.join(lacking)} installed ({path} lists "
+                         f"{'them' if len(lacking) > 1 else 'it'}): nor does this environment")
     else:
         notes.append("no ComfyUI found (COMFYUI_PATH, or the pack in <ComfyUI>/custom_nodes): only "
                      f"{', '.join(roots) or 'nothing'} matched to the host")
@@ -430,7 +433,13 @@ def plan(config, python_version, comfyui):
     constraints = [_pin("torch", host_torch)] if host_torch and "torch" not in won else []
     stamp.update({"shared": {n: dists[n].version for n in share}, "installed": install,
                "pack_wins": [list(w) for w in pack_wins]})
-    return Plan(share, install, constraints, pack_wins, notes, stamp)
+    sources = {p: local_sources(dists[pin_name(p)]) for p in install}
+    sources = {p: src for p, src in sources.items() if src is not None}
+    requires = {}
+    for p in install:
+        n = pin_name(p)
+        requires[n] = _closure(dists, [n])[1:]
+    return Plan(share, install, constraints, pack_wins, notes, stamp, sources, requires)
 
 
 # --- sharing ---

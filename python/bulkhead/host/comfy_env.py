@@ -335,8 +335,12 @@ def serve(pack_dir, pkg_name, nodes_package="nodes"):
     classes, display = {}, {}
 
     def isolated(config_path, module):
-        config = packconfig.load(config_path, root=pack_dir)
-        c, d = hpack.serve_config(config, pack_dir, module, refusal, hm, reuse=ce_env)
+        config = hpack.load_config(config_path, pack_dir)
+        if isinstance(config, packconfig.PackConfigError):     # only the nodes it governs run in-process
+            c, d = hpack.nodes.fallback(pack_dir, hpack.nodes.CONFIG_REFUSED, detail=str(config), module=module,
+                                        name=packconfig.pack_name(config_path, pack_dir))
+        else:
+            c, d = hpack.serve_config(config, pack_dir, module, refusal, hm, reuse=ce_env)
         classes.update(c)
         display.update(d)
 

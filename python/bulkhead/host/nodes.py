@@ -126,6 +126,8 @@ STAMP_REFUSED = "stamp-refused"
 ENV_NOT_BUILT = "env-not-built"
 DIR_WITHOUT_CONFIG = "dir-without-config"
 CONTRACT_REFUSED = "contract-refused"
+WORKER_IMPORT_FAILED = "worker-import-failed"
+CONFIG_REFUSED = "config-refused"
 REASONS = {
     NO_COMFYUI: ("no ComfyUI base was found (folder_paths / comfy are not imported here, "
                  "options['comfyui'] and COMFYUI_PATH are unset){detail}",
@@ -139,6 +141,12 @@ REASONS = {
                     "build it: `bulkhead install {pack}`"),
     DIR_WITHOUT_CONFIG: ("this directory has no comfy-env.toml of its own{detail}",
                          "to isolate it, add a comfy-env.toml to it and run `bulkhead install {pack}`"),
+    WORKER_IMPORT_FAILED: ("it failed to import in its worker{detail}",
+                           "give its environment what it lacks (its comfy-env.toml), then rebuild it with "
+                           "`bulkhead install {pack}` (--force when nothing in the file changed); the worker's "
+                           "whole traceback is in the log line before this one"),
+    CONFIG_REFUSED: ("its comfy-env.toml is invalid{detail}",
+                     "correct the file named above, then `bulkhead install {pack}`"),
     CONTRACT_REFUSED: ("bulkhead refuses isolation{detail}",
                        "run `bulkhead doctor` to see the contract; update bulkhead to a release that "
                        "fits this ComfyUI (or ComfyUI to one this bulkhead fits), then "
@@ -1208,9 +1216,9 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
     name = name or os.path.basename(pack_dir)
     what, fix = REASONS.get(reason, (str(reason) + "{detail}", "`bulkhead install {pack}`"))
     detail = f": {detail}" if detail and not detail.startswith((" ", ":")) else (detail or "")
-    with _warned_lock:
-        first = pack_dir not in _warned
-        _warned.add(pack_dir)
+    with _warned_lock:     # once per pack and module: a pack's subdirectories fall back one by one
+        first = (pack_dir, module) not in _warned
+        _warned.add((pack_dir, module))
     if first:
         log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir,
                     what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail))

@@ -97,20 +97,41 @@ def comfy_pack(init_file, *, module="auto"):
     from ..envs import config as packconfig
     pack_dir = os.path.dirname(os.path.realpath(os.fspath(init_file)))
     try:
-        configs = packconfig.load_configs(pack_dir)
-    except packconfig.PackConfigError as e:
-        return nodes.fallback(pack_dir, f"its comfy-env.toml is invalid ({e})", module=module)
-    if not configs:
+        paths = packconfig.find_configs(pack_dir)
+    except OSError as e:
+        return nodes.fallback(pack_dir, nodes.CONFIG_REFUSED, detail=str(e), module=module)
+    if not paths:
         return nodes.fallback(pack_dir, nodes.NO_CONFIG, module=module)
     classes, display = {}, {}
     refusal = contract_refusal()
     hm = host_memory() if refusal is None else None
-    for config in configs:
-        sub_module = module if config.directory == pack_dir else None
-        c, d = serve_config(config, config.directory, sub_module or "auto", refusal, hm)
+    for path in paths:
+        directory = os.path.dirname(path)
+        sub_module = module if directory == pack_dir else "auto"
+        config = load_config(path, pack_dir)
+        if isinstance(config, packconfig.PackConfigError):
+            # Only the directory this config governs runs in-process; the
+            # pack's other configs are served as they are.
+            if directory == pack_dir:
+                return nodes.fallback(pack_dir, nodes.CONFIG_REFUSED, detail=str(config), module=module)
+            c, d = nodes.fallback(directory, nodes.CONFIG_REFUSED, detail=str(config), module=sub_module,
+                                  name=packconfig.pack_name(path, pack_dir))
+        else:
+            c, d = serve_config(config, config.directory, sub_module, refusal, hm)
         classes.update(c)
         display.update(d)
     return classes, display
+
+
+def load_config(path, pack_dir):
+    """The PackConfig at ``path`` (its warnings logged), or the
+    PackConfigError that refuses it: a refused config costs only the
+    nodes it governs their isolation."""
+    from ..envs import config as packconfig
+    try:
+        return packconfig.load(path, root=pack_dir)
+    except packconfig.PackConfigError as e:
+        return e
 
 
 BUILD_AT_START = "BULKHEAD_BUILD_AT_START"
@@ -123,13 +144,23 @@ def build_at_start(config, st):
     would, its progress in the log.  Returns the EnvStatus after it, or
     ``st`` with the build's error in its reason.  ``BULKHEAD_BUILD_AT_START=0``
     leaves it to ``bulkhead install``; a stale or refused environment is
-    never rebuilt here (a worker of another ComfyUI may run on it)."""
+    never rebuilt here (a worker of another ComfyUI may run on it), nor is
+    one whose build failed before while nothing it depends on changed
+    (``envs.failed_before``): a failure costs one start, not every start."""
     if st.state != "missing" or os.environ.get(BUILD_AT_START, "1").lower() in ("0", "off", "no", "false"):
         return st
     import dataclasses
     import time
     from ..envs import build as envs
     from ..envs.config import PackConfigError
+    before = envs.failed_before(config)
+    if before is not None:
+        # Not paid again at every start: only a change to the config, the
+        # host's matched set or bulkhead, or `bulkhead install`, tries again.
+        return dataclasses.replace(st, reason=(
+            f"{st.reason}; its build failed at {before.get('created', '?')} ({before.get('error', '?')}) and "
+            f"is not retried at start until its config, the host's packages or bulkhead change; "
+            f"`bulkhead install {config.root}` retries it now"))
     log.info("bulkhead: pack %r: its environment is not built; building it now, as `bulkhead install %s` "
              "would (%s=0 leaves it to that command)", config.name, config.root, BUILD_AT_START)
     t0 = time.monotonic()
@@ -173,6 +204,27 @@ def _load(config, pack_dir, python, stamp, module, hm):
         opts["attach"] = _attach(hm)
         opts["after_call"] = _drain(hm)
     return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts)
+
+
+def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
+    """_load, or -- when the pack fails to import in its worker (a module
+    its environment lacks) -- the in-process import a failed build gets,
+    with one warning carrying the worker's last traceback line.  Where it
+    cannot import in the host either, the worker's error is raised (with
+    the host's): ComfyUI lists the pack as IMPORT FAILED."""
+    try:
+        return _load(config, pack_dir, python, stamp, module, hm)
+    except nodes.PackLoadError as e:
+        err = e
+    text = str(err)
+    last = ([l.strip() for l in text.splitlines() if l.strip()] or [text])[-1]
+    log.info("bulkhead: pack %r: its worker's traceback: %s", config.name, text)
+    try:
+        return nodes.fallback(pack_dir, nodes.WORKER_IMPORT_FAILED, detail=f" ({python}): {last}",
+                              name=config.name, module=module)
+    except Exception as host:
+        raise nodes.PackLoadError(f"{text}\n(in ComfyUI's process it fails too: {type(host).__name__}: "
+                                  f"{host})") from None
 
 
 def serializer_files(pack_root):
@@ -221,11 +273,11 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
         python, why = reuse(config)
         if python:
             log.info("bulkhead: pack %r: using the environment comfy-env built (%s)", config.name, python)
-            return _load(config, pack_dir, python, None, module, hm)
+            return _load_or_fall_back(config, pack_dir, python, None, module, hm)
     if not why:   # comfy-env's own environment, there but refused, is reported as it is
         st = build_at_start(config, st)
     if st.ok:
-        return _load(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
+        return _load_or_fall_back(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
     reason = nodes.ENV_NOT_BUILT if st.state == "missing" and not why else nodes.STAMP_REFUSED
     return nodes.fallback(pack_dir, reason, detail=f"{st.state}: {st.reason}" + (f"; {why}" if why else ""),
                           name=config.name, module=module)

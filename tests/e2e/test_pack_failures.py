@@ -1,0 +1,115 @@
+"""Failures stay local, seen over HTTP: one comfy-env pack (register_nodes,
+`nodes/<subdir>/` each with or without a comfy-env.toml) in a
+Manager-installed ComfyUI, copied in as `git clone` puts it, whose
+subdirectories fail in every way a published pack does -- a refused
+config, a build pip cannot do, an import the worker's environment lacks --
+beside one that runs isolated and one without a config.  Each failure
+costs only its own nodes their isolation (one warning each, naming it),
+the rest runs as configured, the prompt through all of them succeeds, and
+a failed build is not paid again at the next start."""
+
+import os
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
+from localsources import HOST_MM, make_wheel, write  # noqa: E402
+
+INIT = '''
+from comfy_env import register_nodes
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = register_nodes()
+'''
+
+# One node per subdirectory: where it ran, and what it could import.
+NODE = '''
+import os, sys
+{imports}
+
+
+class {cls}:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {{"required": {{}}}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "e2e/failures"
+
+    def run(self):
+        return {{"ui": {{"pid": [os.getpid()], "prefix": [sys.prefix], "saw": [{saw}]}}}}
+
+
+NODE_CLASS_MAPPINGS = {{"{cls}": {cls}}}
+'''
+
+SUBDIRS = {
+    # isolated: its own environment, and what an in-process pack sees (ComfyUI's aiohttp)
+    "good": ('python = "{mm}"\n[pypi-dependencies]\nbhplain = "*"\n',
+             "import bhplain\nfrom aiohttp import web", "bhplain.VALUE + ' ' + web.__name__"),
+    # refused: a python that is no version
+    "bad": ('python = ["3.11"]\n', "", "'bad'"),
+    # no config: imported in the host
+    "plain": (None, "", "'plain'"),
+    # built, but its nodes import what the environment lacks (the host has pytest)
+    "noimport": ('python = "{mm}"\n', "import pytest", "'noimport'"),
+    # a build pip cannot do
+    "unbuildable": ('python = "{mm}"\n[pypi-dependencies]\nbh-nowhere-to-be-found = "*"\n', "", "'unbuildable'"),
+}
+
+
+def _mixed_pack(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(str(wheels), "bhplain", "1.0", {"bhplain/__init__.py": "VALUE = 'plain wheel'\n"})
+    pack = tmp_path / "repos" / "ComfyUI-Mixed"
+    write(pack / "__init__.py", INIT)
+    write(pack / "nodes" / "__init__.py", "")
+    for sub, (config, imports, saw) in SUBDIRS.items():
+        cls = "E2EFail" + sub.capitalize()
+        write(pack / "nodes" / sub / "__init__.py", NODE.format(cls=cls, imports=imports, saw=saw))
+        if config is not None:
+            write(pack / "nodes" / sub / "comfy-env.toml", config.format(mm=HOST_MM))
+    return str(pack), {"BULKHEAD_PIP_ARGS": f"--find-links {wheels}"}
+
+
+def _run_all(srv):
+    prompt = {str(i): {"class_type": "E2EFail" + sub.capitalize(), "inputs": {}} for i, sub in enumerate(SUBDIRS)}
+    entry = srv.wait_history(srv.queue(prompt), timeout_s=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
+    return {sub: entry["outputs"][str(i)] for i, sub in enumerate(SUBDIRS)}
+
+
+def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
+    pack, env = _mixed_pack(tmp_path)
+    home = str(tmp_path / "bulkhead-home")
+    srv = comfyui(packs=(), pack_dirs=[pack], installed=manager_install, env=env, bulkhead_home=home)
+    with open(srv.log_path, errors="replace") as f:
+        log = f.read()
+    assert "IMPORT FAILED" not in log, log
+    not_isolated = [l for l in log.splitlines() if "NOT isolated" in l]
+    assert len(not_isolated) == 3, not_isolated
+    bad, noimport, unbuildable = (next(l for l in not_isolated if f"ComfyUI-Mixed.{s}'" in l)
+                                  for s in ("bad", "noimport", "unbuildable"))
+    assert "comfy-env.toml is invalid" in bad and "nodes/bad/comfy-env.toml:1" in bad, bad
+    assert "failed to import in its worker" in noimport and "No module named 'pytest'" in noimport, noimport
+    assert "bh-nowhere-to-be-found" in log and "building it at start failed" in unbuildable, unbuildable
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and all("E2EFail" + s.capitalize() in info for s in SUBDIRS)
+    out = _run_all(srv)
+    host = srv.proc.pid
+    assert out["good"]["pid"][0] != host and out["good"]["saw"] == ["plain wheel aiohttp.web"], out["good"]
+    assert out["good"]["prefix"][0].startswith(home)
+    for sub in ("bad", "plain", "noimport", "unbuildable"):
+        assert out[sub]["pid"] == [host], (sub, out[sub])
+    # the next start does not pay for the failed build again, and says how to retry
+    srv.stop()
+    with open(srv.log_path, "a") as f:
+        f.write("\n=== second start ===\n")
+    srv.start()
+    with open(srv.log_path, errors="replace") as f:
+        second = f.read().split("=== second start ===", 1)[1]
+    assert "building it now" not in second, second
+    again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "NOT isolated" in l)
+    assert "is not retried at start" in again and "bulkhead install" in again, again
+    out = _run_all(srv)
+    assert out["good"]["pid"][0] != srv.proc.pid and out["unbuildable"]["pid"] == [srv.proc.pid]
