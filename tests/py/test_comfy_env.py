@@ -756,3 +756,40 @@ def test_a_serializer_that_raises_names_the_type_and_the_pack(tmp_path):
             emit(str(e))
     """)
     assert "the serializer of type 'Mesh' (pack 'ComfyUI-Geo'" in r and "ValueError: no mesh today" in r, r
+
+
+# --- `import comfy_env` at interpreter start (python/_bulkhead_comfy_env.py) ---
+
+HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    "python", "_bulkhead_comfy_env.py")
+
+
+@pytest.mark.parametrize("where, expect", [
+    ("plain", "ModuleNotFoundError"),                 # not ComfyUI: the real package, here none
+    ("comfyui", "bulkhead"),                          # ComfyUI's folder_paths imported: bulkhead's surface
+    ("comfyui-off", "ModuleNotFoundError"),           # BULKHEAD_COMFY_ENV=off: the real one
+    ("worker", "ModuleNotFoundError"),                # a bulkhead worker: never routed there
+])
+def test_the_start_hook_routes_comfy_env_only_inside_comfyui(tmp_path, where, expect):
+    code = textwrap.dedent(f"""
+        import importlib.util, sys, types
+        spec = importlib.util.spec_from_file_location("_bulkhead_comfy_env", {HOOK!r})
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        if {where!r}.startswith("comfyui") or {where!r} == "worker":
+            sys.modules["folder_paths"] = types.ModuleType("folder_paths")
+        if {where!r} == "worker":
+            w = types.ModuleType("bulkhead.worker"); w._peer = object(); sys.modules["bulkhead.worker"] = w
+        try:
+            import comfy_env
+        except ModuleNotFoundError:
+            print("ModuleNotFoundError")
+        else:
+            print("bulkhead" if getattr(comfy_env, "__bulkhead__", False) else comfy_env.__file__)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(bulkhead.__file__))))
+    env.pop("BULKHEAD_COMFY_ENV", None)
+    if where == "comfyui-off":
+        env["BULKHEAD_COMFY_ENV"] = "off"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expect, (r.stdout, r.stderr)
