@@ -58,8 +58,8 @@ def host_worker(make_worker):
 @pytest.mark.parametrize("text, line, named", [
     ("[bulkhead]\ncall_timeout_s = 1\n[tool\n", 3, "TOML syntax error"),
     ('python = "3.12"\nrequirements = "numpy"\n', 2, "requirements"),
-    ("[bulkhead]\n\ncall_timout_s = 5\n", 3, "unknown key 'call_timout_s'"),
-], ids=["syntax", "wrong-type", "unknown-bulkhead-key"])
+    ('python = "3.12"\n\nrequirments = ["numpy"]\n', 3, "unknown key 'requirments' (did you mean 'requirements'?)"),
+], ids=["syntax", "wrong-type", "misspelled-requirements"])
 def test_config(tmp_path, host_worker, text, line, named):
     path = tmp_path / "comfy-env.toml"
     path.write_text(text)

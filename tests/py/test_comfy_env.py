@@ -137,14 +137,16 @@ def load_text(tmp_path, text, name="comfy-env.toml"):
     ('[pypi-dependencies]\nx = { git = "g", index = "https://a" }\n', 2, "index cannot be combined with git"),
     ('[pypi-dependencies.u3]\ngit = "https://g"\nrev = "a"\nbranch = "b"\n', 1, "give one of rev, tag, branch"),
     ('[env_vars]\nA = [1, 2]\n', 2, "must be a string, not an array"),
-    ('[apt]\npackages = "libgl1"\n', 2, "apt.packages must be an array of package names"),
+    ('[apt]\npackages = 3\n', 2, "apt.packages must be an array of package names"),
     ('[brew]\npackages = [1]\n', 2, "brew.packages must be an array"),
     ('[cuda]\npackages = [3]\n', 2, "cuda.packages must be an array"),
     ('[cuda]\npakages = ["x"]\n', 2, "[cuda] unknown key 'pakages'"),
     ('[dependencies]\nffmpeg = 6\n', 2, "dependencies.ffmpeg must be a version spec string or a table"),
     ('[workspace]\nchannels = "conda-forge"\n', 2, "workspace.channels must be an array"),
     ('[target.linux-64.dependencies]\nav = [1]\n', 2, "target.linux-64.dependencies.av must be"),
-    ('python = 3.10\n', 1, "python must be a string"),
+    ('python = 3.10\n', 1, 'reads 3.10 as 3.1; write the version as a string: python = "3.10"'),
+    ('[cuda]\npakages = ["x"]\nnvdiffrast = "*"\n', 2, "did you mean 'packages'?"),
+    ('[a]\npython = "3.11"\n[b]\npython = "3.12"\n', 3, "bulkhead runs one environment per comfy-env.toml"),
 ])
 def test_malformed_environment_files_name_file_and_line(tmp_path, text, line, expected):
     with pytest.raises(PackConfigError) as ei:
@@ -158,8 +160,6 @@ def test_malformed_environment_files_name_file_and_line(tmp_path, text, line, ex
     ('[types]\nTRIMESH = "pickle"\n', 2, 'must be "custom"'),
     ('[node_packs]\nA = 3\n', 2, "node_packs.A must be a string"),
     ('[node_reqs]\nA = { tag = "v1" }\n', 2, "names no source"),
-    ('[node_packs]\nA = { github = "a/b", sha = "x" }\n', 2, "unknown key 'sha'"),
-    ('[types]\nA = "custom"\n[env_vars]\nA = "1"\n', 3, "unknown table [env_vars]"),
 ])
 def test_malformed_root_files_name_file_and_line(tmp_path, text, line, expected):
     write(tmp_path / "p" / "comfy-env-root.toml", text)
@@ -546,7 +546,7 @@ def test_cuda_package_on_a_host_whose_torch_has_no_cuda(tmp_path, cuda_index, mo
     lines = []
     [st] = bulkhead.install(str(pack), progress=lines.append, pip_args=["--no-index"])
     assert st.ok, st
-    warned = [l for l in lines if l.startswith("warning:")]
+    warned = [l for l in lines if l.startswith("warning:") and "[cuda]" in l]
     assert len(warned) == 1, lines
     w = warned[0]
     assert w.startswith(f"warning: {pack}/nodes/comfy-env.toml: [cuda] packages: skipping the CUDA wheels "
@@ -793,3 +793,85 @@ def test_the_start_hook_routes_comfy_env_only_inside_comfyui(tmp_path, where, ex
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == expect, (r.stdout, r.stderr)
+
+
+# --- older comfy-env dialects (docs/comfy-env-dialects.md) ---
+
+D1_NAMED = '''
+[system]
+linux = ["libgl1"]
+
+[geometrypack]
+python = "3.11"
+cuda_version = "auto"
+pytorch_version = "auto"
+
+[geometrypack.cuda]
+cumesh = "*"
+torch-scatter = "2.1.2"
+
+[geometrypack.conda]
+channels = ["conda-forge"]
+packages = ["cgal>=5"]
+
+[geometrypack.packages]
+requirements = ["trimesh>=4"]
+
+[geometrypack.packages.linux]
+requirements = ["pymeshlab"]
+
+[geometrypack.packages.windows]
+requirements = ["pywin32"]
+
+[geometrypack.env]
+OMP_NUM_THREADS = 1
+
+[local.cuda]
+cc_torch = "*"
+'''
+
+
+@pytest.mark.parametrize("text, want, warned", [
+    # comfy-env 0.0.13-0.0.65: an environment named by its table
+    (D1_NAMED, {"python": "3.11", "requirements": ("pymeshlab", "trimesh>=4"), "cuda": ("cumesh", "torch-scatter==2.1.2"),
+                "conda": ("cgal >=5",), "channels": ("conda-forge",), "env_vars": {"OMP_NUM_THREADS": "1"},
+                "apt": ("libgl1",)}, ("ComfyUI's own Python", "torch and its CUDA build are the host's")),
+    # 0.0.x's simple form: [env] + [packages]
+    ('[env]\nname = "x"\npython = "3.10"\n[packages]\nrequirements = ["numpy<2"]\nno_deps = ["bhplain"]\n',
+     {"python": "3.10", "requirements": ("bhplain", "numpy<2")}, ()),
+    # 0.0.x: a top-level cuda array, and [cuda] as package = "version"
+    ('cuda = ["nvdiffrast==0.3.3"]\n', {"cuda": ("nvdiffrast==0.3.3",)}, ()),
+    ('[cuda]\nnvdiffrast = "*"\nspconv = "2.3"\n', {"cuda": ("nvdiffrast", "spconv==2.3")}, ()),
+    # 0.0.66-0.4.13: python as a number, [apt] packages as one string
+    ('python = 3.11\n[apt]\npackages = "libgl1"\n', {"python": "3.11", "apt": ("libgl1",)}, ()),
+], ids=["d1-named", "d1-simple", "d1-cuda-array", "d1-cuda-table", "d3-scalars"])
+def test_older_dialects_read_with_their_meaning(tmp_path, text, want, warned):
+    c = load_text(tmp_path, text)
+    got = {"python": c.python, "requirements": c.requirements, "cuda": c.cuda, "conda": c.conda,
+           "channels": c.channels, "env_vars": dict(c.env_vars), "apt": c.system_packages.get("apt")}
+    for k, v in want.items():
+        assert got[k] == v, (k, got)
+    for w in warned:
+        assert any(w in n for n in c.warnings), c.warnings
+
+
+def test_older_root_files_warn_instead_of_refusing(tmp_path):
+    """comfy-env 0.1.17-0.4.13 read comfy-env-root.toml with the environment
+    files' parser: a root file of that era (a real pack's: [env_vars],
+    [apt] as one string, [node_reqs] entries with keys comfy-env ignored)
+    loads, with one warning each for what bulkhead does not read there."""
+    write(tmp_path / "p" / "comfy-env-root.toml", textwrap.dedent('''
+        [env_vars]
+        KMP_DUPLICATE_LIB_OK = "TRUE"
+        OMP_NUM_THREADS = 1
+
+        [apt]
+        packages = "libgl1"
+
+        [node_reqs]
+        ComfyUI-GeometryPack = { github = "a/b", sha = "x" }
+    '''))
+    r = packconfig.load_root(tmp_path / "p", warn=False)
+    assert r.node_packs == (("ComfyUI-GeometryPack", "a/b"),) and r.system_packages["apt"] == ("libgl1",)
+    assert any("comfy-env-root.toml:1: [env_vars] is not read in comfy-env-root.toml" in w and "0.4.14 refuses" in w for w in r.warnings)
+    assert any("key 'sha' is not read" in w for w in r.warnings), r.warnings

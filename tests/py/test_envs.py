@@ -397,9 +397,10 @@ def test_cli_usage_and_exit_codes(tmp_path):
     assert r.returncode == 1 and "no comfy-env.toml" in r.stderr and "does not ask for isolation" in r.stderr
     r = cli("install", str(tmp_path / "nope"))
     assert r.returncode == 1 and "does not exist" in r.stderr
-    bad = make_pack(tmp_path, "[bulkhead]\nwat = 1\n", name="bad")
+    bad = make_pack(tmp_path, 'python = "3.12"\nrequirments = ["numpy"]\n', name="bad")
     r = cli("env", bad)
-    assert r.returncode == 1 and f"{bad}/comfy-env.toml:2: [bulkhead] unknown key 'wat'" in r.stderr
+    assert r.returncode == 1 and f"{bad}/comfy-env.toml:2: unknown key 'requirments' (did you mean " \
+        "'requirements'?)" in r.stderr, r.stderr
 
 
 def test_install_api_errors_and_warnings(tmp_path):

@@ -256,7 +256,7 @@ def test_another_minor_gets_the_hosts_torch_from_a_local_index(tmp_path, home, m
     lines = []
     [st] = bulkhead.install(pack, progress=lines.append, pip_args=["--find-links", wheels])
     assert st.ok, st
-    assert not any("warning" in l for l in lines), [l for l in lines if "warning" in l]
+    assert not any("lacks the host's" in l for l in lines), [l for l in lines if "lacks" in l]
     assert any(l.startswith(f"installing the host's build torch=={HOST_TORCH} (looking in BULKHEAD_TORCH_INDEX")
                for l in lines), lines
     s = envs.read_stamp(st.env_dir)["host"]
@@ -278,7 +278,7 @@ def test_another_minor_without_the_hosts_torch_runs_isolated(tmp_path, home, mon
     lines = []
     [st] = bulkhead.install(pack, progress=lines.append)
     assert st.ok, st
-    warned = [l for l in lines if l.startswith("warning:")]
+    warned = [l for l in lines if l.startswith("warning: this environment lacks")]   # not uv's own warnings
     assert len(warned) == 1, warned
     w = warned[0]
     assert f"lacks the host's torch {HOST_TORCH}" in w and "`import torch`" in w

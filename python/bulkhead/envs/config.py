@@ -175,6 +175,18 @@ class PackConfigWarning(UserWarning):
     """A part of a ``comfy-env.toml`` that bulkhead does not implement."""
 
 
+def _warn(note, path):
+    """Issues one note as a PackConfigWarning located at the config file's
+    own line (so Python's warning display shows that TOML line, never a
+    line of this module)."""
+    m = re.match(re.escape(path) + r":(\d+):", note)
+    warnings.warn_explicit(note, PackConfigWarning, path, int(m.group(1)) if m else 0,
+                           module="bulkhead.envs.config", registry=_WARNED)
+
+
+_WARNED = {}     # warn_explicit's registry: Python's filter shows each note once per process
+
+
 @dataclasses.dataclass(frozen=True)
 class PackConfig:
     """One ``comfy-env.toml``, read and normalised.
@@ -608,6 +620,177 @@ def _version_spec(r, keypath, v):
     return v.replace(" ", "")
 
 
+# --- older comfy-env dialects (docs/comfy-env-dialects.md) ---
+
+# comfy-env 0.0.13-0.0.65 ("D1"): an environment is a table named for it
+# ([geometrypack] python = ..., with .packages / .cuda / .conda / .env
+# sub-tables), or [env] + [packages]; these keys mark such a table.
+_D1_ENV_KEYS = ("python", "cuda", "pytorch", "cuda_version", "pytorch_version")
+# Top-level names of the current shape and of D1 that are not environments.
+_D1_RESERVED = {"env", "packages", "local", "node_reqs", "system", "tools", "sources", "wheel_sources",
+                "variables", "worker", "cuda", "apt", "brew", "env_vars", "options", "settings", "bulkhead",
+                "target", "workspace", "dependencies", "pypi-dependencies", "pypi-options", "activation",
+                "tasks", "system-requirements", "feature", "environments", "types", "node_packs"}
+_OS_NAME = {"linux": "linux", "darwin": "darwin", "win32": "windows"}
+# Keys that carry what the environment holds: a misspelling of one is an
+# error (the environment would silently lack it), of anything else a warning.
+_CARRIERS = ("requirements", "pypi-dependencies", "dependencies", "cuda", "python", "packages")
+_KNOWN_TOP = ("python", "requirements", "env_vars", "pypi-dependencies", "bulkhead", "dependencies", "cuda",
+              "workspace", "target", "apt", "brew", "node_reqs", "node_packs", "options", "types")
+
+
+def did_you_mean(word, choices):
+    """' (did you mean 'x'?)' for the closest of ``choices``, or ''."""
+    import difflib
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _d1_cuda(r, table, keypath):
+    """A D1 ``[cuda]``-like table of ``package = "version"`` ("*" or "":
+    any): [``name`` or ``name==version``]."""
+    out = []
+    for name, v in table.items():
+        if not isinstance(v, str):
+            r.type_error(keypath + (name,), 'a version string ("*": any)', v)
+        v = v.strip().lstrip("=")
+        out.append(name if v in ("", "*") else f"{name}=={v}")
+    return out
+
+
+def _d1_requirements(r, table, keypath):
+    """D1 ``packages``: ``requirements = [...]`` (and ``no_deps``), or a
+    bare array."""
+    if isinstance(table, list):
+        return list(table)
+    if not isinstance(table, dict):
+        r.type_error(keypath, "a table with requirements = [...]", table)
+    out = []
+    for k in ("requirements", "no_deps"):
+        v = table.get(k, [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            r.type_error(keypath + (k,), "an array of pip requirement strings", v)
+        out += v
+    return out
+
+
+def _older_dialects(data, r, notes):
+    """Rewrites the config shapes of older comfy-env releases into the
+    current one, each with the meaning its own release gave it (see
+    docs/comfy-env-dialects.md): the D1 environment tables, ``[cuda]``
+    as ``package = "version"``, a top-level ``cuda = [...]``,
+    ``[system]``, a number for ``python``.  Returns the new mapping; what
+    has no meaning here is left for the warnings below."""
+    data = dict(data)
+    path, text = r.path, r.text
+
+    def note(msg, *keypath):
+        line = _find_line(text, *keypath)
+        notes.append(f"{path}:{line}: {msg}" if line else f"{path}: {msg}")
+
+    named = [k for k, v in data.items() if k not in _D1_RESERVED and isinstance(v, dict)
+             and any(x in v for x in _D1_ENV_KEYS)]
+    if len(named) > 1:
+        r.error(f"tables {', '.join(f'[{n}]' for n in named)} each declare an environment (comfy-env 0.0.x's "
+                "shape); bulkhead runs one environment per comfy-env.toml: keep one here and move each other "
+                f"to nodes/<subdir>/{CONFIG_NAME} of the nodes it serves", named[1])
+    env = dict(data.pop(named[0])) if named else None
+    where = named[0] if named else None
+    if env is None and isinstance(data.get("env"), dict):
+        env, where = dict(data.pop("env")), "env"
+        if "packages" in data:
+            env["packages"] = data.pop("packages")
+    if env is not None:
+        reqs = list(data.get("requirements", []) or [])
+        if "packages" in env:
+            pk = env.pop("packages")
+            if isinstance(pk, dict):
+                here = _OS_NAME.get(sys.platform, sys.platform)
+                for osname in ("windows", "linux", "darwin"):
+                    sub = pk.pop(osname, None)
+                    if sub is not None and osname == here:
+                        reqs += _d1_requirements(r, sub, (where, "packages", osname))
+                if "requirements_file" in pk:
+                    note(f"[{where}.packages] requirements_file is not read: list its requirements under "
+                         "requirements", where, "packages")
+                    pk.pop("requirements_file")
+                plain = {k: v for k, v in pk.items() if k not in ("requirements", "no_deps")}
+                if plain:       # package = "version": CUDA wheels, as comfy-env 0.0.x read them
+                    data.setdefault("cuda", {"packages": []})
+                    data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + \
+                        _d1_cuda(r, plain, (where, "packages"))
+            reqs += _d1_requirements(r, {k: v for k, v in pk.items() if k in ("requirements", "no_deps")}
+                                     if isinstance(pk, dict) else pk, (where, "packages"))
+        if reqs:
+            data["requirements"] = reqs
+        cu = env.pop("cuda", None)
+        if isinstance(cu, dict):
+            data.setdefault("cuda", {"packages": []})
+            data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + _d1_cuda(r, cu, (where, "cuda"))
+        elif cu is not None:
+            note(f"[{where}] cuda = {cu!r}: the CUDA build is the host's torch's (bulkhead matches it)",
+                 where, "cuda")
+        for k in ("cuda_version", "pytorch", "pytorch_version"):
+            if k in env:
+                note(f"[{where}] {k} = {env.pop(k)!r}: torch and its CUDA build are the host's (bulkhead "
+                     "matches them), not chosen here", where, k)
+        if "python" in env:
+            data["python"] = env.pop("python")
+        conda = env.pop("conda", None)
+        if conda is not None:
+            if not isinstance(conda, dict):
+                r.type_error((where, "conda"), "a table with channels and packages", conda)
+            specs = conda.get("packages", [])
+            if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
+                r.type_error((where, "conda", "packages"), "an array of conda package specs", specs)
+            deps = dict(data.get("dependencies", {}) or {})
+            for spec in specs:
+                m = _REQ_NAME.match(spec)
+                if not m:
+                    r.error(f"[{where}.conda] packages: {spec!r} is not a conda package spec", where, "conda")
+                deps[m.group(1)] = m.group(2).strip() or "*"
+            data["dependencies"] = deps
+            if conda.get("channels"):
+                data["workspace"] = dict(data.get("workspace", {}) or {}, channels=conda["channels"])
+        ev = env.pop("env", None)
+        if ev is not None:
+            data["env_vars"] = dict(data.get("env_vars", {}) or {}, **(ev if isinstance(ev, dict) else {}))
+        env.pop("isolated", None)
+        env.pop("name", None)
+        for k in env:
+            note(f"[{where}] {k} is not read by bulkhead and has no effect", where, k)
+    local = data.pop("local", None)
+    if local is not None:
+        note("[local] asks to install into ComfyUI's own Python (comfy-env 0.0.x): bulkhead installs nothing "
+             "there; install those packages into ComfyUI's Python yourself if its nodes need them", "local")
+    system = data.pop("system", None)
+    if isinstance(system, dict):
+        for osname, table in (("linux", "apt"), ("darwin", "brew")):
+            if osname in system:
+                data[table] = {"packages": system[osname]}
+    cu = data.get("cuda")
+    if isinstance(cu, list):            # comfy-env 0.0.x: cuda = ["pkg==1.0", ...]
+        data["cuda"] = {"packages": cu}
+    elif isinstance(cu, dict):
+        extra = {k: v for k, v in cu.items() if k != "packages"}
+        typos = {k: v for k, v in extra.items() if not isinstance(v, str)}
+        for k in typos:
+            r.error(f"[cuda] unknown key {k!r}{did_you_mean(k, ['packages'])}; [cuda] takes packages = [...] "
+                    "(or, as comfy-env 0.0.x, package = \"version\")", "cuda", k)
+        if extra:
+            data["cuda"] = {"packages": list(cu.get("packages", []) if isinstance(cu.get("packages"), list)
+                                             else [cu["packages"]] if "packages" in cu else [])
+                            + _d1_cuda(r, extra, ("cuda",))}
+    py = data.get("python")
+    if isinstance(py, (int, float)) and not isinstance(py, bool):
+        # comfy-env 0.0.66-0.4.13 took str(): 3.11 -> "3.11".  But TOML reads 3.10 as 3.1.
+        if str(py) in ("3.1", "3.2", "3.3"):
+            r.error(f"python = {py!r}: a TOML number, which reads 3.10 as {py!r}; write the version as a "
+                    'string: python = "3.10"', "python")
+        data["python"] = str(py)
+    return data
+
+
 def load(path, root=None, *, warn=True):
     """Reads one ``comfy-env.toml`` into a ``PackConfig``.  ``root`` is the
     pack's root (inferred from where the file lies when None).  Each
@@ -626,6 +809,7 @@ def load(path, root=None, *, warn=True):
     data = _toml_loads(text, path)
     r = _Reader(path, text)
     notes = []
+    data = _older_dialects(data, r, notes)
 
     python = data.get("python")
     if python is not None:
@@ -703,15 +887,12 @@ def load(path, root=None, *, warn=True):
     system = {}
     for table in ("apt", "brew"):
         if table in data:
-            system[table] = _check_packages(r, table, data[table])
+            system[table] = _check_packages(r, table, data[table], allow_scalar=True)
     cuda = ()
     if "cuda" in data:
         cuda = _check_packages(r, "cuda", data["cuda"], allow_scalar=True)
-        for k in data["cuda"]:
-            if k not in ("packages",):
-                r.error(f"[cuda] unknown key {k!r} (known: packages)", "cuda", k)
         for name in cuda:
-            if _norm_name(name) in ("torch", "torchvision", "torchaudio"):
+            if _norm_name(name.partition("==")[0]) in ("torch", "torchvision", "torchaudio"):
                 r.error(f"[cuda] packages lists {name!r}: torch and its family come from the host's torch "
                         "(as comfy-env refuses them there too); remove it from [cuda] packages",
                         "cuda", "packages")
@@ -761,8 +942,12 @@ def load(path, root=None, *, warn=True):
             options[k] = v
             continue
         if k not in OPTIONS:
-            r.error(f"[bulkhead] unknown key {k!r}; known keys: {', '.join(list(OPTIONS) + list(CHOICES))}",
-                    "bulkhead", k)
+            # A tuning key: its default is kept, and so is the isolation.
+            known = list(OPTIONS) + list(CHOICES)
+            line = _find_line(text, "bulkhead", k)
+            notes.append(f"{path}:{line}: [bulkhead] unknown key {k!r}{did_you_mean(k, known)}: ignored, its "
+                         f"default kept; known keys: {', '.join(known)}")
+            continue
         what, low, closed = OPTIONS[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             r.type_error(("bulkhead", k), "a number of seconds", v)
@@ -779,16 +964,24 @@ def load(path, root=None, *, warn=True):
         if k == "target":
             continue        # read above: the machine's tables applied, each other table warned
         if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(e, dict) for e in v)):
+            hint = "" if k in _UNIMPLEMENTED else did_you_mean(k, _KNOWN_TOP)
+            if hint and hint.split("'")[1] in _CARRIERS:
+                raise PackConfigError(path, f"unknown table [{k}]{hint}: the environment would be built "
+                                            "without what it lists; correct the table's name", line, key=k)
             why = _UNIMPLEMENTED.get(k, "nothing in it is read")
             if "{pixi}" in why:
                 why = why.format(pixi="; pixi is on this machine, but bulkhead does not drive it"
                                  if shutil.which("pixi") else " and pixi is not on this machine")
             notes.append(f"{loc}: table [{k}] is not implemented by bulkhead: {why}")
         else:
-            notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect")
+            hint = did_you_mean(k, _KNOWN_TOP)
+            if hint and hint.split("'")[1] in _CARRIERS:
+                raise PackConfigError(path, f"unknown key {k!r}{hint}: the environment would be built without "
+                                            "what it lists; correct the key", line, key=k)
+            notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect{hint}")
     if warn:
         for n in notes:
-            warnings.warn(n, PackConfigWarning, stacklevel=2)
+            _warn(n, path)
 
     digest = hashlib.sha256(json.dumps({
         "format": HASH_FORMAT,
@@ -846,6 +1039,9 @@ class RootConfig:
     warnings: Tuple[str, ...] = ()
 
 
+ROOT_TABLES = ("node_packs", "node_reqs", "types", "apt", "brew")
+
+
 def load_root(pack_dir, *, warn=True):
     """The pack's ``comfy-env-root.toml`` as a RootConfig, or None when it
     has none.  Raises PackConfigError naming file and line."""
@@ -878,8 +1074,11 @@ def load_root(pack_dir, *, warn=True):
                 r.type_error((table, name), 'a string ("owner/repo") or a table', v)
             for k, x in v.items():
                 if k not in ("github", "repo", "tag", "branch", "commit", "registry", "version"):
-                    r.error(f"[{table}] {name}: unknown key {k!r} (known: branch, commit, github, registry, "
-                            "repo, tag, version)", table, name)
+                    # comfy-env read these entries with .get and ignored the rest
+                    known = ("branch", "commit", "github", "registry", "repo", "tag", "version")
+                    notes.append(f"{path}:{_find_line(text, table, name)}: [{table}] {name}: key {k!r} is not "
+                                 f"read{did_you_mean(k, known)} (known: {', '.join(known)})")
+                    continue
                 if not isinstance(x, str):
                     r.type_error((table, name, k), "a string", x)
             src = v.get("github") or v.get("repo") or v.get("registry")
@@ -896,7 +1095,7 @@ def load_root(pack_dir, *, warn=True):
     system = {}
     for table in ("apt", "brew"):
         if table in data:
-            system[table] = _check_packages(r, table, data[table])
+            system[table] = _check_packages(r, table, data[table], allow_scalar=True)
     for k in data:
         if k in ("node_packs", "node_reqs", "types", "apt", "brew"):
             continue
@@ -905,13 +1104,14 @@ def load_root(pack_dir, *, warn=True):
             notes.append(f"{path}:{line}: table [settings] is not read (comfy-env removed it in 0.4.25; "
                          "bulkhead's own options go in an environment file's [bulkhead] table)")
             continue
-        raise PackConfigError(path, f"unknown table [{k}]: {ROOT_CONFIG_NAME} carries [node_packs] "
-                                    "(or [node_reqs]), [types], [apt] and [brew]; an environment's "
-                                    f"tables go in nodes/{CONFIG_NAME} or nodes/<subdir>/{CONFIG_NAME}",
-                              line, key=k)
+        # comfy-env 0.1.17-0.4.13 read this file with the environment files' parser: their tables
+        # were accepted here (with no effect from 0.2.19 on); 0.4.14 refuses them.
+        notes.append(f"{path}:{line}: [{k}] is not read in {ROOT_CONFIG_NAME}{did_you_mean(k, ROOT_TABLES)}: "
+                     "comfy-env 0.2.19-0.4.13 gave an environment's tables no effect here and 0.4.14 refuses "
+                     f"them; they go in nodes/{CONFIG_NAME} or nodes/<subdir>/{CONFIG_NAME}")
     if warn:
         for n in notes:
-            warnings.warn(n, PackConfigWarning, stacklevel=2)
+            _warn(n, path)
     return RootConfig(path=path, root=pack_dir, node_packs=tuple(packs),
                       types=types.MappingProxyType(dict(typ)),
                       system_packages=types.MappingProxyType(system), warnings=tuple(notes))

@@ -138,7 +138,9 @@ def resolve(config, python_version, progress):
     pats = wanted(tv, cv)
     idx = indexes()
     out, skipped, indexes_tried = [], [], []
-    for pkg in config.cuda:
+    for spec in config.cuda:
+        # "name" or "name==version" (comfy-env 0.0.x's [cuda] name = "version")
+        pkg, _, want_version = spec.partition("==")
         variants = list(dict.fromkeys([pkg, pkg.replace("-", "_"), pkg.replace("_", "-")]))
         found, tried = [], []
         for index in idx:
@@ -151,24 +153,27 @@ def resolve(config, python_version, progress):
                     continue
                 tried.append(f"{index}{v}/")
                 for href, text in links:
+                    version = text.split("-")[1].split("+")[0] if text.count("-") >= 2 else ""
+                    if want_version and version != want_version:
+                        continue
                     if any(p in text for p in pats) and f"-{py_tag}-" in text and (not arch or arch in text):
                         url = href if "://" in href else index + v + "/" + href
                         found.append((0 if "manylinux" in text else 1, text, url))
             if found:
                 break
         if not found and cv is None:
-            skipped.append(pkg)
+            skipped.append(spec)
             indexes_tried.extend(t for t in tried if t not in indexes_tried)
             continue
         if not found:
             build = f"{pats[0]} (or {pats[1]}), {py_tag}, {arch.lstrip('_') or 'any platform'}"
-            head = f"{where}: no wheel of {pkg!r} for {build}"
+            head = f"{where}: no wheel of {spec!r} for {build}"
             raise EnvBuildError(f"{head} in the indexes tried: {'; '.join(tried)}. Point BULKHEAD_CUDA_INDEX at "
                                 "an index that has it, or list the wheel under [pypi-dependencies] with its url; "
                                 "no environment was made")
         found.sort()
         _, text, url = found[0]
-        progress(f"[cuda] {pkg}: {text} ({url})")
+        progress(f"[cuda] {spec}: {text} ({url})")
         name = text.split("-", 1)[0]
         out.append(f"{name} @ {url}")
     if skipped:
