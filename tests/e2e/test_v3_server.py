@@ -135,7 +135,11 @@ def _drive(srv):
 
 
 def test_an_isolated_v3_server_pack_serves_what_it_serves_in_process(comfyui):
-    isolated = _drive(comfyui(packs=("e2e_v3",), name="isolated"))
+    srv = comfyui(packs=("e2e_v3",), name="isolated")
+    # in its own environment, built at start by bulkhead (never the host's interpreter)
+    log = srv.log()
+    assert "NOT isolated" not in log and "pack 'e2e_v3': environment built" in log, log
+    isolated = _drive(srv)
     in_process = _drive(comfyui(packs=("e2e_v3",), name="in_process", env={"BH_E2E_IN_PROCESS": "1"}))
     for key in in_process:
         if key == "output_file":
@@ -169,7 +173,7 @@ def test_the_stop_button_stops_an_isolated_node_that_never_checks(comfyui):
     prompt ends interrupted as ComfyUI's own stop ends one, and the next
     prompt runs on the next worker."""
     import aiohttp
-    srv = comfyui(packs=("e2e_v3",), env={"BH_E2E_GRACE": "1.0"})
+    srv = comfyui(packs=("e2e_v3",))
 
     async def session(ws, sid):
         async with aiohttp.ClientSession() as http:

@@ -1,17 +1,15 @@
-"""The e2e suite's V3 and PromptServer pack (nodes.py), isolated as
-e2e_pack is (under the host's own interpreter), or imported in-process
-when BH_E2E_IN_PROCESS is set: the suite runs it both ways and compares
-what the server serves (tests/e2e/test_v3_server.py)."""
+"""The e2e suite's V3 and PromptServer pack (nodes.py), isolated as a
+published pack is -- its own environment, built by bulkhead at ComfyUI's
+start from its comfy-env.toml, which declares none of ComfyUI's own
+dependencies: the aiohttp, Pillow, comfy_api and server it imports are
+what the worker sees of the host, as an in-process pack sees them -- or
+imported in-process when BH_E2E_IN_PROCESS is set: the suite runs it both
+ways and compares what the server serves (tests/e2e/test_v3_server.py)."""
 import os
-import sys
 
 if os.environ.get("BH_E2E_IN_PROCESS"):
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F401
 else:
-    from bulkhead.host import nodes, pack
+    import bulkhead
 
-    _hm = pack.host_memory()
-    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
-        os.path.dirname(os.path.abspath(__file__)), sys.executable,
-        options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
-                 "interrupt_grace": float(os.environ.get("BH_E2E_GRACE", "1.0"))})
+    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
