@@ -502,3 +502,22 @@ def test_a_rebuild_while_a_worker_runs_leaves_it_its_environment(tmp_path, home,
         assert not os.path.exists(old.env_dir)
     finally:
         w.close()
+
+
+def test_one_failed_config_does_not_stop_the_others(tmp_path, wheels):
+    """bulkhead.install (comfy_env.install, `bulkhead install`) builds every
+    config of the pack though one fails, then says which failed, in one
+    line each, and raises the failure."""
+    pack = tmp_path / "two"
+    for sub, req in (("a_bad", "bh-nowhere-to-be-found"), ("b_good", "bhdemo")):
+        os.makedirs(pack / "nodes" / sub)
+        (pack / "nodes" / sub / "comfy-env.toml").write_text(f'python = "{HOST_MM}"\nrequirements = ["{req}"]\n'
+                                                             "[bulkhead]\nhost_packages = \"none\"\n")
+    lines = []
+    with pytest.raises(EnvBuildError) as ei:
+        bulkhead.install(str(pack), progress=lines.append, pip_args=["--no-index", "--find-links", wheels])
+    assert "bh-nowhere-to-be-found" in str(ei.value)
+    verdicts = [l for l in lines if ": FAILED, no environment was made" in l]
+    assert len(verdicts) == 1 and verdicts[0].startswith("two.a_bad: FAILED") and "bulkhead install" in verdicts[0]
+    good, bad = (packconfig.load(str(pack / "nodes" / s / "comfy-env.toml"), warn=False) for s in ("b_good", "a_bad"))
+    assert bulkhead.env_status(good).ok and bulkhead.env_status(bad).state == "missing"

@@ -965,7 +965,9 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
 
     ``progress(line)`` receives progress and the configs' warnings
     (default: stderr, prefixed ``[bulkhead install <name>]``).  Returns one
-    ``EnvStatus`` per config.  Raises ``PackConfigError`` (including for a
+    ``EnvStatus`` per config.  A config whose build fails does not stop
+    the others; after them, one verdict line per failed one, and the first
+    failure is raised.  Raises ``PackConfigError`` (including for a
     pack without a config), ``InterpreterNotFound``, ``EnvBuildError``."""
     pack_dir = os.path.abspath(os.fspath(pack_dir))
     try:
@@ -989,12 +991,22 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
                 p(f"warning: {root.path}: [node_packs] names packs not installed beside this one (in "
                   f"{custom}): {', '.join(missing)}; bulkhead does not install node packs: install them "
                   "with ComfyUI-Manager or git clone")
-    out = []
+    out, failed = [], []
     for c in configs:
         p = progress or _default_progress(c.name)
         for w in c.warnings:
             p(f"warning: {w}")
         for w in packconfig.check_system_packages(c.system_packages, c.path):
             p(f"warning: {w}")
-        out.append(build(c, p, force, pip_args=pip_args))
+        try:
+            out.append(build(c, p, force, pip_args=pip_args))
+        except (EnvBuildError, PackConfigError) as e:
+            # One config's failure is its own: the pack's other configs are built all the same.
+            failed.append((c, e))
+    for c, e in failed:
+        p = progress or _default_progress(c.name)
+        p(f"{c.name}: FAILED, no environment was made: {(str(e).splitlines() or [''])[0]} (the whole "
+          f"output is above; `{rebuild_command(c)}` tries again)")
+    if failed:
+        raise failed[0][1]
     return out
