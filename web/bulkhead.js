@@ -84,6 +84,11 @@ const STYLE = `
 .bh-swatch { flex: none; width: 9px; height: 9px; border-radius: 2px; align-self: center; }
 .bh-label .bh-swatch { display: inline-block; margin-right: 5px; }
 .bh-error { color: #e07070; }
+.bh-pack { grid-template-columns: minmax(0, 1fr) auto; border-left: 3px solid #5cc07a; padding-left: 6px; }
+.bh-pack[data-state="in-process"] { border-left-color: #e0a040; }
+.bh-pack[data-state="failed"] { border-left-color: #e07070; }
+.bh-pack[data-state="in-process"] .bh-figure { color: #e0a040; }
+.bh-pack[data-state="failed"] .bh-figure { color: #e07070; }
 `;
 
 export function formatBytes(n) {
@@ -428,12 +433,39 @@ export function renderFreed(r, onDismiss) {
   return box;
 }
 
+// Where each pack bulkhead serves stands (GET /bulkhead/status "packs",
+// those not isolated first): isolated, with its interpreter and worker;
+// in-process (running in ComfyUI's own process, not in its environment),
+// with why and the fix; failed, with why.
+function renderPacks(doc) {
+  const packs = doc.packs || [];
+  if (!packs.length) return null;
+  const section = node("section", { class: "bh-packs" }, node("h3", {}, "Packs"));
+  for (const p of packs) {
+    const label = node("span", { class: "bh-label" }, p.name);
+    let figure;
+    let meta;
+    if (p.state === "isolated") {
+      figure = "isolated";
+      meta = `${p.python}${p.pid ? ` · worker ${p.pid}` : " · no worker running"}`;
+    } else {
+      figure = p.state === "failed" ? "FAILED" : "in-process, NOT isolated";
+      meta = p.reason.replace(/\.?$/, ".") + (p.fix ? ` Fix: ${p.fix}` : "");
+    }
+    section.append(node("div", { class: "bh-row bh-pack", "data-bh-pack": p.name, "data-state": p.state },
+      label, node("span", { class: "bh-figure" }, figure),
+      node("div", { class: p.state === "isolated" ? "bh-meta" : "bh-meta bh-error" }, meta)));
+  }
+  return section;
+}
+
 export function renderStatus(body, doc) {
   const width = body.clientWidth || 280;
   const procs = node("section", { class: "bh-processes" }, node("h3", {}, "Processes"));
   if (!(doc.processes || []).length) procs.append(node("div", { class: "bh-meta" }, "no bulkhead processes"));
   for (const p of doc.processes || []) procs.append(renderProcess(doc, p));
-  body.replaceChildren(renderDevices(doc), renderHistory(doc, width), procs, renderTimeline(doc));
+  const parts = [renderPacks(doc), renderDevices(doc), renderHistory(doc, width), procs, renderTimeline(doc)];
+  body.replaceChildren(...parts.filter((x) => x !== null));
 }
 
 function mount(el) {

@@ -4,9 +4,10 @@ Manager-installed ComfyUI, copied in as `git clone` puts it, whose
 subdirectories fail in every way a published pack does -- a refused
 config, a build pip cannot do, an import the worker's environment lacks --
 beside one that runs isolated and one without a config.  Each failure
-costs only its own nodes their isolation (one warning each, naming it),
-the rest runs as configured, the prompt through all of them succeeds, and
-a failed build is not paid again at the next start."""
+costs only its own nodes their isolation (one warning each, naming it,
+and its state in /bulkhead/status), the rest runs as configured, the
+prompt through all of them succeeds, and a failed build is not paid again
+at the next start."""
 
 import os
 import sys
@@ -101,6 +102,15 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     assert out["good"]["prefix"][0].startswith(home)
     for sub in ("bad", "plain", "noimport", "unbuildable"):
         assert out[sub]["pid"] == [host], (sub, out[sub])
+    # where people look: /bulkhead/status lists each part's state, those not isolated first
+    status, doc = srv.http("GET", "/bulkhead/status")
+    assert status == 200
+    states = {p["name"]: p for p in doc["packs"]}
+    assert [p["state"] for p in doc["packs"]] == ["in-process"] * 3 + ["isolated"], doc["packs"]
+    assert states["ComfyUI-Mixed.good"]["pid"] == out["good"]["pid"][0]
+    assert states["ComfyUI-Mixed.good"]["env"] == os.path.dirname(os.path.dirname(states["ComfyUI-Mixed.good"]["python"]))
+    assert "No module named 'pytest'" in states["ComfyUI-Mixed.noimport"]["reason"]
+    assert "bulkhead install" in states["ComfyUI-Mixed.unbuildable"]["fix"]
     # the next start does not pay for the failed build again, and says how to retry
     srv.stop()
     with open(srv.log_path, "a") as f:

@@ -355,3 +355,52 @@ def test_panel_charts_history_and_shows_what_free_gave_back(tmp_path, monkeypatc
     procs = {int(p["data-pid"]): p for p in f["data-bh-process"]}
     assert long_pack in procs[pids["b"]]["text"] and f"pid {pids['b']}" in procs[pids["b"]]["text"]
     assert "ComfyUI (this instance)" in procs[pids["me"]]["text"]
+
+
+def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, monkeypatch):
+    """A pack isolated in its worker, one that fell back in-process (its
+    environment failed to build) and one that failed outright: the Packs
+    section tops the panel, the two not isolated first, each with why and
+    the fix, as GET /bulkhead/status lists them."""
+    good, lost = tmp_path / "good_pack", tmp_path / "lost_pack"
+    for d in (good, lost):
+        d.mkdir()
+        (d / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
+    shot = tmp_path / "packs.png"
+    r = routes_scenario(tmp_path, f"""
+        import subprocess
+        from bulkhead.host import nodes as bh
+        bh.load_pack({str(good)!r}, sys.executable, options={{"cache": False}})
+        bh.fallback({str(lost)!r}, bh.ENV_NOT_BUILT,
+                       detail="missing: building it at start failed: pip found no bh-nowhere")
+        bh.failed("/nowhere/broken_pack", "broken_pack", "No module named 'bh_missing'")
+        doc = routes.status()
+        url = "http://127.0.0.1:%d/" % port
+        flags = {chromium_flags(tmp_path, 2500, "400,700")}
+        dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+        png = subprocess.run(flags + ["--screenshot=" + {str(shot)!r}, url], capture_output=True, timeout=180)
+        out(dict(dom=dom.stdout, rc=dom.returncode, err=dom.stderr[-3000:], packs=doc["packs"], png=png.returncode))
+        bh.close_all()
+    """, monkeypatch, before_serve=SERVE_PAGE)
+    assert r["rc"] == 0 and "data-bh-panel" in r["dom"], r["err"]
+    assert [(p["name"], p["state"]) for p in r["packs"]] == [
+        ("broken_pack", "failed"), ("lost_pack", "in-process"), ("good_pack", "isolated")], r["packs"]
+    m = Marked("data-bh-pack", "data-bh-packs-first")
+    m.feed(r["dom"])
+    rows = m.found["data-bh-pack"]
+    assert [(e["data-bh-pack"], e["data-state"]) for e in rows] == [
+        ("broken_pack", "failed"), ("lost_pack", "in-process"), ("good_pack", "isolated")], rows
+    assert "NOT isolated" in rows[1]["text"] and "pip found no bh-nowhere" in rows[1]["text"]
+    assert "bulkhead install" in rows[1]["text"] and "FAILED" in rows[0]["text"]
+    assert "isolated" in rows[2]["text"] and sys_python_name() in rows[2]["text"]
+    # the section comes first in the panel
+    assert r["dom"].index("data-bh-pack") < r["dom"].index("bh-devices")
+    assert r["png"] == 0
+    keep = os.environ.get("BULKHEAD_PANEL_SCREENSHOT_PACKS")
+    if keep:
+        shutil.copyfile(shot, keep)
+
+
+def sys_python_name():
+    import sys
+    return os.path.basename(sys.executable)

@@ -1200,11 +1200,47 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
         if options.get("prewarm") == "startup":
             from . import prewarm
             prewarm.start(rt)
+    _set_state(pack_dir, options.get("module", "auto"), name=name, state="isolated", python=rt.python,
+               env=os.path.dirname(os.path.dirname(rt.python)))
     return dict(rt.classes), dict(rt.display)
 
 
 _warned = set()
 _warned_lock = threading.Lock()
+
+# --- where each pack stands: what /bulkhead/status and the panel show ---
+
+_states = {}            # (pack_dir, module) -> {"name", "state", ...}; under _warned_lock
+
+
+def _set_state(pack_dir, module, **state):
+    with _warned_lock:
+        _states[(pack_dir, module)] = dict(state, directory=pack_dir)
+
+
+def pack_states():
+    """[{"name", "state", "directory", ...}] of every pack (or part of one)
+    bulkhead served in this process, those not isolated first, then by
+    name.  state: "isolated" (with "python", "env" and the worker's
+    "pid", None while none runs), "in-process" (with "reason" and
+    "fix": it runs in ComfyUI's process, not in its environment) or
+    "failed" (with "reason": it runs nowhere)."""
+    with _warned_lock:
+        rows = [dict(v) for v in _states.values()]
+    with _runtimes_lock:
+        by_key = dict(_runtimes)
+    for r in rows:
+        if r["state"] == "isolated":
+            rt = by_key.get((r["directory"], r["python"]))      # one pack directory, one runtime per environment
+            w = getattr(rt, "worker", None)
+            r["pid"] = w.pid if w is not None else None
+    order = {"failed": 0, "in-process": 1, "isolated": 2}
+    return sorted(rows, key=lambda r: (order.get(r["state"], 3), r["name"]))
+
+
+def failed(pack_dir, name, reason):
+    """Records a pack that could be served neither isolated nor in-process."""
+    _set_state(os.path.realpath(os.fspath(pack_dir)), "failed", name=name, state="failed", reason=reason)
 
 
 def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
@@ -1219,9 +1255,10 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
     with _warned_lock:     # once per pack and module: a pack's subdirectories fall back one by one
         first = (pack_dir, module) not in _warned
         _warned.add((pack_dir, module))
+    why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
     if first:
-        log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir,
-                    what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail))
+        log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir, why, how)
+    _set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
     mod = import_nodes(pack_dir, module, unique_name=True)
     return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
             dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
@@ -1240,4 +1277,5 @@ def _forget_all():
         _runtimes.clear()
     with _warned_lock:
         _warned.clear()
+        _states.clear()
 

@@ -223,6 +223,7 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
         return nodes.fallback(pack_dir, nodes.WORKER_IMPORT_FAILED, detail=f" ({python}): {last}",
                               name=config.name, module=module)
     except Exception as host:
+        nodes.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}")
         raise nodes.PackLoadError(f"{text}\n(in ComfyUI's process it fails too: {type(host).__name__}: "
                                   f"{host})") from None
 

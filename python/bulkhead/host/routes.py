@@ -92,6 +92,12 @@ The status document (schema 1; fields are only ever added):
                                 "resident_bytes"}...],
                     "release_count", "released_bytes"}...]}
 
+GET /bulkhead/status adds this host's "host_pid", "timeline" and "packs":
+[{"name", "directory", "state": "isolated"|"in-process"|"failed", and
+for isolated "python", "env", "pid" (null while no worker runs), else
+"reason" and, in-process, "fix"}...], those not isolated first
+(host.nodes.pack_states).
+
 Processes come host by host (by pid), each followed by its workers (by
 pid); a worker whose host has no live record stands on its own.  idle_s is
 (now - last_used_ns) on CLOCK_MONOTONIC, null before a first use.
@@ -302,6 +308,8 @@ class BulkheadRoutes:
         doc = dict(doc)
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
+        from . import nodes
+        doc["packs"] = nodes.pack_states()
         return doc
 
     async def status_async(self):
