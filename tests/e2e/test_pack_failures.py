@@ -87,7 +87,11 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     with open(srv.log_path, errors="replace") as f:
         log = f.read()
     assert "IMPORT FAILED" not in log, log
-    not_isolated = [l for l in log.splitlines() if "NOT isolated" in l]
+    # one start-up line says where the packs stand
+    [line] = [l for l in log.splitlines() if "bulkhead " in l and " isolated" in l and "s loading them" in l]
+    assert ": 1 pack isolated, 3 NOT isolated (ComfyUI-Mixed.bad: in-process: its comfy-env.toml is invalid" \
+        in line, line
+    not_isolated = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l]
     assert len(not_isolated) == 3, not_isolated
     bad, noimport, unbuildable = (next(l for l in not_isolated if f"ComfyUI-Mixed.{s}'" in l)
                                   for s in ("bad", "noimport", "unbuildable"))
@@ -119,7 +123,7 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     with open(srv.log_path, errors="replace") as f:
         second = f.read().split("=== second start ===", 1)[1]
     assert "building it now" not in second, second
-    again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "NOT isolated" in l)
+    again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "runs in-process" in l)
     assert "is not retried at start" in again and "bulkhead install" in again, again
     out = _run_all(srv)
     assert out["good"]["pid"][0] != srv.proc.pid and out["unbuildable"]["pid"] == [srv.proc.pid]

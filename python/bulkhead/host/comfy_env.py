@@ -318,6 +318,12 @@ def register_nodes(nodes_package="nodes"):
 
 def serve(pack_dir, pkg_name, nodes_package="nodes"):
     """register_nodes for an explicit pack directory and package name."""
+    from . import nodes
+    with nodes.serving():
+        return _serve(pack_dir, pkg_name, nodes_package)
+
+
+def _serve(pack_dir, pkg_name, nodes_package):
     from ..envs import config as packconfig
     from . import pack as hpack
     _announce(pack_dir, "register_nodes")

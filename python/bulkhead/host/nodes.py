@@ -1195,7 +1195,8 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     if rt.meta is None:
         rt.load_metadata()
         rt.build()
-        log.info("bulkhead: pack %r: %d nodes, %s, metadata %s", name, len(rt.classes), rt.python,
+        log.info("bulkhead: pack %r: %d node%s, %s, metadata %s", name, len(rt.classes),
+                 "" if len(rt.classes) == 1 else "s", rt.python,
                  "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
         if options.get("prewarm") == "startup":
             from . import prewarm
@@ -1236,6 +1237,39 @@ def pack_states():
             r["pid"] = w.pid if w is not None else None
     order = {"failed": 0, "in-process": 1, "isolated": 2}
     return sorted(rows, key=lambda r: (order.get(r["state"], 3), r["name"]))
+
+
+_serving_s = [0.0]      # seconds spent serving packs (builds at start included); under _warned_lock
+
+
+class serving:
+    """``with nodes.serving():`` around one pack's load: its time counts in
+    the start-up line (``startup_line``)."""
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+
+    def __exit__(self, *exc):
+        with _warned_lock:
+            _serving_s[0] += time.monotonic() - self.t0
+
+
+def startup_line():
+    """The one line bulkhead logs when ComfyUI's server starts: its
+    version, how many packs run isolated, which do not and why, and the
+    time spent on them."""
+    from .. import __version__
+    rows = pack_states()
+    iso = [r for r in rows if r["state"] == "isolated"]
+    lost = [r for r in rows if r["state"] != "isolated"]
+    with _warned_lock:
+        spent = _serving_s[0]
+    text = f"bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated"
+    if lost:
+        text += (f", {len(lost)} NOT isolated ("
+                 + "; ".join(f"{r['name']}: {r['state']}: {r['reason'].split('. ')[0]}" for r in lost)
+                 + "; the fix for each is in its line above)")
+    return text + f"; {spent:.1f} s loading them. GET /bulkhead/status and the panel's Packs section list each"
 
 
 def failed(pack_dir, name, reason):

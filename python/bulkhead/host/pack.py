@@ -94,8 +94,12 @@ def comfy_pack(init_file, *, module="auto"):
     ('auto': ``nodes.py`` / ``nodes/``).  A pack with several configs (in
     ``nodes/<subdir>/``) gets one worker per config, each serving the nodes
     of its directory."""
+    with nodes.serving():
+        return _comfy_pack(os.path.dirname(os.path.realpath(os.fspath(init_file))), module)
+
+
+def _comfy_pack(pack_dir, module):
     from ..envs import config as packconfig
-    pack_dir = os.path.dirname(os.path.realpath(os.fspath(init_file)))
     try:
         paths = packconfig.find_configs(pack_dir)
     except OSError as e:

@@ -685,8 +685,17 @@ def install(server=None, host_memory=None, **options):
     routes.hook_prompt_boundary()
     from . import prewarm
     prewarm.install(server)
+    try:
+        server.app.on_startup.append(_log_startup_line)
+    except (AttributeError, RuntimeError):       # no aiohttp signal, or the app already runs
+        pass
     _installed[server] = routes
     return routes
+
+
+async def _log_startup_line(app):
+    from . import nodes
+    log.info("%s", nodes.startup_line())
 
 
 def installed(server=None):
