@@ -15,12 +15,14 @@ Layout.  Everything lives in one per-user workspace, ``workspace()``:
 a config whose requirements or python change gets a new directory, and the
 old one is then found as STALE by the config path its stamp records.
 
-What an environment holds: the pack's requirements plus what a worker's
-``comfy`` import needs, matched to the host (envs/hostmatch.py: the host's
-torch, comfy-aimdo, comfy-kitchen and what comfy.model_management and
-comfy.utils import from ComfyUI's requirements.txt -- shared read-only
-under the host's Python minor, installed at the host's versions under
-another).  bulkhead itself is NOT installed there -- a worker imports it
+What an environment holds: the pack's requirements plus what an
+in-process pack sees, matched to the host (envs/hostmatch.py: the host's
+torch, comfy-aimdo, comfy-kitchen and every requirement of ComfyUI's
+requirements.txt -- shared read-only under the host's Python minor,
+installed at the host's versions under another, where what cannot be had
+is left out with one warning: ``_install_host_versions``).  A build that
+fails is remembered (``failed_before``): ComfyUI's start does not try it
+again until something it depends on changes.  bulkhead itself is NOT installed there -- a worker imports it
 from the host through PYTHONPATH (``host.worker_pythonpath``), so the host
 and its workers can never disagree about bulkhead's version.
 

@@ -121,9 +121,9 @@ CHOICES = {
                 "when ComfyUI loads the pack, or only when a node runs", ("prompt", "startup", "off")),
     # Read by envs/hostmatch.py; the stamp records it (a change marks the
     # environment stale there, not through the config hash).
-    "host_packages": ("what the environment gets from the host: torch, comfy-aimdo, comfy-kitchen and what "
-                      "ComfyUI's comfy import needs, at the host's versions (match), or nothing (none: for a "
-                      "pack that never imports comfy or torch)", ("match", "none")),
+    "host_packages": ("what the environment gets from the host: torch, comfy-aimdo, comfy-kitchen and every "
+                      "requirement of ComfyUI's requirements.txt, at the host's versions (match), or nothing "
+                      "(none: for a pack that never imports comfy or torch)", ("match", "none")),
 }
 
 # Tables bulkhead knows it does not implement, with what that means.
