@@ -232,3 +232,38 @@ def test_failing_hanging_and_busy_routes_and_unsendable_events(tmp_path):
     assert r["after_busy"][0] == 200
     assert r["talk"] == ["STILL"]
     assert r["generation"] == 1  # nothing above cost the worker its life
+
+
+def test_prompt_handlers_never_wait_on_the_event_loop(tmp_path):
+    """Upstream runs prompt handlers on the server's loop: an isolated
+    pack's run there only when its worker is idle; while it runs a node,
+    or when it is not running, they are skipped for that prompt with one
+    line -- the loop never waits for the node, never starts a worker."""
+    r = scenario(tmp_path, """
+        import logging
+        lines = []
+        class Keep(logging.Handler):
+            def emit(self, rec):
+                lines.append(rec.getMessage())
+        logging.getLogger("bulkhead").addHandler(Keep())
+        out = {"idle": srv.trigger_on_prompt({"prompt": {"1": {}}})}
+        node = threading.Thread(target=lambda: m["Sleep"]().go(seconds=4.0))
+        node.start()
+        time.sleep(0.8)                                     # the node is running in the worker
+        out["busy"] = srv.trigger_on_prompt({"prompt": {"2": {}}})
+        out["node_still_running"] = node.is_alive()         # the handler did not wait for the node
+        node.join()
+        w = nodes.runtime(PACK).worker
+        nodes.close_all()
+        out["stopped"] = srv.trigger_on_prompt({"prompt": {"3": {}}})
+        out["started_one"] = w.alive
+        out["lines"] = [l for l in lines if "prompt handlers" in l]
+        serve.close()
+        emit(out)
+    """)
+    assert r["idle"] == {"prompt": {"1": {}, "seen_by": "shimpack"}}, r["lines"]
+    assert r["busy"] == {"prompt": {"2": {}}} and r["node_still_running"] is True
+    assert r["stopped"] == {"prompt": {"3": {}}} and r["started_one"] is False
+    busy, stopped = r["lines"]
+    assert "skipped for this prompt: the pack's worker is running a node" in busy, r["lines"]
+    assert "skipped for this prompt: the pack's worker is not running" in stopped, r["lines"]

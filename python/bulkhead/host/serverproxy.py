@@ -43,6 +43,12 @@ def prompt_server():
     return getattr(cls, "instance", None)
 
 
+# The longest on_prompt waits on the server's loop for the worker's lock:
+# its reader thread holds it for a frame at a time, a node call for the
+# whole node (never waited for: Worker.busy).
+BRIEF_S = 0.25
+
+
 class RouteFailed(Exception):
     def __init__(self, status, text):
         super().__init__(text)
@@ -128,17 +134,34 @@ class ServerProxy:
         return out
 
     def on_prompt(self, json_data):
+        """Upstream's trigger_on_prompt calls this on the server's event
+        loop, synchronously: it never waits there for the worker, never
+        starts one and never imports the pack.  A worker that is not running,
+        or busy running a node, has its handlers skipped for this prompt
+        with one line; only an idle worker's handlers run (bounded by
+        prompt_handler_timeout, as an in-process handler blocks the loop
+        while it runs)."""
         what = f"the prompt handlers of pack {self.rt.name!r}"
         t = self.prompt_timeout_s
+        if not self.rt.worker.alive:
+            log.warning("bulkhead: %s are skipped for this prompt: the pack's worker is not running (it starts "
+                        "when a node of the pack runs; ComfyUI's event loop never waits for that)", what)
+            return json_data
         try:
-            return self._call(what, t, "bulkhead.worker.server:on_prompt", json_data, t)
+            return self._call(what, t, "bulkhead.worker.server:on_prompt", json_data, t, wait=False)
         except RouteFailed as e:
             log.warning("%s; the prompt goes on without them", e)
             return json_data
 
-    def _call(self, what, timeout_s, target, *args):
+    def _call(self, what, timeout_s, target, *args, wait=True):
         w = self.rt.worker
-        if not w._lock.acquire(timeout=timeout_s):
+        if not wait:
+            # A call in progress (a node) is never waited for; the lock's
+            # brief holds by the worker's frame reader and release flusher are.
+            if w.busy or not w._lock.acquire(timeout=BRIEF_S):
+                raise RouteFailed(503, f"bulkhead: {what} are skipped for this prompt: the pack's worker is "
+                                       "running a node (ComfyUI's event loop never waits for it)")
+        elif not w._lock.acquire(timeout=timeout_s):
             raise RouteFailed(503, f"bulkhead: {what} cannot run now: the pack's worker has been busy "
                                    f"(running a node) for over {timeout_s:g} s; try again when it is done")
         try:

@@ -533,7 +533,14 @@ def handle_route(index, method, path, request, timeout_s):
 
 def on_prompt(json_data, timeout_s):
     """Runs the pack's prompt handlers in order, as upstream's
-    trigger_on_prompt does (a failing one is reported and skipped)."""
+    trigger_on_prompt does (a failing one is reported and skipped).
+    Refused while the pack is not imported in this worker (a worker just
+    restarted): its handlers are not registered yet, and an empty answer
+    would skip them silently."""
+    nodes = sys.modules.get("bulkhead.worker.nodes")
+    if nodes is None or getattr(nodes, "_nodes_module", None) is None:
+        raise RuntimeError(f"pack {_PACK!r} is not imported in this worker yet: its prompt handlers are "
+                           "not registered")
     handlers = list(PromptServer.instance.on_prompt_handlers)
 
     def run_all():
