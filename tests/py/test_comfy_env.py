@@ -769,6 +769,8 @@ HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.absp
     ("comfyui", "bulkhead"),                          # ComfyUI's folder_paths imported: bulkhead's surface
     ("comfyui-off", "ModuleNotFoundError"),           # BULKHEAD_COMFY_ENV=off: the real one
     ("worker", "ModuleNotFoundError"),                # a bulkhead worker: never routed there
+    ("comfyui-clone", "bulkhead"),                    # bulkhead's custom node in custom_nodes/
+    ("comfyui-no-clone", "ModuleNotFoundError"),      # its folder deleted: off
 ])
 def test_the_start_hook_routes_comfy_env_only_inside_comfyui(tmp_path, where, expect):
     code = textwrap.dedent(f"""
@@ -776,7 +778,9 @@ def test_the_start_hook_routes_comfy_env_only_inside_comfyui(tmp_path, where, ex
         spec = importlib.util.spec_from_file_location("_bulkhead_comfy_env", {HOOK!r})
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
         if {where!r}.startswith("comfyui") or {where!r} == "worker":
-            sys.modules["folder_paths"] = types.ModuleType("folder_paths")
+            sys.modules["folder_paths"] = fp = types.ModuleType("folder_paths")
+            if {where!r} in ("comfyui-clone", "comfyui-no-clone"):
+                fp.get_folder_paths = lambda name: [{str(tmp_path / "custom_nodes")!r}]
         if {where!r} == "worker":
             w = types.ModuleType("bulkhead.worker"); w._peer = object(); sys.modules["bulkhead.worker"] = w
         try:
@@ -790,6 +794,9 @@ def test_the_start_hook_routes_comfy_env_only_inside_comfyui(tmp_path, where, ex
     env.pop("BULKHEAD_COMFY_ENV", None)
     if where == "comfyui-off":
         env["BULKHEAD_COMFY_ENV"] = "off"
+    (tmp_path / "custom_nodes" / "other_pack").mkdir(parents=True)
+    if where == "comfyui-clone":
+        write(tmp_path / "custom_nodes" / "ComfyUI-bulkhead" / "python" / "bulkhead" / "__init__.py", "")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == expect, (r.stdout, r.stderr)
