@@ -143,8 +143,10 @@ typedef struct {
 } bh_then_recv;
 
 /* Encodes and sends one frame, then receives per `then` (may be NULL).
- * 0, or -1 with an exception (about the send: nothing was received).
- * Sending a request the peer never got raises NotDelivered. */
+ * 0; -2 with an exception when the value could not be encoded (nothing was
+ * sent: the channel is as it was, e.g. a reply past the block bound,
+ * BH_EPOOLFULL); -1 with an exception about the send (nothing was
+ * received).  Sending a request the peer never got raises NotDelivered. */
 static int chan_send_then(bh_chan_obj *self, int kind, uint64_t req, PyObject *value,
                           bh_then_recv *then) {
   bh_channel *c = chan_live(self);
@@ -153,7 +155,7 @@ static int chan_send_then(bh_chan_obj *self, int kind, uint64_t req, PyObject *v
   bh_py_enc_init(&e, chan_state(self), self->h_encode_other);
   if (bh_py_encode(&e, value ? value : Py_None) < 0) {
     bh_py_enc_free(&e);
-    return -1;
+    return -2;
   }
   bh_msg m = {.kind = (uint16_t)kind, .request_id = req, .value = e.buf.data,
               .value_len = e.buf.len, .blocks = e.blocks, .n_blocks = e.n_blocks};
@@ -322,9 +324,15 @@ static int chan_handle_request(bh_chan_obj *self, bh_frame *f, bh_then_recv *the
   if (!res) return chan_reply_error(self, req);
   int rc = chan_send_then(self, BH_KIND_RESULT, req, res, then);
   Py_DECREF(res);
+  if (rc == -2) {
+    /* The result could not be encoded (a type that cannot cross, more
+     * shared-memory blocks than the bound): nothing was sent, so the peer
+     * gets that error for this call and the worker goes on serving. */
+    return chan_reply_error(self, req);
+  }
   if (rc < 0) {
-    /* The result could not be sent (a type that cannot cross, say): the
-     * peer gets that error instead, unless the channel itself failed. */
+    /* The send itself failed: a value it raised still goes back as the
+     * reply, unless the channel failed. */
     if (PyErr_ExceptionMatches(chan_state(self)->Error)) return -1;
     return chan_reply_error(self, req);
   }

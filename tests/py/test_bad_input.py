@@ -426,3 +426,20 @@ def test_encoder_refuses_more_items_than_a_frame_may_carry(worker):
         worker.call("operator:length_hint", [None] * (1 << 20))
     n = (1 << 20) - 16  # room for the request around it: (target, args, kwargs)
     assert worker.call("operator:length_hint", [None] * n) == n
+
+
+# --- a reply past the shared-memory block bound -----------------------
+
+def test_a_reply_past_the_block_bound_is_that_calls_error(make_worker):
+    """257 arrays of 70 KiB in one reply need more blocks than a channel may
+    hold (BH_EPOOLFULL): that call fails with an error naming the bound,
+    nothing was sent, and the same worker -- its models kept -- serves the
+    next call, a reply within the bound included."""
+    w = make_worker(name="manyblocks")
+    pid = w.start().pid
+    with pytest.raises(bulkhead.RemoteError) as ei:
+        w.call("bh_testmod:many_arrays", 257, 70 << 10)
+    assert "BH_EPOOLFULL" in str(ei.value) or "too many shared-memory blocks" in str(ei.value), str(ei.value)
+    assert w.pid == pid and w.call("bh_testmod:pid") == pid
+    out = w.call("bh_testmod:many_arrays", 8, 70 << 10)
+    assert [int(a[0]) for a in out] == list(range(8)) and w.pid == pid

@@ -91,6 +91,13 @@ def make_array(n, dtype="float32"):
     return np.arange(n, dtype=dtype)
 
 
+def many_arrays(n, nbytes):
+    """n distinct numpy arrays of nbytes each (past the inline size, each
+    a shared-memory block of its own)."""
+    import numpy as np
+    return [np.full(nbytes, i % 251, dtype=np.uint8) for i in range(n)]
+
+
 def big(nbytes):
     import numpy as np
     a = _cache.get(nbytes)
