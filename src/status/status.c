@@ -330,6 +330,36 @@ static void bh__line_end(bh_buf *b, size_t start, unsigned cols) {
   bh_text_appendf(b, "\n");
 }
 
+/* Appends "<label>     <text>" as lines of at most cols, the text wrapped
+ * at spaces onto lines indented under it (a word longer than a whole line,
+ * a long path, is broken across lines): a reason is shown whole. */
+static void bh__wrapped(bh_buf *b, const char *label, const char *text, unsigned cols) {
+  enum { INDENT = 11 };
+  size_t room = cols > INDENT + 8 ? cols - INDENT : 8;
+  size_t start = b->len;
+  bh_text_appendf(b, "%-10s", label);
+  const char *p = text;
+  while (*p && !b->err) {
+    while (*p == ' ') p++;
+    const char *e = p;
+    while (*e && *e != ' ') e++;
+    size_t word = (size_t)(e - p);
+    if (word == 0) break;
+    size_t used = b->len - start;
+    if (used > INDENT - 1 && used + 1 + (word < room ? word : room) > cols) {
+      bh__line_end(b, start, cols);
+      start = b->len;
+      bh_text_appendf(b, "%*s", INDENT - 1, "");
+      used = INDENT - 1;
+    }
+    size_t take = word;
+    if (used + 1 + take > cols) take = cols - used - 1;   /* a word longer than a line: broken */
+    bh_text_appendf(b, " %.*s", (int)take, p);
+    p += take;
+  }
+  bh__line_end(b, start, cols);
+}
+
 /* Appends " <label> <bytes>" tokens to a detail line, wrapping onto a new
  * line (same indent) before one that would pass cols. */
 static void bh__token(bh_buf *b, size_t *start, unsigned cols, unsigned indent, const char *tok) {
@@ -409,15 +439,9 @@ static void bh__device_rows(bh_buf *b, const bh_status_snap *s, unsigned cols) {
     }
     bh__line_end(b, start, cols);
   }
-  if (s->ram_error[0]) {
-    start = b->len;
-    bh_text_appendf(b, "%-10s %s", "cpu", s->ram_error);
-    bh__line_end(b, start, cols);
-  }
+  if (s->ram_error[0]) bh__wrapped(b, "cpu", s->ram_error, cols);
   if (!s->gpu_available || s->gpu_error[0]) {
-    start = b->len;
-    bh_text_appendf(b, "%-10s %s", "gpu", s->gpu_error);
-    bh__line_end(b, start, cols);
+    bh__wrapped(b, "gpu", s->gpu_error, cols);
   } else if (s->n_devices == (s->ram_error[0] ? 0 : 1)) {
     start = b->len;
     bh_text_appendf(b, "%-10s %s", "gpu", "NVML reports no devices");

@@ -199,12 +199,17 @@ def test_status_without_a_ledger(env, ledger, tmp_path):
     assert "no NVIDIA driver" in r.stdout
     assert re.search(r"^cpu +\d", r.stdout, re.M)
     assert not os.path.exists(ledger), "status created the ledger"
+    # the reason is there whole, wrapped within 80 columns (at spaces; a path longer than a line broken)
+    gpu = r.stdout[r.stdout.index("\ngpu ") + 1:].split("\n\n")[0].splitlines()
+    assert all(len(line) <= 80 for line in gpu), gpu
+    shown = "".join(line[10:].strip() for line in gpu).replace(" ", "")
     r = cli("status", "--json", env=dict(env, BULKHEAD_LEDGER=ledger))
     assert r.returncode == 0
     doc = json.loads(r.stdout)
     assert doc["schema"] == 1 and doc["ledger"] == ledger and doc["ledger_present"] is False
     assert doc["processes"] == []
     assert doc["gpu_error"].startswith("no NVIDIA driver")
+    assert shown == doc["gpu_error"].replace(" ", ""), (gpu, doc["gpu_error"])
     assert [d["device"] for d in doc["devices"]] == ["cpu"]
     cpu = doc["devices"][0]
     assert 0 < cpu["free_bytes"] <= cpu["total_bytes"] and cpu["source"] in ("meminfo", "cgroup")
