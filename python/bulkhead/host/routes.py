@@ -458,7 +458,8 @@ class BulkheadRoutes:
             row.setdefault("error", None)
         total = {k: sum(r[k] for r in rows) for k in ("before_bytes", "after_bytes", "freed_bytes")}
         if kind and total["freed_bytes"]:
-            self._note(kind, f"{sum(1 for r in rows if r['freed_bytes'])} workers", total["freed_bytes"])
+            n = sum(1 for r in rows if r['freed_bytes'])
+            self._note(kind, f"{n} worker{'' if n == 1 else 's'}", total["freed_bytes"])
         return {"host_pid": os.getpid(), "all_hosts": bool(all_hosts), "processes": rows, **total}
 
     # --- the prompt boundary ---
