@@ -877,6 +877,24 @@ def test_a_queued_prompt_starts_the_workers_of_its_packs(tmp_path, base, host, m
     assert prewarm.runtimes_for({"Nope"}) == []
 
 
+def test_a_worker_alive_from_describing_its_pack_is_prewarmed_too(tmp_path, base, host, monkeypatch):
+    """A metadata-cache miss (the first start after an install or a
+    change) leaves the worker that described the nodes running: a queued
+    prompt still warms it (the pack's node call rehearsed there), once."""
+    from bulkhead.host import prewarm
+    d = write_pack(tmp_path, "missedpack", FULL_PACK)
+    mappings, _ = nodes.load_pack(d, other_interpreter(), options={"comfyui": base, "cache": False})
+    rt = nodes.runtime(d)
+    assert not rt.from_cache and rt.worker.alive and rt.warm_generation is None
+    comfy_nodes = type(sys)("nodes")
+    comfy_nodes.NODE_CLASS_MAPPINGS = dict(mappings)
+    monkeypatch.setitem(sys.modules, "nodes", comfy_nodes)
+    pid = rt.worker.pid
+    assert prewarm.start(rt) is not None and prewarm.wait(60)
+    assert rt.worker.pid == pid and rt.warm_generation == rt.worker.generation   # the same worker, warmed
+    assert prewarm.start(rt) is None                                              # and only once
+
+
 def test_prewarm_follows_comfyuis_table_and_the_startup_option(tmp_path, base, host, monkeypatch):
     from bulkhead.host import prewarm
     [(rt, mappings)] = _cold_packs(tmp_path, base, ("shadowed", None))

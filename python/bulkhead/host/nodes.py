@@ -692,6 +692,9 @@ class PackRuntime:
     """One isolated pack: its worker, its metadata, its proxy classes."""
 
     def __init__(self, pack_dir, python, name, env, options, comfyui):
+        # The worker generation that is warm (prewarmed, or a node ran
+        # there); a worker alive from describing the pack is not.
+        self.warm_generation = None
         self.pack_dir = pack_dir
         self.python = os.fspath(python)
         self.name = name
@@ -1070,7 +1073,9 @@ class PackRuntime:
             watch = _watcher.begin(w, mm, self.options.get("interrupt_grace", INTERRUPT_GRACE_S))
         w.park_reader()
         try:
-            return w.call(target, *args)
+            out = w.call(target, *args)
+            self.warm_generation = w.generation     # a node ran here: nothing left to prewarm
+            return out
         except RemoteError as e:
             raise self._translate(e, mm) from None
         except WorkerDied:
@@ -1121,6 +1126,7 @@ class PackRuntime:
             # rehearse), so that the first node does not run that code first
             self._call(w, _mm(), "bulkhead.worker.nodes:rehearse",
                        NodeValue({"value": 1.0, "text": "", "list": [1, 2]}), drain=False)
+            self.warm_generation = w.generation
             return n
 
     def close(self):

@@ -46,9 +46,13 @@ def runtimes_for(class_types):
 
 def start(rt):
     """Starts rt's worker and imports its pack, in a thread.  Returns the
-    thread, or None when the worker runs already or is being started."""
+    thread, or None when the worker is warm already (prewarmed, or it ran a
+    node) or being warmed.  A worker alive only because it described the
+    pack's nodes (a metadata-cache miss: the first start after an install
+    or a change) is warmed too."""
     with _lock:
-        if rt in _warming or rt.worker.alive:
+        w = rt.worker
+        if rt in _warming or (w.alive and getattr(rt, "warm_generation", None) == w.generation):
             return None
         thread = threading.Thread(target=_prewarm, args=(rt,), name=f"bulkhead-prewarm-{rt.name}", daemon=True)
         _warming[rt] = thread
