@@ -76,6 +76,8 @@ static const char bh__usage_main[] =
     "  doctor    check bulkhead's contract with a ComfyUI: every name bulkhead\n"
     "            reads or calls there, its tier, whether it is offered\n"
     "            (bulkhead doctor --help)\n"
+    "  uninstall list what bulkhead left for this user (environments, caches,\n"
+    "            the ledger), with sizes, and remove it after asking\n"
     "  help      this text, or a verb's: bulkhead help VERB\n"
     "\n"
     "`bulkhead VERB --help` explains a verb; --version prints the version.\n"
@@ -84,10 +86,10 @@ static const char bh__usage_main[] =
     "  BULKHEAD_LEDGER        the ledger (default /dev/shm/bulkhead-<uid>/ledger)\n"
     "  BULKHEAD_NVML_LIBRARY  the NVML library to load (default libnvidia-ml.so.1)\n"
     "  XDG_RUNTIME_DIR        where hosts' control sockets are (release --help)\n"
-    "  BULKHEAD_PYTHON        the Python that runs install/env/doctor/canary\n"
-    "                         (default the python3 beside this command, as pip\n"
-    "                         installs it into a venv's bin/, else python3 on\n"
-    "                         PATH; use ComfyUI's own)\n"
+    "  BULKHEAD_PYTHON        the Python that runs install, env, doctor, canary\n"
+    "                         and uninstall (default the python3 beside this\n"
+    "                         command, as pip installs it into a venv's bin/,\n"
+    "                         else python3 on PATH; use ComfyUI's own)\n"
     "\n" BH__EXITS;
 
 static const char bh__usage_status[] =
@@ -243,10 +245,10 @@ int main(int argc, char **argv) {
     /* The verbs that live elsewhere print their own help. */
     char *help_argv[] = {argv[0], (char *)of, "--help", NULL};
     if (strcmp(of, "install") == 0 || strcmp(of, "env") == 0 || strcmp(of, "doctor") == 0 ||
-        strcmp(of, "canary") == 0)
+        strcmp(of, "canary") == 0 || strcmp(of, "uninstall") == 0)
       return bh__python_verb(3, help_argv);
     if (of[0] && strcmp(of, "status") && strcmp(of, "top") && strcmp(of, "release"))
-      return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env, canary, doctor)", of);
+      return bh_cli_usage_error("", "no verb '%s' (status, top, release, install, env, canary, doctor, uninstall)", of);
     return bh_cli_usage(stdout, of, BH_CLI_EXIT_OK);
   }
   /* The verbs parse argv[1..]: getopt sees the verb as its program name. */
@@ -254,9 +256,9 @@ int main(int argc, char **argv) {
   if (strcmp(verb, "top") == 0) return bh_cli_top_main(argc - 1, argv + 1);
   if (strcmp(verb, "release") == 0) return bh_cli_release_main(argc - 1, argv + 1);
   if (strcmp(verb, "install") == 0 || strcmp(verb, "env") == 0 || strcmp(verb, "doctor") == 0 ||
-      strcmp(verb, "canary") == 0)
+      strcmp(verb, "canary") == 0 || strcmp(verb, "uninstall") == 0)
     return bh__python_verb(argc, argv);
   if (verb[0] == '-') return bh_cli_usage_error("", "unknown option '%s' (options follow the verb)", verb);
-  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env, canary, doctor)",
+  return bh_cli_usage_error("", "unknown verb '%s' (status, top, release, install, env, canary, doctor, uninstall)",
                             verb);
 }

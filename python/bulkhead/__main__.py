@@ -4,6 +4,7 @@
     python -m bulkhead env <pack dir>
     python -m bulkhead doctor [--json] [COMFYUI_DIR]
     python -m bulkhead canary [--json] [--without NAME]... COMFYUI_DIR
+    python -m bulkhead uninstall [--yes] [--dry-run]
 
 ``install`` builds the environment of every ``comfy-env.toml`` in the pack
 that is not ready (all of them with ``--force``), showing progress on
@@ -15,8 +16,10 @@ nothing FATAL fails, 1 failed / not ready / something FATAL fails, 2 usage
 (for doctor also: no ComfyUI in the directory).  ``canary`` checks the
 StandIn against what a ComfyUI's model_management.py reads off its ledger
 entries (``bulkhead.host.canary``, which parses its own arguments and documents
-its exit status).  (The C ``bulkhead`` command execs this for ``install``,
-``env``, ``doctor`` and ``canary``.)
+its exit status).  ``uninstall``
+lists what bulkhead left for this user and removes it after asking
+(``bulkhead.host.uninstall``).  (The C ``bulkhead`` command execs this for
+``install``, ``env``, ``doctor``, ``canary`` and ``uninstall``.)
 """
 
 import argparse
@@ -57,6 +60,12 @@ def _parser():
     d.add_argument("comfyui", metavar="COMFYUI_DIR", nargs="?", default=None,
                    help="the ComfyUI directory (the one holding comfy/ and main.py)")
     d.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    u = sub.add_parser("uninstall", help="list and remove what bulkhead left for this user",
+                       description="List, with sizes, what bulkhead made for this user (pack environments, "
+                                   "the host link farm, caches, the shared-memory ledger, control sockets) "
+                                   "and remove it after asking; refused while a bulkhead process runs.")
+    u.add_argument("--yes", action="store_true", help="remove without asking")
+    u.add_argument("--dry-run", action="store_true", help="only list")
     # Listed for --help only: main() hands canary's arguments to bulkhead.host.canary.
     sub.add_parser("canary", add_help=False, help="check the StandIn against what a ComfyUI checkout "
                    "reads off its ledger entries (canary --help)")
@@ -147,6 +156,9 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "uninstall":
+        from .host import uninstall
+        return uninstall.main(yes=args.yes, dry_run=args.dry_run)
     try:
         return _install(args) if args.command == "install" else _env(args)
     except (packconfig.PackConfigError, envs.EnvBuildError, OSError) as e:

@@ -809,3 +809,79 @@ def test_release_of_a_worker_in_a_long_call_answers_within_its_release_timeout(
     assert r.returncode == 4 and "stayed busy in a call for 1 s" in r.stderr, (r.returncode, r.stderr)
     assert listed == [{"pid": a.pid, "pack": "pack-a", "generation": 1, "busy": True}]
     assert w.ran == []     # nothing ran once the call was over
+
+
+def _bulkhead_leftovers(tmp_path):
+    """What bulkhead leaves for a user, made as it makes it: the workspace
+    (an environment, a link farm, a failure record), the metadata cache,
+    a ledger file, a run directory."""
+    home, cache, run = tmp_path / "home", tmp_path / "xdg-cache", tmp_path / "xdg-run"
+    for d, size in ((home / "envs" / "pack-0123456789ab" / "bin", 4096), (home / "host" / "abc", 100),
+                    (home / "failed", 10), (cache / "bulkhead" / "nodes", 2048)):
+        d.mkdir(parents=True)
+        (d / "f").write_bytes(b"x" * size)
+    run.mkdir(mode=0o700)
+    (run / "bulkhead").mkdir(mode=0o700)
+    ledger = tmp_path / "shm-ledger"
+    ledger.write_bytes(b"\0" * 8192)
+    env = dict(os.environ, BULKHEAD_PYTHON=sys.executable, BULKHEAD_HOME=str(home), XDG_CACHE_HOME=str(cache),
+               XDG_RUNTIME_DIR=str(run), BULKHEAD_LEDGER=str(ledger))
+    return env, [home, cache / "bulkhead", ledger, run / "bulkhead"]
+
+
+def test_uninstall_lists_asks_and_removes(tmp_path):
+    """`bulkhead uninstall` from a terminal: every thing bulkhead left,
+    with its size; "n" keeps it all, "y" removes it all; without a
+    terminal it asks for --yes; the last line names pip and the folder."""
+    import pty
+    env, paths = _bulkhead_leftovers(tmp_path)
+    p = subprocess.run([CLI, "uninstall", "--dry-run"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    for path in paths:
+        assert str(path) in p.stdout, (path, p.stdout)
+    assert "4.1 KiB  " + str(paths[0]) in p.stdout and "in all" in p.stdout and all(os.path.exists(x) for x in paths)
+    p = subprocess.run([CLI, "uninstall"], capture_output=True, text=True, env=env, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 1 and "run it with --yes" in p.stdout and all(os.path.exists(x) for x in paths)
+
+    def in_a_terminal(answer):
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execve(CLI, [CLI, "uninstall"], env)
+        out = b""
+        while b"[y/N]" not in out:
+            out += os.read(fd, 4096)
+        os.write(fd, answer + b"\n")
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+    rc, out = in_a_terminal(b"n")
+    assert rc == 1 and "nothing removed" in out and all(os.path.exists(x) for x in paths)
+    rc, out = in_a_terminal(b"y")
+    assert rc == 0 and "removed" in out, out
+    assert not any(os.path.lexists(x) for x in paths), [x for x in paths if os.path.lexists(x)]
+    assert "pip uninstall bulkhead" in out and "custom_nodes" in out
+    p = subprocess.run([CLI, "uninstall", "--yes"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and "nothing of bulkhead's is left" in p.stdout
+
+
+def test_uninstall_refuses_while_a_worker_runs(tmp_path):
+    env, paths = _bulkhead_leftovers(tmp_path)
+    envdir = paths[0] / "envs" / "pack-0123456789ab"
+    os.symlink(sys.executable, envdir / "bin" / "python")
+    worker = subprocess.Popen([str(envdir / "bin" / "python"), "-c", "import time; time.sleep(60)"])
+    try:
+        p = subprocess.run([CLI, "uninstall", "--yes"], capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 1 and f"pid {worker.pid}" in p.stdout and "stop ComfyUI" in p.stdout, p.stdout
+        assert all(os.path.exists(x) for x in paths)
+    finally:
+        worker.kill()
+        worker.wait()

@@ -1,0 +1,138 @@
+"""``bulkhead uninstall``: what bulkhead left on this machine for this
+user, listed with sizes, and removed once the user says so.
+
+What bulkhead makes outside the package itself:
+
+- the workspace (``envs.build.workspace()``: ``$BULKHEAD_HOME``, else
+  ``$XDG_DATA_HOME/bulkhead``, else ``~/.local/share/bulkhead``): the
+  pack environments, the host link farm, remembered build failures;
+- the node metadata cache (``host.nodes.cache_dir()``'s folder: in the
+  workspace under ``$BULKHEAD_HOME``, else ``~/.cache/bulkhead``; both are
+  looked at, as either may be left from a run with or without it);
+- the shared ledger's directory on /dev/shm (``/dev/shm/bulkhead-<uid>``,
+  or ``$BULKHEAD_LEDGER``'s file) and the private run directories with the
+  hosts' control sockets (``/tmp/bulkhead-<uid>``,
+  ``$XDG_RUNTIME_DIR/bulkhead``).
+
+Nothing is removed while a bulkhead process of this user runs (a host or
+worker in the ledger, or a process running an environment's interpreter):
+stop ComfyUI first.  The package itself is pip's to remove; the custom
+node's folder is the Manager's (or ``rm -r``): the last lines say so.
+"""
+
+import os
+import shutil
+import sys
+
+
+def _size(path):
+    total = 0
+    if os.path.isfile(path) or os.path.islink(path):
+        try:
+            return os.lstat(path).st_size
+        except OSError:
+            return 0
+    for root, dirs, files in os.walk(path, onerror=lambda e: None):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _human(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def found():
+    """[(path, what, bytes)] of what bulkhead left for this user, existing
+    paths only, without duplicates (one inside another counted once)."""
+    from .. import _native
+    from ..envs import build as envs
+    from . import nodes, rundir
+    ws = envs.workspace()
+    cache = os.path.dirname(nodes.cache_dir())        # ~/.cache/bulkhead (or <workspace>/cache)
+    ledger = os.environ.get("BULKHEAD_LEDGER") or _native.ledger_default_path()
+    shm = ledger if os.environ.get("BULKHEAD_LEDGER") else os.path.dirname(ledger)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    cands = [(ws, "the workspace: pack environments, the host link farm, remembered build failures"),
+             (cache, "the node metadata cache"),
+             (os.path.join(xdg, "bulkhead"), "the node metadata cache"),     # made when BULKHEAD_HOME was unset
+             (shm, "the shared memory ledger"),
+             *[(d, "control sockets of ComfyUI hosts") for d in rundir.runtime_dirs()]]
+    out = []
+    for path, what in cands:
+        path = os.path.abspath(path)
+        if not os.path.lexists(path) or any(path == p or path.startswith(p + os.sep) for p, _, _ in out):
+            continue
+        out.append((path, what, _size(path)))
+    return out
+
+
+def running():
+    """Lines naming the bulkhead processes of this user that run now."""
+    from ..envs import build as envs
+    from . import routes
+    lines = []
+    try:
+        doc = routes.status_document()
+        for p in doc.get("processes", []):
+            lines.append(f"pid {p['pid']} ({p['role']} {p['pack']})")
+    except Exception:
+        pass
+    envs_dir = os.path.join(envs.workspace(), "envs")
+    if os.path.isdir(envs_dir):
+        for n in sorted(os.listdir(envs_dir)):
+            d = os.path.join(envs_dir, n)
+            if os.path.isdir(d) and not n.startswith("."):
+                lines += [f"pid {pid} (a worker on {d})" for pid in envs.users(d)
+                          if f"pid {pid} " not in " ".join(lines)]
+    return lines
+
+
+def main(yes=False, dry_run=False, out=sys.stdout, ask=input):
+    """The verb: 0 removed (or nothing to remove, or --dry-run), 1 refused
+    or declined."""
+    items = found()
+    if not items:
+        print("bulkhead uninstall: nothing of bulkhead's is left for this user", file=out)
+    else:
+        print("bulkhead uninstall: bulkhead left, for this user:", file=out)
+        for path, what, n in items:
+            print(f"  {_human(n):>10}  {path}  ({what})", file=out)
+        print(f"  {_human(sum(n for _, _, n in items)):>10}  in all", file=out)
+    live = running()
+    if items and live:
+        print(f"bulkhead uninstall: refused: bulkhead processes run now ({', '.join(live)}); stop ComfyUI "
+              "(and every process using a pack environment), then run this again", file=out)
+        return 1
+    if items and not dry_run:
+        if not yes:
+            if not sys.stdin or not sys.stdin.isatty():
+                print("bulkhead uninstall: nothing removed: no terminal to ask on; run it with --yes to "
+                      "remove the above", file=out)
+                return 1
+            if ask("Remove all of the above? [y/N] ").strip().lower() not in ("y", "yes"):
+                print("bulkhead uninstall: nothing removed", file=out)
+                return 1
+        for path, _, _ in items:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        left = [p for p, _, _ in items if os.path.lexists(p)]
+        if left:
+            print(f"bulkhead uninstall: could not remove {', '.join(left)}", file=out)
+            return 1
+        print("bulkhead uninstall: removed", file=out)
+    print(f"Then remove the package: {sys.executable} -m pip uninstall bulkhead (ComfyUI's Python), and "
+          "the custom node's folder: ComfyUI-Manager's Uninstall, or rm -r custom_nodes/<its folder>", file=out)
+    return 0
