@@ -140,10 +140,32 @@ def test_a_running_worker_holds_no_host_module(tmp_path):
         assert "Echo" in str(meta)
         assert w.call("bulkhead.worker.nodes:run", "Echo", {"x": 41}, None, None)["outputs"] == (42,)
         loaded = w.call("builtins:eval", "sorted(m for m in __import__('sys').modules if m.startswith('bulkhead'))")
+        # every name the host calls in a worker is a function there (channel/targets.py)
+        missing = w.call("builtins:eval", "[t for t in __import__('bulkhead.channel.targets', fromlist=['x'])"
+                                          ".WORKER_TARGETS if not callable(getattr(__import__(t.split(':')[0], "
+                                          "fromlist=['x']), t.split(':')[1], None))]")
     finally:
         w.close()
     assert [m for m in loaded if m.startswith(("bulkhead.host", "bulkhead.envs"))] == [], loaded
     assert "bulkhead.worker.nodes" in loaded
+    assert missing == [], missing
+
+
+def test_the_words_of_the_crossing_are_written_once():
+    """Outside channel/targets.py no module writes a call target of the
+    other side as a string literal (a rename must change one place)."""
+    import re
+    from bulkhead.channel import targets
+    words = set(targets.WORKER_TARGETS + targets.HOST_TARGETS)
+    found = []
+    for root, _dirs, files in os.walk(PY_SRC):
+        for n in files:
+            if not n.endswith(".py") or os.path.join(root, n).endswith(os.path.join("channel", "targets.py")):
+                continue
+            with open(os.path.join(root, n)) as f:
+                text = f.read()
+            found += [f"{n}: {lit}" for lit in re.findall(r'"([a-z_.]+(?::[a-z_0-9]+)?)"', text) if lit in words]
+    assert found == [], found
 
 
 def test_every_module_is_built_and_installed():

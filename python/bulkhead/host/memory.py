@@ -26,6 +26,7 @@ import weakref
 
 from .. import _native, pager
 from ..channel.peer import RemoteError
+from ..channel import targets
 from . import release as _release
 # The release deadline (RELEASE_TIMEOUT_S; a worker's own outranks it) and
 # every release that waits or posts live in release.py.
@@ -184,8 +185,8 @@ class HostMemory:
         state = getattr(getattr(self.mm, "vram_state", None), "name", None)
         if state:
             worker.env.setdefault("BULKHEAD_VRAM_STATE", state)
-        worker.expose("bulkhead.admit", functools.partial(self._worker_admit, worker))
-        worker.expose("bulkhead.loads_done", functools.partial(self._worker_loads_done, worker))
+        worker.expose(targets.ADMIT, functools.partial(self._worker_admit, worker))
+        worker.expose(targets.LOADS_DONE, functools.partial(self._worker_loads_done, worker))
         self.owners[worker] = _Owner(self, worker)
         return worker
 

@@ -77,6 +77,7 @@ from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                remote_name)
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
+from ..channel import targets
 from ..packimport import default_module, import_nodes, in_worker
 from ..envs import hostmatch
 from .serverproxy import ServerProxy
@@ -771,7 +772,7 @@ class PackRuntime:
 
     def describe(self):
         try:
-            return self.worker.call("bulkhead.worker.nodes:describe")
+            return self.worker.call(targets.DESCRIBE)
         except RemoteError as e:
             self.worker.close()
             raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}) failed to import in its worker "
@@ -924,7 +925,7 @@ class PackRuntime:
             if instance is not None and instance._peer is not w.peer:
                 instance = None  # the worker was restarted: a new instance there
             try:
-                res = self._call(w, mm, "bulkhead.worker.nodes:run", key, NodeValue(kwargs), instance, method)
+                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), instance, method)
             except HostObject as e:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") from None
             except HandleError:
@@ -936,7 +937,7 @@ class PackRuntime:
                 if instance is None or instance._peer is w.peer:
                     raise
                 node.__dict__.pop("_bulkhead_instance", None)
-                res = self._call(w, mm, "bulkhead.worker.nodes:run", key, NodeValue(kwargs), None, method)
+                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), None, method)
             peer = w.peer
         if key not in self._handle_gen and _holds_handles(res["outputs"]):
             self._outputs_hold_handles(type(node), key, peer.generation)
@@ -1019,7 +1020,7 @@ class PackRuntime:
         """The worker's VALIDATE_INPUTS answer for these inputs (the caller
         holds the worker lock)."""
         try:
-            return self._call(w, mm, "bulkhead.worker.nodes:call_class", key, "VALIDATE_INPUTS",
+            return self._call(w, mm, targets.CALL_CLASS, key, "VALIDATE_INPUTS",
                               NodeValue(dict(kwargs)), drain=drain)
         except HostObject as e:
             raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.VALIDATE_INPUTS (pack {self.name!r})") \
@@ -1046,7 +1047,7 @@ class PackRuntime:
             w.poll()  # a generation that died idle is noticed here, not half-way through the call
             w.start()
             try:
-                res = self._call(w, mm, "bulkhead.worker.nodes:run_v3", key, method, NodeValue(kwargs), hidden)
+                res = self._call(w, mm, targets.RUN_V3, key, method, NodeValue(kwargs), hidden)
             except HostObject as e:
                 where = f"{key}.{method}" if method else f"node {key!r}"
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {where} (pack {self.name!r})") from None
@@ -1060,7 +1061,7 @@ class PackRuntime:
     def call_class(self, key, mname, kwargs):
         with self.worker._lock:
             try:
-                return self._call(self.worker, _mm(), "bulkhead.worker.nodes:call_class", key, mname,
+                return self._call(self.worker, _mm(), targets.CALL_CLASS, key, mname,
                                   NodeValue(kwargs))
             except HostObject as e:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.{mname} (pack {self.name!r})") from None
@@ -1121,10 +1122,10 @@ class PackRuntime:
         w = self.worker
         with w._lock:
             w.start()
-            n = w.call("bulkhead.worker.nodes:warm")
+            n = w.call(targets.WARM)
             # and a node call's round trip without a node (worker/nodes.py
             # rehearse), so that the first node does not run that code first
-            self._call(w, _mm(), "bulkhead.worker.nodes:rehearse",
+            self._call(w, _mm(), targets.REHEARSE,
                        NodeValue({"value": 1.0, "text": "", "list": [1, 2]}), drain=False)
             self.warm_generation = w.generation
             return n

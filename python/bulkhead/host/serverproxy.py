@@ -27,10 +27,11 @@ import sys
 
 from .. import _native
 from ..channel.peer import BulkheadError, RemoteError
+from ..channel import targets
 
 log = logging.getLogger("bulkhead")
 
-HOST_TARGET = "bulkhead.server"  # worker/server.py's HOST_TARGET
+HOST_TARGET = targets.SERVER
 ROUTE_TIMEOUT_S = 60.0
 PROMPT_HANDLER_TIMEOUT_S = 10.0
 GRACE_S = 10.0  # beyond the worker-side deadline before the worker counts as hung
@@ -128,7 +129,7 @@ class ServerProxy:
         """On an executor thread: the worker's answer as data, or RouteFailed."""
         rt, t = self.rt, self.route_timeout_s
         what = f"route {method} {path} of pack {rt.name!r}"
-        out = self._call(what, t, "bulkhead.worker.server:handle_route", index, method, path, data, t)
+        out = self._call(what, t, targets.HANDLE_ROUTE, index, method, path, data, t)
         if not isinstance(out, dict) or not isinstance(out.get("status"), int):
             raise RouteFailed(500, f"bulkhead: {what} answered {type(out).__name__}, not a response")
         return out
@@ -148,7 +149,7 @@ class ServerProxy:
                         "when a node of the pack runs; ComfyUI's event loop never waits for that)", what)
             return json_data
         try:
-            return self._call(what, t, "bulkhead.worker.server:on_prompt", json_data, t, wait=False)
+            return self._call(what, t, targets.ON_PROMPT, json_data, t, wait=False)
         except RouteFailed as e:
             log.warning("%s; the prompt goes on without them", e)
             return json_data

@@ -35,6 +35,7 @@ import weakref
 
 from .. import _native, pager
 from .._importwatch import when_imported
+from ..channel import targets
 
 _libc = None
 
@@ -141,7 +142,7 @@ class WorkerMemory:
                                 force_full_load=force_full_load)
             finally:
                 wm.census()
-                wm.call_host("bulkhead.loads_done", os.getpid())
+                wm.call_host(targets.LOADS_DONE, os.getpid())
 
         load_models_gpu.__wrapped__ = original
         mm.load_models_gpu = load_models_gpu  # worker-side patch (never in the host)
@@ -315,7 +316,7 @@ class WorkerMemory:
         need = _native.policy_admission_need(weights, int(memory_required), int(mm.minimum_inference_memory()),
                                              int(mm.extra_reserved_memory()),
                                              self._cast_buffer_bytes(models, device))
-        return self.call_host("bulkhead.admit", str(device), need, os.getpid())
+        return self.call_host(targets.ADMIT, str(device), need, os.getpid())
 
     def _cast_buffer_bytes(self, models, device):
         """What the incoming load's cast buffers will take (seed 004: one per

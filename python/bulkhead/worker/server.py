@@ -32,7 +32,7 @@ host's real PromptServer:
   the same loop thread, under a deadline.
 
 Both halves of the route and event formats live here and in
-host/serverproxy.py; ``HOST_TARGET`` is the name the host exposes.
+host/serverproxy.py; ``HOST_TARGET`` (channel/targets.py) is the name the host exposes.
 """
 
 import asyncio
@@ -46,8 +46,9 @@ import threading
 
 from .. import _native
 from .. import worker as _worker
+from ..channel import targets
 
-HOST_TARGET = "bulkhead.server"
+HOST_TARGET = targets.SERVER
 _PACK = os.environ.get("BULKHEAD_PACK_NAME", "?")
 
 

@@ -1,0 +1,28 @@
+"""The words of the crossing: every name one process calls in the other.
+
+A host calls a worker's functions by ``"module:function"`` target
+(``Worker.call``), and a worker calls what its host exposed by name
+(``Worker.expose`` / ``bulkhead.worker.call_host``).  Both sides import
+these constants instead of writing the strings, so a rename is one edit,
+and ``WORKER_TARGETS`` / ``HOST_TARGETS`` let a test check, in a running
+worker, that every target resolves (tests/py/test_layout.py).
+"""
+
+# --- worker functions the host calls (bulkhead/worker/) ---
+DESCRIBE = "bulkhead.worker.nodes:describe"          # the pack's node metadata, as JSON text
+RUN = "bulkhead.worker.nodes:run"                    # a V1 node's FUNCTION (or another method)
+RUN_V3 = "bulkhead.worker.nodes:run_v3"              # a V3 node's classmethod
+CALL_CLASS = "bulkhead.worker.nodes:call_class"      # VALIDATE_INPUTS, IS_CHANGED, ... on the class
+WARM = "bulkhead.worker.nodes:warm"                  # import the pack ahead of its first node
+REHEARSE = "bulkhead.worker.nodes:rehearse"          # a node call's round trip without a node
+HANDLE_ROUTE = "bulkhead.worker.server:handle_route"  # one of the pack's aiohttp routes
+ON_PROMPT = "bulkhead.worker.server:on_prompt"       # the pack's prompt handlers
+
+WORKER_TARGETS = (DESCRIBE, RUN, RUN_V3, CALL_CLASS, WARM, REHEARSE, HANDLE_ROUTE, ON_PROMPT)
+
+# --- host callables a worker calls (exposed by host/serverproxy.py, host/memory.py) ---
+SERVER = "bulkhead.server"            # the worker's PromptServer asking the host's
+ADMIT = "bulkhead.admit"              # a model load asking the host's memory manager for room
+LOADS_DONE = "bulkhead.loads_done"    # the loads admitted are done
+
+HOST_TARGETS = (SERVER, ADMIT, LOADS_DONE)
