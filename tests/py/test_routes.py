@@ -345,6 +345,9 @@ def test_free_bodies_that_are_accepted():
 def test_which_clients_are_loopback(remote, loopback):
     import types
     assert comfy_routes.from_loopback(types.SimpleNamespace(remote=remote)) is loopback
+    # forwarded by a proxy on this machine: from somewhere else
+    for h in ("Forwarded", "X-Forwarded-For", "X-Real-IP"):
+        assert comfy_routes.from_loopback(types.SimpleNamespace(remote=remote, headers={h: "x"})) is False
 
 
 def _fake_host(tmp_path):
@@ -404,6 +407,8 @@ def test_a_web_client_off_the_machine_cannot_reach_other_instances(tmp_path, mon
         far_all = post("/bulkhead/free", {"all_hosts": True}, far)
         far_release = post("/bulkhead/release", {"pack": "ghost-pack"}, far)
         far_local = post("/bulkhead/free", {}, far)          # this instance's own: allowed
+        # a loopback peer that is a local reverse proxy forwarding someone else
+        proxied_all = post("/bulkhead/free", {"all_hosts": True}, {"X-Forwarded-For": "198.51.100.7"})
         asked_far = list(asked)
         near_all = post("/bulkhead/free", {"all_hosts": True})
         near_release = post("/bulkhead/release", {"pack": "ghost-pack"})
@@ -417,6 +422,7 @@ def test_a_web_client_off_the_machine_cannot_reach_other_instances(tmp_path, mon
         assert status == 403 and "192.0.2.1" in answer["error"], answer
         assert "BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1" in answer["error"] and "loopback" in answer["error"]
     assert "ghost-pack" in far_release[1]["error"] and "all_hosts" in far_all[1]["error"]
+    assert proxied_all[0] == 403 and "loopback" in proxied_all[1]["error"], proxied_all
     assert far_local[0] == 200 and far_local[1]["processes"] == []
     assert asked_far == []
     # from loopback the other host is asked (and is unreachable: no control socket)

@@ -211,10 +211,20 @@ def _parse_free(body):
     return all_hosts, (None if wait_s is None else float(wait_s))
 
 
+# Headers a reverse proxy adds for the client it forwards: a request that
+# carries one came from somewhere else, whatever its loopback peer says.
+FORWARDED_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
+
+
 def from_loopback(request):
     """True when the request's client is on this machine (a loopback
-    address; IPv4-mapped IPv6 included).  A request without an IP peer (a
-    Unix socket, an unknown transport) is not."""
+    address; IPv4-mapped IPv6 included) and no proxy forwarded it (no
+    Forwarded / X-Forwarded-For / X-Real-IP header: behind a local reverse
+    proxy every peer is loopback).  A request without an IP peer (a Unix
+    socket, an unknown transport) is not."""
+    headers = getattr(request, "headers", None) or {}
+    if any(h in headers for h in FORWARDED_HEADERS):
+        return False
     try:
         addr = ipaddress.ip_address(request.remote or "")
     except ValueError:
