@@ -521,3 +521,33 @@ def test_one_failed_config_does_not_stop_the_others(tmp_path, wheels):
     assert len(verdicts) == 1 and verdicts[0].startswith("two.a_bad: FAILED") and "bulkhead install" in verdicts[0]
     good, bad = (packconfig.load(str(pack / "nodes" / s / "comfy-env.toml"), warn=False) for s in ("b_good", "a_bad"))
     assert bulkhead.env_status(good).ok and bulkhead.env_status(bad).state == "missing"
+
+
+def test_the_stamp_keeps_no_credentials_and_only_its_user_reads_it(tmp_path, wheels):
+    """An index URL with a token in BULKHEAD_PIP_ARGS (served here by a
+    local HTTP server that ignores it) builds the environment; the stamp
+    records the URL with ****@ in place of the token, mode 0600."""
+    import functools
+    import http.server
+    import threading
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=wheels)
+    handler.log_message = lambda *a, **k: None
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://alice:s3cr3t-token@127.0.0.1:{srv.server_port}/"
+        pack = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["bhdemo"]\n'
+                                   '[bulkhead]\nhost_packages = "none"\n')
+        [st] = bulkhead.install(pack, progress=lambda l: None, pip_args=["--no-index", "--find-links", url])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    path = os.path.join(st.env_dir, envs.STAMP)
+    with open(path) as f:
+        text = f.read()
+    assert "s3cr3t-token" not in text and "alice" not in text, text
+    assert f"http://****@127.0.0.1:{srv.server_port}/" in text
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert bulkhead.env_status(only_config(pack)).ok
+    assert envs.redact({"a": ["https://u:p@h/x", "pkg @ https://tok@h/p.whl"], "b": 3}) == \
+        {"a": ["https://****@h/x", "pkg @ https://****@h/p.whl"], "b": 3}

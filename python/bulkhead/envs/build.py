@@ -447,12 +447,30 @@ def read_stamp(directory):
     return s if isinstance(s, dict) else None
 
 
+# user:password@ (or token@) in a URL: what pip masks in its own log.
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact(value):
+    """``value`` (a stamp: dicts, lists, strings) with the credentials of
+    every URL in it replaced by ``****`` (``https://****@host/simple``):
+    an index URL in BULKHEAD_PIP_ARGS or a config may carry a token."""
+    if isinstance(value, str):
+        return _USERINFO.sub("****@", value)
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    return value
+
+
 def _write_stamp(directory, stamp):
+    """The stamp, credentials redacted, readable by this user only."""
     path = os.path.join(directory, STAMP)
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(stamp, f, indent=2, sort_keys=True)
+        json.dump(redact(stamp), f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
