@@ -551,3 +551,32 @@ def test_the_stamp_keeps_no_credentials_and_only_its_user_reads_it(tmp_path, whe
     assert bulkhead.env_status(only_config(pack)).ok
     assert envs.redact({"a": ["https://u:p@h/x", "pkg @ https://tok@h/p.whl"], "b": 3}) == \
         {"a": ["https://****@h/x", "pkg @ https://****@h/p.whl"], "b": 3}
+
+
+def test_a_start_does_not_wait_long_on_another_installs_lock(tmp_path, wheels, monkeypatch):
+    """Another install holds the environment's lock (stuck, say): a build
+    with a bound gives up after it (EnvBusy, naming the lock), tries
+    nothing and remembers no failure; ComfyUI's start uses that bound
+    (host.pack.START_LOCK_WAIT_S) and reports the pack not built."""
+    import fcntl
+    from bulkhead.host import pack as hpack
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["bhdemo"]\n[bulkhead]\nhost_packages = "none"\n')
+    c = only_config(pack)
+    envdir = os.path.join(envs.workspace(), "envs")
+    os.makedirs(envdir, exist_ok=True)
+    lock = os.path.join(envdir, f".{os.path.basename(envs.env_dir(c))}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(envs.EnvBusy) as ei:
+            envs.build(c, progress=lambda l: None, pip_args=["--no-index", "--find-links", wheels], lock_timeout_s=0.5)
+        assert lock in str(ei.value) and "bulkhead install" in str(ei.value)
+        assert envs.failed_before(c) is None
+        monkeypatch.setattr(hpack, "START_LOCK_WAIT_S", 0.5)
+        st = hpack.build_at_start(c, envs.env_status(c))
+        assert not st.ok and "held its lock" in st.reason, st.reason
+        assert envs.failed_before(c) is None
+    finally:
+        os.close(fd)
+    monkeypatch.setenv("BULKHEAD_PIP_ARGS", f"--no-index --find-links {wheels}")
+    assert hpack.build_at_start(c, envs.env_status(c)).ok      # the lock gone, the start builds it

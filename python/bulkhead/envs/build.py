@@ -637,11 +637,19 @@ def _relocate(tmp, final):
             os.chmod(p, mode)
 
 
-class _Lock:
-    """An exclusive fcntl lock on a file, held while in the ``with``."""
+class EnvBusy(EnvBuildError):
+    """Another install of the environment held its lock past the wait
+    allowed (``build(lock_timeout_s=...)``): nothing was tried, and nothing
+    is remembered as failed."""
 
-    def __init__(self, path, progress, name):
+
+class _Lock:
+    """An exclusive fcntl lock on a file, held while in the ``with``;
+    waited for up to timeout_s (None: as long as it takes), then EnvBusy."""
+
+    def __init__(self, path, progress, name, timeout_s=None):
         self.path, self.progress, self.name, self.fd = path, progress, name, -1
+        self.timeout_s = timeout_s
 
     def __enter__(self):
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -650,7 +658,20 @@ class _Lock:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 self.progress(f"waiting for another install of {self.name} (lock {self.path})")
-                fcntl.flock(self.fd, fcntl.LOCK_EX)
+                if self.timeout_s is None:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX)
+                else:
+                    deadline = time.monotonic() + self.timeout_s
+                    while True:
+                        try:
+                            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            break
+                        except BlockingIOError:
+                            if time.monotonic() >= deadline:
+                                raise EnvBusy(f"another install of {self.name} has held its lock ({self.path}) "
+                                              f"for over {self.timeout_s:g} s; let it finish, or run "
+                                              "`bulkhead install` once it has") from None
+                            time.sleep(0.2)
         except BaseException:
             os.close(self.fd)
             self.fd = -1
@@ -834,7 +855,7 @@ def _forget_failure(config):
         pass
 
 
-def build(config, progress=None, force=False, *, pip_args=None):
+def build(config, progress=None, force=False, *, pip_args=None, lock_timeout_s=None):
     """Builds ``config``'s environment unless it is ready (or rebuilds it
     when ``force``).  ``progress(line)`` gets every line of progress
     (default: stderr, prefixed ``[bulkhead install <name>]``); ``pip_args``
@@ -842,9 +863,13 @@ def build(config, progress=None, force=False, *, pip_args=None):
     requirements, default ``$BULKHEAD_PIP_ARGS``.  Returns the
     ``EnvStatus`` afterwards (ready).  Raises ``InterpreterNotFound``,
     ``EnvBuildError``, ``PackConfigError``; leaves nothing behind when it
-    fails but the failure's record (``failed_before``)."""
+    fails but the failure's record (``failed_before``).  lock_timeout_s:
+    how long to wait for another install of the same environment (None:
+    as long as it takes), then ``EnvBusy``."""
     try:
-        st = _build(config, progress, force, pip_args)
+        st = _build(config, progress, force, pip_args, lock_timeout_s)
+    except EnvBusy:
+        raise           # nothing was tried
     except (EnvBuildError, PackConfigError) as e:
         _remember_failure(config, e)
         raise
@@ -852,13 +877,13 @@ def build(config, progress=None, force=False, *, pip_args=None):
     return st
 
 
-def _build(config, progress, force, pip_args):
+def _build(config, progress, force, pip_args, lock_timeout_s=None):
     progress = progress or _default_progress(config.name)
     envs = os.path.join(workspace(), "envs")
     os.makedirs(envs, exist_ok=True)
     final = env_dir(config)
     base = os.path.basename(final)
-    with _Lock(os.path.join(envs, f".{base}.lock"), progress, config.name):
+    with _Lock(os.path.join(envs, f".{base}.lock"), progress, config.name, lock_timeout_s):
         st = env_status(config)
         if st.ok and not force:
             progress(f"{config.name}: ready: {st.python} ({st.reason})")

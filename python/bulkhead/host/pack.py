@@ -139,6 +139,10 @@ def load_config(path, pack_dir):
 
 
 BUILD_AT_START = "BULKHEAD_BUILD_AT_START"
+# How long ComfyUI's start waits for another install of the same
+# environment (a `bulkhead install` running, or stuck) before the pack is
+# reported not built: a start is never held by a lock for long.
+START_LOCK_WAIT_S = 30.0
 
 
 def build_at_start(config, st):
@@ -169,7 +173,8 @@ def build_at_start(config, st):
              "would (%s=0 leaves it to that command)", config.name, config.root, BUILD_AT_START)
     t0 = time.monotonic()
     try:
-        after = envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line))
+        after = envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line),
+                           lock_timeout_s=START_LOCK_WAIT_S)
     except (envs.EnvBuildError, PackConfigError, OSError) as e:
         log.warning("bulkhead: pack %r: building its environment failed: %s", config.name, e)
         first = (str(e).splitlines() or [""])[0]   # the whole output is in the warning above
