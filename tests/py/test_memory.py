@@ -565,3 +565,29 @@ def test_the_scan_finds_what_it_forbids():
         "cmm.vram_state", "utils.PROGRESS_BAR_HOOK", "mem.aimdo_enabled",
         "cmm.'current_loaded_models'", "mem.aimdo_enabled"]
     assert len(comfy_assignments(bad, "pager.py")) == 4  # bring_up is worker-side there
+
+
+def test_unload_model_and_clones_unloads_only_that_workers_model(tmp_path):
+    """Newest upstream's unload_model_and_clones unloads what shares the
+    model's clone_base_uuid: each stand-in has its own, stable, so asking
+    for one worker's model leaves the other worker's loaded."""
+    r = scenario(tmp_path, """
+        a, b = worker("pack-a"), worker("pack-b")
+        a.call("bh_mempack:load", "UNetA", 32 * MiB)
+        b.call("bh_mempack:load", "UNetB", 32 * MiB)
+        hm.reconcile()
+        sa = next(s for s in hm.standins(a))
+        sb = next(s for s in hm.standins(b))
+        uuids = [str(sa.clone_base_uuid), str(sb.clone_base_uuid)]
+        hm.reconcile()
+        stable = str(next(s for s in hm.standins(a)).clone_base_uuid) == uuids[0]
+        have = hasattr(mm, "unload_model_and_clones")
+        if have:
+            mm.unload_model_and_clones(sa)
+        out(dict(uuids=uuids, stable=stable, have=have, a_resident=resident(a), b_resident=resident(b)))
+        hm.close(); a.close(); b.close()
+    """)
+    assert r["uuids"][0] != r["uuids"][1] and "None" not in r["uuids"] and r["stable"], r
+    if not r["have"]:
+        pytest.skip("this ComfyUI has no unload_model_and_clones")
+    assert r["a_resident"] == 0 and r["b_resident"] == 32 * MiB, r

@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import threading
+import uuid
 import weakref
 
 from .. import _native, pager
@@ -125,10 +126,14 @@ class _Owner:
             s = self.standins.get(mid)
             if s is None:
                 dev = _torch_device(m["device"])
+                # clone_base_uuid: a model's own (one stand-in per worker model,
+                # made once), as ModelPatcher has one per base model: newest
+                # upstream's unload_model_and_clones unloads what shares it,
+                # and None for all would match every worker's model.
                 s = _native.standin(
                     self, ledger, self.pid, mid, generation=self.generation, name=m["name"],
                     size_bytes=m["size_bytes"], model=_remote_class(m["name"])(),
-                    load_device=dev, offload_device=_torch_device("cpu"))
+                    load_device=dev, offload_device=_torch_device("cpu"), clone_base_uuid=uuid.uuid4())
                 self.standins[mid] = s
             if self.host.register_standins and m["resident_bytes"] > 0 and id(s) not in listed:
                 self.host.register(mm, s)
