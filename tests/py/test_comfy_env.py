@@ -882,3 +882,35 @@ def test_older_root_files_warn_instead_of_refusing(tmp_path):
     assert r.node_packs == (("ComfyUI-GeometryPack", "a/b"),) and r.system_packages["apt"] == ("libgl1",)
     assert any("comfy-env-root.toml:1: [env_vars] is not read in comfy-env-root.toml" in w and "0.4.14 refuses" in w for w in r.warnings)
     assert any("key 'sha' is not read" in w for w in r.warnings), r.warnings
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_comfy_env_submodules_under_the_routing(tmp_path, real):
+    """Routed, `import comfy_env.config` (a pack reading comfy-env's own
+    modules) gets the real package's submodule where comfy-env is
+    installed, and an error naming the switch where it is not."""
+    if real:
+        write(tmp_path / "site" / "comfy_env" / "__init__.py", "def register_nodes():\n    return 'real'\n")
+        write(tmp_path / "site" / "comfy_env" / "config.py", "WHERE = 'the real package'\n")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path / "site")!r})
+        from bulkhead.host import comfy_env as served
+        served.route()
+        import comfy_env
+        assert comfy_env.register_nodes is served.register_nodes
+        try:
+            import comfy_env.config as c
+            print(c.WHERE)
+        except ModuleNotFoundError as e:
+            print("ModuleNotFoundError:", e)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(bulkhead.__file__))))
+    env.pop("BULKHEAD_COMFY_ENV", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    if real:
+        assert r.stdout.strip() == "the real package", r.stdout
+    else:
+        assert r.stdout.startswith("ModuleNotFoundError: No module named 'comfy_env.config'") and \
+            "BULKHEAD_COMFY_ENV=off" in r.stdout, r.stdout

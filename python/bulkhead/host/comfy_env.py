@@ -91,13 +91,53 @@ class _Loader(importlib.abc.Loader):
             module.__version__ = "0.4.46"
 
 
+def _real_locations():
+    """Where the real comfy-env package's submodules are, when it is
+    installed ([] when not)."""
+    others = [f for f in sys.meta_path if not isinstance(f, Finder) and
+              getattr(f, "__name__", "") != "BulkheadComfyEnvFinder"]
+    for f in others:
+        find = getattr(f, "find_spec", None)
+        try:
+            spec = find("comfy_env", None) if find is not None else None
+        except Exception:
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            return list(spec.submodule_search_locations)
+    return []
+
+
+class _NoSubmodule(importlib.abc.Loader):
+    def __init__(self, fullname):
+        self.fullname = fullname
+
+    def create_module(self, spec):
+        raise ModuleNotFoundError(
+            f"No module named {self.fullname!r}: bulkhead serves comfy_env's public entry points "
+            f"({', '.join(PUBLIC)}) and the real comfy-env package, whose submodules these are, is not "
+            f"installed; install it, or set {SWITCH}=off to hand comfy_env back to it", name=self.fullname)
+
+    def exec_module(self, module):
+        pass
+
+
 class Finder(importlib.abc.MetaPathFinder):
-    """Answers ``import comfy_env`` with bulkhead's surface while enabled()."""
+    """Answers ``import comfy_env`` with bulkhead's surface while enabled().
+    Its submodules (``comfy_env.config``, ...) are the real package's where
+    it is installed (the routed module's ``__path__`` is the real one's),
+    and an error naming the switch where it is not."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "comfy_env" or not enabled():
+        if not enabled():
             return None
-        return importlib.machinery.ModuleSpec("comfy_env", _Loader(), origin=__file__)
+        if fullname == "comfy_env":
+            spec = importlib.machinery.ModuleSpec("comfy_env", _Loader(), origin=__file__, is_package=True)
+            spec.submodule_search_locations = _real_locations()
+            return spec
+        if fullname.startswith("comfy_env.") and getattr(sys.modules.get("comfy_env"), "__bulkhead__", False) \
+                and not list(getattr(sys.modules["comfy_env"], "__path__", None) or ()):
+            return importlib.machinery.ModuleSpec(fullname, _NoSubmodule(fullname))
+        return None
 
 
 def route():
