@@ -407,6 +407,13 @@ def test_a_web_client_off_the_machine_cannot_reach_other_instances(tmp_path, mon
         far_all = post("/bulkhead/free", {"all_hosts": True}, far)
         far_release = post("/bulkhead/release", {"pack": "ghost-pack"}, far)
         far_local = post("/bulkhead/free", {}, far)          # this instance's own: allowed
+        # what a client off the machine sees: this host's records only (L4)
+        import urllib.request
+        def get_status(headers):
+            req = urllib.request.Request(f"http://127.0.0.1:{served.serve.port}/bulkhead/status", headers=headers)
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return json.loads(r.read())
+        far_status, near_status = get_status(far), get_status({})
         # a loopback peer that is a local reverse proxy forwarding someone else
         proxied_all = post("/bulkhead/free", {"all_hosts": True}, {"X-Forwarded-For": "198.51.100.7"})
         asked_far = list(asked)
@@ -423,6 +430,9 @@ def test_a_web_client_off_the_machine_cannot_reach_other_instances(tmp_path, mon
         assert "BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1" in answer["error"] and "loopback" in answer["error"]
     assert "ghost-pack" in far_release[1]["error"] and "all_hosts" in far_all[1]["error"]
     assert proxied_all[0] == 403 and "loopback" in proxied_all[1]["error"], proxied_all
+    assert {p["pid"] for p in near_status["processes"]} >= {ghost.pid, gw.pid}
+    assert not {p["pid"] for p in far_status["processes"]} & {ghost.pid, gw.pid}, far_status["processes"]
+    assert far_status["other_hosts_hidden"] is True and "other_hosts_hidden" not in near_status
     assert far_local[0] == 200 and far_local[1]["processes"] == []
     assert asked_far == []
     # from loopback the other host is asked (and is unreachable: no control socket)

@@ -92,6 +92,10 @@ The status document (schema 1; fields are only ever added):
                                 "resident_bytes"}...],
                     "release_count", "released_bytes"}...]}
 
+To a client off the machine (not loopback, no BULKHEAD_ALLOW_REMOTE_ALL_HOSTS)
+GET /bulkhead/status lists only this host's records and its workers'
+("other_hosts_hidden": true).
+
 GET /bulkhead/status adds this host's "host_pid", "timeline" and "packs":
 [{"name", "directory", "state": "isolated"|"in-process"|"failed", and
 for isolated "python", "env", "pid" (null while no worker runs), else
@@ -231,6 +235,18 @@ def from_loopback(request):
         return False
     mapped = getattr(addr, "ipv4_mapped", None)
     return (mapped or addr).is_loopback
+
+
+def only_this_host(doc):
+    """The status document as a client off the machine sees it: this
+    host's records and its workers' only (the other ComfyUI instances of
+    the user -- their pids, interpreters, packs, models -- are not its
+    business, as acting on them is not)."""
+    me = os.getpid()
+    doc = dict(doc)
+    doc["processes"] = [p for p in doc.get("processes", []) if p.get("pid") == me or p.get("host_pid") == me]
+    doc["other_hosts_hidden"] = True
+    return doc
 
 
 def may_reach_other_hosts(request):
@@ -558,7 +574,10 @@ class BulkheadRoutes:
 
     async def get_status(self, request):
         from aiohttp import web
-        return web.json_response(await self.status_async())
+        doc = await self.status_async()
+        if not may_reach_other_hosts(request):
+            doc = only_this_host(doc)
+        return web.json_response(doc)
 
     async def post_release(self, request):
         from aiohttp import web
