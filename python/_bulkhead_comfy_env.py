@@ -51,8 +51,10 @@ class BulkheadComfyEnvFinder:
 
     @classmethod
     def find_spec(cls, fullname, path=None, target=None):
+        if fullname != "comfy_env":         # every import of the process passes here: first, and cheap
+            return None
         fp = sys.modules.get("folder_paths")
-        if fullname != "comfy_env" or fp is None or not _custom_node_present(fp):
+        if fp is None or not _custom_node_present(fp):
             return None
         worker = sys.modules.get("bulkhead.worker")
         if worker is not None and getattr(worker, "_peer", None) is not None:

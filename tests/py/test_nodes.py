@@ -496,6 +496,18 @@ def test_each_fallback_warns_once_and_imports_in_process(tmp_path, host, caplog,
     assert d1["MakeModel"] == "Make a model"
 
 
+def test_a_pack_that_fails_in_process_too_is_one_failed_row(tmp_path, host):
+    """Its fallback's import raises: the pack is not listed as in-process
+    (it runs nowhere); recorded as failed, it is one row, not two."""
+    pack = write_pack(tmp_path, "fb_broken", {"__init__.py": "", "nodes.py": "import no_such_module_xyz\n"})
+    with pytest.raises(ImportError):
+        nodes.fallback(pack, nodes.WORKER_IMPORT_FAILED, detail="x")
+    assert [r for r in nodes.pack_states() if r["name"] == "fb_broken"] == []
+    nodes.failed(pack, "fb_broken", "No module named 'no_such_module_xyz'")
+    assert [(r["name"], r["state"]) for r in nodes.pack_states() if r["name"] == "fb_broken"] == [
+        ("fb_broken", "failed")]
+
+
 def test_load_pack_falls_back_without_ComfyUI_or_environment(tmp_path, base, host, caplog, monkeypatch):
     for mod in ("folder_paths", "comfy"):
         monkeypatch.delitem(sys.modules, mod, raising=False)

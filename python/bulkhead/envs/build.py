@@ -713,6 +713,24 @@ def _last_error(output_tail):
     return lines[-1] if lines else "no output"
 
 
+def first_line(error):
+    """An error's first line: what a one-line report of it says (the
+    whole text goes to the log)."""
+    return (str(error).splitlines() or [""])[0]
+
+
+def _pip_or_reason(pip, extra, what):
+    """None when ``pip(extra, what)`` installed; else what pip's output
+    says made it fail (pip itself not running is raised)."""
+    try:
+        pip(extra, what)
+        return None
+    except EnvBuildError as e:
+        if e.returncode is None:
+            raise
+        return _last_error(e.output_tail)
+
+
 def _install_host_versions(match, args, pip, progress):
     """Installs ``match.install`` (the host's versions, under another
     minor): each of the host's local builds from where it may be
@@ -725,13 +743,10 @@ def _install_host_versions(match, args, pip, progress):
         tried = []
         for src, where in sources:
             progress(f"installing the host's build {p} (looking in {where})")
-            try:
-                pip(args + list(src) + [p], f"the host's build {p}")
+            why = _pip_or_reason(pip, args + list(src) + [p], f"the host's build {p}")
+            if why is None:
                 break
-            except EnvBuildError as e:
-                if e.returncode is None:
-                    raise
-                tried.append(f"{where}: {_last_error(e.output_tail)}")
+            tried.append(f"{where}: {why}")
         else:
             lacking[p] = "no build for this Python in " + "; ".join(tried)
     rest = [p for p in match.install if p not in match.sources]
@@ -741,19 +756,12 @@ def _install_host_versions(match, args, pip, progress):
         rest = [p for p in rest if p not in skipped]
     if rest:
         progress(f"installing the host's versions: {' '.join(rest)}")
-        try:
-            pip(args + rest, "the host's versions")
-        except EnvBuildError as e:
-            if e.returncode is None:
-                raise
+        if _pip_or_reason(pip, args + rest, "the host's versions") is not None:
             progress("installing the host's versions one at a time, to find which ones pip cannot install")
             for p in rest:
-                try:
-                    pip(args + [p], f"the host's {p}")
-                except EnvBuildError as e:
-                    if e.returncode is None:
-                        raise
-                    lacking[p] = _last_error(e.output_tail)
+                why = _pip_or_reason(pip, args + [p], f"the host's {p}")
+                if why is not None:
+                    lacking[p] = why
     if lacking:
         names = ", ".join(p.replace("==", " ") for p in lacking)
         progress(f"warning: this environment lacks the host's {names}, which an in-process pack has "
@@ -841,7 +849,7 @@ def _remember_failure(config, error):
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"key": _failure_key(config), "config": config.path,
-                       "error": (str(error).splitlines() or [""])[0],
+                       "error": first_line(error),
                        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}, f)
         os.replace(tmp, path)
     except OSError:
@@ -1050,7 +1058,7 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
             failed.append((c, e))
     for c, e in failed:
         p = progress or _default_progress(c.name)
-        p(f"{c.name}: FAILED, no environment was made: {(str(e).splitlines() or [''])[0]} (the whole "
+        p(f"{c.name}: FAILED, no environment was made: {first_line(e)} (the whole "
           f"output is above; `{rebuild_command(c)}` tries again)")
     if failed:
         raise failed[0][1]

@@ -639,11 +639,20 @@ _KNOWN_TOP = ("python", "requirements", "env_vars", "pypi-dependencies", "bulkhe
               "workspace", "target", "apt", "brew", "node_reqs", "node_packs", "options", "types")
 
 
-def did_you_mean(word, choices):
-    """' (did you mean 'x'?)' for the closest of ``choices``, or ''."""
+def _closest(word, choices):
+    """The one of ``choices`` ``word`` is a likely misspelling of, or None."""
     import difflib
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close[0] if close else None
+
+
+def _hint(close):
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+def did_you_mean(word, choices):
+    """' (did you mean 'x'?)' for the closest of ``choices``, or ''."""
+    return _hint(_closest(word, choices))
 
 
 def _d1_cuda(r, table, keypath):
@@ -964,9 +973,9 @@ def load(path, root=None, *, warn=True):
         if k == "target":
             continue        # read above: the machine's tables applied, each other table warned
         if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(e, dict) for e in v)):
-            hint = "" if k in _UNIMPLEMENTED else did_you_mean(k, _KNOWN_TOP)
-            if hint and hint.split("'")[1] in _CARRIERS:
-                raise PackConfigError(path, f"unknown table [{k}]{hint}: the environment would be built "
+            close = None if k in _UNIMPLEMENTED else _closest(k, _KNOWN_TOP)
+            if close in _CARRIERS:
+                raise PackConfigError(path, f"unknown table [{k}]{_hint(close)}: the environment would be built "
                                             "without what it lists; correct the table's name", line, key=k)
             why = _UNIMPLEMENTED.get(k, "nothing in it is read")
             if "{pixi}" in why:
@@ -974,11 +983,11 @@ def load(path, root=None, *, warn=True):
                                  if shutil.which("pixi") else " and pixi is not on this machine")
             notes.append(f"{loc}: table [{k}] is not implemented by bulkhead: {why}")
         else:
-            hint = did_you_mean(k, _KNOWN_TOP)
-            if hint and hint.split("'")[1] in _CARRIERS:
-                raise PackConfigError(path, f"unknown key {k!r}{hint}: the environment would be built without "
+            close = _closest(k, _KNOWN_TOP)
+            if close in _CARRIERS:
+                raise PackConfigError(path, f"unknown key {k!r}{_hint(close)}: the environment would be built without "
                                             "what it lists; correct the key", line, key=k)
-            notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect{hint}")
+            notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect{_hint(close)}")
     if warn:
         for n in notes:
             _warn(n, path)

@@ -1213,16 +1213,14 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     return dict(rt.classes), dict(rt.display)
 
 
-_warned = set()
-_warned_lock = threading.Lock()
-
 # --- where each pack stands: what /bulkhead/status and the panel show ---
 
-_states = {}            # (pack_dir, module) -> {"name", "state", ...}; under _warned_lock
+_states = {}            # (pack_dir, module) -> {"name", "state", ...}; under _states_lock
+_states_lock = threading.Lock()
 
 
 def _set_state(pack_dir, module, **state):
-    with _warned_lock:
+    with _states_lock:
         _states[(pack_dir, module)] = dict(state, directory=pack_dir)
 
 
@@ -1233,7 +1231,7 @@ def pack_states():
     "pid", None while none runs), "in-process" (with "reason" and
     "fix": it runs in ComfyUI's process, not in its environment) or
     "failed" (with "reason": it runs nowhere)."""
-    with _warned_lock:
+    with _states_lock:
         rows = [dict(v) for v in _states.values()]
     with _runtimes_lock:
         by_key = dict(_runtimes)
@@ -1246,7 +1244,7 @@ def pack_states():
     return sorted(rows, key=lambda r: (order.get(r["state"], 3), r["name"]))
 
 
-_serving_s = [0.0]      # seconds spent serving packs (builds at start included); under _warned_lock
+_serving_s = [0.0]      # seconds spent serving packs (builds at start included); under _states_lock
 
 
 class serving:
@@ -1257,7 +1255,7 @@ class serving:
         self.t0 = time.monotonic()
 
     def __exit__(self, *exc):
-        with _warned_lock:
+        with _states_lock:
             _serving_s[0] += time.monotonic() - self.t0
 
 
@@ -1269,7 +1267,7 @@ def startup_line():
     rows = pack_states()
     iso = [r for r in rows if r["state"] == "isolated"]
     lost = [r for r in rows if r["state"] != "isolated"]
-    with _warned_lock:
+    with _states_lock:
         spent = _serving_s[0]
     text = f"bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated"
     if lost:
@@ -1279,9 +1277,10 @@ def startup_line():
     return text + f"; {spent:.1f} s loading them. GET /bulkhead/status and the panel's Packs section list each"
 
 
-def failed(pack_dir, name, reason):
-    """Records a pack that could be served neither isolated nor in-process."""
-    _set_state(os.path.realpath(os.fspath(pack_dir)), "failed", name=name, state="failed", reason=reason)
+def failed(pack_dir, name, reason, *, module="auto"):
+    """Records a pack (its ``module``, as fallback names it) that could be
+    served neither isolated nor in-process."""
+    _set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="failed", reason=reason)
 
 
 def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
@@ -1293,14 +1292,14 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
     name = name or os.path.basename(pack_dir)
     what, fix = REASONS.get(reason, (str(reason) + "{detail}", "`bulkhead install {pack}`"))
     detail = f": {detail}" if detail and not detail.startswith((" ", ":")) else (detail or "")
-    with _warned_lock:     # once per pack and module: a pack's subdirectories fall back one by one
-        first = (pack_dir, module) not in _warned
-        _warned.add((pack_dir, module))
+    with _states_lock:     # once per pack and module: a pack's subdirectories fall back one by one
+        first = _states.get((pack_dir, module), {}).get("state") != "in-process"
     why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
     if first:
         log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir, why, how)
-    _set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
     mod = import_nodes(pack_dir, module, unique_name=True)
+    # in-process once imported: one that fails here too is the caller's to record (``failed``)
+    _set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
     return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
             dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
 
@@ -1316,7 +1315,6 @@ def _forget_all():
     close_all()
     with _runtimes_lock:
         _runtimes.clear()
-    with _warned_lock:
-        _warned.clear()
+    with _states_lock:
         _states.clear()
 

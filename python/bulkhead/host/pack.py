@@ -177,8 +177,8 @@ def build_at_start(config, st):
                            lock_timeout_s=START_LOCK_WAIT_S)
     except (envs.EnvBuildError, PackConfigError, OSError) as e:
         log.warning("bulkhead: pack %r: building its environment failed: %s", config.name, e)
-        first = (str(e).splitlines() or [""])[0]   # the whole output is in the warning above
-        return dataclasses.replace(st, reason=f"{st.reason}; building it at start failed: {first}")
+        # the whole output is in the warning above
+        return dataclasses.replace(st, reason=f"{st.reason}; building it at start failed: {envs.first_line(e)}")
     log.info("bulkhead: pack %r: environment built in %.1f s (%s)", config.name, time.monotonic() - t0,
              after.env_dir)
     return after
@@ -232,7 +232,8 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
         return nodes.fallback(pack_dir, nodes.WORKER_IMPORT_FAILED, detail=f" ({python}): {last}",
                               name=config.name, module=module)
     except Exception as host:
-        nodes.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}")
+        nodes.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}",
+                     module=module)
         raise nodes.PackLoadError(f"{text}\n(in ComfyUI's process it fails too: {type(host).__name__}: "
                                   f"{host})") from None
 

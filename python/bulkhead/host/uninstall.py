@@ -78,11 +78,10 @@ def running():
     """Lines naming the bulkhead processes of this user that run now."""
     from ..envs import build as envs
     from . import routes
-    lines = []
+    seen = {}           # pid -> what it is
     try:
-        doc = routes.status_document()
-        for p in doc.get("processes", []):
-            lines.append(f"pid {p['pid']} ({p['role']} {p['pack']})")
+        for p in routes.status_document().get("processes", []):
+            seen[p["pid"]] = f"{p['role']} {p['pack']}"
     except Exception:
         pass
     envs_dir = os.path.join(envs.workspace(), "envs")
@@ -90,9 +89,9 @@ def running():
         for n in sorted(os.listdir(envs_dir)):
             d = os.path.join(envs_dir, n)
             if os.path.isdir(d) and not n.startswith("."):
-                lines += [f"pid {pid} (a worker on {d})" for pid in envs.users(d)
-                          if f"pid {pid} " not in " ".join(lines)]
-    return lines
+                for pid in envs.users(d):
+                    seen.setdefault(pid, f"a worker on {d}")
+    return [f"pid {pid} ({what})" for pid, what in seen.items()]
 
 
 def main(yes=False, dry_run=False, out=sys.stdout, ask=input):
