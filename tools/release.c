@@ -10,9 +10,10 @@
  * python/bulkhead/control.py:
  *
  *   path   $XDG_RUNTIME_DIR/bulkhead/host-<pid>.sock when XDG_RUNTIME_DIR
- *          is a directory we can write, else /tmp/bulkhead-<uid>/host-<pid>.sock
- *          (the host may have seen another environment than ours, so the
- *          other of the two is tried when the first is missing)
+ *          is a private directory of ours, else
+ *          /tmp/bulkhead-<uid>-<pid>-<random>/host-<pid>.sock (the host
+ *          may have seen another environment than ours, so the other
+ *          places are tried when the first is missing: bh__control_paths)
  *   socket SOCK_SEQPACKET, the frames of a worker channel (bh_channel with
  *          peer_uid = our uid and peer_pid = the host's pid: a frame from
  *          anyone else is rejected)
@@ -33,6 +34,7 @@
 #include <inttypes.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <glob.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -131,23 +133,41 @@ static int bh__find(const bh_status_snap *s, const char *target, int *code) {
 
 /* ------------------------------------------------------- the socket */
 
-/* The two places a host's control socket may be, the one control.py
- * picks in our environment first.  Returns how many were written. */
-static int bh__control_paths(pid_t host, char paths[2][sizeof(((struct sockaddr_un *)0)->sun_path)]) {
+/* Every place a host's control socket may be, in control.py's order
+ * (rundir.runtime_dirs): $XDG_RUNTIME_DIR/bulkhead first when that is a
+ * private directory of ours, then the host's own /tmp directories
+ * (/tmp/bulkhead-<uid>-<pid>-*, each one that passes bh_private_dir: a
+ * name another user made is never tried), then /tmp/bulkhead-<uid> where
+ * an older bulkhead put them, and the XDG one last when it is not private.
+ * Returns how many were written. */
+#define BH__PATHS_MAX 8
+typedef char bh__sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+static void bh__add_path(bh__sock_path *paths, int *n, const char *dir, pid_t host) {
+  char p[PATH_MAX + 64];
+  int len = snprintf(p, sizeof p, "%s/host-%d.sock", dir, (int)host);
+  if (*n >= BH__PATHS_MAX || len < 0 || (size_t)len >= sizeof paths[0]) return; /* too long to bind: the host could not either */
+  memcpy(paths[(*n)++], p, (size_t)len + 1);
+}
+
+static int bh__control_paths(pid_t host, bh__sock_path *paths) {
   const char *run = getenv("XDG_RUNTIME_DIR");
-  struct stat st;
-  char xdg[PATH_MAX + 64], tmp[128];
-  int have_xdg = run && run[0] && stat(run, &st) == 0 && S_ISDIR(st.st_mode);
-  int xdg_first = have_xdg && access(run, W_OK) == 0;
+  char xdg[PATH_MAX + 16], pat[96], legacy[64];
+  int have_xdg = run && run[0] == '/' && strlen(run) < PATH_MAX;
+  int xdg_first = have_xdg && bh_private_dir(run, 0) == 0;
   int n = 0;
-  size_t cap = sizeof paths[0];
-  snprintf(tmp, sizeof tmp, "/tmp/bulkhead-%u/host-%d.sock", (unsigned)getuid(), (int)host);
-  if (have_xdg) snprintf(xdg, sizeof xdg, "%s/bulkhead/host-%d.sock", run, (int)host);
-  const char *order[2] = {xdg_first ? xdg : tmp, xdg_first ? tmp : have_xdg ? xdg : NULL};
-  for (int i = 0; i < 2; i++) {
-    if (!order[i] || strlen(order[i]) >= cap) continue; /* too long to bind: the host could not either */
-    strcpy(paths[n++], order[i]);
+  glob_t g;
+  if (have_xdg) snprintf(xdg, sizeof xdg, "%s/bulkhead", run);
+  if (xdg_first) bh__add_path(paths, &n, xdg, host);
+  snprintf(pat, sizeof pat, "/tmp/bulkhead-%u-%d-*", (unsigned)getuid(), (int)host);
+  if (glob(pat, 0, NULL, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; i++)
+      if (bh_private_dir(g.gl_pathv[i], 0) == 0) bh__add_path(paths, &n, g.gl_pathv[i], host);
+    globfree(&g);
   }
+  snprintf(legacy, sizeof legacy, "/tmp/bulkhead-%u", (unsigned)getuid());
+  bh__add_path(paths, &n, legacy, host);
+  if (have_xdg && !xdg_first) bh__add_path(paths, &n, xdg, host);
   return n;
 }
 
@@ -180,7 +200,7 @@ static int bh__connect(const char *path, int64_t deadline_ns) {
 /* Asks the host; fills *a.  Returns an exit code (messages printed). */
 static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, double timeout_s,
                    bh_cli_answer *a, int *is_error) {
-  char paths[2][sizeof(((struct sockaddr_un *)0)->sun_path)];
+  bh__sock_path paths[BH__PATHS_MAX];
   bh_channel *c = NULL;
   bh_buf req;
   int fd = -1, rc, code = BH_CLI_EXIT_UNREACHABLE, used = 0;
@@ -192,7 +212,7 @@ static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, do
             (int)host);
     goto out;
   }
-  int errs[2] = {0, 0};
+  int errs[BH__PATHS_MAX] = {0};
   for (used = 0; used < n; used++) {
     fd = bh__connect(paths[used], deadline);
     if (fd >= 0) break;
@@ -202,7 +222,7 @@ static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, do
   if (fd < 0) {
     fprintf(stderr, "bulkhead release: host %d is unreachable: %s: %s", (int)host, paths[0],
             bh_strerror(errs[0]));
-    if (errs[1]) fprintf(stderr, " (and %s: %s)", paths[1], bh_strerror(errs[1]));
+    for (int i = 1; i < n && errs[i]; i++) fprintf(stderr, " (and %s: %s)", paths[i], bh_strerror(errs[i]));
     fprintf(stderr, "\n");
     goto out;
   }

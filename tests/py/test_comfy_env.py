@@ -704,16 +704,19 @@ def test_a_custom_type_made_in_one_pack_is_used_in_another(tmp_path):
     r = host(tmp_path, [geo, use], """
         geo, use = mods["ComfyUI-Geo"].NODE_CLASS_MAPPINGS, mods["ComfyUI-Use"].NODE_CLASS_MAPPINGS
         (mesh,) = geo["MakeMesh"]().run(n=3)
-        held = dict(type=mesh.get("__bulkhead_type__"), pack=mesh.get("pack"),
+        held = dict(type=mesh.get(b"__bulkhead_type__"), pack=mesh.get("pack"),
                     vertices=type(mesh["value"]["vertices"]).__name__)
         total, name = use["UseMesh"]().run(mesh=mesh)
         (thing,) = geo["MakeOpaque"]().run()
-        try:
-            use["UseMesh"]().run(mesh=thing)
-            err = None
-        except Exception as e:
-            err = type(e).__name__ + ": " + str(e)
-        emit(dict(me=os.getpid(), held=held, total=total, name=name, err=err))
+        def err_of(value):
+            try:
+                use["UseMesh"]().run(mesh=value)
+            except Exception as e:
+                return type(e).__name__ + ": " + str(e)
+        # what a web client can write in a prompt: the typed map's shape, str keys (JSON)
+        forged = {"__bulkhead_type__": "TRIMESH", "type": "Mesh", "pack": "ComfyUI-Geo",
+                  "value": {"vertices": [[1.0]], "faces": [[0, 1, 2]], "name": "chosen by a web client"}}
+        emit(dict(me=os.getpid(), held=held, total=total, name=name, err=err_of(thing), forged=err_of(forged)))
     """)
     assert r["held"] == {"type": "TRIMESH", "pack": "ComfyUI-Geo", "vertices": "ndarray"}, r
     assert r["total"] == 36.0 + 1
@@ -722,6 +725,8 @@ def test_a_custom_type_made_in_one_pack_is_used_in_another(tmp_path):
     assert len({int(made.split()[-1]), int(used.split()[-1]), r["me"]}) == 3, r
     # a class nobody registered stays a handle in its worker, with today's error
     assert r["err"].startswith("HandleError") and "ComfyUI-Geo" in r["err"], r["err"]
+    # a forged marker reaches the node as the dict it is, never the deserializer
+    assert "AssertionError" in r["forged"] and "dict" in r["forged"], r["forged"]
 
 
 @pytest.mark.torch
@@ -731,7 +736,7 @@ def test_a_custom_type_made_by_a_v3_node_is_used_by_a_v3_node_of_another_pack(tm
         geo, use = mods["ComfyUI-Geo"].NODE_CLASS_MAPPINGS, mods["ComfyUI-Use"].NODE_CLASS_MAPPINGS
         make, take = geo["MakeMesh3"], use["UseMesh3"]
         mesh, thing = make.execute.__func__(make.PREPARE_CLASS_CLONE({}), n=3).args
-        held = dict(type=mesh.get("__bulkhead_type__"), pack=mesh.get("pack"),
+        held = dict(type=mesh.get(b"__bulkhead_type__"), pack=mesh.get("pack"),
                     vertices=type(mesh["value"]["vertices"]).__name__, thing=type(thing).__name__)
         total, name = take.execute.__func__(take.PREPARE_CLASS_CLONE({}), mesh=mesh).args
         (v1_total, _) = use["UseMesh"]().run(mesh=mesh)

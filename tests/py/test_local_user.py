@@ -69,7 +69,8 @@ def site():
     for p in paths:
         subprocess.run(["rm", "-rf", p])
     yield victim, top, shared
-    for p in paths + [top]:
+    mine = [os.path.join("/tmp", n) for n in os.listdir("/tmp") if n.startswith(f"bulkhead-{victim.pw_uid}-")]
+    for p in paths + mine + [top]:
         subprocess.run(["rm", "-rf", p])
 
 
@@ -112,9 +113,12 @@ if sys.argv[3] == "squat":
         open(os.path.join(pkg, f), "w").write(body)
     os.mkdir(base, 0o777)
     os.mkdir(os.path.join(base, "bulkhead-pkgroot"), 0o777)
+    os.mkdir(f"{base}-999999999-x", 0o777)  # the victim's naming, a pid that is gone: not theirs to sweep
+    open(f"{base}-999999999-x/keep", "w").close()
 else:  # swap every package link the victim left where we can write
     pkg = os.path.join(shared, "evil", "bulkhead")
-    for root, dirs, files in os.walk(base):
+    for root, dirs, files in [w for d in os.listdir("/tmp") if d.startswith(os.path.basename(base))
+                              for w in os.walk(os.path.join("/tmp", d))]:
         for name in dirs + files:
             if name == "bulkhead":
                 link = os.path.join(root, name)
@@ -127,12 +131,15 @@ else:  # swap every package link the victim left where we can write
 """
 
 
-def test_another_user_cannot_plant_the_workers_bulkhead(site):
-    """Item 1's probe: nobody pre-creates /tmp/bulkhead-<victim>/ and its
-    bulkhead-pkgroot mode 0777 with a planted package, then swaps every
-    link the victim's host leaves there.  No worker of the victim imports
-    the planted package: the victim refuses the directory and says whose
-    it is."""
+def test_another_user_cannot_plant_the_workers_bulkhead_nor_disable_the_workers(site):
+    """Item 1's probe, and #24 M4: nobody pre-creates /tmp/bulkhead-<victim>/
+    and its bulkhead-pkgroot mode 0777 with a planted package (and a
+    /tmp/bulkhead-<victim>-<pid>-x of theirs for every pid), then swaps
+    every link the victim's host leaves under /tmp.  No worker of the
+    victim imports the planted package, and the victim's workers start as
+    if nobody had: its directory is one of its own, of a name nobody can
+    make first (main refused the squatted one, so every worker start
+    failed)."""
     victim, top, shared = site
     v, g = victim.pw_uid, victim.pw_gid
     plant = os.path.join(shared, "plant.py")
@@ -147,9 +154,10 @@ def test_another_user_cannot_plant_the_workers_bulkhead(site):
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         first = p.stdout.readline()
+        swapped = ""
         if first.startswith("gen1"):
-            subprocess.run(_as(ATTACKER_UID, ATTACKER_UID, [HOST_PY, plant, shared, str(v), "swap"]),
-                           env=_env(), timeout=30)
+            swapped = subprocess.run(_as(ATTACKER_UID, ATTACKER_UID, [HOST_PY, plant, shared, str(v), "swap"]),
+                                     env=_env(), timeout=30, capture_output=True, text=True).stdout
         out, _ = p.communicate("go\n", timeout=60)
     finally:
         if p.poll() is None:
@@ -158,8 +166,11 @@ def test_another_user_cannot_plant_the_workers_bulkhead(site):
     out = first + out
     pwned = os.path.join(shared, "pwned")
     assert not os.path.exists(pwned), f"a worker of the victim ran the planted package: {out}"
-    assert out.startswith("ERR WorkerStartError"), out
-    assert f"/tmp/bulkhead-{v}" in out and f"owner uid {ATTACKER_UID}" in out and "mode 0777" in out, out
+    assert first.startswith("gen1 ") and "gen2 " in out and "ERR" not in out, out
+    assert "swapped" not in swapped, swapped  # nothing of the victim's was where nobody could write
+    assert os.path.exists(f"/tmp/bulkhead-{v}-999999999-x/keep"), "the victim swept another user's directory"
+    assert not [n for n in os.listdir("/tmp") if n.startswith(f"bulkhead-{v}-") and os.lstat(
+        os.path.join("/tmp", n)).st_uid == v], "the victim's directory outlived its host"
 
 
 FRESH = r"""
@@ -169,15 +180,16 @@ from bulkhead.host import control, workers
 root = workers.worker_pythonpath()
 print("root", root, os.listdir(root), os.path.realpath(os.path.join(root, "bulkhead")))
 print("control", control.control_dir())
-for d in (f"/tmp/bulkhead-{os.getuid()}", root):
+for d in (control.control_dir(), root):
     print("mode", d, oct(os.lstat(d).st_mode & 0o777))
+print("pid", os.getpid())
 """
 
 
 def test_a_fresh_private_dir_is_0700_and_the_control_socket_accepts_it(site):
-    """The package root made first (no /tmp/bulkhead-<uid> yet) leaves the
-    directory 0700, so control_dir() takes it after (main left it 0755
-    through makedirs and refused it then)."""
+    """The package root made first leaves the process's directory 0700, so
+    control_dir() takes it after (main once left it 0755 through makedirs
+    and refused it then); both go at exit."""
     victim, top, shared = site
     script = os.path.join(shared, "fresh.py")
     with open(script, "w") as f:
@@ -185,13 +197,14 @@ def test_a_fresh_private_dir_is_0700_and_the_control_socket_accepts_it(site):
     r = subprocess.run(_as(victim.pw_uid, victim.pw_gid, [HOST_PY, script, os.path.join(top, "a")]),
                        env=_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    base = f"/tmp/bulkhead-{victim.pw_uid}"
-    assert f"control {base}\n" in r.stdout, r.stdout
+    pid = r.stdout.split("pid ")[1].split()[0]
+    base = r.stdout.split("control ")[1].split()[0]
+    assert base.startswith(f"/tmp/bulkhead-{victim.pw_uid}-{pid}-"), r.stdout
     assert f"mode {base} 0o700" in r.stdout, r.stdout
     root = r.stdout.split()[1]
     assert os.path.dirname(root) == base and f"mode {root} 0o700" in r.stdout, r.stdout
     assert f"['bulkhead'] {os.path.join(top, 'a', 'bulkhead')}" in r.stdout, r.stdout
-    assert not os.path.exists(root), "the package root outlived its host"
+    assert not os.path.exists(root) and not os.path.exists(base), "the package root outlived its host"
 
 
 TWO = r"""

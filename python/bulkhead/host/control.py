@@ -5,9 +5,10 @@ workers.
 Reading needs no host: everything a process holds is in the shared ledger.
 Acting does, because only the host holds a worker's channel.  Each host
 listens on ``control_path(pid)`` — ``$XDG_RUNTIME_DIR/bulkhead/host-<pid>.sock``
-when that directory is usable, else ``/tmp/bulkhead-<uid>/host-<pid>.sock``
-(directory 0700 and ours, checked: rundir; socket 0600; a client tries
-both places, as the CLI does) — a ``SOCK_SEQPACKET`` socket speaking the
+when that directory is a private one of ours, else
+``/tmp/bulkhead-<uid>-<pid>-<random>/host-<pid>.sock`` (directory 0700 and
+ours, checked: rundir; socket 0600; a client tries every place, as the CLI
+does) — a ``SOCK_SEQPACKET`` socket speaking the
 same frames as a worker channel, with the peer's uid checked on every
 frame.  A client sends CALL frames ``(target, args, kwargs)``:
 
@@ -107,7 +108,7 @@ def request(host_pid, target, *args, timeout=30.0):
     result (raises what the host raised, as RemoteError; Timeout past
     `timeout`; ControlUnreachable when nothing listens there)."""
     s, tried = None, []
-    for d in rundir.runtime_dirs():  # both places, as the CLI looks (release.c)
+    for d in rundir.runtime_dirs(host_pid):  # every place, as the CLI looks (release.c)
         path = os.path.join(d, f"host-{host_pid}.sock")
         try:
             _native.private_dir(d, False)  # never talk to a socket another user could have put there

@@ -5,7 +5,9 @@ bulkhead from).
 /tmp is shared by every user, so ``/tmp/bulkhead-<uid>`` can be made
 first by someone else; a directory they own (or one that lets them in)
 would let them replace the ``bulkhead`` package a worker imports, and run
-code as us.  Every directory here goes through ``private_dir``: made 0700
+code as us, and one refused would disable every isolated pack.  So under
+/tmp each process makes its own, of a name nobody can guess
+(``runtime_dir``).  Every directory here goes through ``private_dir``: made 0700
 when missing, then checked with lstat -- a directory, not a link, owned by
 our uid, no group or other bits -- by the C core's ``bh_private_dir``,
 which the default ledger directory on /dev/shm goes through too.  A
@@ -13,8 +15,12 @@ directory that fails is refused with an error naming it, its owner and
 mode, and the fix; bulkhead never falls back to using it.
 """
 
+import atexit
 import os
+import shutil
 import stat
+import tempfile
+import threading
 
 from .. import _native
 
@@ -46,25 +52,104 @@ def private_dir(path):
     return path
 
 
+def _xdg_runtime():
+    """$XDG_RUNTIME_DIR when it is set and a private directory of ours (as
+    the C core's check judges it: the login manager makes it 0700), else
+    None: a directory another user could enter is never used."""
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    if not run or not os.path.isabs(run):
+        return None
+    try:
+        _native.private_dir(run, False)
+    except OSError:
+        return None
+    return run
+
+
+TMP = "/tmp"
+_mine = None               # (pid, path): this process's directory under /tmp
+_mine_lock = threading.Lock()
+
+
+def _tmp_prefix(pid=None):
+    return f"bulkhead-{os.getuid()}-" + ("" if pid is None else f"{pid}-")
+
+
 def runtime_dir():
     """This user's private bulkhead directory, made and checked:
-    ``$XDG_RUNTIME_DIR/bulkhead`` when XDG_RUNTIME_DIR is a writable
-    directory, else ``/tmp/bulkhead-<uid>``.  (The CLI's release.c looks in
-    both, this one first.)"""
-    run = os.environ.get("XDG_RUNTIME_DIR")
-    if run and os.path.isdir(run) and os.access(run, os.W_OK):
+    ``$XDG_RUNTIME_DIR/bulkhead`` when XDG_RUNTIME_DIR is a private
+    directory of ours, else one of this process's own under /tmp,
+    ``/tmp/bulkhead-<uid>-<pid>-<random>``, made atomically 0700 by
+    mkdtemp: a name nobody can guess nor make first, so another user who
+    makes ``/tmp/bulkhead-<uid>`` (or any name) first disables nothing.
+    It goes at exit; those of processes that are gone go when the next one
+    is made (an owner check first: only directories of ours).  (The CLI's
+    release.c looks in the same places.)"""
+    run = _xdg_runtime()
+    if run:
         return private_dir(os.path.join(run, "bulkhead"))
-    return private_dir(f"/tmp/bulkhead-{os.getuid()}")
+    global _mine
+    with _mine_lock:
+        if _mine is not None and _mine[0] == os.getpid():
+            return _mine[1]
+        sweep_tmp()
+        path = private_dir(tempfile.mkdtemp(prefix=_tmp_prefix(os.getpid()), dir=TMP))
+        atexit.register(_remove_tmp, path, os.getpid())
+        _mine = (os.getpid(), path)
+        return path
 
 
-def runtime_dirs():
-    """Every directory a host of this user may have put its control socket
-    in, the one ``runtime_dir`` picks here first (a host may have run in
-    another environment: a systemd unit without XDG_RUNTIME_DIR).  Not
-    created nor checked: a client checks the one it uses."""
-    tmp = f"/tmp/bulkhead-{os.getuid()}"
+def _remove_tmp(path, pid):
+    if pid == os.getpid():  # not a forked child exiting: the directory is its parent's
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _tmp_dirs(pid=None):
+    """This user's process directories under /tmp (of `pid` only, when
+    given) that pass the private-directory check, sorted."""
+    prefix = _tmp_prefix(pid)
+    try:
+        names = sorted(n for n in os.listdir(TMP) if n.startswith(prefix))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        path = os.path.join(TMP, name)
+        try:
+            _native.private_dir(path, False)
+        except OSError:
+            continue  # another user's, or not a directory: never ours to use or remove
+        out.append(path)
+    return out
+
+
+def sweep_tmp():
+    """Removes this user's /tmp directories whose process is gone.
+    Returns the paths removed."""
+    removed = []
+    for path in _tmp_dirs():
+        pid = os.path.basename(path)[len(_tmp_prefix()):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or another user's pid now: left for a later sweep)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def runtime_dirs(pid=None):
+    """Every directory a host of this user (host `pid`, when given) may
+    have put its control socket in, the one ``runtime_dir`` picks here
+    first (a host may have run in another environment: a systemd unit
+    without XDG_RUNTIME_DIR), then ``/tmp/bulkhead-<uid>`` where an older
+    bulkhead put them.  Not created; the /tmp ones checked."""
     run = os.environ.get("XDG_RUNTIME_DIR")
-    if not run or not os.path.isdir(run):
-        return [tmp]
-    xdg = os.path.join(run, "bulkhead")
-    return [xdg, tmp] if os.access(run, os.W_OK) else [tmp, xdg]
+    xdg = [os.path.join(run, "bulkhead")] if run and os.path.isabs(run) else []
+    tmp = _tmp_dirs(pid) + [os.path.join(TMP, f"bulkhead-{os.getuid()}")]
+    return xdg + tmp if _xdg_runtime() else tmp + xdg

@@ -11,8 +11,8 @@ What bulkhead makes outside the package itself:
   looked at, as either may be left from a run with or without it);
 - the shared ledger's directory on /dev/shm (``/dev/shm/bulkhead-<uid>``,
   or ``$BULKHEAD_LEDGER``'s file) and the private run directories with the
-  hosts' control sockets (``/tmp/bulkhead-<uid>``,
-  ``$XDG_RUNTIME_DIR/bulkhead``).
+  hosts' control sockets (``/tmp/bulkhead-<uid>-<pid>-*``, the older
+  ``/tmp/bulkhead-<uid>``, ``$XDG_RUNTIME_DIR/bulkhead``).
 
 Nothing is removed while a bulkhead process of this user runs (a host or
 worker in the ledger, or a process running an environment's interpreter):

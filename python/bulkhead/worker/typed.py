@@ -15,7 +15,7 @@ object of a node's outputs (V1 ``run`` and V3 ``run_v3`` alike) as a
 handle: an object whose class (or a base, by ``__name__``) is registered
 crosses as a map::
 
-    {"__bulkhead_type__": tag, "type": type_name, "pack": pack, "value": payload}
+    {b"__bulkhead_type__": tag, "type": type_name, "pack": pack, "value": payload}
 
 whose payload the codec walks under the same policy (an object in it a
 pack registered crosses by its own serializer, any other is held).  The
@@ -24,6 +24,11 @@ it on to any node.  A worker whose registry knows the tag turns such a map
 in a node's inputs back into the object (``restore``); one that does not
 gets the map.  A class nobody registered still stays in the worker as a
 handle.
+
+The marker is a bytes key, which JSON cannot produce: a map of the same
+shape written into a prompt by a web client (str keys) reaches the node as
+the dict it is, never a pack's deserializer (a deserializer written for its
+own serializer's output, using pickle or a path, is not web-reachable).
 """
 
 import json
@@ -31,7 +36,7 @@ import os
 import sys
 import types as _types
 
-MARK = "__bulkhead_type__"
+MARK = b"__bulkhead_type__"  # bytes: no prompt literal can carry it
 
 _registry = {}      # type_name -> (tag, serialize, deserialize, pack, where)
 _by_tag = {}        # tag -> the same
