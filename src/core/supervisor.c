@@ -283,10 +283,21 @@ int bh_proc_wait(bh_proc *p, int timeout_ms, int *status) {
     }
     int st = 0;
     pid_t r;
+    siginfo_t si;
     int flags = timeout_ms == 0 || (p->pidfd < 0 && timeout_ms > 0) ? WNOHANG : 0;
-    do r = waitpid(p->pid, &st, flags);
+    /* Seen exited but not reaped first: the zombie still holds its pid, so
+     * the group it leads (its own, from the spawn) cannot have been reused,
+     * and what it forked -- a pack's helper -- is killed with it, however
+     * the worker ended (its death, a hang's or an interrupt's SIGKILL,
+     * teardown).  Once reaped, nothing could name that group safely. */
+    memset(&si, 0, sizeof si);
+    do r = (pid_t)waitid(P_PID, (id_t)p->pid, &si, WEXITED | WNOWAIT | flags);
     while (r < 0 && errno == EINTR);
-    if (r == 0) return -ETIMEDOUT;
+    if (r < 0) return -errno;
+    if (si.si_pid == 0) return -ETIMEDOUT; /* WNOHANG: still running */
+    kill(-p->pid, SIGKILL);
+    do r = waitpid(p->pid, &st, 0);
+    while (r < 0 && errno == EINTR);
     if (r < 0) return -errno;
     p->reaped = 1;
     p->status = st;
@@ -304,7 +315,8 @@ int bh_proc_kill(bh_proc *p, int sig) {
 
 /* Teardown's signal: the child's whole process group (its own, from the
  * spawn), so what the worker forked -- a pack's helper that may hold the
- * channel's end -- goes with it.  Not reaped yet, so neither the pid nor
+ * channel's end -- goes with it (and once the worker has exited, at any
+ * end, bh_proc_wait kills what is left of the group before reaping it).  Not reaped yet, so neither the pid nor
  * the group it names can have been reused.  A worker that left its group
  * (setsid) is signalled alone. */
 static int bh__kill_group(bh_proc *p, int sig) {

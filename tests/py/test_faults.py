@@ -67,12 +67,58 @@ def test_worker_death_hidden_by_a_forked_helper(worker):
     helper = int(re.search(r"helper=(\d+)", str(ei.value)).group(1))
     try:
         assert ei.value.exit_code == 5 and "exited with status 5" in str(ei.value)
+        assert _gone(helper), "the worker's helper outlived it"
         assert worker.call("operator:add", 1, 2) == 3
     finally:
+        _kill_quietly(helper)
+
+
+def _gone(pid, within=5.0):
+    """Whether pid is gone (or a zombie nobody has reaped yet) within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
         try:
-            os.kill(helper, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _kill_quietly(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.mark.parametrize("how", ["killed", "hung", "closed"])
+def test_a_workers_helpers_go_with_it(worker, how, tmp_path):
+    """#24 L1: a pack's helper process (in the worker's process group) is
+    killed with the worker however it ends: killed from outside mid-call
+    (its death), past the call deadline (the hang's SIGKILL), and at
+    close (teardown).  main signalled the group only before the leader was
+    reaped, so a helper was alive after WorkerDied."""
+    import threading
+    where = str(tmp_path / "helper.pid")
+    if how == "killed":
+        threading.Timer(1.0, os.kill, (worker.pid, signal.SIGKILL)).start()
+        with pytest.raises(bulkhead.WorkerDied):
+            worker.call("bh_testmod:helper_then_sleep", where, 30)
+    elif how == "hung":
+        worker.call_timeout = 1.0
+        with pytest.raises(bulkhead.CallTimeout):
+            worker.call("bh_testmod:helper_then_sleep", where, 30)
+    else:
+        worker.call("bh_testmod:helper_then_sleep", where, 0)
+        worker.close()
+    helper = int(open(where).read())
+    try:
+        assert _gone(helper), f"the worker's helper {helper} outlived it ({how})"
+    finally:
+        _kill_quietly(helper)
 
 
 def test_missing_interpreter_fails_fast(make_worker):

@@ -82,6 +82,18 @@ def exit_leaving_a_helper(code):
     os._exit(code)
 
 
+def helper_then_sleep(path, seconds):
+    """Starts a helper process (a pack's subprocess, in the worker's
+    process group) that would outlive this worker, writes its pid to path,
+    then sleeps."""
+    import subprocess
+    helper = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    with open(path, "w") as f:
+        f.write(str(helper.pid))
+    time.sleep(seconds)
+    return helper.pid
+
+
 def unsendable():
     return object()
 
