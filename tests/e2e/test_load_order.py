@@ -62,7 +62,7 @@ def test_comfy_env_prestartup_before_and_after_bulkhead(comfyui, manager_install
     last = _ce_pack(tmp_path / "repos", "z_last_ce", "E2ELast")        # and after it
     srv = comfyui(packs=(), pack_dirs=[first, last], installed=manager_install)
     log = srv.log()
-    assert "No module named 'comfy_env'" not in log and "IMPORT FAILED" not in log, log
+    assert "No module named 'comfy_env'" not in log and "(IMPORT FAILED)" not in log, log
     assert "NOT isolated" not in log, log
     for name in ("a_first_ce", "z_last_ce"):
         copied = os.path.join(srv.base, "custom_nodes", name, "copied", "viewer.txt")
@@ -87,7 +87,7 @@ def test_comfy_pack_before_a_clone_whose_package_is_missing(comfyui, tmp_path):
     write(pack / "comfy-env.toml", f'python = "{HOST_MM}"\n')
     srv = comfyui(packs=(), pack_dirs=[str(pack)], installed=(sys.executable, clone))
     log = srv.log()
-    assert "IMPORT FAILED" not in log, log
+    assert "(IMPORT FAILED)" not in log, log  # a custom node; comfy_extras lacking torchaudio print "IMPORT FAILED: nodes_....py"
     assert "bulkhead: not loaded, isolated packs run in-process" in log, log
     fallback = [l for l in log.splitlines() if "NOT isolated" in l]
     assert len(fallback) == 1 and "'a_comfy_pack'" in fallback[0] and "install.py" in fallback[0], fallback

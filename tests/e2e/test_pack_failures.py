@@ -86,7 +86,7 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     srv = comfyui(packs=(), pack_dirs=[pack], installed=manager_install, env=env, bulkhead_home=home)
     with open(srv.log_path, errors="replace") as f:
         log = f.read()
-    assert "IMPORT FAILED" not in log, log
+    assert "(IMPORT FAILED)" not in log, log  # a custom node; comfy_extras lacking torchaudio print "IMPORT FAILED: nodes_....py"
     # one start-up line says where the packs stand
     [line] = [l for l in log.splitlines() if "bulkhead " in l and " isolated" in l and "s loading them" in l]
     assert ": 1 pack isolated, 3 NOT isolated (ComfyUI-Mixed.bad: in-process: its comfy-env.toml is invalid" \
