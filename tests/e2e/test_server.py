@@ -273,6 +273,37 @@ def test_a_handle_producing_node_runs_again_after_its_worker_restarted(comfyui):
         assert out["text"] == ["t" + suffix] and out["pid"][0] != pid and out["made_in"] == out["pid"]
 
 
+def test_a_slow_validate_inputs_on_an_idle_worker_does_not_freeze_the_server(comfyui):
+    """#24 L2: VALIDATE_INPUTS runs on the server's event loop at POST
+    /prompt; the pack's worker is idle and its validator takes 4 s.  The
+    loop waits at most half a second for it (main waited the whole 4 s,
+    and forever on a stopped worker): the prompt is accepted, /queue
+    answers meanwhile, and the check runs when the node does (its refusal
+    fails that node)."""
+    import threading
+    srv = comfyui()
+    warm = srv.queue({"1": {"class_type": "E2ESlowCheck", "inputs": {"seconds": 0.0, "text": "ok"}}})
+    assert srv.wait_history(warm)["status"]["status_str"] == "success"
+    answer = {}
+
+    def post():
+        t0 = time.monotonic()
+        answer["r"] = srv.http("POST", "/prompt", {"prompt": {
+            "1": {"class_type": "E2ESlowCheck", "inputs": {"seconds": 4.0, "text": "no thanks"}}}}, timeout=30)
+        answer["s"] = time.monotonic() - t0
+    t = threading.Thread(target=post)
+    t.start()
+    time.sleep(0.1)
+    status, queue_s = _timed(srv, "GET", "/queue")
+    t.join(30)
+    assert status == 200 and queue_s < 1.5, queue_s
+    assert answer["r"][0] == 200 and answer["s"] < 2.5, answer
+    bad = srv.wait_history(answer["r"][1]["prompt_id"], timeout_s=60)
+    assert bad["status"]["status_str"] == "error"
+    error = [m for m in bad["status"]["messages"] if m[0] == "execution_error"][0][1]
+    assert error["node_type"] == "E2ESlowCheck" and "no is no" in error["exception_message"], error
+
+
 def _timed(srv, method, path, body=None):
     t0 = time.monotonic()
     status, _ = srv.http(method, path, body, timeout=5)

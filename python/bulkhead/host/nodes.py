@@ -976,33 +976,52 @@ class PackRuntime:
         return f"{answer!r} (bulkhead worker generation {gen})"
 
     # VALIDATE_INPUTS from ComfyUI's web server.  ComfyUI calls it inline
-    # on the event loop when a prompt is queued.  The worker answers it at
-    # once where it is running and idle; where it is busy with a node (the
-    # lock held, maybe for minutes) or not started yet (a spawn and the
-    # pack's import), waiting would freeze the whole server, so the check
-    # is deferred instead: the prompt is accepted, and the check runs in the
+    # on the event loop when a prompt is queued.  The worker answers it
+    # where it is running and idle, on a thread of its own, and the loop
+    # waits for that answer at most VALIDATE_WAIT_S; where the worker is
+    # busy with a node (the lock held, maybe for minutes), not started yet
+    # (a spawn and the pack's import), or its validator is slow, stopped or
+    # deadlocked, waiting would freeze the whole server, so the check is
+    # deferred instead: the prompt is accepted, and the check runs in the
     # worker just before a node with those inputs runs, failing that node
     # with the validator's message, as a prompt refused at queue time would
     # have been.  Deferred checks are bounded per node (the oldest go).
     DEFERRED_MAX = 64
+    VALIDATE_WAIT_S = 0.5
 
     def validate_on_loop(self, key, kwargs):
-        """VALIDATE_INPUTS without waiting: the worker's answer when it is
-        idle and running, else True and the check deferred to the node's
-        run (see above)."""
-        w = self.worker
-        if w._lock.acquire(blocking=False):
+        """VALIDATE_INPUTS without waiting past VALIDATE_WAIT_S: the
+        worker's answer when it is idle and running and answers in time,
+        else True and the check deferred to the node's run (see above)."""
+        w, box, done = self.worker, {}, threading.Event()
+
+        def check():
+            if not w._lock.acquire(blocking=False):
+                box["why"] = "busy"
+                return done.set()
             try:
-                if w.alive and not w.busy:
-                    return self._validate(w, _mm(), key, kwargs, drain=False)
+                if not w.alive or w.busy:
+                    box["why"] = "busy" if w.alive else "not started"
+                    return
+                box["answer"] = self._validate(w, _mm(), key, kwargs, drain=False)
+            except BaseException as e:
+                box["error"] = e
             finally:
                 w._lock.release()
+                done.set()
+
+        threading.Thread(target=check, name=f"bulkhead-validate-{self.name}", daemon=True).start()
+        if done.wait(self.VALIDATE_WAIT_S) and "why" not in box:
+            if "error" in box:
+                raise box["error"]
+            return box["answer"]
         with self._deferred_lock:
             pending = self._deferred.setdefault(key, [])
             pending.append(dict(kwargs))
             del pending[:-self.DEFERRED_MAX]
-        log.info("bulkhead: pack %r: %s.VALIDATE_INPUTS is checked when the node runs (its worker is %s)",
-                 self.name, key, "busy" if w.alive else "not started")
+        log.info("bulkhead: pack %r: %s.VALIDATE_INPUTS is checked when the node runs (%s)", self.name, key,
+                 f"its worker is {box['why']}" if "why" in box
+                 else f"it did not answer within {self.VALIDATE_WAIT_S:g} s")
         return True
 
     def _take_deferred(self, key, kwargs):

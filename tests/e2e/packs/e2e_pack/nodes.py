@@ -134,6 +134,27 @@ class UseThing:
                 "result": (thing.label + suffix,)}
 
 
-NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam,
+class SlowCheck:
+    """A VALIDATE_INPUTS that takes `seconds` and refuses a text with "no"."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seconds": ("FLOAT", {"default": 0.0}), "text": ("STRING", {"default": "ok"})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "bulkhead e2e"
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, seconds, text):
+        time.sleep(seconds)
+        return "no is no" if "no" in text else True
+
+    def run(self, seconds, text):
+        return {"ui": {"text": [text]}, "result": (text,)}
+
+
+NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam,
                        "E2EMakeThing": MakeThing, "E2EUseThing": UseThing}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}
