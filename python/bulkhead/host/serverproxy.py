@@ -11,19 +11,24 @@ copy included), static directories as they are, and one prompt handler
 standing for the pack's.
 
 A route's handler runs on the host's event loop only to read the request;
-the call into the worker runs on an executor thread (the worker lock may
-be held by a running node), waits ``route_timeout`` s at most for the
-lock, and gives the worker the same deadline for the pack's handler.  Each
-way it can fail is an HTTP answer naming the pack: 503 busy, 504 too slow,
-502 dead or failed to start, 500 the handler raised.  Prompt handlers run
+the call into the worker runs on a thread of bulkhead's own route pool
+(``ROUTE_THREADS``; never aiohttp's default executor, which ComfyUI's
+static files use), at most ``ROUTE_PER_PACK`` requests of one pack at once
+(past either bound: 503 at once).  It waits ``ROUTE_BUSY_S`` at most for
+the worker lock (a running node holds it, maybe for minutes: 503), and
+gives the worker ``route_timeout`` s for the pack's handler.  Each way it
+can fail is an HTTP answer naming the pack: 503 busy, 504 too slow, 502
+dead or failed to start, 500 the handler raised.  Prompt handlers run
 synchronously (upstream's ``trigger_on_prompt`` is) under
 ``prompt_handler_timeout`` s; a failure is logged and the prompt goes on
 unchanged, as upstream does with a handler that raises.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import sys
+import threading
 
 from .. import _native
 from ..channel.peer import BulkheadError, RemoteError
@@ -33,6 +38,9 @@ log = logging.getLogger("bulkhead")
 
 HOST_TARGET = targets.SERVER
 ROUTE_TIMEOUT_S = 60.0
+ROUTE_BUSY_S = 1.0     # the longest a route request waits for a worker running a node
+ROUTE_THREADS = 8      # bulkhead's route pool, all packs together
+ROUTE_PER_PACK = 4     # route requests of one pack in the pool at once
 PROMPT_HANDLER_TIMEOUT_S = 10.0
 GRACE_S = 10.0  # beyond the worker-side deadline before the worker counts as hung
 
@@ -48,6 +56,19 @@ def prompt_server():
 # its reader thread holds it for a frame at a time, a node call for the
 # whole node (never waited for: Worker.busy).
 BRIEF_S = 0.25
+
+
+_pool = None
+_pool_lock = threading.Lock()
+_pool_used = 0
+
+
+def _route_pool():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(ROUTE_THREADS, thread_name_prefix="bulkhead-route")
+        return _pool
 
 
 class RouteFailed(Exception):
@@ -77,6 +98,7 @@ class ServerProxy:
         self.route_timeout_s = float(rt.options.get("route_timeout", ROUTE_TIMEOUT_S))
         self.prompt_timeout_s = float(rt.options.get("prompt_handler_timeout", PROMPT_HANDLER_TIMEOUT_S))
         self.installed = []
+        self.in_flight = 0     # route requests of this pack in the pool (under _pool_lock)
 
     def install(self, meta):
         """Puts the pack's routes and prompt handler on the host's server."""
@@ -110,9 +132,14 @@ class ServerProxy:
                     "match_info": dict(request.match_info), "remote": request.remote, "body": body}
             loop = asyncio.get_running_loop()
             try:
-                res = await loop.run_in_executor(None, proxy.call_route, index, method, path, data)
+                proxy._enter()
+                try:
+                    res = await loop.run_in_executor(_route_pool(), proxy.call_route, index, method, path, data)
+                finally:
+                    proxy._leave()
             except RouteFailed as e:
-                return web.Response(status=e.status, text=str(e))
+                return web.Response(status=e.status, text=str(e),
+                                    headers={"Retry-After": "1"} if e.status == 503 else None)
             if res.get("file"):
                 resp = web.FileResponse(res["file"], status=res["status"])
             else:
@@ -124,6 +151,26 @@ class ServerProxy:
             return resp
         handler.__name__ = handler.__qualname__ = f"bulkhead_route_{self.rt.name}_{index}"
         return handler
+
+    def _enter(self):
+        """Counts a route request into the pool, or RouteFailed(503) at once
+        when this pack's share or the whole pool is taken."""
+        global _pool_used
+        with _pool_lock:
+            if self.in_flight >= ROUTE_PER_PACK:
+                raise RouteFailed(503, f"bulkhead: pack {self.rt.name!r} has {self.in_flight} route requests "
+                                       f"in flight, the most it may (ROUTE_PER_PACK); try again when they answer")
+            if _pool_used >= ROUTE_THREADS:
+                raise RouteFailed(503, f"bulkhead: all {ROUTE_THREADS} route threads of the isolated packs are "
+                                       f"busy; the route of pack {self.rt.name!r} cannot run now, try again")
+            self.in_flight += 1
+            _pool_used += 1
+
+    def _leave(self):
+        global _pool_used
+        with _pool_lock:
+            self.in_flight -= 1
+            _pool_used -= 1
 
     def call_route(self, index, method, path, data):
         """On an executor thread: the worker's answer as data, or RouteFailed."""
@@ -162,9 +209,9 @@ class ServerProxy:
             if w.busy or not w._lock.acquire(timeout=BRIEF_S):
                 raise RouteFailed(503, f"bulkhead: {what} are skipped for this prompt: the pack's worker is "
                                        "running a node (ComfyUI's event loop never waits for it)")
-        elif not w._lock.acquire(timeout=timeout_s):
-            raise RouteFailed(503, f"bulkhead: {what} cannot run now: the pack's worker has been busy "
-                                   f"(running a node) for over {timeout_s:g} s; try again when it is done")
+        elif not w._lock.acquire(timeout=min(timeout_s, ROUTE_BUSY_S)):
+            raise RouteFailed(503, f"bulkhead: {what} cannot run now: the pack's worker is busy running a "
+                                   f"node; try again when it is done")
         try:
             return w.request(_native.CALL, (target, args, {}), timeout_s + GRACE_S, "call", what)
         except RemoteError as e:
