@@ -42,7 +42,7 @@ static inline uint64_t bh__get_u64(const uint8_t *p) {
 /* ---- shm.c: the block pool behind a channel ---- */
 
 #define BH__KEEP_FREE_BLOCKS 64u  /* free own blocks a pool keeps for reuse */
-#define BH__OWN_BLOCKS_MAX 256u   /* own blocks (each an fd) at once, in use or free */
+#define BH__OWN_BLOCKS_MAX 256u   /* own blocks still holding their fd (not introduced yet), per pool */
 
 struct bh_block {
   bh_pool *pool;

@@ -31,7 +31,9 @@
  * until the frame that introduces it to the peer is sent (the peer then
  * has its own fd, and a mapping needs none), so the fds blocks hold are
  * those of blocks not lent yet.  Their count is bounded twice: at most
- * BH__OWN_BLOCKS_MAX own blocks per pool (an acquire past it destroys free
+ * BH__OWN_BLOCKS_MAX own blocks holding an fd per pool (blocks the peer
+ * holds from earlier messages count only as mappings, at most as many as
+ * the peer maps: BH__PEER_BLOCKS_MAX; an acquire past either destroys free
  * blocks first, then fails -BH_EPOOLFULL), and at most
  * bh__block_fds_max() block memfds open in the whole process, over every
  * pool (a quarter of the soft RLIMIT_NOFILE: a host with many workers
@@ -224,6 +226,21 @@ void bh__pool_close(bh_pool *p) {
   if (empty) bh__pool_free(p);
 }
 
+/* Own blocks that still hold their memfd (not introduced to the peer yet).
+ * Lock held. */
+static size_t bh__own_fds(const bh_pool *p) {
+  size_t n = 0;
+  for (size_t i = 0; i < p->n_own; i++) n += p->own[i]->fd >= 0;
+  return n;
+}
+
+/* Room for one more own block: at most BH__OWN_BLOCKS_MAX of them holding
+ * an fd (a lent block holds none: the peer has its own), and at most as
+ * many in all as the peer maps from one channel.  Lock held. */
+static int bh__pool_room(const bh_pool *p) {
+  return p->n_own < BH__PEER_BLOCKS_MAX && bh__own_fds(p) < BH__OWN_BLOCKS_MAX;
+}
+
 /* Destroys least recently used free own blocks until the free bytes fit
  * keep_bytes, at most keep_blocks free blocks remain and (keep_room) the
  * pool has room for one more block.  Lock held.  Returns the bytes freed. */
@@ -241,7 +258,7 @@ static size_t bh__pool_trim_to(bh_pool *p, size_t keep_bytes, size_t keep_blocks
     }
     if (victim == SIZE_MAX) return freed;
     if (free_bytes <= keep_bytes && free_blocks <= keep_blocks &&
-        (!keep_room || p->n_own < BH__OWN_BLOCKS_MAX))
+        (!keep_room || bh__pool_room(p)))
       return freed;
     bh_block *b = p->own[victim];
     if (b->peer_mapped && bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id))
@@ -284,7 +301,7 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
     return 0;
   }
   bh__pool_trim_to(p, p->keep_bytes, BH__KEEP_FREE_BLOCKS, 1);
-  if (p->n_own >= BH__OWN_BLOCKS_MAX) {
+  if (!bh__pool_room(p)) {
     pthread_mutex_unlock(&p->mu);
     return -BH_EPOOLFULL;
   }

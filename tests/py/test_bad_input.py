@@ -430,6 +430,20 @@ def test_encoder_refuses_more_items_than_a_frame_may_carry(worker):
 
 # --- a reply past the shared-memory block bound -----------------------
 
+def test_replies_the_host_keeps_do_not_count_against_the_block_bound(make_worker):
+    """#24 M1: the host keeps what eight calls answered (ComfyUI's output
+    cache, an OUTPUT_IS_LIST of frames), 50 arrays of 100 KiB each: 400
+    blocks lent to the host, more than the 256 a channel may hold with
+    their fds.  A lent block holds no fd (the host has its own), so every
+    call succeeds (main failed the sixth with BH_EPOOLFULL), and the data
+    is what was sent."""
+    w = make_worker(name="keptblocks")
+    kept = [w.call("bh_testmod:many_arrays", 50, 100 << 10) for _ in range(8)]
+    assert [int(a[0]) for out in kept for a in out] == list(range(50)) * 8
+    assert all(a.nbytes == 100 << 10 and int(a[-1]) == int(a[0]) for out in kept for a in out)
+    assert w.generation == 1
+    del kept
+
 def test_a_reply_past_the_block_bound_is_that_calls_error(make_worker):
     """257 arrays of 70 KiB in one reply need more blocks than a channel may
     hold (BH_EPOOLFULL): that call fails with an error naming the bound,
