@@ -348,6 +348,13 @@ def test_stub_checkout():
     assert "model" in names(rep, "not_members")
     assert "loaded_ram_size" in names(rep, "gated")
     assert rep["unread"] == []
+    # #24 L7: what the pin-eviction generator yields, and the inner module's
+    # dynamic_pins, are read past is_dynamic(); free_memory's new arguments
+    # are named and covered
+    assert {"model.dynamic_pins", "unregister_inactive_pins", "partially_unload_ram"} <= names(rep, "gated")
+    assert rep["free_memory"]["parameters"] == ["memory_required", "device", "keep_loaded", "for_dynamic",
+                                                "pins_required", "ram_required"]
+    assert rep["free_memory"]["new"] == []
 
 
 def test_real_checkout():

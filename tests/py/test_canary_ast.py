@@ -488,6 +488,63 @@ def test_is_dynamic_gating():
     assert "detach" in r.unread
 
 
+GENERATORS = textwrap.dedent("""\
+    def dynamic_ones(active):
+        for entry in current_loaded_models:
+            patcher = entry.model
+            if patcher is None or not patcher.is_dynamic():
+                continue
+            state = patcher.model.dynamic_pins[patcher.load_device]
+            yield patcher
+    def every_one():
+        for entry in current_loaded_models:
+            yield entry.model
+    def free_pins(size):
+        for patcher in dynamic_ones(True):
+            patcher.partially_unload_ram(size)
+        for patcher in every_one():
+            patcher.read_on_all()
+        names = [p.in_comprehension for p in dynamic_ones(None)]
+        for i, p in enumerate(current_loaded_models):
+            p.model.model.eval()
+""")
+
+
+def test_what_a_generator_yields_is_a_patcher_and_its_gating_goes_with_it():
+    """#24 L7: members read on patchers a generator of the module yields
+    (upstream's models_for_pin_eviction) are seen; when its every yield
+    is reached only past is_dynamic(), what a loop over it reads is gated
+    (main saw none of them).  Reads off the patcher's inner module
+    (.model.<name>: dynamic_pins) are listed in a class of their own,
+    answered or not by the StandIn's RemoteModel, and fail nothing."""
+    r = analyze(GENERATORS)
+    assert_name(r, "partially_unload_ram", GATED, 13)
+    assert_name(r, "in_comprehension", GATED, 16)
+    assert_name(r, "read_on_all", LACKING, 15)
+    assert_name(r, "model.dynamic_pins", GATED, 6)
+    assert_name(r, "model.eval", canary.INNER_READ, 18)
+    assert not r.names["model.eval"].in_surface
+    assert r.status == 1 and [n.name for n in r.names.values() if n.cls == LACKING] == ["read_on_all"]
+    text = canary.to_text(r, "mm.py")
+    assert "model.dynamic_pins" in text and "model.eval" in text and "the StandIn lacks read_on_all" in text
+
+
+def test_free_memory_parameters_are_named_and_new_ones_fail():
+    """#24 L7: the report names free_memory's parameters; one the StandIn's
+    eviction scenarios do not cover fails the check, named."""
+    r = analyze("def free_memory(memory_required, device, keep_loaded=[], for_dynamic=False,\n"
+                "                pins_required=0, ram_required=0):\n    pass\n")
+    assert r.free_memory == (list(canary.FREE_MEMORY_KNOWN), 1) and r.free_memory_new == [] and r.status == 0
+    r = analyze("def free_memory(memory_required, device, keep_loaded=[], vram_budget=None):\n    pass\n")
+    assert r.free_memory_new == ["vram_budget"] and r.status == 1
+    text = canary.to_text(r, "mm.py")
+    assert "free_memory(memory_required, device, keep_loaded, vram_budget)  mm.py:1" in text
+    assert "FAIL: free_memory takes new parameters: vram_budget" in text, text
+    doc = json.loads(canary.to_json(r, "mm.py"))
+    assert doc["free_memory"] == {"line": 1, "parameters": ["memory_required", "device", "keep_loaded",
+                                                            "vram_budget"], "new": ["vram_budget"]}
+
+
 def test_exiting_else_and_nested_if_gate_nothing_outside():
     """An `else:` holding an if is not an elif: its early exit gates the
     rest of the else block only."""

@@ -41,7 +41,11 @@ module), ENTRIES / PATCHERS collections of them.  Sources:
     a list of them) keeps the kind in its function until rebound: an alias
     lives in one function body (nested functions see it; a class body
     shares its function's).  Order is textual; values returned from other
-    functions are not followed.
+    functions are not followed, except what a generator of the module
+    yields: one whose every yield is an ENTRY (PATCHER) makes a call of it
+    ENTRIES (PATCHERS), defined before the call; when every yield is gated
+    (see below), a loop or comprehension over it is gated too, its body
+    running only for dynamic patchers (upstream's models_for_pin_eviction).
 Every ``.name`` read off a PATCHER is recorded: read, call (with its
 positional count, *args or **kwargs, keyword names), or write (assigned or
 deleted).  hasattr(p, "name") and getattr(p, "name", default) are probes (a
@@ -67,9 +71,14 @@ not check that is_dynamic() was asked of the same object, and an exiting
 gated reads never reach it: they are reported but do not fail the check.
 
 Not members.  ``.model.model`` is the patcher's inner module (reported as
-such; the StandIn answers ``.model`` with a RemoteModel), reads off the
-inner module are not the patcher's, and dunders (__class__, ...) every
-object has.
+such; the StandIn answers ``.model`` with a RemoteModel), and dunders
+(__class__, ...) every object has.  Reads off the inner module are not the
+patcher's: they are listed as ``model.<name>`` in a class of their own
+(answered or not by RemoteModel), gated like any other, and fail nothing.
+
+free_memory.  The module's ``free_memory`` parameters are reported; one
+not in FREE_MEMORY_KNOWN (what the StandIn's eviction scenarios cover)
+fails the check, named.
 
 Errors (CanaryError, exit status 2): the file cannot be read (errno named),
 is larger than MAX_SOURCE_BYTES, or is not Python this interpreter parses
@@ -89,18 +98,30 @@ MAX_SOURCE_BYTES = 4 << 20  # upstream's file is ~70 KiB
 
 # The kinds of value a name or expression can hold.
 UNKNOWN, ENTRY, PATCHER, INNER, ENTRIES, PATCHERS, ENUM_ENTRIES, ENUM_PATCHERS = range(8)
+# What a generator of this module yields when its every yield is reached
+# only where is_dynamic() returned True: iterating it runs the loop body
+# only for dynamic patchers, so what the body reads is gated.
+DYN_ENTRIES, DYN_PATCHERS = range(8, 10)
+
+# free_memory's parameters the StandIn's scenarios cover (tests/comfyui and
+# tests/py/test_comfy_stub.py, every upstream generation); a parameter
+# beyond these is drift the report names.
+FREE_MEMORY_KNOWN = ("memory_required", "device", "keep_loaded", "for_dynamic", "pins_required", "ram_required")
+INNER_PREFIX = "model."  # a name read off the patcher's inner module: "model.<name>"
 
 # How a member is used (bits; the JSON names them in this order).
 READ, CALL, WRITE, PROBE = 1, 2, 4, 8
 USE_NAMES = ((READ, "attribute"), (CALL, "call"), (WRITE, "write"), (PROBE, "probe"))
 
 # The classes a derived name falls in: JSON key and report title.
-ANSWERED, LACKING, GATED, NOT_MEMBER, PROBED = range(5)
-CLASS_KEYS = ("answered", "lacking", "gated", "not_members", "probed")
+ANSWERED, LACKING, GATED, NOT_MEMBER, PROBED, INNER_READ = range(6)
+CLASS_KEYS = ("answered", "lacking", "gated", "not_members", "probed", "inner")
 CLASS_TITLES = (
     "answered by the StandIn", "lacking (the StandIn does not answer them)",
     "gated behind is_dynamic() (never reached: the StandIn answers False)",
-    "not members (subtracted)", "probed only (hasattr / getattr with a default: a miss is no error)")
+    "not members (subtracted)", "probed only (hasattr / getattr with a default: a miss is no error)",
+    "read off .model, the patcher's torch module (not a patcher member; the StandIn's .model is a "
+    "RemoteModel, which answers only what it says)")
 
 MAX_SHAPES = 64  # distinct call shapes kept per name
 
@@ -173,11 +194,11 @@ def standin_surface():
 
 
 def _elem_of(k):
-    return ENTRY if k == ENTRIES else PATCHER if k == PATCHERS else UNKNOWN
+    return ENTRY if k in (ENTRIES, DYN_ENTRIES) else PATCHER if k in (PATCHERS, DYN_PATCHERS) else UNKNOWN
 
 
 def _list_kind(k):
-    return k in (ENTRIES, PATCHERS)
+    return k in (ENTRIES, PATCHERS, DYN_ENTRIES, DYN_PATCHERS)
 
 
 def _iter_kind(k):
@@ -185,7 +206,7 @@ def _iter_kind(k):
 
 
 def _attr_kind(k, name, call):
-    if k in (ENTRIES, PATCHERS):
+    if k in (ENTRIES, PATCHERS, DYN_ENTRIES, DYN_PATCHERS):
         if call and name == "pop":
             return _elem_of(k)
         return k if call and name == "copy" else UNKNOWN
@@ -266,6 +287,9 @@ class _Walk:
         self.scopes = [{}]  # function scopes, innermost last: name -> kind
         self.comps = []     # comprehension scopes, innermost last
         self.events = []    # (position, name, how, gated, shape)
+        self.yields = []    # per function being walked: [(kind, gated)] of its yields
+        self.generators = {}  # generator function name -> the kind of its result (ENTRIES, DYN_PATCHERS, ...)
+        self.free_memory = None  # (parameter names, line) of the module's free_memory
 
     # ------------------------------------------------------- names
 
@@ -373,7 +397,10 @@ class _Walk:
         for p in params:
             if p.annotation is not None:
                 self.expr(p.annotation, g)
+        if node.name == "free_memory" and len(self.scopes) == 1:
+            self.free_memory = ([p.arg for p in params], node.lineno)
         self.scopes.append({})
+        self.yields.append([])
         role = {"load_models_gpu": PATCHERS, "unload_model_and_clones": PATCHER}.get(node.name)
         for i, p in enumerate(params):
             k = UNKNOWN
@@ -386,6 +413,14 @@ class _Walk:
             self.bind(p.arg, k)
         self.block(node.body, False)
         self.scopes.pop()
+        ys = self.yields.pop()
+        kinds = {k for k, _ in ys}
+        if ys and len(kinds) == 1 and kinds <= {ENTRY, PATCHER}:
+            gated = all(gy for _, gy in ys)
+            self.generators[node.name] = ((DYN_ENTRIES if gated else ENTRIES) if ENTRY in kinds
+                                          else (DYN_PATCHERS if gated else PATCHERS))
+        else:
+            self.generators.pop(node.name, None)
 
     def stmt(self, s, g, loaded_model=False):
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -398,7 +433,7 @@ class _Walk:
             self.expr(s.target, g)
             k = self.expr(s.iter, g)
             self.bind_target(s.target, _iter_kind(k), self.bind)
-            self.block(s.body, g)
+            self.block(s.body, g or k in (DYN_ENTRIES, DYN_PATCHERS))
             self.block(s.orelse, g)
         elif isinstance(s, ast.While):
             self.expr(s.test, g)
@@ -466,9 +501,15 @@ class _Walk:
             return self.lookup(n.id)
         if isinstance(n, ast.Attribute):
             k = self.expr(n.value, g)
-            if k == PATCHER:
-                self.use(n.attr, n, WRITE if isinstance(n.ctx, (ast.Store, ast.Del)) else READ, g)
+            if k in (PATCHER, INNER):
+                self.use((INNER_PREFIX if k == INNER else "") + n.attr, n,
+                         WRITE if isinstance(n.ctx, (ast.Store, ast.Del)) else READ, g)
             return _attr_kind(k, n.attr, False)
+        if isinstance(n, (ast.Yield, ast.YieldFrom)):
+            k = self.expr(n.value, g) if n.value is not None else UNKNOWN
+            if self.yields:
+                self.yields[-1].append((_elem_of(k) if isinstance(n, ast.YieldFrom) else k, g))
+            return UNKNOWN
         if isinstance(n, ast.Call):
             return self.call(n, g)
         if isinstance(n, ast.Subscript):
@@ -523,6 +564,7 @@ class _Walk:
             k = self.expr(gen.iter, g or filtered)
             self.expr(gen.target, g or filtered)
             self.bind_target(gen.target, _iter_kind(k), bind)
+            filtered = filtered or k in (DYN_ENTRIES, DYN_PATCHERS)
             for c in gen.ifs:
                 self.expr(c, g or filtered)
                 filtered = filtered or implies(c, True)
@@ -536,8 +578,8 @@ class _Walk:
         base = None  # the method's object when it is a plain name: lst.append(x)
         if isinstance(f, ast.Attribute):
             k = self.expr(f.value, g)
-            if k == PATCHER:
-                self.use(f.attr, f, CALL, g, _shape_of(n))
+            if k in (PATCHER, INNER):
+                self.use((INNER_PREFIX if k == INNER else "") + f.attr, f, CALL, g, _shape_of(n))
             if isinstance(f.value, ast.Name):
                 base = f.value.id
             kind = _attr_kind(k, f.attr, True)
@@ -556,6 +598,8 @@ class _Walk:
             self.expr(kw.value, g)
         arg = (lambda i: kinds[i] if i < len(kinds) else UNKNOWN)
         if isinstance(f, ast.Name) and self.lookup(f.id) == UNKNOWN:
+            if f.id in self.generators:
+                return self.generators[f.id]
             if f.id == "LoadedModel":
                 return ENTRY
             if f.id == "enumerate":
@@ -600,12 +644,15 @@ class Report:
     """What ``analyze`` found: ``names`` (first-use order), ``changes``
     (by line), ``unread`` and ``without`` (surface order)."""
 
-    def __init__(self, surface, without):
+    def __init__(self, surface, without, inner=()):
         self.surface = surface
         self.without = without
+        self.inner = frozenset(inner)  # what the StandIn's .model (a RemoteModel) answers
         self.names = {}
         self.changes = []
         self.unread = []
+        self.free_memory = None        # (parameter names, line) of upstream's free_memory
+        self.free_memory_new = []      # of them, those not in FREE_MEMORY_KNOWN
 
     def answers(self, name):
         return name in self.surface and name not in self.without
@@ -613,7 +660,8 @@ class Report:
     @property
     def status(self):
         """0 when the StandIn covers every member and call shape, else 1."""
-        return 1 if self.changes or any(r.cls == LACKING for r in self.names.values()) else 0
+        return 1 if (self.changes or self.free_memory_new
+                     or any(r.cls == LACKING for r in self.names.values())) else 0
 
     def section(self, cls):
         """The names of one class, by first use."""
@@ -677,7 +725,17 @@ def _parse(source, path):
         raise CanaryError(f"nested deeper than Python {_PY}'s parser follows") from None
 
 
-def analyze(source, without=(), surface=None, path="<source>"):
+def inner_surface():
+    """What the StandIn's ``.model`` answers: a RemoteModel's own names."""
+    from .. import _native
+    return {n for n in dir(_native.RemoteModel) if not n.startswith("__")}
+
+
+def _dunder(name):
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def analyze(source, without=(), surface=None, path="<source>", inner=None):
     """Derives the interface ``source`` (a model_management.py, str or
     bytes) demands of a ledger entry's patcher and checks it against
     ``surface`` ({name: Member}, default: the StandIn's) less the names in
@@ -685,6 +743,8 @@ def analyze(source, without=(), surface=None, path="<source>"):
     not Python, ValueError for a ``without`` name the surface lacks."""
     if surface is None:
         surface = standin_surface()
+    if inner is None:
+        inner = inner_surface()
     without = list(dict.fromkeys(without))
     for w in without:
         if w not in surface:
@@ -695,7 +755,10 @@ def analyze(source, without=(), surface=None, path="<source>"):
         walk.block(tree.body, False)
     except RecursionError:
         raise CanaryError("nested deeper than the canary follows") from None
-    report = Report(surface, without)
+    report = Report(surface, without, inner)
+    if walk.free_memory is not None:
+        report.free_memory = walk.free_memory
+        report.free_memory_new = [p for p in walk.free_memory[0] if p not in FREE_MEMORY_KNOWN]
     walk.events.sort(key=lambda e: e[0])
     for (line, _), name, how, gated, shape in walk.events:
         r = report.names.get(name)
@@ -712,16 +775,20 @@ def analyze(source, without=(), surface=None, path="<source>"):
             r.shapes.append([shape, line])
     for r in report.names.values():
         real = r.uses & ~PROBE
-        r.in_surface = report.answers(r.name)
+        inner_name = r.name.startswith(INNER_PREFIX)
+        attr = r.name[len(INNER_PREFIX):] if inner_name else r.name
+        r.in_surface = attr in report.inner if inner_name else report.answers(r.name)
         if not real:
             r.cls = GATED if r.gated_uses & ~PROBE else PROBED
-        elif len(r.name) > 4 and r.name.startswith("__") and r.name.endswith("__"):
+        elif _dunder(attr):
             r.cls, r.why = NOT_MEMBER, "every object has it (not a patcher member)"
         elif r.name == "model" and r.in_surface:
             r.cls, r.why = NOT_MEMBER, "inner module: the patcher's torch module (the StandIn answers .model)"
+        elif inner_name:
+            r.cls = INNER_READ
         else:
             r.cls = ANSWERED if r.in_surface else LACKING
-        if r.in_surface and real:
+        if r.in_surface and real and not inner_name:
             _check_uses(report, r)
     report.changes.sort(key=lambda c: (c.line, c.shape))
     for name in surface:
@@ -772,7 +839,12 @@ def to_json(report, path):
     items = [f"\n    {{\"name\": {_js(c.name)}, \"line\": {c.line}, \"call\": {_js(c.shape)}, "
              f"\"reason\": {_js(c.reason)}}}" for c in report.changes]
     out.append(",\n  \"changed\": [" + ",".join(items) + ("\n  " if items else "") + "],\n")
-    out.append("  \"unread\": [" + ", ".join(f'"{n}"' for n in report.unread) + "]\n}\n")
+    out.append("  \"unread\": [" + ", ".join(f'"{n}"' for n in report.unread) + "]")
+    if report.free_memory is not None:
+        params, line = report.free_memory
+        out.append(",\n  \"free_memory\": {\"line\": %d, \"parameters\": [%s], \"new\": [%s]}"
+                   % (line, ", ".join(_js(p) for p in params), ", ".join(_js(p) for p in report.free_memory_new)))
+    out.append("\n}\n")
     return "".join(out)
 
 
@@ -809,13 +881,13 @@ def to_text(report, path):
     lacking = [r.name for r in report.names.values() if r.cls == LACKING]
     for cls, title in enumerate(CLASS_TITLES):
         rows = report.section(cls)
-        if cls == PROBED and not rows:
+        if cls in (PROBED, INNER_READ) and not rows:
             continue
         gated = cls == GATED
         out.append(f"\n{title} ({len(rows)}){':' if rows else ''}\n")
         for r in rows:
             what = r.why or _uses_text(r, gated)
-            if gated:
+            if gated or cls == INNER_READ:
                 what += "; answered" if r.in_surface else "; not answered"
             out.append(row(r.name, what, r.gated_line if gated else r.line))
         if cls == LACKING:  # call shapes right after what is missing: both fail the check
@@ -824,7 +896,14 @@ def to_text(report, path):
                 out.append(row(c.name, c.shape, c.line))
                 out.append(f"      {c.reason}\n")
     out.append(f"\nStandIn members upstream does not read ({len(report.unread)})"
-               f"{':' if report.unread else ''}" + "".join(f" {n}" for n in report.unread) + "\n\n")
+               f"{':' if report.unread else ''}" + "".join(f" {n}" for n in report.unread) + "\n")
+    if report.free_memory is not None:
+        params, line = report.free_memory
+        out.append(f"\nfree_memory({', '.join(params)})  {path}:{line}\n")
+        if report.free_memory_new:
+            out.append("  new parameters the StandIn's eviction scenarios do not cover: "
+                       + " ".join(report.free_memory_new) + "\n")
+    out.append("\n")
     if not report.status:
         out.append("OK: the StandIn answers every member upstream reads, in every call shape.\n")
         return "".join(out)
@@ -832,7 +911,10 @@ def to_text(report, path):
     if lacking:
         out.append(" the StandIn lacks " + " ".join(lacking) + (";" if report.changes else ""))
     if report.changes:
-        out.append(" call shapes changed: " + " ".join(c.shape for c in report.changes))
+        out.append(" call shapes changed: " + " ".join(c.shape for c in report.changes)
+                   + (";" if report.free_memory_new else ""))
+    if report.free_memory_new:
+        out.append(" free_memory takes new parameters: " + " ".join(report.free_memory_new))
     out.append("\n")
     return "".join(out)
 
