@@ -187,6 +187,39 @@ def test_an_upgraded_host_torch_makes_it_stale(tmp_path, home, monkeypatch):
     assert s.state == "stale" and "built before bulkhead matched environments to the host" in s.reason
 
 
+def test_a_start_rebuilds_an_environment_stale_only_because_the_host_changed(tmp_path, home, monkeypatch,
+                                                                                caplog):
+    """#24 M5: the host ComfyUI's requirements changed (an upgrade) and
+    nothing of the pack's did: ComfyUI's start rebuilds the environment,
+    as it builds a missing one (main left it stale, and the pack ran
+    in-process).  One stale because its own config changed is left to
+    `bulkhead install`."""
+    import logging
+    from bulkhead.host import pack as hpack
+    monkeypatch.setenv("BULKHEAD_PIP_ARGS", "--no-index")
+    base = tmp_path / "ComfyUI"
+    (base / "comfy").mkdir(parents=True)
+    (base / "requirements.txt").write_text("torch\n")
+    monkeypatch.setenv("COMFYUI_PATH", str(base))
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\n')
+    [st] = bulkhead.install(pack, progress=lambda l: None)
+    c = only_config(pack)
+    (base / "requirements.txt").write_text("torch\npsutil\n")
+    s = bulkhead.env_status(c)
+    assert s.state == "stale" and s.host_changed
+    with caplog.at_level(logging.INFO, logger="bulkhead"):
+        after = hpack.build_at_start(c, s)
+    assert after.ok and bulkhead.env_status(c).ok, after
+    assert "stale because the host changed (the host ComfyUI's requirements.txt" in caplog.text, caplog.text
+    # the pack's own config changed: stale, not the host's doing, not rebuilt at start
+    with open(c.path, "a") as f:
+        f.write('[pypi-dependencies]\nedited-requirement = "*"\n')
+    c = only_config(pack)
+    s = bulkhead.env_status(c)
+    assert s.state == "stale" and not s.host_changed
+    assert hpack.build_at_start(c, s) is s
+
+
 OTHER_MM = "3.12" if HOST_MM != "3.12" else "3.11"
 
 NUMPY_NODES = '''

@@ -129,6 +129,9 @@ class EnvStatus:
                 one, else None.
     ``reason``  why it is in that state, in words.
     ``fix``     the command that (re)builds it; empty when ready.
+    ``host_changed``  stale only because the host changed (its torch, its
+                ComfyUI's requirements, bulkhead's host matching): nothing
+                of the pack's own did, so a start may rebuild it.
     """
 
     state: str
@@ -139,6 +142,7 @@ class EnvStatus:
     env_dir: str = ""
     config_path: str = ""
     version: str = ""
+    host_changed: bool = False
 
     @property
     def ok(self):
@@ -541,7 +545,7 @@ def env_status(config):
                                f"(config hash {str(s.get('config_hash'))[:12]}, now {config.hash12})", py, now)
     host = hostmatch.stale_reason(s.get("host"), config, rebuild_command(config))
     if host:
-        return status("stale", host, py, now)
+        return dataclasses.replace(status("stale", host, py, now), host_changed=True)
     return status("ready", f"built {s.get('created', '?')} with Python {now} ({ipath})", py, now)
 
 

@@ -149,13 +149,20 @@ def build_at_start(config, st):
     """A config whose environment is missing (a pack just installed by
     ComfyUI-Manager or ``git clone``: its install.py ran comfy-env, or
     nothing) is built now, while ComfyUI starts, as ``bulkhead install``
-    would, its progress in the log.  Returns the EnvStatus after it, or
-    ``st`` with the build's error in its reason.  ``BULKHEAD_BUILD_AT_START=0``
-    leaves it to ``bulkhead install``; a stale or refused environment is
-    never rebuilt here (a worker of another ComfyUI may run on it), nor is
-    one whose build failed before while nothing it depends on changed
-    (``envs.failed_before``): a failure costs one start, not every start."""
-    if st.state != "missing" or os.environ.get(BUILD_AT_START, "1").lower() in ("0", "off", "no", "false"):
+    would, its progress in the log.  So is one that is stale only because
+    the host changed (ComfyUI upgraded, its torch or requirements moved:
+    ``host_changed``), which nothing of the pack's would otherwise bring
+    back; a worker of another ComfyUI running on the old one is told by
+    its SUPERSEDED note and starts its next generation in the new one.
+    Returns the EnvStatus after it, or ``st`` with the build's error in its
+    reason.  ``BULKHEAD_BUILD_AT_START=0`` leaves it to ``bulkhead
+    install``; an environment stale because its config changed, or refused,
+    is never rebuilt here, nor is one whose build failed before while
+    nothing it depends on changed (``envs.failed_before``): a failure costs
+    one start, not every start."""
+    rebuild = st.state == "stale" and st.host_changed
+    if not (st.state == "missing" or rebuild) or \
+            os.environ.get(BUILD_AT_START, "1").lower() in ("0", "off", "no", "false"):
         return st
     import dataclasses
     import time
@@ -169,8 +176,13 @@ def build_at_start(config, st):
             f"{st.reason}; its build failed at {before.get('created', '?')} ({before.get('error', '?')}) and "
             f"is not retried at start until its config, the host's packages or bulkhead change; "
             f"`bulkhead install {config.root}` retries it now"))
-    log.info("bulkhead: pack %r: its environment is not built; building it now, as `bulkhead install %s` "
-             "would (%s=0 leaves it to that command)", config.name, config.root, BUILD_AT_START)
+    if rebuild:
+        log.info("bulkhead: pack %r: its environment is stale because the host changed (%s); rebuilding it "
+                 "now, as `bulkhead install %s` would (%s=0 leaves it to that command)",
+                 config.name, st.reason.split("; run `")[0], config.root, BUILD_AT_START)
+    else:
+        log.info("bulkhead: pack %r: its environment is not built; building it now, as `bulkhead install %s` "
+                 "would (%s=0 leaves it to that command)", config.name, config.root, BUILD_AT_START)
     t0 = time.monotonic()
     try:
         after = envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line),
