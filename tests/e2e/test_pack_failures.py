@@ -127,3 +127,42 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     assert "is not retried at start" in again and "bulkhead install" in again, again
     out = _run_all(srv)
     assert out["good"]["pid"][0] != srv.proc.pid and out["unbuildable"]["pid"] == [srv.proc.pid]
+
+
+def test_fallback_error_makes_lost_isolation_an_error(comfyui, manager_install, tmp_path):
+    """#25: `[bulkhead] fallback = "error"` in a config, or BULKHEAD_FALLBACK=error
+    for the machine, makes a part that cannot run isolated load no nodes,
+    with one error line naming the reason, the setting and the fix, and
+    its state "failed" in /bulkhead/status, instead of running in
+    ComfyUI's process; a prompt using it is refused at queue time."""
+    pack = tmp_path / "repos" / "ComfyUI-Strict"
+    write(pack / "__init__.py", INIT)
+    write(pack / "nodes" / "__init__.py", "")
+    unbuildable = 'python = "{mm}"\n[pypi-dependencies]\nbh-nowhere-to-be-found = "*"\n'.format(mm=HOST_MM)
+    for sub, extra in (("strict", '[bulkhead]\nfallback = "error"\n'), ("lax", "")):
+        cls = "E2EFail" + sub.capitalize()
+        write(pack / "nodes" / sub / "__init__.py", NODE.format(cls=cls, imports="", saw=repr(sub)))
+        write(pack / "nodes" / sub / "comfy-env.toml", unbuildable + extra)
+    home = str(tmp_path / "bulkhead-home")
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], installed=manager_install, bulkhead_home=home,
+                  env={"BULKHEAD_PIP_ARGS": "--no-index"})
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and "E2EFailLax" in info and "E2EFailStrict" not in info
+    log = srv.log()
+    [line] = [l for l in log.splitlines() if "ComfyUI-Strict.strict'" in l and "is NOT loaded" in l]
+    assert 'its [bulkhead] fallback = "error"' in line and "bulkhead install" in line, line
+    status, doc = srv.http("GET", "/bulkhead/status")
+    states = {p["name"]: p for p in doc["packs"]}
+    assert states["ComfyUI-Strict.strict"]["state"] == "failed", states
+    assert states["ComfyUI-Strict.lax"]["state"] == "in-process", states
+    status, answer = srv.http("POST", "/prompt", {"prompt": {"1": {"class_type": "E2EFailStrict", "inputs": {}}}})
+    assert status == 400, (status, answer)
+    # the machine-wide switch: the lax part too
+    srv.stop()
+    srv.env["BULKHEAD_FALLBACK"] = "error"
+    srv.start()
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and "E2EFailLax" not in info and "E2EFailStrict" not in info
+    status, doc = srv.http("GET", "/bulkhead/status")
+    lax = {p["name"]: p for p in doc["packs"]}["ComfyUI-Strict.lax"]
+    assert lax["state"] == "failed" and "BULKHEAD_FALLBACK=error" in lax["reason"], lax

@@ -121,6 +121,9 @@ CHOICES = {
                 "when ComfyUI loads the pack, or only when a node runs", ("prompt", "startup", "off")),
     # Read by envs/hostmatch.py; the stamp records it (a change marks the
     # environment stale there, not through the config hash).
+    "fallback": ("what happens when the pack cannot run isolated (its environment not built, refused, or its "
+                 "worker cannot import it): run it in ComfyUI's process with one warning (in-process), or load "
+                 "none of its nodes, with one error (error)", ("in-process", "error")),
     "host_packages": ("what the environment gets from the host: torch, comfy-aimdo, comfy-kitchen and every "
                       "requirement of ComfyUI's requirements.txt, at the host's versions (match), or nothing "
                       "(none: for a pack that never imports comfy or torch)", ("match", "none")),

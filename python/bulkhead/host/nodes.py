@@ -1208,10 +1208,11 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
                 dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
     comfyui = find_comfyui(options)
     if comfyui is None:
-        return fallback(pack_dir, NO_COMFYUI, name=name, module=options.get("module", "auto"))
+        return fallback(pack_dir, NO_COMFYUI, name=name, module=options.get("module", "auto"),
+                        policy=options.get("fallback"))
     if python is None or not os.access(os.fspath(python), os.X_OK):
         return fallback(pack_dir, ENV_NOT_BUILT, name=name, module=options.get("module", "auto"),
-                        detail=f" (no interpreter at {python})" if python else "")
+                        detail=f" (no interpreter at {python})" if python else "", policy=options.get("fallback"))
     key = (pack_dir, os.fspath(python))
     with _runtimes_lock:
         rt = _runtimes.get(key)
@@ -1302,18 +1303,42 @@ def failed(pack_dir, name, reason, *, module="auto"):
     _set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="failed", reason=reason)
 
 
-def fallback(pack_dir, reason, *, detail=None, name=None, module="auto"):
+# BULKHEAD_FALLBACK=error: every pack that cannot run isolated is an
+# error instead of running in ComfyUI's process (as a pack's own
+# ``[bulkhead] fallback = "error"`` makes it for that pack).
+FALLBACK_SWITCH = "BULKHEAD_FALLBACK"
+
+
+def fallback_is_error(policy=None):
+    """Whether a pack that cannot run isolated is an error rather than run
+    in-process: its own ``[bulkhead] fallback`` (policy), or the machine's
+    BULKHEAD_FALLBACK, says "error"."""
+    return policy == "error" or os.environ.get(FALLBACK_SWITCH, "").strip().lower() == "error"
+
+
+def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=None):
     """Imports the pack in this process and returns its own
     (NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS), after ONE warning
     per pack naming the reason (a key of REASONS, or any text) and the
-    fix.  detail is added to the reason (e.g. what the stamp check said)."""
+    fix.  detail is added to the reason (e.g. what the stamp check said).
+    Where the pack's ``[bulkhead] fallback`` (policy) or BULKHEAD_FALLBACK
+    says "error", nothing is imported: one error line, the pack (its part)
+    recorded failed, and no nodes, so a prompt using them fails instead of
+    running in the wrong environment."""
     pack_dir = os.path.realpath(os.fspath(pack_dir))
     name = name or os.path.basename(pack_dir)
     what, fix = REASONS.get(reason, (str(reason) + "{detail}", "`bulkhead install {pack}`"))
     detail = f": {detail}" if detail and not detail.startswith((" ", ":")) else (detail or "")
+    why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
+    if fallback_is_error(policy):
+        source = ('its [bulkhead] fallback = "error"' if policy == "error" else f'{FALLBACK_SWITCH}=error')
+        log.error("bulkhead: pack %r (%s) is NOT loaded: it cannot run isolated (%s), and %s makes that an "
+                  "error instead of running it in ComfyUI's process. Fix: %s", name, pack_dir, why, source, how)
+        _set_state(pack_dir, module, name=name, state="failed", reason=f"{why} (not run in-process: {source})",
+                   fix=how)
+        return {}, {}
     with _states_lock:     # once per pack and module: a pack's subdirectories fall back one by one
         first = _states.get((pack_dir, module), {}).get("state") != "in-process"
-    why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
     if first:
         log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir, why, how)
     mod = import_nodes(pack_dir, module, unique_name=True)

@@ -213,6 +213,8 @@ def _load(config, pack_dir, python, stamp, module, hm):
         opts["interrupt_grace"] = float(o["interrupt_grace_s"])
     if "prewarm" in o:
         opts["prewarm"] = o["prewarm"]
+    if o.get("fallback"):
+        opts["fallback"] = o["fallback"]
     from ..envs import conda
     env = conda.worker_env(os.path.dirname(os.path.dirname(python)))
     env.update(config.env_vars)
@@ -242,7 +244,7 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
     log.info("bulkhead: pack %r: its worker's traceback: %s", config.name, text)
     try:
         return nodes.fallback(pack_dir, nodes.WORKER_IMPORT_FAILED, detail=f" ({python}): {last}",
-                              name=config.name, module=module)
+                              name=config.name, module=module, policy=config.options.get("fallback"))
     except Exception as host:
         nodes.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}",
                      module=module)
@@ -289,7 +291,8 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
     each of its configs through it too."""
     from ..envs import build as envs
     if refusal is not None:
-        return nodes.fallback(pack_dir, nodes.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module)
+        return nodes.fallback(pack_dir, nodes.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module,
+                              policy=config.options.get("fallback"))
     st = envs.env_status(config)
     why = None
     if not st.ok and reuse is not None:
@@ -303,4 +306,4 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
         return _load_or_fall_back(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
     reason = nodes.ENV_NOT_BUILT if st.state == "missing" and not why else nodes.STAMP_REFUSED
     return nodes.fallback(pack_dir, reason, detail=f"{st.state}: {st.reason}" + (f"; {why}" if why else ""),
-                          name=config.name, module=module)
+                          name=config.name, module=module, policy=config.options.get("fallback"))
