@@ -531,11 +531,39 @@ function mount(el) {
   return stop;
 }
 
+// Once per page load, a notice in ComfyUI's toast (the frontend's
+// app.extensionManager.toast, where it has one) when a pack bulkhead serves
+// is not isolated: it runs in ComfyUI's own process, or failed.  Not
+// awaited by setup: the page never waits for it.
+async function noticeNotIsolated() {
+  const toast = app.extensionManager && app.extensionManager.toast;
+  if (!toast || typeof toast.add !== "function") return;
+  let doc;
+  try {
+    const res = await api.fetchApi("/bulkhead/status");
+    if (!res.ok) return;
+    doc = await res.json();
+  } catch (e) {
+    return; // the panel shows what went wrong when it is opened
+  }
+  const lost = (doc.packs || []).filter((p) => p.state !== "isolated");
+  if (!lost.length) return;
+  const lines = lost.map((p) => `${p.name}: ${p.state === "failed" ? "FAILED" : "runs in ComfyUI's process"}` +
+    (p.reason ? ` (${p.reason})` : ""));
+  toast.add({
+    severity: lost.some((p) => p.state === "failed") ? "error" : "warn",
+    summary: `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} NOT isolated`,
+    detail: lines.join("\n") + "\nThe bulkhead panel lists each with its fix.",
+    life: 20000,
+  });
+}
+
 let unmount = null;
 
 app.registerExtension({
   name: "bulkhead.panel",
   async setup() {
+    noticeNotIsolated();
     app.extensionManager.registerSidebarTab({
       id: "bulkhead",
       icon: "pi pi-server",

@@ -70,6 +70,7 @@ PAGE = """<!doctype html>
       if (e.scrollWidth > e.clientWidth) cut.push(`${e.tagName}.${e.className}: ${e.textContent.slice(0, 60)}`);
     }
     document.body.dataset.cut = JSON.stringify(cut);
+    document.body.dataset.toasts = JSON.stringify(app.extensionManager.toast.added);
     document.body.dataset.measured = String(Number(document.body.dataset.measured || 0) + 1);
   };
   setInterval(measure, 250);
@@ -82,7 +83,8 @@ const tabs = [];
 const setups = [];
 export const app = {
   extensions: [],
-  extensionManager: { tabs, registerSidebarTab(tab) { tabs.push(tab); } },
+  // the frontend's toast store: what was added, in order
+  extensionManager: { tabs, registerSidebarTab(tab) { tabs.push(tab); }, toast: { added: [], add(m) { this.added.push(m); } } },
   registerExtension(ext) {
     this.extensions.push(ext);
     setups.push(Promise.resolve(ext.setup ? ext.setup(this) : undefined));
@@ -395,6 +397,15 @@ def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, mon
     assert "isolated" in rows[2]["text"] and sys_python_name() in rows[2]["text"]
     # the section comes first in the panel
     assert r["dom"].index("data-bh-pack") < r["dom"].index("bh-devices")
+    # and one notice in ComfyUI's toast at load names the two not isolated
+    import html
+    import json
+    import re
+    toasts = json.loads(html.unescape(re.search(r'data-toasts="([^"]*)"', r["dom"]).group(1)))
+    assert len(toasts) == 1 and toasts[0]["severity"] == "error", toasts
+    assert toasts[0]["summary"] == "bulkhead: 2 packs NOT isolated", toasts
+    assert "broken_pack: FAILED" in toasts[0]["detail"] and "lost_pack: runs in ComfyUI's process" in toasts[0]["detail"]
+    assert "good_pack" not in toasts[0]["detail"] and "pip found no bh-nowhere" in toasts[0]["detail"]
     assert r["png"] == 0
     keep = os.environ.get("BULKHEAD_PANEL_SCREENSHOT_PACKS")
     if keep:
