@@ -586,9 +586,10 @@ def test_comfy_pack_warns_once_per_degraded_feature(tmp_path):
     r = _host(tmp_path, root, packs)
     lines = [l for l in r["log"].splitlines() if l.startswith("LOG ")]
     degraded = [l for l in lines if "is off" in l]
-    assert degraded == ["LOG bulkhead: a worker's pins released on a full release is off: this ComfyUI lacks "
-                        "comfy.model_management.free_pins (signature changed) (`bulkhead doctor` shows the "
-                        "contract)"], r["log"]
+    # one line for every feature that is off, naming them and the doctor (#25)
+    assert degraded == ["LOG bulkhead: on this ComfyUI 1 feature of isolated packs is off: a worker's pins "
+                        "released on a full release (`bulkhead doctor` names what this ComfyUI lacks for each)"], \
+        r["log"]
     assert sum("environment is not built" in l for l in lines) == 2, r["log"]
     assert r["once"] and r["memory"]
 

@@ -502,16 +502,23 @@ _startup_lock = threading.Lock()
 
 
 def startup():
-    """check() once per process (the host's, before its first worker
-    spawns): the DEGRADED warnings are logged here, one per feature; the
-    caller refuses isolation when ``refusal()`` is not None (each pack's
-    fallback warning carries that message)."""
+    """check() once per process (the host's, before its first isolated
+    pack is served: a ComfyUI without one hears nothing of it): the
+    features that are off are logged here in ONE line naming them and
+    `bulkhead doctor` (what each lacks is at debug level, and in the
+    doctor's table); the caller refuses isolation when ``refusal()`` is
+    not None (each pack's fallback warning carries that message)."""
     global _startup
     with _startup_lock:
         if _startup is None:
             _startup = check(None)
-            for line in _startup.warnings():
-                log.warning("bulkhead: %s (`bulkhead doctor` shows the contract)", line)
+            off = list(_startup.features_off())
+            if off:
+                log.warning("bulkhead: on this ComfyUI %d feature%s of isolated packs %s off: %s "
+                            "(`bulkhead doctor` names what this ComfyUI lacks for each)", len(off),
+                            "" if len(off) == 1 else "s", "is" if len(off) == 1 else "are", "; ".join(off))
+                for line in _startup.warnings():
+                    log.debug("bulkhead: %s", line)
         return _startup
 
 

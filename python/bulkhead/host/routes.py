@@ -336,6 +336,7 @@ class BulkheadRoutes:
         doc["timeline"] = timeline(self.hm)
         from . import nodes
         doc["packs"] = nodes.pack_states()
+        doc["prompt_hook"] = self.prompt_hook     # None: workers release at their node boundary and when idle
         return doc
 
     async def status_async(self):
@@ -526,8 +527,9 @@ class BulkheadRoutes:
             from comfy_execution import cache_provider as cp
             register = cp.register_cache_provider
         except (ImportError, AttributeError):
-            log.info("bulkhead: this ComfyUI has no prompt hook (comfy_execution.cache_provider); "
-                     "workers release at their node boundary and after their idle time")
+            # /bulkhead/status says so ("prompt_hook": null); not a start-up line (#25)
+            log.debug("bulkhead: this ComfyUI has no prompt hook (comfy_execution.cache_provider); "
+                      "workers release at their node boundary and after their idle time")
             return None
         self._provider = _prompt_boundary_provider(getattr(cp, "CacheProvider", object), self)
         register(self._provider)
