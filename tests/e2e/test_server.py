@@ -157,6 +157,26 @@ def test_free_reports_the_bytes_a_worker_gave_back(comfyui):
     assert _rss(pid) < rss_before - (200 << 20)
 
 
+def test_one_free_reports_what_comfyuis_cache_drop_lets_go(comfyui):
+    """#25 item 5: the worker's 48 MiB output lives in a block ComfyUI's
+    output cache holds.  ComfyUI drops that cache on its prompt thread
+    after /free sets the flags; one /free reports those bytes freed (main
+    released the workers before ComfyUI let go of them: freed 0, and a
+    second press freed them), and a second press finds nothing left."""
+    srv = comfyui()
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EBigArray", "inputs": {"mib": 48}}}))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    pid = entry["outputs"]["1"]["pid"][0]
+    status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
+    assert status == 200, body
+    [row] = [r for r in body["bulkhead"]["processes"] if r["pid"] == pid]
+    assert row["freed_bytes"] >= 48 << 20, body["bulkhead"]
+    assert body["bulkhead"]["comfyui_settled"] is True, body["bulkhead"]
+    status, again = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
+    [row] = [r for r in again["bulkhead"]["processes"] if r["pid"] == pid]
+    assert row["freed_bytes"] < 4 << 20, again["bulkhead"]
+
+
 def _rss(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:

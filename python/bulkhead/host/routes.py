@@ -113,11 +113,14 @@ import ipaddress
 import json
 import logging
 import os
+import threading
+import time
 import weakref
 
 from .. import _native
 from ..channel.peer import RemoteError
 from . import release as _release
+from . import serverproxy
 from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, WorkerBusy, held as _held
 
 log = logging.getLogger("bulkhead")
@@ -126,6 +129,9 @@ SCHEMA = 1
 TIMELINE_LEN = 40                 # events the status route returns
 # How long /free and /bulkhead/free wait for a worker that is in a call.
 FREE_WAIT_S = float(os.environ.get("BULKHEAD_FREE_WAIT", "10"))
+# How long ComfyUI's /free waits for ComfyUI's prompt thread to drop its
+# output cache before the workers release (comfyui_settled).
+FREE_SETTLE_S = 5.0
 MAX_WAIT_S = 60.0                 # the most a request's "wait_s" may ask
 MAX_BYTES = (1 << 63) - 1         # the most a request's "bytes" may ask (the codec's int64)
 # Releases and frees (POST /bulkhead/release, /bulkhead/free, ComfyUI's
@@ -623,8 +629,10 @@ class BulkheadRoutes:
             response = await handler(request)
             if not asked or response.status != 200 or not isinstance(response, web.Response):
                 return response
+            settled = await self._run(comfyui_settled, FREE_SETTLE_S)
             try:
                 report = await self._act(self.free, False, None, "free", before)
+                report["comfyui_settled"] = settled
             except RouteError as e:  # too many at once: upstream's answer alone
                 log.warning("bulkhead: ComfyUI's /free: %s (the workers release after their idle time)", e)
                 return response
@@ -653,6 +661,57 @@ class BulkheadRoutes:
                 routes.add_route(method, path, handler)
             else:
                 routes.route(method, path)(handler)
+
+
+def comfyui_settled(timeout_s):
+    """After upstream's /free handler set its flags: waits, at most
+    timeout_s, until ComfyUI's prompt thread has acted on them, so that what
+    its output cache held in the workers (results mapped from their blocks,
+    handles to their objects) is let go before the workers release, and one
+    press reports what a second would have freed.  Upstream's prompt
+    thread takes the flags (``get_flags``), unloads, drops its cache
+    (``e.reset()``) and then runs ``gc.collect()`` (main.prompt_worker); so
+    this waits for the flags to be taken and for a full collection to end
+    after the last time they were seen set.  True when seen; False at the
+    bound (a prompt is running: ComfyUI acts on the flags after it) or
+    where this ComfyUI's queue has no flags to watch."""
+    import gc
+    srv = serverproxy.prompt_server()
+    q = getattr(srv, "prompt_queue", None)
+    get_flags = getattr(q, "get_flags", None)
+    if get_flags is None:
+        return False
+    collections = [0]
+    done = threading.Event()
+    mark = [None]       # the collection count when the flags were last seen set
+
+    def on_gc(phase, info):
+        if phase == "stop" and info.get("generation") == 2:
+            collections[0] += 1
+            if mark[0] is not None and collections[0] > mark[0]:
+                done.set()
+
+    gc.callbacks.append(on_gc)
+    try:
+        deadline = time.monotonic() + timeout_s
+        seen = collections[0]
+        while True:
+            try:
+                flags = get_flags(reset=False)
+            except TypeError:   # an older queue without reset=: nothing to watch without taking them
+                return False
+            if not any(k in flags for k in ("free_memory", "unload_models")):
+                break
+            seen = collections[0]
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        mark[0] = seen
+        if collections[0] > seen:
+            return True
+        return done.wait(max(0.0, deadline - time.monotonic()))
+    finally:
+        gc.callbacks.remove(on_gc)
 
 
 def _prompt_boundary_provider(base, routes):

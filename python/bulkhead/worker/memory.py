@@ -230,8 +230,11 @@ class WorkerMemory:
         not: a model upstream unloaded (popped from its list) keeps its
         entry at 0 resident while the pack still holds it, so the host's
         stand-in survives and is re-listed when it loads again.  A model
-        leaves the ledger when its patcher is collected."""
+        leaves the ledger when its patcher is collected.  Before ComfyUI is
+        imported here (a pack whose nodes never touch comfy), only the
+        shared-memory blocks are: the RAM its results hold in the host."""
         if not self._hook():
+            self._publish_shm()
             return
         for _mid, lm in self._entries():   # assigns ids to new entries
             self._devices.add(str(lm.device))
@@ -288,6 +291,19 @@ class WorkerMemory:
                     print(f"bulkhead.worker: WARNING: {e}; device {dev} is not published",
                           file=sys.stderr)
         self._devices |= set(held)
+
+    def _publish_shm(self):
+        """The cpu device's record with the channel's block bytes alone (a
+        worker without ComfyUI's memory manager holds no model)."""
+        shm = _shm_bytes()
+        if not shm and "cpu" not in self._devices:
+            return
+        self._devices.add("cpu")
+        try:
+            self.ledger.set_device("cpu", held_bytes=shm, pinned_bytes=0, pin_ceiling_bytes=0, pager_bytes=0,
+                                   floor_bytes=0)
+        except _native.LedgerError:
+            pass
 
     def _allocator_bytes(self, dev, weights):
         """Instantaneous bytes held on dev: torch's reserved bytes on CUDA
@@ -354,7 +370,16 @@ class WorkerMemory:
         """RELEASE frame: {op, model_id, bytes}.  Returns the receipt."""
         op, model_id, nbytes = req.get("op"), req.get("model_id"), req.get("bytes")
         if not self._hook():
-            return {"before_bytes": 0, "after_bytes": 0, "freed_bytes": 0, "note": "ComfyUI not loaded"}
+            # No model here; the full ladder still gives back the blocks the
+            # host returned (ComfyUI's cache dropping a result) and the heap.
+            shm_freed = 0
+            if op == "all":
+                gc.collect()
+                shm_freed = _trim_shm()
+                _trim_heap()
+            self._publish_shm()
+            return {"before_bytes": 0, "after_bytes": 0, "freed_bytes": 0, "loaded_bytes": 0,
+                    "shm_freed_bytes": shm_freed, "note": "ComfyUI not loaded"}
         self.ledger.set_run("releasing")
         before = self._resident()
         loaded = shm_freed = 0
@@ -477,13 +502,14 @@ class WorkerMemory:
                 self._split_at = now
                 self.split_pins()  # the host may have started or lost workers since
             self.census()
+        else:
+            self._publish_shm()
         self.ledger.set_run("idle")
 
     def recount(self):
         """The census once more, after a call's result went (its blocks
         were taken while it was encoded, after the call's own census)."""
-        if self._hook():
-            self.census()
+        self.census()
 
     def on_idle(self):
         if self.mm is not None and self._entries():

@@ -155,6 +155,24 @@ class SlowCheck:
         return {"ui": {"text": [text]}, "result": (text,)}
 
 
-NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam,
+class BigArray:
+    """Returns `mib` MiB of float32 (a shared-memory block of the worker's
+    that the host maps, and ComfyUI caches as the node's output)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"mib": ("INT", {"default": 32, "min": 1, "max": 1024})}}
+
+    RETURN_TYPES = ("E2E_ARRAY",)
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, mib):
+        import numpy as np
+        return {"ui": {"pid": [os.getpid()]}, "result": (np.ones(mib << 18, np.float32),)}
+
+
+NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2EBigArray": BigArray, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam,
                        "E2EMakeThing": MakeThing, "E2EUseThing": UseThing}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}
