@@ -177,6 +177,52 @@ def test_one_free_reports_what_comfyuis_cache_drop_lets_go(comfyui):
     assert row["freed_bytes"] < 4 << 20, again["bulkhead"]
 
 
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pid, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
+    """#27: an idle worker costs nothing.  With idle_exit_s = 2: a worker
+    whose object ComfyUI caches (a handle) stays and is released instead,
+    saying so; ComfyUI's "Free model and node cache" (/free free_memory)
+    drops that cache and the worker exits, its row "exited"; the next
+    prompt starts it again; and, holding nothing, it exits on its own
+    after its idle time."""
+    srv = comfyui(env={"BH_E2E_IDLE_EXIT": "2"})
+    prompt = {"1": {"class_type": "E2EMakeThing", "inputs": {"label": "kept"}},
+              "2": {"class_type": "E2EUseThing", "inputs": {"thing": ["1", 0], "suffix": ""}}}
+    entry = srv.wait_history(srv.queue(prompt))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    pid = entry["outputs"]["2"]["pid"][0]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "but stays" not in srv.log():
+        time.sleep(0.2)
+    assert "but stays: ComfyUI holds" in srv.log(), srv.log()[-3000:]
+    assert _alive(pid)
+    status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
+    assert status == 200
+    [row] = [r for r in body["bulkhead"]["processes"] if r["pid"] == pid]
+    assert row["state"] == "exited", body["bulkhead"]
+    assert _wait_gone(pid, 10)
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "again", "times": 1}}}))
+    assert entry["status"]["status_str"] == "success" and entry["outputs"]["1"]["text"] == ["again"]
+    second = entry["outputs"]["1"]["pid"][0]
+    assert second != pid
+    assert _wait_gone(second, 30), srv.log()[-2500:]
+    assert f"its worker (pid {second}) exited after" in srv.log()
+
+
 def _rss(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:

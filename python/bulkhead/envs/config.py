@@ -108,6 +108,8 @@ HASH_FORMAT = 1
 # the smallest value itself is allowed).  All are seconds.
 OPTIONS = {
     "idle_release_s": ("seconds a worker may sit idle before a full release (0: never)", 0.0, True),
+    "idle_exit_s": ("seconds a worker may sit idle before it exits, holding nothing ComfyUI still references "
+                    "(0: never; default BULKHEAD_IDLE_EXIT_S, else 600)", 0.0, True),
     "call_timeout_s": ("seconds one node call may take before the worker is killed", 0.0, False),
     "release_timeout_s": ("seconds a release ask may take before the worker is counted as stuck", 0.0, False),
     "start_timeout_s": ("seconds a worker may take to start (import the pack and say HELLO)", 0.0, False),

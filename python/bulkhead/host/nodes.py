@@ -72,6 +72,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
@@ -725,6 +726,10 @@ class PackRuntime:
         self._is_changed_fns = {}   # key -> the proxy's IS_CHANGED (see _proxy)
         self._deferred = {}         # key -> VALIDATE_INPUTS kwargs answered "later" (call_class)
         self._deferred_lock = threading.Lock()
+        # The worker's node instances the proxies hold (one per proxy
+        # instance): made again on a new generation, so they never keep an
+        # idle worker alive (host/idle.py).
+        self.instances = weakref.WeakSet()
 
     def _worker_env(self):
         env = {
@@ -942,6 +947,8 @@ class PackRuntime:
         if key not in self._handle_gen and _holds_handles(res["outputs"]):
             self._outputs_hold_handles(type(node), key, peer.generation)
         node._bulkhead_instance = res["instance"]
+        if res["instance"] is not None:
+            self.instances.add(res["instance"])
         return res["outputs"]
 
     def _outputs_hold_handles(self, cls, key, generation):
@@ -1222,6 +1229,8 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     if rt.meta is None:
         rt.load_metadata()
         rt.build()
+        from . import idle
+        idle.watch(rt)
         log.info("bulkhead: pack %r: %d node%s, %s, metadata %s", name, len(rt.classes),
                  "" if len(rt.classes) == 1 else "s", rt.python,
                  "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")

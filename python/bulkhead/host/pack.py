@@ -215,6 +215,8 @@ def _load(config, pack_dir, python, stamp, module, hm):
         opts["prewarm"] = o["prewarm"]
     if o.get("fallback"):
         opts["fallback"] = o["fallback"]
+    if "idle_exit_s" in o:
+        opts["idle_exit"] = float(o["idle_exit_s"])
     from ..envs import conda
     env = conda.worker_env(os.path.dirname(os.path.dirname(python)))
     env.update(config.env_vars)
@@ -226,6 +228,7 @@ def _load(config, pack_dir, python, stamp, module, hm):
     if hm is not None:
         opts["attach"] = _attach(hm)
         opts["after_call"] = _drain(hm)
+        opts["ledger"] = hm.ledger      # the idle exit reads the worker's idle stamp there (host/idle.py)
     return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts)
 
 

@@ -437,13 +437,15 @@ class BulkheadRoutes:
         """{pid: ledger bytes} of this host's running workers."""
         return {w.pid: _held(self._read(w.pid)) for w in self._local_workers()}
 
-    def free(self, all_hosts=False, wait_s=None, kind="free", before=None):
+    def free(self, all_hosts=False, wait_s=None, kind="free", before=None, exit_idle=False):
         """The full ladder on every worker of this host (idle ones first,
         then those in a call, each waited for up to wait_s), and with
         all_hosts on every idle worker of the other hosts.  Returns the
         /bulkhead/free answer; per-process failures are rows, not raises.
         before: held_now() taken earlier, when something else (upstream's
-        own unload) may have freed bytes in between."""
+        own unload) may have freed bytes in between.  exit_idle (ComfyUI's
+        "Free model and node cache"): then every idle worker that holds no
+        handle of the host's exits (host/idle.py), its row "exited"."""
         before = before or {}
         rows = []
         local = sorted(self._local_workers(), key=lambda w: bool(w.busy))
@@ -460,6 +462,12 @@ class BulkheadRoutes:
                            after_bytes=held, freed_bytes=max(0, was - held),
                            error=(str(e).splitlines() or [type(e).__name__])[0])
             rows.append(row)
+        if exit_idle:
+            from . import idle
+            gone = {e["pid"] for e in idle.exit_idle(0.0) if e["exited"]}
+            for row in rows:
+                if row["pid"] in gone:
+                    row.update(state="exited", after_bytes=0, freed_bytes=row["before_bytes"])
         if all_hosts:
             me = os.getpid()
             records = self._records()
@@ -631,7 +639,7 @@ class BulkheadRoutes:
                 return response
             settled = await self._run(comfyui_settled, FREE_SETTLE_S)
             try:
-                report = await self._act(self.free, False, None, "free", before)
+                report = await self._act(self.free, False, None, "free", before, bool(body.get("free_memory")))
                 report["comfyui_settled"] = settled
             except RouteError as e:  # too many at once: upstream's answer alone
                 log.warning("bulkhead: ComfyUI's /free: %s (the workers release after their idle time)", e)

@@ -3,7 +3,8 @@ under the host's own interpreter (which has torch, as the worker's
 `comfy` import needs), so no environment has to be built for it.  It is
 what `bulkhead.comfy_pack` does for a built environment, with the
 interpreter named instead of found from a comfy-env.toml.  BH_E2E_PREWARM
-sets its prewarm option (as `prewarm` in a comfy-env.toml would)."""
+sets its prewarm option (as `prewarm` in a comfy-env.toml would), and
+BH_E2E_IDLE_EXIT its idle exit time (`idle_exit_s`)."""
 import os
 import sys
 
@@ -14,4 +15,5 @@ NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
     os.path.dirname(os.path.abspath(__file__)), sys.executable,
     env={"BH_E2E_HELPERS": os.environ.get("BH_E2E_HELPERS", "")},  # workers get an allow-listed environment
     options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
-             "prewarm": os.environ.get("BH_E2E_PREWARM", "prompt")})
+             "prewarm": os.environ.get("BH_E2E_PREWARM", "prompt"), "ledger": getattr(_hm, "ledger", None),
+             **({"idle_exit": float(os.environ["BH_E2E_IDLE_EXIT"])} if os.environ.get("BH_E2E_IDLE_EXIT") else {})})

@@ -1,0 +1,139 @@
+"""Idle exit: an idle worker costs nothing.
+
+An isolated pack's worker that has been idle for its idle exit time -- the
+pack's ``[bulkhead] idle_exit_s``, else ``BULKHEAD_IDLE_EXIT_S``, else
+IDLE_EXIT_S; 0 never -- exits, and every byte it held goes back (on a GPU
+its CUDA context too); the next node of the pack starts it again
+(generation + 1; prewarm starts it as soon as a prompt that uses the pack
+is queued).  A worker the host still holds handles of (a RemoteObject of
+it alive here: a MODEL in ComfyUI's output cache) is not stopped -- its
+objects would be lost and their nodes run again -- but released (its full
+ladder) once, and the log says why it stays.
+
+Idle time is the worker's own stamp in the shared ledger (``last_used_ns``,
+set at every node boundary, CLOCK_MONOTONIC) while its run state is
+"idle"; a worker outside the memory budget (no ledger) is never stopped
+for being idle.  One daemon thread looks every SWEEP_S seconds; it never
+waits on a worker's lock (a busy one is skipped).  ``exit_idle(min_idle_s)``
+is the same step on demand: ComfyUI's "Free model and node cache"
+(``/free`` with ``free_memory``) stops every idle worker that holds no
+handle, whatever its idle time.
+"""
+
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger("bulkhead")
+
+SWITCH = "BULKHEAD_IDLE_EXIT_S"
+IDLE_EXIT_S = 600.0
+SWEEP_S = 5.0
+
+_watched = []               # PackRuntime, in load order
+_lock = threading.Lock()
+_thread = None
+_released = set()           # (pack dir, pid) released instead of stopped: said once
+
+
+def limit_s(options):
+    """The idle exit time of a pack with these load_pack options, in
+    seconds (0: never)."""
+    own = options.get("idle_exit")
+    if own is not None:
+        return float(own)
+    try:
+        return float(os.environ.get(SWITCH, IDLE_EXIT_S))
+    except ValueError:
+        return IDLE_EXIT_S
+
+
+def watch(rt):
+    """Puts a PackRuntime under the idle exit (its options name the
+    ledger that stamps its worker's idle time); starts the sweeper once."""
+    global _thread
+    if rt.options.get("ledger") is None or limit_s(rt.options) <= 0:
+        return
+    with _lock:
+        if rt not in _watched:
+            _watched.append(rt)
+        if _thread is None:
+            _thread = threading.Thread(target=_sweep_forever, name="bulkhead-idle-exit", daemon=True)
+            _thread.start()
+
+
+def _sweep_forever():
+    while True:
+        with _lock:
+            limits = [limit_s(rt.options) for rt in _watched]
+        time.sleep(min([SWEEP_S] + [x / 2 for x in limits if x > 0]))
+        try:
+            exit_idle()
+        except Exception:  # the sweeper never dies of one pack's trouble
+            log.exception("bulkhead: the idle exit sweep failed")
+
+
+def idle_for(rt):
+    """Seconds rt's worker has been idle (None: not running, busy, or no
+    stamp yet)."""
+    w = rt.worker
+    if not w.alive or w.busy:
+        return None
+    try:
+        rec = rt.options["ledger"].read(w.pid)
+    except Exception:
+        return None
+    if not rec or rec.get("run") != "idle" or not rec.get("last_used_ns"):
+        return None
+    return max(0.0, (time.monotonic_ns() - rec["last_used_ns"]) / 1e9)
+
+
+def held_handles(rt):
+    """The type names of the worker's objects the host still holds
+    (RemoteObjects alive here), less the node instances the proxies hold
+    (made again on the next generation)."""
+    peer = getattr(rt.worker, "_peer", None)
+    objs = list(getattr(peer, "remote_objects", {}).values()) if peer is not None else []
+    return [o.remote_type for o in objs if o not in rt.instances]
+
+
+def exit_idle(min_idle_s=None):
+    """Stops each watched worker idle for at least its idle exit time
+    (min_idle_s: that instead, for all) that holds no handle of the host's;
+    releases those that do.  Returns [{"pid", "pack", "idle_s", "exited"}...]
+    for the workers it acted on."""
+    with _lock:
+        rts = list(_watched)
+    out = []
+    for rt in rts:
+        limit = limit_s(rt.options) if min_idle_s is None else min_idle_s
+        idle = idle_for(rt)
+        if idle is None or idle < limit or (min_idle_s is None and limit <= 0):
+            continue
+        w = rt.worker
+        if not w._lock.acquire(blocking=False):
+            continue  # a call is starting: not idle after all
+        try:
+            if not w.alive or w.busy:
+                continue
+            pid, handles = w.pid, held_handles(rt)
+            if handles:
+                if (rt.pack_dir, pid) not in _released:
+                    _released.add((rt.pack_dir, pid))
+                    log.info("bulkhead: pack %r: its worker (pid %d) has been idle %.0f s but stays: ComfyUI "
+                             "holds %d of its objects (%s: cached outputs); it is released instead", rt.name, pid,
+                             idle, len(handles), ", ".join(sorted(set(handles))))
+                    try:
+                        w.release("all", wait_s=0)
+                    except Exception as e:
+                        log.info("bulkhead: pack %r: releasing its idle worker failed: %s", rt.name, e)
+                out.append({"pid": pid, "pack": rt.name, "idle_s": idle, "exited": False})
+                continue
+            w.close()
+            log.info("bulkhead: pack %r: its worker (pid %d) exited after %.0f s idle; it starts again when "
+                     "a node of the pack runs (%s, [bulkhead] idle_exit_s)", rt.name, pid, idle, SWITCH)
+            out.append({"pid": pid, "pack": rt.name, "idle_s": idle, "exited": True})
+        finally:
+            w._lock.release()
+    return out
