@@ -71,6 +71,29 @@ typedef struct bh_cli_answer {
  * not a map, or the decoder's BH_E* code.  Total: any bytes are safe. */
 int bh_cli_answer_read(const uint8_t *p, size_t n, bh_cli_answer *a);
 
+/* One row of a host's `packs` answer (control.py: where each pack it
+ * serves stands); strings clipped, NUL-terminated; pid -1 when absent. */
+typedef struct bh_cli_pack {
+  char name[128], state[16], reason[512], fix[256];
+  int64_t pid;
+} bh_cli_pack;
+
+/* Reads a host's `packs` answer (a list of maps) into rows[0..max), the
+ * rows past max and any item that is not a map skipped; *count the rows
+ * read.  Returns 0, -BH_EBADTAG when the value is not a list, or the
+ * decoder's BH_E* code.  Total: any bytes are safe. */
+int bh_cli_packs_read(const uint8_t *p, size_t n, bh_cli_pack *rows, int max, int *count);
+
+/* Calls `target` with `args` (one encoded tuple, borrowed) on host's
+ * control socket (release.c: every place it may be), waiting at most
+ * timeout_s, and hands the answer to read(value, len, is_error, ctx).
+ * Messages start "bulkhead <verb>: " and go to stderr, none when quiet.
+ * Returns BH_CLI_EXIT_OK (answered), _REFUSED (the host answered an
+ * error), _UNREACHABLE (no socket, refused, no answer in time, or an
+ * answer read refused). */
+int bh_cli_host_call(const char *verb, pid_t host, const char *target, const bh_buf *args, double timeout_s,
+                     int quiet, int (*read)(const uint8_t *p, size_t n, int is_error, void *ctx), void *ctx);
+
 /* Writes all of b to fd (retrying short writes and EINTR).  0 or -errno. */
 int bh_cli_write_all(int fd, const void *p, size_t n);
 

@@ -197,19 +197,19 @@ static int bh__connect(const char *path, int64_t deadline_ns) {
   return fd;
 }
 
-/* Asks the host; fills *a.  Returns an exit code (messages printed). */
-static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, double timeout_s,
-                   bh_cli_answer *a, int *is_error) {
+int bh_cli_host_call(const char *verb, pid_t host, const char *target, const bh_buf *args, double timeout_s,
+                     int quiet, int (*read)(const uint8_t *p, size_t n, int is_error, void *ctx), void *ctx) {
   bh__sock_path paths[BH__PATHS_MAX];
   bh_channel *c = NULL;
   bh_buf req;
   int fd = -1, rc, code = BH_CLI_EXIT_UNREACHABLE, used = 0;
   int64_t deadline = bh_now_ns() + (int64_t)(timeout_s * 1e9);
+  FILE *err = quiet ? NULL : stderr;
+#define BH__SAY(...) (err ? (void)fprintf(err, __VA_ARGS__) : (void)0)
   bh_buf_init(&req);
   int n = bh__control_paths(host, paths);
   if (n == 0) {
-    fprintf(stderr, "bulkhead release: host %d: its control socket's path is too long for a socket\n",
-            (int)host);
+    BH__SAY("bulkhead %s: host %d: its control socket's path is too long for a socket\n", verb, (int)host);
     goto out;
   }
   int errs[BH__PATHS_MAX] = {0};
@@ -220,34 +220,36 @@ static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, do
     if (fd != -ENOENT && fd != -ECONNREFUSED) break; /* it is there but broken: say so */
   }
   if (fd < 0) {
-    fprintf(stderr, "bulkhead release: host %d is unreachable: %s: %s", (int)host, paths[0],
-            bh_strerror(errs[0]));
-    for (int i = 1; i < n && errs[i]; i++) fprintf(stderr, " (and %s: %s)", paths[i], bh_strerror(errs[i]));
-    fprintf(stderr, "\n");
+    BH__SAY("bulkhead %s: host %d is unreachable: %s: %s", verb, (int)host, paths[0], bh_strerror(errs[0]));
+    for (int i = 1; i < n && errs[i]; i++) BH__SAY(" (and %s: %s)", paths[i], bh_strerror(errs[i]));
+    BH__SAY("\n");
     goto out;
   }
   bh_channel_opts o = {.peer_uid = getuid(), .peer_pid = host, .spin_ns = -1};
   rc = bh_channel_open(&c, fd, &o); /* consumes fd */
   fd = -1;
   if (rc < 0) {
-    fprintf(stderr, "bulkhead release: %s: %s\n", paths[used], bh_strerror(rc));
+    BH__SAY("bulkhead %s: %s: %s\n", verb, paths[used], bh_strerror(rc));
     goto out;
   }
   bh_enc_tuple(&req, 3);
-  bh_enc_str(&req, "release", 7);
-  bh_enc_tuple(&req, with_bytes ? 2 : 1);
-  bh_enc_int(&req, worker);
-  if (with_bytes) bh_enc_int(&req, (int64_t)nbytes);
+  bh_enc_str(&req, target, strlen(target));
+  if (!req.err && (rc = bh_buf_reserve(&req, args->len)) == 0) {
+    memcpy(req.data + req.len, args->data, args->len);
+    req.len += args->len;
+  } else if (!req.err) {
+    req.err = rc;
+  }
   bh_enc_map(&req, 0);
-  if (req.err) {
-    rc = req.err;
-    fprintf(stderr, "bulkhead release: %s\n", bh_strerror(rc));
+  if (req.err || args->err) {
+    rc = req.err ? req.err : args->err;
+    BH__SAY("bulkhead %s: %s\n", verb, bh_strerror(rc));
     goto out;
   }
   bh_msg m = {.kind = BH_KIND_CALL, .request_id = 1, .value = req.data, .value_len = req.len};
   rc = bh_channel_send(c, &m);
   if (rc < 0) {
-    fprintf(stderr, "bulkhead release: host %d is unreachable: sending to %s: %s\n", (int)host, paths[used],
+    BH__SAY("bulkhead %s: host %d is unreachable: sending to %s: %s\n", verb, (int)host, paths[used],
             bh_strerror(rc));
     goto out;
   }
@@ -256,30 +258,57 @@ static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, do
     rc = bh_channel_recv(c, &f, deadline);
     if (rc == -EINTR) continue;
     if (rc == -ETIMEDOUT) {
-      fprintf(stderr, "bulkhead release: host %d did not answer within %g s (%s)\n", (int)host, timeout_s,
-              paths[used]);
+      BH__SAY("bulkhead %s: host %d did not answer within %g s (%s)\n", verb, (int)host, timeout_s, paths[used]);
       goto out;
     }
     if (rc < 0) {
-      fprintf(stderr, "bulkhead release: host %d: %s (%s)\n", (int)host, bh_strerror(rc), paths[used]);
+      BH__SAY("bulkhead %s: host %d: %s (%s)\n", verb, (int)host, bh_strerror(rc), paths[used]);
       goto out;
     }
     if ((f.h.kind == BH_KIND_RESULT || f.h.kind == BH_KIND_ERROR) && f.h.request_id == 1) {
-      *is_error = f.h.kind == BH_KIND_ERROR;
-      rc = bh_cli_answer_read(f.value, f.value_len, a);
+      int is_error = f.h.kind == BH_KIND_ERROR;
+      rc = read(f.value, f.value_len, is_error, ctx);
       bh_channel_frame_done(c, &f);
       if (rc < 0) {
-        fprintf(stderr, "bulkhead release: host %d sent a malformed answer: %s\n", (int)host, bh_strerror(rc));
+        BH__SAY("bulkhead %s: host %d sent a malformed answer: %s\n", verb, (int)host, bh_strerror(rc));
         goto out;
       }
-      code = *is_error ? BH_CLI_EXIT_REFUSED : BH_CLI_EXIT_OK;
+      code = is_error ? BH_CLI_EXIT_REFUSED : BH_CLI_EXIT_OK;
       break;
     }
     bh_channel_frame_done(c, &f); /* anything else is not for us */
   }
+#undef BH__SAY
 out:
   bh_buf_free(&req);
   bh_channel_close(c);
+  return code;
+}
+
+/* release's answer: the receipt (or the host's error) into the caller's
+ * bh_cli_answer, and whether it was an error. */
+typedef struct bh__release_ctx {
+  bh_cli_answer *a;
+  int *is_error;
+} bh__release_ctx;
+
+static int bh__read_release(const uint8_t *p, size_t n, int is_error, void *ctx) {
+  bh__release_ctx *c = ctx;
+  *c->is_error = is_error;
+  return bh_cli_answer_read(p, n, c->a);
+}
+
+/* Asks the host; fills *a.  Returns an exit code (messages printed). */
+static int bh__ask(pid_t host, pid_t worker, int with_bytes, uint64_t nbytes, double timeout_s,
+                   bh_cli_answer *a, int *is_error) {
+  bh_buf args;
+  bh_buf_init(&args);
+  bh_enc_tuple(&args, with_bytes ? 2 : 1);
+  bh_enc_int(&args, worker);
+  if (with_bytes) bh_enc_int(&args, (int64_t)nbytes);
+  bh__release_ctx ctx = {a, is_error};
+  int code = bh_cli_host_call("release", host, "release", &args, timeout_s, 0, bh__read_release, &ctx);
+  bh_buf_free(&args);
   return code;
 }
 

@@ -3,14 +3,117 @@
  * table or the JSON document on stdout.  The snapshot and both renderings
  * are the status library's (src/status/status.c), which the extension
  * also links, so ComfyUI's GET /bulkhead/status serves the very same
- * document.
+ * document; then, asked of each host's control socket, where each pack it
+ * serves stands ("packs": isolated, in-process with why and the fix, or
+ * failed), which the ledger cannot say.
  */
 #include "cli.h"
 
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
+
+/* Where each pack of each live host stands: its control socket's `packs`
+ * (host/control.py), asked with a short deadline; a host without a
+ * control socket (a script, a test) or one that does not answer in time
+ * has none listed.  The ledger alone cannot say: a pack that runs in
+ * ComfyUI's process, or failed, has no record of its own. */
+#define BH__PACKS_MAX 256
+#define BH__PACKS_TIMEOUT_S 1.0
+
+typedef struct bh__host_packs {
+  pid_t host;
+  int n;
+  bh_cli_pack rows[BH__PACKS_MAX];
+} bh__host_packs;
+
+static int bh__read_packs(const uint8_t *p, size_t n, int is_error, void *ctx) {
+  bh__host_packs *h = ctx;
+  if (is_error) return 0; /* an older host: no `packs` call; none listed */
+  return bh_cli_packs_read(p, n, h->rows, BH__PACKS_MAX, &h->n);
+}
+
+/* Asks every host record of the snapshot; returns how many answered
+ * (*out: calloc'd, one per host record). */
+static int bh__packs_of_hosts(const bh_status_snap *snap, bh__host_packs **out) {
+  int hosts = 0, k = 0;
+  for (int i = 0; i < snap->n_records; i++) hosts += snap->records[i].role == BH_ROLE_HOST;
+  *out = hosts ? calloc((size_t)hosts, sizeof **out) : NULL;
+  if (!*out) return 0;
+  bh_buf none;
+  bh_buf_init(&none);
+  bh_enc_tuple(&none, 0);
+  for (int i = 0; i < snap->n_records; i++) {
+    if (snap->records[i].role != BH_ROLE_HOST) continue;
+    bh__host_packs *h = &(*out)[k];
+    h->host = snap->records[i].pid;
+    if (bh_cli_host_call("status", h->host, "packs", &none, BH__PACKS_TIMEOUT_S, 1, bh__read_packs, h) ==
+            BH_CLI_EXIT_OK && h->n > 0)
+      k++;
+    else
+      memset(h, 0, sizeof *h);
+  }
+  bh_buf_free(&none);
+  return k;
+}
+
+/* The packs section of the table: one line per pack, those not isolated
+ * with why and the fix on lines of their own, each cut to cols. */
+static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned cols) {
+  for (int i = 0; i < n; i++) {
+    const bh__host_packs *h = &hp[i];
+    bh_text_appendf(b, "\npacks of host %d:\n", (int)h->host);
+    for (int j = 0; j < h->n; j++) {
+      const bh_cli_pack *p = &h->rows[j];
+      size_t start = b->len;
+      int iso = strcmp(p->state, "isolated") == 0;
+      bh_text_appendf(b, "  %-28s %s", p->name, iso ? "isolated" : strcmp(p->state, "failed") == 0
+                                                      ? "FAILED" : "NOT isolated (in ComfyUI's process)");
+      if (iso && p->pid > 0) bh_text_appendf(b, ", worker pid %lld", (long long)p->pid);
+      bh_text_line_clip(b, start, cols);
+      bh_text_appendf(b, "\n");
+      const char *lines[2] = {p->reason, p->fix};
+      const char *heads[2] = {"why: ", "fix: "};
+      for (int l = 0; l < 2 && !iso; l++) {
+        if (!lines[l][0]) continue;
+        start = b->len;
+        bh_text_appendf(b, "      %s%s", heads[l], lines[l]);
+        bh_text_line_clip(b, start, cols);
+        bh_text_appendf(b, "\n");
+      }
+    }
+  }
+}
+
+/* The packs as one more top-level member of the JSON document (one line,
+ * newline-terminated: its closing brace gives way), when a host told its
+ * packs: without, the document is the status library's alone, as GET
+ * /bulkhead/status and _native.status_json make it. */
+static void bh__packs_json(bh_buf *b, const bh__host_packs *hp, int n) {
+  if (n == 0 || b->len < 2 || b->data[b->len - 2] != '}' || b->data[b->len - 1] != '\n') return;
+  b->len -= 2;
+  bh_text_appendf(b, ",\"packs\":[");
+  int first = 1;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < hp[i].n; j++) {
+      const bh_cli_pack *p = &hp[i].rows[j];
+      bh_text_appendf(b, "%s{\"host_pid\":%d,\"name\":", first ? "" : ",", (int)hp[i].host);
+      bh_text_json_str(b, p->name, strlen(p->name));
+      bh_text_appendf(b, ",\"state\":");
+      bh_text_json_str(b, p->state, strlen(p->state));
+      bh_text_appendf(b, ",\"reason\":");
+      bh_text_json_str(b, p->reason, strlen(p->reason));
+      bh_text_appendf(b, ",\"fix\":");
+      bh_text_json_str(b, p->fix, strlen(p->fix));
+      if (p->pid > 0) bh_text_appendf(b, ",\"pid\":%lld}", (long long)p->pid);
+      else bh_text_appendf(b, ",\"pid\":null}");
+      first = 0;
+    }
+  bh_text_appendf(b, "]}\n");
+}
 
 int bh_cli_status_main(int argc, char **argv) {
   enum { O_LEDGER = 256, O_JSON };
@@ -46,6 +149,14 @@ int bh_cli_status_main(int argc, char **argv) {
   if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
     cols = ws.ws_col;
   rc = json ? bh_status_json(&out, &snap) : bh_status_text(&out, &snap, cols);
+  if (rc == 0) {
+    bh__host_packs *packs = NULL;
+    int n = bh__packs_of_hosts(&snap, &packs);
+    if (json) bh__packs_json(&out, packs, n);
+    else bh__packs_text(&out, packs, n, cols);
+    free(packs);
+    rc = out.err;
+  }
   if (rc == 0) rc = bh_cli_write_all(STDOUT_FILENO, out.data, out.len);
   if (rc < 0) {
     fprintf(stderr, "bulkhead status: %s\n", bh_strerror(rc));

@@ -144,3 +144,45 @@ int bh_cli_answer_read(const uint8_t *p, size_t n, bh_cli_answer *a) {
   }
   return 0;
 }
+
+/* ------------------------------------------------- a host's packs */
+
+int bh_cli_packs_read(const uint8_t *p, size_t n, bh_cli_pack *rows, int max, int *count) {
+  bh_reader r;
+  bh_item it, row, key, val;
+  int rc = bh_dec_validate(p, n, BH_MAX_DEPTH);
+  *count = 0;
+  if (rc < 0) return rc;
+  bh_reader_init(&r, p, n);
+  if ((rc = bh_dec_next(&r, &it)) < 0) return rc;
+  if (it.tag != BH_TAG_LIST && it.tag != BH_TAG_TUPLE) return -BH_EBADTAG;
+  for (uint32_t i = 0; i < it.u.count; i++) {
+    if ((rc = bh_dec_next(&r, &row)) < 0) return rc;
+    if (row.tag != BH_TAG_MAP || *count >= max) { /* not a row, or past what the caller keeps: skipped */
+      if ((rc = bh__answer_skip(&r, &row)) < 0) return rc;
+      continue;
+    }
+    bh_cli_pack *out = &rows[(*count)++];
+    memset(out, 0, sizeof *out);
+    out->pid = -1;
+    for (uint32_t j = 0; j < row.u.count; j++) {
+      if ((rc = bh_dec_next(&r, &key)) < 0 || (rc = bh__answer_skip(&r, &key)) < 0) return rc;
+      if ((rc = bh_dec_next(&r, &val)) < 0) return rc;
+      if (key.tag == BH_TAG_STR) {
+        const char *k = (const char *)key.u.s.p;
+        size_t kn = key.u.s.n;
+#define BH__KEY(name) (kn == sizeof(name) - 1 && memcmp(k, name, kn) == 0)
+        if (val.tag == BH_TAG_INT && BH__KEY("pid")) out->pid = val.u.i;
+        else if (val.tag == BH_TAG_STR) {
+          if (BH__KEY("name")) bh__answer_str(out->name, sizeof out->name, &val);
+          else if (BH__KEY("state")) bh__answer_str(out->state, sizeof out->state, &val);
+          else if (BH__KEY("reason")) bh__answer_str(out->reason, sizeof out->reason, &val);
+          else if (BH__KEY("fix")) bh__answer_str(out->fix, sizeof out->fix, &val);
+        }
+#undef BH__KEY
+      }
+      if ((rc = bh__answer_skip(&r, &val)) < 0) return rc;
+    }
+  }
+  return 0;
+}

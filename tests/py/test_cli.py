@@ -370,6 +370,33 @@ def control():
         s.close()
 
 
+def test_status_lists_where_each_hosts_packs_stand(env, ledger, host, member, control, tmp_path):
+    """#25: `bulkhead status` asks each host's control socket where its
+    packs stand: one that fell back in-process with why and the fix, one
+    that failed; --json carries them as "packs" with their host's pid."""
+    from bulkhead.host import nodes
+    lost = tmp_path / "lost_pack"
+    lost.mkdir()
+    (lost / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
+    try:
+        nodes.fallback(str(lost), nodes.ENV_NOT_BUILT, detail=": pip found no bh-nowhere")
+        nodes.failed("/nowhere/broken_pack", "broken_pack", "No module named 'bh_missing'")
+        control([])
+        r = cli("status", "--ledger", ledger, env=env)
+        assert r.returncode == 0, r.stderr
+        text = r.stdout.split(f"packs of host {os.getpid()}:\n", 1)[1]
+        lines = text.splitlines()
+        assert lines[0].split() == ["broken_pack", "FAILED"], text
+        assert "why: No module named 'bh_missing'" in lines[1], text
+        assert lines[2].startswith("  lost_pack") and "NOT isolated (in ComfyUI's process)" in lines[2], text
+        assert "pip found no bh-nowhere" in lines[3] and "fix: build it: `bulkhead install" in lines[4], text
+        doc = json.loads(cli("status", "--json", "--ledger", ledger, env=env).stdout)
+        assert [(p["host_pid"], p["name"], p["state"]) for p in doc["packs"]] == [
+            (os.getpid(), "broken_pack", "failed"), (os.getpid(), "lost_pack", "in-process")], doc["packs"]
+    finally:
+        nodes._forget_all()
+
+
 def test_release_by_pack_and_by_pid(env, ledger, host, member, control):
     a = member("worker", **worker_spec(64 * MiB))
     b = member("worker", **worker_spec(32 * MiB, pack="pack-b"))

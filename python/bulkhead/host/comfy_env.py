@@ -358,14 +358,14 @@ def register_nodes(nodes_package="nodes"):
 
 def serve(pack_dir, pkg_name, nodes_package="nodes"):
     """register_nodes for an explicit pack directory and package name."""
-    from . import nodes
-    with nodes.serving():
+    from . import states
+    with states.serving():
         return _serve(pack_dir, pkg_name, nodes_package)
 
 
 def _serve(pack_dir, pkg_name, nodes_package):
     from ..envs import config as packconfig
-    from . import pack as hpack
+    from . import pack as hpack, states
     _announce(pack_dir, "register_nodes")
     root = packconfig.load_root(pack_dir)
     if root is not None:
@@ -383,8 +383,8 @@ def _serve(pack_dir, pkg_name, nodes_package):
     def isolated(config_path, module):
         config = hpack.load_config(config_path, pack_dir)
         if isinstance(config, packconfig.PackConfigError):     # only the nodes it governs run in-process
-            c, d = hpack.nodes.fallback(pack_dir, hpack.nodes.CONFIG_REFUSED, detail=str(config), module=module,
-                                        name=packconfig.pack_name(config_path, pack_dir))
+            c, d = states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(config), module=module,
+                                   name=packconfig.pack_name(config_path, pack_dir))
         else:
             c, d = hpack.serve_config(config, pack_dir, module, refusal, hm, reuse=ce_env)
         classes.update(c)

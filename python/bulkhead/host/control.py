@@ -17,6 +17,9 @@ frame.  A client sends CALL frames ``(target, args, kwargs)``:
         who: a worker pid or a pack name; nbytes None: the full ladder;
         the figures are the worker's receipt.
     workers() -> [{"pid", "pack", "generation", "busy"}...]
+    packs() -> [{"name", "state", "reason", "fix", "pid"}...]
+        where each pack the host serves stands (GET /bulkhead/status
+        "packs"); `bulkhead status` shows them.
 
         wait_s (optional): how long to wait for a call the worker is in,
         at most (and by default) the worker's release timeout.
@@ -180,7 +183,7 @@ class ControlServer:
         self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
         self._clients = set()
         self._clients_lock = threading.Lock()
-        self._calls = {"release": self.release, "workers": self.workers}
+        self._calls = {"release": self.release, "workers": self.workers, "packs": self.packs}
         self._thread = threading.Thread(target=self._serve, name="bulkhead-control", daemon=True)
         self._thread.start()
 
@@ -204,6 +207,13 @@ class ControlServer:
     def workers(self):
         return [{"pid": w.pid, "pack": w.name, "generation": w.generation, "busy": bool(w.busy)}
                 for w in self._workers()]
+
+    def packs(self):
+        """Where each pack this host serves stands (host/nodes.py
+        pack_states: what GET /bulkhead/status lists as "packs"), for
+        `bulkhead status`."""
+        from . import nodes
+        return [{k: r.get(k) for k in ("name", "state", "reason", "fix", "pid")} for r in nodes.pack_states()]
 
     def _resolve(self, target):
         fn = self._calls.get(target)

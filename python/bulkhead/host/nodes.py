@@ -11,8 +11,8 @@ where the real node has them, IS_CHANGED, VALIDATE_INPUTS (with the real
 signature, which ComfyUI inspects) and check_lazy_status.  A V3 node (a
 ``comfy_api.latest.io.ComfyNode``, in NODE_CLASS_MAPPINGS or from the pack's
 ``comfy_entrypoint()``) gets a ComfyNode subclass of the host's own
-comfy_api whose schema is the real one's, rebuilt (``_v3_schema``: the same
-/object_info), whose ``execute`` (async when the real one is, run in a
+comfy_api whose schema is the real one's, rebuilt (host/v3.py ``_v3_schema``:
+the same /object_info), whose ``execute`` (async when the real one is, run in a
 thread and awaited) calls the real one with the inputs and the hidden
 values and answers an ``io.NodeOutput`` (ui, expand, block_execution), and
 which forwards validate_inputs, fingerprint_inputs and check_lazy_status
@@ -27,6 +27,7 @@ the pack's sources and the host ComfyUI's version; with a warm cache no
 worker starts until a node first runs.  Lists INPUT_TYPES got from
 ``folder_paths.get_filename_list`` are re-read from the host's
 ``folder_paths`` every time ComfyUI asks, as they would be in-process.
+The cache is host/metadata.py.
 
 A run: the proxy's FUNCTION sends the inputs to the worker, which runs the
 real node on its own instance of the class (one per proxy instance, held by
@@ -37,12 +38,12 @@ MODEL the pack made) stay in the worker and come back as
 * PROGRESS frames from the worker's ComfyUI progress hook drive a
   ``comfy.utils.ProgressBar`` here, in the node's own thread and context,
   previews included (rebuilt as the (format, PIL.Image, max_size) tuple
-  ComfyUI's hook takes);
+  ComfyUI's hook takes: host/progress.py);
 * the host's interrupt watcher (one thread, reading ComfyUI's non-consuming
   ``processing_interrupted()`` every 20 ms while nodes run) interrupts the worker
   (``Worker.interrupt``: a frame and SIGUSR1); the worker's node stops on its
   own ComfyUI flag and the host raises its own InterruptProcessingException,
-  leaving its flag set for ComfyUI's own check;
+  leaving its flag set for ComfyUI's own check (host/interrupt.py);
 * an out-of-memory error in the worker is raised here as ComfyUI's
   ``OOM_EXCEPTION`` with the worker's message and traceback.
 
@@ -53,7 +54,8 @@ the memory layer carries) and the host's ``folder_paths`` directories.
 ``fallback(pack_dir, reason)`` imports a pack in-process instead, with one
 warning per pack naming the reason and the fix; load_pack uses it when it
 finds no ComfyUI or no built environment, and the config layer calls it for
-its own reasons (``REASONS``).
+its own reasons (``REASONS``).  It lives in host/states.py, with the record
+of where each pack stands (``pack_states``: /bulkhead/status, the panel).
 
 What the pack registered on ``server.PromptServer`` at import (routes,
 prompt handlers) is installed on the host's server by
@@ -63,15 +65,12 @@ PromptServer there too.
 This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
 
-import glob
-import hashlib
 import inspect
 import json
 import logging
 import os
 import sys
 import threading
-import time
 import weakref
 
 from .. import _native
@@ -81,16 +80,24 @@ from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, Re
 from ..channel import targets
 from ..packimport import default_module, import_nodes, in_worker
 from ..envs import hostmatch
+from . import states
+from .interrupt import INTERRUPT_GRACE_S, _watcher
+from .metadata import MetadataCache, _comfyui_version, default_stamp, source_hash
+from .progress import _Progress
 from .serverproxy import ServerProxy
+from .states import ENV_NOT_BUILT, NO_COMFYUI, _set_state, fallback
+from .v3 import _hidden_values, _v3_schema
 from .workers import Worker, WorkerDied
 
-log = logging.getLogger("bulkhead")
+# Moved out of this module, and still nodes.<name> for the code and tests that use them:
+# where each pack stands and the in-process fallback: host/states.py
+from .states import (CONFIG_REFUSED, CONTRACT_REFUSED, DIR_WITHOUT_CONFIG, FALLBACK_SWITCH, NO_CONFIG,  # noqa: F401
+                     REASONS, STAMP_REFUSED, WORKER_IMPORT_FAILED, failed, fallback_is_error, pack_states, serving,
+                     startup_line)
+# the node metadata cache: host/metadata.py
+from .metadata import cache_dir  # noqa: F401
 
-# Seconds a worker node may run on after the stop button before its worker
-# is stopped (``interrupt_grace_s`` in a pack's [bulkhead] table).  A node
-# that checks ComfyUI's flag stops within milliseconds; one that never
-# checks (a long native call, a sleep) would otherwise run to its end.
-INTERRUPT_GRACE_S = 3.0
+log = logging.getLogger("bulkhead")
 
 
 # comfy.cli_args flags (argparse dests) that decide dtype and memory
@@ -120,41 +127,6 @@ MIRRORED_ARGS = (
 )
 NOT_MIRRORED = ("gpu_only", "highvram", "normalvram", "lowvram", "novram")
 
-# Why a pack runs in-process: reason -> (what, fix).  {pack} is the pack
-# directory, {detail} what the caller adds.
-NO_COMFYUI = "no-comfyui"
-NO_CONFIG = "no-config"
-STAMP_REFUSED = "stamp-refused"
-ENV_NOT_BUILT = "env-not-built"
-DIR_WITHOUT_CONFIG = "dir-without-config"
-CONTRACT_REFUSED = "contract-refused"
-WORKER_IMPORT_FAILED = "worker-import-failed"
-CONFIG_REFUSED = "config-refused"
-REASONS = {
-    NO_COMFYUI: ("no ComfyUI base was found (folder_paths / comfy are not imported here, "
-                 "options['comfyui'] and COMFYUI_PATH are unset){detail}",
-                 "load it from ComfyUI (or set COMFYUI_PATH=<ComfyUI dir>), then "
-                 "`bulkhead install {pack}`"),
-    NO_CONFIG: ("it has no comfy-env.toml{detail}",
-                "add a comfy-env.toml to the pack, then `bulkhead install {pack}`"),
-    STAMP_REFUSED: ("its environment's stamp was refused{detail}",
-                    "rebuild the environment: `bulkhead install {pack}`"),
-    ENV_NOT_BUILT: ("its environment is not built{detail}",
-                    "build it: `bulkhead install {pack}`"),
-    DIR_WITHOUT_CONFIG: ("this directory has no comfy-env.toml of its own{detail}",
-                         "to isolate it, add a comfy-env.toml to it and run `bulkhead install {pack}`"),
-    WORKER_IMPORT_FAILED: ("it failed to import in its worker{detail}",
-                           "give its environment what it lacks (its comfy-env.toml), then rebuild it with "
-                           "`bulkhead install {pack}` (--force when nothing in the file changed); the worker's "
-                           "whole traceback is in the log line before this one"),
-    CONFIG_REFUSED: ("its comfy-env.toml is invalid{detail}",
-                     "correct the file named above, then `bulkhead install {pack}`"),
-    CONTRACT_REFUSED: ("bulkhead refuses isolation{detail}",
-                       "run `bulkhead doctor` to see the contract; update bulkhead to a release that "
-                       "fits this ComfyUI (or ComfyUI to one this bulkhead fits), then "
-                       "`bulkhead install {pack}`"),
-}
-
 
 class PackLoadError(BulkheadError, ImportError):
     """A pack's nodes could not be described (its import failed in the
@@ -168,16 +140,6 @@ def find_comfyui(options=None):
     imported ``folder_paths`` or ``comfy`` came from, else $COMFYUI_PATH;
     None when there is none (envs.hostmatch matches environments to it)."""
     return hostmatch.find_comfyui(options)
-
-
-def cache_dir():
-    """$BULKHEAD_HOME/cache/nodes, else $XDG_CACHE_HOME/bulkhead/nodes, else
-    ~/.cache/bulkhead/nodes."""
-    home = os.environ.get("BULKHEAD_HOME")
-    if home:
-        return os.path.join(home, "cache", "nodes")
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "bulkhead", "nodes")
 
 
 # --- what the worker mirrors ---
@@ -199,103 +161,6 @@ def host_args():
                 log.debug("bulkhead: --%s is not mirrored (a value of type %s)", name,
                           type(getattr(args, name)).__name__)
     return out
-
-
-# --- the metadata cache ---
-
-_SKIP_DIRS = {"__pycache__", "node_modules", "venv", ".venv", "env", "site-packages"}
-_SOURCE_NAMES = {"comfy-env.toml", "pyproject.toml", "requirements.txt"}
-
-
-def source_hash(pack_dir):
-    """sha256 over the pack's Python sources and config files (relative
-    path and contents)."""
-    h = hashlib.sha256()
-    for root, dirs, files in os.walk(pack_dir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS)
-        for f in sorted(files):
-            if not (f.endswith(".py") or f in _SOURCE_NAMES):
-                continue
-            path = os.path.join(root, f)
-            try:
-                with open(path, "rb") as fh:
-                    data = fh.read()
-            except OSError:
-                continue
-            h.update(os.path.relpath(path, pack_dir).encode() + b"\0")
-            h.update(len(data).to_bytes(8, "little") + data)
-    return h.hexdigest()
-
-
-def default_stamp(python):
-    """The environment's identity when the caller gives none: the
-    interpreter's mtime, and the mtimes of the venv's config and
-    site-packages directories (which change when packages do)."""
-    parts = []
-    for path in [python] + [os.path.join(os.path.dirname(os.path.dirname(python)), "pyvenv.cfg")] + \
-            sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(python)), "lib*", "python*",
-                                          "site-packages"))):
-        try:
-            parts.append(str(os.stat(path).st_mtime_ns))
-        except OSError:
-            parts.append("-")
-    return ":".join(parts)
-
-
-def _comfyui_version(base):
-    h = hashlib.sha256()
-    for rel in ("comfyui_version.py", os.path.join("comfy", "cli_args.py"), os.path.join("comfy", "samplers.py")):
-        try:
-            with open(os.path.join(base, rel), "rb") as f:
-                h.update(f.read())
-        except OSError:
-            h.update(b"-")
-    return h.hexdigest()[:32]
-
-
-class MetadataCache:
-    """One JSON file per pack under cache_dir(): the key it was made for
-    and the worker's description.  A file whose key differs is a miss; a
-    write replaces the pack's older files."""
-
-    def __init__(self, directory=None):
-        self.directory = directory or cache_dir()
-
-    def _prefix(self, pack_dir):
-        return hashlib.sha256(pack_dir.encode()).hexdigest()[:16]
-
-    def path(self, pack_dir, key):
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-        return os.path.join(self.directory, f"{self._prefix(pack_dir)}-{digest}.json")
-
-    def load(self, pack_dir, key):
-        try:
-            with open(self.path(pack_dir, key), encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            return None
-        if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("meta"), str):
-            return None
-        return data["meta"]
-
-    def store(self, pack_dir, key, meta):
-        try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            path = self.path(pack_dir, key)
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"key": key, "meta": meta}, f)
-            os.replace(tmp, path)
-            prefix = self._prefix(pack_dir) + "-"
-            for old in os.listdir(self.directory):
-                if old.startswith(prefix) and old.endswith(".json") and \
-                        os.path.join(self.directory, old) != path:
-                    try:
-                        os.unlink(os.path.join(self.directory, old))
-                    except OSError:
-                        pass
-        except OSError as e:
-            log.warning("bulkhead: cannot write the node metadata cache %s: %s", self.directory, e)
 
 
 # --- metadata -> the values ComfyUI gets ---
@@ -333,151 +198,7 @@ def _mm():
     return sys.modules.get("comfy.model_management")
 
 
-def _comfy_utils():
-    utils = sys.modules.get("comfy.utils")
-    if utils is None and "comfy" in sys.modules:
-        try:
-            import comfy.utils as utils
-        except Exception:
-            return None
-    return utils
-
-
-class _Progress:
-    """PROGRESS frames -> a comfy.utils.ProgressBar of the node running here."""
-
-    def __init__(self, mm):
-        self.mm = mm
-        self.utils = _comfy_utils()
-        self.bar = None
-        self.frames = 0
-
-    def on_frame(self, v):
-        self.frames += 1
-        if self.utils is None or not isinstance(v, dict):
-            return
-        value, total = v.get("value"), v.get("total")
-        if not isinstance(value, (int, float)) or not isinstance(total, (int, float)):
-            return
-        mm = self.mm
-        if mm is not None and mm.processing_interrupted():
-            return  # the interrupt is on its way to the worker; leave the flag to ComfyUI
-        try:
-            if self.bar is None:
-                self.bar = self.utils.ProgressBar(total)
-            self.bar.update_absolute(value, total, _preview(v.get("preview")))
-        except BaseException as e:
-            if mm is not None and isinstance(e, mm.InterruptProcessingException):
-                # ComfyUI's hook consumed the click (a race with the check
-                # above): give it back, for the watcher and ComfyUI's own check.
-                mm.interrupt_current_processing(True)
-            elif isinstance(e, Exception):
-                log.debug("bulkhead: progress update failed: %r", e)
-            else:
-                raise
-
-
-def _preview(p):
-    """A PROGRESS frame's preview (worker/nodes.py _preview_pixels) as the
-    (format, PIL.Image, max_size) tuple ComfyUI's progress hook takes."""
-    if not isinstance(p, dict):
-        return None
-    try:
-        from PIL import Image
-        image = Image.frombytes(p["mode"], tuple(p["size"]), p["pixels"])
-        return (p["format"], image, p.get("max_size"))
-    except Exception as e:
-        log.debug("bulkhead: a preview from a worker could not be rebuilt: %r", e)
-        return None
-
-
-# --- V3 nodes: the schema rebuilt in the host's comfy_api ---
-
-def _v3_schema(io, node):
-    """The io.Schema the worker captured (worker/nodes.py _describe_v3),
-    made of the host's own classes: each input and output an instance of
-    (a subclass of) the io class the real one is, answering exactly what
-    the real one answered (as_dict, its type, a dynamic input's
-    expansion); the schema's fields as they were (a field this ComfyUI's
-    Schema lacks is an error naming it)."""
-    import dataclasses
-    known = {f.name for f in dataclasses.fields(io.Schema)}
-    fields = {}
-    for k, v in node["schema"].items():
-        v = decode_meta(v)
-        if k not in known:
-            default = next((f.default for f in dataclasses.fields(io.Schema) if f.name == k), None)
-            if v in (None, False, "", [], default):
-                continue   # a newer flag, unset: nothing is lost
-            raise TypeError(f"schema field {k}={v!r} has no place in this ComfyUI's io.Schema "
-                            "(the worker's ComfyUI is newer?)")
-        fields[k] = v
-    fields["inputs"] = [_v3_io(io, d, False) for d in node["inputs"]]
-    fields["outputs"] = [_v3_io(io, d, True) for d in node["outputs"]]
-    fields["hidden"] = [io.Hidden(h) for h in node["hidden"]]
-    return io.Schema(**fields)
-
-
-def _io_lookup(io, qualname):
-    found = io
-    for part in (qualname or "").split("."):
-        found = getattr(found, part, None)
-    return found if isinstance(found, type) else None
-
-
-def _v3_io(io, d, output):
-    plain = io.Output if output else io.Input
-    base = _io_lookup(io, d.get("class"))
-    if base is None or not issubclass(base, plain):
-        base = plain
-    dynamic = None
-    if "dynamic" in d:
-        dyn_base = getattr(io, "DynamicOutput" if output else "DynamicInput", None)
-        if dyn_base is None:
-            raise TypeError(f"{'output' if output else 'input'} {d['attrs'].get('id')!r} is dynamic, and "
-                            "this ComfyUI's io has no dynamic inputs")
-        if not issubclass(base, dyn_base):
-            base = dyn_base
-        dynamic = [_v3_io(io, c, output) for c in d["dynamic"]]
-    io_type = decode_meta(d["io_type"])
-    if isinstance(io_type, str):
-        io_type = _io_str(io)(io_type)
-    as_dict = d["as_dict"]
-    ns = {"__module__": __name__, "__qualname__": base.__qualname__,
-          "as_dict": lambda self: decode_meta(as_dict),
-          "get_io_type": lambda self: io_type,
-          "io_type": property(lambda self: io_type)}
-    if dynamic is not None:
-        ns["get_dynamic"] = lambda self: list(dynamic)
-    obj = object.__new__(type(base.__name__, (base,), ns))
-    obj.__dict__.update(d["attrs"])
-    return obj
-
-
-def _io_str(io):
-    """The host's own type-name string class (its "*" / comma matching)."""
-    t = type(getattr(getattr(io, "Int", None), "io_type", ""))
-    return t if issubclass(t, str) else str
-
-
-def _hidden_values(clone):
-    """{Hidden value: value} of a class clone's `hidden` (a HiddenHolder),
-    DYNPROMPT as data (its nodes, original and added by expansions)."""
-    from comfy_api.latest import io
-    holder = getattr(clone, "hidden", None)
-    out = {}
-    if holder is None:
-        return out
-    for h in io.Hidden:
-        v = getattr(holder, h.name, None)
-        if v is None:
-            continue
-        if h.value == "DYNPROMPT":
-            v = {"original": v.get_original_prompt(), "ephemeral": dict(getattr(v, "ephemeral_prompt", {}) or {}),
-                 "parents": dict(getattr(v, "ephemeral_parents", {}) or {})}
-        out[h.value] = v
-    return out
-
+# --- V3 nodes (their schema rebuilt in the host's comfy_api: host/v3.py) ---
 
 async def _in_thread(fn, *args):
     """fn(*args) in a thread, awaited (its context copied: ComfyUI's
@@ -486,120 +207,6 @@ async def _in_thread(fn, *args):
     import contextvars
     ctx = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.run(fn, *args))
-
-
-class _Watch:
-    """One worker call under the interrupt watcher (see _InterruptWatcher)."""
-
-    __slots__ = ("worker", "mm", "grace_s", "fired_at", "stopped_worker", "done", "lock", "next_at")
-
-    def __init__(self, worker, mm, grace_s):
-        self.worker, self.mm, self.grace_s = worker, mm, grace_s
-        self.fired_at = None        # when the click was seen
-        self.stopped_worker = False  # its worker was stopped past the grace
-        self.done = False           # the call ended: nothing more is done for it
-        self.lock = threading.Lock()
-        self.next_at = None         # when to act next, once fired
-
-
-class _InterruptWatcher:
-    """Passes the host's interrupt (ComfyUI's stop button) to the workers
-    whose calls are running: one thread for the whole host, asleep while
-    no call runs, reading ComfyUI's non-consuming
-    ``processing_interrupted()`` every POLL_S while calls run (a new call
-    wakes it; it reads the flag at once).  Once a call's flag is seen, its
-    worker is interrupted (a frame and SIGUSR1), then signalled every
-    RESIGNAL_S until the call ends; a node still running ``grace_s`` after
-    the click (one that never checks the flag) has its worker stopped
-    (SIGKILL), ``stopped_worker`` says so, and the call fails with
-    WorkerDied, which PackRuntime turns into ComfyUI's interrupt.  grace_s
-    0: never.  (bulkhead writes nothing into ComfyUI but the reserve, so
-    the flag is read, never hooked.)
-
-    A call costs the thread no wake-up when it ends, and none when it
-    begins while the thread is awake for another: a thread started and
-    joined per call put two wake-ups of the host on each node's way back,
-    behind the worker's spinning OpenMP threads on a small machine."""
-
-    POLL_S = 0.02
-    RESIGNAL_S = 0.025
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._calls = []
-        self._thread = None
-        self._asleep = False  # in the untimed wait: a new call must wake it
-
-    def begin(self, worker, mm, grace_s):
-        watch = _Watch(worker, mm, grace_s)
-        with self._cond:
-            self._calls.append(watch)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="bulkhead-interrupt", daemon=True)
-                self._thread.start()
-            elif self._asleep:
-                self._cond.notify()
-        return watch
-
-    def end(self, watch):
-        """The call ended: after this returns nothing is done for it."""
-        with watch.lock:
-            watch.done = True
-        with self._cond:
-            self._calls.remove(watch)
-
-    def _run(self):
-        while True:
-            with self._cond:
-                while not self._calls:
-                    self._asleep = True
-                    self._cond.wait()
-                self._asleep = False
-                calls = list(self._calls)
-            wait_s = self.POLL_S
-            for watch in calls:
-                try:
-                    due = self._act(watch)
-                except Exception as e:  # a broken flag reader: never the watcher's end
-                    log.debug("bulkhead: interrupt watcher: %r", e)
-                    due = None
-                if due is not None:
-                    wait_s = min(wait_s, max(0.0, due - time.perf_counter()))
-            with self._cond:
-                if self._calls:
-                    self._cond.wait(wait_s)
-
-    def _act(self, watch):
-        """What is due for one call now; returns when it next needs the
-        thread (None: at the next read of the flag)."""
-        with watch.lock:
-            if watch.done or watch.stopped_worker:
-                return None
-            now = time.perf_counter()
-            if watch.fired_at is None:
-                if not watch.mm.processing_interrupted():
-                    return None
-                watch.fired_at = now
-                watch.worker.interrupt(frame=True)
-            elif watch.grace_s > 0 and now >= watch.fired_at + watch.grace_s:
-                watch.stopped_worker = True
-                watch.worker.kill()
-                return None
-            elif now >= watch.next_at:
-                watch.worker.interrupt(frame=False)
-            else:
-                return watch.next_at
-            watch.next_at = now + self.RESIGNAL_S
-            if watch.grace_s > 0:
-                watch.next_at = min(watch.next_at, watch.fired_at + watch.grace_s)
-            return watch.next_at
-
-    def _after_fork(self):
-        self.__init__()  # the child has none of the parent's threads or calls
-
-
-_watcher = _InterruptWatcher()
-os.register_at_fork(after_in_child=_watcher._after_fork)
 
 
 def _where(v, obj, where, depth=0):
@@ -1242,121 +849,6 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     return dict(rt.classes), dict(rt.display)
 
 
-# --- where each pack stands: what /bulkhead/status and the panel show ---
-
-_states = {}            # (pack_dir, module) -> {"name", "state", ...}; under _states_lock
-_states_lock = threading.Lock()
-
-
-def _set_state(pack_dir, module, **state):
-    with _states_lock:
-        _states[(pack_dir, module)] = dict(state, directory=pack_dir)
-
-
-def pack_states():
-    """[{"name", "state", "directory", ...}] of every pack (or part of one)
-    bulkhead served in this process, those not isolated first, then by
-    name.  state: "isolated" (with "python", "env" and the worker's
-    "pid", None while none runs), "in-process" (with "reason" and
-    "fix": it runs in ComfyUI's process, not in its environment) or
-    "failed" (with "reason": it runs nowhere)."""
-    with _states_lock:
-        rows = [dict(v) for v in _states.values()]
-    with _runtimes_lock:
-        by_key = dict(_runtimes)
-    for r in rows:
-        if r["state"] == "isolated":
-            rt = by_key.get((r["directory"], r["python"]))      # one pack directory, one runtime per environment
-            w = getattr(rt, "worker", None)
-            r["pid"] = w.pid if w is not None else None
-    order = {"failed": 0, "in-process": 1, "isolated": 2}
-    return sorted(rows, key=lambda r: (order.get(r["state"], 3), r["name"]))
-
-
-_serving_s = [0.0]      # seconds spent serving packs (builds at start included); under _states_lock
-
-
-class serving:
-    """``with nodes.serving():`` around one pack's load: its time counts in
-    the start-up line (``startup_line``)."""
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-
-    def __exit__(self, *exc):
-        with _states_lock:
-            _serving_s[0] += time.monotonic() - self.t0
-
-
-def startup_line():
-    """The one line bulkhead logs when ComfyUI's server starts: its
-    version, how many packs run isolated, which do not and why, and the
-    time spent on them."""
-    from .. import __version__
-    rows = pack_states()
-    iso = [r for r in rows if r["state"] == "isolated"]
-    lost = [r for r in rows if r["state"] != "isolated"]
-    with _states_lock:
-        spent = _serving_s[0]
-    text = f"bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated"
-    if lost:
-        text += (f", {len(lost)} NOT isolated ("
-                 + "; ".join(f"{r['name']}: {r['state']}: {r['reason'].split('. ')[0]}" for r in lost)
-                 + "; the fix for each is in its line above)")
-    return text + f"; {spent:.1f} s loading them. GET /bulkhead/status and the panel's Packs section list each"
-
-
-def failed(pack_dir, name, reason, *, module="auto"):
-    """Records a pack (its ``module``, as fallback names it) that could be
-    served neither isolated nor in-process."""
-    _set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="failed", reason=reason)
-
-
-# BULKHEAD_FALLBACK=error: every pack that cannot run isolated is an
-# error instead of running in ComfyUI's process (as a pack's own
-# ``[bulkhead] fallback = "error"`` makes it for that pack).
-FALLBACK_SWITCH = "BULKHEAD_FALLBACK"
-
-
-def fallback_is_error(policy=None):
-    """Whether a pack that cannot run isolated is an error rather than run
-    in-process: its own ``[bulkhead] fallback`` (policy), or the machine's
-    BULKHEAD_FALLBACK, says "error"."""
-    return policy == "error" or os.environ.get(FALLBACK_SWITCH, "").strip().lower() == "error"
-
-
-def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=None):
-    """Imports the pack in this process and returns its own
-    (NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS), after ONE warning
-    per pack naming the reason (a key of REASONS, or any text) and the
-    fix.  detail is added to the reason (e.g. what the stamp check said).
-    Where the pack's ``[bulkhead] fallback`` (policy) or BULKHEAD_FALLBACK
-    says "error", nothing is imported: one error line, the pack (its part)
-    recorded failed, and no nodes, so a prompt using them fails instead of
-    running in the wrong environment."""
-    pack_dir = os.path.realpath(os.fspath(pack_dir))
-    name = name or os.path.basename(pack_dir)
-    what, fix = REASONS.get(reason, (str(reason) + "{detail}", "`bulkhead install {pack}`"))
-    detail = f": {detail}" if detail and not detail.startswith((" ", ":")) else (detail or "")
-    why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
-    if fallback_is_error(policy):
-        source = ('its [bulkhead] fallback = "error"' if policy == "error" else f'{FALLBACK_SWITCH}=error')
-        log.error("bulkhead: pack %r (%s) is NOT loaded: it cannot run isolated (%s), and %s makes that an "
-                  "error instead of running it in ComfyUI's process. Fix: %s", name, pack_dir, why, source, how)
-        _set_state(pack_dir, module, name=name, state="failed", reason=f"{why} (not run in-process: {source})",
-                   fix=how)
-        return {}, {}
-    with _states_lock:     # once per pack and module: a pack's subdirectories fall back one by one
-        first = _states.get((pack_dir, module), {}).get("state") != "in-process"
-    if first:
-        log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir, why, how)
-    mod = import_nodes(pack_dir, module, unique_name=True)
-    # in-process once imported: one that fails here too is the caller's to record (``failed``)
-    _set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
-    return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
-            dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
-
-
 def close_all():
     """Stops every pack worker (their metadata stays)."""
     for rt in runtimes():
@@ -1368,6 +860,6 @@ def _forget_all():
     close_all()
     with _runtimes_lock:
         _runtimes.clear()
-    with _states_lock:
-        _states.clear()
+    with states._states_lock:
+        states._states.clear()
 

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 
-from . import nodes
+from . import nodes, states
 
 log = logging.getLogger("bulkhead")
 
@@ -94,7 +94,7 @@ def comfy_pack(init_file, *, module="auto"):
     ('auto': ``nodes.py`` / ``nodes/``).  A pack with several configs (in
     ``nodes/<subdir>/``) gets one worker per config, each serving the nodes
     of its directory."""
-    with nodes.serving():
+    with states.serving():
         return _comfy_pack(os.path.dirname(os.path.realpath(os.fspath(init_file))), module)
 
 
@@ -103,9 +103,9 @@ def _comfy_pack(pack_dir, module):
     try:
         paths = packconfig.find_configs(pack_dir)
     except OSError as e:
-        return nodes.fallback(pack_dir, nodes.CONFIG_REFUSED, detail=str(e), module=module)
+        return states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(e), module=module)
     if not paths:
-        return nodes.fallback(pack_dir, nodes.NO_CONFIG, module=module)
+        return states.fallback(pack_dir, states.NO_CONFIG, module=module)
     classes, display = {}, {}
     refusal = contract_refusal()
     hm = host_memory() if refusal is None else None
@@ -117,9 +117,9 @@ def _comfy_pack(pack_dir, module):
             # Only the directory this config governs runs in-process; the
             # pack's other configs are served as they are.
             if directory == pack_dir:
-                return nodes.fallback(pack_dir, nodes.CONFIG_REFUSED, detail=str(config), module=module)
-            c, d = nodes.fallback(directory, nodes.CONFIG_REFUSED, detail=str(config), module=sub_module,
-                                  name=packconfig.pack_name(path, pack_dir))
+                return states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(config), module=module)
+            c, d = states.fallback(directory, states.CONFIG_REFUSED, detail=str(config), module=sub_module,
+                                   name=packconfig.pack_name(path, pack_dir))
         else:
             c, d = serve_config(config, config.directory, sub_module, refusal, hm)
         classes.update(c)
@@ -246,11 +246,11 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
     last = ([l.strip() for l in text.splitlines() if l.strip()] or [text])[-1]
     log.info("bulkhead: pack %r: its worker's traceback: %s", config.name, text)
     try:
-        return nodes.fallback(pack_dir, nodes.WORKER_IMPORT_FAILED, detail=f" ({python}): {last}",
-                              name=config.name, module=module, policy=config.options.get("fallback"))
+        return states.fallback(pack_dir, states.WORKER_IMPORT_FAILED, detail=f" ({python}): {last}",
+                               name=config.name, module=module, policy=config.options.get("fallback"))
     except Exception as host:
-        nodes.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}",
-                     module=module)
+        states.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}",
+                      module=module)
         raise nodes.PackLoadError(f"{text}\n(in ComfyUI's process it fails too: {type(host).__name__}: "
                                   f"{host})") from None
 
@@ -294,8 +294,8 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
     each of its configs through it too."""
     from ..envs import build as envs
     if refusal is not None:
-        return nodes.fallback(pack_dir, nodes.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module,
-                              policy=config.options.get("fallback"))
+        return states.fallback(pack_dir, states.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module,
+                               policy=config.options.get("fallback"))
     st = envs.env_status(config)
     why = None
     if not st.ok and reuse is not None:
@@ -307,6 +307,6 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
         st = build_at_start(config, st)
     if st.ok:
         return _load_or_fall_back(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
-    reason = nodes.ENV_NOT_BUILT if st.state == "missing" and not why else nodes.STAMP_REFUSED
-    return nodes.fallback(pack_dir, reason, detail=f"{st.state}: {st.reason}" + (f"; {why}" if why else ""),
-                          name=config.name, module=module, policy=config.options.get("fallback"))
+    reason = states.ENV_NOT_BUILT if st.state == "missing" and not why else states.STAMP_REFUSED
+    return states.fallback(pack_dir, reason, detail=f"{st.state}: {st.reason}" + (f"; {why}" if why else ""),
+                           name=config.name, module=module, policy=config.options.get("fallback"))

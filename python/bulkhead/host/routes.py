@@ -100,7 +100,7 @@ GET /bulkhead/status adds this host's "host_pid", "timeline" and "packs":
 [{"name", "directory", "state": "isolated"|"in-process"|"failed", and
 for isolated "python", "env", "pid" (null while no worker runs), else
 "reason" and, in-process, "fix"}...], those not isolated first
-(host.nodes.pack_states).
+(host.states.pack_states).
 
 Processes come host by host (by pid), each followed by its workers (by
 pid); a worker whose host has no live record stands on its own.  idle_s is
@@ -340,8 +340,8 @@ class BulkheadRoutes:
         doc = dict(doc)
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
-        from . import nodes
-        doc["packs"] = nodes.pack_states()
+        from . import states
+        doc["packs"] = states.pack_states()
         doc["prompt_hook"] = self.prompt_hook     # None: workers release at their node boundary and when idle
         return doc
 
@@ -793,8 +793,8 @@ def install(server=None, host_memory=None, **options):
 
 
 async def _log_startup_line(app):
-    from . import nodes
-    log.info("%s", nodes.startup_line())
+    from . import states
+    log.info("%s", states.startup_line())
 
 
 def installed(server=None):

@@ -6,7 +6,7 @@ What bulkhead makes outside the package itself:
 - the workspace (``envs.build.workspace()``: ``$BULKHEAD_HOME``, else
   ``$XDG_DATA_HOME/bulkhead``, else ``~/.local/share/bulkhead``): the
   pack environments, the host link farm, remembered build failures;
-- the node metadata cache (``host.nodes.cache_dir()``'s folder: in the
+- the node metadata cache (``host.metadata.cache_dir()``'s folder: in the
   workspace under ``$BULKHEAD_HOME``, else ``~/.cache/bulkhead``; both are
   looked at, as either may be left from a run with or without it);
 - the shared ledger's directory on /dev/shm (``/dev/shm/bulkhead-<uid>``,
@@ -54,9 +54,9 @@ def found():
     paths only, without duplicates (one inside another counted once)."""
     from .. import _native
     from ..envs import build as envs
-    from . import nodes, rundir
+    from . import metadata, rundir
     ws = envs.workspace()
-    cache = os.path.dirname(nodes.cache_dir())        # ~/.cache/bulkhead (or <workspace>/cache)
+    cache = os.path.dirname(metadata.cache_dir())     # ~/.cache/bulkhead (or <workspace>/cache)
     ledger = os.environ.get("BULKHEAD_LEDGER") or _native.ledger_default_path()
     shm = ledger if os.environ.get("BULKHEAD_LEDGER") else os.path.dirname(ledger)
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

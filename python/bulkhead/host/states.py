@@ -1,0 +1,172 @@
+"""Where each pack stands, and the in-process fallback.
+
+Every pack (or part of one) bulkhead serves in this process is recorded
+here: isolated (host/nodes.py ``load_pack``), in-process (``fallback``: the
+pack imported in ComfyUI's process, with one warning per pack naming the
+reason, a key of ``REASONS``, and the fix) or failed (``failed``: it runs
+nowhere).  ``pack_states`` is what GET /bulkhead/status and the panel's
+Packs section list, and ``startup_line`` the one line logged when
+ComfyUI's server starts.  Where a pack's ``[bulkhead] fallback`` or
+BULKHEAD_FALLBACK (``FALLBACK_SWITCH``) says "error", a pack that cannot
+run isolated is recorded failed instead of imported.
+"""
+
+import logging
+import os
+import threading
+import time
+
+from ..packimport import import_nodes
+
+log = logging.getLogger("bulkhead")
+
+# Why a pack runs in-process: reason -> (what, fix).  {pack} is the pack
+# directory, {detail} what the caller adds.
+NO_COMFYUI = "no-comfyui"
+NO_CONFIG = "no-config"
+STAMP_REFUSED = "stamp-refused"
+ENV_NOT_BUILT = "env-not-built"
+DIR_WITHOUT_CONFIG = "dir-without-config"
+CONTRACT_REFUSED = "contract-refused"
+WORKER_IMPORT_FAILED = "worker-import-failed"
+CONFIG_REFUSED = "config-refused"
+REASONS = {
+    NO_COMFYUI: ("no ComfyUI base was found (folder_paths / comfy are not imported here, "
+                 "options['comfyui'] and COMFYUI_PATH are unset){detail}",
+                 "load it from ComfyUI (or set COMFYUI_PATH=<ComfyUI dir>), then "
+                 "`bulkhead install {pack}`"),
+    NO_CONFIG: ("it has no comfy-env.toml{detail}",
+                "add a comfy-env.toml to the pack, then `bulkhead install {pack}`"),
+    STAMP_REFUSED: ("its environment's stamp was refused{detail}",
+                    "rebuild the environment: `bulkhead install {pack}`"),
+    ENV_NOT_BUILT: ("its environment is not built{detail}",
+                    "build it: `bulkhead install {pack}`"),
+    DIR_WITHOUT_CONFIG: ("this directory has no comfy-env.toml of its own{detail}",
+                         "to isolate it, add a comfy-env.toml to it and run `bulkhead install {pack}`"),
+    WORKER_IMPORT_FAILED: ("it failed to import in its worker{detail}",
+                           "give its environment what it lacks (its comfy-env.toml), then rebuild it with "
+                           "`bulkhead install {pack}` (--force when nothing in the file changed); the worker's "
+                           "whole traceback is in the log line before this one"),
+    CONFIG_REFUSED: ("its comfy-env.toml is invalid{detail}",
+                     "correct the file named above, then `bulkhead install {pack}`"),
+    CONTRACT_REFUSED: ("bulkhead refuses isolation{detail}",
+                       "run `bulkhead doctor` to see the contract; update bulkhead to a release that "
+                       "fits this ComfyUI (or ComfyUI to one this bulkhead fits), then "
+                       "`bulkhead install {pack}`"),
+}
+
+
+# --- where each pack stands: what /bulkhead/status and the panel show ---
+
+_states = {}            # (pack_dir, module) -> {"name", "state", ...}; under _states_lock
+_states_lock = threading.Lock()
+
+
+def _set_state(pack_dir, module, **state):
+    with _states_lock:
+        _states[(pack_dir, module)] = dict(state, directory=pack_dir)
+
+
+def pack_states():
+    """[{"name", "state", "directory", ...}] of every pack (or part of one)
+    bulkhead served in this process, those not isolated first, then by
+    name.  state: "isolated" (with "python", "env" and the worker's
+    "pid", None while none runs), "in-process" (with "reason" and
+    "fix": it runs in ComfyUI's process, not in its environment) or
+    "failed" (with "reason": it runs nowhere)."""
+    from .nodes import _runtimes, _runtimes_lock    # here: nodes imports this module
+    with _states_lock:
+        rows = [dict(v) for v in _states.values()]
+    with _runtimes_lock:
+        by_key = dict(_runtimes)
+    for r in rows:
+        if r["state"] == "isolated":
+            rt = by_key.get((r["directory"], r["python"]))      # one pack directory, one runtime per environment
+            w = getattr(rt, "worker", None)
+            r["pid"] = w.pid if w is not None else None
+    order = {"failed": 0, "in-process": 1, "isolated": 2}
+    return sorted(rows, key=lambda r: (order.get(r["state"], 3), r["name"]))
+
+
+_serving_s = [0.0]      # seconds spent serving packs (builds at start included); under _states_lock
+
+
+class serving:
+    """``with nodes.serving():`` around one pack's load: its time counts in
+    the start-up line (``startup_line``)."""
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+
+    def __exit__(self, *exc):
+        with _states_lock:
+            _serving_s[0] += time.monotonic() - self.t0
+
+
+def startup_line():
+    """The one line bulkhead logs when ComfyUI's server starts: its
+    version, how many packs run isolated, which do not and why, and the
+    time spent on them."""
+    from .. import __version__
+    rows = pack_states()
+    iso = [r for r in rows if r["state"] == "isolated"]
+    lost = [r for r in rows if r["state"] != "isolated"]
+    with _states_lock:
+        spent = _serving_s[0]
+    text = f"bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated"
+    if lost:
+        text += (f", {len(lost)} NOT isolated ("
+                 + "; ".join(f"{r['name']}: {r['state']}: {r['reason'].split('. ')[0]}" for r in lost)
+                 + "; the fix for each is in its line above)")
+    return text + f"; {spent:.1f} s loading them. GET /bulkhead/status and the panel's Packs section list each"
+
+
+def failed(pack_dir, name, reason, *, module="auto"):
+    """Records a pack (its ``module``, as fallback names it) that could be
+    served neither isolated nor in-process."""
+    _set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="failed", reason=reason)
+
+
+# BULKHEAD_FALLBACK=error: every pack that cannot run isolated is an
+# error instead of running in ComfyUI's process (as a pack's own
+# ``[bulkhead] fallback = "error"`` makes it for that pack).
+FALLBACK_SWITCH = "BULKHEAD_FALLBACK"
+
+
+def fallback_is_error(policy=None):
+    """Whether a pack that cannot run isolated is an error rather than run
+    in-process: its own ``[bulkhead] fallback`` (policy), or the machine's
+    BULKHEAD_FALLBACK, says "error"."""
+    return policy == "error" or os.environ.get(FALLBACK_SWITCH, "").strip().lower() == "error"
+
+
+def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=None):
+    """Imports the pack in this process and returns its own
+    (NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS), after ONE warning
+    per pack naming the reason (a key of REASONS, or any text) and the
+    fix.  detail is added to the reason (e.g. what the stamp check said).
+    Where the pack's ``[bulkhead] fallback`` (policy) or BULKHEAD_FALLBACK
+    says "error", nothing is imported: one error line, the pack (its part)
+    recorded failed, and no nodes, so a prompt using them fails instead of
+    running in the wrong environment."""
+    pack_dir = os.path.realpath(os.fspath(pack_dir))
+    name = name or os.path.basename(pack_dir)
+    what, fix = REASONS.get(reason, (str(reason) + "{detail}", "`bulkhead install {pack}`"))
+    detail = f": {detail}" if detail and not detail.startswith((" ", ":")) else (detail or "")
+    why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
+    if fallback_is_error(policy):
+        source = ('its [bulkhead] fallback = "error"' if policy == "error" else f'{FALLBACK_SWITCH}=error')
+        log.error("bulkhead: pack %r (%s) is NOT loaded: it cannot run isolated (%s), and %s makes that an "
+                  "error instead of running it in ComfyUI's process. Fix: %s", name, pack_dir, why, source, how)
+        _set_state(pack_dir, module, name=name, state="failed", reason=f"{why} (not run in-process: {source})",
+                   fix=how)
+        return {}, {}
+    with _states_lock:     # once per pack and module: a pack's subdirectories fall back one by one
+        first = _states.get((pack_dir, module), {}).get("state") != "in-process"
+    if first:
+        log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir, why, how)
+    mod = import_nodes(pack_dir, module, unique_name=True)
+    # in-process once imported: one that fails here too is the caller's to record (``failed``)
+    _set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
+    return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
+            dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
