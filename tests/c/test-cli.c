@@ -257,6 +257,47 @@ TEST_IMPL(cli_appendf_grows) {
   return 0;
 }
 
+/* A host's answer to `packs`: the rows taken, what is not a row skipped,
+ * strings clipped, anything cut refused. */
+TEST_IMPL(cli_packs_read) {
+  bh_buf b;
+  bh_cli_pack rows[2];
+  int n = -1;
+  char reason[900];
+  memset(reason, 'r', sizeof reason);
+  bh_buf_init(&b);
+  bh_enc_list(&b, 4);
+  bh_enc_map(&b, 3);
+  bh_enc_str(&b, "name", 4), bh_enc_str(&b, "good", 4);
+  bh_enc_str(&b, "state", 5), bh_enc_str(&b, "isolated", 8);
+  bh_enc_str(&b, "pid", 3), bh_enc_int(&b, 77);
+  bh_enc_int(&b, 5); /* not a row */
+  bh_enc_map(&b, 4);
+  bh_enc_str(&b, "name", 4), bh_enc_str(&b, "lost", 4);
+  bh_enc_str(&b, "state", 5), bh_enc_str(&b, "in-process", 10);
+  bh_enc_str(&b, "reason", 6), bh_enc_str(&b, reason, sizeof reason);
+  bh_enc_str(&b, "pid", 3), bh_enc_nil(&b);
+  bh_enc_map(&b, 1); /* past max: skipped */
+  bh_enc_str(&b, "name", 4), bh_enc_str(&b, "third", 5);
+  ASSERT_EQ(b.err, 0);
+  ASSERT_OK(bh_cli_packs_read(b.data, b.len, rows, 2, &n));
+  ASSERT_EQ(n, 2);
+  ASSERT_STR_EQ(rows[0].name, "good");
+  ASSERT_STR_EQ(rows[0].state, "isolated");
+  ASSERT_EQ(rows[0].pid, 77);
+  ASSERT_STR_EQ(rows[1].name, "lost");
+  ASSERT_EQ(rows[1].pid, -1);
+  ASSERT_EQ(strlen(rows[1].reason), sizeof rows[1].reason - 1);
+  ASSERT_STR_EQ(rows[1].fix, "");
+  for (size_t cut = 0; cut < b.len; cut++) ASSERT(bh_cli_packs_read(b.data, cut, rows, 2, &n) < 0);
+  bh_buf_free(&b);
+  bh_buf_init(&b);
+  bh_enc_map(&b, 0);
+  ASSERT_RC(bh_cli_packs_read(b.data, b.len, rows, 2, &n), -BH_EBADTAG);
+  bh_buf_free(&b);
+  return 0;
+}
+
 /* A host's answer to `release`: the fields taken, the rest left alone. */
 TEST_IMPL(cli_answer_read) {
   bh_buf b;

@@ -136,6 +136,9 @@ static void replay_answer(const uint8_t *p, size_t n) {
   int rc = bh_cli_answer_read(p, n, &a);
   ASSERT(rc <= 0);
   ASSERT(memchr(a.message, 0, sizeof a.message) != NULL);
+  bh_cli_pack rows[4];
+  int k = -1;
+  ASSERT(bh_cli_packs_read(p, n, rows, 4, &k) <= 0 && k >= 0 && k <= 4);
 }
 
 TEST_IMPL(fuzz_corpus_replay) {

@@ -138,6 +138,7 @@ TEST_DECLARE(cli_text_fit)
 TEST_DECLARE(cli_line_clip_and_bar)
 TEST_DECLARE(cli_appendf_grows)
 TEST_DECLARE(cli_answer_read)
+TEST_DECLARE(cli_packs_read)
 TEST_DECLARE(fuzz_corpus_replay)
 
 TASK_LIST_START
@@ -280,6 +281,7 @@ TASK_LIST_START
   TEST_ENTRY(cli_line_clip_and_bar)
   TEST_ENTRY(cli_appendf_grows)
   TEST_ENTRY(cli_answer_read)
+  TEST_ENTRY(cli_packs_read)
 
 
   TEST_ENTRY_CUSTOM(fuzz_corpus_replay, 60000)
