@@ -113,43 +113,67 @@ static void bh__answer_str(char *dst, size_t len, const bh_item *it) {
   dst[n] = 0;
 }
 
+/* Walks the entries of a map whose header is `map` (the reader just past
+ * it): each value whose key is a string goes to take(key, its length,
+ * the value's first item, ctx), every entry is stepped over whole. */
+static int bh__map_each(bh_reader *r, const bh_item *map,
+                        void (*take)(const char *k, size_t kn, const bh_item *val, void *ctx), void *ctx) {
+  bh_item key, val;
+  int rc;
+  for (uint32_t i = 0; i < map->u.count; i++) {
+    if ((rc = bh_dec_next(r, &key)) < 0 || (rc = bh__answer_skip(r, &key)) < 0) return rc;
+    if ((rc = bh_dec_next(r, &val)) < 0) return rc;
+    if (key.tag == BH_TAG_STR) take((const char *)key.u.s.p, key.u.s.n, &val, ctx);
+    if ((rc = bh__answer_skip(r, &val)) < 0) return rc;
+  }
+  return 0;
+}
+
+#define BH__KEY(name) (kn == sizeof(name) - 1 && memcmp(k, name, kn) == 0)
+
+static void bh__take_answer(const char *k, size_t kn, const bh_item *val, void *ctx) {
+  bh_cli_answer *a = ctx;
+  if (val->tag == BH_TAG_INT) {
+    if (BH__KEY("worker_pid")) a->worker_pid = val->u.i;
+    else if (BH__KEY("before_bytes")) a->before_bytes = val->u.i;
+    else if (BH__KEY("after_bytes")) a->after_bytes = val->u.i;
+    else if (BH__KEY("freed_bytes")) a->freed_bytes = val->u.i;
+  } else if (val->tag == BH_TAG_STR) {
+    if (BH__KEY("pack")) bh__answer_str(a->pack, sizeof a->pack, val);
+    else if (BH__KEY("type")) bh__answer_str(a->type, sizeof a->type, val);
+    else if (BH__KEY("message")) bh__answer_str(a->message, sizeof a->message, val);
+  }
+}
+
+static void bh__take_pack(const char *k, size_t kn, const bh_item *val, void *ctx) {
+  bh_cli_pack *out = ctx;
+  if (val->tag == BH_TAG_INT && BH__KEY("pid")) out->pid = val->u.i;
+  else if (val->tag == BH_TAG_STR) {
+    if (BH__KEY("name")) bh__answer_str(out->name, sizeof out->name, val);
+    else if (BH__KEY("state")) bh__answer_str(out->state, sizeof out->state, val);
+    else if (BH__KEY("reason")) bh__answer_str(out->reason, sizeof out->reason, val);
+    else if (BH__KEY("fix")) bh__answer_str(out->fix, sizeof out->fix, val);
+  }
+}
+
+#undef BH__KEY
+
 int bh_cli_answer_read(const uint8_t *p, size_t n, bh_cli_answer *a) {
   bh_reader r;
-  bh_item it, key, val;
+  bh_item it;
   int rc = bh_dec_validate(p, n, BH_MAX_DEPTH);
   if (rc < 0) return rc;
   bh_reader_init(&r, p, n);
   if ((rc = bh_dec_next(&r, &it)) < 0) return rc;
   if (it.tag != BH_TAG_MAP) return -BH_EBADTAG;
-  for (uint32_t i = 0; i < it.u.count; i++) {
-    if ((rc = bh_dec_next(&r, &key)) < 0 || (rc = bh__answer_skip(&r, &key)) < 0) return rc;
-    if ((rc = bh_dec_next(&r, &val)) < 0) return rc;
-    if (key.tag == BH_TAG_STR) {
-      const char *k = (const char *)key.u.s.p;
-      size_t kn = key.u.s.n;
-#define BH__KEY(name) (kn == sizeof(name) - 1 && memcmp(k, name, kn) == 0)
-      if (val.tag == BH_TAG_INT) {
-        if (BH__KEY("worker_pid")) a->worker_pid = val.u.i;
-        else if (BH__KEY("before_bytes")) a->before_bytes = val.u.i;
-        else if (BH__KEY("after_bytes")) a->after_bytes = val.u.i;
-        else if (BH__KEY("freed_bytes")) a->freed_bytes = val.u.i;
-      } else if (val.tag == BH_TAG_STR) {
-        if (BH__KEY("pack")) bh__answer_str(a->pack, sizeof a->pack, &val);
-        else if (BH__KEY("type")) bh__answer_str(a->type, sizeof a->type, &val);
-        else if (BH__KEY("message")) bh__answer_str(a->message, sizeof a->message, &val);
-      }
-#undef BH__KEY
-    }
-    if ((rc = bh__answer_skip(&r, &val)) < 0) return rc;
-  }
-  return 0;
+  return bh__map_each(&r, &it, bh__take_answer, a);
 }
 
 /* ------------------------------------------------- a host's packs */
 
 int bh_cli_packs_read(const uint8_t *p, size_t n, bh_cli_pack *rows, int max, int *count) {
   bh_reader r;
-  bh_item it, row, key, val;
+  bh_item it, row;
   int rc = bh_dec_validate(p, n, BH_MAX_DEPTH);
   *count = 0;
   if (rc < 0) return rc;
@@ -165,24 +189,7 @@ int bh_cli_packs_read(const uint8_t *p, size_t n, bh_cli_pack *rows, int max, in
     bh_cli_pack *out = &rows[(*count)++];
     memset(out, 0, sizeof *out);
     out->pid = -1;
-    for (uint32_t j = 0; j < row.u.count; j++) {
-      if ((rc = bh_dec_next(&r, &key)) < 0 || (rc = bh__answer_skip(&r, &key)) < 0) return rc;
-      if ((rc = bh_dec_next(&r, &val)) < 0) return rc;
-      if (key.tag == BH_TAG_STR) {
-        const char *k = (const char *)key.u.s.p;
-        size_t kn = key.u.s.n;
-#define BH__KEY(name) (kn == sizeof(name) - 1 && memcmp(k, name, kn) == 0)
-        if (val.tag == BH_TAG_INT && BH__KEY("pid")) out->pid = val.u.i;
-        else if (val.tag == BH_TAG_STR) {
-          if (BH__KEY("name")) bh__answer_str(out->name, sizeof out->name, &val);
-          else if (BH__KEY("state")) bh__answer_str(out->state, sizeof out->state, &val);
-          else if (BH__KEY("reason")) bh__answer_str(out->reason, sizeof out->reason, &val);
-          else if (BH__KEY("fix")) bh__answer_str(out->fix, sizeof out->fix, &val);
-        }
-#undef BH__KEY
-      }
-      if ((rc = bh__answer_skip(&r, &val)) < 0) return rc;
-    }
+    if ((rc = bh__map_each(&r, &row, bh__take_pack, out)) < 0) return rc;
   }
   return 0;
 }
