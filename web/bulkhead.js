@@ -191,8 +191,21 @@ function renderProcess(doc, p) {
   return row;
 }
 
+// Newest first; a run of events of one kind and process that freed
+// nothing (an idle worker's releases) is one line with its count, so the
+// lines that moved bytes are the ones seen.
+function foldEvents(events) {
+  const out = [];
+  for (const e of events) {
+    const last = out[out.length - 1];
+    if (!e.bytes && last && !last.bytes && last.kind === e.kind && last.process === e.process) last.count += 1;
+    else out.push({ ...e, count: 1 });
+  }
+  return out;
+}
+
 function renderTimeline(doc) {
-  const events = (doc.timeline || []).slice(-TIMELINE_SHOWN).reverse();
+  const events = foldEvents((doc.timeline || []).slice().reverse()).slice(0, TIMELINE_SHOWN);
   const section = node("section", { class: "bh-events" }, node("h3", {}, "Releases and evictions"));
   if (!events.length) {
     section.append(node("div", { class: "bh-meta" }, "none yet"));
@@ -201,8 +214,9 @@ function renderTimeline(doc) {
   const ol = node("ol", { class: "bh-timeline" });
   for (const e of events) {
     const t = new Date(e.time * 1000).toLocaleTimeString();
-    ol.append(node("li", { "data-kind": e.kind },
-      `${t} ${e.kind} ${e.process}` + (e.bytes ? ` · ${formatBytes(e.bytes)}` : "")));
+    ol.append(node("li", { "data-kind": e.kind, "data-count": e.count },
+      `${t} ${e.kind} ${e.process}` + (e.bytes ? ` · ${formatBytes(e.bytes)}`
+        : e.count > 1 ? ` ×${e.count} · nothing freed` : " · nothing freed")));
   }
   section.append(ol);
   return section;
@@ -425,7 +439,8 @@ export function renderFreed(r, onDismiss) {
     const li = node("li", { "data-pid": row.pid, "data-pack": row.pack, "data-freed-bytes": row.freed_bytes,
       "data-state": row.state, title: row.error || null },
     `${row.pack} · pid ${row.pid}: ${formatBytes(row.freed_bytes)} ` +
-      `(${formatBytes(row.before_bytes)} → ${formatBytes(row.after_bytes)})`);
+      `(${formatBytes(row.before_bytes)} → ${formatBytes(row.after_bytes)})` +
+      (row.state === "exited" ? " · idle, stopped: every byte back" : ""));
     if (row.error) li.append(node("span", { class: "bh-sub bh-error" }, `${row.state}: ${row.error}`));
     ul.append(li);
   }

@@ -216,6 +216,9 @@ def test_panel_renders_every_process_in_chromium(tmp_path, monkeypatch):
     r = routes_scenario(tmp_path, f"""
         import shutil, subprocess
         {two_workers("pack-b")}
+        from bulkhead.host import release as _rl
+        for _ in range(5):
+            _rl.note(hm, "release", "pack-a", 0)   # an idle worker's releases that freed nothing
         doc = routes.status()
         url = "http://127.0.0.1:%d/" % port
         flags = {chromium_flags(tmp_path, 4500, "400,760")}
@@ -252,6 +255,9 @@ def test_panel_renders_every_process_in_chromium(tmp_path, monkeypatch):
     cpu = next(d for d in dom.devices if d["data-device"] == "cpu")
     assert "free of" in cpu["text"] and cpu["width"] > 0
     assert any(e["kind"] == "evict" and "pack-b" in e["text"] for e in dom.events), dom.events
+    # the five releases that freed nothing are one line (#25)
+    folded = [e for e in dom.events if e["kind"] == "release" and "pack-a" in e["text"]]
+    assert len(folded) == 1 and "×5 · nothing freed" in folded[0]["text"], dom.events
     # it polled once a second while shown (4.5 s of virtual time)
     assert r["polls"] >= 3, r["polls"]
 
