@@ -254,7 +254,8 @@ def test_panel_renders_every_process_in_chromium(tmp_path, monkeypatch):
     # device totals, and the eviction in the timeline
     cpu = next(d for d in dom.devices if d["data-device"] == "cpu")
     assert "free of" in cpu["text"] and cpu["width"] > 0
-    assert any(e["kind"] == "evict" and "pack-b" in e["text"] for e in dom.events), dom.events
+    # with the bytes the worker's receipt freed (#23: main noted 0)
+    assert any(e["kind"] == "evict" and "pack-b" in e["text"] and "· 96" in e["text"] for e in dom.events), dom.events
     # the five releases that freed nothing are one line (#25)
     folded = [e for e in dom.events if e["kind"] == "release" and "pack-a" in e["text"]]
     assert len(folded) == 1 and "×5 · nothing freed" in folded[0]["text"], dom.events

@@ -66,8 +66,9 @@ class _Owner:
     # --- StandIn -> worker ---
 
     def standin_release(self, model_id, nbytes):
+        receipt = None
         try:
-            self.worker.release("model", model_id, nbytes, timeout=release_timeout(self.worker))
+            receipt = self.worker.release("model", model_id, nbytes, timeout=release_timeout(self.worker))
         except _DEAD as e:
             # A dead (or hung, now killed) worker's memory is gone: its
             # stand-ins read 0 from now on, so upstream counts it freed.
@@ -83,7 +84,7 @@ class _Owner:
             # posted to idle siblings).
             log.warning("bulkhead: %s could not release model %s: %s",
                         self.worker.describe(), model_id, e)
-        self.host.note_release(self.worker)
+        self.host.note_release(self.worker, (receipt or {}).get("freed_bytes", 0))
 
     def standin_load(self, model_id, nbytes):
         receipt = self.worker.release("load", model_id, nbytes, timeout=release_timeout(self.worker))
@@ -391,8 +392,10 @@ class HostMemory:
             return
         _release.post(self, str(dev), nbytes, exclude=asker, kind="pressure")
 
-    def note_release(self, worker):
-        _release.note(self, "evict", worker.name, 0)
+    def note_release(self, worker, nbytes=0):
+        """An eviction through a stand-in, with the bytes the worker's
+        receipt says it freed, in the timeline."""
+        _release.note(self, "evict", worker.name, nbytes)
 
     # What a worker sends is checked before anything acts on it: a byte
     # count in [0, 2**63) (the policy bindings refuse the rest in C too),
