@@ -174,6 +174,9 @@ def test_one_free_reports_what_comfyuis_cache_drop_lets_go(comfyui):
     entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EBigArray", "inputs": {"mib": 48}}}))
     assert entry["status"]["status_str"] == "success", entry["status"]
     pid = entry["outputs"]["1"]["pid"][0]
+    deadline = time.monotonic() + 10   # the worker's recount after the call publishes the block
+    while time.monotonic() < deadline and _worker_pids(srv)[pid]["held_bytes"] < 48 << 20:
+        time.sleep(0.05)
     status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
     assert status == 200, body
     [row] = [r for r in body["bulkhead"]["processes"] if r["pid"] == pid]
