@@ -61,8 +61,15 @@ static int bh__packs_of_hosts(const bh_status_snap *snap, bh__host_packs **out) 
 }
 
 /* The packs section of the table: one line per pack, those not isolated
- * with why and the fix on lines of their own, each cut to cols. */
+ * with why and the fix on lines of their own, each fitted to cols by
+ * bh_text_fit, as every name in the table is (control characters and
+ * invalid UTF-8 as '?': a pack's name or message never moves the cursor). */
+#define BH__PACKS_LINE_MAX 512u /* characters of one why/fix line */
+
 static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned cols) {
+  char name[4 * 28 + 1], line[4 * BH__PACKS_LINE_MAX + 1];
+  unsigned width = cols > 6 + 5 ? cols - 6 - 5 : 1; /* after "      why: " */
+  if (width > BH__PACKS_LINE_MAX) width = BH__PACKS_LINE_MAX;
   for (int i = 0; i < n; i++) {
     const bh__host_packs *h = &hp[i];
     bh_text_appendf(b, "\npacks of host %d:\n", (int)h->host);
@@ -70,8 +77,9 @@ static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned 
       const bh_cli_pack *p = &h->rows[j];
       size_t start = b->len;
       int iso = strcmp(p->state, "isolated") == 0;
-      bh_text_appendf(b, "  %-28s %s", p->name, iso ? "isolated" : strcmp(p->state, "failed") == 0
-                                                      ? "FAILED" : "NOT isolated (in ComfyUI's process)");
+      bh_text_fit(name, sizeof name, p->name, 28, 1);
+      bh_text_appendf(b, "  %s %s", name, iso ? "isolated" : strcmp(p->state, "failed") == 0
+                                              ? "FAILED" : "NOT isolated (in ComfyUI's process)");
       if (iso && p->pid > 0) bh_text_appendf(b, ", worker pid %lld", (long long)p->pid);
       bh_text_line_clip(b, start, cols);
       bh_text_appendf(b, "\n");
@@ -79,10 +87,8 @@ static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned 
       const char *heads[2] = {"why: ", "fix: "};
       for (int l = 0; l < 2 && !iso; l++) {
         if (!lines[l][0]) continue;
-        start = b->len;
-        bh_text_appendf(b, "      %s%s", heads[l], lines[l]);
-        bh_text_line_clip(b, start, cols);
-        bh_text_appendf(b, "\n");
+        bh_text_fit(line, sizeof line, lines[l], width, 0);
+        bh_text_appendf(b, "      %s%s\n", heads[l], line);
       }
     }
   }

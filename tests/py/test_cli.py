@@ -381,6 +381,7 @@ def test_status_lists_where_each_hosts_packs_stand(env, ledger, host, member, co
     try:
         nodes.fallback(str(lost), nodes.ENV_NOT_BUILT, detail=": pip found no bh-nowhere")
         nodes.failed("/nowhere/broken_pack", "broken_pack", "No module named 'bh_missing'")
+        nodes.failed("/nowhere/zz", "zz\x1b[2J", "a \x1b[31mred\x1b[0m message")   # never moves the cursor
         control([])
         r = cli("status", "--ledger", ledger, env=env)
         assert r.returncode == 0, r.stderr
@@ -388,11 +389,14 @@ def test_status_lists_where_each_hosts_packs_stand(env, ledger, host, member, co
         lines = text.splitlines()
         assert lines[0].split() == ["broken_pack", "FAILED"], text
         assert "why: No module named 'bh_missing'" in lines[1], text
-        assert lines[2].startswith("  lost_pack") and "NOT isolated (in ComfyUI's process)" in lines[2], text
-        assert "pip found no bh-nowhere" in lines[3] and "fix: build it: `bulkhead install" in lines[4], text
+        at = next(i for i, line in enumerate(lines) if line.startswith("  lost_pack"))
+        assert "NOT isolated (in ComfyUI's process)" in lines[at], text
+        assert "pip found no bh-nowhere" in lines[at + 1] and "fix: build it: `bulkhead install" in lines[at + 2], text
+        assert "\x1b" not in r.stdout and "zz?[2J" in text and "why: a ?[31mred?[0m message" in text, text
         doc = json.loads(cli("status", "--json", "--ledger", ledger, env=env).stdout)
         assert [(p["host_pid"], p["name"], p["state"]) for p in doc["packs"]] == [
-            (os.getpid(), "broken_pack", "failed"), (os.getpid(), "lost_pack", "in-process")], doc["packs"]
+            (os.getpid(), "broken_pack", "failed"), (os.getpid(), "zz\x1b[2J", "failed"),
+            (os.getpid(), "lost_pack", "in-process")], doc["packs"]
     finally:
         nodes._forget_all()
 
