@@ -123,23 +123,28 @@ def _tmp_dirs(pid=None):
     return out
 
 
+def owner_gone(name, prefix):
+    """Whether ``name`` is ``<prefix><pid>-...`` of a process, not this one,
+    that is gone: a leftover to sweep.  A pid alive (or another user's
+    now) is left for a later sweep."""
+    pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass
+    return False
+
+
 def sweep_tmp():
     """Removes this user's /tmp directories whose process is gone.
     Returns the paths removed."""
-    removed = []
-    for path in _tmp_dirs():
-        pid = os.path.basename(path)[len(_tmp_prefix()):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # alive (or another user's pid now: left for a later sweep)
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue
+    removed = [path for path in _tmp_dirs() if owner_gone(os.path.basename(path), _tmp_prefix())]
+    for path in removed:
         shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
     return removed
 
 

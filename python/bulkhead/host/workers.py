@@ -169,16 +169,10 @@ def _sweep_roots(base):
         names = os.listdir(base)
     except OSError:
         return
+    from .rundir import owner_gone
     for name in names:
-        pid = name[len(_ROOT_NAME):].split("-", 1)[0]
-        if not name.startswith(_ROOT_NAME) or not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if owner_gone(name, _ROOT_NAME):
             _remove_root(os.path.join(base, name))
-        except OSError:
-            pass
 
 
 def build_env(extra=None, inherit=True):
