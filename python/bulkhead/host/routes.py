@@ -503,6 +503,16 @@ class BulkheadRoutes:
             self._note(kind, f"{n} worker{'' if n == 1 else 's'}", total["freed_bytes"])
         return {"host_pid": os.getpid(), "all_hosts": bool(all_hosts), "processes": rows, **total}
 
+    def free_after_comfyui(self, before, exit_idle):
+        """ComfyUI's own /free, on an acting thread (admitted as any
+        release is): once ComfyUI's prompt thread has dropped its cache
+        (comfyui_settled, at most FREE_SETTLE_S), the full ladder on every
+        worker of this host; the answer says whether ComfyUI settled."""
+        settled = comfyui_settled(FREE_SETTLE_S)
+        report = self.free(False, None, "free", before, exit_idle)
+        report["comfyui_settled"] = settled
+        return report
+
     # --- the prompt boundary ---
 
     def prompt_end(self, prompt_id=None):
@@ -637,10 +647,8 @@ class BulkheadRoutes:
             response = await handler(request)
             if not asked or response.status != 200 or not isinstance(response, web.Response):
                 return response
-            settled = await self._run(comfyui_settled, FREE_SETTLE_S)
             try:
-                report = await self._act(self.free, False, None, "free", before, bool(body.get("free_memory")))
-                report["comfyui_settled"] = settled
+                report = await self._act(self.free_after_comfyui, before, bool(body.get("free_memory")))
             except RouteError as e:  # too many at once: upstream's answer alone
                 log.warning("bulkhead: ComfyUI's /free: %s (the workers release after their idle time)", e)
                 return response
