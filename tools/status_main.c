@@ -61,15 +61,13 @@ static int bh__packs_of_hosts(const bh_status_snap *snap, bh__host_packs **out) 
 }
 
 /* The packs section of the table: one line per pack, those not isolated
- * with why and the fix on lines of their own, each fitted to cols by
- * bh_text_fit, as every name in the table is (control characters and
- * invalid UTF-8 as '?': a pack's name or message never moves the cursor). */
-#define BH__PACKS_LINE_MAX 512u /* characters of one why/fix line */
-
+ * with why and the fix under it, wrapped as the table's device reasons
+ * are (bh_status_wrapped: shown whole, a fix's command included), every
+ * name and message through bh_text_fit first, as every name in the table
+ * is (control characters and invalid UTF-8 as '?': a pack's name or
+ * message never moves the cursor). */
 static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned cols) {
-  char name[4 * 28 + 1], line[4 * BH__PACKS_LINE_MAX + 1];
-  unsigned width = cols > 6 + 5 ? cols - 6 - 5 : 1; /* after "      why: " */
-  if (width > BH__PACKS_LINE_MAX) width = BH__PACKS_LINE_MAX;
+  char name[4 * 28 + 1], text[4 * sizeof hp->rows[0].reason + 1];
   for (int i = 0; i < n; i++) {
     const bh__host_packs *h = &hp[i];
     bh_text_appendf(b, "\npacks of host %d:\n", (int)h->host);
@@ -84,11 +82,11 @@ static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned 
       bh_text_line_clip(b, start, cols);
       bh_text_appendf(b, "\n");
       const char *lines[2] = {p->reason, p->fix};
-      const char *heads[2] = {"why: ", "fix: "};
+      const char *labels[2] = {"    why:", "    fix:"};
       for (int l = 0; l < 2 && !iso; l++) {
         if (!lines[l][0]) continue;
-        bh_text_fit(line, sizeof line, lines[l], width, 0);
-        bh_text_appendf(b, "      %s%s\n", heads[l], line);
+        bh_text_fit(text, sizeof text, lines[l], (unsigned)sizeof p->reason, 0);
+        bh_status_wrapped(b, labels[l], text, cols);
       }
     }
   }

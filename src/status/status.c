@@ -330,10 +330,7 @@ static void bh__line_end(bh_buf *b, size_t start, unsigned cols) {
   bh_text_appendf(b, "\n");
 }
 
-/* Appends "<label>     <text>" as lines of at most cols, the text wrapped
- * at spaces onto lines indented under it (a word longer than a whole line,
- * a long path, is broken across lines): a reason is shown whole. */
-static void bh__wrapped(bh_buf *b, const char *label, const char *text, unsigned cols) {
+void bh_status_wrapped(bh_buf *b, const char *label, const char *text, unsigned cols) {
   enum { INDENT = 11 };
   size_t room = cols > INDENT + 8 ? cols - INDENT : 8;
   size_t start = b->len;
@@ -439,9 +436,9 @@ static void bh__device_rows(bh_buf *b, const bh_status_snap *s, unsigned cols) {
     }
     bh__line_end(b, start, cols);
   }
-  if (s->ram_error[0]) bh__wrapped(b, "cpu", s->ram_error, cols);
+  if (s->ram_error[0]) bh_status_wrapped(b, "cpu", s->ram_error, cols);
   if (!s->gpu_available || s->gpu_error[0]) {
-    bh__wrapped(b, "gpu", s->gpu_error, cols);
+    bh_status_wrapped(b, "gpu", s->gpu_error, cols);
   } else if (s->n_devices == (s->ram_error[0] ? 0 : 1)) {
     start = b->len;
     bh_text_appendf(b, "%-10s %s", "gpu", "NVML reports no devices");

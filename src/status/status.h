@@ -140,4 +140,11 @@ int bh_status_json(bh_buf *b, const bh_status_snap *s);
 /* The table for people, every line at most `cols` characters wide. */
 int bh_status_text(bh_buf *b, const bh_status_snap *s, unsigned cols);
 
+/* Appends "<label>     <text>" (the label padded to 10) as lines of at
+ * most cols, the text wrapped at spaces onto lines indented under it (a
+ * word longer than a whole line, a long path, is broken across lines): a
+ * reason is shown whole.  text is printed as it is: a caller passes text
+ * that bh_text_fit has made safe for a terminal. */
+void bh_status_wrapped(bh_buf *b, const char *label, const char *text, unsigned cols);
+
 #endif /* BULKHEAD_STATUS_H */

@@ -388,11 +388,16 @@ def test_status_lists_where_each_hosts_packs_stand(env, ledger, host, member, co
         text = r.stdout.split(f"packs of host {os.getpid()}:\n", 1)[1]
         lines = text.splitlines()
         assert lines[0].split() == ["broken_pack", "FAILED"], text
-        assert "why: No module named 'bh_missing'" in lines[1], text
+        assert lines[1].split() == ["why:", "No", "module", "named", "'bh_missing'"], text
         at = next(i for i, line in enumerate(lines) if line.startswith("  lost_pack"))
         assert "NOT isolated (in ComfyUI's process)" in lines[at], text
-        assert "pip found no bh-nowhere" in lines[at + 1] and "fix: build it: `bulkhead install" in lines[at + 2], text
-        assert "\x1b" not in r.stdout and "zz?[2J" in text and "why: a ?[31mred?[0m message" in text, text
+        assert lines[at + 1].split()[0] == "why:" and "pip found no bh-nowhere" in lines[at + 1], text
+        # the fix is shown whole, its command wrapped onto the lines under it, none past 80 columns
+        fix = [line for line in lines[at + 2:] if line.startswith(" " * 11) or line.split()[:1] == ["fix:"]]
+        assert fix[0].split()[0] == "fix:" and all(len(line) <= 80 for line in lines), text
+        joined = "".join("".join(line.split()) for line in fix)     # the wrapped lines, blanks dropped
+        assert f"`bulkhead install {lost}`".replace(" ", "") in joined, text
+        assert "\x1b" not in r.stdout and "zz?[2J" in text and "a ?[31mred?[0m message" in text, text
         doc = json.loads(cli("status", "--json", "--ledger", ledger, env=env).stdout)
         assert [(p["host_pid"], p["name"], p["state"]) for p in doc["packs"]] == [
             (os.getpid(), "broken_pack", "failed"), (os.getpid(), "zz\x1b[2J", "failed"),
