@@ -65,7 +65,7 @@ class FakeHM:
         self.register_standins = True
         self.asked = []
 
-    def _candidates(self, device_name, exclude=None, foreign=True):
+    def candidates(self, device_name, exclude=None, foreign=True):
         self.asked.append((device_name, foreign))
         return [Candidate(w.name, last, res, floor, None, w) for w, dev, last, res, floor in self.rows
                 if dev == device_name]
@@ -130,7 +130,7 @@ def test_a_busy_worker_is_skipped_and_the_rest_replanned():
 
 def test_holder_never_raises_into_upstream(caplog):
     class Broken(FakeHM):
-        def _candidates(self, *a, **k):
+        def candidates(self, *a, **k):
             raise OSError("the ledger went away")
     h = bh_holder.BulkheadHolder(Broken([]))
     assert h.release_memory("cpu", 10 * MiB) == 0
@@ -422,7 +422,7 @@ class _PressureHM(HostMemory):
                        sibling: type("O", (), {"worker": sibling, "standins": {}})()}
         self._sibling = sibling
 
-    def _candidates(self, device_name, exclude=None, foreign=True):
+    def candidates(self, device_name, exclude=None, foreign=True):
         w = self._sibling
         return [Candidate(w.name, 1, 1 << 40, 0, None, w)]
 

@@ -191,7 +191,7 @@ def test_status_route_reads_through_the_hosts_own_handles(tmp_path, monkeypatch)
     ledger = _native.Ledger(str(path))
     ledger.join("host", pack="host", interpreter="3.12.1")
     gpu = _native.Gpu(FAKE_NVML)
-    hm = types.SimpleNamespace(ledger=ledger, events=[], _gpu_probe=lambda: gpu)
+    hm = types.SimpleNamespace(ledger=ledger, events=[], gpu_probe=lambda: gpu)
     try:
         os.unlink(path)
         monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
@@ -220,7 +220,7 @@ def test_status_route_never_waits_on_the_ledger_mutex_and_answers_off_the_loop(t
     path = tmp_path / "ledger"
     ledger = _native.Ledger(str(path))
     ledger.join("host", pack="host", interpreter="3.12.1")
-    hm = types.SimpleNamespace(ledger=ledger, events=[], _gpu_probe=lambda: None)
+    hm = types.SimpleNamespace(ledger=ledger, events=[], gpu_probe=lambda: None)
     routes = comfy_routes.BulkheadRoutes(hm)
     served = _Served(routes)
     holder = subprocess.Popen([sys.executable, "-c", MUTEX_HOLDER, str(path)], stdin=subprocess.PIPE,
@@ -358,7 +358,7 @@ def _fake_host(tmp_path):
     ledger = _native.Ledger(str(tmp_path / "ledger"))
     ledger.join("host", pack="host", interpreter="3.12.1")
     return ledger, types.SimpleNamespace(ledger=ledger, events=collections.deque(), owners=[],
-                                         _gpu_probe=lambda: None)
+                                         gpu_probe=lambda: None)
 
 
 def _remote_from_header():

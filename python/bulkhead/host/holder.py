@@ -20,7 +20,7 @@ The answer is synchronous and never blocks: ComfyUI calls it on its own
 thread, inside free_memory, inside a node.  It is computed from what the
 shared ledger already says (each worker's resident bytes and floor on the
 device, its last use) by the same plan as an admission and as pressure
-(``release.post``: ``HostMemory._candidates`` are the idle workers, and
+(``release.post``: ``HostMemory.candidates`` are the idle workers, and
 ``policy_release_plan`` takes them least recently used first, each for at
 most what it holds above its floor, until ``size`` is covered), and the
 releases are posted (``Worker.post_release``: a frame, no reply awaited).  It returns the bytes it asked for: what will be freed

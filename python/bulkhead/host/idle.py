@@ -112,11 +112,9 @@ def exit_idle(min_idle_s=None):
         if idle is None or idle < limit or (min_idle_s is None and limit <= 0):
             continue
         w = rt.worker
-        if not w._lock.acquire(blocking=False):
-            continue  # a call is starting: not idle after all
-        try:
-            if not w.alive or w.busy:
-                continue
+        with w.holding(0) as held:
+            if not held or not w.alive or w.busy:
+                continue  # a call is starting or running: not idle after all
             pid, handles = w.pid, held_handles(rt)
             if handles:
                 if (rt.pack_dir, pid) not in _released:
@@ -134,6 +132,4 @@ def exit_idle(min_idle_s=None):
             log.info("bulkhead: pack %r: its worker (pid %d) exited after %.0f s idle; it starts again when "
                      "a node of the pack runs (%s, [bulkhead] idle_exit_s)", rt.name, pid, idle, SWITCH)
             out.append({"pid": pid, "pack": rt.name, "idle_s": idle, "exited": True})
-        finally:
-            w._lock.release()
     return out

@@ -288,7 +288,9 @@ class HostMemory:
 
     # --- measuring ---
 
-    def _gpu_probe(self):
+    def gpu_probe(self):
+        """The NVML probe (a _native.Gpu), made on first use; None where
+        there is no NVIDIA driver."""
         if not self._gpu_tried:
             self._gpu_tried = True
             try:
@@ -304,7 +306,7 @@ class HostMemory:
         if device.type == "cpu":
             return True, _native.ram()["available_bytes"]
         if device.type == "cuda":
-            gpu = self._gpu_probe()
+            gpu = self.gpu_probe()
             if gpu is None:
                 return False, 0
             try:
@@ -325,7 +327,7 @@ class HostMemory:
 
     # --- pressure and admission ---
 
-    def _candidates(self, device_name, exclude=None, foreign=True):
+    def candidates(self, device_name, exclude=None, foreign=True):
         """Workers that may be asked to release on device_name, as
         release.Candidate rows: this host's running workers that are not
         the asker and not in a call, and (foreign=True) idle workers of
@@ -373,7 +375,7 @@ class HostMemory:
         return out
 
     def _plan(self, device_name, shortfall, exclude=None, foreign=True):
-        cands = self._candidates(device_name, exclude, foreign)
+        cands = self.candidates(device_name, exclude, foreign)
         rows = [(True, c.last_used_ns, c.resident_bytes, c.floor_bytes) for c in cands]
         asks, uncovered = _native.policy_release_plan(rows, shortfall)
         return [(cands[i], n) for i, n in asks], uncovered

@@ -528,7 +528,7 @@ class PackRuntime:
             raise mm.InterruptProcessingException()
         deferred = self._take_deferred(key, kwargs) if method is None else []
         w = self.worker
-        with w._lock:
+        with w.holding():
             w.poll()  # a generation that died idle is noticed here, not half-way through the call
             w.start()
             for checked in deferred:
@@ -610,18 +610,15 @@ class PackRuntime:
         w, box, done = self.worker, {}, threading.Event()
 
         def check():
-            if not w._lock.acquire(blocking=False):
-                box["why"] = "busy"
-                return done.set()
             try:
-                if not w.alive or w.busy:
-                    box["why"] = "busy" if w.alive else "not started"
-                    return
-                box["answer"] = self._validate(w, _mm(), key, kwargs, drain=False)
+                with w.holding(0) as held:
+                    if not held or not w.alive or w.busy:
+                        box["why"] = "busy" if not held or w.alive else "not started"
+                        return
+                    box["answer"] = self._validate(w, _mm(), key, kwargs, drain=False)
             except BaseException as e:
                 box["error"] = e
             finally:
-                w._lock.release()
                 done.set()
 
         threading.Thread(target=check, name=f"bulkhead-validate-{self.name}", daemon=True).start()
@@ -676,7 +673,7 @@ class PackRuntime:
             raise mm.InterruptProcessingException()
         hidden = _hidden_values(clone)
         w = self.worker
-        with w._lock:
+        with w.holding():
             w.poll()  # a generation that died idle is noticed here, not half-way through the call
             w.start()
             try:
@@ -692,7 +689,7 @@ class PackRuntime:
                              block_execution=out["block_execution"])
 
     def call_class(self, key, mname, kwargs):
-        with self.worker._lock:
+        with self.worker.holding():
             try:
                 return self._call(self.worker, _mm(), targets.CALL_CLASS, key, mname,
                                   NodeValue(kwargs))
@@ -753,7 +750,7 @@ class PackRuntime:
         first node would otherwise wait for; then rehearses a node call.  Blocks (the caller is a
         thread of host/prewarm.py); returns the number of node classes."""
         w = self.worker
-        with w._lock:
+        with w.holding():
             w.start()
             n = w.call(targets.WARM)
             # and a node call's round trip without a node (worker/nodes.py

@@ -63,7 +63,7 @@ class Remote(NamedTuple):
 
 class Candidate(NamedTuple):
     """A worker that may be asked to release on a device (HostMemory's
-    _candidates): a label for logs and the timeline, its last use
+    candidates): a label for logs and the timeline, its last use
     (CLOCK_MONOTONIC ns), what it holds resident there and its floor there
     (from the ledger), release(nbytes) -> bytes freed, and the Worker
     itself (None for another host's: it cannot be posted to)."""
@@ -181,9 +181,10 @@ _RECEIPT = ("before_bytes", "after_bytes", "freed_bytes")
 
 
 def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release", timeout_s=None,
-            before_bytes=None, remote_timeout_s=None, raise_dead=False):
+            before_bytes=None, remote_timeout_s=None, raise_dead=False, op=None):
     """Releases `target` (find's Local or Remote; nbytes None: the full
-    ladder, else that many bytes) and returns
+    ladder, else that many bytes; op "pins", a local worker only: the soft
+    release at a prompt's end, pins and caches, models stay) and returns
     {"worker_pid", "pack", "host_pid", "before_bytes", "after_bytes",
      "freed_bytes", "receipt": the worker's own figures} -- before/after
     read from `ledger` (as for read()), plus "error" when the worker died
@@ -200,6 +201,8 @@ def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release"
     local worker's death instead of reporting it.  The event (kind, the
     worker, the bytes freed) goes to hm's timeline."""
     if isinstance(target, Remote):
+        if op is not None:
+            raise ValueError(f"release: op {op!r} is for a worker of this host, not {target}")
         from .control import request
         host_pid, pid, pack = target
         label = f"{pack} (pid {pid}, host {host_pid})"
@@ -214,7 +217,7 @@ def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release"
         before = held(read(ledger, pid)) if before_bytes is None else before_bytes
         error = None
         try:
-            receipt = w.release("all" if nbytes is None else "bytes", None, nbytes,
+            receipt = w.release(op or ("all" if nbytes is None else "bytes"), None, nbytes,
                                 timeout=release_timeout(w, timeout_s), wait_s=wait_s) or {}
         except DEAD as e:
             if raise_dead:
@@ -235,11 +238,11 @@ def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release"
 def post(hm, device_name, nbytes, *, exclude=None, kind):
     """Posts releases for nbytes on device `device_name` to this host's
     idle workers, by the admission's plan (policy_release_plan over
-    hm._candidates: least recently used first, above each floor), without
+    hm.candidates: least recently used first, above each floor), without
     waiting for any.  A worker that turns its post down (busy) is left out
     and the rest planned again, what was posted already counted.  Each
     post is an event of `kind`.  Returns the bytes posted."""
-    cands = hm._candidates(device_name, exclude=exclude, foreign=False)
+    cands = hm.candidates(device_name, exclude=exclude, foreign=False)
     posted = {}
     refused = set()
     promised = 0

@@ -330,7 +330,7 @@ class BulkheadRoutes:
         """The status document from the ledger and the probes (a blocking
         read: the ledger's mutex, /proc; never call it on the loop)."""
         hm = self.hm
-        return status_document(self._ledger(), hm._gpu_probe() if hm is not None else None)
+        return status_document(self._ledger(), hm.gpu_probe() if hm is not None else None)
 
     def status(self):
         """The GET /bulkhead/status answer, synchronously."""
@@ -519,23 +519,25 @@ class BulkheadRoutes:
         """At the end of a prompt, on ComfyUI's execution thread: every idle
         worker of this host returns its pins, allocator cache and heap
         (models stay), then the stand-ins are reconciled.  A worker in use
-        by another thread is skipped: it is not at a boundary."""
+        by another thread is skipped: it is not at a boundary.  Each worker
+        releases under its own deadline (a pack's release_timeout_s), else
+        the route's (release.release)."""
         hm = self.hm
         if hm is None:
             return 0
         freed = 0
         for w in list(hm.owners):
-            if not w.alive or w.busy or not w._lock.acquire(blocking=False):
+            if not w.alive or w.busy:
                 continue
             try:
-                before = _held(self._read(w.pid))
-                w.release("pins", timeout=self.release_timeout_s)
-                freed += max(0, before - _held(self._read(w.pid)))
+                r = _release.release(_release.Local(w), op="pins", wait_s=0, ledger=self._ledger_or_path(),
+                                     timeout_s=self.release_timeout_s, raise_dead=True)
+                freed += r["freed_bytes"]
+            except WorkerBusy:
+                continue    # a call began: it is not at a boundary
             except _DEAD + (RemoteError,) as e:
                 log.warning("bulkhead: %s: soft release at the end of prompt %s failed: %s",
                             w.describe(), prompt_id, str(e).splitlines()[0])
-            finally:
-                w._lock.release()
         hm.reconcile()
         if freed:
             self._note("prompt_end", f"prompt {prompt_id}", freed)

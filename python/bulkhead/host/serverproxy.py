@@ -203,15 +203,26 @@ class ServerProxy:
 
     def _call(self, what, timeout_s, target, *args, wait=True):
         w = self.rt.worker
-        if not wait:
-            # A call in progress (a node) is never waited for; the lock's
-            # brief holds by the worker's frame reader and release flusher are.
-            if w.busy or not w._lock.acquire(timeout=BRIEF_S):
-                raise RouteFailed(503, f"bulkhead: {what} are skipped for this prompt: the pack's worker is "
-                                       "running a node (ComfyUI's event loop never waits for it)")
-        elif not w._lock.acquire(timeout=min(timeout_s, ROUTE_BUSY_S)):
-            raise RouteFailed(503, f"bulkhead: {what} cannot run now: the pack's worker is busy running a "
-                                   f"node; try again when it is done")
+        if not wait and w.busy:
+            raise RouteFailed(503, self._skipped(what))
+        # A call in progress (a node) is never waited for past these; the
+        # lock's brief holds by the worker's frame reader and release
+        # flusher are.
+        with w.holding(BRIEF_S if not wait else min(timeout_s, ROUTE_BUSY_S)) as held:
+            if not held:
+                raise RouteFailed(503, self._skipped(what) if not wait else
+                                  f"bulkhead: {what} cannot run now: the pack's worker is busy running a "
+                                  f"node; try again when it is done")
+            return self._request(w, what, timeout_s, target, args)
+
+    @staticmethod
+    def _skipped(what):
+        return (f"bulkhead: {what} are skipped for this prompt: the pack's worker is running a node "
+                "(ComfyUI's event loop never waits for it)")
+
+    @staticmethod
+    def _request(w, what, timeout_s, target, args):
+        """The route's or handler's call, under the worker lock."""
         try:
             return w.request(_native.CALL, (target, args, {}), timeout_s + GRACE_S, "call", what)
         except RemoteError as e:
@@ -223,5 +234,3 @@ class ServerProxy:
         except BulkheadError as e:
             log.warning("bulkhead: %s: %s", what, e)
             raise RouteFailed(502, f"bulkhead: {what} failed: {str(e).splitlines()[0]}") from None
-        finally:
-            w._lock.release()

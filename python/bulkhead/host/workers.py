@@ -280,6 +280,24 @@ def _read_unasked(ref, chan, wake_r):
         os.close(wake_r)
 
 
+class _Holding:
+    """Worker.holding's context manager (a class, not a generator: it is
+    on every node call's path)."""
+    __slots__ = ("_lock", "_wait_s", "_held")
+
+    def __init__(self, lock, wait_s):
+        self._lock, self._wait_s, self._held = lock, wait_s, False
+
+    def __enter__(self):
+        self._held = self._lock.acquire(timeout=self._wait_s)
+        return self._held
+
+    def __exit__(self, *exc):
+        if self._held:
+            self._held = False
+            self._lock.release()
+
+
 class Worker(_native.Caller):
     """A persistent worker process running ``python`` (a path to an
     interpreter, typically a venv's ``bin/python``).
@@ -543,6 +561,24 @@ class Worker(_native.Caller):
             except (_native.Error, OSError, ValueError):
                 return False
             return True
+
+    # --- the worker lock ---
+
+    def holding(self, wait_s=None):
+        """The worker lock, the one way to hold it outside this module: a
+        context manager whose ``with`` value says whether it is held.
+        wait_s: None waits as long as it takes (always held); 0 tries once;
+        else waits up to that many seconds.  Re-entrant (a callback may
+        call the worker again on the same thread).  While it is held no
+        other thread calls, releases, starts or stops the worker; C's
+        request path (_native.Caller) takes the same lock::
+
+            with w.holding(0) as held:
+                if not held:
+                    return None     # a call is in progress: not idle
+                ...
+        """
+        return _Holding(self._lock, -1 if wait_s is None else max(0.0, wait_s))
 
     # --- object handles ---
 
