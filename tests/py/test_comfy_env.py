@@ -570,9 +570,21 @@ def test_cuda_host_torch_is_read_without_importing_it(monkeypatch):
     assert cudawheels.indexes() == ["https://comfy-forge.github.io/cuda-wheels/"]
 
 
-def test_torch_in_cuda_packages_is_refused_by_name(tmp_path):
-    with pytest.raises(PackConfigError, match=r"\[cuda\] packages lists 'torchvision'"):
-        load_text(tmp_path, '[cuda]\npackages = ["nvdiffrast", "torchvision"]\n')
+def test_torch_in_cuda_packages_is_the_hosts_with_a_note(tmp_path):
+    """comfy-env before 0.3.0 read torch and its family in [cuda] as the
+    machine's CUDA build of torch, and packs in the field still list them
+    (a GPU subdirectory's `packages = ["cumesh", "torch", "torchvision"]`):
+    the environment gets the host's torch, as every environment does, with
+    one note, and only the other names are CUDA wheels."""
+    c = load_text(tmp_path, '[cuda]\npackages = ["nvdiffrast", "torch", "torchvision"]\n'
+                            '[pypi-dependencies]\nnumpy = "*"\n')
+    assert c.cuda == ("nvdiffrast",)
+    [note] = [w for w in c.warnings if "torch" in w]
+    assert note.startswith(f"{c.path}:2: [cuda] packages lists torch, torchvision: the environment gets the "
+                           "host's torch"), note
+    only = load_text(tmp_path, '[cuda]\npackages = ["torch"]\n', name="only.toml")
+    assert only.cuda == () and "cuda" not in repr(only.requirements)
+    assert only.config_hash == load_text(tmp_path, "", name="none.toml").config_hash
 
 
 # --- typed values across packs: a custom [types] type by its serializer ---

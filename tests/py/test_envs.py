@@ -519,6 +519,7 @@ def test_one_failed_config_does_not_stop_the_others(tmp_path, wheels):
     assert "bh-nowhere-to-be-found" in str(ei.value)
     verdicts = [l for l in lines if ": FAILED, no environment was made" in l]
     assert len(verdicts) == 1 and verdicts[0].startswith("two.a_bad: FAILED") and "bulkhead install" in verdicts[0]
+    assert "bh-nowhere-to-be-found" in verdicts[0], verdicts[0]     # pip's reason, not only "exit status 1"
     good, bad = (packconfig.load(str(pack / "nodes" / s / "comfy-env.toml"), warn=False) for s in ("b_good", "a_bad"))
     assert bulkhead.env_status(good).ok and bulkhead.env_status(bad).state == "missing"
 

@@ -719,8 +719,16 @@ def _last_error(output_tail):
 
 def first_line(error):
     """An error's first line: what a one-line report of it says (the
-    whole text goes to the log)."""
-    return (str(error).splitlines() or [""])[0]
+    whole text goes to the log); for a failed pip (uv), with what its
+    output says made it fail (the requirement it could not resolve, and
+    why), which the first line only points at."""
+    line = (str(error).splitlines() or [""])[0]
+    tail = getattr(error, "output_tail", "")
+    if tail and getattr(error, "returncode", None) is not None:
+        why = redact(_last_error(tail))
+        if why and why not in line:
+            line = f"{line}: {why}"
+    return line
 
 
 def _pip_or_reason(pip, extra, what):

@@ -53,7 +53,7 @@ What is read:
                            environment's conda prefix (envs/conda.py).
   ``[cuda]``               ``packages = [...]``: wheels resolved from the
                            CUDA wheel indexes (envs/cudawheels.py); torch
-                           and its family are refused there by name.
+                           and its family there are the host's (a note).
   ``[bulkhead]``           bulkhead's own options (``OPTIONS`` below); an
                            unknown key here is an error.
 
@@ -905,11 +905,18 @@ def load(path, root=None, *, warn=True):
     cuda = ()
     if "cuda" in data:
         cuda = _check_packages(r, "cuda", data["cuda"], allow_scalar=True)
-        for name in cuda:
-            if _norm_name(name.partition("==")[0]) in ("torch", "torchvision", "torchaudio"):
-                r.error(f"[cuda] packages lists {name!r}: torch and its family come from the host's torch "
-                        "(as comfy-env refuses them there too); remove it from [cuda] packages",
-                        "cuda", "packages")
+        # comfy-env before 0.3.0 read torch and its family there as "the
+        # CUDA build of torch", matched to the machine (packs in the field
+        # still list them); 0.3.0 and later refuse them.  The environment
+        # has the host's torch either way: read, with one note.
+        family = [n for n in cuda if _norm_name(n.partition("==")[0]) in ("torch", "torchvision", "torchaudio")]
+        if family:
+            cuda = tuple(n for n in cuda if n not in family)
+            line = _find_line(text, "cuda", "packages")
+            notes.append(f"{path}:{line}: [cuda] packages lists {', '.join(family)}: the environment gets the "
+                         "host's torch and its family, as every other environment does (comfy-env before 0.3.0 "
+                         "matched them to the machine's CUDA; later releases refuse them there), not a wheel "
+                         "from the CUDA index")
     channels = ()
     ws = data.get("workspace")
     if ws is not None:

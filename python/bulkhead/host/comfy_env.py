@@ -397,18 +397,38 @@ def _serve(pack_dir, pkg_name, nodes_package):
         c, d = _host_import(pkg_name, nodes_package)
         if c:
             return c, d
+    lost = []
     for sub in sorted(os.listdir(nodes_dir)):
         sd = os.path.join(nodes_dir, sub)
         if sub.startswith((".", "_")) or not os.path.isfile(os.path.join(sd, "__init__.py")):
             continue
         cfg = os.path.join(sd, packconfig.CONFIG_NAME)
         if os.path.isfile(cfg):
-            isolated(cfg, f"{nodes_package}.{sub}")
+            try:
+                isolated(cfg, f"{nodes_package}.{sub}")
+            except Exception as e:
+                # Neither isolated nor in ComfyUI's process (a blender/
+                # subdirectory whose environment could not be built, and
+                # `bpy` is only there): its own nodes are lost, not the pack.
+                lost.append((sub, e))
+                _lost_subdir(pack_dir, packconfig.pack_name(cfg, pack_dir), f"{nodes_package}.{sub}", e)
         else:
             c, d = _host_import(pkg_name, f"{nodes_package}.{sub}")
             classes.update(c)
             display.update(d)
+    if lost and not classes:
+        raise lost[0][1]        # nothing of the pack loads: ComfyUI's IMPORT FAILED, with the first error
     return classes, display
+
+
+def _lost_subdir(pack_dir, name, module, error):
+    from . import states
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    what = lines[-1] if len(lines) > 1 else f"{type(error).__name__}: {error}"
+    log.error("bulkhead: pack %r: its nodes are NOT loaded: they could not run isolated (the line before says "
+              "why) and importing them in ComfyUI's process failed too: %s; the pack's other nodes load. Fix: "
+              "what the line before names, so that its environment is built", name, what)
+    states.failed(pack_dir, name, f"not isolated, and in ComfyUI's process: {what}", module=module)
 
 
 # --- install, setup_env, copy_files ---

@@ -26,6 +26,7 @@ NO_COMFYUI = "no-comfyui"
 NO_CONFIG = "no-config"
 STAMP_REFUSED = "stamp-refused"
 ENV_NOT_BUILT = "env-not-built"
+BUILD_FAILED = "build-failed"
 DIR_WITHOUT_CONFIG = "dir-without-config"
 CONTRACT_REFUSED = "contract-refused"
 WORKER_IMPORT_FAILED = "worker-import-failed"
@@ -41,6 +42,9 @@ REASONS = {
                     "rebuild the environment: `bulkhead install {pack}`"),
     ENV_NOT_BUILT: ("its environment is not built{detail}",
                     "build it: `bulkhead install {pack}`"),
+    BUILD_FAILED: ("its environment could not be built{detail}",
+                   "what that build error names (the requirement, index or conda channel it could not get, "
+                   "and where to get it), then `bulkhead install {pack}` retries it"),
     DIR_WITHOUT_CONFIG: ("this directory has no comfy-env.toml of its own{detail}",
                          "to isolate it, add a comfy-env.toml to it and run `bulkhead install {pack}`"),
     WORKER_IMPORT_FAILED: ("it failed to import in its worker{detail}",
