@@ -80,12 +80,12 @@ from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, Re
 from ..channel import targets
 from ..packimport import default_module, import_nodes, in_worker
 from ..envs import hostmatch
-from . import states
+from . import idle, prewarm, states
 from .interrupt import INTERRUPT_GRACE_S, _watcher
 from .metadata import MetadataCache, _comfyui_version, default_stamp, source_hash
 from .progress import _Progress
 from .serverproxy import ServerProxy
-from .states import ENV_NOT_BUILT, NO_COMFYUI, _set_state, fallback
+from .states import ENV_NOT_BUILT, NO_COMFYUI, _set_state, fallback, runtime, runtimes  # noqa: F401
 from .v3 import _hidden_values, _v3_schema
 from .workers import Worker, WorkerDied
 
@@ -764,25 +764,6 @@ class PackRuntime:
         self.worker.close()
 
 
-_runtimes = {}
-_runtimes_lock = threading.Lock()
-
-
-def runtimes():
-    """Every PackRuntime of this host, in load order."""
-    with _runtimes_lock:
-        return list(_runtimes.values())
-
-
-def runtime(pack_dir):
-    """The PackRuntime load_pack made for pack_dir, or None."""
-    with _runtimes_lock:
-        for (d, _py), rt in _runtimes.items():
-            if d == os.path.realpath(pack_dir):
-                return rt
-    return None
-
-
 def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     """NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS of an isolated pack.
 
@@ -824,22 +805,16 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     if python is None or not os.access(os.fspath(python), os.X_OK):
         return fallback(pack_dir, ENV_NOT_BUILT, name=name, module=options.get("module", "auto"),
                         detail=f" (no interpreter at {python})" if python else "", policy=options.get("fallback"))
-    key = (pack_dir, os.fspath(python))
-    with _runtimes_lock:
-        rt = _runtimes.get(key)
-        if rt is None:
-            rt = PackRuntime(pack_dir, python, name, env, options, comfyui)
-            _runtimes[key] = rt
+    rt = states.runtime_for(pack_dir, os.fspath(python),
+                            lambda: PackRuntime(pack_dir, python, name, env, options, comfyui))
     if rt.meta is None:
         rt.load_metadata()
         rt.build()
-        from . import idle
         idle.watch(rt)
         log.info("bulkhead: pack %r: %d node%s, %s, metadata %s", name, len(rt.classes),
                  "" if len(rt.classes) == 1 else "s", rt.python,
                  "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
         if options.get("prewarm") == "startup":
-            from . import prewarm
             prewarm.start(rt)
     _set_state(pack_dir, options.get("module", "auto"), name=name, state="isolated", python=rt.python,
                env=os.path.dirname(os.path.dirname(rt.python)))
@@ -855,8 +830,5 @@ def close_all():
 def _forget_all():
     """Tests: forget every runtime (as a fresh ComfyUI start would)."""
     close_all()
-    with _runtimes_lock:
-        _runtimes.clear()
-    with states._states_lock:
-        states._states.clear()
+    states.forget_all()
 

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from . import nodes
+from . import states
 
 log = logging.getLogger("bulkhead")
 
@@ -35,7 +35,7 @@ def runtimes_for(class_types):
     name is (two packs may define one name; ComfyUI keeps one)."""
     comfy_nodes = getattr(sys.modules.get("nodes"), "NODE_CLASS_MAPPINGS", None)
     out = []
-    for rt in nodes.runtimes():
+    for rt in states.runtimes():
         for name in class_types:
             cls = rt.classes.get(name)
             if cls is not None and (not isinstance(comfy_nodes, dict) or comfy_nodes.get(name, cls) is cls):

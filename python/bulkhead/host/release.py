@@ -24,6 +24,7 @@ import time
 from typing import Callable, NamedTuple, Optional
 
 from .. import _native
+from .controlclient import request as _ask_host
 from .workers import CallTimeout, ProtocolError, WorkerBusy, WorkerDied
 
 # How long a release may take before the worker is declared hung and
@@ -203,12 +204,11 @@ def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release"
     if isinstance(target, Remote):
         if op is not None:
             raise ValueError(f"release: op {op!r} is for a worker of this host, not {target}")
-        from .control import request
         host_pid, pid, pack = target
         label = f"{pack} (pid {pid}, host {host_pid})"
         before = held(read(ledger, pid)) if before_bytes is None else before_bytes
         limit = RELEASE_TIMEOUT_S + 5.0 if remote_timeout_s is None else remote_timeout_s
-        receipt = request(host_pid, "release", pid, nbytes, wait_s, timeout=limit) or {}
+        receipt = _ask_host(host_pid, "release", pid, nbytes, wait_s, timeout=limit) or {}
         error = None
     else:
         w = target.worker if isinstance(target, Local) else target

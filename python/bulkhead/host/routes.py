@@ -121,6 +121,7 @@ from .. import _native
 from ..channel.peer import RemoteError
 from . import release as _release
 from . import serverproxy
+from .controlclient import ControlUnreachable
 from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, WorkerBusy, held as _held
 
 log = logging.getLogger("bulkhead")
@@ -396,7 +397,6 @@ class BulkheadRoutes:
     def release_remote(self, target, nbytes=None):
         """Asks another host, through its control socket, to release its
         worker (target: release.Remote).  Raises RouteError 404/409/502/504."""
-        from .control import ControlUnreachable
         host_pid, pid, pack = target
         limit = self.release_timeout_s + 5.0
         try:

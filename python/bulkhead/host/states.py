@@ -77,8 +77,44 @@ def pack_states():
     name.  state: "isolated" (with "python", "env" and the worker's
     "pid", None while none runs), "in-process" (with "reason" and
     "fix": it runs in ComfyUI's process, not in its environment) or
+# The PackRuntime of each (pack directory, interpreter) that load_pack made
+# (host/nodes.py), here beside the states that name their workers.
+_runtimes = {}
+_runtimes_lock = threading.Lock()
+
+
+def runtime_for(pack_dir, python, make):
+    """The runtime of (pack_dir, python), made by make() the first time."""
+    with _runtimes_lock:
+        rt = _runtimes.get((pack_dir, python))
+        if rt is None:
+            rt = _runtimes[(pack_dir, python)] = make()
+        return rt
+
+
+def runtimes():
+    """Every PackRuntime of this host, in load order."""
+    with _runtimes_lock:
+        return list(_runtimes.values())
+
+
+def runtime(pack_dir):
+    """The PackRuntime load_pack made for pack_dir, or None."""
+    pack_dir = os.path.realpath(pack_dir)
+    with _runtimes_lock:
+        return next((rt for (d, _py), rt in _runtimes.items() if d == pack_dir), None)
+
+
+def forget_all():
+    """Tests: forget every runtime and state (as a fresh ComfyUI start
+    would); the caller has stopped the workers."""
+    with _runtimes_lock:
+        _runtimes.clear()
+    with _states_lock:
+        _states.clear()
+
+
     "failed" (with "reason": it runs nowhere)."""
-    from .nodes import _runtimes, _runtimes_lock    # here: nodes imports this module
     with _states_lock:
         rows = [dict(v) for v in _states.values()]
     with _runtimes_lock:
