@@ -184,6 +184,10 @@ def test_fixture_covered(checkout):
                   "changed call shapes (0)", "not members (subtracted)"):
         assert title in r.stdout
     assert r.stdout.rstrip().endswith("in every call shape.")
+    # what upstream compares between patchers is each stand-in's own (#24 L7)
+    assert rep["compared"] == [{"name": "clone_base_uuid", "line": line_of(FULL, "e.model.clone_base_uuid not in"),
+                                "per_model": True}]
+    assert "compared between patchers (1):" in r.stdout
 
 
 PATTERNS = [

@@ -464,6 +464,42 @@ def test_unload_model_and_clones():
     assert "OK: the StandIn answers every member" in text and "mm.py:98" in text
 
 
+def test_a_member_compared_between_patchers_is_checked_per_model():
+    """#24 L7: upstream tells models apart by clone_base_uuid (compared
+    with `in`, `==`, `is`); the canary checks what the host gives two
+    stand-ins (memory.standin_identity), not only that the member exists."""
+    r = analyze(UNLOAD_CLONES)
+    assert r.compared == {"clone_base_uuid": 6} and r.shared == [] and r.status == 0
+    assert "each stand-in its own" in canary.to_text(r, "mm.py")
+    assert '"compared": [\n    {"name": "clone_base_uuid", "line": 6, "per_model": true}' \
+        in canary.to_json(r, "mm.py")
+    same = "x"
+    for identity, what in ((lambda: {}, "no stand-in a clone_base_uuid of its own"),
+                           (lambda: {"clone_base_uuid": None}, "share its value (None)"),
+                           (lambda: {"clone_base_uuid": same}, "share its value ('x')")):
+        r = canary.analyze(UNLOAD_CLONES, (), STANDIN, path="mm.py", identity=identity)
+        assert r.status == 1 and [c.name for c in r.shared] == ["clone_base_uuid"]
+        assert what in r.shared[0].reason and r.shared[0].line == 6
+        text = canary.to_text(r, "mm.py")
+        assert "shared between stand-ins" in text
+        assert "FAIL: stand-ins share what upstream compares: clone_base_uuid" in text
+        assert '"per_model": false' in canary.to_json(r, "mm.py")
+    # the same member of two patchers (==, !=, is, is not), or one in a
+    # list of them; a member beside a constant or another member is not
+    r = analyze("def f():\n    x = current_loaded_models[0].model\n    y = current_loaded_models[1].model\n"
+                "    if x.clone_base_uuid != y.clone_base_uuid: pass\n"
+                "    if x.load_device is not y.offload_device and x.parent is not None: pass\n"
+                "    devs = [m.model.load_device for m in current_loaded_models]\n"
+                "    return x.model_size() > 0 and x.load_device in devs and x.parent in (None, 1)\n")
+    assert r.compared == {"clone_base_uuid": 4, "load_device": 7}
+    # load_device is the same for two stand-ins on one device: a host whose
+    # stand-ins share it is refused only where upstream compares it that way
+    assert [c.name for c in canary.analyze("def f():\n    q = current_loaded_models[0].model\n"
+                                           "    p = current_loaded_models[1].model\n"
+                                           "    return q.load_device == p.load_device\n", (), STANDIN,
+                                           identity=lambda: {}).shared] == ["load_device"]
+
+
 def test_is_dynamic_gating():
     """Reads reached only when is_dynamic() is True are gated; every other
     shape of condition is not."""

@@ -129,6 +129,7 @@ _PASSTHROUGH = frozenset(("sorted", "reversed", "list", "tuple", "set", "frozens
 _EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
 _PY = "%d.%d" % sys.version_info[:2]
 _COMPS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_SAME_OPS = (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)
 
 
 class CanaryError(Exception):
@@ -290,6 +291,8 @@ class _Walk:
         self.yields = []    # per function being walked: [(kind, gated)] of its yields
         self.generators = {}  # generator function name -> the kind of its result (ENTRIES, DYN_PATCHERS, ...)
         self.free_memory = None  # (parameter names, line) of the module's free_memory
+        self.compared = {}  # member name -> first line where two patchers' values are compared
+        self.values_of = {}  # a name -> the members read off patchers in the value last assigned to it
 
     # ------------------------------------------------------- names
 
@@ -466,10 +469,15 @@ class _Walk:
         elif isinstance(s, ast.Assign):
             for t in s.targets:
                 self.expr(t, g)
+            first = len(self.events)
             k = self.expr(s.value, g)
+            # `targets = [p.x] + [m.x for m in extras]`: the names the value
+            # reads off patchers, for a later `q.x in targets`
+            read = {e[1] for e in self.events[first:] if e[2] == READ}
             for t in s.targets:
                 if isinstance(t, ast.Name):
                     self.bind(t.id, k)
+                    self.values_of[t.id] = read
                 else:
                     self.bind_names(t)
         elif isinstance(s, ast.AnnAssign):
@@ -512,6 +520,9 @@ class _Walk:
             return UNKNOWN
         if isinstance(n, ast.Call):
             return self.call(n, g)
+        if isinstance(n, ast.Compare):
+            self.compare(n, g)
+            return UNKNOWN
         if isinstance(n, ast.Subscript):
             k = self.expr(n.value, g)
             self.expr(n.slice, g)
@@ -551,6 +562,34 @@ class _Walk:
             return k
         self.generic(n, g)
         return UNKNOWN
+
+    def compare(self, n, g):
+        """A comparison, each operand walked as expr would.  A member is
+        compared as an identity -- what tells two models apart, as
+        upstream's clone_base_uuid -- in `a.x == b.x` (is, !=, is not: the
+        same member of two patchers) and `p.x in xs` where xs was last
+        assigned a value reading .x off patchers; the verdict checks that
+        two stand-ins do not share it."""
+        ops = [n.left] + n.comparators
+        member = []   # per operand: the member read off a patcher, or None
+        for v in ops:
+            if isinstance(v, ast.Attribute):
+                k = self.expr(v.value, g)
+                if k in (PATCHER, INNER):
+                    self.use((INNER_PREFIX if k == INNER else "") + v.attr, v, READ, g)
+                member.append(v.attr if k == PATCHER else None)
+            else:
+                self.expr(v, g)
+                member.append(None)
+        for i, op in enumerate(n.ops):
+            a, b, right = member[i], member[i + 1], ops[i + 1]
+            if a is None:
+                continue
+            if isinstance(op, _SAME_OPS) and a == b:
+                self.compared.setdefault(a, ops[i].lineno)
+            elif (isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, ast.Name)
+                  and a in self.values_of.get(right.id, ())):
+                self.compared.setdefault(a, ops[i].lineno)
 
     def comprehension(self, n, g):
         scope = {}
@@ -653,6 +692,8 @@ class Report:
         self.unread = []
         self.free_memory = None        # (parameter names, line) of upstream's free_memory
         self.free_memory_new = []      # of them, those not in FREE_MEMORY_KNOWN
+        self.compared = {}             # member name -> line: compared between two patchers
+        self.shared = []               # Changes: of those, the ones two stand-ins would share
 
     def answers(self, name):
         return name in self.surface and name not in self.without
@@ -660,7 +701,7 @@ class Report:
     @property
     def status(self):
         """0 when the StandIn covers every member and call shape, else 1."""
-        return 1 if (self.changes or self.free_memory_new
+        return 1 if (self.changes or self.free_memory_new or self.shared
                      or any(r.cls == LACKING for r in self.names.values())) else 0
 
     def section(self, cls):
@@ -735,16 +776,45 @@ def _dunder(name):
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
-def analyze(source, without=(), surface=None, path="<source>", inner=None):
+def _check_identities(report, compared, identity):
+    """A member upstream compares between two patchers (``a.x == b.x``,
+    ``p.x in xs``) tells models apart: two stand-ins the host makes
+    (``identity()``: the fields it gives a new one) must not share it."""
+    report.compared = dict(compared)
+    for name, line in sorted(compared.items(), key=lambda kv: kv[1]):
+        if not report.answers(name) or report.surface[name].is_call:
+            continue
+        a, b = identity(), identity()
+        if name not in a:
+            why = (f"compared between patchers, but the host gives no stand-in a {name} of its own "
+                   "(every one answers the StandIn's default): two worker models would match")
+        elif a[name] is None or a[name] == b[name]:
+            why = (f"compared between patchers, but two stand-ins the host makes share its value "
+                   f"({a[name]!r}): two worker models would match")
+        else:
+            continue
+        report.shared.append(Change(name, line, f"{name} == <another patcher's>", why))
+
+
+def _host_identity():
+    from .memory import standin_identity
+    return standin_identity()
+
+
+def analyze(source, without=(), surface=None, path="<source>", inner=None, identity=None):
     """Derives the interface ``source`` (a model_management.py, str or
     bytes) demands of a ledger entry's patcher and checks it against
     ``surface`` ({name: Member}, default: the StandIn's) less the names in
-    ``without``.  Returns a Report; raises CanaryError for source that is
-    not Python, ValueError for a ``without`` name the surface lacks."""
+    ``without``.  identity: what gives a new stand-in its identity fields
+    (default: the host's, memory.standin_identity).  Returns a Report;
+    raises CanaryError for source that is not Python, ValueError for a
+    ``without`` name the surface lacks."""
     if surface is None:
         surface = standin_surface()
     if inner is None:
         inner = inner_surface()
+    if identity is None:
+        identity = _host_identity
     without = list(dict.fromkeys(without))
     for w in without:
         if w not in surface:
@@ -795,6 +865,7 @@ def analyze(source, without=(), surface=None, path="<source>", inner=None):
         r = report.names.get(name)
         if report.answers(name) and not (r and r.uses & ~PROBE):
             report.unread.append(name)
+    _check_identities(report, walk.compared, identity)
     return report
 
 
@@ -840,6 +911,11 @@ def to_json(report, path):
              f"\"reason\": {_js(c.reason)}}}" for c in report.changes]
     out.append(",\n  \"changed\": [" + ",".join(items) + ("\n  " if items else "") + "],\n")
     out.append("  \"unread\": [" + ", ".join(f'"{n}"' for n in report.unread) + "]")
+    shared = {c.name: c.reason for c in report.shared}
+    items = [f"\n    {{\"name\": {_js(n)}, \"line\": {line}, \"per_model\": {'false' if n in shared else 'true'}"
+             + (f", \"reason\": {_js(shared[n])}" if n in shared else "") + "}"
+             for n, line in report.compared.items()]
+    out.append(",\n  \"compared\": [" + ",".join(items) + ("\n  " if items else "") + "]")
     if report.free_memory is not None:
         params, line = report.free_memory
         out.append(",\n  \"free_memory\": {\"line\": %d, \"parameters\": [%s], \"new\": [%s]}"
@@ -897,6 +973,14 @@ def to_text(report, path):
                 out.append(f"      {c.reason}\n")
     out.append(f"\nStandIn members upstream does not read ({len(report.unread)})"
                f"{':' if report.unread else ''}" + "".join(f" {n}" for n in report.unread) + "\n")
+    if report.compared:
+        out.append(f"\ncompared between patchers ({len(report.compared)}):\n")
+        shared = {c.name: c.reason for c in report.shared}
+        for n, line in report.compared.items():
+            out.append(row(n, "shared between stand-ins" if n in shared else
+                           ("each stand-in its own" if report.answers(n) else "not answered"), line))
+            if n in shared:
+                out.append(f"      {shared[n]}\n")
     if report.free_memory is not None:
         params, line = report.free_memory
         out.append(f"\nfree_memory({', '.join(params)})  {path}:{line}\n")
@@ -914,7 +998,10 @@ def to_text(report, path):
         out.append(" call shapes changed: " + " ".join(c.shape for c in report.changes)
                    + (";" if report.free_memory_new else ""))
     if report.free_memory_new:
-        out.append(" free_memory takes new parameters: " + " ".join(report.free_memory_new))
+        out.append(" free_memory takes new parameters: " + " ".join(report.free_memory_new)
+                   + (";" if report.shared else ""))
+    if report.shared:
+        out.append(" stand-ins share what upstream compares: " + " ".join(c.name for c in report.shared))
     out.append("\n")
     return "".join(out)
 

@@ -37,6 +37,16 @@ from .workers import WorkerBusy
 log = logging.getLogger("bulkhead")
 
 
+def standin_identity():
+    """The identity fields of a new stand-in (one per worker model, made
+    once): clone_base_uuid, its own, as ModelPatcher has one per base
+    model.  Upstream compares it across patchers (newest upstream's
+    unload_model_and_clones unloads every model that shares it), so None
+    for all would match every worker's model.  The canary checks each
+    name upstream compares against what this gives (host/canary.py)."""
+    return {"clone_base_uuid": uuid.uuid4()}
+
+
 def _torch_device(name):
     import torch
     return torch.device(name)
@@ -127,14 +137,10 @@ class _Owner:
             s = self.standins.get(mid)
             if s is None:
                 dev = _torch_device(m["device"])
-                # clone_base_uuid: a model's own (one stand-in per worker model,
-                # made once), as ModelPatcher has one per base model: newest
-                # upstream's unload_model_and_clones unloads what shares it,
-                # and None for all would match every worker's model.
                 s = _native.standin(
                     self, ledger, self.pid, mid, generation=self.generation, name=m["name"],
                     size_bytes=m["size_bytes"], model=_remote_class(m["name"])(),
-                    load_device=dev, offload_device=_torch_device("cpu"), clone_base_uuid=uuid.uuid4())
+                    load_device=dev, offload_device=_torch_device("cpu"), **standin_identity())
                 self.standins[mid] = s
             if self.host.register_standins and m["resident_bytes"] > 0 and id(s) not in listed:
                 self.host.register(mm, s)
