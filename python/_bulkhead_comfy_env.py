@@ -13,8 +13,9 @@ where none is.
 
 The finder answers ``comfy_env`` only inside ComfyUI -- ComfyUI's
 ``folder_paths`` is imported (its main.py imports it before any
-prestartup script runs), bulkhead's custom node is in its custom_nodes,
-and this is no bulkhead worker -- and only while bulkhead's switch is on
+prestartup script runs), bulkhead's custom node is in its custom_nodes
+(bulkhead.packimport.custom_node_missing, the one check), and this is no
+bulkhead worker -- and only while bulkhead's switch is on
 (``BULKHEAD_COMFY_ENV``); then it hands the
 import to bulkhead.host.comfy_env's own finder, the one route() installs.
 Everywhere else (a plain script, pip, a worker, bulkhead missing or
@@ -23,27 +24,7 @@ real package as usual.  Why a .pth and not only the prestartup step: the
 prestartup step runs in ComfyUI's order, the .pth before anything.
 """
 
-import os
 import sys
-
-
-def _custom_node_present(folder_paths):
-    """Whether bulkhead's custom node (a clone: ``<dir>/python/bulkhead/``)
-    is in one of ComfyUI's custom_nodes folders: deleting that folder (the
-    Manager's uninstall) turns the routing off.  True where it cannot be
-    told (a ComfyUI without ``get_folder_paths``)."""
-    try:
-        dirs = folder_paths.get_folder_paths("custom_nodes")
-    except Exception:
-        return True
-    for d in dirs:
-        try:
-            names = os.listdir(d)
-        except OSError:
-            continue
-        if any(os.path.isfile(os.path.join(d, n, "python", "bulkhead", "__init__.py")) for n in names):
-            return True
-    return False
 
 
 class BulkheadComfyEnvFinder:
@@ -53,15 +34,17 @@ class BulkheadComfyEnvFinder:
     def find_spec(cls, fullname, path=None, target=None):
         if fullname != "comfy_env":         # every import of the process passes here: first, and cheap
             return None
-        fp = sys.modules.get("folder_paths")
-        if fp is None or not _custom_node_present(fp):
+        if "folder_paths" not in sys.modules:
             return None
         worker = sys.modules.get("bulkhead.worker")
         if worker is not None and getattr(worker, "_peer", None) is not None:
             return None
         try:
+            from bulkhead import packimport
             from bulkhead.host import comfy_env
         except Exception:       # bulkhead missing or broken here: the real comfy-env, as without it
+            return None
+        if packimport.custom_node_missing() is not None:    # its custom node deleted: off
             return None
         return comfy_env.Finder().find_spec(fullname, path, target)
 

@@ -64,11 +64,19 @@ def _comfyui_server():
     and after the first pack loads.  Only the package imported as
     ``bulkhead`` does this (``_one_package``).  Idempotent per server: the
     custom node's root __init__.py calls it again, for a package a
-    prestartup script imported before the server existed.  Never fails
-    the import."""
+    prestartup script imported before the server existed.  Nothing where
+    bulkhead's custom node is not in ComfyUI's custom_nodes (deleted: the
+    Manager's Uninstall; packimport.custom_node_missing).  Never fails the
+    import."""
     import sys
     server = sys.modules.get("server")
     if getattr(getattr(server, "PromptServer", None), "instance", None) is None:
+        return
+    from .packimport import custom_node_missing
+    if custom_node_missing() is not None:
+        # bulkhead's custom node was deleted (the Manager's Uninstall): off.
+        # Packs that import the package run in-process (host/pack.py says
+        # so once for each); nothing goes on ComfyUI's server.
         return
     try:
         from .host import pack

@@ -4,7 +4,8 @@ The worker imports its pack with them (``bulkhead.worker.nodes``); the
 host uses the same ones to name a pack's node module and, when a pack runs
 in-process (the fallback, or a pack imported from inside another pack's
 worker), to import it.  Nothing here knows which process it is in, except
-``in_worker``, which reads the worker's state without importing it.
+``in_worker``, which reads the worker's state without importing it, and
+``custom_node_missing``, which reads ComfyUI's custom_nodes folders.
 """
 
 import importlib
@@ -18,6 +19,60 @@ def in_worker():
     """True inside a bulkhead worker process (its channel is open)."""
     worker = sys.modules.get("bulkhead.worker")
     return worker is not None and getattr(worker, "_peer", None) is not None
+
+
+# What makes a folder of ComfyUI's custom_nodes bulkhead's custom node: a
+# clone of the repository (its package at python/bulkhead/), or the package
+# itself linked or copied there (this file beside its __init__.py).
+_CLONE_MARK = os.path.join("python", "bulkhead", "__init__.py")
+_PACKAGE_MARK = os.path.basename(__file__)
+
+
+def _is_custom_node(d):
+    return os.path.isfile(os.path.join(d, _CLONE_MARK)) or \
+        (os.path.isfile(os.path.join(d, "__init__.py")) and os.path.isfile(os.path.join(d, _PACKAGE_MARK)))
+
+
+def custom_node_missing(*pack_dirs):
+    """bulkhead is on in a ComfyUI only while its custom node is in one of
+    ComfyUI's custom_nodes folders: deleting that folder (ComfyUI-Manager's
+    Uninstall) turns it off at the next start, though the package stays
+    installed in ComfyUI's Python.  This is the one check, for the routing
+    of ``import comfy_env`` (python/_bulkhead_comfy_env.py), the routes on
+    ComfyUI's server (``bulkhead._comfyui_server``) and each pack's
+    ``comfy_pack`` (host/pack.py).
+
+    Returns the custom_nodes folders looked in (a list) when bulkhead's
+    custom node is in none of them, the ".disabled" ones (ComfyUI skips
+    them) not counting; None when it is in one, and None wherever it cannot
+    be told, so bulkhead never turns itself off on a guess: not in ComfyUI
+    (its folder_paths not imported), in a bulkhead worker, a ComfyUI
+    without ``get_folder_paths``, no custom_nodes folder that exists.
+    pack_dirs: the paths of a pack calling bulkhead (as ComfyUI imported
+    it, and resolved); then only a pack inside one of those folders -- one
+    ComfyUI loads as a custom node -- is told (a pack a script or a test
+    loads from elsewhere is not)."""
+    fp = sys.modules.get("folder_paths")
+    if fp is None or in_worker():
+        return None
+    try:
+        folders = [os.path.abspath(d) for d in fp.get_folder_paths("custom_nodes") if os.path.isdir(d)]
+    except Exception:
+        return None
+    if not folders:
+        return None
+    if pack_dirs:
+        roots = {os.path.join(r, "") for d in folders for r in (d, os.path.realpath(d))}
+        if not any(os.path.join(os.path.abspath(p), "").startswith(tuple(roots)) for p in pack_dirs):
+            return None
+    for d in folders:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return None
+        if any(_is_custom_node(os.path.join(d, n)) for n in names if not n.endswith(".disabled")):
+            return None
+    return folders
 
 
 def package_name(pack_dir):

@@ -92,6 +92,7 @@ F_FILE_LISTS = "file lists re-read from the host's folder_paths"
 F_LIST_CACHE = "a worker's cached file lists dropped after mirroring"
 F_FIND = "finding the ComfyUI directory a worker imports"
 F_DOCTOR = "bulkhead doctor parsing ComfyUI's flags as main.py does"
+F_CUSTOM_NODE = "bulkhead turning itself off where its custom node folder was deleted (ComfyUI-Manager's Uninstall)"
 F_HOLDER = "the upstream MemoryHolder hook (without it: stand-ins in ComfyUI's ledger)"
 
 
@@ -202,6 +203,8 @@ TABLE = (
     _r(FP, "filename_list_cache", "global", side=WORKER, tier=OPTIONAL, feature=F_LIST_CACHE),
     _r(FP, "models_dir", "global", tier=DEGRADED, feature=F_FOLDERS),
     _r(FP, "base_path", "global", tier=DEGRADED, feature=F_FOLDERS),
+    # where bulkhead's custom node is (packimport.custom_node_missing)
+    _r(FP, "get_folder_paths", "function", ["folder_name"], HOST, OPTIONAL, F_CUSTOM_NODE),
 ) + tuple(
     row for kind in ("output", "input", "temp", "user") for row in (
         _r(FP, f"get_{kind}_directory", "function", [""], BOTH if kind == "output" else HOST, DEGRADED, F_FOLDERS,

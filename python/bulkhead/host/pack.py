@@ -13,7 +13,8 @@ node).  Before the first pack, bulkhead's contract with this ComfyUI is
 checked once (contract): a feature it lacks is one warning; a name bulkhead
 cannot work without refuses isolation.  Anything that keeps the pack from
 running isolated — no config, an environment not built or refused, no
-ComfyUI, a contract refused — falls back to an in-process import with ONE
+ComfyUI, a contract refused, bulkhead's custom node deleted from ComfyUI's
+custom_nodes (``packimport.custom_node_missing``) — falls back to an in-process import with ONE
 warning naming the reason and the command that fixes it (``bulkhead
 install <pack dir>``, ``bulkhead doctor``).  An environment that is
 missing is first built, there and then (``build_at_start``).
@@ -24,6 +25,7 @@ import logging
 import os
 import threading
 
+from .. import packimport
 from . import nodes, states
 
 log = logging.getLogger("bulkhead")
@@ -94,11 +96,16 @@ def comfy_pack(init_file, *, module="auto"):
     ('auto': ``nodes.py`` / ``nodes/``).  A pack with several configs (in
     ``nodes/<subdir>/``) gets one worker per config, each serving the nodes
     of its directory."""
+    init_file = os.fspath(init_file)
     with states.serving():
-        return _comfy_pack(os.path.dirname(os.path.realpath(os.fspath(init_file))), module)
+        # bulkhead's custom node deleted (the Manager's Uninstall): off, each
+        # part in-process or failed by its own fallback setting
+        gone = packimport.custom_node_missing(os.path.dirname(os.path.abspath(init_file)),
+                                              os.path.dirname(os.path.realpath(init_file)))
+        return _comfy_pack(os.path.dirname(os.path.realpath(init_file)), module, gone)
 
 
-def _comfy_pack(pack_dir, module):
+def _comfy_pack(pack_dir, module, gone=None):
     from ..envs import config as packconfig
     try:
         paths = packconfig.find_configs(pack_dir)
@@ -107,13 +114,16 @@ def _comfy_pack(pack_dir, module):
     if not paths:
         return states.fallback(pack_dir, states.NO_CONFIG, module=module)
     classes, display = {}, {}
-    refusal = contract_refusal()
-    hm = host_memory() if refusal is None else None
+    refusal = contract_refusal() if gone is None else None
+    hm = host_memory() if refusal is None and gone is None else None
     for path in paths:
         directory = os.path.dirname(path)
         sub_module = module if directory == pack_dir else "auto"
         config = load_config(path, pack_dir)
-        if isinstance(config, packconfig.PackConfigError):
+        if gone is not None and not isinstance(config, packconfig.PackConfigError):
+            c, d = states.fallback(config.directory, states.CUSTOM_NODE_GONE, detail=f" ({', '.join(gone)})",
+                                   name=config.name, module=sub_module, policy=config.options.get("fallback"))
+        elif isinstance(config, packconfig.PackConfigError):
             # Only the directory this config governs runs in-process; the
             # pack's other configs are served as they are.
             if directory == pack_dir:

@@ -31,6 +31,7 @@ DIR_WITHOUT_CONFIG = "dir-without-config"
 CONTRACT_REFUSED = "contract-refused"
 WORKER_IMPORT_FAILED = "worker-import-failed"
 CONFIG_REFUSED = "config-refused"
+CUSTOM_NODE_GONE = "custom-node-gone"
 REASONS = {
     NO_COMFYUI: ("no ComfyUI base was found (folder_paths / comfy are not imported here, "
                  "options['comfyui'] and COMFYUI_PATH are unset){detail}",
@@ -53,6 +54,11 @@ REASONS = {
                            "whole traceback is in the log line before this one"),
     CONFIG_REFUSED: ("its comfy-env.toml is invalid{detail}",
                      "correct the file named above, then `bulkhead install {pack}`"),
+    CUSTOM_NODE_GONE: ("bulkhead's custom node is not in ComfyUI's custom_nodes{detail}: its folder was deleted "
+                       "(ComfyUI-Manager's Uninstall), which turns bulkhead off",
+                       "to isolate it again, reinstall bulkhead's custom node (ComfyUI-Manager, or `git clone` it "
+                       "into custom_nodes/ and run `python install.py` there) and restart ComfyUI; to remove "
+                       "bulkhead, `bulkhead uninstall`, then `pip uninstall bulkhead`"),
     CONTRACT_REFUSED: ("bulkhead refuses isolation{detail}",
                        "run `bulkhead doctor` to see the contract; update bulkhead to a release that "
                        "fits this ComfyUI (or ComfyUI to one this bulkhead fits), then "

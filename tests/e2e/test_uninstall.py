@@ -1,0 +1,99 @@
+"""#25: deleting bulkhead's custom node folder (ComfyUI-Manager's
+Uninstall) turns bulkhead off at the next start, though its package stays
+installed in ComfyUI's Python: a pack that calls `bulkhead.comfy_pack`
+runs in-process with one line naming why and the fix, or, where its
+`[bulkhead] fallback = "error"`, loads no nodes; nothing of bulkhead's
+goes on ComfyUI's server and no worker starts.  Driven over HTTP."""
+
+import os
+import shutil
+import sys
+
+import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
+from localsources import HOST_MM, write  # noqa: E402
+
+INIT = '''
+import bulkhead
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
+'''
+
+NODES = '''
+import os
+
+
+class {cls}:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {{"required": {{"n": ("INT", {{"default": 1}})}}}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "e2e/uninstall"
+
+    def run(self, n):
+        return {{"ui": {{"pid": [os.getpid()]}}}}
+
+
+NODE_CLASS_MAPPINGS = {{"{cls}": {cls}}}
+'''
+
+
+def _pack(root, name, cls, extra=""):
+    d = root / name
+    write(d / "__init__.py", INIT)
+    write(d / "nodes.py", NODES.format(cls=cls))
+    write(d / "comfy-env.toml", f'python = "{HOST_MM}"\n' + extra)
+    return str(d)
+
+
+def _pid_of(srv, cls):
+    entry = srv.wait_history(srv.queue({"1": {"class_type": cls, "inputs": {"n": 1}}}), timeout_s=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
+    return entry["outputs"]["1"]["pid"][0]
+
+
+def test_deleting_the_custom_node_turns_bulkhead_off(comfyui, tmp_path):
+    lax = _pack(tmp_path / "repos", "lax_pack", "E2EUninstLax")
+    strict = _pack(tmp_path / "repos", "strict_pack", "E2EUninstStrict", '[bulkhead]\nfallback = "error"\n')
+    srv = comfyui(packs=(), pack_dirs=[lax], env={"BULKHEAD_PIP_ARGS": "--no-index"})
+    # installed: the pack runs isolated, its environment built at start
+    status, doc = srv.http("GET", "/bulkhead/status")
+    assert status == 200 and [(p["name"], p["state"]) for p in doc["packs"]] == [("lax_pack", "isolated")], \
+        (doc, srv.log())
+    assert _pid_of(srv, "E2EUninstLax") != srv.proc.pid
+
+    # the Manager's Uninstall: the folder goes; the package stays installed (on PYTHONPATH here)
+    srv.stop()
+    custom = os.path.join(srv.base, "custom_nodes")
+    shutil.rmtree(os.path.join(custom, "bulkhead"))
+    shutil.copytree(strict, os.path.join(custom, "strict_pack"))
+    with open(srv.log_path, "a") as f:
+        f.write("\n=== after the uninstall ===\n")
+    srv.start()
+    with open(srv.log_path, errors="replace") as f:
+        log = f.read().split("=== after the uninstall ===", 1)[1]
+    assert "(IMPORT FAILED)" not in log, log
+
+    # one line for the pack: why, and the fix
+    [line] = [l for l in log.splitlines() if "pack 'lax_pack'" in l]
+    assert "runs in-process, NOT isolated: bulkhead's custom node is not in ComfyUI's custom_nodes" in line, line
+    assert custom in line and "reinstall bulkhead's custom node" in line, line
+    # its fallback = "error": no nodes, one error line
+    [err] = [l for l in log.splitlines() if "pack 'strict_pack'" in l]
+    assert "is NOT loaded" in err and 'its [bulkhead] fallback = "error"' in err, err
+    assert "reinstall bulkhead's custom node" in err, err
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and "E2EUninstLax" in info and "E2EUninstStrict" not in info
+    status, _ = srv.http("POST", "/prompt", {"prompt": {"1": {"class_type": "E2EUninstStrict",
+                                                              "inputs": {"n": 1}}}})
+    assert status == 400
+
+    # the pack runs in ComfyUI's own process; nothing of bulkhead's is on the server
+    assert _pid_of(srv, "E2EUninstLax") == srv.proc.pid
+    assert srv.http("GET", "/bulkhead/status")[0] == 404
+    status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
+    assert status == 200 and not (isinstance(body, dict) and "bulkhead" in body), body
+    assert psutil.Process(srv.proc.pid).children(recursive=True) == []
+    assert not [l for l in log.splitlines() if "bulkhead" in l and "isolated" in l and "s loading them" in l]
