@@ -73,6 +73,7 @@ const STYLE = `
   opacity: .6; cursor: pointer; padding: 0 2px; }
 .bh-freed ul { margin: 4px 0 0; padding-left: 14px; }
 .bh-freed li { overflow-wrap: anywhere; font-variant-numeric: tabular-nums; }
+.bh-freed .bh-kept { opacity: .8; }
 .bh-chart { margin-bottom: 8px; }
 .bh-chart-head { display: flex; justify-content: space-between; gap: 8px; font-size: 11px; opacity: .8;
   overflow-wrap: anywhere; }
@@ -421,6 +422,16 @@ function renderHistory(doc, width) {
 
 // ------------------------------------------------------------ what /free gave back
 
+// What a worker still holds after its full release (state "released": the
+// whole ladder ran) is what ComfyUI references: its cached node outputs,
+// arrays in the worker's shared-memory blocks and objects behind handles,
+// which no release can take while ComfyUI holds them.  They go when
+// ComfyUI drops its cache ("Free model and node cache": POST /free with
+// free_memory).  Returns those bytes, or 0.
+export function hostHeld(row) {
+  return row.state === "released" && row.after_bytes > 0 ? row.after_bytes : 0;
+}
+
 // The /bulkhead/free answer as a box: the total, then each process's
 // freed bytes (before -> after) or why it was not released.
 export function renderFreed(r, onDismiss) {
@@ -442,6 +453,13 @@ export function renderFreed(r, onDismiss) {
       `(${formatBytes(row.before_bytes)} → ${formatBytes(row.after_bytes)})` +
       (row.state === "exited" ? " · idle, stopped: every byte back" : ""));
     if (row.error) li.append(node("span", { class: "bh-sub bh-error" }, `${row.state}: ${row.error}`));
+    const kept = hostHeld(row);
+    if (kept) {
+      li.dataset.hostHeldBytes = kept;
+      li.append(node("span", { class: "bh-sub bh-kept", "data-bh-kept": "" },
+        `${formatBytes(kept)} stays: it is ComfyUI's cached node output, kept in this worker, ` +
+          "and is freed when ComfyUI drops its cache (“Free model and node cache”)."));
+    }
     ul.append(li);
   }
   if (rows.length) box.append(ul);

@@ -422,3 +422,45 @@ def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, mon
 def sys_python_name():
     import sys
     return os.path.basename(sys.executable)
+
+
+def test_panel_says_what_comfyui_keeps_in_a_worker(tmp_path, monkeypatch):
+    """#25: bytes a worker's full release cannot free because ComfyUI still
+    holds them (a node's output in ComfyUI's cache: here a 48 MiB array
+    the host keeps, living in the worker's shared-memory block) are named
+    in the panel with their figure: ComfyUI's cached node output, kept in
+    the worker, freed when ComfyUI drops its cache."""
+    shot = tmp_path / "kept.png"
+    r = routes_scenario(tmp_path, f"""
+        import subprocess
+        c = worker("pack-c")
+        kept = c.call("numpy:ones", 6 * MiB)          # 48 MiB in the worker's block, held here
+        deadline = time.monotonic() + 10               # the worker's recount publishes the block
+        while time.monotonic() < deadline and held(c.pid) < 48 * MiB:
+            time.sleep(0.05)
+        url = "http://127.0.0.1:%d/?press=1500" % port
+        flags = {chromium_flags(tmp_path, 3500, "400,600")}
+        dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+        png = subprocess.run(flags + ["--screenshot=" + {str(shot)!r}, url], capture_output=True, timeout=180)
+        out(dict(dom=dom.stdout, rc=dom.returncode, err=dom.stderr[-3000:], frees=list(frees), png=png.returncode,
+                 pid=c.pid, kept=int(kept.nbytes)))
+        del kept
+        finish(c)
+    """, monkeypatch, before_serve=SERVE_PAGE)
+    assert r["rc"] == 0 and "data-bh-panel" in r["dom"], r["err"]
+    assert r["kept"] == 48 * MiB
+    [row] = [row for row in r["frees"][0]["processes"] if row["pid"] == r["pid"]]   # the DOM dump's press
+    assert row["state"] == "released" and row["after_bytes"] >= 48 * MiB, r["frees"]
+    found = Marked("data-host-held-bytes", "data-bh-kept")
+    found.feed(r["dom"])
+    [li] = found.found["data-host-held-bytes"]
+    assert int(li["data-pid"]) == r["pid"] and int(li["data-host-held-bytes"]) == row["after_bytes"]
+    [kept] = found.found["data-bh-kept"]
+    text = " ".join(kept["text"].split())
+    assert text.startswith(f"{row['after_bytes'] / MiB:.1f} MiB stays: it is ComfyUI's cached node output, "
+                           "kept in this worker"), text
+    assert "freed when ComfyUI drops its cache (“Free model and node cache”)" in text, text
+    assert r["png"] == 0
+    keep = os.environ.get("BULKHEAD_PANEL_SCREENSHOT_KEPT")
+    if keep:
+        shutil.copyfile(shot, keep)
