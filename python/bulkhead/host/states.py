@@ -77,12 +77,6 @@ def _set_state(pack_dir, module, **state):
         _states[(pack_dir, module)] = dict(state, directory=pack_dir)
 
 
-def pack_states():
-    """[{"name", "state", "directory", ...}] of every pack (or part of one)
-    bulkhead served in this process, those not isolated first, then by
-    name.  state: "isolated" (with "python", "env" and the worker's
-    "pid", None while none runs), "in-process" (with "reason" and
-    "fix": it runs in ComfyUI's process, not in its environment) or
 # The PackRuntime of each (pack directory, interpreter) that load_pack made
 # (host/nodes.py), here beside the states that name their workers.
 _runtimes = {}
@@ -120,6 +114,12 @@ def forget_all():
         _states.clear()
 
 
+def pack_states():
+    """[{"name", "state", "directory", ...}] of every pack (or part of one)
+    bulkhead served in this process, those not isolated first, then by
+    name.  state: "isolated" (with "python", "env" and the worker's
+    "pid", None while none runs), "in-process" (with "reason" and
+    "fix": it runs in ComfyUI's process, not in its environment) or
     "failed" (with "reason": it runs nowhere)."""
     with _states_lock:
         rows = [dict(v) for v in _states.values()]
