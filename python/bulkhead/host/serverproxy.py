@@ -1,4 +1,5 @@
-"""The host side of ``server.PromptServer`` in workers (worker/server.py).
+"""The host side of ``server.PromptServer`` in workers (worker/server.py);
+what crosses between the two is channel/events.py's.
 
 One ``ServerProxy`` per isolated pack.  It exposes ``HOST_TARGET`` to the
 pack's worker, through which the worker's PromptServer sends events
@@ -32,7 +33,7 @@ import threading
 
 from .. import _native
 from ..channel.peer import BulkheadError, RemoteError
-from ..channel import targets
+from ..channel import events, targets
 
 log = logging.getLogger("bulkhead")
 
@@ -80,13 +81,13 @@ class RouteFailed(Exception):
 def from_worker(op, *args):
     """What the worker's PromptServer asks of the host's (HOST_TARGET)."""
     srv = prompt_server()
-    if op == "send_sync":
+    if op == events.OP_SEND:
         event, data, sid = args
         if srv is not None:
             srv.send_sync(event, data, sid)
         return None
-    if op == "state":
-        return {name: getattr(srv, name, None) for name in ("client_id", "last_node_id", "last_prompt_id")}
+    if op == events.OP_STATE:
+        return {name: getattr(srv, name, None) for name in events.STATE_NAMES}
     raise ValueError(f"unknown PromptServer operation {op!r}")
 
 
@@ -126,10 +127,7 @@ class ServerProxy:
 
         async def handler(request):
             from aiohttp import web
-            body = await request.read() if request.can_read_body else b""
-            data = {"method": request.method, "path": request.path, "path_qs": request.path_qs,
-                    "query": list(request.query.items()), "headers": list(request.headers.items()),
-                    "match_info": dict(request.match_info), "remote": request.remote, "body": body}
+            data = events.encode_request(request, await request.read() if request.can_read_body else b"")
             loop = asyncio.get_running_loop()
             try:
                 proxy._enter()
@@ -140,15 +138,7 @@ class ServerProxy:
             except RouteFailed as e:
                 return web.Response(status=e.status, text=str(e),
                                     headers={"Retry-After": "1"} if e.status == 503 else None)
-            if res.get("file"):
-                resp = web.FileResponse(res["file"], status=res["status"])
-            else:
-                resp = web.Response(status=res["status"], body=res.get("body") or b"",
-                                    content_type=res.get("content_type") or None,
-                                    charset=res.get("charset") or None)
-            for k, v in res.get("headers") or ():
-                resp.headers.add(k, v)
-            return resp
+            return events.decode_response(res, web)
         handler.__name__ = handler.__qualname__ = f"bulkhead_route_{self.rt.name}_{index}"
         return handler
 
