@@ -496,6 +496,8 @@ class PackRuntime:
                 return await _in_thread(rt.run_v3, cls, key, kwargs, mname)
         else:
             def method(cls, **kwargs):
+                if mname == "validate_inputs" and on_server_loop():    # as VALIDATE_INPUTS (validate_on_loop)
+                    return rt.validate_on_loop(key, kwargs, _hidden_values(cls))
                 return rt.run_v3(cls, key, kwargs, mname)
         return self._named(method, key, mname, spec)
 
@@ -603,10 +605,12 @@ class PackRuntime:
     DEFERRED_MAX = 64
     VALIDATE_WAIT_S = 0.5
 
-    def validate_on_loop(self, key, kwargs):
-        """VALIDATE_INPUTS without waiting past VALIDATE_WAIT_S: the
-        worker's answer when it is idle and running and answers in time,
-        else True and the check deferred to the node's run (see above)."""
+    def validate_on_loop(self, key, kwargs, v3_hidden=None):
+        """VALIDATE_INPUTS (a V3 node's validate_inputs: v3_hidden, the
+        hidden values of ComfyUI's class clone) without waiting past
+        VALIDATE_WAIT_S: the worker's answer when it is idle and running
+        and answers in time, else True and the check deferred to the node's
+        run (see above)."""
         w, box, done = self.worker, {}, threading.Event()
 
         def check():
@@ -615,7 +619,7 @@ class PackRuntime:
                     if not held or not w.alive or w.busy:
                         box["why"] = "busy" if not held or w.alive else "not started"
                         return
-                    box["answer"] = self._validate(w, _mm(), key, kwargs, drain=False)
+                    box["answer"] = self._validate(w, _mm(), key, kwargs, drain=False, v3_hidden=v3_hidden)
             except BaseException as e:
                 box["error"] = e
             finally:
@@ -630,7 +634,8 @@ class PackRuntime:
             pending = self._deferred.setdefault(key, [])
             pending.append(dict(kwargs))
             del pending[:-self.DEFERRED_MAX]
-        log.info("bulkhead: pack %r: %s.VALIDATE_INPUTS is checked when the node runs (%s)", self.name, key,
+        log.info("bulkhead: pack %r: %s.%s is checked when the node runs (%s)", self.name, key,
+                 "VALIDATE_INPUTS" if v3_hidden is None else "validate_inputs",
                  f"its worker is {box['why']}" if "why" in box
                  else f"it did not answer within {self.VALIDATE_WAIT_S:g} s")
         return True
@@ -646,18 +651,22 @@ class PackRuntime:
             pending[:] = [p for p in pending if all(p is not h for h in hits)]
             return hits
 
-    def _validate(self, w, mm, key, kwargs, drain=True):
-        """The worker's VALIDATE_INPUTS answer for these inputs (the caller
-        holds the worker lock)."""
+    def _validate(self, w, mm, key, kwargs, drain=True, v3_hidden=None):
+        """The worker's VALIDATE_INPUTS answer for these inputs (a V3 node's
+        validate_inputs where v3_hidden is given; the caller holds the
+        worker lock)."""
         try:
+            if v3_hidden is not None:
+                return self._call(w, mm, targets.RUN_V3, key, "validate_inputs", NodeValue(dict(kwargs)),
+                                  v3_hidden, drain=drain)
             return self._call(w, mm, targets.CALL_CLASS, key, "VALIDATE_INPUTS",
                               NodeValue(dict(kwargs)), drain=drain)
         except HostObject as e:
             raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.VALIDATE_INPUTS (pack {self.name!r})") \
                 from None
 
-    def _validate_late(self, w, mm, key, checked):
-        answer = self._validate(w, mm, key, checked)
+    def _validate_late(self, w, mm, key, checked, v3_hidden=None):
+        answer = self._validate(w, mm, key, checked, v3_hidden=v3_hidden)
         if answer is not True:
             raise ValueError(f"{key}: its VALIDATE_INPUTS refused these inputs: {answer} (pack {self.name!r}; "
                              "checked when the node ran, because its worker was busy or not started when the "
@@ -672,10 +681,13 @@ class PackRuntime:
         if method is None and mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
         hidden = _hidden_values(clone)
+        deferred = self._take_deferred(key, kwargs) if method is None else []
         w = self.worker
         with w.holding():
             w.poll()  # a generation that died idle is noticed here, not half-way through the call
             w.start()
+            for checked in deferred:
+                self._validate_late(w, mm, key, checked, hidden)
             try:
                 res = self._call(w, mm, targets.RUN_V3, key, method, NodeValue(kwargs), hidden)
             except HostObject as e:
