@@ -925,6 +925,59 @@ def test_prewarm_follows_comfyuis_table_and_the_startup_option(tmp_path, base, h
     assert early.worker.alive and early.worker.generation == 1
 
 
+def test_prewarm_will_run_walks_from_the_outputs_through_what_is_not_cached():
+    from bulkhead.host.prewarm import will_run
+    prompt = {"1": {"class_type": "A", "inputs": {}}, "2": {"class_type": "B", "inputs": {"x": ["1", 0]}},
+              "3": {"class_type": "C", "inputs": {"y": ["2", 0], "s": "text"}},
+              "4": {"class_type": "D", "inputs": {"z": ["1", 0]}}, "5": "not a node"}
+    assert will_run(prompt, ["3"], set()) == {"1", "2", "3"}
+    assert will_run(prompt, ["3"], {"2"}) == {"3"}           # a cached node's inputs do not run for it
+    assert will_run(prompt, ["3"], {"1", "2", "3"}) == set()  # fully cached
+    assert will_run(prompt, ["3", "4"], {"2", "3"}) == {"4", "1"}
+    assert will_run(prompt, [], {"3"}) == {"1", "2", "4", "5"}   # no outputs named: every node not cached
+
+
+def test_prewarm_follows_comfyuis_cache_where_the_executor_is_watched(tmp_path, base, host, monkeypatch):
+    """Where ComfyUI's executor is watched, a queued prompt starts nothing;
+    its execution_cached message (PromptExecutor.add_message, upstream's
+    own method run first) starts the packs of the nodes that will run
+    only: here the pack whose node the cache serves stays cold."""
+    import types
+    from bulkhead.host import prewarm
+    (rx, mx), (ry, my) = _cold_packs(tmp_path, base, ("cachedpack", None), ("runpack", None))
+    comfy_nodes = type(sys)("nodes")
+    comfy_nodes.NODE_CLASS_MAPPINGS = {"MakeModel": mx["MakeModel"], "UseModel": my["UseModel"]}
+    monkeypatch.setitem(sys.modules, "nodes", comfy_nodes)
+    prompt = {"1": {"class_type": "MakeModel", "inputs": {"size": 2}},
+              "2": {"class_type": "UseModel", "inputs": {"model": ["1", 0], "add": 1}}}
+    sent = []
+
+    class PromptExecutor:     # upstream's shape: add_message(event, data, broadcast)
+        def __init__(self):
+            queue = types.SimpleNamespace(get_current_queue_volatile=lambda: ([(0, "p1", prompt, {}, ["2"])], []))
+            self.server = types.SimpleNamespace(prompt_queue=queue)
+
+        def add_message(self, event, data, broadcast):
+            sent.append(event)
+    execution = type(sys)("execution")
+    execution.PromptExecutor = PromptExecutor
+    monkeypatch.setitem(sys.modules, "execution", execution)
+    monkeypatch.setattr(prewarm, "_watched", [False])
+    assert prewarm._watch_executor() and prewarm._watch_executor()    # wrapped once
+    assert PromptExecutor.add_message.__wrapped__.__name__ == "add_message"
+    prewarm._watched[0] = True
+    assert prewarm.on_prompt({"prompt": prompt})["prompt"] is prompt
+    assert prewarm.wait(60) and not rx.worker.alive and not ry.worker.alive   # queued: nothing yet
+    PromptExecutor().add_message("execution_cached", {"nodes": ["1"], "prompt_id": "p1"}, False)
+    assert sent == ["execution_cached"]
+    assert prewarm.wait(60)
+    assert ry.worker.alive and not rx.worker.alive
+    # a prompt ComfyUI's queue does not hold starts nothing, and never raises into the executor
+    PromptExecutor().add_message("execution_cached", {"nodes": [], "prompt_id": "other"}, False)
+    PromptExecutor().add_message("execution_cached", None, False)
+    assert prewarm.wait(60) and not rx.worker.alive and sent == ["execution_cached"] * 3
+
+
 def test_prewarm_runs_from_comfyuis_post_prompt(tmp_path, base, host):
     """POST /prompt on ComfyUI's server (tests/comfyui's, which runs its
     on-prompt handlers as upstream does) starts the pack's worker."""
