@@ -2,13 +2,15 @@
 
 While a node runs in its worker, PROGRESS frames from the worker's ComfyUI
 progress hook drive a ``comfy.utils.ProgressBar`` here (``_Progress``), in
-the node's own thread and context, previews included (``_preview``
-rebuilds them as the (format, PIL.Image, max_size) tuple ComfyUI's hook
-takes).  Like host/nodes.py, it never assigns to a comfy module.
+the node's own thread and context, previews included (channel/nodes.py's
+``decode_preview`` rebuilds them as the (format, PIL.Image, max_size) tuple
+ComfyUI's hook takes).  Like host/nodes.py, it never assigns to a comfy module.
 """
 
 import logging
 import sys
+
+from ..channel.nodes import decode_preview
 
 log = logging.getLogger("bulkhead")
 
@@ -45,7 +47,7 @@ class _Progress:
         try:
             if self.bar is None:
                 self.bar = self.utils.ProgressBar(total)
-            self.bar.update_absolute(value, total, _preview(v.get("preview")))
+            self.bar.update_absolute(value, total, decode_preview(v.get("preview")))
         except BaseException as e:
             if mm is not None and isinstance(e, mm.InterruptProcessingException):
                 # ComfyUI's hook consumed the click (a race with the check
@@ -55,17 +57,3 @@ class _Progress:
                 log.debug("bulkhead: progress update failed: %r", e)
             else:
                 raise
-
-
-def _preview(p):
-    """A PROGRESS frame's preview (worker/nodes.py _preview_pixels) as the
-    (format, PIL.Image, max_size) tuple ComfyUI's progress hook takes."""
-    if not isinstance(p, dict):
-        return None
-    try:
-        from PIL import Image
-        image = Image.frombytes(p["mode"], tuple(p["size"]), p["pixels"])
-        return (p["format"], image, p.get("max_size"))
-    except Exception as e:
-        log.debug("bulkhead: a preview from a worker could not be rebuilt: %r", e)
-        return None

@@ -47,6 +47,7 @@ from .. import _native
 from .. import worker as _worker
 from .._importwatch import when_imported
 from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
+from ..channel.nodes import decode_hidden, encode_io, encode_preview, plain_str
 from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
 from . import typed as _typed
@@ -111,26 +112,11 @@ def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_
         return
     frame = {"value": value, "total": total}
     if preview is not None:
-        frame["preview"] = _preview_pixels(preview)
+        frame["preview"] = encode_preview(preview)
     try:
         peer.channel.notify(_native.PROGRESS, frame)
     except (_native.Error, TypeError, ValueError):
         pass
-
-
-def _preview_pixels(preview):
-    """("JPEG"|"PNG", PIL.Image, max_size) -> {"format", "mode", "size",
-    "pixels", "max_size"} (the image as it is: the host's hook contains it
-    in max_size when it sends it), or None for anything else."""
-    try:
-        fmt, image, max_size = preview
-        if image.mode not in ("RGB", "RGBA", "L"):
-            image = image.convert("RGB")
-        return {"format": str(fmt), "mode": image.mode, "size": list(image.size),
-                "pixels": image.tobytes(), "max_size": max_size}
-    except Exception as e:  # a preview must never break the node
-        print(f"bulkhead: preview not sent: {type(e).__name__}: {e}", file=sys.stderr)
-        return None
 
 
 def _install_progress(utils):
@@ -384,43 +370,6 @@ class _Strict(Meta):
         raise TypeError(f"{where} {what}")
 
 
-def _io_class(x, io):
-    """(qualname in io, kind) of an Input/Output object: the first class of
-    its MRO defined in the io module (e.g. "Int.Input")."""
-    for c in type(x).__mro__:
-        found = io
-        for part in c.__qualname__.split("."):
-            found = getattr(found, part, None)
-        if found is c:
-            return c.__qualname__
-    return None
-
-
-def _plain_attr(v):
-    return v is None or isinstance(v, (bool, int, float, str)) and type(v) in (bool, int, float, str)
-
-
-def _describe_io(x, meta, where, io, output):
-    """One schema input or output: what it answers (as_dict, get_io_type,
-    io_type), its plain attributes (id, optional, lazy...), the io class it
-    is, and a dynamic input's expansion."""
-    out = {
-        "class": _io_class(x, io),
-        "attrs": {k: v for k, v in vars(x).items() if not k.startswith("_") and _plain_attr(v)},
-        "as_dict": meta(x.as_dict(), f"{where}.as_dict()"),
-        "io_type": meta(_plain_str(x.io_type if output else x.get_io_type()), f"{where} type"),
-    }
-    dynamic = getattr(io, "DynamicOutput" if output else "DynamicInput", None)
-    if dynamic is not None and isinstance(x, dynamic):
-        out["dynamic"] = [_describe_io(d, meta, f"{where} dynamic[{i}]", io, output)
-                          for i, d in enumerate(x.get_dynamic())]
-    return out
-
-
-def _plain_str(v):
-    return str.__str__(v) if isinstance(v, str) else v
-
-
 def _describe_v3(key, cls, problems):
     """A V3 node: its finalised schema (what GET_NODE_INFO_V1 is made
     from), whether execute is async, and the optional methods it has."""
@@ -438,11 +387,11 @@ def _describe_v3(key, cls, problems):
         "class_name": cls.__qualname__,
         "class_module": cls.__module__,
         "schema": fields,
-        "inputs": [_describe_io(x, meta, f"input {getattr(x, 'id', i)!r}", io, False)
+        "inputs": [encode_io(x, meta, f"input {getattr(x, 'id', i)!r}", io, False)
                    for i, x in enumerate(schema.inputs or ())],
-        "outputs": [_describe_io(x, meta, f"output {getattr(x, 'id', i)!r}", io, True)
+        "outputs": [encode_io(x, meta, f"output {getattr(x, 'id', i)!r}", io, True)
                     for i, x in enumerate(schema.outputs or ())],
-        "hidden": [_plain_str(getattr(h, "value", h)) for h in schema.hidden or ()],
+        "hidden": [plain_str(getattr(h, "value", h)) for h in schema.hidden or ()],
         "execute_async": inspect.iscoroutinefunction(cls.execute),
         "methods": {},
     }
@@ -597,34 +546,6 @@ def run(key, kwargs, instance=None, method=None):
     return {"outputs": NodeValue(out), "instance": peer.hold(instance)}
 
 
-class DynPrompt:
-    """Hidden.dynprompt in a worker: the host's DynamicPrompt as data (its
-    nodes, original and added by expansions), read-only, with the methods
-    nodes call on it."""
-
-    def __init__(self, data):
-        self.original_prompt = data.get("original") or {}
-        self.ephemeral_prompt = data.get("ephemeral") or {}
-        self.ephemeral_parents = data.get("parents") or {}
-
-    def get_node(self, node_id):
-        if node_id in self.ephemeral_prompt:
-            return self.ephemeral_prompt[node_id]
-        return self.original_prompt[node_id]
-
-    def has_node(self, node_id):
-        return node_id in self.ephemeral_prompt or node_id in self.original_prompt
-
-    def get_parent_node_id(self, node_id):
-        return self.ephemeral_parents.get(node_id)
-
-    def all_node_ids(self):
-        return set(self.original_prompt) | set(self.ephemeral_prompt)
-
-    def get_original_prompt(self):
-        return self.original_prompt
-
-
 def run_v3(key, method, kwargs, hidden):
     """Runs V3 node `key`'s classmethod `method` (None: its FUNCTION, or
     validate_inputs / fingerprint_inputs / check_lazy_status) as ComfyUI
@@ -637,11 +558,7 @@ def run_v3(key, method, kwargs, hidden):
     method = method or cls.FUNCTION
     hidden = dict(hidden or {})
     io = sys.modules["comfy_api.latest"].io
-    values = {}
-    for h in io.Hidden:
-        if h.value in hidden:
-            v = hidden[h.value]
-            values[h] = DynPrompt(v) if h.value == "DYNPROMPT" and isinstance(v, dict) else v
+    values = decode_hidden(hidden, io)
     _worker._peer.drop_unsent()
     cls.VALIDATE_CLASS()
     clone = cls.PREPARE_CLASS_CLONE(values)
