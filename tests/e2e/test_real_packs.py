@@ -12,15 +12,17 @@ conda channel or host it cannot reach) is reported with bulkhead's one
 line for it, which is what the test prints, and is not a failure; any
 other part not isolated is.
 
-Run twice: the folders under their own names (a real checkout's
+Run three times: the folders under their own names (a real checkout's
 os.listdir puts them anywhere; tests/comfyui sorts, so "ComfyUI-*"
-come before "bulkhead") and renamed to sort after bulkhead.
+come before "bulkhead"), renamed to sort after bulkhead, and with each
+pack's requirements.txt installed in ComfyUI's Python as ComfyUI-Manager
+installs them (the real comfy-env they pin among them).
 
     BULKHEAD_REAL_PACKS=/path/to/packs make check-py PYTEST_PATHS=tests/e2e/test_real_packs.py
 
-A pack's own requirements.txt is not installed (ComfyUI-Manager would):
-a pack whose prestartup or __init__ imports one of them fails there
-whatever bulkhead does, and is listed as such, not as a failure.
+In the first two, a pack's own requirements.txt is not installed: a pack
+whose prestartup or __init__ imports one of them fails there whatever
+bulkhead does, and is listed as such, not as a failure.
 
 BULKHEAD_REAL_PACKS_NODES names nodes (comma separated) that need no
 model weights: each is run over HTTP with its widgets' defaults, its
@@ -78,7 +80,50 @@ def _own_import_failure(log, name):
     return m.group(1).strip() if m else None
 
 
-@pytest.mark.parametrize("order", ["as-named", "after-bulkhead"])
+def _with_pack_requirements(tmp_path, packs):
+    """A ComfyUI Python where bulkhead was Manager-installed and then each
+    pack's requirements.txt installed as ComfyUI-Manager installs a pack's
+    (line by line, a line that fails left out): the real comfy-env the
+    packs pin among them, where PyPI has that version; then each pack's
+    install.py run in its folder (a copy: it may clone the packs it names
+    beside itself), with that comfy-env, HOME and COMFY_ENV_ROOT in tmp.
+    Its own venv, so the session's is left as it was.  Returns (python,
+    clone, the installed copies)."""
+    import sys
+    import sysconfig
+    venv = tmp_path / "comfy-venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "comfyui-requirements.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    clone = e2eenv.clone_into(str(tmp_path / "manager" / "custom_nodes"))
+    with open(tmp_path / "install.log", "w") as log:
+        e2eenv.run_manager_flow(clone, python, log)
+        for pack in packs:
+            req = os.path.join(pack, "requirements.txt")
+            lines = open(req, errors="replace").read().splitlines() if os.path.isfile(req) else []
+            for line in lines:
+                line = line.split("#", 1)[0].strip()
+                if line and not line.startswith("-"):
+                    subprocess.run([python, "-m", "pip", "install", "-q", line], stdout=log,
+                                   stderr=subprocess.STDOUT, timeout=900)
+        copies = tmp_path / "installed"
+        copies.mkdir()
+        env = dict(os.environ, HOME=str(tmp_path / "home"), COMFY_ENV_ROOT=str(tmp_path / "ce"))
+        for pack in packs:
+            shutil.copytree(pack, copies / os.path.basename(pack), symlinks=True)
+            if os.path.isfile(copies / os.path.basename(pack) / "install.py"):
+                subprocess.run([python, "install.py"], cwd=copies / os.path.basename(pack), env=env, stdout=log,
+                               stderr=subprocess.STDOUT, timeout=900)
+    real = subprocess.run([python, "-m", "pip", "show", "comfy-env"], capture_output=True, text=True).stdout
+    print("the real comfy-env in ComfyUI's Python: " + (re.search(r"Version: (\S+)", real).group(1) if real
+                                                         else "none (no pinned version is on PyPI)"))
+    return python, clone, sorted(str(copies / os.path.basename(p)) for p in packs)
+
+
+@pytest.mark.parametrize("order", ["as-named", "after-bulkhead", "with-their-requirements"])
 def test_real_packs_run_isolated(comfyui, manager_install, monkeypatch, tmp_path, order):
     # Their environments are built while ComfyUI starts: pip's downloads,
     # not bulkhead, set how long that takes.
@@ -92,7 +137,11 @@ def test_real_packs_run_isolated(comfyui, manager_install, monkeypatch, tmp_path
         for p in packs:
             shutil.copytree(p, renamed / ("zz-" + os.path.basename(p)), symlinks=True)
         packs = sorted(str(p) for p in renamed.iterdir())
-    srv = comfyui(packs=(), pack_dirs=packs + [_probe_pack(tmp_path)], installed=manager_install)
+    installed, env = manager_install, None
+    if order == "with-their-requirements":
+        python, clone, packs = _with_pack_requirements(tmp_path, packs)
+        installed, env = (python, clone), {"COMFY_ENV_ROOT": str(tmp_path / "ce")}
+    srv = comfyui(packs=(), pack_dirs=packs + [_probe_pack(tmp_path)], installed=installed, env=env)
     with open(srv.log_path, errors="replace") as f:
         log = f.read()
     status, info = srv.http("GET", "/object_info")
