@@ -19,6 +19,7 @@ import pytest
 
 from bulkhead import _native
 from bulkhead.host import routes as comfy_routes
+from bulkhead.host import service as comfy_service
 from routes_env import BUILD, BUILD_PY, routes_scenario
 
 MiB = 1 << 20
@@ -237,13 +238,13 @@ def test_status_route_never_waits_on_the_ledger_mutex_and_answers_off_the_loop(t
         holder.wait(30)
         holder.stdout.close()
     snapshots = []
-    real = comfy_routes.status_document
+    real = comfy_service.status_document
 
     def slow(*a):
         snapshots.append(time.monotonic())
         time.sleep(1.0)
         return real(*a)
-    monkeypatch.setattr(comfy_routes, "status_document", slow)
+    monkeypatch.setattr(comfy_service, "status_document", slow)
     answers = []
     try:
         clients = [threading.Thread(target=lambda: answers.append(served.http("GET", "/bulkhead/status")))
