@@ -8,7 +8,10 @@ have (`bpy`), a `gpu/` whose `[cuda] packages` list torch and torchvision
 beside the CUDA wheels (as comfy-env before 0.3.0 read them), and a
 config-free `utils/`.  The blender subdirectory costs only its own
 nodes, with one line saying so; the gpu one runs isolated with the
-host's torch; the pack is never IMPORT FAILED."""
+host's torch; the pack is never IMPORT FAILED.  Beside it, a pack whose
+one environment (`nodes/comfy-env.toml`) cannot be built and whose nodes
+need it: IMPORT FAILED, as nothing of it can load, and listed failed in
+/bulkhead/status with the import that failed."""
 
 import os
 import sys
@@ -69,19 +72,31 @@ def _geometry_pack(tmp_path):
     return str(pack), {"BULKHEAD_PIP_ARGS": f"--find-links {wheels}"}
 
 
+def _whole_lost_pack(tmp_path):
+    pack = tmp_path / "repos" / "ComfyUI-WholeLost"
+    write(pack / "__init__.py", INIT)
+    write(pack / "nodes" / "__init__.py", NODE.format(cls="E2EShapeWhole", imports="import bh_bpy_nowhere",
+                                                       saw="'whole'"))
+    write(pack / "nodes" / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\nbh-nowhere-to-be-found = "*"\n')
+    return str(pack)
+
+
 def test_a_lost_subdirectory_costs_only_its_nodes(comfyui, manager_install, tmp_path):
     import torch
     pack, env = _geometry_pack(tmp_path)
-    srv = comfyui(packs=(), pack_dirs=[pack], installed=manager_install, env=env)
+    srv = comfyui(packs=(), pack_dirs=[pack, _whole_lost_pack(tmp_path)], installed=manager_install, env=env)
     with open(srv.log_path, errors="replace") as f:
         log = f.read()
-    assert "(IMPORT FAILED)" not in log, log
+    assert [line for line in log.splitlines() if "(IMPORT FAILED)" in line and "custom_nodes" in line] == \
+        [line for line in log.splitlines() if "(IMPORT FAILED)" in line and "ComfyUI-WholeLost" in line], log
+    [whole] = [line for line in log.splitlines() if "'ComfyUI-WholeLost'" in line and "NOT loaded" in line]
+    assert "No module named 'bh_bpy_nowhere'" in whole and "IMPORT FAILED" in whole, whole
     # blender: its build failed, and in ComfyUI's process `bpy` is not there either
-    failed = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l]
+    failed = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l and "ShapesPack" in l]
     assert len(failed) == 1 and "ComfyUI-ShapesPack.blender'" in failed[0], failed
     assert "its environment could not be built" in failed[0] and "bh-nowhere-to-be-found" in failed[0], failed
     assert "Fix: what that build error names" in failed[0], failed[0]
-    [lost] = [l for l in log.splitlines() if "its nodes are NOT loaded" in l]
+    [lost] = [l for l in log.splitlines() if "its nodes are NOT loaded" in l and "ShapesPack" in l]
     assert "ComfyUI-ShapesPack.blender'" in lost and "No module named 'bh_bpy_nowhere'" in lost, lost
     assert "the pack's other nodes load" in lost, lost
     # gpu: the torch family in [cuda] is the host's, one note; no CUDA wheel was looked for
@@ -101,3 +116,5 @@ def test_a_lost_subdirectory_costs_only_its_nodes(comfyui, manager_install, tmp_
     states = {p["name"]: p for p in doc["packs"]}
     assert states["ComfyUI-ShapesPack.blender"]["state"] == "failed", doc["packs"]
     assert states["ComfyUI-ShapesPack.gpu"]["state"] == "isolated", doc["packs"]
+    assert states["ComfyUI-WholeLost"]["state"] == "failed", doc["packs"]
+    assert "No module named 'bh_bpy_nowhere'" in states["ComfyUI-WholeLost"]["reason"], doc["packs"]

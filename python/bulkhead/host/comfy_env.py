@@ -391,7 +391,11 @@ def _serve(pack_dir, pkg_name, nodes_package):
         display.update(d)
 
     if whole:
-        isolated(whole[0], nodes_package)
+        try:
+            isolated(whole[0], nodes_package)
+        except Exception as e:      # nothing else of the pack to load: ComfyUI's IMPORT FAILED, and its state
+            _lost_subdir(pack_dir, packconfig.pack_name(whole[0], pack_dir), nodes_package, e, others=False)
+            raise
         return classes, display
     if os.path.isfile(os.path.join(nodes_dir, "__init__.py")):
         c, d = _host_import(pkg_name, nodes_package)
@@ -421,13 +425,14 @@ def _serve(pack_dir, pkg_name, nodes_package):
     return classes, display
 
 
-def _lost_subdir(pack_dir, name, module, error):
+def _lost_subdir(pack_dir, name, module, error, others=True):
     from . import states
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     what = lines[-1] if len(lines) > 1 else f"{type(error).__name__}: {error}"
     log.error("bulkhead: pack %r: its nodes are NOT loaded: they could not run isolated (the line before says "
-              "why) and importing them in ComfyUI's process failed too: %s; the pack's other nodes load. Fix: "
-              "what the line before names, so that its environment is built", name, what)
+              "why) and importing them in ComfyUI's process failed too: %s; %s. Fix: what the line before "
+              "names, so that its environment is built", name, what,
+              "the pack's other nodes load" if others else "ComfyUI lists the pack as IMPORT FAILED")
     states.failed(pack_dir, name, f"not isolated, and in ComfyUI's process: {what}", module=module)
 
 
