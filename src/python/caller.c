@@ -39,7 +39,7 @@ typedef struct {
   PyObject *peer;             /* its Peer, or NULL */
   PyObject *lock;             /* threading.RLock, or NULL */
   PyObject *acquire, *release; /* the lock's bound methods */
-  PyObject *timeout;          /* call_timeout: NULL for None, or seconds */
+  PyObject *timeout;          /* call_timeout_s: NULL for None, or seconds */
   Py_ssize_t busy;            /* requests in flight, nested ones counted */
 } bh_caller_obj;
 
@@ -136,7 +136,7 @@ static int Caller_set_lock(PyObject *op, PyObject *v, void *c) {
 
 static int Caller_set_timeout(PyObject *op, PyObject *v, void *c) {
   (void)c;
-  if (refuse_delete(v, "call_timeout") < 0) return -1;
+  if (refuse_delete(v, "call_timeout_s") < 0) return -1;
   if (v != Py_None) {
     double s = PyFloat_AsDouble(v);
     if (s == -1.0 && PyErr_Occurred()) return -1;
@@ -244,7 +244,7 @@ static PyObject *caller_request(bh_caller_obj *self, int kind, PyObject *payload
   if (!r) return NULL;
   Py_DECREF(r);
   PyObject *release = bh_py_newref(self->release);
-  timeout = bh_py_newref(timeout ? timeout : Py_None); /* call_timeout's slot: NULL for None */
+  timeout = bh_py_newref(timeout ? timeout : Py_None); /* call_timeout_s's slot: NULL for None */
   PyObject *out = NULL, *t = NULL, *v = NULL, *tb = NULL;
   for (int attempt = 0, again = 1; again; attempt++) {
     again = 0;
@@ -360,7 +360,7 @@ static PyMethodDef Caller_methods[] = {
      "call(target, /, *args, **kwargs) -> result\n"
      "Runs target ('module:function' or 'module.function') in the worker with the\n"
      "arguments and returns its result; starts the worker first if it is not running.\n"
-     "request(CALL, (target, args, kwargs), call_timeout, 'call', target)."},
+     "request(CALL, (target, args, kwargs), call_timeout_s, 'call', target)."},
     {"request", (PyCFunction)(void (*)(void))Caller_request, METH_VARARGS | METH_KEYWORDS,
      "request(kind, payload, timeout=None, verb='request', obj=None, *, wait=True) -> reply\n"
      "Sends a request of frame kind `kind` to the worker and returns its reply, under\n"
@@ -377,7 +377,7 @@ static PyGetSetDef Caller_getset[] = {
     {"_chan", Caller_get_slot, Caller_set_chan, "the running generation's Channel, or None", SLOT(chan)},
     {"_peer", Caller_get_slot, Caller_set_peer, "the running generation's Peer, or None", SLOT(peer)},
     {"_lock", Caller_get_slot, Caller_set_lock, "the worker lock (threading.RLock)", SLOT(lock)},
-    {"call_timeout", Caller_get_slot, Caller_set_timeout, "seconds a call may take, or None", SLOT(timeout)},
+    {"call_timeout_s", Caller_get_slot, Caller_set_timeout, "seconds a call may take, or None", SLOT(timeout)},
     {"busy", Caller_get_busy, Caller_set_busy, "requests in flight (nested ones count)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

@@ -200,7 +200,7 @@ def _as_nobody(fn):
 def test_foreign_uid_on_the_control_socket(tmp_path, host_worker, monkeypatch, caplog):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     from bulkhead.host.control import ControlServer, request
-    srv = ControlServer(_Host([host_worker]), release_timeout=5)
+    srv = ControlServer(_Host([host_worker]), release_timeout_s=5)
     try:
         # Connecting as another uid: the directory (0700) and socket (0600) refuse.
         def connect():
@@ -337,7 +337,7 @@ def test_control_server_never_closes_an_fd_channel_open_consumed(tmp_path, host_
         raise OSError(errno.EMFILE, "channel_open: injected")
 
     monkeypatch.setattr(_native, "channel_open", failing)
-    srv = ControlServer(_Host([host_worker]), release_timeout=5)
+    srv = ControlServer(_Host([host_worker]), release_timeout_s=5)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
             s.connect(srv.path)
@@ -379,7 +379,7 @@ def _wait_for(cond, timeout=10.0):
 def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, caplog, garbage, named):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     from bulkhead.host.control import ControlServer, request
-    srv = ControlServer(_Host([host_worker]), release_timeout=5)
+    srv = ControlServer(_Host([host_worker]), release_timeout_s=5)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s, \
                 caplog.at_level("WARNING", logger="bulkhead"):

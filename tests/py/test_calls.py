@@ -49,7 +49,7 @@ try:
         assert "not <class 'object'>" in str(e), e
     else:
         raise AssertionError("a non-Channel was accepted")
-    w.call_timeout = 5
+    w.call_timeout_s = 5
     assert w.call("bh_testmod:echo", 1, k=2) == ((1,), {"k": 2})
     with w._lock:
         assert w.call("operator:mul", 6, 7) == 42  # the RLock is re-entrant from C too
@@ -241,8 +241,8 @@ def test_worker_state_slots_refuse_bad_values(worker):
     with pytest.raises(AttributeError, match="cannot be deleted"):
         del worker._lock
     with pytest.raises(TypeError):
-        worker.call_timeout = "soon"
-    assert worker.call_timeout is None
+        worker.call_timeout_s = "soon"
+    assert worker.call_timeout_s is None
     assert worker.call("operator:add", 1, 2) == 3
 
 
@@ -271,11 +271,11 @@ def test_release_and_call_take_one_request_path(worker):
     worker.expose("watch", watch)
     assert worker.call("bh_testmod:serve_release_via", "watch") is True
     assert worker.call("bh_testmod:host_named", "watch", {"op": "call"}) == {"freed_bytes": 0}
-    assert worker.release("pins", timeout=30) == {"freed_bytes": 0}
+    assert worker.release("pins", timeout_s=30) == {"freed_bytes": 0}
     assert seen == [("call", 1), ("pins", 1)] and worker.busy == 0
     got = []
     with worker._lock:
-        ts = [threading.Thread(target=lambda: got.append(worker.release("all", timeout=30))),
+        ts = [threading.Thread(target=lambda: got.append(worker.release("all", timeout_s=30))),
               threading.Thread(target=lambda: got.append(worker.call("bh_testmod:echo", 1)))]
         for t in ts:
             t.start()

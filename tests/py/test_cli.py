@@ -338,7 +338,7 @@ class StandInWorker:
         self.alive, self.busy, self.generation = True, False, 1
         self.asks = []
 
-    def release(self, op, model_id, nbytes, timeout=None, wait_s=None):
+    def release(self, op, model_id, nbytes, timeout_s=None, wait_s=None):
         self.asks.append((op, nbytes))
         before = self.held
         self.held = 0 if op == "all" else max(0, self.held - nbytes)
@@ -361,7 +361,7 @@ def control():
     servers = []
 
     def start(workers):
-        s = ControlServer(StandInHost(workers), release_timeout=10)
+        s = ControlServer(StandInHost(workers), release_timeout_s=10)
         servers.append(s)
         return s
 
@@ -802,8 +802,8 @@ class BusyWorker:
     """A real Worker (its lock, its channel) under the pid and pack of a
     ledger record, so the command finds it; counts the releases that ran."""
 
-    def __init__(self, real, pid, name, release_timeout):
-        self.real, self.pid, self.name, self.release_timeout = real, pid, name, release_timeout
+    def __init__(self, real, pid, name, release_timeout_s):
+        self.real, self.pid, self.name, self.release_timeout_s = real, pid, name, release_timeout_s
         self.alive, self.generation = True, 1
         self.ran = []
 
@@ -827,8 +827,8 @@ def test_release_of_a_worker_in_a_long_call_answers_within_its_release_timeout(
     a = member("worker", **worker_spec(8 * MiB))
     real = make_worker(name="pack-a")
     real.start()
-    w = BusyWorker(real, a.pid, "pack-a", release_timeout=1.0)
-    srv = control.ControlServer(StandInHost([w]), release_timeout=10)
+    w = BusyWorker(real, a.pid, "pack-a", release_timeout_s=1.0)
+    srv = control.ControlServer(StandInHost([w]), release_timeout_s=10)
     try:
         call = threading.Thread(target=real.call, args=("time:sleep", 6.0))
         call.start()

@@ -61,7 +61,7 @@ def test_worker_death_hidden_by_a_forked_helper(worker):
     channel: the host's wait watches the worker's pidfd too, so the call
     ends with WorkerDied, not at its timeout (nor never, with none)."""
     import re
-    worker.call_timeout = 120  # a failure here is a CallTimeout, not a hung test
+    worker.call_timeout_s = 120  # a failure here is a CallTimeout, not a hung test
     with pytest.raises(bulkhead.WorkerDied) as ei:
         worker.call("bh_testmod:exit_leaving_a_helper", 5)
     helper = int(re.search(r"helper=(\d+)", str(ei.value)).group(1))
@@ -108,7 +108,7 @@ def test_a_workers_helpers_go_with_it(worker, how, tmp_path):
         with pytest.raises(bulkhead.WorkerDied):
             worker.call("bh_testmod:helper_then_sleep", where, 30)
     elif how == "hung":
-        worker.call_timeout = 1.0
+        worker.call_timeout_s = 1.0
         with pytest.raises(bulkhead.CallTimeout):
             worker.call("bh_testmod:helper_then_sleep", where, 30)
     else:
@@ -138,7 +138,7 @@ def _script(tmp_path, body):
 
 def test_death_during_startup_reports_stderr(make_worker, tmp_path):
     py = _script(tmp_path, "echo 'ImportError: no module named torch_special' >&2\nexit 3\n")
-    w = make_worker(py, name="broken", start_timeout=60)
+    w = make_worker(py, name="broken", start_timeout_s=60)
     t = time.monotonic()
     with pytest.raises(bulkhead.WorkerStartError) as ei:
         w.start()
@@ -150,13 +150,13 @@ def test_death_during_startup_reports_stderr(make_worker, tmp_path):
 
 def test_worker_that_never_says_hello_times_out(make_worker, tmp_path):
     py = _script(tmp_path, "exec sleep 30\n")
-    w = make_worker(py, name="mute", start_timeout=0.5)
+    w = make_worker(py, name="mute", start_timeout_s=0.5)
     with pytest.raises(bulkhead.WorkerStartError, match="did not say HELLO within 0.5 s"):
         w.start()
 
 
 def test_hung_call_times_out_and_is_killed(make_worker):
-    w = make_worker(name="slow", call_timeout=0.5)
+    w = make_worker(name="slow", call_timeout_s=0.5)
     pid = w.start().pid
     with pytest.raises(bulkhead.CallTimeout, match="did not answer call 'bh_testmod:sleep' within 0.5 s"):
         w.call("bh_testmod:sleep", 30)
@@ -166,7 +166,7 @@ def test_hung_call_times_out_and_is_killed(make_worker):
 
 
 def test_stopped_worker_is_killed_on_close(make_worker):
-    w = make_worker(name="stopped", stop_grace=0.2, stop_term=0.2)
+    w = make_worker(name="stopped", stop_grace_s=0.2, stop_term_s=0.2)
     w.start()
     os.kill(w.pid, signal.SIGSTOP)
     status = w.close()

@@ -223,11 +223,11 @@ def act_idle(w, sig, res):
 def act_startup(w, sig, res):
     w.close()                   # generation 1 ends; the restart dies before HELLO
     open(os.path.join(TMP, "die-" + sig), "w").close()
-    w.start_timeout = DEADLINE
+    w.start_timeout_s = DEADLINE
     try:
         w.call("bh_testmod:pid")
     finally:
-        w.start_timeout = 60.0
+        w.start_timeout_s = 60.0
 
 def act_call(w, sig, res):
     w.call("bh_killpoints:hit", sig)
@@ -298,7 +298,7 @@ def run(phase, sig):
     if phase == "startup":
         env["BH_TEST_HOOK"] = "die-before-hello:%s:%s" % (sig, os.path.join(TMP, "die-" + sig))
     w = hm.attach(bulkhead.Worker(sys.executable, name="victim-%s-%s" % (phase, sig), env=env,
-                                  release_timeout=DEADLINE))
+                                  release_timeout_s=DEADLINE))
     w.call("bh_mempack:load", "UNetV", 32 * MiB)   # imports torch: no deadline yet
     hm.reconcile()
     gen0, pid0 = w.generation, w.pid
@@ -307,7 +307,7 @@ def run(phase, sig):
     res["listed_before"] = listed(old)
     res["record_before"] = hm.ledger.read(pid0) is not None
     del logs[:]
-    w.call_timeout = DEADLINE
+    w.call_timeout_s = DEADLINE
     t = time.monotonic()
     try:
         ACTS[phase](w, sig, res)
@@ -316,7 +316,7 @@ def run(phase, sig):
         res["error_type"], res["error"] = type(e).__name__, str(e)
         res["stopped"] = getattr(e, "stopped", None)
     res["elapsed"] = time.monotonic() - t
-    w.call_timeout = None
+    w.call_timeout_s = None
     res["host_alive"] = True
     hm.reconcile()
     res["old_listed_after"] = listed(old)
@@ -530,10 +530,10 @@ def test_deadlines_come_from_the_pack(tmp_path):
     and HostMemory releases with the worker's own deadline."""
     from bulkhead.host import memory, nodes
     rt = nodes.PackRuntime(str(tmp_path), sys.executable, "slow-pack", {},
-                           {"call_timeout": 3.0, "start_timeout": 40.0, "release_timeout": 1.5},
+                           {"call_timeout_s": 3.0, "start_timeout_s": 40.0, "release_timeout_s": 1.5},
                            str(tmp_path))
     w = rt.worker
-    assert (w.call_timeout, w.start_timeout, w.release_timeout) == (3.0, 40.0, 1.5)
-    assert memory.release_timeout(w) == 1.5
-    w.release_timeout = None
-    assert memory.release_timeout(w) == memory.RELEASE_TIMEOUT_S
+    assert (w.call_timeout_s, w.start_timeout_s, w.release_timeout_s) == (3.0, 40.0, 1.5)
+    assert memory.release_timeout_s(w) == 1.5
+    w.release_timeout_s = None
+    assert memory.release_timeout_s(w) == memory.RELEASE_TIMEOUT_S

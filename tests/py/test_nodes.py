@@ -753,7 +753,7 @@ def test_a_node_that_never_checks_the_flag_is_stopped_after_its_grace(tmp_path):
         log = []
         logging.getLogger("bulkhead").addHandler(type("H", (logging.Handler,), {
             "emit": lambda self, rec: log.append(rec.getMessage())})())
-        m, _ = nodes.load_pack(PACK, sys.executable, options={"interrupt_grace": 0.5})
+        m, _ = nodes.load_pack(PACK, sys.executable, options={"interrupt_grace_s": 0.5})
         rt = nodes.runtime(PACK)
         m["Loop"]().go(seconds=0.05)  # the worker is up
         first_pid = rt.worker.pid
@@ -778,7 +778,7 @@ def test_a_node_that_never_checks_the_flag_is_stopped_after_its_grace(tmp_path):
                "log": [line for line in log if "interrupt" in line]}
         # grace 0: the node runs to its end
         nodes._forget_all()
-        m, _ = nodes.load_pack(PACK, sys.executable, options={"interrupt_grace": 0})
+        m, _ = nodes.load_pack(PACK, sys.executable, options={"interrupt_grace_s": 0})
         threading.Thread(target=lambda: (time.sleep(0.2), mm.interrupt_current_processing(True))).start()
         out["ran_on"] = m["Stubborn"]().go(seconds=1.0)[0]
         mm.interrupt_current_processing(False)

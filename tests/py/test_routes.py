@@ -822,7 +822,7 @@ def test_release_route_honours_the_packs_release_timeout(tmp_path, monkeypatch):
     its release is found hung and killed after 1.5 s, where the route's own
     deadline is 120 s."""
     r = routes_scenario(tmp_path, """
-        w = hm.attach(bulkhead.Worker(sys.executable, name="pack-slow", release_timeout=1.5,
+        w = hm.attach(bulkhead.Worker(sys.executable, name="pack-slow", release_timeout_s=1.5,
                                       env={"PYTHONPATH": WORKER_PATH}))
         w.call("bh_mempack:load", "UNetS", 32 * MiB)
         w.call("bh_killpoints:arm", "release", "SIGSTOP")

@@ -135,7 +135,7 @@ def events(name):
 srv = comfy_server.PromptServer()
 srv.client_id = "client-1"
 srv.last_prompt_id = "prompt-9"
-m, _ = nodes.load_pack(PACK, sys.executable, options={{"route_timeout": 1.5}})
+m, _ = nodes.load_pack(PACK, sys.executable, options={{"route_timeout_s": 1.5}})
 srv.add_routes()
 serve = Serve(srv.app)
 port = serve.port

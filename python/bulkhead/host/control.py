@@ -60,9 +60,9 @@ class ControlServer:
     """Listens on this host's control socket and serves requests against a
     HostMemory's workers.  close() stops it and removes the socket."""
 
-    def __init__(self, host_memory, release_timeout=30.0):
+    def __init__(self, host_memory, release_timeout_s=30.0):
         self.hm = host_memory
-        self.release_timeout = release_timeout
+        self.release_timeout_s = release_timeout_s
         self.path = control_path(os.getpid())
         try:
             os.unlink(self.path)  # a previous process with our pid
@@ -114,10 +114,10 @@ class ControlServer:
             w = _release.find(who, self._workers(), remote=False).worker
         except LookupError as e:
             raise LookupError(str(e)) from None  # what clients match on: LookupError by name
-        timeout = _release.release_timeout(w, self.release_timeout)
+        timeout = _release.release_timeout_s(w, self.release_timeout_s)
         wait = timeout if wait_s is None else min(max(0.0, float(wait_s)), timeout)
         r = _release.release(_release.Local(w), nbytes, wait_s=wait, hm=self.hm,
-                             ledger=getattr(self.hm, "ledger", None), timeout_s=self.release_timeout,
+                             ledger=getattr(self.hm, "ledger", None), timeout_s=self.release_timeout_s,
                              raise_dead=True)
         return {"worker_pid": w.pid, "pack": w.name, **r["receipt"]}
 

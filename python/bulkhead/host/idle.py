@@ -40,7 +40,7 @@ _released = set()           # (pack dir, pid) released instead of stopped: said 
 def limit_s(options):
     """The idle exit time of a pack with these load_pack options, in
     seconds (0: never)."""
-    own = options.get("idle_exit")
+    own = options.get("idle_exit_s")
     if own is not None:
         return float(own)
     try:

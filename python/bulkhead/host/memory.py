@@ -31,7 +31,7 @@ from ..channel import targets
 from . import release as _release
 # The release deadline (RELEASE_TIMEOUT_S; a worker's own outranks it) and
 # every release that waits or posts live in release.py.
-from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, release_timeout  # noqa: F401
+from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, release_timeout_s  # noqa: F401
 from .workers import WorkerBusy
 
 log = logging.getLogger("bulkhead")
@@ -78,7 +78,7 @@ class _Owner:
     def standin_release(self, model_id, nbytes):
         receipt = None
         try:
-            receipt = self.worker.release("model", model_id, nbytes, timeout=release_timeout(self.worker))
+            receipt = self.worker.release("model", model_id, nbytes, timeout_s=release_timeout_s(self.worker))
         except _DEAD as e:
             # A dead (or hung, now killed) worker's memory is gone: its
             # stand-ins read 0 from now on, so upstream counts it freed.
@@ -97,7 +97,7 @@ class _Owner:
         self.host.note_release(self.worker, (receipt or {}).get("freed_bytes", 0))
 
     def standin_load(self, model_id, nbytes):
-        receipt = self.worker.release("load", model_id, nbytes, timeout=release_timeout(self.worker))
+        receipt = self.worker.release("load", model_id, nbytes, timeout_s=release_timeout_s(self.worker))
         return (receipt or {}).get("loaded_bytes", 0)
 
     def standin_pressure(self, model_id, nbytes):
@@ -363,7 +363,7 @@ class HostMemory:
             rec = records[w.pid]
             resident, floor = on_device(rec)
             out.append(_release.Candidate(w.name, rec["last_used_ns"], resident, floor,
-                                          release(_release.Local(w), release_timeout(w)), w))
+                                          release(_release.Local(w), release_timeout_s(w)), w))
         if not foreign:
             return out
         me = os.getpid()

@@ -314,9 +314,9 @@ class PackRuntime:
             module = default_module(pack_dir)
         self.module = module
         self.worker = Worker(self.python, name=name, env=env, cwd=comfyui,
-                             start_timeout=options.get("start_timeout", 120.0),
-                             call_timeout=options.get("call_timeout"),
-                             release_timeout=options.get("release_timeout"))
+                             start_timeout_s=options.get("start_timeout_s", 120.0),
+                             call_timeout_s=options.get("call_timeout_s"),
+                             release_timeout_s=options.get("release_timeout_s"))
         self.worker.env_hooks.append(self._worker_env)
         from ..envs.build import current_python
         self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
@@ -713,7 +713,7 @@ class PackRuntime:
         w.frame_handlers[_native.PROGRESS] = progress.on_frame
         watch = None
         if mm is not None and hasattr(mm, "processing_interrupted"):
-            watch = _watcher.begin(w, mm, self.options.get("interrupt_grace", INTERRUPT_GRACE_S))
+            watch = _watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
         w.park_reader()
         try:
             out = w.call(target, *args)
@@ -789,11 +789,11 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     found), 'module', 'cache' (False: no cache), 'cache_dir',
     'attach' (called with the Worker before it starts, e.g.
     HostMemory.attach), 'after_call' (called with the Worker after every
-    proxied call, on ComfyUI's execution thread), 'start_timeout',
-    'call_timeout', 'release_timeout' (seconds: Worker's), 'route_timeout',
-    'prompt_handler_timeout' (seconds: the pack's routes and prompt
+    proxied call, on ComfyUI's execution thread), 'start_timeout_s',
+    'call_timeout_s', 'release_timeout_s' (seconds: Worker's), 'route_timeout_s',
+    'prompt_handler_timeout_s' (seconds: the pack's routes and prompt
     handlers on the host's server, host/serverproxy.py),
-    'interrupt_grace' (seconds a node may run on after the stop button
+    'interrupt_grace_s' (seconds a node may run on after the stop button
     before its worker is stopped; 0: never; default INTERRUPT_GRACE_S),
     'prewarm' ('prompt': start the worker when a queued prompt uses the
     pack, the default; 'startup': now, in the background; 'off').

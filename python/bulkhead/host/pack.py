@@ -214,19 +214,19 @@ def _load(config, pack_dir, python, stamp, module, hm):
         opts["stamp"] = stamp
     o = config.options
     if o.get("call_timeout_s"):
-        opts["call_timeout"] = float(o["call_timeout_s"])
+        opts["call_timeout_s"] = float(o["call_timeout_s"])
     if o.get("start_timeout_s"):
-        opts["start_timeout"] = float(o["start_timeout_s"])
+        opts["start_timeout_s"] = float(o["start_timeout_s"])
     if o.get("release_timeout_s"):
-        opts["release_timeout"] = float(o["release_timeout_s"])
+        opts["release_timeout_s"] = float(o["release_timeout_s"])
     if "interrupt_grace_s" in o:
-        opts["interrupt_grace"] = float(o["interrupt_grace_s"])
+        opts["interrupt_grace_s"] = float(o["interrupt_grace_s"])
     if "prewarm" in o:
         opts["prewarm"] = o["prewarm"]
     if o.get("fallback"):
         opts["fallback"] = o["fallback"]
     if "idle_exit_s" in o:
-        opts["idle_exit"] = float(o["idle_exit_s"])
+        opts["idle_exit_s"] = float(o["idle_exit_s"])
     from ..envs import conda
     env = conda.worker_env(os.path.dirname(os.path.dirname(python)))
     env.update(config.env_vars)

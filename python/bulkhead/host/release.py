@@ -29,7 +29,7 @@ from .workers import CallTimeout, ProtocolError, WorkerBusy, WorkerDied
 
 # How long a release may take before the worker is declared hung and
 # killed (a hung worker must never block ComfyUI's eviction loop).  A
-# worker's own ``release_timeout`` (a pack's ``release_timeout_s``)
+# worker's own ``release_timeout_s`` (a pack's ``release_timeout_s``)
 # outranks it.
 RELEASE_TIMEOUT_S = float(os.environ.get("BULKHEAD_RELEASE_TIMEOUT", "30"))
 EVENTS_KEPT = 256   # HostMemory.events keeps as many
@@ -37,14 +37,14 @@ EVENTS_KEPT = 256   # HostMemory.events keeps as many
 DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
 
 __all__ = ["RELEASE_TIMEOUT_S", "Local", "Remote", "Candidate", "NotFound", "Ambiguous",
-           "WorkerBusy", "release_timeout", "find", "release", "post", "note", "read", "records",
+           "WorkerBusy", "release_timeout_s", "find", "release", "post", "note", "read", "records",
            "held"]
 
 
-def release_timeout(worker, default=None):
+def release_timeout_s(worker, default=None):
     """The release deadline of one worker, in seconds: its own (a pack's
     release_timeout_s), else `default`, else RELEASE_TIMEOUT_S."""
-    t = getattr(worker, "release_timeout", None)
+    t = getattr(worker, "release_timeout_s", None)
     if t is not None:
         return t
     return RELEASE_TIMEOUT_S if default is None else default
@@ -218,7 +218,7 @@ def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release"
         error = None
         try:
             receipt = w.release(op or ("all" if nbytes is None else "bytes"), None, nbytes,
-                                timeout=release_timeout(w, timeout_s), wait_s=wait_s) or {}
+                                timeout_s=release_timeout_s(w, timeout_s), wait_s=wait_s) or {}
         except DEAD as e:
             if raise_dead:
                 raise

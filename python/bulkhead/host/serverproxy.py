@@ -96,8 +96,8 @@ class ServerProxy:
         self.rt = rt
         rt.worker.expose(HOST_TARGET, from_worker)
         rt.worker.serve_unasked = True
-        self.route_timeout_s = float(rt.options.get("route_timeout", ROUTE_TIMEOUT_S))
-        self.prompt_timeout_s = float(rt.options.get("prompt_handler_timeout", PROMPT_HANDLER_TIMEOUT_S))
+        self.route_timeout_s = float(rt.options.get("route_timeout_s", ROUTE_TIMEOUT_S))
+        self.prompt_timeout_s = float(rt.options.get("prompt_handler_timeout_s", PROMPT_HANDLER_TIMEOUT_S))
         self.installed = []
         self.in_flight = 0     # route requests of this pack in the pool (under _pool_lock)
 

@@ -11,8 +11,8 @@ ended and what it printed last; the next call starts the next generation.
 One that dies while no call waits on it (killed while idle) is reaped by
 ``poll()`` -- at the host's next drain, or before the next call, which then
 runs on the next generation instead of failing -- and logged.  A worker
-that stops answering is killed at its deadline (``call_timeout``,
-``start_timeout``; ``release_timeout`` for memory releases) and reported as
+that stops answering is killed at its deadline (``call_timeout_s``,
+``start_timeout_s``; ``release_timeout_s`` for memory releases) and reported as
 hung, or as stopped when it was (SIGSTOP, a debugger).
 
 Frames a worker sends unasked (a pack's own thread calling the host with
@@ -312,20 +312,20 @@ class Worker(_native.Caller):
     """
 
     def __init__(self, python, *, name=None, env=None, cwd=None, inherit_env=True,
-                 start_timeout=60.0, call_timeout=None, release_timeout=None, stop_grace=2.0,
-                 stop_term=1.0, output=True):
+                 start_timeout_s=60.0, call_timeout_s=None, release_timeout_s=None, stop_grace_s=2.0,
+                 stop_term_s=1.0, output=True):
         self.python = os.fspath(python)
         self.name = name or os.path.basename(os.path.dirname(os.path.dirname(self.python))) or self.python
         self.env = dict(env or {})
         self.cwd = cwd
         self.inherit_env = inherit_env
-        self.start_timeout = start_timeout
-        self.call_timeout = call_timeout
+        self.start_timeout_s = start_timeout_s
+        self.call_timeout_s = call_timeout_s
         # Deadline of a RELEASE asked from ComfyUI's eviction loop, an
         # admission or the control socket (None: memory.RELEASE_TIMEOUT_S).
-        self.release_timeout = release_timeout
-        self.stop_grace = stop_grace
-        self.stop_term = stop_term
+        self.release_timeout_s = release_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.stop_term_s = stop_term_s
         self.output = output
         self.generation = 0
         self.info = {}
@@ -424,7 +424,7 @@ class Worker(_native.Caller):
         peer.channel = chan
         where = f"worker {self.name!r} ({self.python}, pid {proc.pid})"
         try:
-            kind, _, hello = chan.recv(self.start_timeout)
+            kind, _, hello = chan.recv(self.start_timeout_s)
             if kind != _native.HELLO or not isinstance(hello, dict):
                 raise WorkerStartError(f"{where} sent frame kind {kind} before HELLO")
             if hello.get("protocol") != _native.PROTOCOL_VERSION:
@@ -448,7 +448,7 @@ class Worker(_native.Caller):
             proc.close()
             if isinstance(e, _native.Timeout):
                 raise WorkerStartError(
-                    f"{where} did not say HELLO within {self.start_timeout:g} s"
+                    f"{where} did not say HELLO within {self.start_timeout_s:g} s"
                     + (" (it was stopped: SIGSTOP, or a debugger)" if stopped else "")
                     + "; killed (SIGKILL)"
                     + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else "")) from None
@@ -457,7 +457,7 @@ class Worker(_native.Caller):
             raise
         _start_flusher()
         self._proc, self._chan, self._peer = proc, chan, peer
-        peer.timeout = self.call_timeout
+        peer.timeout = self.call_timeout_s
         self.generation = gen
         self.info = hello
         if self.serve_unasked:
@@ -526,7 +526,7 @@ class Worker(_native.Caller):
         return msg
 
     def close(self):
-        """BYE, then the ladder: wait stop_grace s, SIGTERM, wait stop_term
+        """BYE, then the ladder: wait stop_grace_s s, SIGTERM, wait stop_term_s
         s, SIGKILL.  Returns the exit status, or None if not running."""
         with self._lock:
             if self._chan is None:
@@ -535,7 +535,7 @@ class Worker(_native.Caller):
                 self._chan.notify(_native.BYE)
             except _native.Error:
                 pass
-            status = self._proc.stop(self.stop_grace, self.stop_term)
+            status = self._proc.stop(self.stop_grace_s, self.stop_term_s)
             self._teardown()
             return status
 
@@ -630,12 +630,12 @@ class Worker(_native.Caller):
     # call(target, /, *args, **kwargs) and request(kind, payload, timeout,
     # verb, obj, *, wait=True) are _native.Caller's, in C: the one request
     # path (lock, busy count, send and wait, undo) on the state kept in
-    # Caller's slots (_chan, _peer, _lock, call_timeout, busy).  What is not
+    # Caller's slots (_chan, _peer, _lock, call_timeout_s, busy).  What is not
     # the plain path comes back here, to the hooks C calls by name
     # (_native.CALLER_HOOKS; _check_hooks below refuses a Worker without
     # them at import): _start, _request_failed, _after_request.
 
-    def release(self, op="all", model_id=None, nbytes=None, timeout=None, wait_s=None):
+    def release(self, op="all", model_id=None, nbytes=None, timeout_s=None, wait_s=None):
         """Asks the worker to release memory and waits for its receipt (a
         dict with ``before_bytes``, ``after_bytes``, ``freed_bytes``).  op:
         'all' (the full ladder: models, cast buffers, pins, allocator
@@ -654,7 +654,7 @@ class Worker(_native.Caller):
             if self._chan is None:
                 return None
             return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
-                                timeout, "release", op)
+                                timeout_s, "release", op)
         finally:
             self._lock.release()
 
