@@ -233,6 +233,37 @@ def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
     assert f"its worker (pid {second}) exited after" in srv.log()
 
 
+def _ram_tree(root, available_kib):
+    """A /proc tree for the RAM probe (BULKHEAD_RAM_ROOT): 16 GiB, this
+    much available."""
+    os.makedirs(os.path.join(root, "proc"), exist_ok=True)
+    tmp = os.path.join(root, "proc", "meminfo.tmp")
+    with open(tmp, "w") as f:
+        f.write(f"MemTotal: 16777216 kB\nMemFree: {available_kib} kB\nMemAvailable: {available_kib} kB\n")
+    os.replace(tmp, os.path.join(root, "proc", "meminfo"))
+
+
+def test_idle_workers_exit_first_under_machine_memory_pressure(comfyui, tmp_path):
+    """#27: below BULKHEAD_IDLE_PRESSURE_PCT (10%) of RAM available, an idle
+    worker exits whatever its idle exit time (600 s here), saying why; with
+    memory back, the next prompt's worker starts and stays.  (The RAM the
+    host sees is a /proc tree, BULKHEAD_RAM_ROOT, as the probe's tests use.)"""
+    ram = str(tmp_path / "ram")
+    _ram_tree(ram, 1 << 20)                 # 1 GiB of 16: 6% available
+    srv = comfyui(env={"BULKHEAD_RAM_ROOT": ram})
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "p", "times": 1}}}))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    pid = entry["outputs"]["1"]["pid"][0]
+    assert _wait_gone(pid, 30), srv.log()[-2500:]
+    assert f"its worker (pid {pid}) exited under machine memory pressure" in srv.log()
+    assert "of 10% of RAM available, BULKHEAD_IDLE_PRESSURE_PCT" in srv.log()
+    _ram_tree(ram, 8 << 20)                 # 8 GiB of 16: no pressure
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "q", "times": 1}}}))
+    second = entry["outputs"]["1"]["pid"][0]
+    assert second != pid and not _wait_gone(second, 12)     # two sweeps and more: it stays
+    assert f"its worker (pid {second}) exited" not in srv.log()
+
+
 def _rss(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -18,6 +18,14 @@ waits on a worker's lock (a busy one is skipped).  ``exit_idle(min_idle_s)``
 is the same step on demand: ComfyUI's "Free model and node cache"
 (``/free`` with ``free_memory``) stops every idle worker that holds no
 handle, whatever its idle time.
+
+Under machine memory pressure idle workers exit first, least recently used
+first, whatever their idle exit time (``exit_under_pressure``, each sweep):
+while the RAM available to this machine's processes (the RAM probe: meminfo
+clamped to the cgroup) is below PRESSURE_SWITCH percent of its total
+(default PRESSURE_PCT; 0 turns it off), the idle worker that has been idle
+longest (at least PRESSURE_MIN_IDLE_S) is stopped, then the next, until it
+is not.  A pack whose idle_exit_s is 0 is never stopped, as above.
 """
 
 import logging
@@ -25,11 +33,16 @@ import os
 import threading
 import time
 
+from .. import _native
+
 log = logging.getLogger("bulkhead")
 
 SWITCH = "BULKHEAD_IDLE_EXIT_S"
 IDLE_EXIT_S = 600.0
 SWEEP_S = 5.0
+PRESSURE_SWITCH = "BULKHEAD_IDLE_PRESSURE_PCT"
+PRESSURE_PCT = 10.0          # below this % of RAM available, idle workers exit (LRU first)
+PRESSURE_MIN_IDLE_S = 2.0    # ... once idle this long (not between two nodes of a prompt)
 
 _watched = []               # PackRuntime, in load order
 _lock = threading.Lock()
@@ -70,6 +83,7 @@ def _sweep_forever():
         time.sleep(min([SWEEP_S] + [x / 2 for x in limits if x > 0]))
         try:
             exit_idle()
+            exit_under_pressure()
         except Exception:  # the sweeper never dies of one pack's trouble
             log.exception("bulkhead: the idle exit sweep failed")
 
@@ -111,25 +125,80 @@ def exit_idle(min_idle_s=None):
         idle = idle_for(rt)
         if idle is None or idle < limit or (min_idle_s is None and limit <= 0):
             continue
-        w = rt.worker
-        with w.holding(0) as held:
-            if not held or not w.alive or w.busy:
-                continue  # a call is starting or running: not idle after all
-            pid, handles = w.pid, held_handles(rt)
-            if handles:
-                if (rt.pack_dir, pid) not in _released:
-                    _released.add((rt.pack_dir, pid))
-                    log.info("bulkhead: pack %r: its worker (pid %d) has been idle %.0f s but stays: ComfyUI "
-                             "holds %d of its objects (%s: cached outputs); it is released instead", rt.name, pid,
-                             idle, len(handles), ", ".join(sorted(set(handles))))
-                    try:
-                        w.release("all", wait_s=0)
-                    except Exception as e:
-                        log.info("bulkhead: pack %r: releasing its idle worker failed: %s", rt.name, e)
-                out.append({"pid": pid, "pack": rt.name, "idle_s": idle, "exited": False})
-                continue
-            w.close()
-            log.info("bulkhead: pack %r: its worker (pid %d) exited after %.0f s idle; it starts again when "
-                     "a node of the pack runs (%s, [bulkhead] idle_exit_s)", rt.name, pid, idle, SWITCH)
-            out.append({"pid": pid, "pack": rt.name, "idle_s": idle, "exited": True})
+        row = _exit_one(rt, idle, f"after {idle:.0f} s idle")
+        if row is not None:
+            out.append(row)
     return out
+
+
+def pressure_pct():
+    """The machine-wide pressure line, in percent of RAM (0: off)."""
+    try:
+        return max(0.0, float(os.environ.get(PRESSURE_SWITCH, PRESSURE_PCT)))
+    except ValueError:
+        return PRESSURE_PCT
+
+
+def ram_short_bytes():
+    """How far the RAM available is below the pressure line now, in bytes
+    (0: not below it, or the line is off or cannot be read)."""
+    pct = pressure_pct()
+    if pct <= 0:
+        return 0
+    try:
+        ram = _native.ram(os.environ.get("BULKHEAD_RAM_ROOT") or None)
+    except (_native.Error, OSError):
+        return 0
+    return max(0, int(ram["total_bytes"] * pct / 100) - ram["available_bytes"])
+
+
+def exit_under_pressure():
+    """Under machine memory pressure (module doc): stops idle workers that
+    hold no handle of the host's, least recently used first, until the RAM
+    available is back above the line (those that hold handles are released
+    instead).  Returns the rows exit_idle returns."""
+    short = ram_short_bytes()
+    if not short:
+        return []
+    with _lock:
+        rts = list(_watched)
+    idle = sorted(((idle_for(rt), rt) for rt in rts), key=lambda x: -(x[0] or 0))
+    out = []
+    for idle_s, rt in idle:
+        if idle_s is None or idle_s < PRESSURE_MIN_IDLE_S:
+            continue
+        row = _exit_one(rt, idle_s, f"under machine memory pressure ({short >> 20} MiB short of "
+                                    f"{pressure_pct():g}% of RAM available, {PRESSURE_SWITCH}; the least "
+                                    f"recently used first, idle {idle_s:.0f} s)")
+        if row is not None:
+            out.append(row)
+            short = ram_short_bytes()
+            if not short:
+                break
+    return out
+
+
+def _exit_one(rt, idle, why):
+    """Stops rt's worker (idle for `idle` s) unless the host holds its
+    objects (then releases it, once per generation) or it is no longer
+    idle.  Returns its row, or None when it was left alone."""
+    w = rt.worker
+    with w.holding(0) as held:
+        if not held or not w.alive or w.busy:
+            return None  # a call is starting or running: not idle after all
+        pid, handles = w.pid, held_handles(rt)
+        if handles:
+            if (rt.pack_dir, pid) not in _released:
+                _released.add((rt.pack_dir, pid))
+                log.info("bulkhead: pack %r: its worker (pid %d) has been idle %.0f s but stays: ComfyUI "
+                         "holds %d of its objects (%s: cached outputs); it is released instead", rt.name, pid,
+                         idle, len(handles), ", ".join(sorted(set(handles))))
+                try:
+                    w.release("all", wait_s=0)
+                except Exception as e:
+                    log.info("bulkhead: pack %r: releasing its idle worker failed: %s", rt.name, e)
+            return {"pid": pid, "pack": rt.name, "idle_s": idle, "exited": False}
+        w.close()
+        log.info("bulkhead: pack %r: its worker (pid %d) exited %s; it starts again when a node of the pack "
+                 "runs (%s, [bulkhead] idle_exit_s)", rt.name, pid, why, SWITCH)
+        return {"pid": pid, "pack": rt.name, "idle_s": idle, "exited": True}
