@@ -14,3 +14,13 @@ def big(nbytes):
         a = np.ones(nbytes // 4, dtype=np.float32)
         _cache[nbytes] = a
     return a
+
+
+def small(count, nbytes):
+    """count uint8 arrays of nbytes each, array i filled with i % 251, made
+    once (see big)."""
+    key = ("small", count, nbytes)
+    a = _cache.get(key)
+    if a is None:
+        a = _cache[key] = [np.full(nbytes, i % 251, dtype=np.uint8) for i in range(count)]
+    return a

@@ -14,6 +14,11 @@ set against them:
   ready_ms     Worker.start() + first call, fresh process      <= bare_ready_ms + 20
   rss_overhead_mib  idle worker RSS - bare interpreter RSS     <= 5
 
+and, with no target, what many small arrays in one call cost: --small-count
+(1,000) arrays of --small-bytes (70,000: past the inline size, so they
+share arena blocks) host -> worker and worker -> host in one call each
+(h2w_small_ms, w2h_small_ms; per array in small_us_per_array).
+
 Round trips are measured three ways, since on small VMs the placement of
 the two processes decides the figure by an order of magnitude: as the
 scheduler places them (the headline call_ratio), both pinned to one CPU,
@@ -58,6 +63,9 @@ def parse_args(argv=None):
     ap.add_argument("--starts", type=int, default=7, help="fresh workers / bare interpreters timed")
     ap.add_argument("--rounds", type=int, default=5,
                     help="rounds of the round-trip figures, raw and bulkhead in turn (medians reported)")
+    ap.add_argument("--small-count", type=int, default=1000,
+                    help="arrays in the many-small-arrays calls (h2w_small_ms, w2h_small_ms)")
+    ap.add_argument("--small-bytes", type=int, default=70000, help="bytes of each of those arrays")
     return ap.parse_args(argv)
 
 
@@ -231,6 +239,28 @@ def transfers(w, reps):
     }
 
 
+def small_transfers(w, reps, count, nbytes):
+    """One call carrying `count` arrays of `nbytes` each, each way."""
+    import numpy as np
+    small = [np.full(nbytes, i % 251, dtype=np.uint8) for i in range(count)]
+    got = w.call("_bench_worker:small", count, nbytes)
+    if len(got) != count or any(a.nbytes != nbytes or int(a[-1]) != i % 251 for i, a in enumerate(got)):
+        raise RuntimeError(f"worker returned something else than {count} arrays of {nbytes} bytes")
+    del got
+
+    def h2w():
+        w.call("builtins:len", small)
+
+    def w2h():
+        r = w.call("_bench_worker:small", count, nbytes)
+        del r
+
+    out = {"h2w_small_ms": time_transfer(h2w, reps), "w2h_small_ms": time_transfer(w2h, reps),
+           "small_count": count, "small_bytes": nbytes}
+    out["small_us_per_array"] = max(out["h2w_small_ms"], out["w2h_small_ms"]) * 1000 / count
+    return out
+
+
 def ready_times(bulkhead, python, starts):
     """Fresh Worker: start() to the first call's result (ms), each closed."""
     ts = []
@@ -309,6 +339,9 @@ def table(r):
         ("h2w_ratio", r["h2w_ratio"], 1.3),
         ("w2h_ratio", r["w2h_ratio"], 1.3),
         ("echo_ratio", r["echo_ratio"], None),
+        ("h2w_small_ms", r.get("h2w_small_ms"), None),
+        ("w2h_small_ms", r.get("w2h_small_ms"), None),
+        ("small_us_per_array", r.get("small_us_per_array"), None),
         ("bare_ready_ms", r["bare_ready_ms"], None),
         ("ready_ms", r["ready_ms"], r["bare_ready_ms"] + 20),
         ("worker_rss_mib", r["worker_rss_mib"], None),
@@ -386,6 +419,7 @@ def main(argv=None):
         r = {k: median_or_none([x[k] for x in rounds]) for k in rounds[0]}
         r["rounds"] = rounds
         r.update(transfers(w, args.reps))
+        r.update(small_transfers(w, args.reps, args.small_count, args.small_bytes))
         r["worker_pool"] = w.stats()
     finally:
         w.close()

@@ -12,7 +12,11 @@
  * fd count, inline length), bh__section_parse, then bh__section_apply
  * against a real pool, with real sealed memfds standing in for the intro
  * fds, and finally bh_dec_validate on the value that follows the section,
- * as every receiver does.  A SPILLED frame stops after the check: its
+ * as every receiver does, and every tensor ref of the value, in order,
+ * through bh__lend_claim against the section's lend list (what
+ * bh_channel_frame_block checks as the extension decodes: a block the
+ * frame lends, an aligned offset, a range within the block, after the
+ * previous ref into it).  A SPILLED frame stops after the check: its
  * payload would be in the memfd, and the payload's decoders are the ones
  * fuzzed here on inline frames.
  *
@@ -51,6 +55,42 @@ static void check_pool_at_rest(void) {
   FUZZ_CHECK(s.own_blocks == 1 && s.peer_blocks == 0 && s.peer_bytes == 0);
 }
 
+/* Every block ref of a valid value, in order, against the lend list: each
+ * claim is refused with BH_EBLOCK / BH_ETENSOR or names an entry whose
+ * block it is, the range aligned, within the block and after every range
+ * claimed in it before. */
+static void claim_refs(const bh__section *sec, const uint8_t *value, size_t len) {
+  bh__lend *l = malloc(sizeof *l * (sec->n_lend ? sec->n_lend : 1));
+  FUZZ_CHECK(l);
+  bh__lend_load(sec, l);
+  for (uint32_t i = 0; i < sec->n_lend; i++) FUZZ_CHECK(l[i].size > 0 && (i == 0 || l[i].id > l[i - 1].id));
+  bh_reader r;
+  bh_item it;
+  bh_reader_init(&r, value, len);
+  while (r.pos < r.len) {
+    FUZZ_CHECK(bh_dec_next(&r, &it) == 0); /* the value validated */
+    if (it.tag != BH_TAG_TENSOR || it.u.t.block == BH_BLOCK_NONE || it.u.t.block == BH_BLOCK_INLINE)
+      continue;
+    const bh_tensor_ref *t = &it.u.t;
+    uint32_t k = sec->n_lend;
+    for (uint32_t i = 0; i < sec->n_lend; i++)
+      if (l[i].id == t->block) k = i;
+    uint64_t before = k < sec->n_lend ? l[k].end : 0;
+    int rc = bh__lend_claim(l, sec->n_lend, t);
+    if (rc < 0) {
+      FUZZ_RC_IN(rc, -BH_EBLOCK, -BH_ETENSOR);
+      FUZZ_CHECK((rc == -BH_EBLOCK) == (k == sec->n_lend));
+      if (k < sec->n_lend) FUZZ_CHECK(l[k].end == before); /* a refused ref claims nothing */
+      continue;
+    }
+    FUZZ_CHECK((uint32_t)rc == k);
+    FUZZ_CHECK(t->offset % BH_ARENA_ALIGN == 0 && t->offset >= before);
+    FUZZ_CHECK(t->nbytes <= l[k].size && t->offset <= l[k].size - t->nbytes);
+    FUZZ_CHECK(l[k].end == t->offset + t->nbytes);
+  }
+  free(l);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
   uint32_t n_fds = data[0] % (BH_FRAME_FDS_MAX + 1);
@@ -84,8 +124,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     goto out;
   }
   FUZZ_CHECK(sec.n_intro == n_fds && sec.len <= payload_len);
-  FUZZ_CHECK(sec.intro == payload + 12);
-  FUZZ_CHECK(sec.retires + (size_t)sec.n_retire * 4 == payload + sec.len);
+  FUZZ_CHECK(sec.intro == payload + 16);
+  FUZZ_CHECK(sec.lend + (size_t)sec.n_lend * 12 == payload + sec.len);
   fuzz_touch(payload, sec.len);
 
   /* Apply it as a channel would: the own block is out on loan. */
@@ -99,6 +139,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rc = bh__section_apply(pool, &sec, fds);
   if (rc) FUZZ_RC_IN(rc, -BH_EBLOCK, -BH_EBLOCKSEC, -BH_ESEALS);
   for (uint32_t i = 0; i < sec.n_intro; i++) FUZZ_CHECK(fds[i] == -1); /* all consumed */
+  /* The lend list against what is mapped now, as bh_channel_recv checks it. */
+  if (sec.n_lend) {
+    bh__lend *l = malloc(sizeof *l * sec.n_lend);
+    FUZZ_CHECK(l);
+    bh__lend_load(&sec, l);
+    rc = bh__pool_peer_check(pool, l, sec.n_lend);
+    if (rc) FUZZ_RC_IN(rc, -BH_EBLOCK);
+    free(l);
+  }
   /* Back to the resting state: no peer block stays mapped. */
   for (uint32_t i = 0; i < sec.n_intro; i++) {
     uint32_t id = bh__get_u32(sec.intro + (size_t)i * 12);
@@ -120,6 +169,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (rc)
     FUZZ_RC_IN(rc, -BH_EOVERRUN, -BH_EBADTAG, -BH_EUTF8, -BH_ECOUNT, -BH_ETENSOR, -BH_EDTYPE,
                -BH_EDEPTH, -BH_ETRAILING);
+  else
+    claim_refs(&sec, payload + sec.len, payload_len - sec.len);
 out:
   free(msg);
   return 0;

@@ -321,6 +321,47 @@ static void frame_seeds(void) {
   bh_buf_free(&v);
   send_and_pass(a, ra, rb, b, "seventy_blocks", BH_KIND_CALLBACK, 6, NULL, many + 3, 67);
 
+  /* Small tensors sharing an arena block, each an aligned range, and refs
+   * a receiver refuses (bh_channel_frame_block): to a block the frame does
+   * not lend, misaligned, overlapping, past the block's end. */
+  bh_arena ar = {0};
+  bh_block *ab[4];
+  uint64_t ao[4];
+  for (int i = 0; i < 4; i++) CHECK(bh_arena_take(a, &ar, 100, &ab[i], &ao[i]) == 0);
+  bh_arena_close(&ar);
+  static const struct {
+    const char *name;
+    uint64_t off[4]; /* UINT64_MAX: the arena's own offset */
+    uint64_t len;
+    int other; /* the last ref names many[0]'s block, not lent by this frame */
+  } arena[] = {
+      {"arena_refs", {UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX}, 100, 0},
+      {"arena_ref_not_lent", {UINT64_MAX, UINT64_MAX, UINT64_MAX, 0}, 100, 1},
+      {"arena_ref_misaligned", {0, 100, 192, 256}, 100, 0},
+      {"arena_ref_overlap", {0, 64, 192, 256}, 100, 0},
+      {"arena_ref_out_of_order", {128, 0, 256, 384}, 100, 0},
+      {"arena_ref_past_block", {0, 128, 256, BH_ARENA_BLOCK_MIN - 64}, 100, 0},
+  };
+  for (size_t k = 0; k < sizeof arena / sizeof arena[0]; k++) {
+    bh_buf_init(&v);
+    bh_enc_list(&v, 4);
+    for (int i = 0; i < 4; i++) {
+      int64_t shape[1] = {(int64_t)arena[k].len}, strides[1] = {1};
+      uint64_t off = arena[k].off[i] == UINT64_MAX ? ao[i] : arena[k].off[i];
+      const bh_block *blk = arena[k].other && i == 3 ? many[0] : ab[i];
+      tensor(&v, BH_TENSOR_NUMPY, BH_DT_UINT8, 1, shape, strides, bh_block_id(blk), off);
+    }
+    send_and_pass(a, ra, rb, b, arena[k].name, BH_KIND_RESULT, 8 + k, &v, ab, 4);
+    bh_buf_free(&v);
+    /* b's views of the arena (none, as the seeds only relay): returned by
+     * taking and dropping one, so the next seed may lend it again. */
+    bh_block *pv;
+    CHECK(bh_channel_peer_block(b, bh_block_id(ab[0]), &pv) == 0);
+    bh_block_unref(pv);
+    send_and_pass(b, rb, ra, a, "return_arena", BH_KIND_PROGRESS, 0, NULL, NULL, 0);
+  }
+  for (int i = 0; i < 4; i++) bh_block_unref(ab[i]);
+
   /* A payload over BH_FRAME_INLINE_MAX spills: the message is the header. */
   bh_buf_init(&v);
   char *big = calloc(1, 70000);

@@ -268,7 +268,9 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 
 /* ------------------------------------------------------------------ frames */
 
-#define BH_PROTOCOL_VERSION 4
+/* 5: the block section lists the blocks a frame lends (see channel.c), and
+ * tensor refs into them are checked against it (bh_channel_frame_block). */
+#define BH_PROTOCOL_VERSION 5
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u
@@ -381,12 +383,53 @@ BH_EXTERN void bh_channel_set_peer_pid(bh_channel *c, pid_t pid);
  * Returns it with one reference owned by the caller. */
 BH_EXTERN int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **out);
 
+/* Tensors of at most BH_ARENA_ITEM_MAX bytes that go into one message share
+ * blocks (an arena) instead of taking one each: each is a (block, offset,
+ * nbytes) ref, its offset a multiple of BH_ARENA_ALIGN, so a message of a
+ * thousand small arrays lends some twenty blocks, not a thousand (the pool
+ * bounds the blocks that hold an fd at once; see shm.c).  The arena's
+ * blocks grow from BH_ARENA_BLOCK_MIN, doubling, to BH_ARENA_BLOCK_MAX.
+ * Larger tensors keep a block each: a receiver that keeps one view of an
+ * arena keeps the whole block from the sender's pool, so packing is kept
+ * to tensors whose copy costs little next to a block's bookkeeping. */
+#define BH_ARENA_ITEM_MAX (256u << 10)
+#define BH_ARENA_ALIGN 64u
+#define BH_ARENA_BLOCK_MIN (256u << 10)
+#define BH_ARENA_BLOCK_MAX (4u << 20)
+
+/* One message's arena: zero it before the first take; bh_arena_close
+ * when the message was sent (or given up). */
+typedef struct bh_arena {
+  bh_block *block;   /* the block being filled (one reference), or NULL */
+  size_t used;       /* bytes of it taken, a multiple of BH_ARENA_ALIGN */
+  size_t next_bytes; /* size of the next block to acquire (0: the minimum) */
+} bh_arena;
+
+/* Takes nbytes (1..BH_ARENA_ITEM_MAX) at a BH_ARENA_ALIGN-aligned offset
+ * of the arena's current block, acquiring a new block from the channel's
+ * pool when it is full.  Returns 0 with *out (one reference owned by the
+ * caller) and *offset; -EINVAL for a size out of range; what
+ * bh_channel_block_acquire returns (-BH_EPOOLFULL) when no block can be
+ * had.  List the block in the message's bh_msg.blocks for each tensor (a
+ * block listed twice is lent once).  Ranges taken never overlap and their
+ * offsets grow, in the order taken: encode tensors in the order their
+ * ranges were taken (the receiver checks both, bh_channel_frame_block). */
+BH_EXTERN int bh_arena_take(bh_channel *c, bh_arena *a, size_t nbytes, bh_block **out,
+                            uint64_t *offset);
+/* Drops the arena's reference on its current block (the tensors' own
+ * references keep it) and zeroes it: it may be used again after, for the
+ * next message, as a new one. */
+BH_EXTERN void bh_arena_close(bh_arena *a);
+
 /* An outgoing message.  `blocks` lists own blocks whose ids appear in
  * tensor-refs of `value`; sending lends each to the peer (taking a
- * reference until the peer returns it) and introduces the ones the peer
- * has not mapped yet.  A block listed twice is lent once; a block still
- * lent from an earlier frame fails the send with -EBUSY (acquire a new one:
- * a block goes out once until the peer returns it). */
+ * reference until the peer returns it), introduces the ones the peer has
+ * not mapped yet and names every one in the frame's lend list (a receiver
+ * refuses a ref to a block not in it).  A block listed twice is lent once;
+ * a block still lent from an earlier frame fails the send with -EBUSY
+ * (acquire a new one: a block goes out once until the peer returns it).
+ * Refs into one block must not overlap and must come in the value in the
+ * order of their offsets, each aligned to BH_ARENA_ALIGN. */
 typedef struct bh_msg {
   uint16_t kind;
   uint64_t request_id;
@@ -412,7 +455,8 @@ typedef struct bh_frame {
 
 /* Receives one frame, waiting until deadline_ns (CLOCK_MONOTONIC; <0 waits
  * forever).  Block bookkeeping in the frame (intros, returns, retires) is
- * applied before returning; BLOCKS frames are consumed here and never
+ * applied before returning, and its lend list checked: each block mapped
+ * here with the size it says (-BH_EBLOCK), kept for bh_channel_frame_block; BLOCKS frames are consumed here and never
  * returned.  Returns 0, -ETIMEDOUT, -EINTR (a signal arrived: check and
  * call again), -BH_EEOF (peer gone: its end closed, or, when opts.peer_pid
  * was given, that process exited and nothing it sent is left to read, even
@@ -425,6 +469,17 @@ BH_EXTERN void bh_channel_frame_done(bh_channel *c, bh_frame *f);
 /* Looks up a block the peer introduced and takes a reference (the caller
  * owns it: bh_block_unref).  -BH_EBLOCK if unknown. */
 BH_EXTERN int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out);
+
+/* Checks a tensor ref (block other than NONE and INLINE) of the frame last
+ * received, before bh_channel_frame_done, against the blocks that frame
+ * lends: its block must be one of them (-BH_EBLOCK), its offset a multiple
+ * of BH_ARENA_ALIGN and the range within the block (-BH_ETENSOR), and it
+ * must start at or after the end of the frame's previous ref into the same
+ * block (-BH_ETENSOR: overlapping or out of order; so call it once per ref,
+ * in the value's order).  On success takes a reference on the block (the
+ * caller owns it: bh_block_unref); the views over it keep the mapping, and
+ * when the last reference goes the block is returned to the peer. */
+BH_EXTERN int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_block **out);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 BH_EXTERN int64_t bh_now_ns(void);

@@ -6,11 +6,20 @@
  *   [bh_frame_header, 32 bytes][block section][value]     + SCM_RIGHTS fds
  *
  * The block section carries the pool's bookkeeping (see shm.c):
- *   u32 n_intro, u32 n_return, u32 n_retire,
+ *   u32 n_intro, u32 n_return, u32 n_retire, u32 n_lend,
  *   n_intro x (u32 id, u64 size)   own blocks mapped by the peer from now on;
  *                                  their fds are the first n_intro fds
  *   n_return x u32 id              peer blocks we no longer hold
  *   n_retire x u32 id              own blocks destroyed; the peer unmaps
+ *   n_lend x (u32 id, u64 size)    own blocks this frame lends (ids strictly
+ *                                  ascending): the only blocks its value's
+ *                                  tensor refs may name (protocol 5)
+ * A lent block is one the peer has mapped (introduced by this frame or an
+ * earlier one) with exactly that size.  The refs into one block, in the
+ * value's order, start at multiples of BH_ARENA_ALIGN, each at or after the
+ * end of the one before, and end within the block: many small tensors share
+ * one block (bh_arena_take) and every view of them is checked, zero-copy,
+ * against the frame's list as it is decoded (bh_channel_frame_block).
  * A payload (section + value) larger than BH_FRAME_INLINE_MAX is written to
  * a memfd sealed against writes and passed as the last fd (SPILLED), so a
  * seqpacket message never exceeds the socket buffer and a peer can never
@@ -58,6 +67,8 @@ struct bh_channel {
   uint8_t *rx;         /* header + inline payload */
   void *spill_addr;    /* payload of the frame being read, if spilled */
   size_t spill_len;
+  bh__lend *lend;      /* the blocks the frame being read lends */
+  uint32_t n_lend, cap_lend;
 };
 
 static const char *const bh__kind_names[] = {
@@ -152,6 +163,7 @@ void bh_channel_close(bh_channel *c) {
   if (c->fd >= 0) bh__close(c->fd);
   if (c->peer_pidfd >= 0) bh__close(c->peer_pidfd);
   bh__pool_close(c->pool);
+  free(c->lend);
   free(c->rx);
   free(c);
 }
@@ -175,25 +187,46 @@ int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out) {
   return bh__pool_peer_get(c->pool, id, out);
 }
 
-/* ---- send ---- */
-
-static size_t bh__section_len(uint32_t n_intro, uint32_t n_ret, uint32_t n_retire) {
-  return 12 + (size_t)n_intro * 12 + ((size_t)n_ret + n_retire) * 4;
+int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_block **out) {
+  if (!c || !t || !out || t->block == BH_BLOCK_NONE || t->block == BH_BLOCK_INLINE) return -EINVAL;
+  int i = bh__lend_claim(c->lend, c->n_lend, t);
+  if (i < 0) return i;
+  return bh__pool_peer_get(c->pool, t->block, out);
 }
 
-static void bh__section_write(uint8_t *p, bh_block *const *intro, uint32_t n_intro,
-                              const uint32_t *ret, uint32_t n_ret,
-                              const uint32_t *retire, uint32_t n_retire) {
-  bh__put_u32(p, n_intro);
+/* ---- send ---- */
+
+#define BH__SECTION_HEAD 16u
+
+static size_t bh__section_len(uint32_t n_intro, uint32_t n_ret, uint32_t n_retire, uint32_t n_lend) {
+  return BH__SECTION_HEAD + ((size_t)n_intro + n_lend) * 12 + ((size_t)n_ret + n_retire) * 4;
+}
+
+/* The blocks one frame introduces and lends, for its section. */
+typedef struct {
+  bh_block *const *intro;
+  uint32_t n_intro;
+  bh_block *const *lend; /* ids ascending */
+  uint32_t n_lend;
+} bh__frame_blocks;
+
+static void bh__section_write(uint8_t *p, const bh__frame_blocks *fb, const uint32_t *ret,
+                              uint32_t n_ret, const uint32_t *retire, uint32_t n_retire) {
+  bh__put_u32(p, fb->n_intro);
   bh__put_u32(p + 4, n_ret);
   bh__put_u32(p + 8, n_retire);
-  p += 12;
-  for (uint32_t i = 0; i < n_intro; i++, p += 12) {
-    bh__put_u32(p, intro[i]->id);
-    bh__put_u64(p + 4, intro[i]->size);
+  bh__put_u32(p + 12, fb->n_lend);
+  p += BH__SECTION_HEAD;
+  for (uint32_t i = 0; i < fb->n_intro; i++, p += 12) {
+    bh__put_u32(p, fb->intro[i]->id);
+    bh__put_u64(p + 4, fb->intro[i]->size);
   }
   for (uint32_t i = 0; i < n_ret; i++, p += 4) bh__put_u32(p, ret[i]);
   for (uint32_t i = 0; i < n_retire; i++, p += 4) bh__put_u32(p, retire[i]);
+  for (uint32_t i = 0; i < fb->n_lend; i++, p += 12) {
+    bh__put_u32(p, fb->lend[i]->id);
+    bh__put_u64(p + 4, fb->lend[i]->size);
+  }
 }
 
 /* Writes the payload into a memfd sealed against writes; returns its fd. */
@@ -268,19 +301,19 @@ static uint32_t bh__cpu_hint(void) {
   return cpu >= 0 && (uint32_t)cpu < BH_FRAME_CPU_MAX ? (uint32_t)cpu + 1 : 0;
 }
 
-/* Sends one frame whose section introduces intro[0..n_intro) and carries
- * the given notes. */
-static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, bh_block *const *intro,
-                          uint32_t n_intro, const uint32_t *ret, uint32_t n_ret,
-                          const uint32_t *retire, uint32_t n_retire, const uint8_t *value,
-                          size_t value_len) {
-  size_t sec_len = bh__section_len(n_intro, n_ret, n_retire);
+/* Sends one frame whose section introduces and lends fb's blocks and
+ * carries the given notes. */
+static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, const bh__frame_blocks *fb,
+                          const uint32_t *ret, uint32_t n_ret, const uint32_t *retire,
+                          uint32_t n_retire, const uint8_t *value, size_t value_len) {
+  uint32_t n_intro = fb->n_intro;
+  size_t sec_len = bh__section_len(n_intro, n_ret, n_retire, fb->n_lend);
   uint8_t small[256]; /* a frame without bookkeeping: no malloc */
   uint8_t *sec = sec_len <= sizeof small ? small : malloc(sec_len);
   int fds[BH_FRAME_FDS_MAX];
   int spill_fd = -1, rc;
   if (!sec) return -ENOMEM;
-  bh__section_write(sec, intro, n_intro, ret, n_ret, retire, n_retire);
+  bh__section_write(sec, fb, ret, n_ret, retire, n_retire);
   if (value_len > BH_FRAME_PAYLOAD_MAX - sec_len) {
     rc = -BH_E2BIG;
     goto out;
@@ -292,7 +325,7 @@ static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, bh_block *
                        .payload_bytes = (uint32_t)(sec_len + value_len),
                        .fd_count = n_intro,
                        .cpu = bh__cpu_hint()};
-  for (uint32_t i = 0; i < n_intro; i++) fds[i] = intro[i]->fd;
+  for (uint32_t i = 0; i < n_intro; i++) fds[i] = fb->intro[i]->fd;
   struct iovec iov[3] = {{&h, BH__HDR}, {sec, sec_len}, {(void *)value, value_len}};
   int iovcnt = value_len ? 3 : 2;
   if (sec_len + value_len > BH_FRAME_INLINE_MAX) {
@@ -309,58 +342,68 @@ out:
   return rc;
 }
 
+static int bh__by_id(const void *a, const void *b) {
+  uint32_t x = (*(bh_block *const *)a)->id, y = (*(bh_block *const *)b)->id;
+  return x < y ? -1 : x > y;
+}
+
 int bh_channel_send(bh_channel *c, const bh_msg *m) {
   if (!c || !m || !bh_kind_name(m->kind) || (m->n_blocks && !m->blocks)) return -EINVAL;
-  bh_block **intro = NULL;
-  uint32_t n_intro = 0, n_lent = 0;
+  bh_block **intro = NULL, **lend = NULL;
+  uint32_t n_intro = 0, n_lend = 0, n_lent = 0;
   uint32_t notes[2 * BH__NOTES_MAX], n_ret = 0, n_retire = 0; /* 8 KiB: no malloc per frame */
   int rc = 0;
-  uint8_t *lent = NULL;
   if (m->n_blocks) {
     intro = malloc(sizeof *intro * m->n_blocks);
-    lent = calloc(m->n_blocks, 1);
-    if (!intro || !lent) {
+    lend = malloc(sizeof *lend * m->n_blocks);
+    if (!intro || !lend) {
       free(intro);
-      free(lent);
+      free(lend);
       return -ENOMEM;
     }
-  }
-  for (; n_lent < m->n_blocks; n_lent++) {
-    int needs_fd = 0, seen = 0;
-    for (uint32_t k = 0; k < n_lent && !seen; k++) seen = m->blocks[k] == m->blocks[n_lent];
-    if (seen) { /* listed twice in one frame: one loan */
-      lent[n_lent] = 0;
-      continue;
+    /* The lend list: each block once (listed twice: one loan), ids
+     * ascending, as the receiver requires. */
+    memcpy(lend, m->blocks, sizeof *lend * m->n_blocks);
+    qsort(lend, m->n_blocks, sizeof *lend, bh__by_id);
+    for (uint32_t i = 0; i < m->n_blocks; i++)
+      if (n_lend == 0 || lend[n_lend - 1] != lend[i]) lend[n_lend++] = lend[i];
+    if (n_lend > BH__PEER_BLOCKS_MAX) { /* more than the peer maps: the pool never has so many */
+      rc = -BH_EPOOLFULL;
+      goto rollback;
     }
-    rc = bh__pool_lend(c->pool, m->blocks[n_lent], &needs_fd);
+  }
+  for (; n_lent < n_lend; n_lent++) {
+    int needs_fd = 0;
+    rc = bh__pool_lend(c->pool, lend[n_lent], &needs_fd);
     if (rc) goto rollback;
-    lent[n_lent] = 1;
-    if (needs_fd) intro[n_intro++] = m->blocks[n_lent];
+    if (needs_fd) intro[n_intro++] = lend[n_lent];
   }
   bh__pool_take_notes(c->pool, notes, &n_ret, notes + BH__NOTES_MAX, &n_retire, BH__NOTES_MAX);
   /* Introductions beyond one frame's fds go first in BLOCKS frames. */
   uint32_t sent = 0, per = BH_FRAME_FDS_MAX - 1;
   while (n_intro - sent > per) {
-    rc = bh__send_frame(c, BH_KIND_BLOCKS, 0, intro + sent, per, NULL, 0, NULL, 0, NULL, 0);
+    bh__frame_blocks fb = {.intro = intro + sent, .n_intro = per};
+    rc = bh__send_frame(c, BH_KIND_BLOCKS, 0, &fb, NULL, 0, NULL, 0, NULL, 0);
     if (rc) goto rollback;
     sent += per;
   }
   /* intro is NULL without blocks, and NULL + 0 is undefined in C. */
-  rc = bh__send_frame(c, m->kind, m->request_id, intro ? intro + sent : NULL, n_intro - sent,
-                      notes, n_ret, notes + BH__NOTES_MAX, n_retire, m->value, m->value_len);
+  bh__frame_blocks fb = {.intro = intro ? intro + sent : NULL, .n_intro = n_intro - sent,
+                         .lend = lend, .n_lend = n_lend};
+  rc = bh__send_frame(c, m->kind, m->request_id, &fb, notes, n_ret, notes + BH__NOTES_MAX,
+                      n_retire, m->value, m->value_len);
   if (rc) goto rollback;
   if (n_intro) bh__pool_introduced(c->pool, intro, n_intro);
   free(intro);
-  free(lent);
+  free(lend);
   return 0;
 rollback:
   /* The peer never saw these loans; give the references back.  Notes taken
    * are dropped: a failed send means the peer is gone. */
-  for (uint32_t i = 0; i < n_lent; i++)
-    if (lent[i]) bh__pool_returned(c->pool, m->blocks[i]->id);
+  for (uint32_t i = 0; i < n_lent; i++) bh__pool_returned(c->pool, lend[i]->id);
   for (uint32_t i = 0; i < n_intro; i++) intro[i]->peer_mapped = 0;
   free(intro);
-  free(lent);
+  free(lend);
   return rc;
 }
 
@@ -415,21 +458,57 @@ int bh__frame_check(const uint8_t *msg, size_t n, uint32_t n_fds, bh_frame_heade
 }
 
 int bh__section_parse(const uint8_t *p, size_t len, uint32_t n_fds, bh__section *s) {
-  if (len < 12) return -BH_EBLOCKSEC;
+  if (len < BH__SECTION_HEAD) return -BH_EBLOCKSEC;
   uint32_t n_intro = bh__get_u32(p), n_ret = bh__get_u32(p + 4), n_retire = bh__get_u32(p + 8);
-  if (n_intro > BH_FRAME_FDS_MAX || n_ret > BH__NOTES_MAX || n_retire > BH__NOTES_MAX)
+  uint32_t n_lend = bh__get_u32(p + 12);
+  if (n_intro > BH_FRAME_FDS_MAX || n_ret > BH__NOTES_MAX || n_retire > BH__NOTES_MAX ||
+      n_lend > BH__PEER_BLOCKS_MAX)
     return -BH_EBLOCKSEC;
-  size_t need = bh__section_len(n_intro, n_ret, n_retire);
+  size_t need = bh__section_len(n_intro, n_ret, n_retire, n_lend);
   if (need > len) return -BH_EBLOCKSEC;
   if (n_intro != n_fds) return -BH_EFDCOUNT;
   s->n_intro = n_intro;
   s->n_return = n_ret;
   s->n_retire = n_retire;
-  s->intro = p + 12;
+  s->n_lend = n_lend;
+  s->intro = p + BH__SECTION_HEAD;
   s->returns = s->intro + (size_t)n_intro * 12;
   s->retires = s->returns + (size_t)n_ret * 4;
+  s->lend = s->retires + (size_t)n_retire * 4;
   s->len = need;
+  /* Strictly ascending: no block twice, and a ref finds its block by a
+   * binary search. */
+  for (uint32_t i = 0; i < n_lend; i++) {
+    const uint8_t *q = s->lend + (size_t)i * 12;
+    if (bh__get_u64(q + 4) == 0) return -BH_EBLOCKSEC;
+    if (i && bh__get_u32(q) <= bh__get_u32(q - 12)) return -BH_EBLOCKSEC;
+  }
   return 0;
+}
+
+void bh__lend_load(const bh__section *s, bh__lend *l) {
+  for (uint32_t i = 0; i < s->n_lend; i++) {
+    const uint8_t *q = s->lend + (size_t)i * 12;
+    l[i].id = bh__get_u32(q);
+    l[i].size = bh__get_u64(q + 4);
+    l[i].end = 0;
+  }
+}
+
+int bh__lend_claim(bh__lend *l, uint32_t n, const bh_tensor_ref *t) {
+  uint32_t lo = 0, hi = n;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (l[mid].id < t->block) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == n || l[lo].id != t->block) return -BH_EBLOCK;
+  bh__lend *e = &l[lo];
+  if (t->offset % BH_ARENA_ALIGN || t->offset < e->end || t->offset > e->size ||
+      t->nbytes > e->size - t->offset)
+    return -BH_ETENSOR;
+  e->end = t->offset + t->nbytes; /* > 0: a block ref has bytes */
+  return (int)lo;
 }
 
 int bh__section_apply(bh_pool *pool, const bh__section *s, int *fds) {
@@ -502,6 +581,7 @@ void bh_channel_frame_done(bh_channel *c, bh_frame *f) {
   if (c->spill_addr) munmap(c->spill_addr, c->spill_len);
   c->spill_addr = NULL;
   c->spill_len = 0;
+  c->n_lend = 0;
   if (f) f->value = NULL, f->value_len = 0;
 }
 
@@ -528,6 +608,22 @@ static int bh__wait_peer(bh_channel *c, int64_t deadline_ns) {
       return -BH_EEOF;
     }
   }
+}
+
+/* Keeps the lend list of the frame just applied for bh_channel_frame_block:
+ * each block must be mapped here with the size the frame says. */
+static int bh__frame_lend_load(bh_channel *c, const bh__section *s) {
+  c->n_lend = 0;
+  if (s->n_lend > c->cap_lend) {
+    bh__lend *l = realloc(c->lend, sizeof *l * s->n_lend);
+    if (!l) return -ENOMEM;
+    c->lend = l;
+    c->cap_lend = s->n_lend;
+  }
+  bh__lend_load(s, c->lend);
+  int rc = bh__pool_peer_check(c->pool, c->lend, s->n_lend);
+  if (rc == 0) c->n_lend = s->n_lend;
+  return rc;
 }
 
 int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
@@ -587,6 +683,7 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
     if (!rc) rc = bh__section_parse(payload, payload_len, n_fds, &sec);
     if (!rc) rc = bh__section_apply(c->pool, &sec, fds);
     bh__close_fds(fds, n_fds); /* adopted ones are -1 already */
+    if (!rc) rc = bh__frame_lend_load(c, &sec);
     if (rc) {
       bh_channel_frame_done(c, f);
       return rc;

@@ -43,6 +43,10 @@ static inline uint64_t bh__get_u64(const uint8_t *p) {
 
 #define BH__KEEP_FREE_BLOCKS 64u  /* free own blocks a pool keeps for reuse */
 #define BH__OWN_BLOCKS_MAX 256u   /* own blocks still holding their fd (not introduced yet), per pool */
+/* Peer blocks one channel maps at once: a quarter of Linux's default
+ * vm.max_map_count (65530), far more blocks than any value lends, and the
+ * process keeps room for its own mappings.  Also what one frame may lend. */
+#define BH__PEER_BLOCKS_MAX 16384u
 
 struct bh_block {
   bh_pool *pool;
@@ -81,6 +85,10 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size);
 /* The peer retired its block `id`: unmap it (it must hold no references). */
 int bh__pool_retire_peer(bh_pool *p, uint32_t id);
 int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out);
+struct bh__lend;
+/* 0 when every block of l[0..n) (ids ascending, no two alike) is a peer
+ * block mapped here with exactly that size; else -BH_EBLOCK. */
+int bh__pool_peer_check(bh_pool *p, const struct bh__lend *l, uint32_t n);
 /* Moves queued returns (peer ids) and retires (own ids) into the arrays,
  * at most max of each; returns counts through the pointers. */
 void bh__pool_take_notes(bh_pool *p, uint32_t *returns, uint32_t *n_returns,
@@ -108,18 +116,38 @@ int bh__rcvtimeo_keep(int64_t have, int64_t want);
 
 /* A block section, parsed: the entries point into the payload. */
 typedef struct bh__section {
-  uint32_t n_intro, n_return, n_retire;
+  uint32_t n_intro, n_return, n_retire, n_lend;
   const uint8_t *intro;   /* n_intro x (u32 id, u64 size) */
   const uint8_t *returns; /* n_return x u32 id */
   const uint8_t *retires; /* n_retire x u32 id */
+  const uint8_t *lend;    /* n_lend x (u32 id, u64 size), ids ascending */
   size_t len;             /* bytes the section takes; the value follows */
 } bh__section;
 
 /* Parses the block section at the front of a payload of len bytes whose
  * frame carries n_fds intro fds (the spill fd not counted).  Returns 0,
- * -BH_EBLOCKSEC (counts over their limits or past the payload) or
- * -BH_EFDCOUNT (n_intro != n_fds).  *s borrows p. */
+ * -BH_EBLOCKSEC (counts over their limits or past the payload, lend ids
+ * not strictly ascending, a lent size of 0) or -BH_EFDCOUNT
+ * (n_intro != n_fds).  *s borrows p. */
 int bh__section_parse(const uint8_t *p, size_t len, uint32_t n_fds, bh__section *s);
+
+/* One block a received frame lends, and how far its refs reached. */
+typedef struct bh__lend {
+  uint32_t id;
+  uint64_t size;
+  uint64_t end; /* end of the last ref into it so far (0: none yet) */
+} bh__lend;
+
+/* Reads a parsed section's lend list into l[0..s->n_lend), ends at 0. */
+void bh__lend_load(const bh__section *s, bh__lend *l);
+/* Checks tensor ref t (a block ref: not NONE, not INLINE, passed
+ * bh_tensor_ref_check) against the lend table l[0..n) (ids ascending) and
+ * advances its block's end.  Returns the entry's index, -BH_EBLOCK (not
+ * lent by the frame) or -BH_ETENSOR (offset not a multiple of
+ * BH_ARENA_ALIGN, range past the block, or starting before the end of the
+ * previous ref into that block).  Pure: what bh_channel_frame_block runs,
+ * and the fuzzers. */
+int bh__lend_claim(bh__lend *l, uint32_t n, const bh_tensor_ref *t);
 
 /* Applies a parsed section to the pool: adopts each intro (consuming
  * fds[i], set to -1), then the returns and the retires.  Every entry is

@@ -38,7 +38,10 @@
  * bh__block_fds_max() block memfds open in the whole process, over every
  * pool (a quarter of the soft RLIMIT_NOFILE: a host with many workers
  * keeps its fds for everything else; past it -BH_EPOOLFULL too).  Small
- * tensors need no block at all: they travel inline (BH_BLOCK_INLINE).
+ * tensors need no block at all: they travel inline (BH_BLOCK_INLINE),
+ * and those a little larger share blocks within one message (an arena,
+ * bh_arena_take: aligned ranges of a block the message lends once; the
+ * block comes back when the peer dropped its last view of any of them).
  *
  * Locking: one mutex per pool guards every block's refs and the pool's
  * lists; bh_block_unref may run on any thread (a tensor's deleter).  The
@@ -80,9 +83,6 @@ struct bh_pool {
 
 #define BH__PAGE 4096u
 #define BH__DEFAULT_KEEP (256u << 20)
-/* A quarter of Linux's default vm.max_map_count (65530): far more blocks
- * than any value lends, and the process keeps room for its own mappings. */
-#define BH__PEER_BLOCKS_MAX 16384u
 
 /* Own-block memfds open in this process (every pool). */
 static atomic_size_t bh__block_fds;
@@ -490,6 +490,24 @@ int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out) {
   return 0;
 }
 
+int bh__pool_peer_check(bh_pool *p, const bh__lend *l, uint32_t n) {
+  uint32_t found = 0;
+  if (n == 0) return 0;
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < p->n_peer; i++) { /* peer ids are unique (adopt) */
+    const bh_block *b = p->peer[i];
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+      uint32_t mid = lo + (hi - lo) / 2;
+      if (l[mid].id < b->id) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < n && l[lo].id == b->id && l[lo].size == b->size) found++;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return found == n ? 0 : -BH_EBLOCK;
+}
+
 static void bh__take(uint32_t *src, size_t *n_src, uint32_t *dst, uint32_t *n_dst, uint32_t max) {
   uint32_t n = *n_src < max ? (uint32_t)*n_src : max;
   if (n) memcpy(dst, src + (*n_src - n), n * sizeof *dst);
@@ -503,6 +521,40 @@ void bh__pool_take_notes(bh_pool *p, uint32_t *returns, uint32_t *n_returns,
   bh__take(p->returns, &p->n_returns, returns, n_returns, max);
   bh__take(p->retires, &p->n_retires, retires, n_retires, max);
   pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- arenas: one message's small tensors, packed ---- */
+
+_Static_assert(BH_ARENA_ITEM_MAX <= BH_ARENA_BLOCK_MIN && BH_ARENA_BLOCK_MIN <= BH_ARENA_BLOCK_MAX,
+               "an arena block holds at least one item");
+_Static_assert(BH__PAGE % BH_ARENA_ALIGN == 0, "blocks are whole pages: aligned offsets stay aligned");
+
+int bh_arena_take(bh_channel *c, bh_arena *a, size_t nbytes, bh_block **out, uint64_t *offset) {
+  if (!c || !a || !out || !offset || nbytes == 0 || nbytes > BH_ARENA_ITEM_MAX) return -EINVAL;
+  size_t at = a->used;
+  if (!a->block || nbytes > a->block->size - at) {
+    size_t want = a->next_bytes ? a->next_bytes : BH_ARENA_BLOCK_MIN;
+    bh_block *b;
+    int rc = bh_channel_block_acquire(c, want, &b);
+    if (rc) return rc;
+    if (a->block) bh_block_unref(a->block); /* its tensors hold their own references */
+    a->block = b;
+    a->next_bytes = want < BH_ARENA_BLOCK_MAX ? want * 2 : BH_ARENA_BLOCK_MAX;
+    at = 0;
+  }
+  /* nbytes <= BH_ARENA_ITEM_MAX <= BH_ARENA_BLOCK_MIN <= the block's size */
+  a->used = (at + nbytes + BH_ARENA_ALIGN - 1) & ~(size_t)(BH_ARENA_ALIGN - 1);
+  if (a->used > a->block->size) a->used = a->block->size;
+  bh_block_ref(a->block);
+  *out = a->block;
+  *offset = at;
+  return 0;
+}
+
+void bh_arena_close(bh_arena *a) {
+  if (!a) return;
+  if (a->block) bh_block_unref(a->block);
+  memset(a, 0, sizeof *a);
 }
 
 /* ---- public block accessors ---- */

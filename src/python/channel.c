@@ -37,6 +37,8 @@ typedef struct {
   int n_waiters;
   unsigned long owner; /* thread receiving now, 0 if none */
   int owner_depth;
+  bh_enc_ctx *enc;     /* the value being encoded now (its arena), or NULL */
+  unsigned long enc_thread; /* the thread encoding it: only its acquire() uses the arena */
 } bh_chan_obj;
 
 /* The module's state, found once at open (self->module keeps it alive). */
@@ -151,9 +153,17 @@ static int chan_send_then(bh_chan_obj *self, int kind, uint64_t req, PyObject *v
                           bh_then_recv *then) {
   bh_channel *c = chan_live(self);
   if (!c) return -1;
-  bh_enc_ctx e;
+  bh_enc_ctx e, *outer = self->enc;
+  unsigned long outer_thread = self->enc_thread;
   bh_py_enc_init(&e, chan_state(self), self->h_encode_other);
-  if (bh_py_encode(&e, value ? value : Py_None) < 0) {
+  /* While it encodes, acquire() on this thread (the encode_other hook)
+   * packs small tensors into e's arena. */
+  self->enc = &e;
+  self->enc_thread = PyThread_get_thread_ident();
+  int erc = bh_py_encode(&e, value ? value : Py_None);
+  self->enc = outer;
+  self->enc_thread = outer_thread;
+  if (erc < 0) {
     bh_py_enc_free(&e);
     return -2;
   }
@@ -553,12 +563,16 @@ static PyObject *Channel_acquire(PyObject *op, PyObject *arg) {
     return NULL;
   }
   bh_block *b;
+  uint64_t offset = 0;
   int rc;
+  bh_arena *arena = self->enc && self->enc_thread == PyThread_get_thread_ident() && n <= BH_ARENA_ITEM_MAX
+                        ? &self->enc->arena : NULL;
   Py_BEGIN_ALLOW_THREADS
-  rc = bh_channel_block_acquire(c, (size_t)n, &b);
+  if (arena) rc = bh_arena_take(c, arena, (size_t)n, &b, &offset);
+  else rc = bh_channel_block_acquire(c, (size_t)n, &b);
   Py_END_ALLOW_THREADS
   if (rc < 0) return bh_py_raise(chan_state(self), rc, "acquire");
-  PyObject *l = bh_py_lease_new(chan_state(self), b, 0, n);
+  PyObject *l = bh_py_lease_new(chan_state(self), b, offset, n);
   bh_block_unref(b);
   return l;
 }
@@ -646,7 +660,10 @@ static PyMethodDef Channel_methods[] = {
      "serve(timeout=None, quiet=None) -> 'bye' | 'eof' | 'idle' | 'quiet': answer requests\n"
      "until the peer goes, until nothing arrived for timeout seconds ('idle'), or, when quiet\n"
      "is shorter, for quiet seconds after a request ('quiet')"},
-    {"acquire", Channel_acquire, METH_O, "acquire(nbytes) -> Lease over a free own block"},
+    {"acquire", Channel_acquire, METH_O,
+     "acquire(nbytes) -> Lease over a free own block; while this channel encodes a value\n"
+     "(from its encode_other hook), one of at most ARENA_ITEM_MAX bytes is an aligned range\n"
+     "of a block that value's other small tensors share (one block lent, not one each)"},
     {"stats", Channel_stats, METH_NOARGS, "block pool statistics"},
     {"trim_pool", Channel_trim_pool, METH_VARARGS,
      "trim_pool(keep_bytes=0): destroys free own blocks beyond keep_bytes; returns the bytes freed"},

@@ -6,7 +6,10 @@
  * to the channel's encode_other hook (Peer.encode_other), which answers
  * with a tuple:
  *   (0, lib, dtype, shape, lease-or-None)  a C-contiguous tensor, copied
- *                                          into the shm block of the Lease;
+ *                                          into the shm block of the Lease
+ *                                          (Channel.acquire: a small one's
+ *                                          is a range of a block the
+ *                                          value's small tensors share);
  *   (0, lib, dtype, shape, bytes)          a small one (at most
  *                                          TENSOR_INLINE_MAX bytes), its
  *                                          bytes inline in the value; the
@@ -42,6 +45,7 @@ void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other) {
 }
 
 void bh_py_enc_free(bh_enc_ctx *e) {
+  bh_arena_close(&e->arena);
   bh_buf_free(&e->buf);
   Py_CLEAR(e->keep);
   free(e->blocks);
@@ -163,7 +167,10 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
     if (t.block != BH_BLOCK_NONE) {
       if (!e->keep && !(e->keep = PyList_New(0))) goto out;
       if (PyList_Append(e->keep, lease) < 0) goto out;
-      if (e->n_blocks == e->cap_blocks) {
+      /* An arena's tensors come one after another: their block is listed
+       * once (bh_channel_send lends a block once however often listed). */
+      int listed = e->n_blocks && e->blocks[e->n_blocks - 1] == l->block;
+      if (!listed && e->n_blocks == e->cap_blocks) {
         uint32_t nc = e->cap_blocks ? e->cap_blocks * 2 : 8;
         bh_block **nb = realloc(e->blocks, nc * sizeof *nb);
         if (!nb) {
@@ -173,7 +180,7 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
         e->blocks = nb;
         e->cap_blocks = nc;
       }
-      e->blocks[e->n_blocks++] = l->block;
+      if (!listed) e->blocks[e->n_blocks++] = l->block;
     }
   }
   if (bh_tensor_ref_check(&t)) {
@@ -306,15 +313,13 @@ static PyObject *dec_tensor(bh_dec_ctx *d, const bh_tensor_ref *t) {
     lease = PyByteArray_FromStringAndSize((const char *)t->data, (Py_ssize_t)t->nbytes);
     if (!lease) return NULL;
   } else if (t->block != BH_BLOCK_NONE) {
-    int rc = bh_channel_peer_block(d->chan, t->block, &blk);
+    /* In a block the frame lends, within it, aligned, after the frame's
+     * previous ref into it: checked by the channel, which takes the
+     * reference the lease keeps (the block goes back with the last one). */
+    int rc = bh_channel_frame_block(d->chan, t, &blk);
     if (rc) {
       Py_DECREF(lease);
       return dec_error(d, rc);
-    }
-    if (t->offset > bh_block_size(blk) || t->nbytes > bh_block_size(blk) - t->offset) {
-      bh_block_unref(blk);
-      Py_DECREF(lease);
-      return dec_error(d, -BH_ETENSOR);
     }
     Py_DECREF(lease);
     lease = bh_py_lease_new(d->st, blk, t->offset, t->nbytes);

@@ -72,6 +72,7 @@ typedef struct bh_enc_ctx {
   uint32_t n_blocks, cap_blocks;
   uint64_t items;         /* encoded so far, at most BH_MAX_ITEMS */
   int node;               /* inside a value the hook marked as a node's (see codec.c) */
+  bh_arena arena;         /* this message's small tensors (Channel.acquire during the encode) */
 } bh_enc_ctx;
 
 void bh_py_enc_init(bh_enc_ctx *e, bh_state *st, PyObject *encode_other);

@@ -5,7 +5,8 @@
  *
  * Hand-written frames follow channel.c: a 32-byte little-endian header
  * (bh_frame_header), then the payload: the block section (u32 n_intro,
- * u32 n_return, u32 n_retire and their entries) followed by the value.
+ * u32 n_return, u32 n_retire, u32 n_lend and their entries) followed by
+ * the value.
  */
 #include "task.h"
 
@@ -89,11 +90,12 @@ ssize_t bh_test_raw_send(int fd, const void *a, size_t alen, const void *b, size
 }
 
 void bh_test_raw_good(int fd, uint64_t req) {
-  uint8_t hdr[32], payload[13] = {0};
-  payload[12] = BH_TAG_NIL;
+  uint8_t hdr[32], payload[BH_TEST_SEC + 1] = {0};
+  payload[BH_TEST_SEC] = BH_TAG_NIL;
   bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, req, 0,
                  sizeof payload, 0, 0);
-  ASSERT_EQ(bh_test_raw_send(fd, hdr, sizeof hdr, payload, sizeof payload, NULL, 0), 45);
+  ASSERT_EQ(bh_test_raw_send(fd, hdr, sizeof hdr, payload, sizeof payload, NULL, 0),
+            32 + BH_TEST_SEC + 1);
 }
 
 void bh_test_expect_good(bh_channel *c, uint64_t req) {

@@ -220,6 +220,9 @@ ssize_t bh_test_raw_send(int fd, const void *a, size_t alen, const void *b, size
                          const int *fds, int nfds);
 /* Sends, on a raw socket, a well-formed RESULT frame: no blocks, value nil,
  * request id `req`. */
+/* Bytes of an empty block section (u32 n_intro, n_return, n_retire,
+ * n_lend, all 0): hand-written frames put their value after it. */
+#define BH_TEST_SEC 16
 void bh_test_raw_good(int fd, uint64_t req);
 /* Receives on c and checks it is the frame bh_test_raw_good(req) sent. */
 void bh_test_expect_good(bh_channel *c, uint64_t req);

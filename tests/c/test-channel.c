@@ -101,7 +101,7 @@ TEST_IMPL(channel_send_recv) {
   ASSERT_UEQ(f.h.request_id, 0x1122334455667788ull);
   ASSERT_EQ(f.h.flags, 0);
   ASSERT_EQ(f.h.fd_count, 0);
-  ASSERT_EQ(f.h.payload_bytes, 12 + v.len);
+  ASSERT_EQ(f.h.payload_bytes, BH_TEST_SEC + v.len);
   ASSERT_EQ(f.value_len, v.len);
   ASSERT_MEM_EQ(f.value, v.data, v.len);
   ASSERT_EQ(f.sender_pid, getpid());
@@ -516,7 +516,7 @@ static void send_bytes_value(bh_channel *from, bh_channel *to, size_t n, int spi
   bh_frame f;
   ASSERT_OK(bh_test_recv(to, &f, 10000));
   ASSERT_UEQ(f.h.request_id, n);
-  ASSERT_EQ(f.h.payload_bytes, 12 + v.len);
+  ASSERT_EQ(f.h.payload_bytes, BH_TEST_SEC + v.len);
   ASSERT_EQ(!!(f.h.flags & BH_FRAME_SPILLED), spilled);
   ASSERT_EQ(f.h.fd_count, spilled ? 1 : 0);
   ASSERT_EQ(f.value_len, v.len);
@@ -531,8 +531,8 @@ TEST_IMPL(channel_spill_large) {
   int fds0 = bh_test_fd_count();
   bh_channel *a, *b;
   bh_test_pair(&a, &b, 0);
-  /* section (12) + value (5 + n) against BH_FRAME_INLINE_MAX */
-  size_t edge = BH_FRAME_INLINE_MAX - 12 - 5;
+  /* section (BH_TEST_SEC) + value (5 + n) against BH_FRAME_INLINE_MAX */
+  size_t edge = BH_FRAME_INLINE_MAX - BH_TEST_SEC - 5;
   send_bytes_value(a, b, edge, 0);
   send_bytes_value(a, b, edge + 1, 1);
   send_bytes_value(a, b, 5 * MiB, 1);
@@ -776,7 +776,7 @@ TEST_IMPL(channel_bad_frames) {
   int raw;
   bh_test_raw_pair(&c, &raw);
   uint8_t payload[64] = {0}; /* empty block section + nil */
-  const uint32_t P = 13;
+  const uint32_t P = BH_TEST_SEC + 1;
   struct {
     const char *what;
     uint32_t magic;
@@ -806,7 +806,7 @@ TEST_IMPL(channel_bad_frames) {
   uint8_t hdr[32];
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     fprintf(stderr, "case: %s\n", cases[k].what);
-    payload[12] = BH_TAG_NIL;
+    payload[BH_TEST_SEC] = BH_TAG_NIL;
     bh_test_header(hdr, cases[k].magic, cases[k].version, cases[k].kind, 100 + k,
                    cases[k].flags, cases[k].payload_bytes, cases[k].fd_count,
                    cases[k].cpu);
@@ -851,11 +851,11 @@ static void send_sparse_intro(int raw, uint32_t id, uint64_t size, uint64_t req)
   ASSERT_SYS(mfd);
   ASSERT_SYS(ftruncate(mfd, (off_t)size));
   ASSERT_SYS(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW));
-  uint8_t payload[12 + 12 + 1] = {0};
+  uint8_t payload[BH_TEST_SEC + 12 + 1] = {0};
   payload[0] = 1; /* n_intro */
-  memcpy(payload + 12, &id, 4);
-  memcpy(payload + 16, &size, 8);
-  payload[24] = BH_TAG_NIL;
+  memcpy(payload + BH_TEST_SEC, &id, 4);
+  memcpy(payload + BH_TEST_SEC + 4, &size, 8);
+  payload[BH_TEST_SEC + 12] = BH_TAG_NIL;
   uint8_t hdr[32];
   bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, req, 0, sizeof payload, 1, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, sizeof payload, &mfd, 1), 32 + (ssize_t)sizeof payload);
@@ -930,8 +930,8 @@ TEST_IMPL(channel_bad_block_section) {
     put_u32(payload, cases[k].n_intro);
     put_u32(payload + 4, cases[k].n_ret);
     put_u32(payload + 8, cases[k].n_retire);
-    for (uint32_t i = 0; i < cases[k].words; i++) put_u32(payload + 12 + 4 * i, 4242);
-    size_t len = 12 + 4 * cases[k].words;
+    for (uint32_t i = 0; i < cases[k].words; i++) put_u32(payload + BH_TEST_SEC + 4 * i, 4242);
+    size_t len = BH_TEST_SEC + 4 * cases[k].words;
     payload[len++] = BH_TAG_NIL;
     uint8_t hdr[32];
     bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, k, 0, (uint32_t)len, 0, 0);
@@ -956,11 +956,12 @@ TEST_IMPL(channel_bad_fds) {
   int fds0 = bh_test_fd_count();
   uint8_t hdr[32], payload[64] = {0};
   bh_frame f;
-  payload[12] = BH_TAG_NIL;
+  const uint32_t P = BH_TEST_SEC + 1;
+  payload[BH_TEST_SEC] = BH_TAG_NIL;
 
   /* Header says 1, no fds. */
-  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 1, 0);
-  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, NULL, 0), 45);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, P, 1, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, P, NULL, 0), 32 + P);
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
   bh_test_raw_good(raw, 1);
   bh_test_expect_good(c, 1);
@@ -969,9 +970,9 @@ TEST_IMPL(channel_bad_fds) {
   int p[2];
   ASSERT_SYS(pipe2(p, O_CLOEXEC));
   int three[3] = {p[0], p[1], p[0]};
-  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 0, 0);
-  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, three, 1), 45);
-  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, three, 3), 45);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, P, 0, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, P, three, 1), 32 + P);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, P, three, 3), 32 + P);
   close(p[0]);
   close(p[1]);
   ASSERT_FD_COUNT(fds0);
@@ -984,8 +985,8 @@ TEST_IMPL(channel_bad_fds) {
   /* Header and fds agree (2) but the section introduces none. */
   int m1 = make_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW, 1);
   int two[2] = {m1, m1};
-  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 2, 0);
-  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, two, 2), 45);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, P, 2, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, P, two, 2), 32 + P);
   close(m1);
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_EFDCOUNT);
   ASSERT_FD_COUNT(fds0);
@@ -997,8 +998,8 @@ TEST_IMPL(channel_bad_fds) {
   int many[100];
   ASSERT_SYS(pipe2(p, O_CLOEXEC));
   for (int i = 0; i < 100; i++) many[i] = p[i & 1];
-  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 13, 64, 0);
-  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, many, 100), 45);
+  bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, P, 64, 0);
+  ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, P, many, 100), 32 + P);
   close(p[0]);
   close(p[1]);
   int rc = bh_test_recv(c, &f, 5000);
@@ -1032,11 +1033,11 @@ TEST_IMPL(channel_bad_fds) {
     }
     uint8_t sec[32] = {0};
     put_u32(sec, 1);
-    put_u32(sec + 12, 50 + (uint32_t)k);
-    put_u64(sec + 16, intros[k].kind == 4 ? 0 : 8192);
-    sec[24] = BH_TAG_NIL;
-    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 25, 1, 0);
-    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, 25, &fd, 1), 57);
+    put_u32(sec + BH_TEST_SEC, 50 + (uint32_t)k);
+    put_u64(sec + BH_TEST_SEC + 4, intros[k].kind == 4 ? 0 : 8192);
+    sec[BH_TEST_SEC + 12] = BH_TAG_NIL;
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, P + 12, 1, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, P + 12, &fd, 1), 32 + P + 12);
     close(fd);
     if (other >= 0) close(other);
     ASSERT_RC(bh_test_recv(c, &f, 5000), intros[k].want);
@@ -1053,11 +1054,11 @@ TEST_IMPL(channel_bad_fds) {
     ASSERT_EQ(pwrite(fd, "hand", 4, 0), 4);
     uint8_t sec[32] = {0};
     put_u32(sec, 1);
-    put_u32(sec + 12, 99);
-    put_u64(sec + 16, 8192);
-    sec[24] = BH_TAG_NIL;
-    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, 25, 1, 0);
-    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, 25, &fd, 1), 57);
+    put_u32(sec + BH_TEST_SEC, 99);
+    put_u64(sec + BH_TEST_SEC + 4, 8192);
+    sec[BH_TEST_SEC + 12] = BH_TAG_NIL;
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, P + 12, 1, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, P + 12, &fd, 1), 32 + P + 12);
     close(fd);
     if (round == 0) {
       ASSERT_OK(bh_test_recv(c, &f, 5000));
@@ -1086,8 +1087,8 @@ TEST_IMPL(channel_bad_spill) {
   int raw;
   bh_test_raw_pair(&c, &raw);
   int fds0 = bh_test_fd_count();
-  uint8_t hdr[32], payload[13] = {0};
-  payload[12] = BH_TAG_NIL;
+  uint8_t hdr[32], payload[BH_TEST_SEC + 1] = {0};
+  payload[BH_TEST_SEC] = BH_TAG_NIL;
   bh_frame f;
   struct {
     const char *what;
@@ -1104,24 +1105,24 @@ TEST_IMPL(channel_bad_spill) {
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     fprintf(stderr, "case: %s\n", cases[k].what);
     int fd, other = -1, p[2];
-    uint32_t declared = 13;
+    uint32_t declared = sizeof payload;
     switch (cases[k].kind) {
     case 0:
       ASSERT_SYS(pipe2(p, O_CLOEXEC));
-      ASSERT_EQ(write(p[1], payload, 13), 13);
+      ASSERT_EQ(write(p[1], payload, sizeof payload), (ssize_t)sizeof payload);
       fd = p[0], other = p[1];
       break;
-    case 1: fd = make_memfd(13, 0, 1); break;
-    case 2: fd = make_memfd(13, 0, 0); break;
-    case 3: fd = make_memfd(13, F_SEAL_SHRINK | F_SEAL_GROW, 1); break;
+    case 1: fd = make_memfd(sizeof payload, 0, 1); break;
+    case 2: fd = make_memfd(sizeof payload, 0, 0); break;
+    case 3: fd = make_memfd(sizeof payload, F_SEAL_SHRINK | F_SEAL_GROW, 1); break;
     case 4:
-      fd = make_memfd(13, 0, 1);
+      fd = make_memfd(sizeof payload, 0, 1);
       declared = 4096;
       break;
-    default: fd = make_memfd(13, 0, 1); break;
+    default: fd = make_memfd(sizeof payload, 0, 1); break;
     }
     if (cases[k].kind != 0) {
-      ASSERT_EQ(pwrite(fd, payload, 13, 0), 13);
+      ASSERT_EQ(pwrite(fd, payload, sizeof payload, 0), (ssize_t)sizeof payload);
       if (cases[k].kind >= 4)
         ASSERT_SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE));
     }
@@ -1144,8 +1145,8 @@ TEST_IMPL(channel_bad_spill) {
   bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 0, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, NULL, 0, NULL, 0), 32);
   ASSERT_RC(bh_test_recv(c, &f, 5000), -BH_ESHORT);
-  int fd = make_memfd(13, 0, 1);
-  ASSERT_EQ(pwrite(fd, payload, 13, 0), 13);
+  int fd = make_memfd(sizeof payload, 0, 1);
+  ASSERT_EQ(pwrite(fd, payload, sizeof payload, 0), (ssize_t)sizeof payload);
   ASSERT_SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE));
   bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, BH_FRAME_SPILLED, 13, 1, 0);
   ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, 13, &fd, 1), 45);
@@ -1381,5 +1382,297 @@ TEST_IMPL(channel_helper_process_echo) {
   wait_exit0(pid);
   bh_channel_close(c);
   ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* ---- arenas: many small tensors in one message share blocks ---- */
+
+/* A list value of n uint8 tensor refs (blocks[i], offs[i], lens[i]). */
+static bh_buf refs_value(bh_block *const *blocks, const uint64_t *offs, const uint64_t *lens,
+                         uint32_t n) {
+  bh_buf v;
+  bh_buf_init(&v);
+  ASSERT_OK(bh_enc_list(&v, n));
+  for (uint32_t i = 0; i < n; i++) {
+    bh_tensor_ref t = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 1,
+                       .block = bh_block_id(blocks[i]), .offset = offs[i], .nbytes = lens[i],
+                       .shape = {(int64_t)lens[i]}, .strides = {1}};
+    ASSERT_OK(bh_enc_tensor(&v, &t));
+  }
+  return v;
+}
+
+/* Claims every tensor ref of the frame in order (as a decoder does), up to
+ * max of them into out[]; returns how many succeeded before the first
+ * failure and that failure's code through *rc (0 if none). */
+static uint32_t claim_refs(bh_channel *c, const bh_frame *f, bh_block **out, uint32_t max, int *rc) {
+  bh_reader r;
+  bh_item it;
+  uint32_t n = 0;
+  *rc = 0;
+  ASSERT_OK(bh_dec_validate(f->value, f->value_len, BH_MAX_DEPTH));
+  bh_reader_init(&r, f->value, f->value_len);
+  while (r.pos < r.len) {
+    ASSERT_OK(bh_dec_next(&r, &it));
+    if (it.tag != BH_TAG_TENSOR || it.u.t.block == BH_BLOCK_INLINE || it.u.t.block == BH_BLOCK_NONE)
+      continue;
+    ASSERT_LT(n, max);
+    *rc = bh_channel_frame_block(c, &it.u.t, &out[n]);
+    if (*rc) return n;
+    const uint8_t *p = (const uint8_t *)bh_block_addr(out[n]) + it.u.t.offset;
+    ASSERT_EQ(((uintptr_t)p) % BH_ARENA_ALIGN, 0);
+    n++;
+  }
+  return n;
+}
+
+/* 1,000 arrays of 70 KiB (past the inline size) in one message: they share
+ * a few arena blocks instead of taking 1,000 (more than the 256 a pool may
+ * hold with their fds), each an aligned range; the receiver maps each block
+ * once and checks every ref; a block comes back when the receiver dropped
+ * its last view of it, not before. */
+TEST_IMPL(channel_arena_packs_small_tensors) {
+  enum { N = 1000 };
+  const uint64_t n = 70 * 1024;
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  static bh_block *blk[N], *pb[N];
+  static uint64_t off[N], len[N];
+  bh_arena ar = {0};
+  uint32_t distinct = 0;
+  bh_block *tmp;
+  uint64_t o;
+  ASSERT_RC(bh_arena_take(a, &ar, 0, &tmp, &o), -EINVAL);
+  ASSERT_RC(bh_arena_take(a, &ar, BH_ARENA_ITEM_MAX + 1, &tmp, &o), -EINVAL);
+  for (uint32_t i = 0; i < N; i++) {
+    ASSERT_OK(bh_arena_take(a, &ar, n, &blk[i], &off[i]));
+    len[i] = n;
+    ASSERT_EQ(off[i] % BH_ARENA_ALIGN, 0);
+    ASSERT_LE(off[i] + n, bh_block_size(blk[i]));
+    if (i == 0 || blk[i] != blk[i - 1]) distinct++;
+    else ASSERT_GE(off[i], off[i - 1] + n);
+    memset((uint8_t *)bh_block_addr(blk[i]) + off[i], (int)(i % 251), n);
+  }
+  bh_arena_close(&ar);
+  ASSERT_LE(distinct, 32); /* 256 KiB, 512 KiB, ... 4 MiB blocks: 21 */
+  ASSERT_EQ(stats_of(a).created, distinct);
+  bh_buf v = refs_value(blk, off, len, N);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, v.data, v.len, blk, N));
+  for (uint32_t i = 0; i < N; i++) bh_block_unref(blk[i]); /* the loans keep them */
+  ASSERT_EQ(stats_of(a).lent_blocks, distinct);
+
+  bh_frame f;
+  int rc;
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(claim_refs(b, &f, pb, N, &rc), N);
+  ASSERT_OK(rc);
+  for (uint32_t i = 0; i < N; i++) {
+    const uint8_t *p = (const uint8_t *)bh_block_addr(pb[i]) + off[i];
+    ASSERT_EQ(p[0], i % 251);
+    ASSERT_EQ(p[n - 1], i % 251);
+  }
+  bh_channel_frame_done(b, &f);
+  ASSERT_EQ(stats_of(b).peer_blocks, distinct);
+  /* After frame_done the frame's lend list is gone. */
+  bh_tensor_ref late = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 1,
+                        .block = bh_block_id(pb[0]), .nbytes = 1, .shape = {1}, .strides = {1}};
+  ASSERT_RC(bh_channel_frame_block(b, &late, &tmp), -BH_EBLOCK);
+
+  /* Every view but the first array's: only its block stays lent. */
+  for (uint32_t i = 1; i < N; i++) bh_block_unref(pb[i]);
+  ASSERT_OK(bh_test_send_nil(b, 2));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  bh_pool_stats s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 1);
+  ASSERT_EQ(s.free_blocks, distinct - 1);
+  bh_block_unref(pb[0]);
+  ASSERT_OK(bh_test_send_nil(b, 3));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  s = stats_of(a);
+  ASSERT_EQ(s.lent_blocks, 0);
+  ASSERT_EQ(s.free_blocks, distinct);
+
+  /* The next message reuses the free blocks: nothing new, no fd. */
+  int fds1 = bh_test_fd_count();
+  for (uint32_t i = 0; i < N; i++) ASSERT_OK(bh_arena_take(a, &ar, n, &blk[i], &off[i]));
+  bh_arena_close(&ar);
+  ASSERT_EQ(stats_of(a).created, distinct);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 4, v.data, v.len, blk, N));
+  for (uint32_t i = 0; i < N; i++) bh_block_unref(blk[i]);
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 0);
+  ASSERT_FD_COUNT(fds1);
+  bh_channel_frame_done(b, &f);
+
+  bh_buf_free(&v);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Tensor refs a peer may write into a value, each checked against the
+ * frame's lend list as they are decoded: a clean error naming the ref,
+ * the refs before it fine, the channel usable after. */
+TEST_IMPL(channel_frame_refs_are_checked) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *other;
+  bh_frame f;
+  int rc;
+  /* A block b has mapped from an earlier message, returned since. */
+  ASSERT_OK(bh_channel_block_acquire(a, 8192, &other));
+  {
+    uint64_t off0 = 0, len0 = 64;
+    bh_block *pb1;
+    bh_buf v = refs_value(&other, &off0, &len0, 1);
+    ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, v.data, v.len, &other, 1));
+    bh_buf_free(&v);
+    ASSERT_OK(bh_test_recv(b, &f, 5000));
+    ASSERT_EQ(claim_refs(b, &f, &pb1, 1, &rc), 1);
+    ASSERT_OK(rc);
+    bh_channel_frame_done(b, &f);
+    bh_block_unref(pb1);
+    ASSERT_OK(bh_test_send_nil(b, 2));
+    ASSERT_OK(bh_test_recv(a, &f, 5000));
+    ASSERT_EQ(stats_of(a).lent_blocks, 0);
+  }
+  const uint64_t S = 8192; /* the lent block's size */
+  struct {
+    const char *what;
+    uint32_t n;
+    uint64_t off[3], len[3];
+    int other_at;       /* index of the ref into `other` (not lent), or -1 */
+    uint32_t good;      /* refs accepted before the failure */
+    int want;
+  } cases[] = {
+      {"refs side by side, aligned, to the block's end", 3, {0, 128, S - 64}, {100, 128, 64}, -1, 3, 0},
+      {"a block the frame does not lend", 2, {0, 0}, {64, 64}, 1, 1, -BH_EBLOCK},
+      {"an offset not a multiple of 64", 1, {32}, {16}, -1, 0, -BH_ETENSOR},
+      {"a range past the block's end", 1, {S - 64}, {128}, -1, 0, -BH_ETENSOR},
+      {"an offset past the block", 1, {S + 64}, {1}, -1, 0, -BH_ETENSOR},
+      {"overlapping the ref before", 2, {0, 64}, {128, 64}, -1, 1, -BH_ETENSOR},
+      {"the same range twice", 2, {0, 0}, {64, 64}, -1, 1, -BH_ETENSOR},
+      {"before the ref before (out of order)", 2, {128, 0}, {64, 64}, -1, 1, -BH_ETENSOR},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    fprintf(stderr, "case: %s\n", cases[k].what);
+    bh_block *x, *refs[3], *pb[3];
+    /* A fresh block each case: one never claimed is never returned. */
+    ASSERT_OK(bh_channel_block_acquire(a, S, &x));
+    ASSERT_EQ(bh_block_size(x), S);
+    for (uint32_t i = 0; i < cases[k].n; i++) refs[i] = (int)i == cases[k].other_at ? other : x;
+    bh_buf v = refs_value(refs, cases[k].off, cases[k].len, cases[k].n);
+    ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 10 + k, v.data, v.len, &x, 1)); /* lends x only */
+    bh_buf_free(&v);
+    bh_block_unref(x);
+    ASSERT_OK(bh_test_recv(b, &f, 5000));
+    ASSERT_EQ(claim_refs(b, &f, pb, 3, &rc), cases[k].good);
+    ASSERT_RC(rc, cases[k].want);
+    bh_channel_frame_done(b, &f);
+    for (uint32_t i = 0; i < cases[k].good; i++) bh_block_unref(pb[i]);
+    ASSERT_OK(bh_test_send_nil(b, 100 + k));
+    ASSERT_OK(bh_test_recv(a, &f, 5000));
+    ASSERT_UEQ(f.h.request_id, 100 + k);
+  }
+  bh_block_unref(other);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Lend lists written by hand: each refused with its code, the channel
+ * usable after.  Block 99 (8192 bytes) is introduced first. */
+TEST_IMPL(channel_bad_lend_list) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *c;
+  int raw;
+  bh_test_raw_pair(&c, &raw);
+  bh_frame f;
+  uint8_t hdr[32];
+  {
+    int fd = make_memfd(8192, F_SEAL_SHRINK | F_SEAL_GROW, 1);
+    uint8_t sec[BH_TEST_SEC + 12 + 1] = {0};
+    put_u32(sec, 1);
+    put_u32(sec + BH_TEST_SEC, 99);
+    put_u64(sec + BH_TEST_SEC + 4, 8192);
+    sec[BH_TEST_SEC + 12] = BH_TAG_NIL;
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, 0, 0, sizeof sec, 1, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, sec, sizeof sec, &fd, 1), 32 + (ssize_t)sizeof sec);
+    close(fd);
+    ASSERT_OK(bh_test_recv(c, &f, 5000));
+    bh_channel_frame_done(c, &f);
+  }
+  struct {
+    const char *what;
+    uint32_t n_lend;   /* as the section says */
+    uint32_t entries;  /* (id, size) pairs sent */
+    uint32_t id[2];
+    uint64_t size[2];
+    int want;
+  } cases[] = {
+      {"the introduced block, its size", 1, 1, {99}, {8192}, 0},
+      {"a block never introduced", 1, 1, {98}, {8192}, -BH_EBLOCK},
+      {"another size than the block's", 1, 1, {99}, {4096}, -BH_EBLOCK},
+      {"size 0", 1, 1, {99}, {0}, -BH_EBLOCKSEC},
+      {"the same block twice", 2, 2, {99, 99}, {8192, 8192}, -BH_EBLOCKSEC},
+      {"ids descending", 2, 2, {99, 7}, {8192, 8192}, -BH_EBLOCKSEC},
+      {"more entries than the payload holds", 2, 1, {99}, {8192}, -BH_EBLOCKSEC},
+      {"more than a channel maps", BH__PEER_BLOCKS_MAX + 1, 0, {0}, {0}, -BH_EBLOCKSEC},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    fprintf(stderr, "case: %s\n", cases[k].what);
+    uint8_t payload[BH_TEST_SEC + 24 + 1] = {0};
+    put_u32(payload + 12, cases[k].n_lend);
+    size_t len = BH_TEST_SEC;
+    for (uint32_t i = 0; i < cases[k].entries; i++, len += 12) {
+      put_u32(payload + len, cases[k].id[i]);
+      put_u64(payload + len + 4, cases[k].size[i]);
+    }
+    payload[len++] = BH_TAG_NIL;
+    bh_test_header(hdr, BH_FRAME_MAGIC, BH_PROTOCOL_VERSION, BH_KIND_RESULT, k, 0, (uint32_t)len, 0, 0);
+    ASSERT_EQ(bh_test_raw_send(raw, hdr, 32, payload, len, NULL, 0), 32 + (ssize_t)len);
+    ASSERT_RC(bh_test_recv(c, &f, 5000), cases[k].want);
+    if (cases[k].want == 0) bh_channel_frame_done(c, &f);
+    ASSERT_FD_COUNT(fds0 + 2);
+    bh_test_raw_good(raw, k);
+    bh_test_expect_good(c, k);
+  }
+  close(raw);
+  bh_channel_close(c);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* bh__lend_claim, the pure check behind bh_channel_frame_block: a table of
+ * refs against one lend list ({3, 4096}, {7, 65536}), in order. */
+TEST_IMPL(channel_lend_claim_table) {
+  bh__lend l[2] = {{3, 4096, 0}, {7, 65536, 0}};
+  struct {
+    uint32_t block;
+    uint64_t offset, nbytes;
+    int want; /* >= 0: the entry's index */
+  } rows[] = {
+      {3, 0, 100, 0},          {3, 100, 10, -BH_ETENSOR}, /* misaligned */
+      {3, 64, 10, -BH_ETENSOR}, /* before the end of [0, 100) */
+      {3, 128, 3968, 0},       /* to the block's end exactly */
+      {3, 4096, 1, -BH_ETENSOR}, {7, 0, 65536, 1}, {7, 0, 1, -BH_ETENSOR},
+      {5, 0, 1, -BH_EBLOCK},   {8, 0, 1, -BH_EBLOCK},     {2, 0, 1, -BH_EBLOCK},
+      {BH_BLOCK_INLINE - 1, 0, 1, -BH_EBLOCK},
+  };
+  for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+    bh_tensor_ref t = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 1,
+                       .block = rows[k].block, .offset = rows[k].offset, .nbytes = rows[k].nbytes,
+                       .shape = {(int64_t)rows[k].nbytes}, .strides = {1}};
+    fprintf(stderr, "row %zu\n", k);
+    ASSERT_EQ(bh__lend_claim(l, 2, &t), rows[k].want);
+  }
+  ASSERT_UEQ(l[0].end, 4096);
+  ASSERT_UEQ(l[1].end, 65536);
+  bh_tensor_ref t = {.dtype = BH_DT_UINT8, .ndim = 1, .block = 3, .nbytes = 1, .shape = {1}, .strides = {1}};
+  ASSERT_RC(bh__lend_claim(NULL, 0, &t), -BH_EBLOCK); /* a frame that lends nothing */
   return 0;
 }

@@ -80,7 +80,28 @@ static void replay_frame(const uint8_t *p, size_t n) {
   const uint8_t *payload = p + 1 + sizeof h;
   if (bh__section_parse(payload, h.payload_bytes, n_fds, &sec) != 0) return;
   ASSERT_LE(sec.len, h.payload_bytes);
-  ASSERT(value_rc_ok(bh_dec_validate(payload + sec.len, h.payload_bytes - sec.len, BH_MAX_DEPTH)));
+  const uint8_t *value = payload + sec.len;
+  size_t len = h.payload_bytes - sec.len;
+  int rc2 = bh_dec_validate(value, len, BH_MAX_DEPTH);
+  ASSERT(value_rc_ok(rc2));
+  if (rc2) return;
+  /* Its tensor refs against its lend list, as bh_channel_frame_block
+   * checks them. */
+  bh__lend *l = malloc(sizeof *l * (sec.n_lend ? sec.n_lend : 1));
+  ASSERT_NOT_NULL(l);
+  bh__lend_load(&sec, l);
+  bh_reader r;
+  bh_item it;
+  bh_reader_init(&r, value, len);
+  while (r.pos < r.len) {
+    ASSERT_OK(bh_dec_next(&r, &it));
+    if (it.tag != BH_TAG_TENSOR || it.u.t.block == BH_BLOCK_NONE || it.u.t.block == BH_BLOCK_INLINE)
+      continue;
+    int k = bh__lend_claim(l, sec.n_lend, &it.u.t);
+    ASSERT(k >= 0 || k == -BH_EBLOCK || k == -BH_ETENSOR);
+    if (k >= 0) ASSERT_UEQ(l[k].end, it.u.t.offset + it.u.t.nbytes);
+  }
+  free(l);
 }
 
 /* As fuzz_ledger.c: the input as it is, then as the start of a whole file;

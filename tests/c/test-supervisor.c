@@ -107,13 +107,13 @@ TEST_IMPL(proc_output_tail_keeps_the_end) {
   return 0;
 }
 
-/* A HELLO frame (protocol 4, request id 42, empty block section, value nil) as printf
+/* A HELLO frame (protocol 5, request id 42, empty block section, value nil) as printf
  * escapes: sh writes it to fd 3 in one write. */
 #define HELLO_FRAME_PRINTF                                                      \
-  "printf '\\102\\114\\110\\113\\004\\000\\001\\000"                            \
+  "printf '\\102\\114\\110\\113\\005\\000\\001\\000"                            \
   "\\052\\000\\000\\000\\000\\000\\000\\000"                                    \
-  "\\000\\000\\000\\000\\015\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000" \
-  "\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000' >&3"
+  "\\000\\000\\000\\000\\021\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000" \
+  "\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000' >&3"
 
 TEST_IMPL(proc_channel_on_fd3) {
   int fds0 = bh_test_fd_count();

@@ -221,7 +221,7 @@ def test_foreign_uid_on_the_control_socket(tmp_path, host_worker, monkeypatch, c
             if pid == 0:
                 try:
                     os.setuid(NOBODY)
-                    body = struct.pack("<III", 0, 0, 0) + b"\x00"
+                    body = struct.pack("<IIII", 0, 0, 0, 0) + b"\x00"   # empty block section, nil
                     s.send(struct.pack("<IHHQIIII", 0x4B484C42, _native.PROTOCOL_VERSION, 2, 1, 0, len(body), 0, 0) + body)
                 finally:
                     os._exit(0)
@@ -373,7 +373,7 @@ def _wait_for(cond, timeout=10.0):
     (b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", "BH_EMAGIC"),
     (b"\x00" * 7, "BH_ESHORT"),
     (struct.pack("<IHHQIIII", 0x4B484C42, 9, 2, 1, 0, 0, 0, 0), "BH_EVERSION"),
-    (struct.pack("<IHHQIIII", 0x4B484C42, _native.PROTOCOL_VERSION, 2, 1, 0, 13, 0, 0) + struct.pack("<III", 0, 0, 0) + b"\xee",
+    (struct.pack("<IHHQIIII", 0x4B484C42, _native.PROTOCOL_VERSION, 2, 1, 0, 17, 0, 0) + struct.pack("<IIII", 0, 0, 0, 0) + b"\xee",
      "BH_EBADTAG"),
 ], ids=["http", "short", "version", "badvalue"])
 def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, caplog, garbage, named):
@@ -432,28 +432,33 @@ def test_encoder_refuses_more_items_than_a_frame_may_carry(worker):
 
 def test_replies_the_host_keeps_do_not_count_against_the_block_bound(make_worker):
     """#24 M1: the host keeps what eight calls answered (ComfyUI's output
-    cache, an OUTPUT_IS_LIST of frames), 50 arrays of 100 KiB each: 400
-    blocks lent to the host, more than the 256 a channel may hold with
-    their fds.  A lent block holds no fd (the host has its own), so every
-    call succeeds (main failed the sixth with BH_EPOOLFULL), and the data
-    is what was sent."""
+    cache, an OUTPUT_IS_LIST of frames), 40 arrays past ARENA_ITEM_MAX each
+    (a block each: smaller ones share blocks): 320 blocks lent to the host,
+    more than the 256 a channel may hold with their fds.  A lent block
+    holds no fd (the host has its own), so every call succeeds (main
+    failed the seventh with BH_EPOOLFULL), and the data is what was
+    sent."""
     w = make_worker(name="keptblocks")
-    kept = [w.call("bh_testmod:many_arrays", 50, 100 << 10) for _ in range(8)]
-    assert [int(a[0]) for out in kept for a in out] == list(range(50)) * 8
-    assert all(a.nbytes == 100 << 10 and int(a[-1]) == int(a[0]) for out in kept for a in out)
+    big = _native.ARENA_ITEM_MAX + 4096
+    kept = [w.call("bh_testmod:many_arrays", 40, big) for _ in range(8)]
+    assert [int(a[0]) for out in kept for a in out] == list(range(40)) * 8
+    assert all(a.nbytes == big and int(a[-1]) == int(a[0]) for out in kept for a in out)
     assert w.generation == 1
     del kept
 
 def test_a_reply_past_the_block_bound_is_that_calls_error(make_worker):
-    """257 arrays of 70 KiB in one reply need more blocks than a channel may
-    hold (BH_EPOOLFULL): that call fails with an error naming the bound,
-    nothing was sent, and the same worker -- its models kept -- serves the
-    next call, a reply within the bound included."""
+    """257 arrays past ARENA_ITEM_MAX in one reply (each a block of its own;
+    smaller ones share blocks, tests/py/test_small_arrays.py) need more
+    blocks than a channel may hold (BH_EPOOLFULL): that call fails with an
+    error naming the bound, nothing was sent, and the same worker -- its
+    models kept -- serves the next call, a reply within the bound
+    included."""
     w = make_worker(name="manyblocks")
     pid = w.start().pid
+    big = _native.ARENA_ITEM_MAX + 4096
     with pytest.raises(bulkhead.RemoteError) as ei:
-        w.call("bh_testmod:many_arrays", 257, 70 << 10)
+        w.call("bh_testmod:many_arrays", 257, big)
     assert "BH_EPOOLFULL" in str(ei.value) or "too many shared-memory blocks" in str(ei.value), str(ei.value)
     assert w.pid == pid and w.call("bh_testmod:pid") == pid
-    out = w.call("bh_testmod:many_arrays", 8, 70 << 10)
+    out = w.call("bh_testmod:many_arrays", 8, big)
     assert [int(a[0]) for a in out] == list(range(8)) and w.pid == pid

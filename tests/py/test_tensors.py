@@ -87,7 +87,8 @@ try:
     del back
     w.call("operator:add", 1, 1)
     base = fds()
-    big = [np.full(40000, i, np.float32) for i in range(600)]   # 156 KiB each: a block each
+    # past ARENA_ITEM_MAX (256 KiB) each: a block each, not packed together
+    big = [np.full(66000, i, np.float32) for i in range(300)]
     for key, value in (("failed", big[:200] + [object()]), ("too_many", big)):
         try:
             w.call("bh_testmod:echo", value)

@@ -8,7 +8,12 @@ object keeps the block alive, and when it goes the block goes back to its
 owner's pool.  A small tensor (at most ``_native.TENSOR_INLINE_MAX`` bytes,
 64 KiB) needs no block, so no fd: its bytes travel inline in the value, and
 the receiver's array owns a copy of them (a bytearray).  A list of a
-thousand small arrays thus costs no fds at all.  Neither library is imported here unless the process already
+thousand small arrays thus costs no fds at all.  One a little larger (at
+most ``_native.ARENA_ITEM_MAX`` bytes, 256 KiB) shares blocks with the
+message's other such arrays: ``chan.acquire`` during the encode hands it a
+64-byte-aligned range of the message's arena (src/core/shm.c,
+bh_arena_take), and the receiver's view of it keeps that block alone.
+Neither library is imported here unless the process already
 has it loaded or a tensor of it arrives.
 """
 

@@ -104,10 +104,42 @@ def make_array(n, dtype="float32"):
 
 
 def many_arrays(n, nbytes):
-    """n distinct numpy arrays of nbytes each (past the inline size, each
-    a shared-memory block of its own)."""
+    """n distinct numpy arrays of nbytes each (past ARENA_ITEM_MAX, each a
+    shared-memory block of its own; past the inline size but smaller, they
+    share blocks)."""
     import numpy as np
     return [np.full(nbytes, i % 251, dtype=np.uint8) for i in range(n)]
+
+
+def small_arrays(n, nbytes, keep=False):
+    """n numpy arrays of nbytes each, each filled with its index mod 251
+    (past the inline size but small: they share arena blocks); keep=True
+    keeps them here too, so a later call can see they are unchanged."""
+    import numpy as np
+    out = [np.full(nbytes, i % 251, dtype=np.uint8) for i in range(n)]
+    if keep:
+        _cache["small_arrays"] = out
+    return out
+
+
+def check_arrays(arrays, nbytes):
+    """What the worker received: each array's first and last byte its index
+    mod 251, its size nbytes, its data 64-byte aligned and zero-copy (a view
+    of a shared-memory Lease).  Returns the number that were right."""
+    good = 0
+    for i, a in enumerate(arrays):
+        base = a
+        while getattr(base, "base", None) is not None:
+            base = base.base
+        good += (a.nbytes == nbytes and int(a[0]) == i % 251 and int(a[-1]) == i % 251
+                 and a.__array_interface__["data"][0] % 64 == 0 and type(base).__name__ == "Lease")
+    return good
+
+
+def pool_stats():
+    """The block-pool statistics of this worker's end of the channel."""
+    from bulkhead import worker
+    return worker._peer.channel.stats()
 
 
 def big(nbytes):
@@ -137,6 +169,9 @@ def _header(version=None, kind=3, req=0, flags=0, payload=0, fds=0, cpu=0, magic
     return struct.pack("<IHHQIIII", magic, version, kind, req, flags, payload, fds, cpu)
 
 
+# An empty block section: u32 n_intro, n_return, n_retire, n_lend (channel.c).
+_SECTION = struct.pack("<IIII", 0, 0, 0, 0)
+
 # Values that break the codec, each in an otherwise well-formed frame.
 _VALUES = {
     "trailing": b"\x00\x00",                                          # nil, then a stray byte
@@ -156,24 +191,24 @@ def send_raw(what):
         if what == "garbage":
             s.send(b"this is not a frame at all, not even close")
         elif what == "version":
-            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            body = _SECTION + b"\x00"
             s.send(_header(version=99, payload=len(body)) + body)
         elif what == "kind":
-            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            body = _SECTION + b"\x00"
             s.send(_header(kind=77, payload=len(body)) + body)
         elif what == "short":
             s.send(_header(payload=1000) + b"\x00" * 10)
         elif what == "oversized":
             s.send(_header(payload=(1 << 30) + 1))
         elif what == "badvalue":
-            body = struct.pack("<III", 0, 0, 0) + b"\xee"
+            body = _SECTION + b"\xee"
             s.send(_header(payload=len(body)) + body)
         elif what == "toomany":
             # A list of 2**20 nones: 1 MiB on the wire, one item past
             # BH_MAX_ITEMS; too big to go inline, so spilled to a sealed
             # memfd as a real sender does.
             import fcntl
-            body = struct.pack("<III", 0, 0, 0) + b"\x07" + struct.pack("<I", 1 << 20) + b"\x00" * (1 << 20)
+            body = _SECTION + b"\x07" + struct.pack("<I", 1 << 20) + b"\x00" * (1 << 20)
             mfd = os.memfd_create("toomany", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             try:
                 os.write(mfd, body)
@@ -183,20 +218,20 @@ def send_raw(what):
             finally:
                 os.close(mfd)
         elif what in _VALUES:
-            body = struct.pack("<III", 0, 0, 0) + _VALUES[what]
+            body = _SECTION + _VALUES[what]
             s.send(_header(payload=len(body)) + body)
         elif what == "cpu":  # the cpu hint past BH_FRAME_CPU_MAX
-            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            body = _SECTION + b"\x00"
             s.send(_header(payload=len(body), cpu=65537) + body)
         elif what == "fdcount":
-            body = struct.pack("<III", 0, 0, 0) + b"\x00"
+            body = _SECTION + b"\x00"
             s.send(_header(payload=len(body), fds=2) + body)
         elif what == "uid":
             pid = os.fork()
             if pid == 0:
                 try:
                     os.setuid(65534)
-                    body = struct.pack("<III", 0, 0, 0) + b"\x00"
+                    body = _SECTION + b"\x00"
                     s.send(_header(payload=len(body)) + body)
                 finally:
                     os._exit(0)
