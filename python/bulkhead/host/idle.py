@@ -42,7 +42,7 @@ IDLE_EXIT_S = 600.0
 SWEEP_S = 5.0
 PRESSURE_SWITCH = "BULKHEAD_IDLE_PRESSURE_PCT"
 PRESSURE_PCT = 10.0          # below this % of RAM available, idle workers exit (LRU first)
-PRESSURE_MIN_IDLE_S = 2.0    # ... once idle this long (not between two nodes of a prompt)
+PRESSURE_MIN_IDLE_S = 10.0   # ... once idle this long (not between two nodes, or two prompts in a row)
 
 _watched = []               # PackRuntime, in load order
 _lock = threading.Lock()
