@@ -39,6 +39,7 @@ it would have had to do itself).
 """
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -49,6 +50,13 @@ log = logging.getLogger("bulkhead")
 
 _lock = threading.Lock()
 _warming = {}        # PackRuntime -> its prewarm thread, while it runs
+# Cold workers start side by side, as many at once as this process may use
+# CPUs (each start is a spawn and an import, CPU-bound): N packs cost about
+# N / CPUs of the slowest, not their sum, without more starts than cores
+# fighting for them.  A thread waiting here holds nothing: a node that
+# needs its worker meanwhile starts it itself.
+STARTS_AT_ONCE = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+_starts = threading.BoundedSemaphore(STARTS_AT_ONCE)
 _servers = set()     # ids of the servers the handler is on
 
 
@@ -88,7 +96,8 @@ def start(rt, why=""):
 def _prewarm(rt, why):
     t0 = time.perf_counter()
     try:
-        n = rt.prewarm()
+        with _starts:
+            n = rt.prewarm()
         log.info("bulkhead: pack %r: worker pid %s started ahead of its first node%s (%d nodes, %.0f ms)",
                  rt.name, rt.worker.pid, why, n, (time.perf_counter() - t0) * 1000)
     except Exception as e:  # its first node starts it, and names the error then
