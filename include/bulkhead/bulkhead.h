@@ -456,8 +456,8 @@ typedef struct bh_frame {
 /* Receives one frame, waiting until deadline_ns (CLOCK_MONOTONIC; <0 waits
  * forever).  Block bookkeeping in the frame (intros, returns, retires) is
  * applied before returning, and its lend list checked: each block mapped
- * here with the size it says (-BH_EBLOCK), kept for bh_channel_frame_block; BLOCKS frames are consumed here and never
- * returned.  Returns 0, -ETIMEDOUT, -EINTR (a signal arrived: check and
+ * here with the size it says (-BH_EBLOCK), kept for bh_channel_frame_block.
+ * BLOCKS frames are consumed here and never returned.  Returns 0, -ETIMEDOUT, -EINTR (a signal arrived: check and
  * call again), -BH_EEOF (peer gone: its end closed, or, when opts.peer_pid
  * was given, that process exited and nothing it sent is left to read, even
  * though a process it forked may still hold its end), or a BH_E* code
@@ -478,7 +478,10 @@ BH_EXTERN int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out);
  * block (-BH_ETENSOR: overlapping or out of order; so call it once per ref,
  * in the value's order).  On success takes a reference on the block (the
  * caller owns it: bh_block_unref); the views over it keep the mapping, and
- * when the last reference goes the block is returned to the peer. */
+ * when the last reference goes the block is returned to the peer.  A lent
+ * block no reference was taken on is not returned (a value that names it
+ * nowhere, a decode that failed before reaching it): it stays lent to
+ * this side until the channel closes. */
 BH_EXTERN int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_block **out);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
