@@ -210,6 +210,22 @@ def test_real_packs_run_isolated(comfyui, manager_install, monkeypatch, tmp_path
         print(f"{node}: {json.dumps(got)[:400]}")
         ran.append(node)
     print(f"nodes run isolated, outputs as the code made them without bulkhead: {ran or 'none'}")
+    if order != "as-named":
+        return
+    # The next start builds nothing again (a failed build is remembered, a
+    # built one reused) and serves each part as the first did.
+    before = {p["name"]: p["state"] for p in doc["packs"]}
+    srv.stop()
+    with open(srv.log_path, "a") as f:
+        f.write("\n=== second start ===\n")
+    srv.start()
+    with open(srv.log_path, errors="replace") as f:
+        second = f.read().split("=== second start ===", 1)[1]
+    rebuilt = [line for line in second.splitlines() if "building it now" in line or ": building " in line]
+    assert not rebuilt, "\n".join(rebuilt)
+    status, doc = srv.http("GET", "/bulkhead/status")
+    assert {p["name"]: p["state"] for p in doc["packs"]} == before, doc["packs"]
+    print("second start: nothing built again, every part as before")
 
 
 SUMMARY = """
