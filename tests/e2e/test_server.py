@@ -230,6 +230,9 @@ def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
     second = entry["outputs"]["1"]["pid"][0]
     assert second != pid
     assert _wait_gone(second, 30), srv.log()[-2500:]
+    deadline = time.monotonic() + 10      # the line is written once the worker has gone
+    while time.monotonic() < deadline and f"its worker (pid {second}) exited after" not in srv.log():
+        time.sleep(0.1)
     assert f"its worker (pid {second}) exited after" in srv.log()
 
 
@@ -255,6 +258,9 @@ def test_idle_workers_exit_first_under_machine_memory_pressure(comfyui, tmp_path
     assert entry["status"]["status_str"] == "success", entry["status"]
     pid = entry["outputs"]["1"]["pid"][0]
     assert _wait_gone(pid, 30), srv.log()[-2500:]
+    deadline = time.monotonic() + 10      # the line is written once the worker has gone
+    while time.monotonic() < deadline and f"its worker (pid {pid}) exited under" not in srv.log():
+        time.sleep(0.1)
     assert f"its worker (pid {pid}) exited under machine memory pressure" in srv.log()
     assert "of 10% of RAM available, BULKHEAD_IDLE_PRESSURE_PCT" in srv.log()
     _ram_tree(ram, 8 << 20)                 # 8 GiB of 16: no pressure

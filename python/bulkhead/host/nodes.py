@@ -795,8 +795,9 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
     handlers on the host's server, host/serverproxy.py),
     'interrupt_grace_s' (seconds a node may run on after the stop button
     before its worker is stopped; 0: never; default INTERRUPT_GRACE_S),
-    'prewarm' ('prompt': start the worker when a queued prompt uses the
-    pack, the default; 'startup': now, in the background; 'off').
+    'prewarm' ('prompt': start the worker when a prompt whose nodes of the
+    pack will execute starts, ComfyUI's cache deciding (host/prewarm.py), the
+    default; 'startup': now, in the background; 'off').
 
     With a warm cache no worker starts here.  Falls back to ``fallback``
     (in-process) when no ComfyUI is found or the interpreter does not
