@@ -531,10 +531,7 @@ class PackRuntime:
         deferred = self._take_deferred(key, kwargs) if method is None else []
         w = self.worker
         with w.holding():
-            w.poll()  # a generation that died idle is noticed here, not half-way through the call
-            w.start()
-            for checked in deferred:
-                self._validate_late(w, mm, key, checked)
+            self._begin(w, mm, key, deferred)
             instance = node.__dict__.get("_bulkhead_instance")
             if instance is not None and instance._peer is not w.peer:
                 instance = None  # the worker was restarted: a new instance there
@@ -665,6 +662,15 @@ class PackRuntime:
             raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.VALIDATE_INPUTS (pack {self.name!r})") \
                 from None
 
+    def _begin(self, w, mm, key, deferred, v3_hidden=None):
+        """A node call's start, under the worker lock: a generation that
+        died idle is noticed here, not half-way through the call; the
+        worker started; the node's deferred VALIDATE_INPUTS checked."""
+        w.poll()
+        w.start()
+        for checked in deferred:
+            self._validate_late(w, mm, key, checked, v3_hidden)
+
     def _validate_late(self, w, mm, key, checked, v3_hidden=None):
         answer = self._validate(w, mm, key, checked, v3_hidden=v3_hidden)
         if answer is not True:
@@ -684,10 +690,7 @@ class PackRuntime:
         deferred = self._take_deferred(key, kwargs) if method is None else []
         w = self.worker
         with w.holding():
-            w.poll()  # a generation that died idle is noticed here, not half-way through the call
-            w.start()
-            for checked in deferred:
-                self._validate_late(w, mm, key, checked, hidden)
+            self._begin(w, mm, key, deferred, hidden)
             try:
                 res = self._call(w, mm, targets.RUN_V3, key, method, NodeValue(kwargs), hidden)
             except HostObject as e:
