@@ -725,7 +725,7 @@ def first_line(error):
     line = (str(error).splitlines() or [""])[0]
     tail = getattr(error, "output_tail", "")
     if tail and getattr(error, "returncode", None) is not None:
-        why = redact(_last_error(tail))
+        why = redact(_last_error(tail)).rstrip(".")
         if why and why not in line:
             line = f"{line}: {why}"
     return line

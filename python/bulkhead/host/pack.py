@@ -318,7 +318,9 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
     if st.ok:
         return _load_or_fall_back(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
     reason = states.ENV_NOT_BUILT if st.state == "missing" and not why else states.STAMP_REFUSED
+    detail = f"{st.state}: {st.reason}" + (f"; {why}" if why else "")
     if reason == states.ENV_NOT_BUILT and envs.failed_before(config) is not None:
         reason = states.BUILD_FAILED    # "build it" would fail the same way: the fix is what the error names
-    return states.fallback(pack_dir, reason, detail=f"{st.state}: {st.reason}" + (f"; {why}" if why else ""),
-                           name=config.name, module=module, policy=config.options.get("fallback"))
+        detail = st.reason.split("; ", 1)[-1]   # the failure, not "no environment has been built for ..." first
+    return states.fallback(pack_dir, reason, detail=detail, name=config.name, module=module,
+                           policy=config.options.get("fallback"))
