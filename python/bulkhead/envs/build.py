@@ -69,9 +69,9 @@ import time
 from typing import Optional
 
 from .. import _native
-from ..channel.peer import BulkheadError
 from . import config as packconfig
 from . import hostmatch
+from .errors import EnvBuildError, InterpreterNotFound  # noqa: F401  (build's names for its callers too)
 from .config import PackConfigError
 
 STAMP = "bulkhead-stamp.json"
@@ -89,23 +89,6 @@ _PROBE = ("import sys, importlib.util as u; print('%d.%d.%d' % sys.version_info[
 _PROBE_ENV = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 
 
-class EnvBuildError(BulkheadError):
-    """An environment could not be built.  ``output_tail`` holds the last
-    lines of the failing command's output, ``returncode`` its status."""
-
-    def __init__(self, message, output_tail="", returncode=None):
-        super().__init__(message)
-        self.output_tail = output_tail
-        self.returncode = returncode
-
-
-class InterpreterNotFound(EnvBuildError):
-    """No interpreter of the requested version.  ``found`` lists
-    ``(version, path, source)`` of every interpreter that was seen."""
-
-    def __init__(self, message, found=()):
-        super().__init__(message)
-        self.found = list(found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -934,12 +917,13 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
             conda_records = []
             if config.conda:
                 from . import conda
-                conda_records = conda.install(config, tmp, final, interp.version, progress)
+                conda_records = conda.install(config, tmp, final, interp.version, progress, stream=_stream,
+                                              env=_clean_env(), cache=os.path.join(workspace(), "conda-pkgs"))
             reqs = list(config.requirements)
             cuda_reqs = []
             if config.cuda:
                 from . import cudawheels
-                cuda_reqs = cudawheels.resolve(config, interp.version, progress)
+                cuda_reqs = cudawheels.resolve(config, interp.version, progress, rebuild=rebuild_command(config))
                 reqs += cuda_reqs
             tool = "uv pip" if uv else "pip"
 

@@ -40,7 +40,7 @@ import os
 import shlex
 import sys
 
-from .build import EnvBuildError, workspace
+from .errors import EnvBuildError
 
 PREFIX = "conda"            # the prefix's name inside an environment
 PTH = "bulkhead-conda.pth"  # the venv's path file naming its site-packages
@@ -74,13 +74,16 @@ def site_packages(prefix, python_version):
 ERROR_MARK = "bulkhead-conda: error: "
 
 
-def install(config, tmp, final, python_version, progress):
+def install(config, tmp, final, python_version, progress, *, stream, env, cache):
     """Solves and installs config's conda packages into ``<tmp>/conda`` (to
     live at ``<final>/conda``) for an interpreter of python_version, and
     writes the venv's ``.pth`` naming its site-packages under tmp
     (``finish`` turns it to final once the PyPI packages are in).  Returns
     the installed records as [[name, version, build, channel url]].
-    Raises EnvBuildError.
+    Raises EnvBuildError.  stream, env and cache are build.py's command
+    runner (``_stream``), the clean environment for the child and the
+    package cache directory: handed in, as this module does not import
+    build.py (which imports it).
 
     The solve and install run in a child process of this interpreter
     (``python -m bulkhead.envs.conda``): rattler keeps a runtime of
@@ -88,19 +91,18 @@ def install(config, tmp, final, python_version, progress):
     no place in a ComfyUI host, and a child is killed and reaped with the
     rest of the build when the install is interrupted."""
     import json
-    from .build import _stream, _clean_env
     from . import config as packconfig
     chans = channels_for(config)
     where = f"the conda packages of {config.name} ({config.path}: {', '.join(config.conda)})"
     job = {"channels": chans, "specs": list(config.conda), "platform": packconfig.current_platform(),
            "python": python_version, "prefix": os.path.join(tmp, PREFIX),
-           "final_prefix": os.path.join(final, PREFIX), "cache": os.path.join(workspace(), "conda-pkgs"),
+           "final_prefix": os.path.join(final, PREFIX), "cache": cache,
            "where": where, "out": os.path.join(tmp, ".bulkhead-conda.json")}
-    env = _clean_env()
+    env = dict(env)
     pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_parent
     try:
-        _stream([sys.executable, "-m", "bulkhead.envs.conda", json.dumps(job)], progress,
+        stream([sys.executable, "-m", "bulkhead.envs.conda", json.dumps(job)], progress,
                 f"installing {where}", env=env)
     except EnvBuildError as e:
         msg = [l[len(ERROR_MARK):] for l in e.output_tail.splitlines() if l.startswith(ERROR_MARK)]

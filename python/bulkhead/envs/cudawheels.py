@@ -42,7 +42,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from .build import EnvBuildError, rebuild_command
+from .errors import EnvBuildError
 
 DEFAULT_INDEX = "https://comfy-forge.github.io/cuda-wheels/"
 
@@ -124,9 +124,10 @@ def wanted(torch_version, cuda_version):
     return [f"+cu{c}torch{t}", f"+pt{t}cu{c}"]
 
 
-def resolve(config, python_version, progress):
+def resolve(config, python_version, progress, rebuild="bulkhead install <pack>"):
     """``[name @ url, ...]``: a wheel for each of config.cuda.  Raises
-    EnvBuildError."""
+    EnvBuildError.  rebuild: the command that rebuilds the environment
+    (build.rebuild_command), for the warning when wheels are skipped."""
     tv, cv = host_torch()
     where = f"{config.path}: [cuda] packages"
     if tv is None:
@@ -183,5 +184,5 @@ def resolve(config, python_version, progress):
                  f"and no CPU build ({build}) is in the indexes tried ({'; '.join(indexes_tried)}). The "
                  "environment is built without them: the pack runs isolated, and its code that imports them "
                  "fails in its worker. Fix: on a machine with a CUDA build of torch, run "
-                 f"`{rebuild_command(config)} --force`")
+                 f"`{rebuild} --force`")
     return out
