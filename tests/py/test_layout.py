@@ -178,3 +178,110 @@ def test_every_module_is_built_and_installed():
             listed = set(re.findall(r"'([^']+\.py)'", f.read()))
         present = {f for f in os.listdir(d) if f.endswith(".py")}
         assert listed == present, (folder or "bulkhead", sorted(present - listed), sorted(listed - present))
+
+
+def _sources(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root)
+                  for d, _dirs, files in os.walk(root) for f in files if f.endswith(".py"))
+
+
+def _module_imports(root, top_name):
+    """({module: source path}, {module: {(imported module, line, in a
+    function)}}) over the package at root's own modules.  A submodule's
+    import of its parent packages is left out (Python imports those
+    first, whatever the source says)."""
+    mods = {}
+    for rel in _sources(root):
+        name = top_name + "." + rel[:-3].replace(os.sep, ".")
+        mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = rel
+    out = {}
+    for name, rel in mods.items():
+        package = name if rel.endswith("__init__.py") else name.rsplit(".", 1)[0]
+        with open(os.path.join(root, rel)) as f:
+            tree = ast.parse(f.read(), rel)
+        edges = out[name] = set()
+
+        def walk(node, in_function):
+            for child in ast.iter_child_nodes(node):
+                targets = []
+                if isinstance(child, ast.Import):
+                    targets = [a.name for a in child.names]
+                elif isinstance(child, ast.ImportFrom):
+                    base = child.module or ""
+                    if child.level:
+                        up = package.split(".")[:len(package.split(".")) - child.level + 1]
+                        base = ".".join(up + ([child.module] if child.module else []))
+                    targets = [base] + [f"{base}.{a.name}" for a in child.names]
+                for t in targets:
+                    if t in mods and t != name and not name.startswith(t + "."):
+                        edges.add((t, child.lineno, in_function))
+                walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+        walk(tree, False)
+    return mods, out
+
+
+def _import_cycles(root, top_name, lazy_face=True):
+    """'path:line: a -> b -> ... -> a' for every import that closes a
+    cycle: a top-level one, or one deferred into a function to break it
+    (a later top-level import there would be an ImportError).  lazy_face:
+    the package face's own deferred imports are allowed (see below)."""
+    mods, imports = _module_imports(root, top_name)
+    top = {m: {t for t, _line, deferred in e if not deferred} for m, e in imports.items()}
+
+    def reaches(a, b):
+        seen, todo = set(), [a]
+        while todo:
+            m = todo.pop()
+            if m == b:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo += top.get(m, ())
+        return False
+
+    return sorted(f"{mods[m]}:{line}: {m} -> {t} -> ... -> {m}"
+                  for m, e in imports.items() for t, line, deferred in e
+                  if reaches(t, m) and not (lazy_face and deferred and m == top_name))
+
+
+def test_no_import_cycles():
+    """The package's modules import each other without a cycle, and no
+    import is deferred into a function to break one.  The package face
+    (bulkhead/__init__.py) loads its host names lazily on purpose: `import
+    bulkhead` in a worker must not import host code."""
+    assert _import_cycles(PY_SRC, "bulkhead") == []
+
+
+def test_the_cycle_scan_sees_one(tmp_path):
+    """The scan above can fail: a cycle closed at the top level, and one
+    broken by a function-body import, are both named with their lines."""
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import os\nfrom . import b\n")
+    (pkg / "b.py").write_text("from .sub import c\n")
+    (pkg / "sub" / "c.py").write_text("def f():\n    from .. import a\n")
+    (pkg / "d.py").write_text("from .e import x\n")
+    (pkg / "e.py").write_text("from . import d\nx = 1\n")
+    # a -> b -> c is no cycle at the top level: c's deferred import closes one
+    assert _import_cycles(str(pkg), "p") == [
+        "d.py:1: p.d -> p.e -> ... -> p.d",
+        "e.py:1: p.e -> p.d -> ... -> p.e",
+        "sub/c.py:2: p.sub.c -> p.a -> ... -> p.sub.c",
+    ]
+
+
+def test_the_worker_lock_has_one_owner():
+    """Outside host/workers.py the worker lock is taken through
+    Worker.holding, never as the private attribute."""
+    import re
+    found = []
+    for rel in package_sources():
+        if rel == os.path.join("host", "workers.py"):
+            continue
+        with open(os.path.join(PY_SRC, rel)) as f:
+            for n, line in enumerate(f, 1):
+                if re.search(r"\b(?!self\b)\w+\._lock\b", line):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert found == [], found
