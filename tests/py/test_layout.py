@@ -285,3 +285,15 @@ def test_the_worker_lock_has_one_owner():
                 if re.search(r"\b(?!self\b)\w+\._lock\b", line):
                     found.append(f"{rel}:{n}: {line.strip()}")
     assert found == [], found
+
+
+def test_the_architecture_page_lists_every_module():
+    """docs/architecture.md's module map names every module of the package
+    (a row naming it, host/nodes.py in backquotes), and no module that is
+    gone."""
+    import re
+    with open(os.path.join(os.path.dirname(os.path.dirname(PY_SRC)), "docs", "architecture.md")) as f:
+        page = f.read()
+    listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", page, re.M))
+    present = set(package_sources())
+    assert listed == present, (sorted(present - listed), sorted(listed - present))
