@@ -922,3 +922,23 @@ def test_uninstall_refuses_while_a_worker_runs(tmp_path):
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_uninstall_leaves_a_running_hosts_own_directory(tmp_path):
+    """A host's own directory under /tmp (bulkhead-<uid>-<pid>-*: its
+    control socket, its workers' package root) is never a leftover while
+    that host runs; once it has exited, it is."""
+    import tempfile
+    env, paths = _bulkhead_leftovers(tmp_path)
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    live = tempfile.mkdtemp(prefix=f"bulkhead-{os.getuid()}-{host.pid}-", dir="/tmp")
+    try:
+        p = subprocess.run([CLI, "uninstall", "--yes"], capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 0, p.stdout
+        assert os.path.isdir(live) and live not in p.stdout, p.stdout
+        assert not any(os.path.lexists(x) for x in paths)
+    finally:
+        host.kill()
+        host.wait()
+    p = subprocess.run([CLI, "uninstall", "--yes"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and live in p.stdout and not os.path.exists(live), p.stdout

@@ -71,7 +71,7 @@ _mine = None               # (pid, path): this process's directory under /tmp
 _mine_lock = threading.Lock()
 
 
-def _tmp_prefix(pid=None):
+def tmp_prefix(pid=None):
     return f"bulkhead-{os.getuid()}-" + ("" if pid is None else f"{pid}-")
 
 
@@ -93,7 +93,7 @@ def runtime_dir():
         if _mine is not None and _mine[0] == os.getpid():
             return _mine[1]
         sweep_tmp()
-        path = private_dir(tempfile.mkdtemp(prefix=_tmp_prefix(os.getpid()), dir=TMP))
+        path = private_dir(tempfile.mkdtemp(prefix=tmp_prefix(os.getpid()), dir=TMP))
         atexit.register(_remove_tmp, path, os.getpid())
         _mine = (os.getpid(), path)
         return path
@@ -107,7 +107,7 @@ def _remove_tmp(path, pid):
 def _tmp_dirs(pid=None):
     """This user's process directories under /tmp (of `pid` only, when
     given) that pass the private-directory check, sorted."""
-    prefix = _tmp_prefix(pid)
+    prefix = tmp_prefix(pid)
     try:
         names = sorted(n for n in os.listdir(TMP) if n.startswith(prefix))
     except OSError:
@@ -142,7 +142,7 @@ def owner_gone(name, prefix):
 def sweep_tmp():
     """Removes this user's /tmp directories whose process is gone.
     Returns the paths removed."""
-    removed = [path for path in _tmp_dirs() if owner_gone(os.path.basename(path), _tmp_prefix())]
+    removed = [path for path in _tmp_dirs() if owner_gone(os.path.basename(path), tmp_prefix())]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed

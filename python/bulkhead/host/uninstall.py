@@ -70,8 +70,19 @@ def found():
         path = os.path.abspath(path)
         if not os.path.lexists(path) or any(path == p or path.startswith(p + os.sep) for p, _, _ in out):
             continue
+        if _host_dir_in_use(path):
+            continue        # a running host's own directory (its control socket, its workers' package root)
         out.append((path, what, _size(path)))
     return out
+
+
+def _host_dir_in_use(path):
+    """Whether path is a host's own directory under /tmp
+    (``bulkhead-<uid>-<pid>-*``) whose process still runs: never a
+    leftover, whatever else the user asks removed."""
+    from . import rundir
+    name, prefix = os.path.basename(path), rundir.tmp_prefix()
+    return name.startswith(prefix) and not rundir.owner_gone(name, prefix)
 
 
 def running():
