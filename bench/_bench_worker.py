@@ -24,3 +24,31 @@ def small(count, nbytes):
     if a is None:
         a = _cache[key] = [np.full(nbytes, i % 251, dtype=np.uint8) for i in range(count)]
     return a
+
+
+def keep(a):
+    """Keeps a (an array the host sent: a view of the host's block) to
+    return it on every kept() call."""
+    _cache["kept"] = a
+    return a.nbytes
+
+
+def kept():
+    """The array keep() kept: the host's own block, sent back by reference."""
+    return _cache["kept"]
+
+
+def drop():
+    _cache.pop("kept", None)
+
+
+def big_torch(nbytes):
+    """big() as a torch tensor (made once; None where torch is missing)."""
+    t = _cache.get(("torch", nbytes))
+    if t is None:
+        try:
+            import torch
+        except ImportError:
+            return None
+        t = _cache[("torch", nbytes)] = torch.ones(nbytes // 4, dtype=torch.float32)
+    return t

@@ -14,7 +14,10 @@ set against them:
   ready_ms     Worker.start() + first call, fresh process      <= bare_ready_ms + 20
   rss_overhead_mib  idle worker RSS - bare interpreter RSS     <= 5
 
-and, with no target, what many small arrays in one call cost: --small-count
+and, with no target, what a 64 MiB tensor crossing again costs
+(crossings_again: the same host array again, a worker's cached one
+returned, and values that came from the peer sent back by reference, each
+with its ratio to the memcpy), and what many small arrays in one call cost: --small-count
 (1,000) arrays of --small-bytes (70,000: past the inline size, so they
 share arena blocks) host -> worker and worker -> host in one call each
 (h2w_small_ms, w2h_small_ms; per array in small_us_per_array).
@@ -239,6 +242,56 @@ def transfers(w, reps):
     }
 
 
+def crossings_again(w, reps):
+    """A 64 MiB tensor crossing again (#26), each with its ratio to the
+    same run's memcpy: what copies and what goes by reference.
+
+      same_h2w_64m_ms     the same host array sent on every call (host
+                          memory: copied every time)
+      cached_w2h_64m_ms   a worker's cached array (made there) returned on
+                          every call (copied every time; = w2h_64m_ms)
+      back_h2w_64m_ms     an array the worker returned, sent back to it on
+                          every call (ComfyUI's output cache feeding the
+                          next node): a reference to the worker's block
+      back_w2h_64m_ms     an array the host sent, kept by the worker and
+                          returned on every call: a reference to the
+                          host's block
+      *_torch_*           the same for torch tensors, where both ends have
+                          torch
+    """
+    import numpy as np
+    a = np.full(BIG // 4, 1.5, dtype=np.float32)
+    out = {}
+    out["same_h2w_64m_ms"] = time_transfer(lambda: w.call("numpy:ndim", a), reps)
+    out["cached_w2h_64m_ms"] = time_transfer(lambda: w.call("_bench_worker:big", BIG), reps)
+    got = w.call("_bench_worker:big", BIG)
+    before = w.stats()["created"]
+    out["back_h2w_64m_ms"] = time_transfer(lambda: w.call("numpy:ndim", got), reps)
+    if w.stats()["created"] != before:
+        raise RuntimeError("an array from the worker sent back was copied into a new block")
+    del got
+    w.call("_bench_worker:keep", a)
+    back = w.call("_bench_worker:kept")
+    if not np.array_equal(back, a) or back.flags.writeable:
+        raise RuntimeError("the worker's kept view did not come back as the host's own block")
+    del back
+    out["back_w2h_64m_ms"] = time_transfer(lambda: w.call("_bench_worker:kept"), reps)
+    w.call("_bench_worker:drop")
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    t = w.call("_bench_worker:big_torch", BIG) if torch is not None else None
+    if t is not None:
+        ht = torch.full((BIG // 4,), 1.5, dtype=torch.float32)
+        out["same_h2w_torch_64m_ms"] = time_transfer(lambda: w.call("builtins:len", ht), reps)
+        out["cached_w2h_torch_64m_ms"] = time_transfer(lambda: w.call("_bench_worker:big_torch", BIG), reps)
+        out["back_h2w_torch_64m_ms"] = time_transfer(lambda: w.call("builtins:len", t), reps)
+    del t
+    gc.collect()
+    return out
+
+
 def small_transfers(w, reps, count, nbytes):
     """One call carrying `count` arrays of `nbytes` each, each way."""
     import numpy as np
@@ -339,6 +392,20 @@ def table(r):
         ("h2w_ratio", r["h2w_ratio"], 1.3),
         ("w2h_ratio", r["w2h_ratio"], 1.3),
         ("echo_ratio", r["echo_ratio"], None),
+        ("same_h2w_64m_ms", r.get("same_h2w_64m_ms"), None),
+        ("same_h2w_ratio", r.get("same_h2w_ratio"), None),
+        ("cached_w2h_64m_ms", r.get("cached_w2h_64m_ms"), None),
+        ("cached_w2h_ratio", r.get("cached_w2h_ratio"), None),
+        ("back_h2w_64m_ms", r.get("back_h2w_64m_ms"), None),
+        ("back_h2w_ratio", r.get("back_h2w_ratio"), None),
+        ("back_w2h_64m_ms", r.get("back_w2h_64m_ms"), None),
+        ("back_w2h_ratio", r.get("back_w2h_ratio"), None),
+        ("same_h2w_torch_64m_ms", r.get("same_h2w_torch_64m_ms"), None),
+        ("same_h2w_torch_ratio", r.get("same_h2w_torch_ratio"), None),
+        ("cached_w2h_torch_64m_ms", r.get("cached_w2h_torch_64m_ms"), None),
+        ("cached_w2h_torch_ratio", r.get("cached_w2h_torch_ratio"), None),
+        ("back_h2w_torch_64m_ms", r.get("back_h2w_torch_64m_ms"), None),
+        ("back_h2w_torch_ratio", r.get("back_h2w_torch_ratio"), None),
         ("h2w_small_ms", r.get("h2w_small_ms"), None),
         ("w2h_small_ms", r.get("w2h_small_ms"), None),
         ("small_us_per_array", r.get("small_us_per_array"), None),
@@ -419,6 +486,7 @@ def main(argv=None):
         r = {k: median_or_none([x[k] for x in rounds]) for k in rounds[0]}
         r["rounds"] = rounds
         r.update(transfers(w, args.reps))
+        r.update(crossings_again(w, args.reps))
         r.update(small_transfers(w, args.reps, args.small_count, args.small_bytes))
         r["worker_pool"] = w.stats()
     finally:
@@ -443,6 +511,12 @@ def main(argv=None):
     r["h2w_ratio"] = ratio(r["h2w_64m_ms"], r["memcpy_64m_ms"])
     r["w2h_ratio"] = ratio(r["w2h_64m_ms"], r["memcpy_64m_ms"])
     r["echo_ratio"] = ratio(r["echo_64m_ms"], r["memcpy_64m_ms"])
+    for k in ("same_h2w", "cached_w2h", "back_h2w", "back_w2h", "same_h2w_torch",
+              "cached_w2h_torch", "back_h2w_torch"):
+        if k.endswith("_torch"):
+            r[k + "_ratio"] = ratio(r.get(k[:-6] + "_torch_64m_ms"), r["memcpy_64m_ms"])
+        else:
+            r[k + "_ratio"] = ratio(r.get(k + "_64m_ms"), r["memcpy_64m_ms"])
     # None where the unpinned figures ran on unlike placements (see note).
     r["targets"] = {
         "call_ratio": (r["call_ratio"] <= 1.3 if r["pingpong_placement"] == r["call_placement"] else None),

@@ -16,7 +16,8 @@
  * through bh__lend_claim against the section's lend list (what
  * bh_channel_frame_block checks as the extension decodes: a block the
  * frame lends, an aligned offset, a range within the block, after the
- * previous ref into it).  A SPILLED frame stops after the check: its
+ * previous ref into it), a back ref (BH_BLOCK_BACK) through
+ * bh__pool_back_get against the pool's own block.  A SPILLED frame stops after the check: its
  * payload would be in the memfd, and the payload's decoders are the ones
  * fuzzed here on inline frames.
  *
@@ -55,6 +56,28 @@ static void check_pool_at_rest(void) {
   FUZZ_CHECK(s.own_blocks == 1 && s.peer_blocks == 0 && s.peer_bytes == 0);
 }
 
+/* A back ref, against the pool's own block (id 1, lent unless the input
+ * returned it): refused with BH_EBLOCK for any other id or a block not
+ * lent, BH_ETENSOR for a range not aligned or not within it; else a
+ * reference on that very block, the range within it. */
+static void claim_back(const bh_tensor_ref *t) {
+  bh_pool_stats s;
+  FUZZ_CHECK(bh_pool_stats_get(pool, &s) == 0);
+  uint32_t id = t->block & ~BH_BLOCK_BACK;
+  bh_block *b = NULL;
+  int rc = bh__pool_back_get(pool, t, &b);
+  if (rc < 0) {
+    FUZZ_RC_IN(rc, -BH_EBLOCK, -BH_ETENSOR);
+    FUZZ_CHECK((rc == -BH_EBLOCK) == (id != 1 || s.lent_blocks == 0));
+    return;
+  }
+  FUZZ_CHECK(b == own && id == 1 && s.lent_blocks == 1);
+  FUZZ_CHECK(t->offset % BH_ARENA_ALIGN == 0 && t->offset <= bh_block_size(b) &&
+             t->nbytes <= bh_block_size(b) - t->offset);
+  fuzz_touch((const uint8_t *)bh_block_addr(b) + t->offset, (size_t)t->nbytes);
+  bh_block_unref(b);
+}
+
 /* Every block ref of a valid value, in order, against the lend list: each
  * claim is refused with BH_EBLOCK / BH_ETENSOR or names an entry whose
  * block it is, the range aligned, within the block and after every range
@@ -72,6 +95,10 @@ static void claim_refs(const bh__section *sec, const uint8_t *value, size_t len)
     if (it.tag != BH_TAG_TENSOR || it.u.t.block == BH_BLOCK_NONE || it.u.t.block == BH_BLOCK_INLINE)
       continue;
     const bh_tensor_ref *t = &it.u.t;
+    if (t->block & BH_BLOCK_BACK) { /* a back ref: our own block, lent */
+      claim_back(t);
+      continue;
+    }
     uint32_t k = sec->n_lend;
     for (uint32_t i = 0; i < sec->n_lend; i++)
       if (l[i].id == t->block) k = i;

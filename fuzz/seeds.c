@@ -362,6 +362,31 @@ static void frame_seeds(void) {
   }
   for (int i = 0; i < 4; i++) bh_block_unref(ab[i]);
 
+  /* Back refs (protocol 6): b names a block of a's own, as a value a lent
+   * it and b sends back.  fuzz_frame's pool has one own block, id 1 of
+   * 4096 bytes, lent before each input (and returned by an input's return
+   * note): each ref twice (back refs may overlap), then what a receiver
+   * refuses: a block it does not have, misaligned, past the block. */
+  static const struct {
+    const char *name;
+    uint32_t id;
+    uint64_t off, len;
+  } back[] = {
+      {"back_ref", 1, 0, 4096},           {"back_ref_part", 1, 64, 100},
+      {"back_ref_unknown", 2, 0, 64},     {"back_ref_misaligned", 1, 32, 64},
+      {"back_ref_past_block", 1, 4032, 128},
+  };
+  for (size_t k = 0; k < sizeof back / sizeof back[0]; k++) {
+    int64_t shape[1] = {(int64_t)back[k].len}, strides[1] = {1};
+    bh_buf_init(&v);
+    bh_enc_list(&v, 2);
+    for (int i = 0; i < 2; i++)
+      tensor(&v, BH_TENSOR_NUMPY, BH_DT_UINT8, 1, shape, strides, back[k].id | BH_BLOCK_BACK,
+             back[k].off);
+    send_and_pass(b, rb, ra, a, back[k].name, BH_KIND_CALL, 20 + k, &v, NULL, 0);
+    bh_buf_free(&v);
+  }
+
   /* A payload over BH_FRAME_INLINE_MAX spills: the message is the header. */
   bh_buf_init(&v);
   char *big = calloc(1, 70000);

@@ -151,6 +151,11 @@ enum bh_tag {
 /* tensor-ref whose nbytes bytes follow it in the value itself (a small
  * tensor: no block, no fd); nbytes is 1..BH_TENSOR_INLINE_MAX, offset 0 */
 #define BH_BLOCK_INLINE (UINT32_MAX - 1)
+/* A tensor-ref block id with this bit set (and not NONE or INLINE) names a
+ * block of the RECEIVER's pool, id & ~BH_BLOCK_BACK: one the receiver lent
+ * the sender and the sender still holds, sent back by reference, no copy
+ * (protocol 6).  Own block ids stay below it. */
+#define BH_BLOCK_BACK 0x80000000u
 #define BH_TENSOR_INLINE_MAX (64u << 10)
 
 /* Which library a tensor came from, so the receiver rebuilds the same kind
@@ -164,7 +169,7 @@ typedef struct bh_tensor_ref {
   uint8_t lib;    /* BH_TENSOR_* */
   uint8_t dtype;  /* BH_DT_* */
   uint8_t ndim;   /* <= BH_MAX_DIMS */
-  uint32_t block; /* sender's block id, BH_BLOCK_NONE when nbytes == 0 */
+  uint32_t block; /* sender's block id (or BH_BLOCK_BACK | receiver's), BH_BLOCK_NONE when nbytes == 0 */
   uint64_t offset;
   uint64_t nbytes;
   int64_t shape[BH_MAX_DIMS];
@@ -269,8 +274,10 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 /* ------------------------------------------------------------------ frames */
 
 /* 5: the block section lists the blocks a frame lends (see channel.c), and
- * tensor refs into them are checked against it (bh_channel_frame_block). */
-#define BH_PROTOCOL_VERSION 5
+ * tensor refs into them are checked against it (bh_channel_frame_block).
+ * 6: a tensor ref may name a block of the receiver's own that it lent the
+ * sender (BH_BLOCK_BACK): a value crosses back by reference. */
+#define BH_PROTOCOL_VERSION 6
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u
@@ -481,8 +488,26 @@ BH_EXTERN int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out);
  * when the last reference goes the block is returned to the peer.  A lent
  * block no reference was taken on is not returned (a value that names it
  * nowhere, a decode that failed before reaching it): it stays lent to
- * this side until the channel closes. */
+ * this side until the channel closes.
+ *
+ * A back ref (block BH_BLOCK_BACK | id) names instead a block of this
+ * side's own pool: it must be one this side lent the peer and the peer
+ * has not returned (-BH_EBLOCK otherwise: unknown, never lent, returned,
+ * or the peer's), the offset a multiple of BH_ARENA_ALIGN and the range
+ * within the block (-BH_ETENSOR); refs into it may overlap (the same
+ * tensor twice).  The reference taken keeps the block from reuse after
+ * the peer returns it, until the caller's views of it go. */
 BH_EXTERN int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_block **out);
+
+/* For sending a value by reference: finds the peer block, mapped here and
+ * held (some view of it still lives), that holds [addr, addr + nbytes)
+ * at an offset that is a multiple of BH_ARENA_ALIGN, and takes a reference
+ * on it (the caller owns it: bh_block_unref) with the offset.  A tensor ref
+ * to it, sent as BH_BLOCK_BACK | bh_block_id(*out) while the reference is
+ * held, reaches the peer as a view of its own block, no copy.  Returns 0,
+ * -ENOENT (no such block: copy the bytes instead) or -EINVAL. */
+BH_EXTERN int bh_channel_peer_find(bh_channel *c, const void *addr, uint64_t nbytes,
+                                   bh_block **out, uint64_t *offset);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 BH_EXTERN int64_t bh_now_ns(void);

@@ -14,6 +14,10 @@
  *   n_lend x (u32 id, u64 size)    own blocks this frame lends (ids strictly
  *                                  ascending): the only blocks its value's
  *                                  tensor refs may name (protocol 5)
+ * A tensor ref may also name a block of the receiver's own, one it lent
+ * this side and has not had back (BH_BLOCK_BACK | id, protocol 6): a value
+ * that came from the peer goes back by reference, unlisted (nothing is
+ * lent), checked against the receiver's pool as it is decoded.
  * A lent block is one the peer has mapped (introduced by this frame or an
  * earlier one) with exactly that size.  The refs into one block, in the
  * value's order, start at multiples of BH_ARENA_ALIGN, each at or after the
@@ -189,9 +193,16 @@ int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out) {
 
 int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_block **out) {
   if (!c || !t || !out || t->block == BH_BLOCK_NONE || t->block == BH_BLOCK_INLINE) return -EINVAL;
+  if (t->block & BH_BLOCK_BACK) return bh__pool_back_get(c->pool, t, out);
   int i = bh__lend_claim(c->lend, c->n_lend, t);
   if (i < 0) return i;
   return bh__pool_peer_get(c->pool, t->block, out);
+}
+
+int bh_channel_peer_find(bh_channel *c, const void *addr, uint64_t nbytes, bh_block **out,
+                         uint64_t *offset) {
+  if (!c || !addr || !nbytes || !out || !offset) return -EINVAL;
+  return bh__pool_peer_find(c->pool, addr, nbytes, out, offset);
 }
 
 /* ---- send ---- */
@@ -476,11 +487,14 @@ int bh__section_parse(const uint8_t *p, size_t len, uint32_t n_fds, bh__section 
   s->retires = s->returns + (size_t)n_ret * 4;
   s->lend = s->retires + (size_t)n_retire * 4;
   s->len = need;
+  /* Block ids stay below BH_BLOCK_BACK: a back ref to one is unambiguous. */
+  for (uint32_t i = 0; i < n_intro; i++)
+    if (bh__get_u32(s->intro + (size_t)i * 12) & BH_BLOCK_BACK) return -BH_EBLOCKSEC;
   /* Strictly ascending: no block twice, and a ref finds its block by a
    * binary search. */
   for (uint32_t i = 0; i < n_lend; i++) {
     const uint8_t *q = s->lend + (size_t)i * 12;
-    if (bh__get_u64(q + 4) == 0) return -BH_EBLOCKSEC;
+    if (bh__get_u64(q + 4) == 0 || (bh__get_u32(q) & BH_BLOCK_BACK)) return -BH_EBLOCKSEC;
     if (i && bh__get_u32(q) <= bh__get_u32(q - 12)) return -BH_EBLOCKSEC;
   }
   return 0;

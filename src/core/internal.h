@@ -85,6 +85,16 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size);
 /* The peer retired its block `id`: unmap it (it must hold no references). */
 int bh__pool_retire_peer(bh_pool *p, uint32_t id);
 int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out);
+/* A back ref (bh_channel_frame_block): own block id (t->block without
+ * BH_BLOCK_BACK) lent to the peer and not returned, the range aligned and
+ * within it; takes a reference.  -BH_EBLOCK / -BH_ETENSOR. */
+int bh__pool_back_get(bh_pool *p, const bh_tensor_ref *t, bh_block **out);
+/* The held peer block holding [addr, addr + n) at an aligned offset; takes
+ * a reference.  -ENOENT if none. */
+int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset);
+/* Whether tensor ref t fits a block of size bytes as a back ref: offset a
+ * multiple of BH_ARENA_ALIGN, range within.  0 or -BH_ETENSOR.  Pure. */
+int bh__back_range(uint64_t size, const bh_tensor_ref *t);
 struct bh__lend;
 /* 0 when every block of l[0..n) (ids ascending, no two alike) is a peer
  * block mapped here with exactly that size; else -BH_EBLOCK. */
@@ -127,7 +137,8 @@ typedef struct bh__section {
 /* Parses the block section at the front of a payload of len bytes whose
  * frame carries n_fds intro fds (the spill fd not counted).  Returns 0,
  * -BH_EBLOCKSEC (counts over their limits or past the payload, lend ids
- * not strictly ascending, a lent size of 0) or -BH_EFDCOUNT
+ * not strictly ascending, a lent size of 0, an intro or lend id with
+ * BH_BLOCK_BACK set) or -BH_EFDCOUNT
  * (n_intro != n_fds).  *s borrows p. */
 int bh__section_parse(const uint8_t *p, size_t len, uint32_t n_fds, bh__section *s);
 

@@ -11,7 +11,10 @@
  *               the peer with the frame that references it -> returned by
  *               the peer (a note on a later frame) -> free again.  The fd
  *               travels once, the first time the block is lent; after that
- *               only its id does.
+ *               only its id does.  While lent, the peer may send it
+ *               back by reference (a back ref, BH_BLOCK_BACK | id): a
+ *               view of it here takes a reference, so it is not reused
+ *               when the peer returns it before that view goes.
  *   peer block  the peer's block, mapped here on its first introduction
  *               and kept mapped; references are held by the objects that
  *               wrap it, and when the last one goes its id is queued as a
@@ -312,6 +315,11 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
     pthread_mutex_unlock(&p->mu);
     return -BH_EPOOLFULL;
   }
+  if (p->next_id >= BH_BLOCK_BACK) { /* own ids stay below the back-ref bit */
+    atomic_fetch_sub(&bh__block_fds, 1);
+    pthread_mutex_unlock(&p->mu);
+    return -BH_EPOOLFULL;
+  }
   uint32_t id = p->next_id++;
   pthread_mutex_unlock(&p->mu);
 
@@ -488,6 +496,48 @@ int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out) {
   if (!b) return -BH_EBLOCK;
   *out = b;
   return 0;
+}
+
+int bh__back_range(uint64_t size, const bh_tensor_ref *t) {
+  if (t->offset % BH_ARENA_ALIGN || t->offset > size || t->nbytes > size - t->offset)
+    return -BH_ETENSOR;
+  return 0;
+}
+
+int bh__pool_back_get(bh_pool *p, const bh_tensor_ref *t, bh_block **out) {
+  uint32_t id = t->block & ~BH_BLOCK_BACK;
+  if (!(t->block & BH_BLOCK_BACK) || t->block == BH_BLOCK_NONE || t->block == BH_BLOCK_INLINE)
+    return -BH_EBLOCK;
+  pthread_mutex_lock(&p->mu);
+  bh_block *b = bh__find(p->own, p->n_own, id, NULL);
+  /* Lent: the peer maps it and holds a view, so its bytes are the ones the
+   * peer read; once returned it may be reused at any time. */
+  int rc = !b || !b->lent ? -BH_EBLOCK : bh__back_range(b->size, t);
+  if (rc == 0) atomic_fetch_add(&b->refs, 1);
+  pthread_mutex_unlock(&p->mu);
+  if (rc == 0) *out = b;
+  return rc;
+}
+
+int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset) {
+  uintptr_t a = (uintptr_t)addr;
+  int rc = -ENOENT;
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < p->n_peer; i++) {
+    bh_block *b = p->peer[i];
+    uintptr_t lo = (uintptr_t)b->addr;
+    if (a < lo || a - lo > b->size || n > b->size - (a - lo)) continue;
+    /* Held: a view of it lives (the caller's), so no return is queued and
+     * the peer keeps it lent; the reference taken keeps it so. */
+    if (atomic_load(&b->refs) == 0 || (a - lo) % BH_ARENA_ALIGN) break;
+    atomic_fetch_add(&b->refs, 1);
+    *out = b;
+    *offset = a - lo;
+    rc = 0;
+    break;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return rc;
 }
 
 int bh__pool_peer_check(bh_pool *p, const bh__lend *l, uint32_t n) {

@@ -577,6 +577,27 @@ static PyObject *Channel_acquire(PyObject *op, PyObject *arg) {
   return l;
 }
 
+/* peer_lease(address, nbytes): a Lease over the peer's block that holds
+ * those bytes (a view received from the peer, still alive), for sending
+ * them back by reference (codec.c: a back ref); None when no held peer
+ * block holds them at an aligned offset.  tensors.encode calls it. */
+static PyObject *Channel_peer_lease(PyObject *op, PyObject *args) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  unsigned long long addr, n;
+  if (!PyArg_ParseTuple(args, "KK:peer_lease", &addr, &n)) return NULL;
+  bh_channel *c = chan_live(self);
+  if (!c) return NULL;
+  if (addr == 0 || n == 0) Py_RETURN_NONE;
+  bh_block *b;
+  uint64_t offset;
+  int rc = bh_channel_peer_find(c, (const void *)(uintptr_t)addr, n, &b, &offset);
+  if (rc == -ENOENT) Py_RETURN_NONE;
+  if (rc < 0) return bh_py_raise(chan_state(self), rc, "peer_lease");
+  PyObject *l = bh_py_lease_new(chan_state(self), b, offset, n);
+  bh_block_unref(b);
+  return l;
+}
+
 static PyObject *Channel_stats(PyObject *op, PyObject *unused) {
   (void)unused;
   bh_chan_obj *self = (bh_chan_obj *)op;
@@ -664,6 +685,8 @@ static PyMethodDef Channel_methods[] = {
      "acquire(nbytes) -> Lease over a free own block; while this channel encodes a value\n"
      "(from its encode_other hook), one of at most ARENA_ITEM_MAX bytes is an aligned range\n"
      "of a block that value's other small tensors share (one block lent, not one each)"},
+    {"peer_lease", Channel_peer_lease, METH_VARARGS,
+     "peer_lease(address, nbytes) -> Lease over the held peer block holding those bytes, or None"},
     {"stats", Channel_stats, METH_NOARGS, "block pool statistics"},
     {"trim_pool", Channel_trim_pool, METH_VARARGS,
      "trim_pool(keep_bytes=0): destroys free own blocks beyond keep_bytes; returns the bytes freed"},

@@ -9,7 +9,11 @@
  *                                          into the shm block of the Lease
  *                                          (Channel.acquire: a small one's
  *                                          is a range of a block the
- *                                          value's small tensors share);
+ *                                          value's small tensors share),
+ *                                          or already in the PEER's block
+ *                                          the Lease is over
+ *                                          (Channel.peer_lease): sent back
+ *                                          by reference, no copy;
  *   (0, lib, dtype, shape, bytes)          a small one (at most
  *                                          TENSOR_INLINE_MAX bytes), its
  *                                          bytes inline in the value; the
@@ -157,16 +161,21 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
       goto out;
     }
     bh_lease_obj *l = (bh_lease_obj *)lease;
-    if (!bh_block_is_own(l->block) || l->nbytes < t.nbytes) {
-      PyErr_SetString(PyExc_ValueError, "lease is not an own block large enough for the tensor");
+    int back = !bh_block_is_own(l->block); /* Channel.peer_lease: the peer's block, sent back */
+    if (l->nbytes < t.nbytes || (back && l->offset % BH_ARENA_ALIGN)) {
+      PyErr_SetString(PyExc_ValueError, "lease is not a block range that holds the tensor");
       goto out;
     }
-    t.block = bh_block_id(l->block);
+    t.block = bh_block_id(l->block) | (back ? BH_BLOCK_BACK : 0);
     t.offset = l->offset;
     if (t.nbytes == 0) t.block = BH_BLOCK_NONE, t.offset = 0;
-    if (t.block != BH_BLOCK_NONE) {
+    if (t.block != BH_BLOCK_NONE) { /* held until sent */
       if (!e->keep && !(e->keep = PyList_New(0))) goto out;
       if (PyList_Append(e->keep, lease) < 0) goto out;
+    }
+    /* A back ref's block is the peer's: not lent, so not listed, and held
+     * (above) no return of it can leave with this frame's notes. */
+    if (t.block != BH_BLOCK_NONE && !back) {
       /* An arena's tensors come one after another: their block is listed
        * once (bh_channel_send lends a block once however often listed). */
       int listed = e->n_blocks && e->blocks[e->n_blocks - 1] == l->block;
@@ -321,10 +330,14 @@ static PyObject *dec_tensor(bh_dec_ctx *d, const bh_tensor_ref *t) {
       Py_DECREF(lease);
       return dec_error(d, rc);
     }
+    /* Our own block, sent back: the peer may still read it (numpy's view
+     * of it is read-only; torch has no such flag). */
+    int own = bh_block_is_own(blk);
     Py_DECREF(lease);
     lease = bh_py_lease_new(d->st, blk, t->offset, t->nbytes);
     bh_block_unref(blk); /* the lease holds its own */
     if (!lease) return NULL;
+    ((bh_lease_obj *)lease)->readonly = own;
   }
   PyObject *shape = PyTuple_New(t->ndim), *strides = PyTuple_New(t->ndim);
   if (!shape || !strides) goto out;

@@ -43,6 +43,7 @@ typedef struct {
   bh_block *block; /* one reference, owned */
   uint64_t offset;
   uint64_t nbytes;
+  int readonly; /* numpy's view is read-only: an own block the peer sent back */
 } bh_lease_obj;
 
 bh_state *bh_py_state(PyObject *module);

@@ -18,6 +18,7 @@ PyObject *bh_py_lease_new(bh_state *st, bh_block *b, uint64_t offset, uint64_t n
   l->block = b;
   l->offset = offset;
   l->nbytes = nbytes;
+  l->readonly = 0;
   PyObject_GC_Track((PyObject *)l);
   return (PyObject *)l;
 }
@@ -76,13 +77,21 @@ static PyObject *Lease_own(PyObject *self, void *c) {
   return PyBool_FromLong(bh_block_is_own(l->block));
 }
 
-/* numpy's array interface: a 1-D uint8 view of the leased bytes. */
+static PyObject *Lease_readonly(PyObject *self, void *c) {
+  (void)c;
+  return PyBool_FromLong(((bh_lease_obj *)self)->readonly);
+}
+
+/* numpy's array interface: a 1-D uint8 view of the leased bytes, read-only
+ * when the lease is (torch's DLPack view has no such flag: see
+ * python/bulkhead/channel/tensors.py). */
 static PyObject *Lease_array_interface(PyObject *self, void *c) {
   (void)c;
   bh_lease_obj *l = (bh_lease_obj *)self;
   if (!lease_live(l)) return NULL;
   uintptr_t addr = (uintptr_t)bh_block_addr(l->block) + l->offset;
-  return Py_BuildValue("{s:(KO),s:(K),s:s,s:i}", "data", (unsigned long long)addr, Py_False,
+  return Py_BuildValue("{s:(KO),s:(K),s:s,s:i}", "data", (unsigned long long)addr,
+                       l->readonly ? Py_True : Py_False,
                        "shape", (unsigned long long)l->nbytes, "typestr", "|u1", "version", 3);
 }
 
@@ -168,6 +177,7 @@ static PyGetSetDef Lease_getset[] = {
     {"nbytes", Lease_nbytes, NULL, "leased bytes", NULL},
     {"block_id", Lease_block_id, NULL, "id of the block in its owner's pool", NULL},
     {"own", Lease_own, NULL, "True for a block of this process's pool", NULL},
+    {"readonly", Lease_readonly, NULL, "True when the peer sent this own block back by reference", NULL},
     {"__array_interface__", Lease_array_interface, NULL, "numpy array interface (uint8)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

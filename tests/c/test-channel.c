@@ -1622,6 +1622,7 @@ TEST_IMPL(channel_bad_lend_list) {
       {"ids descending", 2, 2, {99, 7}, {8192, 8192}, -BH_EBLOCKSEC},
       {"more entries than the payload holds", 2, 1, {99}, {8192}, -BH_EBLOCKSEC},
       {"more than a channel maps", BH__PEER_BLOCKS_MAX + 1, 0, {0}, {0}, -BH_EBLOCKSEC},
+      {"an id with the back-ref bit", 1, 1, {99 | BH_BLOCK_BACK}, {8192}, -BH_EBLOCKSEC},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     fprintf(stderr, "case: %s\n", cases[k].what);
@@ -1674,5 +1675,229 @@ TEST_IMPL(channel_lend_claim_table) {
   ASSERT_UEQ(l[1].end, 65536);
   bh_tensor_ref t = {.dtype = BH_DT_UINT8, .ndim = 1, .block = 3, .nbytes = 1, .shape = {1}, .strides = {1}};
   ASSERT_RC(bh__lend_claim(NULL, 0, &t), -BH_EBLOCK); /* a frame that lends nothing */
+  return 0;
+}
+
+/* ---- back refs: a value that came from the peer goes back by reference ---- */
+
+/* A list value of n uint8 back refs: block ids[i] | BH_BLOCK_BACK. */
+static bh_buf back_value(const uint32_t *ids, const uint64_t *offs, const uint64_t *lens, uint32_t n) {
+  bh_buf v;
+  bh_buf_init(&v);
+  ASSERT_OK(bh_enc_list(&v, n));
+  for (uint32_t i = 0; i < n; i++) {
+    bh_tensor_ref t = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 1,
+                       .block = ids[i] | BH_BLOCK_BACK, .offset = offs[i], .nbytes = lens[i],
+                       .shape = {(int64_t)lens[i]}, .strides = {1}};
+    ASSERT_OK(bh_enc_tensor(&v, &t));
+  }
+  return v;
+}
+
+/* a lends block X to b; b finds X by the address of its view
+ * (bh_channel_peer_find) and sends it back as a back ref: a resolves it to
+ * X itself (no copy, no new block, nothing lent by b).  X outlives b's
+ * return while a's view of it lives: it is not reused until that goes. */
+TEST_IMPL(channel_back_ref_resolves_to_own_block) {
+  const size_t S = 1 * MiB;
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x, *pb, *found, *back, *y;
+  bh_frame f;
+  int rc;
+  uint64_t off, zero = 0, len = S;
+  ASSERT_OK(bh_channel_block_acquire(a, S, &x));
+  memset(bh_block_addr(x), 0x5a, S);
+  bh_buf v = refs_value(&x, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, v.data, v.len, &x, 1));
+  bh_buf_free(&v);
+  bh_block_unref(x); /* the loan keeps it */
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(claim_refs(b, &f, &pb, 1, &rc), 1);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(b, &f);
+
+  /* What b finds, and what it does not. */
+  uint8_t *at = bh_block_addr(pb);
+  ASSERT_RC(bh_channel_peer_find(b, NULL, 64, &found, &off), -EINVAL);
+  ASSERT_RC(bh_channel_peer_find(b, at, 0, &found, &off), -EINVAL);
+  ASSERT_RC(bh_channel_peer_find(b, at + 1, 64, &found, &off), -ENOENT);   /* misaligned */
+  ASSERT_RC(bh_channel_peer_find(b, at + 64, S, &found, &off), -ENOENT);   /* past its end */
+  ASSERT_RC(bh_channel_peer_find(b, &off, 8, &found, &off), -ENOENT);      /* not a block */
+  ASSERT_OK(bh_channel_peer_find(b, at + 128, S - 128, &found, &off));
+  ASSERT_EQ(found, pb);
+  ASSERT_UEQ(off, 128);
+  bh_block_unref(found);
+  ASSERT_OK(bh_channel_peer_find(b, at, S, &found, &off));
+  ASSERT_UEQ(off, 0);
+
+  /* Sent back: unlisted, no fd, nothing of b's lent. */
+  uint32_t id = bh_block_id(found);
+  uint64_t offs[2] = {0, 0}, lens[2] = {S, 64}; /* the same bytes twice may overlap */
+  v = back_value((uint32_t[]){id, id}, offs, lens, 2);
+  ASSERT_OK(bh_test_send(b, BH_KIND_CALL, 2, v.data, v.len, NULL, 0));
+  bh_buf_free(&v);
+  bh_block_unref(found); /* sent: the frame carried no return of it */
+  ASSERT_EQ(stats_of(b).own_blocks, 0);
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 0);
+  bh_block *views[2];
+  ASSERT_EQ(claim_refs(a, &f, views, 2, &rc), 2);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(a, &f);
+  back = views[0];
+  ASSERT_EQ(back, x); /* a's own block: a view, no copy */
+  ASSERT_EQ(views[1], x);
+  bh_block_unref(views[1]);
+  ASSERT_EQ(((uint8_t *)bh_block_addr(back))[S - 1], 0x5a);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_UEQ(s.created, 1);
+  ASSERT_UEQ(s.lent_blocks, 1);
+
+  /* b drops its view: the return reaches a, X stays held by a's view. */
+  bh_block_unref(pb);
+  ASSERT_OK(bh_test_send_nil(b, 3));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  s = stats_of(a);
+  ASSERT_UEQ(s.lent_blocks, 0);
+  ASSERT_UEQ(s.free_blocks, 0);
+  ASSERT_OK(bh_channel_block_acquire(a, S, &y)); /* not X: it is in use */
+  ASSERT_NE(y, x);
+  ASSERT_UEQ(stats_of(a).created, 2);
+  bh_block_unref(y);
+  /* Returned: b may no longer name it. */
+  v = back_value(&id, offs, lens, 1);
+  ASSERT_OK(bh_test_send(b, BH_KIND_CALL, 4, v.data, v.len, NULL, 0));
+  bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_EQ(claim_refs(a, &f, views, 1, &rc), 0);
+  ASSERT_RC(rc, -BH_EBLOCK);
+  bh_channel_frame_done(a, &f);
+  ASSERT_RC(bh_channel_peer_find(b, at, S, &found, &off), -ENOENT); /* b holds no view */
+  bh_block_unref(back);
+  s = stats_of(a);
+  ASSERT_UEQ(s.free_blocks, 2);
+
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Back refs a peer may write, each checked against the receiver's own
+ * pool: only a block it lent the peer and has not had back, aligned and
+ * within it; a clean error otherwise, the channel usable after. */
+TEST_IMPL(channel_back_refs_are_checked) {
+  const uint64_t S = 8192;
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *lent, *idle, *pb, *peer_of_a, *views[3];
+  bh_frame f;
+  int rc;
+  uint64_t zero = 0, len = S;
+  /* lent: out to b (b holds a view); idle: a's, never lent. */
+  ASSERT_OK(bh_channel_block_acquire(a, S, &lent));
+  ASSERT_OK(bh_channel_block_acquire(a, S, &idle));
+  bh_buf v = refs_value(&lent, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 1, v.data, v.len, &lent, 1));
+  bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(claim_refs(b, &f, &pb, 1, &rc), 1);
+  bh_channel_frame_done(b, &f);
+  /* peer_of_a: b's block, lent to a (an id in b's space, not a's). */
+  ASSERT_OK(bh_channel_block_acquire(b, 3 * S, &peer_of_a));
+  v = refs_value(&peer_of_a, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(b, BH_KIND_RESULT, 2, v.data, v.len, &peer_of_a, 1));
+  bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  bh_block *held;
+  ASSERT_EQ(claim_refs(a, &f, &held, 1, &rc), 1);
+  bh_channel_frame_done(a, &f);
+
+  uint32_t L = bh_block_id(lent), I = bh_block_id(idle);
+  struct {
+    const char *what;
+    uint32_t n, id[3];
+    uint64_t off[3], len[3];
+    uint32_t good;
+    int want;
+  } cases[] = {
+      {"the lent block, whole, twice, and a part", 3, {L, L, L}, {0, 0, 4096}, {S, S, 64}, 3, 0},
+      {"a block of a's never lent", 1, {I}, {0}, {64}, 0, -BH_EBLOCK},
+      {"an id a never made", 2, {L, 77}, {0, 0}, {64, 64}, 1, -BH_EBLOCK},
+      {"id 0", 1, {0}, {0}, {64}, 0, -BH_EBLOCK},
+      {"an offset not a multiple of 64", 1, {L}, {32}, {16}, 0, -BH_ETENSOR},
+      {"a range past the block's end", 1, {L}, {S - 64}, {128}, 0, -BH_ETENSOR},
+      {"an offset past the block", 1, {L}, {S + 64}, {1}, 0, -BH_ETENSOR},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    fprintf(stderr, "case: %s\n", cases[k].what);
+    v = back_value(cases[k].id, cases[k].off, cases[k].len, cases[k].n);
+    ASSERT_OK(bh_test_send(b, BH_KIND_CALL, 10 + k, v.data, v.len, NULL, 0));
+    bh_buf_free(&v);
+    ASSERT_OK(bh_test_recv(a, &f, 5000));
+    ASSERT_EQ(claim_refs(a, &f, views, 3, &rc), cases[k].good);
+    ASSERT_RC(rc, cases[k].want);
+    bh_channel_frame_done(a, &f);
+    for (uint32_t i = 0; i < cases[k].good; i++) {
+      ASSERT_EQ(views[i], lent);
+      bh_block_unref(views[i]);
+    }
+    ASSERT_OK(bh_test_send_nil(a, 100 + k));
+    ASSERT_OK(bh_test_recv(b, &f, 5000));
+    ASSERT_UEQ(f.h.request_id, 100 + k);
+    bh_channel_frame_done(b, &f);
+  }
+  /* And the other way: a sends b's block back; b resolves it to its own. */
+  uint32_t P = bh_block_id(held);
+  v = back_value(&P, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 200, v.data, v.len, NULL, 0));
+  bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(claim_refs(b, &f, views, 1, &rc), 1);
+  ASSERT_EQ(views[0], peer_of_a);
+  bh_block_unref(views[0]);
+  bh_channel_frame_done(b, &f);
+  /* After b returns the lent block, a back ref to it is refused. */
+  bh_block_unref(pb);
+  ASSERT_OK(bh_test_send_nil(b, 300));
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  bh_channel_frame_done(a, &f);
+  ASSERT_UEQ(stats_of(a).lent_blocks, 0);
+  v = back_value(&L, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(b, BH_KIND_CALL, 301, v.data, v.len, NULL, 0));
+  bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(a, &f, 5000));
+  ASSERT_EQ(claim_refs(a, &f, views, 1, &rc), 0);
+  ASSERT_RC(rc, -BH_EBLOCK);
+  bh_channel_frame_done(a, &f);
+
+  bh_block_unref(held);
+  bh_block_unref(peer_of_a);
+  bh_block_unref(lent);
+  bh_block_unref(idle);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* bh__back_range, the pure range check of a back ref. */
+TEST_IMPL(channel_back_range_table) {
+  struct {
+    uint64_t size, offset, nbytes;
+    int want;
+  } rows[] = {
+      {4096, 0, 4096, 0},          {4096, 64, 4032, 0},          {4096, 64, 4033, -BH_ETENSOR},
+      {4096, 32, 1, -BH_ETENSOR},  {4096, 4096, 0, 0},           {4096, 4160, 0, -BH_ETENSOR},
+      {4096, UINT64_MAX - 63, 64, -BH_ETENSOR}, {4096, 0, UINT64_MAX, -BH_ETENSOR},
+  };
+  for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+    bh_tensor_ref t = {.block = 1 | BH_BLOCK_BACK, .offset = rows[k].offset, .nbytes = rows[k].nbytes};
+    fprintf(stderr, "row %zu\n", k);
+    ASSERT_EQ(bh__back_range(rows[k].size, &t), rows[k].want);
+  }
   return 0;
 }

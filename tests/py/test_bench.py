@@ -17,7 +17,10 @@ PINGPONG = os.path.join(BUILD, "bench", "pingpong")
 pytestmark = pytest.mark.skipif(not os.path.exists(PINGPONG), reason=f"no {PINGPONG} (build first)")
 
 KEYS = ["call_median_us", "pingpong_median_us", "call_ratio", "h2w_64m_ms", "w2h_64m_ms", "echo_64m_ms",
-        "memcpy_64m_ms", "h2w_ratio", "w2h_ratio", "ready_ms", "bare_ready_ms", "rss_overhead_mib"]
+        "memcpy_64m_ms", "h2w_ratio", "w2h_ratio", "ready_ms", "bare_ready_ms", "rss_overhead_mib",
+        # #26: a tensor crossing again, copied or by reference
+        "same_h2w_64m_ms", "cached_w2h_64m_ms", "back_h2w_64m_ms", "back_w2h_64m_ms",
+        "same_h2w_ratio", "cached_w2h_ratio", "back_h2w_ratio", "back_w2h_ratio"]
 LAYERS = ["pingpong_same_cpu_us", "pipe_same_cpu_us", "core_same_cpu_us", "binding_same_cpu_us",
           "chan_same_cpu_us", "call_same_cpu_us"]
 
@@ -35,6 +38,7 @@ def test_ipc_bench_writes_every_named_key(tmp_path):
     assert r["call_ratio"] == pytest.approx(r["call_median_us"] / r["pingpong_median_us"])
     assert r["call_ratio_same_cpu"] == pytest.approx(r["call_same_cpu_us"] / r["pingpong_same_cpu_us"])
     assert r["h2w_ratio"] == pytest.approx(r["h2w_64m_ms"] / r["memcpy_64m_ms"])
+    assert r["back_h2w_ratio"] == pytest.approx(r["back_h2w_64m_ms"] / r["memcpy_64m_ms"])
     assert len(r["rounds"]) == 2 and all("call_ratio_same_cpu" in x for x in r["rounds"])
     assert set(r["targets"]) >= {"call_ratio", "h2w_ratio", "w2h_ratio", "ready_ms", "rss_overhead_mib"}
     assert "call_ratio_same_cpu" in run.stdout  # the table was printed

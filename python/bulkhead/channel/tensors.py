@@ -15,6 +15,17 @@ message's other such arrays: ``chan.acquire`` during the encode hands it a
 bh_arena_take), and the receiver's view of it keeps that block alone.
 Neither library is imported here unless the process already
 has it loaded or a tensor of it arrives.
+
+A tensor that came from the peer crosses back by reference: if its bytes
+(C-contiguous, at a 64-byte-aligned offset) lie in a block of the peer's
+that a live view here still holds (``chan.peer_lease``), the value names
+that block (a back ref, protocol 6) and nothing is copied; the peer gets a
+view of its own block.  That view is read-only to numpy; torch has no
+read-only tensors, so a torch view is writable, and a write there is seen
+by the other side's view of the same block, as a write into a tensor
+shared between two nodes is in one ComfyUI process.  The block is not
+reused while any view of it lives on either side.  Everything else is
+copied once per crossing.
 """
 
 import sys
@@ -95,6 +106,10 @@ def encode(chan, obj):
         if 0 < obj.nbytes <= _INLINE_MAX:
             return (0, _native.TENSOR_NUMPY, code, obj.shape, obj.tobytes())  # C order
         lease = None
+        if obj.base is not None and obj.flags.c_contiguous:  # a view: maybe of the peer's block
+            lease = chan.peer_lease(obj.__array_interface__["data"][0], obj.nbytes)
+            if lease is not None:
+                return (0, _native.TENSOR_NUMPY, code, obj.shape, lease)
         if obj.nbytes:
             lease = chan.acquire(obj.nbytes)
             dst = np.asarray(lease)[: obj.nbytes].view(obj.dtype).reshape(obj.shape)
@@ -121,6 +136,10 @@ def encode(chan, obj):
             data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
             return (0, _native.TENSOR_TORCH, code, tuple(t.shape), data)
         lease = None
+        if nbytes and t.is_contiguous():  # maybe a view of the peer's block
+            lease = chan.peer_lease(t.data_ptr(), nbytes)
+            if lease is not None:
+                return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)
         if nbytes:
             lease = chan.acquire(nbytes)
             dst = _torch_view(torch, lease, nbytes, t.dtype, tuple(t.shape))

@@ -1,0 +1,69 @@
+"""Worker-side helpers for tests/py/test_back_refs.py (#26): arrays and
+tensors made here, and what the worker sees of one sent back to it."""
+
+_kept = {}
+
+
+def make(n, lib="numpy", fill=1.0):
+    """n float32 values, each `fill` (a block of this worker's, lent to the
+    host by the reply)."""
+    if lib == "torch":
+        import torch
+        return torch.full((n,), fill, dtype=torch.float32)
+    import numpy as np
+    return np.full(n, fill, dtype=np.float32)
+
+
+def _lease(a):
+    base = a
+    while getattr(base, "base", None) is not None:
+        base = base.base
+    return base if type(base).__name__ == "Lease" else None
+
+
+def _address(a):
+    if type(a).__module__.split(".")[0] == "torch":
+        return a.data_ptr()
+    return a.__array_interface__["data"][0]
+
+
+def inspect(*arrays):
+    """For each array: whether it is a view of a block of this worker's own
+    (numpy: its Lease, and whether it is read-only), its sum, its address;
+    and this end's pool statistics."""
+    out = []
+    for a in arrays:
+        lease = _lease(a)
+        row = {"sum": float(a.sum()), "address": _address(a), "n": int(a.numel() if hasattr(a, "numel") else a.size)}
+        if lease is not None:
+            row.update(own=lease.own, readonly=lease.readonly, writeable=bool(a.flags.writeable))
+        out.append(row)
+    return out, stats()
+
+
+def stats():
+    from bulkhead import worker
+    return worker._peer.channel.stats()
+
+
+def keep(a):
+    """Keeps a (the host may drop its own view of the block meanwhile)."""
+    _kept["a"] = a
+    return _address(a)
+
+
+def kept_sum():
+    a = _kept["a"]
+    return float(a.sum()), _address(a)
+
+
+def drop():
+    _kept.clear()
+    return stats()
+
+
+def write(a, value):
+    """Writes value into a received torch tensor in place (torch has no
+    read-only tensors) and returns its sum."""
+    a.fill_(value)
+    return float(a.sum())
