@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import bulkhead
-from bulkhead.envs import build as envs, config as packconfig
+from bulkhead.envs import build as envs, config as packconfig, rootconfig
 from bulkhead.envs.config import PackConfigError
 from localsources import PY_TAG, make_channel, make_cuda_index, make_sources, make_wheel, write
 
@@ -164,7 +164,7 @@ def test_malformed_environment_files_name_file_and_line(tmp_path, text, line, ex
 def test_malformed_root_files_name_file_and_line(tmp_path, text, line, expected):
     write(tmp_path / "p" / "comfy-env-root.toml", text)
     with pytest.raises(PackConfigError) as ei:
-        packconfig.load_root(tmp_path / "p")
+        rootconfig.load_root(tmp_path / "p")
     assert expected in str(ei.value) and ei.value.line == line, str(ei.value)
     assert str(ei.value).startswith(f"{tmp_path}/p/comfy-env-root.toml:{line}")
 
@@ -215,7 +215,7 @@ def test_apt_is_checked_never_run(tmp_path, monkeypatch):
     ''')
     os.chmod(bindir / "dpkg-query", 0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    out = packconfig.check_system_packages({"apt": ("bh-present", "bh-absent")}, "X.toml")
+    out = rootconfig.check_system_packages({"apt": ("bh-present", "bh-absent")}, "X.toml")
     assert out == ["X.toml: [apt] packages not installed: bh-absent; bulkhead does not install system "
                    "packages: sudo apt-get install bh-absent"]
     assert open(log).read().split() == ["-W", "-f=${Status}", "bh-present", "-W", "-f=${Status}", "bh-absent"]
@@ -895,7 +895,7 @@ def test_older_root_files_warn_instead_of_refusing(tmp_path):
         [node_reqs]
         ComfyUI-GeometryPack = { github = "a/b", sha = "x" }
     '''))
-    r = packconfig.load_root(tmp_path / "p", warn=False)
+    r = rootconfig.load_root(tmp_path / "p", warn=False)
     assert r.node_packs == (("ComfyUI-GeometryPack", "a/b"),) and r.system_packages["apt"] == ("libgl1",)
     assert any("comfy-env-root.toml:1: [env_vars] is not read in comfy-env-root.toml" in w and "0.4.14 refuses" in w for w in r.warnings)
     assert any("key 'sha' is not read" in w for w in r.warnings), r.warnings

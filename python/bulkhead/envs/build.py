@@ -70,38 +70,16 @@ from typing import Optional
 
 from .. import _native
 from . import config as packconfig
+from . import rootconfig
 from . import hostmatch
 from .errors import EnvBuildError, InterpreterNotFound  # noqa: F401  (build's names for its callers too)
+from .interpreters import PROBE_ENV, clean_env, find_interpreter, find_uv, probe
+from .interpreters import Interpreter, list_interpreters  # noqa: F401  (build's names for its callers too)
 from .config import PackConfigError
 
 STAMP = "bulkhead-stamp.json"
 STAMP_FORMAT = 1
 STATES = ("ready", "missing", "stale", "foreign", "broken")
-
-# Variables of the host's environment that must not reach an interpreter
-# probe, venv or pip: they would point it at the host's own Python setup.
-_DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONEXECUTABLE", "VIRTUAL_ENV",
-             "__PYVENV_LAUNCHER__", "CONDA_PREFIX")
-
-_PROBE = ("import sys, importlib.util as u; print('%d.%d.%d' % sys.version_info[:3]); "
-          "print(sys.executable); print(int(u.find_spec('venv') is not None)); "
-          "print(int(u.find_spec('ensurepip') is not None))")
-_PROBE_ENV = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
-
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Interpreter:
-    """An interpreter chosen for an environment: ``path``, its full
-    ``version`` ("3.12.1"), ``source`` (pyenv, PATH, debian, uv, explicit)
-    and ``why`` it was chosen, in words."""
-
-    path: str
-    version: str
-    source: str
-    why: str
-
 
 @dataclasses.dataclass(frozen=True)
 class EnvStatus:
@@ -175,185 +153,7 @@ def _fix_text(config, verb="rebuild"):
             f"from Python: bulkhead.install({config.root!r}))")
 
 
-def _clean_env():
-    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    env["PYTHONNOUSERSITE"] = "1"
-    return env
 
-
-# --- interpreters ---
-
-def _probe(path, script=_PROBE, timeout=30):
-    """Runs ``path -I -c script``: its output lines, or raises OSError /
-    CalledProcessError / TimeoutExpired."""
-    out = subprocess.run([path, "-I", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=_clean_env(), timeout=timeout, check=True,
-                         universal_newlines=True)
-    return out.stdout.split("\n")
-
-
-def _version_tuple(v):
-    return tuple(int(x) for x in v.split("."))
-
-
-def _pyenv_root():
-    return os.environ.get("PYENV_ROOT") or os.path.join(os.path.expanduser("~"), ".pyenv")
-
-
-def _pyenv_versions():
-    """(version tuple, name, python path) of every pyenv CPython, newest first."""
-    vroot = os.path.join(_pyenv_root(), "versions")
-    out = []
-    try:
-        names = os.listdir(vroot)
-    except OSError:
-        return out
-    for n in names:
-        if not re.fullmatch(r"\d+\.\d+\.\d+", n):
-            continue
-        for exe in ("python3", "python"):
-            p = os.path.join(vroot, n, "bin", exe)
-            if os.access(p, os.X_OK):
-                out.append((_version_tuple(n), n, p))
-                break
-    out.sort(reverse=True)
-    return out
-
-
-def _uv():
-    if os.environ.get("BULKHEAD_INSTALLER", "auto") == "pip":
-        return None
-    return shutil.which("uv")
-
-
-def _accept(path, want, source, why, rejected, need_ensurepip):
-    """Probes a candidate: an Interpreter when it runs and is the wanted
-    version (``want``: a (major, minor[, patch]) tuple), else None with the
-    reason appended to ``rejected``."""
-    try:
-        lines = _probe(path)
-    except (OSError, subprocess.SubprocessError) as e:
-        err = getattr(e, "stderr", None) or str(e)
-        rejected.append(f"{path} ({source}): does not run: {err.strip().splitlines()[-1] if err.strip() else e}")
-        return None
-    version = lines[0].strip()
-    if _version_tuple(version)[:2] < packconfig.MIN_PYTHON:
-        rejected.append(f"{path} ({source}): is Python {version}; a bulkhead worker needs "
-                        f"{'.'.join(map(str, packconfig.MIN_PYTHON))} or newer")
-        return None
-    if _version_tuple(version)[:len(want)] != want:
-        rejected.append(f"{path} ({source}): is Python {version}")
-        return None
-    if lines[2].strip() != "1":
-        rejected.append(f"{path} ({source}): Python {version} has no venv module")
-        return None
-    if need_ensurepip and lines[3].strip() != "1":
-        rejected.append(f"{path} ({source}): Python {version} has no ensurepip "
-                        f"(on Debian: apt install python{want[0]}.{want[1]}-venv)")
-        return None
-    return Interpreter(path, version, source, why)
-
-
-def list_interpreters():
-    """Every CPython 3 bulkhead can see: (version, path, source), by
-    version.  For error messages and ``python -m bulkhead env``."""
-    seen = {}
-    for _, n, p in _pyenv_versions():
-        if n.startswith("3."):
-            seen.setdefault(os.path.realpath(p), (n, p, "pyenv"))
-    for minor in range(6, 30):
-        for p, src in ((shutil.which(f"python3.{minor}"), "PATH"), (f"/usr/bin/python3.{minor}", "debian")):
-            if not p or not os.access(p, os.X_OK):
-                continue
-            real = os.path.realpath(p)
-            if real in seen or "/shims/" in p:      # a pyenv shim is the pyenv entry again
-                continue
-            try:
-                v = _probe(p, _PROBE_ENV, timeout=10)[0].strip()
-            except (OSError, subprocess.SubprocessError):
-                continue
-            seen[real] = (v, p, src)
-    return sorted(seen.values(), key=lambda t: _version_tuple(t[0]))
-
-
-def find_interpreter(request=None, *, installer_uv=None):
-    """The interpreter for a config's ``python`` request.
-
-    ``request`` is "3.12" (the newest 3.12.x found), "3.12.1" (exactly
-    that), an absolute path (used as is: it must exist and run), or None
-    (the host's own major.minor).  Candidates for a version, in order:
-    pyenv (``$PYENV_ROOT/versions/3.12.*``, newest patch first),
-    ``python3.12`` on PATH, Debian's ``/usr/bin/python3.12``, and
-    ``uv python find 3.12`` when uv is on PATH.  Each is run once to check
-    its version.  Returns an ``Interpreter``; raises ``InterpreterNotFound``
-    listing what was tried and every interpreter seen."""
-    uv = _uv() if installer_uv is None else installer_uv
-    need_ensurepip = not uv
-    rejected = []
-    if request and os.path.isabs(request):
-        if not os.path.exists(request):
-            raise InterpreterNotFound(f"interpreter {request} does not exist")
-        it = _accept(request, (), "explicit", f"python = {request!r} in the config", rejected, need_ensurepip)
-        if it is None:
-            raise InterpreterNotFound(f"interpreter {request} cannot be used: {rejected[0].split(': ', 1)[1]}")
-        return it
-    host = "%d.%d" % sys.version_info[:2]
-    if not request:
-        request, why0 = host, f"no python key in the config: the host's version {host}; "
-    else:
-        why0 = ""
-    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", request)
-    if not m:
-        raise InterpreterNotFound(f"python = {request!r} is neither a version nor an absolute path")
-    want = tuple(int(x) for x in m.groups() if x is not None)
-    mm = f"{want[0]}.{want[1]}"
-    exact = len(want) == 3
-
-    pyenv = [(n, p) for t, n, p in _pyenv_versions() if t[:len(want)] == want]
-    versions_dir = os.path.join(_pyenv_root(), "versions")
-    for n, p in pyenv:
-        others = [x for x, _ in pyenv if x != n]
-        why = (f"pyenv {n}" + ("" if exact else f", the newest {mm} patch in {versions_dir}")
-               + (f" (also there: {', '.join(others)})" if others else ""))
-        it = _accept(p, want, "pyenv", why0 + why, rejected, need_ensurepip)
-        if it:
-            return it
-    tried = [f"pyenv ({versions_dir}/{request}{'' if exact else '.*'})"]
-    on_path = shutil.which(f"python{mm}")
-    tried.append(f"python{mm} on PATH")
-    if on_path:
-        it = _accept(on_path, want, "PATH", why0 + f"python{mm} on PATH ({on_path})", rejected, need_ensurepip)
-        if it:
-            return it
-    deb = f"/usr/bin/python{mm}"
-    tried.append(deb)
-    if os.access(deb, os.X_OK) and (not on_path or os.path.realpath(on_path) != os.path.realpath(deb)):
-        it = _accept(deb, want, "debian", why0 + f"the system's {deb}", rejected, need_ensurepip)
-        if it:
-            return it
-    if uv:
-        tried.append(f"uv python find {request}")
-        try:
-            out = subprocess.run([uv, "python", "find", request], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_clean_env(),
-                                 timeout=60, universal_newlines=True)
-            p = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
-        except (OSError, subprocess.SubprocessError):
-            p = ""
-        if p:
-            it = _accept(p, want, "uv", why0 + f"uv python find {request} ({p})", rejected, need_ensurepip)
-            if it:
-                return it
-    found = list_interpreters()
-    msg = (f"no Python {request} interpreter found; looked at: {', '.join(tried)}."
-           + ("\nrejected:\n  " + "\n  ".join(rejected) if rejected else "")
-           + "\ninterpreters on this machine: "
-           + (", ".join(f"{v} ({p})" for v, p, _ in found) if found else "none")
-           + f"\ninstall Python {request} (pyenv install {request}"
-           + (f", or uv python install {request}" if uv else "")
-           + ") or name an interpreter path in the config's python key")
-    raise InterpreterNotFound(msg, found)
 
 
 # --- environments in use ---
@@ -516,7 +316,7 @@ def env_status(config):
         return status("foreign", f"the interpreter {d} was built with ({ipath or 'unrecorded'}, "
                                  f"Python {iver or '?'}) is gone")
     try:
-        now = _probe(py, _PROBE_ENV)[0].strip()
+        now = probe(py, PROBE_ENV)[0].strip()
     except (OSError, subprocess.SubprocessError) as e:
         err = (getattr(e, "stderr", None) or str(e)).strip()
         return status("broken", f"{py} does not run: {err.splitlines()[-1] if err else e}")
@@ -576,7 +376,7 @@ def _stream(cmd, progress, what, tail_lines=40, env=None):
     tail = collections.deque(maxlen=tail_lines)
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env or _clean_env(), universal_newlines=True,
+                                stderr=subprocess.STDOUT, env=env or clean_env(), universal_newlines=True,
                                 errors="replace", bufsize=1)
     except OSError as e:
         raise EnvBuildError(f"{what}: cannot run {cmd[0]}: {e.strerror}") from None
@@ -777,7 +577,7 @@ def _match_host(match, config, tmp, py, args, pip, progress, uv=None):
     for line in match.notes:
         progress(line)
     if match.share:
-        site, seeded = _probe(py, "import sysconfig, json, importlib.metadata as m; "
+        site, seeded = probe(py, "import sysconfig, json, importlib.metadata as m; "
                                   "print(sysconfig.get_path('purelib')); "
                                   "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))")[:2]
         site = site.strip()
@@ -897,7 +697,7 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
             if n.startswith((f".{base}.tmp-", f".{base}.old-")):
                 _remove(os.path.join(envs, n))
         progress(f"{config.name}: building {final} ({st.state}: {st.reason})")
-        uv = _uv()
+        uv = find_uv()
         if os.environ.get("BULKHEAD_INSTALLER") == "uv" and not uv:
             raise EnvBuildError("BULKHEAD_INSTALLER=uv but uv is not on PATH")
         interp = find_interpreter(config.python, installer_uv=uv)
@@ -918,7 +718,7 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
             if config.conda:
                 from . import conda
                 conda_records = conda.install(config, tmp, final, interp.version, progress, stream=_stream,
-                                              env=_clean_env(), cache=os.path.join(workspace(), "conda-pkgs"))
+                                              env=clean_env(), cache=os.path.join(workspace(), "conda-pkgs"))
             reqs = list(config.requirements)
             cuda_reqs = []
             if config.cuda:
@@ -1026,12 +826,12 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
     if not configs:
         raise PackConfigError(pack_dir, f"no {packconfig.CONFIG_NAME} in the pack's root, nodes/ or "
                                         "nodes/<subdir>/: it does not ask for isolation")
-    root = packconfig.load_root(pack_dir, warn=False)
+    root = rootconfig.load_root(pack_dir, warn=False)
     if root is not None:
         p = progress or _default_progress(os.path.basename(pack_dir))
         for w in root.warnings:
             p(f"warning: {w}")
-        for w in packconfig.check_system_packages(root.system_packages, root.path):
+        for w in rootconfig.check_system_packages(root.system_packages, root.path):
             p(f"warning: {w}")
         if root.node_packs:
             custom = os.path.dirname(pack_dir)
@@ -1045,7 +845,7 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
         p = progress or _default_progress(c.name)
         for w in c.warnings:
             p(f"warning: {w}")
-        for w in packconfig.check_system_packages(c.system_packages, c.path):
+        for w in rootconfig.check_system_packages(c.system_packages, c.path):
             p(f"warning: {w}")
         try:
             out.append(build(c, p, force, pip_args=pip_args))

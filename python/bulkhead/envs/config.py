@@ -44,7 +44,8 @@ What is read:
                            TOML scalar, turned into text as comfy-env does
                            (``str()``: 3 -> "3", true -> "True").
   ``[apt]``/``[brew]``     ``packages = [...]``: checked for presence at
-                           install (``check_system_packages``), never run.
+                           install (rootconfig's ``check_system_packages``),
+                           never run.
   ``[dependencies]``       conda packages (``name = "spec"`` or ``{ version,
                            build, channel }``), with this platform's
                            ``[target.*.dependencies]``, from ``[workspace]
@@ -60,7 +61,7 @@ What is read:
 Anything else -- ``pypi-options``, ``system-requirements``, ``activation``, ``[tasks]``, ...
 -- is one ``PackConfigWarning`` per table naming the table, the file and
 what not reading it means.  ``comfy-env-root.toml`` at the pack's root
-(``load_root``) is no environment: its ``[node_packs]``/``[node_reqs]``,
+(envs/rootconfig.py's ``load_root``) is no environment: its ``[node_packs]``/``[node_reqs]``,
 ``[types]``, ``[apt]``/``[brew]`` are read, anything else is an error.  Errors are
 ``PackConfigError`` with ``path:line[:column]: message`` (a TOML syntax
 error carries the parser's line and column; a wrong type names the key and
@@ -93,6 +94,7 @@ from typing import Mapping, Optional, Tuple
 
 from .. import _native
 from ..channel.peer import BulkheadError
+from .tomlpos import find_line as _find_line
 
 CONFIG_NAME = "comfy-env.toml"
 ROOT_CONFIG_NAME = "comfy-env-root.toml"
@@ -342,51 +344,6 @@ def _toml_loads(text, path):
         col = int(m.group(2)) if m else getattr(e, "colno", None)
         reason = _TOML_POS.sub("", msg).strip()
         raise PackConfigError(path, f"TOML syntax error: {reason}", line, col) from None
-
-
-def _unquote(k):
-    k = k.strip()
-    if len(k) >= 2 and k[0] == k[-1] and k[0] in "\"'":
-        return k[1:-1]
-    return k
-
-
-def _split_dotted(key):
-    # Dotted keys, quoted parts kept whole.
-    parts = re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', key)
-    return [_unquote(p) for p in parts if p.strip()]
-
-
-_HEADER = re.compile(r"\s*\[\[?\s*(.+?)\s*\]\]?\s*(?:#.*)?\Z")
-_KEYPART = r"""(?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+)"""
-_KEYLINE = re.compile(r"\s*(%s(?:\s*\.\s*%s)*)\s*=" % (_KEYPART, _KEYPART))
-
-
-def _find_line(text, *path):
-    """The 1-based line that defines ``path`` (table names, then a key),
-    by scanning the source: a ``[table]`` header, a ``key =`` line under
-    the right header, or a dotted key.  None when not found."""
-    want = list(path)
-    table = []
-    partial = None      # a line defining a prefix of path (an inline table)
-    for i, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        m = _HEADER.match(s)
-        if m and s.startswith("["):
-            table = _split_dotted(m.group(1))
-            if table[:len(want)] == want:      # the table, or its first sub-table
-                return i
-            continue
-        m = _KEYLINE.match(s)
-        if m:
-            full = table + _split_dotted(m.group(1))
-            if full[:len(want)] == want:
-                return i
-            if partial is None and len(full) < len(want) and want[:len(full)] == full:
-                partial = i
-    return partial
 
 
 class _Reader:
@@ -1033,150 +990,3 @@ def _channel_name(c, path):
             p = os.path.join(os.path.dirname(path), p)
         return "file://" + os.path.normpath(p)
     return c
-
-
-# --- the pack's root file: comfy-env-root.toml ---
-
-@dataclasses.dataclass(frozen=True)
-class RootConfig:
-    """A pack's ``comfy-env-root.toml``: pack-level declarations, no
-    environment.
-
-    ``node_packs``  ((name, source), ...) from ``[node_packs]`` (comfy-env
-                    0.4.46) or ``[node_reqs]`` (its older name): other
-                    packs this one needs; source is "owner/repo" or the
-                    table's github/repo/registry value.
-    ``types``       {socket type: "custom" | "builtin"} from ``[types]``.
-    ``system_packages``  {"apt": (...), "brew": (...)} (older packs put
-                    these here).
-    ``warnings``    what is not honoured, one line each.
-    """
-
-    path: str
-    root: str
-    node_packs: Tuple[Tuple[str, str], ...]
-    types: Mapping[str, str] = dataclasses.field(hash=False)
-    system_packages: Mapping[str, Tuple[str, ...]] = dataclasses.field(hash=False)
-    warnings: Tuple[str, ...] = ()
-
-
-ROOT_TABLES = ("node_packs", "node_reqs", "types", "apt", "brew")
-
-
-def load_root(pack_dir, *, warn=True):
-    """The pack's ``comfy-env-root.toml`` as a RootConfig, or None when it
-    has none.  Raises PackConfigError naming file and line."""
-    pack_dir = os.path.abspath(os.fspath(pack_dir))
-    path = os.path.join(pack_dir, ROOT_CONFIG_NAME)
-    if not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PackConfigError(path, "not UTF-8 text (TOML files must be UTF-8)",
-                              raw[:e.start].count(b"\n") + 1) from None
-    data = _toml_loads(text, path)
-    r = _Reader(path, text)
-    notes = []
-    packs = []
-    for table in ("node_packs", "node_reqs"):
-        if table not in data:
-            continue
-        t = data[table]
-        if not isinstance(t, dict):
-            r.type_error((table,), 'a table of name = "owner/repo" or name = { github = "..." }', t)
-        for name, v in t.items():
-            if isinstance(v, str):
-                packs.append((name, v))
-                continue
-            if not isinstance(v, dict):
-                r.type_error((table, name), 'a string ("owner/repo") or a table', v)
-            for k, x in v.items():
-                if k not in ("github", "repo", "tag", "branch", "commit", "registry", "version"):
-                    # comfy-env read these entries with .get and ignored the rest
-                    known = ("branch", "commit", "github", "registry", "repo", "tag", "version")
-                    notes.append(f"{path}:{_find_line(text, table, name)}: [{table}] {name}: key {k!r} is not "
-                                 f"read{did_you_mean(k, known)} (known: {', '.join(known)})")
-                    continue
-                if not isinstance(x, str):
-                    r.type_error((table, name, k), "a string", x)
-            src = v.get("github") or v.get("repo") or v.get("registry")
-            if not src:
-                r.error(f"[{table}] {name}: names no source (github, repo or registry)", table, name)
-            packs.append((name, src))
-    typ = data.get("types", {})
-    if not isinstance(typ, dict):
-        r.type_error(("types",), 'a table of TYPE = "custom" | "builtin"', typ)
-    for k, v in typ.items():
-        if v not in ("custom", "builtin"):
-            r.error(f'[types] {k} = {v!r}: must be "custom" (its serializer in <pack>/serialization.py) '
-                    'or "builtin"', "types", k)
-    system = {}
-    for table in ("apt", "brew"):
-        if table in data:
-            system[table] = _check_packages(r, table, data[table], allow_scalar=True)
-    for k in data:
-        if k in ("node_packs", "node_reqs", "types", "apt", "brew"):
-            continue
-        line = _find_line(text, k)
-        if k == "settings":
-            notes.append(f"{path}:{line}: table [settings] is not read (comfy-env removed it in 0.4.25; "
-                         "bulkhead's own options go in an environment file's [bulkhead] table)")
-            continue
-        # comfy-env 0.1.17-0.4.13 read this file with the environment files' parser: their tables
-        # were accepted here (with no effect from 0.2.19 on); 0.4.14 refuses them.
-        notes.append(f"{path}:{line}: [{k}] is not read in {ROOT_CONFIG_NAME}{did_you_mean(k, ROOT_TABLES)}: "
-                     "comfy-env 0.2.19-0.4.13 gave an environment's tables no effect here and 0.4.14 refuses "
-                     f"them; they go in nodes/{CONFIG_NAME} or nodes/<subdir>/{CONFIG_NAME}")
-    if warn:
-        for n in notes:
-            _warn(n, path)
-    return RootConfig(path=path, root=pack_dir, node_packs=tuple(packs),
-                      types=types.MappingProxyType(dict(typ)),
-                      system_packages=types.MappingProxyType(system), warnings=tuple(notes))
-
-
-def check_system_packages(system_packages, source):
-    """One line per ``[apt]``/``[brew]`` package not found on this machine
-    (dpkg-query / brew list), with the command that installs it; a line
-    saying so when the checker itself is missing.  Runs nothing else."""
-    import subprocess
-    out = []
-    for table, names in sorted(system_packages.items()):
-        if not names:
-            continue
-        if table == "apt":
-            if sys.platform != "linux":
-                continue
-            tool = shutil.which("dpkg-query")
-            if tool is None:
-                out.append(f"{source}: [apt] lists {', '.join(names)}; dpkg-query is not on this machine, "
-                           "so they were not checked (install them with your system's package manager)")
-                continue
-            missing = []
-            for n in names:
-                r = subprocess.run([tool, "-W", "-f=${Status}", n], stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, universal_newlines=True)
-                if r.returncode != 0 or "install ok installed" not in r.stdout:
-                    missing.append(n)
-            if missing:
-                out.append(f"{source}: [apt] packages not installed: {', '.join(missing)}; bulkhead does not "
-                           f"install system packages: sudo apt-get install {' '.join(missing)}")
-        else:
-            if sys.platform != "darwin":
-                continue
-            tool = shutil.which("brew")
-            if tool is None:
-                out.append(f"{source}: [brew] lists {', '.join(names)}; brew is not on this machine, so they "
-                           "were not checked (install Homebrew, then: brew install "
-                           f"{' '.join(names)})")
-                continue
-            missing = [n for n in names if subprocess.run([tool, "list", "--versions", n],
-                                                          stdout=subprocess.DEVNULL,
-                                                          stderr=subprocess.DEVNULL).returncode != 0]
-            if missing:
-                out.append(f"{source}: [brew] packages not installed: {', '.join(missing)}; bulkhead does not "
-                           f"install system packages: brew install {' '.join(missing)}")
-    return out

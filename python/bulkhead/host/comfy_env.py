@@ -364,10 +364,10 @@ def serve(pack_dir, pkg_name, nodes_package="nodes"):
 
 
 def _serve(pack_dir, pkg_name, nodes_package):
-    from ..envs import config as packconfig
+    from ..envs import config as packconfig, rootconfig
     from . import pack as hpack, states
     _announce(pack_dir, "register_nodes")
-    root = packconfig.load_root(pack_dir)
+    root = rootconfig.load_root(pack_dir)
     if root is not None:
         _load_serializers(pack_dir, root)
     nodes_dir = os.path.join(pack_dir, nodes_package)

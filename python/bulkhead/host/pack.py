@@ -270,10 +270,10 @@ def serializer_files(pack_root):
     loads (worker/typed.py): its own when its comfy-env-root.toml declares
     custom [types], then those of the packs its [node_packs] / [node_reqs]
     name that are installed beside it and declare custom types."""
-    from ..envs import config as packconfig
+    from ..envs import config as packconfig, rootconfig
     out = []
     try:
-        root = packconfig.load_root(pack_root, warn=False)
+        root = rootconfig.load_root(pack_root, warn=False)
     except packconfig.PackConfigError:
         return out
     if root is None:
@@ -282,7 +282,7 @@ def serializer_files(pack_root):
     for name, _ in root.node_packs:
         d = os.path.join(os.path.dirname(pack_root), name)
         try:
-            r = packconfig.load_root(d, warn=False) if os.path.isdir(d) else None
+            r = rootconfig.load_root(d, warn=False) if os.path.isdir(d) else None
         except packconfig.PackConfigError:
             r = None
         if r is not None:
