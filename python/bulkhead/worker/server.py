@@ -16,7 +16,8 @@ host's real PromptServer:
   worker or, when it does not, from its reader thread (Worker.serve_unasked).
   Data is JSON as ComfyUI's websocket sends it, or bytes; a preview image
   (``UNENCODED_PREVIEW_IMAGE``, ``PREVIEW_IMAGE_WITH_METADATA``) is encoded
-  here with the pack's PIL and crosses as the bytes of ``PREVIEW_IMAGE``
+  in the worker with the pack's PIL (channel/events.py ``encode_event``)
+  and crosses as the bytes of ``PREVIEW_IMAGE``
   (or of the metadata event), exactly what upstream's ``send_image`` puts
   on the websocket.
 * ``client_id``, ``last_node_id``, ``last_prompt_id``: read from the host
