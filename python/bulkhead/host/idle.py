@@ -42,6 +42,7 @@ IDLE_EXIT_S = 600.0
 SWEEP_S = 5.0
 PRESSURE_SWITCH = "BULKHEAD_IDLE_PRESSURE_PCT"
 PRESSURE_PCT = 10.0          # below this % of RAM available, idle workers exit (LRU first)
+BRIEF_S = 0.25              # the longest an asked exit (/free) waits for a worker's lock
 PRESSURE_MIN_IDLE_S = 10.0   # ... once idle this long (not between two nodes, or two prompts in a row)
 
 _watched = []               # PackRuntime, in load order
@@ -123,9 +124,11 @@ def exit_idle(min_idle_s=None):
     for rt in rts:
         limit = limit_s(rt.options) if min_idle_s is None else min_idle_s
         idle = idle_for(rt)
+        if idle is None and min_idle_s == 0 and rt.worker.alive and not rt.worker.busy:
+            idle = 0.0      # asked now: not in a call is idle (its ledger stamp may lag its last answer)
         if idle is None or idle < limit or (min_idle_s is None and limit <= 0):
             continue
-        row = _exit_one(rt, idle, f"after {idle:.0f} s idle")
+        row = _exit_one(rt, idle, f"after {idle:.0f} s idle", wait_s=0 if min_idle_s is None else BRIEF_S)
         if row is not None:
             out.append(row)
     return out
@@ -178,12 +181,14 @@ def exit_under_pressure():
     return out
 
 
-def _exit_one(rt, idle, why):
+def _exit_one(rt, idle, why, wait_s=0):
     """Stops rt's worker (idle for `idle` s) unless the host holds its
     objects (then releases it, once per generation) or it is no longer
-    idle.  Returns its row, or None when it was left alone."""
+    idle.  wait_s: how long to wait for its lock (the reader thread and
+    the release flusher hold it for a frame at a time).  Returns its row,
+    or None when it was left alone."""
     w = rt.worker
-    with w.holding(0) as held:
+    with w.holding(wait_s) as held:
         if not held or not w.alive or w.busy:
             return None  # a call is starting or running: not idle after all
         pid, handles = w.pid, held_handles(rt)
