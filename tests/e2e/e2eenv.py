@@ -165,6 +165,7 @@ class Server:
         argv = [self.python, os.path.join(self.base, "main.py"), "--cpu", "--listen", "127.0.0.1",
                 "--port", str(self.port), "--base-directory", self.base]
         self._log = open(self.log_path, "ab")
+        self.started_at = self._log.tell()     # where this start's lines begin (log_since_start)
         self.proc = subprocess.Popen(argv, cwd=self.base, env=self.env, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -182,6 +183,13 @@ class Server:
     def log(self):
         with open(self.log_path, errors="replace") as f:
             return f.read()[-8000:]
+
+    def log_since_start(self):
+        """Everything the server wrote since its last start (a restarted
+        server appends to the same log)."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.started_at)
+            return f.read().decode(errors="replace")
 
     def http(self, method, path, body=None, timeout=60):
         data = json.dumps(body).encode() if body is not None else None

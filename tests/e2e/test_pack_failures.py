@@ -117,11 +117,8 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     assert "bulkhead install" in states["ComfyUI-Mixed.unbuildable"]["fix"]
     # the next start does not pay for the failed build again, and says how to retry
     srv.stop()
-    with open(srv.log_path, "a") as f:
-        f.write("\n=== second start ===\n")
     srv.start()
-    with open(srv.log_path, errors="replace") as f:
-        second = f.read().split("=== second start ===", 1)[1]
+    second = srv.log_since_start()
     assert "building it now" not in second, second
     again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "runs in-process" in l)
     assert "is not retried at start" in again and "bulkhead install" in again, again

@@ -221,11 +221,8 @@ def test_real_packs_run_isolated(comfyui, manager_install, monkeypatch, tmp_path
     # built one reused) and serves each part as the first did.
     before = {p["name"]: p["state"] for p in doc["packs"]}
     srv.stop()
-    with open(srv.log_path, "a") as f:
-        f.write("\n=== second start ===\n")
     srv.start()
-    with open(srv.log_path, errors="replace") as f:
-        second = f.read().split("=== second start ===", 1)[1]
+    second = srv.log_since_start()
     rebuilt = [line for line in second.splitlines() if "building it now" in line or ": building " in line]
     assert not rebuilt, "\n".join(rebuilt)
     status, doc = srv.http("GET", "/bulkhead/status")
