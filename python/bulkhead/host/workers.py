@@ -498,14 +498,10 @@ class Worker(_native.Caller):
         generation instead of failing.  Returns those words (also kept in
         ``last_exit``), or None when it is running, not started, or in use
         by a call (which sees the death itself).  Cheap: one waitpid."""
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            if self.busy:
+        with self.holding(0) as held:
+            if not held or self.busy:
                 return None
             return self._reap_idle(0)
-        finally:
-            self._lock.release()
 
     def _reap_idle(self, wait_s):
         """poll() under the lock: waits up to wait_s for an ended generation."""
@@ -585,13 +581,10 @@ class Worker(_native.Caller):
     def _try_flush(self):
         """Sends queued object-handle releases unless another thread is
         using the worker (its call sends them when it ends)."""
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            self._flush_releases()
-            return True
-        finally:
-            self._lock.release()
+        with self.holding(0) as held:
+            if held:
+                self._flush_releases()
+            return held
 
     def _flush_releases(self):
         peer, chan = self._peer, self._chan
@@ -644,19 +637,16 @@ class Worker(_native.Caller):
         worker that is not running holds nothing and answers None.
         wait_s: how long to wait for a call the worker is in (None: until
         it ends); past it WorkerBusy, and nothing is sent."""
-        wait = -1 if wait_s is None else max(0.0, wait_s)
-        if not self._lock.acquire(timeout=wait):
-            raise WorkerBusy(f"worker {self.name!r} (pid {self.pid}) stayed busy in a call for "
-                             f"{wait_s:g} s; try again when it is idle")
-        try:
+        with self.holding(wait_s) as held:
+            if not held:
+                raise WorkerBusy(f"worker {self.name!r} (pid {self.pid}) stayed busy in a call for "
+                                 f"{wait_s:g} s; try again when it is idle")
             if self.busy == 0:
                 self.poll()  # a generation that died idle held nothing: start none for it
             if self._chan is None:
                 return None
             return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
                                 timeout_s, "release", op)
-        finally:
-            self._lock.release()
 
     def post_release(self, op="all", model_id=None, nbytes=None):
         """The same ask without waiting for it (request id 0: no reply), for
