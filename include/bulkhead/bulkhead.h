@@ -276,8 +276,11 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
 /* 5: the block section lists the blocks a frame lends (see channel.c), and
  * tensor refs into them are checked against it (bh_channel_frame_block).
  * 6: a tensor ref may name a block of the receiver's own that it lent the
- * sender (BH_BLOCK_BACK): a value crosses back by reference. */
-#define BH_PROTOCOL_VERSION 6
+ * sender (BH_BLOCK_BACK): a value crosses back by reference.
+ * 7: an introduced block may be a third process's that the sender
+ * forwards, sealed against writes: the receiver maps it copy-on-write
+ * and never sends it back by reference (bh_channel_peer_find). */
+#define BH_PROTOCOL_VERSION 7
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u
