@@ -42,7 +42,7 @@ static int intro_fd = -1; /* a sealed memfd; each intro gets a dup */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
   void *addr = NULL;
-  FUZZ_CHECK(bh__pool_open(&pool, 0) == 0);
+  FUZZ_CHECK(bh__pool_open(&pool, 0, 0) == 0);
   FUZZ_CHECK(bh__pool_acquire(pool, INTRO_BYTES, &own) == 0);
   FUZZ_CHECK(bh_block_id(own) == 1);
   FUZZ_CHECK(bh__memfd_create("fuzz-intro", INTRO_BYTES, &intro_fd, &addr) == 0);

@@ -352,6 +352,11 @@ typedef struct bh_pool_stats {
   uint64_t lent_blocks;             /* own blocks the peer holds */
   uint64_t peer_blocks, peer_bytes; /* peer blocks mapped here */
   uint64_t created, reused;         /* own blocks: fresh memfds vs reuses */
+  /* forwards: another channel's peer blocks this channel lends its peer
+   * (bh_channel_peer_find), not counted in own_* (their owner counts
+   * them); and the peer blocks here whose memfd is kept for that */
+  uint64_t forward_blocks, forward_bytes, forwarded; /* forwarded: ever made */
+  uint64_t peer_fds;
 } bh_pool_stats;
 
 BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);
@@ -374,6 +379,12 @@ typedef struct bh_channel_opts {
                              * yielding the CPU (0: default 20 us, <0: never;
                              * never when only one CPU is usable).  Waking a
                              * sleeper on another CPU costs far more here. */
+  int forward;              /* keep the memfd of each peer block of at least
+                             * 1 MiB (within a process-wide bound, a quarter
+                             * of the soft RLIMIT_NOFILE), so that a view of
+                             * it can go to ANOTHER channel's peer by
+                             * reference (bh_channel_peer_find): a host of
+                             * several workers sets it, a worker does not */
 } bh_channel_opts;
 
 /* Takes over `fd` (one end of a SOCK_SEQPACKET socketpair) and creates the
@@ -507,8 +518,27 @@ BH_EXTERN int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_b
  * at an offset that is a multiple of BH_ARENA_ALIGN, and takes a reference
  * on it (the caller owns it: bh_block_unref) with the offset.  A tensor ref
  * to it, sent as BH_BLOCK_BACK | bh_block_id(*out) while the reference is
- * held, reaches the peer as a view of its own block, no copy.  Returns 0,
- * -ENOENT (no such block: copy the bytes instead) or -EINVAL. */
+ * held, reaches the peer as a view of its own block, no copy.  A block the
+ * peer mapped copy-on-write (one it forwarded, below) is not found: what
+ * is here may differ from what the peer has.
+ *
+ * Failing that, a forward (protocol 7): the held peer block of ANOTHER
+ * channel of this process, one opened with opts.forward that kept the
+ * block's memfd, holding those bytes at an aligned offset.  The memfd is
+ * sealed against writes from now on (F_SEAL_FUTURE_WRITE: mappings made
+ * before, its owner's and this process's, stay writable) and *out is an
+ * OWN block of this channel (bh_block_is_own) that shows it: list it in
+ * the message's blocks like any own block.  Sent, its fd goes to this
+ * channel's peer, which maps it copy-on-write (a write there stays
+ * there) and never sends it back by reference.  It holds a reference on
+ * the other channel's block, so that block's owner does not reuse it,
+ * until this one's last reference goes (the peer returned it and the
+ * caller's views went); then it is destroyed, the peer told to unmap.
+ * If the owner dies meanwhile, every mapping keeps its pages.  The bytes
+ * cross one process to another without a copy here.
+ *
+ * Returns 0, -ENOENT (no such block, or its fd not kept, or the kernel
+ * refused the seal: copy the bytes instead), -BH_EPOOLFULL or -EINVAL. */
 BH_EXTERN int bh_channel_peer_find(bh_channel *c, const void *addr, uint64_t nbytes,
                                    bh_block **out, uint64_t *offset);
 
@@ -557,6 +587,12 @@ BH_EXTERN size_t bh_proc_output_tail(bh_proc *p, char *buf, size_t n);
 /* Kills (SIGKILL) and reaps the child if still running, stops the drain
  * thread and frees everything. */
 BH_EXTERN void bh_proc_close(bh_proc *p);
+/* What one step of an OpenMP runtime's spin-wait costs on this CPU, in
+ * nanoseconds: the least of a few timed runs of x86's `pause` (libgomp's
+ * cpu_relax there; elsewhere a compiler barrier, as libgomp's generic one).
+ * The host turns a worker's spin time into GOMP_SPINCOUNT with it, since
+ * `pause` costs from a few to over 100 cycles by CPU.  About 1 ms. */
+BH_EXTERN double bh_relax_ns(void);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,11 @@
  * A tensor ref may also name a block of the receiver's own, one it lent
  * this side and has not had back (BH_BLOCK_BACK | id, protocol 6): a value
  * that came from the peer goes back by reference, unlisted (nothing is
- * lent), checked against the receiver's pool as it is decoded.
+ * lent), checked against the receiver's pool as it is decoded.  An
+ * introduced block may be a third process's that this side forwards (a
+ * view of another channel's peer block, protocol 7): its memfd is sealed
+ * against writes and the receiver maps it copy-on-write; to the frame
+ * it is one more block lent (shm.c, bh__pool_forward).
  * A lent block is one the peer has mapped (introduced by this frame or an
  * earlier one) with exactly that size.  The refs into one block, in the
  * value's order, start at multiples of BH_ARENA_ALIGN, each at or after the
@@ -147,7 +151,7 @@ int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
   struct timeval tv = {.tv_sec = 30};
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  rc = bh__pool_open(&c->pool, o->pool_keep_bytes);
+  rc = bh__pool_open(&c->pool, o->pool_keep_bytes, o->forward);
   if (rc) goto err;
   *out = c;
   return 0;
@@ -202,7 +206,9 @@ int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_block **out
 int bh_channel_peer_find(bh_channel *c, const void *addr, uint64_t nbytes, bh_block **out,
                          uint64_t *offset) {
   if (!c || !addr || !nbytes || !out || !offset) return -EINVAL;
-  return bh__pool_peer_find(c->pool, addr, nbytes, out, offset);
+  int rc = bh__pool_peer_find(c->pool, addr, nbytes, out, offset);
+  if (rc == -ENOENT) rc = bh__pool_forward(c->pool, addr, nbytes, out, offset);
+  return rc;
 }
 
 /* ---- send ---- */
@@ -336,7 +342,7 @@ static int bh__send_frame(bh_channel *c, uint16_t kind, uint64_t req, const bh__
                        .payload_bytes = (uint32_t)(sec_len + value_len),
                        .fd_count = n_intro,
                        .cpu = bh__cpu_hint()};
-  for (uint32_t i = 0; i < n_intro; i++) fds[i] = fb->intro[i]->fd;
+  for (uint32_t i = 0; i < n_intro; i++) fds[i] = bh__block_intro_fd(fb->intro[i]);
   struct iovec iov[3] = {{&h, BH__HDR}, {sec, sec_len}, {(void *)value, value_len}};
   int iovcnt = value_len ? 3 : 2;
   if (sec_len + value_len > BH_FRAME_INLINE_MAX) {

@@ -59,9 +59,21 @@ struct bh_block {
   atomic_int refs;     /* holders; an own block lent to the peer counts 1 */
   int lent;            /* own: 1 while the peer holds it (one loan at a time) */
   uint64_t last_used;  /* own: reuse order for trimming */
+  /* own, a forward: the block of ANOTHER channel's peer this one shows
+   * (one reference held; addr, size and the fd to introduce are its),
+   * destroyed when its last reference goes.  NULL otherwise. */
+  bh_block *src;
+  /* peer: the peer sealed it against writes (a block it forwards, not
+   * its own): mapped copy-on-write here, never sent back by reference. */
+  uint8_t private_map;
 };
 
-int bh__pool_open(bh_pool **out, size_t keep_bytes);
+/* Peer blocks of at least this size keep their memfd in a pool that
+ * forwards (bh_channel_opts.forward), so another channel can introduce
+ * them; smaller ones cost less to copy than a mapping does. */
+#define BH__FORWARD_MIN (1u << 20)
+
+int bh__pool_open(bh_pool **out, size_t keep_bytes, int forward);
 /* Drops the channel's reference; the pool goes when its last block does. */
 void bh__pool_close(bh_pool *p);
 int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out);
@@ -90,8 +102,19 @@ int bh__pool_peer_get(bh_pool *p, uint32_t id, bh_block **out);
  * within it; takes a reference.  -BH_EBLOCK / -BH_ETENSOR. */
 int bh__pool_back_get(bh_pool *p, const bh_tensor_ref *t, bh_block **out);
 /* The held peer block holding [addr, addr + n) at an aligned offset; takes
- * a reference.  -ENOENT if none. */
+ * a reference.  -ENOENT if none (or it is mapped copy-on-write). */
 int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset);
+/* A forward: the held peer block of ANOTHER open pool of this process
+ * that holds [addr, addr + n) at an aligned offset and kept its memfd,
+ * sealed against writes from now on (F_SEAL_FUTURE_WRITE: the mappings
+ * there are stay writable, new ones cannot be), shown in `p` as an own
+ * block of p's id space (src set, one reference owned by the caller) that
+ * p's peer maps copy-on-write when it is lent.  -ENOENT if none (no such
+ * block, no fd kept, the seal refused). */
+int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset);
+/* The fd a frame introducing own block b passes (a forward's: its
+ * source's), or -1. */
+int bh__block_intro_fd(const bh_block *b);
 /* Whether tensor ref t fits a block of size bytes as a back ref: offset a
  * multiple of BH_ARENA_ALIGN, range within.  0 or -BH_ETENSOR.  Pure. */
 int bh__back_range(uint64_t size, const bh_tensor_ref *t);

@@ -27,13 +27,29 @@
  *               a per-process limit) and in bytes (the machine's RAM);
  *               an introduction past either is refused with
  *               -BH_EPEERMEM.
+ *   forward     (protocol 7) a peer block of ANOTHER channel's pool, shown
+ *               here as an own block (src set) so this channel's peer
+ *               maps it too: a host passes worker A's output to worker B
+ *               with no copy.  A pool opened to forward keeps the memfd of
+ *               each peer block of at least BH__FORWARD_MIN bytes (within
+ *               a process-wide bound, apart from own blocks'); the
+ *               forward seals it against writes (F_SEAL_FUTURE_WRITE:
+ *               the owner's and this process's mappings, made before, stay
+ *               writable) and B, seeing the seal, maps it copy-on-write
+ *               (its writes stay its own) and never sends it back by
+ *               reference.  The forward holds a reference on its source,
+ *               so A's pool does not reuse the block while B holds it, and
+ *               is destroyed (a retire note: B unmaps) at its last
+ *               reference.  A process that dies leaves every mapping of
+ *               its block, and so its pages, to the others.
  *
  * Free own blocks beyond keep_bytes, or beyond BH__KEEP_FREE_BLOCKS of
  * them, are destroyed least recently used first; if the peer had mapped
  * one, a retire note tells it to unmap.  An own block holds its memfd only
  * until the frame that introduces it to the peer is sent (the peer then
  * has its own fd, and a mapping needs none), so the fds blocks hold are
- * those of blocks not lent yet.  Their count is bounded twice: at most
+ * those of blocks not lent yet (and, in a pool that forwards, the large
+ * peer blocks', bounded apart).  Their count is bounded twice: at most
  * BH__OWN_BLOCKS_MAX own blocks holding an fd per pool (blocks the peer
  * holds from earlier messages count only as mappings, at most as many as
  * the peer maps: BH__PEER_BLOCKS_MAX; an acquire past either destroys free
@@ -82,13 +98,30 @@ struct bh_pool {
   uint32_t *retires; /* own ids the peer must unmap */
   size_t n_retires, cap_retires;
   uint64_t created, reused;
+  int forward;       /* keep large peer blocks' memfds, for forwards */
+  uint64_t forwarded; /* forwards made here, ever */
+  bh_pool *next;     /* the process's open pools (bh__pools), for forwards */
 };
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; an older kernel refuses it: no forwards */
+#endif
+#define BH__WRITE_SEALS (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)
+
+/* Every open pool of this process: a forward looks for its bytes in the
+ * other channels' peer blocks.  Lock order: bh__pools_mu, then a pool's
+ * mu; a pool's mu is never held while another pool's is taken (a
+ * forward's source is unreferenced after its pool's lock is dropped). */
+static pthread_mutex_t bh__pools_mu = PTHREAD_MUTEX_INITIALIZER;
+static bh_pool *bh__pools;
 
 #define BH__PAGE 4096u
 #define BH__DEFAULT_KEEP (256u << 20)
 
 /* Own-block memfds open in this process (every pool). */
 static atomic_size_t bh__block_fds;
+/* Peer-block memfds kept for forwards (every pool), bounded apart. */
+static atomic_size_t bh__peer_fds;
 
 size_t bh__block_fds_open(void) { return atomic_load(&bh__block_fds); }
 
@@ -104,8 +137,10 @@ static void bh__block_close_fd(bh_block *b) {
   if (b->fd < 0) return;
   bh__close(b->fd);
   b->fd = -1;
-  if (b->own) atomic_fetch_sub(&bh__block_fds, 1);
+  atomic_fetch_sub(b->own ? &bh__block_fds : &bh__peer_fds, 1);
 }
+
+int bh__block_intro_fd(const bh_block *b) { return b->src ? b->src->fd : b->fd; }
 
 int bh__memfd_create(const char *name, size_t size, int *fd_out, void **addr_out) {
   int fd = -1;
@@ -145,16 +180,31 @@ static void bh__prefault(void *addr, size_t size) {
   for (size_t off = 0; off < size; off += BH__PAGE) p[off] = 0;
 }
 
-int bh__pool_open(bh_pool **out, size_t keep_bytes) {
+int bh__pool_open(bh_pool **out, size_t keep_bytes, int forward) {
   bh_pool *p = calloc(1, sizeof *p);
   if (!p) return -ENOMEM;
   pthread_mutex_init(&p->mu, NULL);
   p->keep_bytes = keep_bytes ? keep_bytes : BH__DEFAULT_KEEP;
   p->next_id = 1;
+  p->forward = forward != 0;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   p->peer_max_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : UINT64_MAX;
+  pthread_mutex_lock(&bh__pools_mu);
+  p->next = bh__pools;
+  bh__pools = p;
+  pthread_mutex_unlock(&bh__pools_mu);
   *out = p;
   return 0;
+}
+
+static void bh__pools_remove(bh_pool *p) {
+  pthread_mutex_lock(&bh__pools_mu);
+  for (bh_pool **at = &bh__pools; *at; at = &(*at)->next)
+    if (*at == p) {
+      *at = p->next;
+      break;
+    }
+  pthread_mutex_unlock(&bh__pools_mu);
 }
 
 static int bh__push_ptr(bh_block ***arr, size_t *n, size_t *cap, bh_block *b) {
@@ -181,8 +231,10 @@ static int bh__push_id(uint32_t **arr, size_t *n, size_t *cap, uint32_t id) {
   return 0;
 }
 
+/* Frees a block; a forward's source (the caller unreferences it, with no
+ * pool lock held) keeps the mapping it shows. */
 static void bh__block_destroy(bh_block *b) {
-  if (b->addr && b->size) munmap(b->addr, b->size);
+  if (b->addr && b->size && !b->src) munmap(b->addr, b->size);
   bh__block_close_fd(b);
   free(b);
 }
@@ -205,15 +257,21 @@ static int bh__pool_empty(bh_pool *p) { return p->n_own == 0 && p->n_peer == 0; 
 
 void bh__pool_close(bh_pool *p) {
   if (!p) return;
+  bh__pools_remove(p);
   pthread_mutex_lock(&p->mu);
   p->closed = 1;
+  /* Forwards' sources, unreferenced once the lock is dropped (on no
+   * memory for the list, a forward stays: its source stays mapped). */
+  bh_block **srcs = p->n_own ? malloc(sizeof *srcs * p->n_own) : NULL;
+  size_t n_srcs = 0;
   for (size_t i = p->n_own; i-- > 0;) {
     bh_block *b = p->own[i];
     /* Lent references die with the peer: nobody will return them. */
     atomic_fetch_sub(&b->refs, b->lent);
     b->lent = 0;
-    if (atomic_load(&b->refs) == 0) {
+    if (atomic_load(&b->refs) == 0 && (!b->src || srcs)) {
       bh__remove_at(p->own, &p->n_own, i);
+      if (b->src) srcs[n_srcs++] = b->src;
       bh__block_destroy(b);
     }
   }
@@ -226,6 +284,8 @@ void bh__pool_close(bh_pool *p) {
   }
   int empty = bh__pool_empty(p);
   pthread_mutex_unlock(&p->mu);
+  for (size_t i = 0; i < n_srcs; i++) bh_block_unref(srcs[i]);
+  free(srcs);
   if (empty) bh__pool_free(p);
 }
 
@@ -383,8 +443,11 @@ int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd) {
 }
 
 /* Drop one reference with the lock held; returns 1 if the pool must be
- * freed by the caller after unlocking. */
-static int bh__unref_locked(bh_pool *p, bh_block *b) {
+ * freed by the caller after unlocking.  A forward's last reference
+ * destroys it and leaves its source in *src for the caller to unreference
+ * after unlocking (its pool's lock is another). */
+static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
+  *src = NULL;
   int left = atomic_fetch_sub(&b->refs, 1) - 1;
   if (left > 0) return 0;
   if (left < 0) {
@@ -397,8 +460,20 @@ static int bh__unref_locked(bh_pool *p, bh_block *b) {
     bh_block **arr = b->own ? p->own : p->peer;
     size_t *n = b->own ? &p->n_own : &p->n_peer;
     if (bh__find(arr, *n, b->id, &at) == b) bh__remove_at(arr, n, at);
+    *src = b->src;
     bh__block_destroy(b);
     return bh__pool_empty(p);
+  }
+  if (b->src) {
+    /* A forward is not reused: its source goes back to that channel's
+     * peer, and the peer here unmaps it (without memory for the note it
+     * keeps a mapping of an id never lent again, until the channel
+     * closes: memory held longer, never reused too early). */
+    if (bh__find(p->own, p->n_own, b->id, &at) == b) bh__remove_at(p->own, &p->n_own, at);
+    if (b->peer_mapped) (void)bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id);
+    *src = b->src;
+    bh__block_destroy(b);
+    return 0;
   }
   if (b->own) {
     b->last_used = ++p->clock;
@@ -422,8 +497,10 @@ int bh__pool_returned(bh_pool *p, uint32_t id) {
     return 0;
   }
   b->lent--;
-  int free_pool = bh__unref_locked(p, b);
+  bh_block *src;
+  int free_pool = bh__unref_locked(p, b, &src);
   pthread_mutex_unlock(&p->mu);
+  if (src) bh_block_unref(src);
   if (free_pool) bh__pool_free(p);
   return 0;
 }
@@ -452,7 +529,13 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
     rc = -ENOMEM;
     goto out;
   }
-  b->addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); /* lazily */
+  /* A block sealed against writes is another process's that the peer
+   * forwards: mapped copy-on-write, so a write here stays here (a shared
+   * writable mapping of it is refused anyway). */
+  int seals = fcntl(fd, F_GET_SEALS);
+  b->private_map = seals >= 0 && (seals & BH__WRITE_SEALS);
+  b->addr = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, b->private_map ? MAP_PRIVATE : MAP_SHARED,
+                 fd, 0); /* lazily */
   if (b->addr == MAP_FAILED) {
     rc = -errno;
     free(b);
@@ -462,6 +545,12 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
   b->id = id;
   b->size = (size_t)size;
   b->fd = -1;
+  /* A pool that forwards keeps a large block's fd (within the process's
+   * bound) so another channel can introduce it. */
+  if (p->forward && size >= BH__FORWARD_MIN && !b->private_map) {
+    if (atomic_fetch_add(&bh__peer_fds, 1) < bh__block_fds_max()) b->fd = fd, fd = -1;
+    else atomic_fetch_sub(&bh__peer_fds, 1);
+  }
   atomic_init(&b->refs, 0);
   pthread_mutex_lock(&p->mu);
   rc = bh__push_ptr(&p->peer, &p->n_peer, &p->cap_peer, b);
@@ -469,7 +558,7 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
   pthread_mutex_unlock(&p->mu);
   if (rc) bh__block_destroy(b);
 out:
-  bh__close(fd);
+  if (fd >= 0) bh__close(fd);
   return rc;
 }
 
@@ -528,8 +617,9 @@ int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out,
     uintptr_t lo = (uintptr_t)b->addr;
     if (a < lo || a - lo > b->size || n > b->size - (a - lo)) continue;
     /* Held: a view of it lives (the caller's), so no return is queued and
-     * the peer keeps it lent; the reference taken keeps it so. */
-    if (atomic_load(&b->refs) == 0 || (a - lo) % BH_ARENA_ALIGN) break;
+     * the peer keeps it lent; the reference taken keeps it so.  Not a
+     * copy-on-write one: what is here may differ from the peer's. */
+    if (atomic_load(&b->refs) == 0 || (a - lo) % BH_ARENA_ALIGN || b->private_map) break;
     atomic_fetch_add(&b->refs, 1);
     *out = b;
     *offset = a - lo;
@@ -537,6 +627,71 @@ int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out,
     break;
   }
   pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset) {
+  uintptr_t a = (uintptr_t)addr;
+  bh_block *src = NULL, *f = NULL;
+  uint64_t off = 0;
+  int rc = -ENOENT;
+  pthread_mutex_lock(&bh__pools_mu);
+  for (bh_pool *q = bh__pools; q && !src; q = q->next) {
+    if (q == p) continue;
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = 0; i < q->n_peer; i++) {
+      bh_block *b = q->peer[i];
+      uintptr_t lo = (uintptr_t)b->addr;
+      if (a < lo || a - lo > b->size || n > b->size - (a - lo)) continue;
+      /* Held here (a view lives), so that peer keeps it lent; the
+       * reference taken keeps it so while the forward lives. */
+      if (atomic_load(&b->refs) > 0 && b->fd >= 0 && (a - lo) % BH_ARENA_ALIGN == 0) {
+        atomic_fetch_add(&b->refs, 1);
+        src = b;
+        off = a - lo;
+      }
+      break;
+    }
+    pthread_mutex_unlock(&q->mu);
+  }
+  pthread_mutex_unlock(&bh__pools_mu);
+  if (!src) return -ENOENT;
+  /* Sealed against writes: mappings made before (the owner's, this
+   * process's) stay writable, the receiver's cannot be. */
+  int seals = fcntl(src->fd, F_GET_SEALS);
+  if (seals >= 0 && !(seals & BH__WRITE_SEALS) && fcntl(src->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0)
+    seals = fcntl(src->fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & BH__WRITE_SEALS)) goto err; /* an old kernel, or F_SEAL_SEAL: copy */
+  f = calloc(1, sizeof *f);
+  if (!f) {
+    rc = -ENOMEM;
+    goto err;
+  }
+  f->pool = p;
+  f->own = 1;
+  f->src = src;
+  f->addr = src->addr;
+  f->size = src->size;
+  f->fd = -1;
+  atomic_init(&f->refs, 1);
+  pthread_mutex_lock(&p->mu);
+  if (p->closed || p->next_id >= BH_BLOCK_BACK || p->n_own >= BH__PEER_BLOCKS_MAX) {
+    pthread_mutex_unlock(&p->mu);
+    rc = -BH_EPOOLFULL;
+    goto err;
+  }
+  f->id = p->next_id++;
+  f->last_used = ++p->clock;
+  rc = bh__push_ptr(&p->own, &p->n_own, &p->cap_own, f);
+  if (!rc) p->forwarded++;
+  pthread_mutex_unlock(&p->mu);
+  if (rc) goto err;
+  *out = f;
+  *offset = off;
+  return 0;
+err:
+  free(f);
+  bh_block_unref(src);
   return rc;
 }
 
@@ -619,9 +774,11 @@ void bh_block_ref(bh_block *b) { atomic_fetch_add(&b->refs, 1); }
 void bh_block_unref(bh_block *b) {
   if (!b) return;
   bh_pool *p = b->pool;
+  bh_block *src;
   pthread_mutex_lock(&p->mu);
-  int free_pool = bh__unref_locked(p, b);
+  int free_pool = bh__unref_locked(p, b, &src);
   pthread_mutex_unlock(&p->mu);
+  if (src) bh_block_unref(src);
   if (free_pool) bh__pool_free(p);
 }
 
@@ -631,14 +788,24 @@ int bh_pool_stats_get(bh_pool *p, bh_pool_stats *s) {
   pthread_mutex_lock(&p->mu);
   for (size_t i = 0; i < p->n_own; i++) {
     bh_block *b = p->own[i];
+    if (b->src) { /* another channel's block: counted there */
+      s->forward_blocks++;
+      s->forward_bytes += b->size;
+      continue;
+    }
     s->own_blocks++;
     s->own_bytes += b->size;
     if (atomic_load(&b->refs) == 0) s->free_blocks++, s->free_bytes += b->size;
     if (b->lent) s->lent_blocks++;
   }
-  for (size_t i = 0; i < p->n_peer; i++) s->peer_blocks++, s->peer_bytes += p->peer[i]->size;
+  for (size_t i = 0; i < p->n_peer; i++) {
+    s->peer_blocks++;
+    s->peer_bytes += p->peer[i]->size;
+    s->peer_fds += p->peer[i]->fd >= 0;
+  }
   s->created = p->created;
   s->reused = p->reused;
+  s->forwarded = p->forwarded;
   pthread_mutex_unlock(&p->mu);
   return 0;
 }

@@ -579,8 +579,10 @@ static PyObject *Channel_acquire(PyObject *op, PyObject *arg) {
 
 /* peer_lease(address, nbytes): a Lease over the peer's block that holds
  * those bytes (a view received from the peer, still alive), for sending
- * them back by reference (codec.c: a back ref); None when no held peer
- * block holds them at an aligned offset.  tensors.encode calls it. */
+ * them back by reference (codec.c: a back ref); or, failing that, over a
+ * forward (an own block of this channel showing another channel's peer
+ * block that holds them: lent like any own block, no copy); None when
+ * neither is had (bh_channel_peer_find).  tensors.encode calls it. */
 static PyObject *Channel_peer_lease(PyObject *op, PyObject *args) {
   bh_chan_obj *self = (bh_chan_obj *)op;
   unsigned long long addr, n;
@@ -605,10 +607,12 @@ static PyObject *Channel_stats(PyObject *op, PyObject *unused) {
   bh_pool_stats s;
   if (!c) return NULL;
   bh_pool_stats_get(bh_channel_pool(c), &s);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "own_blocks", s.own_blocks,
-                       "own_bytes", s.own_bytes, "free_blocks", s.free_blocks, "free_bytes",
-                       s.free_bytes, "lent_blocks", s.lent_blocks, "peer_blocks", s.peer_blocks,
-                       "peer_bytes", s.peer_bytes, "created", s.created, "reused", s.reused);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "own_blocks",
+                       s.own_blocks, "own_bytes", s.own_bytes, "free_blocks", s.free_blocks,
+                       "free_bytes", s.free_bytes, "lent_blocks", s.lent_blocks, "peer_blocks",
+                       s.peer_blocks, "peer_bytes", s.peer_bytes, "created", s.created, "reused",
+                       s.reused, "forward_blocks", s.forward_blocks, "forward_bytes",
+                       s.forward_bytes, "forwarded", s.forwarded, "peer_fds", s.peer_fds);
 }
 
 static PyObject *Channel_trim_pool(PyObject *op, PyObject *args) {
@@ -720,15 +724,16 @@ static int hook(PyObject *hooks, const char *name, PyObject **slot) {
 
 PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"fd", "hooks", "peer_uid", "peer_pid", "pool_keep_bytes", "first_id",
-                           "spin_ns", NULL};
+                           "spin_ns", "forward", NULL};
   int fd;
   PyObject *hooks;
   unsigned long uid;
   long pid = 0;
   unsigned long long keep = 0, first_id = 1;
   long long spin_ns = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "iOk|lKKL:channel_open", kwlist, &fd, &hooks, &uid, &pid,
-                                   &keep, &first_id, &spin_ns))
+  int forward = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iOk|lKKLp:channel_open", kwlist, &fd, &hooks, &uid, &pid,
+                                   &keep, &first_id, &spin_ns, &forward))
     return NULL;
   bh_state *st = bh_py_state(module);
   bh_chan_obj *self = PyObject_GC_New(bh_chan_obj, st->Channel);
@@ -756,7 +761,7 @@ PyObject *bh_py_channel_open(PyObject *module, PyObject *args, PyObject *kw) {
     return NULL;
   }
   bh_channel_opts o = {.peer_uid = (uid_t)uid, .peer_pid = (pid_t)pid, .pool_keep_bytes = keep,
-                       .spin_ns = spin_ns};
+                       .spin_ns = spin_ns, .forward = forward};
   int rc = bh_channel_open(&self->c, fd, &o);
   if (rc < 0) {
     Py_DECREF(self);

@@ -36,9 +36,11 @@ static PyObject *bh_py_dtypes(PyObject *module, PyObject *unused) {
 
 static PyMethodDef bh_methods[] = {
     {"channel_open", (PyCFunction)(void (*)(void))bh_py_channel_open, METH_VARARGS | METH_KEYWORDS,
-     "channel_open(fd, hooks, peer_uid, peer_pid=0, pool_keep_bytes=0) -> Channel\n"
+     "channel_open(fd, hooks, peer_uid, peer_pid=0, pool_keep_bytes=0, first_id=1, spin_ns=0,\n"
+     "             forward=False) -> Channel\n"
      "Takes over fd (one end of a SOCK_SEQPACKET socketpair), also when it raises: only a\n"
-     "TypeError from the arguments themselves leaves fd to the caller."},
+     "TypeError from the arguments themselves leaves fd to the caller.  forward: keep the\n"
+     "peer's large blocks' fds, so a view of one goes to another channel's peer by reference."},
     {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
      "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
      "Starts a worker with the channel's child end as fd 3."},

@@ -1901,3 +1901,218 @@ TEST_IMPL(channel_back_range_table) {
   }
   return 0;
 }
+
+/* ---- forwards (protocol 7): worker A's block to worker B through a host ---- */
+
+/* The host's end of a pair (*host, opened to forward: it keeps the memfds
+ * of large peer blocks) and the worker's (*worker). */
+static void forward_pair(bh_channel **host, bh_channel **worker, int forward) {
+  int sv[2];
+  ASSERT_SYS(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv));
+  bh_channel_opts o = {.peer_uid = getuid(), .forward = forward};
+  ASSERT_OK(bh_channel_open(host, sv[0], &o));
+  o.forward = 0;
+  ASSERT_OK(bh_channel_open(worker, sv[1], &o));
+}
+
+/* Worker A (wa) lends the host (ha) a block X of S bytes filled with
+ * `fill`; returns the host's held view of it. */
+static bh_block *forward_source(bh_channel *wa, bh_channel *ha, size_t S, uint8_t fill, bh_block **x) {
+  bh_frame f;
+  bh_block *held;
+  int rc;
+  uint64_t zero = 0, len = S;
+  ASSERT_OK(bh_channel_block_acquire(wa, S, x));
+  memset(bh_block_addr(*x), fill, S);
+  bh_buf v = refs_value(x, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(wa, BH_KIND_RESULT, 1, v.data, v.len, x, 1));
+  bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(ha, &f, 5000));
+  ASSERT_EQ(claim_refs(ha, &f, &held, 1, &rc), 1);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(ha, &f);
+  return held;
+}
+
+/* Sends one nil frame from `from` and receives it on `to`: the notes
+ * queued on `from` (returns, retires) reach `to`. */
+static void carry_notes(bh_channel *from, bh_channel *to) {
+  bh_frame f;
+  ASSERT_OK(bh_test_send_nil(from, 99));
+  ASSERT_OK(bh_test_recv(to, &f, 5000));
+  bh_channel_frame_done(to, &f);
+}
+
+/* The host finds worker A's block (mapped from its channel with A) by the
+ * address of its view and lends it to worker B as a block of its channel
+ * with B: no copy, no block made.  B maps it copy-on-write (its writes stay
+ * in B; A's later writes show in pages B did not write) and never finds it
+ * to send back.  A's block stays lent while the forward lives; B's return
+ * ends the forward (B is told to unmap), and then A gets its block back. */
+TEST_IMPL(channel_forward_lends_another_channels_block) {
+  const size_t S = 2 * MiB;
+  int fds0 = bh_test_fd_count();
+  bh_channel *ha, *wa, *hb, *wb;
+  forward_pair(&ha, &wa, 1);
+  forward_pair(&hb, &wb, 1);
+  bh_block *x, *fw, *seen, *found;
+  bh_frame f;
+  int rc;
+  uint64_t off, len = S - 64;
+  bh_block *held = forward_source(wa, ha, S, 0x11, &x);
+  bh_block_unref(x); /* the loan keeps it */
+  ASSERT_UEQ(stats_of(ha).peer_fds, 1);
+  uint8_t *at = bh_block_addr(held);
+
+  ASSERT_OK(bh_channel_peer_find(hb, at + 64, len, &fw, &off));
+  ASSERT_EQ(bh_block_is_own(fw), 1);
+  ASSERT_UEQ(off, 64);
+  ASSERT_EQ(bh_block_addr(fw), at); /* the same mapping: nothing copied */
+  bh_pool_stats s = stats_of(hb);
+  ASSERT_UEQ(s.forward_blocks, 1);
+  ASSERT_UEQ(s.forward_bytes, S);
+  ASSERT_UEQ(s.forwarded, 1);
+  ASSERT_UEQ(s.own_blocks, 0); /* counted on its owner, not here */
+  ASSERT_UEQ(s.created, 0);
+  bh_buf v = refs_value(&fw, &off, &len, 1);
+  ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 2, v.data, v.len, &fw, 1));
+  bh_buf_free(&v);
+  bh_block_unref(fw); /* the loan keeps it */
+
+  ASSERT_OK(bh_test_recv(wb, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 1);
+  ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(wb, &f);
+  uint8_t *in_b = (uint8_t *)bh_block_addr(seen);
+  ASSERT_EQ(in_b[64], 0x11);
+  ASSERT_EQ(in_b[S - 1], 0x11);
+  /* Copy-on-write in B: B's write stays in B. */
+  memset(in_b, 0x22, 4096);
+  ASSERT_EQ(at[0], 0x11);
+  ASSERT_EQ(((uint8_t *)bh_block_addr(x))[0], 0x11);
+  /* The owner's mapping stays writable after the seal, and B sees the
+   * pages it did not write. */
+  memset((uint8_t *)bh_block_addr(x) + S - 4096, 0x33, 4096);
+  ASSERT_EQ(at[S - 1], 0x33);
+  ASSERT_EQ(in_b[S - 1], 0x33);
+  ASSERT_EQ(in_b[0], 0x22);
+  /* B holds a copy-on-write mapping: never sent back by reference. */
+  ASSERT_RC(bh_channel_peer_find(wb, in_b + 64, len, &found, &off), -ENOENT);
+  ASSERT_UEQ(stats_of(wb).own_blocks, 0);
+
+  /* The host drops its view: the forward still holds A's block. */
+  bh_block_unref(held);
+  carry_notes(ha, wa);
+  ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
+  /* B drops its view: the forward ends, B unmaps, A gets its block. */
+  bh_block_unref(seen);
+  carry_notes(wb, hb);
+  s = stats_of(hb);
+  ASSERT_UEQ(s.forward_blocks, 0);
+  ASSERT_UEQ(s.lent_blocks, 0);
+  carry_notes(hb, wb);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
+  carry_notes(ha, wa);
+  s = stats_of(wa);
+  ASSERT_UEQ(s.lent_blocks, 0);
+  ASSERT_UEQ(s.free_blocks, 1);
+
+  bh_channel_close(ha);
+  bh_channel_close(wa);
+  bh_channel_close(hb);
+  bh_channel_close(wb);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Worker A's channel closes (A died) while B holds its block through a
+ * forward, and the host's channel with A closes too: A's pool is gone, but
+ * every mapping keeps its pages, so B and the host still read A's bytes;
+ * the block goes when B's return ends the forward, and nothing is left. */
+TEST_IMPL(channel_forward_outlives_its_owner) {
+  const size_t S = 1 * MiB;
+  int fds0 = bh_test_fd_count();
+  bh_channel *ha, *wa, *hb, *wb;
+  forward_pair(&ha, &wa, 1);
+  forward_pair(&hb, &wb, 1);
+  bh_block *x, *fw, *seen;
+  bh_frame f;
+  int rc;
+  uint64_t off, len = S;
+  bh_block *held = forward_source(wa, ha, S, 0x44, &x);
+  bh_block_unref(x);
+  ASSERT_OK(bh_channel_peer_find(hb, bh_block_addr(held), len, &fw, &off));
+  bh_buf v = refs_value(&fw, &off, &len, 1);
+  ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 2, v.data, v.len, &fw, 1));
+  bh_buf_free(&v);
+  bh_block_unref(fw);
+  ASSERT_OK(bh_test_recv(wb, &f, 5000));
+  ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
+  bh_channel_frame_done(wb, &f);
+
+  bh_channel_close(wa); /* A dies: its pool unmaps X and closes its fd */
+  bh_channel_close(ha); /* the host sees it: its pool with A closes */
+  const uint8_t *in_b = bh_block_addr(seen), *in_host = bh_block_addr(held);
+  ASSERT_EQ(in_b[0], 0x44);
+  ASSERT_EQ(in_b[S - 1], 0x44);
+  ASSERT_EQ(in_host[S / 2], 0x44);
+  bh_block_unref(held); /* the forward keeps the host's mapping */
+  ASSERT_EQ(in_b[S / 2], 0x44);
+  /* No forward from a closed channel: its blocks are not found. */
+  ASSERT_RC(bh_channel_peer_find(hb, bh_block_addr(fw), len, &x, &off), -ENOENT);
+  bh_block_unref(seen);
+  carry_notes(wb, hb);
+  ASSERT_UEQ(stats_of(hb).forward_blocks, 0);
+  carry_notes(hb, wb);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
+  bh_channel_close(hb);
+  bh_channel_close(wb);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* What is not forwarded (copied instead): a channel not opened to forward
+ * keeps no fd, nor does one for a block under 1 MiB; a misaligned range,
+ * a range past the block, a block no view holds; and a channel's own peer
+ * block is a back ref, not a forward. */
+TEST_IMPL(channel_forward_only_what_it_may) {
+  int fds0 = bh_test_fd_count();
+  bh_channel *ha, *wa, *hb, *wb, *hc, *wc;
+  forward_pair(&ha, &wa, 1);
+  forward_pair(&hb, &wb, 0);
+  forward_pair(&hc, &wc, 1);
+  bh_block *xa, *xa_small, *xb, *found;
+  uint64_t off;
+  bh_block *big = forward_source(wa, ha, 1 * MiB, 1, &xa);
+  bh_block *small = forward_source(wa, ha, 1 * MiB - 4096, 2, &xa_small);
+  bh_block *unkept = forward_source(wb, hb, 1 * MiB, 3, &xb);
+  bh_block_unref(xa);
+  bh_block_unref(xa_small);
+  bh_block_unref(xb);
+  ASSERT_UEQ(stats_of(ha).peer_fds, 1);
+  ASSERT_UEQ(stats_of(hb).peer_fds, 0);
+  uint8_t *at = bh_block_addr(big);
+  ASSERT_RC(bh_channel_peer_find(hc, bh_block_addr(small), 4096, &found, &off), -ENOENT);
+  ASSERT_RC(bh_channel_peer_find(hc, bh_block_addr(unkept), 4096, &found, &off), -ENOENT);
+  ASSERT_RC(bh_channel_peer_find(hc, at + 1, 64, &found, &off), -ENOENT);
+  ASSERT_RC(bh_channel_peer_find(hc, at + 64, 1 * MiB, &found, &off), -ENOENT);
+  /* The host's own channel with A: a back ref to A's block. */
+  ASSERT_OK(bh_channel_peer_find(ha, at, 64, &found, &off));
+  ASSERT_EQ(found, big);
+  bh_block_unref(found);
+  /* Held no more: nothing to forward. */
+  bh_block_unref(big);
+  ASSERT_RC(bh_channel_peer_find(hc, at, 64, &found, &off), -ENOENT);
+  ASSERT_UEQ(stats_of(hc).forwarded, 0);
+  bh_block_unref(small);
+  bh_block_unref(unkept);
+  bh_channel_close(ha);
+  bh_channel_close(wa);
+  bh_channel_close(hb);
+  bh_channel_close(wb);
+  bh_channel_close(hc);
+  bh_channel_close(wc);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}

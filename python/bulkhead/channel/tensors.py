@@ -24,8 +24,15 @@ view of its own block.  That view is read-only to numpy; torch has no
 read-only tensors, so a torch view is writable, and a write there is seen
 by the other side's view of the same block, as a write into a tensor
 shared between two nodes is in one ComfyUI process.  The block is not
-reused while any view of it lives on either side.  Everything else is
-copied once per crossing.
+reused while any view of it lives on either side.
+
+A view of ANOTHER channel's peer block goes on by reference too (a
+forward, protocol 7): the host passes worker A's output to worker B by
+lending B A's block itself (``chan.peer_lease`` finds it among the host's
+channels; a host keeps the memfd of each block of 1 MiB or more that a
+worker lends it).  B maps it copy-on-write: a write there stays in B, and
+B never sends it back by reference (it is copied if returned).  One copy
+in all, A's.  Everything else is copied once per crossing.
 """
 
 import sys
@@ -106,7 +113,7 @@ def encode(chan, obj):
         if 0 < obj.nbytes <= _INLINE_MAX:
             return (0, _native.TENSOR_NUMPY, code, obj.shape, obj.tobytes())  # C order
         lease = None
-        if obj.base is not None and obj.flags.c_contiguous:  # a view: maybe of the peer's block
+        if obj.base is not None and obj.flags.c_contiguous:  # a view: maybe of a peer's block
             lease = chan.peer_lease(obj.__array_interface__["data"][0], obj.nbytes)
             if lease is not None:
                 return (0, _native.TENSOR_NUMPY, code, obj.shape, lease)
@@ -136,7 +143,7 @@ def encode(chan, obj):
             data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
             return (0, _native.TENSOR_TORCH, code, tuple(t.shape), data)
         lease = None
-        if nbytes and t.is_contiguous():  # maybe a view of the peer's block
+        if nbytes and t.is_contiguous():  # maybe a view of a peer's block
             lease = chan.peer_lease(t.data_ptr(), nbytes)
             if lease is not None:
                 return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)

@@ -417,7 +417,7 @@ class Worker(_native.Caller):
         ref = self._ref
         peer.on_release_queued = lambda _peer: _flush_queue.put(ref)
         try:
-            chan = _native.channel_open(fd, peer, os.getuid(), proc.pid, first_id=1)
+            chan = _native.channel_open(fd, peer, os.getuid(), proc.pid, first_id=1, forward=True)
         except BaseException:
             proc.close()
             raise

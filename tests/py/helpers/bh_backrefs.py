@@ -67,3 +67,19 @@ def write(a, value):
     read-only tensors) and returns its sum."""
     a.fill_(value)
     return float(a.sum())
+
+
+def fill(a, value):
+    """Writes value into a received array or tensor in place and returns
+    its sum (a forwarded block is copy-on-write here: the write stays
+    here)."""
+    if hasattr(a, "fill_"):
+        a.fill_(value)
+    else:
+        a.fill(value)
+    return float(a.sum())
+
+
+def first(a):
+    """The first element: reads one page of a view, not all of it."""
+    return float(a[0])

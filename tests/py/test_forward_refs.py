@@ -1,0 +1,180 @@
+"""#26: pack A's output into pack B's worker with one copy in all.
+
+Worker A's reply lends the host a block of A's; the host's array is a
+view of it.  Sent to worker B, that array goes as a forward (protocol 7):
+the host introduces A's block to B (its memfd, which a host keeps for
+blocks of 1 MiB or more, sealed against writes from then on) as a block
+of its own channel with B, and B maps it copy-on-write.  The host copies
+nothing and makes no block; B's writes stay in B; A does not reuse the
+block while B holds it; a block whose owner died stays readable to the
+holders.  Every test ends with the fds, children and /dev/shm it started
+with (conftest's no_leaks).
+"""
+
+import gc
+import os
+import select
+import signal
+
+import numpy as np
+import pytest
+
+N = 1 << 18  # float32: 1 MiB, a block of its own, forwarded
+
+
+def _settle(*workers):
+    """Drops what this process holds and carries the return and retire
+    notes across (any call does), both ways, for each worker."""
+    gc.collect()
+    for w in workers:
+        w.call("operator:add", 1, 1)
+        w.call("operator:add", 1, 1)
+
+
+def _pair(make_worker):
+    a, b = make_worker(name="fwd-a"), make_worker(name="fwd-b")
+    a.start()
+    b.start()
+    return a, b
+
+
+def test_a_workers_array_goes_to_another_worker_without_a_copy(make_worker):
+    a, b = _pair(make_worker)
+    x = a.call("bh_backrefs:make", N, "numpy", 2.0)
+    host_b, worker_b = b.stats(), b.call("bh_backrefs:stats")
+    assert a.stats()["peer_fds"] == 1  # kept, for a forward
+
+    rows, during = b.call("bh_backrefs:inspect", x, x[16:])
+    assert [r["sum"] for r in rows] == [2.0 * N, 2.0 * (N - 16)]
+    assert rows[0]["own"] is False and rows[0]["writeable"]  # A's block, mapped in B
+    after = b.stats()
+    # the host made no block and copied nothing: one forward, the same
+    # block for both (lent once)
+    assert after["created"] == host_b["created"] and after["reused"] == host_b["reused"]
+    assert after["forwarded"] == host_b["forwarded"] + 2
+    assert during["peer_blocks"] == worker_b["peer_blocks"] + 2
+    # B counts none of it as its own (the ledger counts it on A)
+    assert during["own_bytes"] == worker_b["own_bytes"]
+    _settle(b)
+    # B returned them: the forwards are gone, B unmapped them
+    assert b.stats()["forward_blocks"] == 0
+    assert b.call("bh_backrefs:stats")["peer_blocks"] == worker_b["peer_blocks"]
+    assert float(x.sum()) == 2.0 * N
+    del x
+    _settle(a)
+    assert a.call("bh_backrefs:stats")["lent_blocks"] == 0
+
+
+@pytest.mark.torch
+def test_a_forwarded_tensor_is_copy_on_write_in_the_receiver(make_worker):
+    """B writes into the tensor it got (torch has no read-only tensors):
+    the write stays in B; A's block and the host's view keep A's bytes."""
+    torch = pytest.importorskip("torch")
+    a, b = _pair(make_worker)
+    t = a.call("bh_backrefs:make", N, "torch", 3.0)
+    assert b.call("bh_backrefs:fill", t, 1.0) == float(N)
+    assert float(t.sum()) == 3.0 * N
+    created = a.stats()["created"]
+    rows, _ = a.call("bh_backrefs:inspect", t)  # back to A: its own block, unchanged
+    assert rows[0]["sum"] == 3.0 * N and a.stats()["created"] == created
+    assert b.stats()["created"] == 0
+    del t
+    _settle(a, b)
+
+
+def test_a_forwarded_array_sent_back_is_copied(make_worker):
+    """What B has may differ from A's bytes (copy-on-write), so B returning
+    it does not name the block: the reply is copied, once, in B."""
+    a, b = _pair(make_worker)
+    x = a.call("bh_backrefs:make", N, "numpy", 4.0)
+    created = b.call("bh_backrefs:stats")["created"]
+    y = b.call("bh_testmod:echo", x)[0][0]
+    assert np.array_equal(x, y)
+    assert b.call("bh_backrefs:stats")["created"] == created + 1
+    del x, y
+    _settle(a, b)
+
+
+def test_the_source_block_is_not_reused_while_the_receiver_holds_it(make_worker):
+    """The host drops its view while B keeps the forwarded array: A's block
+    stays lent (the forward holds it) and A's next arrays take others;
+    once B drops it, the block goes back to A."""
+    a, b = _pair(make_worker)
+    x = a.call("bh_backrefs:make", N, "numpy", 5.0)
+    b.call("bh_backrefs:keep", x)
+    del x
+    _settle(a, b)
+    assert a.call("bh_backrefs:stats")["lent_blocks"] == 1
+    others = [a.call("bh_backrefs:make", N, "numpy", 7.0) for _ in range(3)]
+    assert b.call("bh_backrefs:kept_sum")[0] == 5.0 * N
+    del others
+    b.call("bh_backrefs:drop")
+    _settle(b, a)
+    s = a.call("bh_backrefs:stats")
+    assert s["lent_blocks"] == 0 and s["free_blocks"] == s["own_blocks"]
+    assert b.stats()["forward_blocks"] == 0
+
+
+def test_a_dead_owner_leaves_the_holders_data_intact(make_worker):
+    """A is killed while B (and the host) hold its block: both still read
+    A's bytes (every mapping keeps the pages); then it all goes."""
+    a, b = _pair(make_worker)
+    x = a.call("bh_backrefs:make", N, "numpy", 6.0)
+    b.call("bh_backrefs:keep", x)
+    pid = a.pid
+    os.kill(pid, signal.SIGKILL)
+    poller = select.poll()
+    poller.register(a._chan.fileno(), select.POLLRDHUP)
+    assert poller.poll(10_000), "the killed worker's socket never closed"
+    assert float(x.sum()) == 6.0 * N
+    assert b.call("bh_backrefs:kept_sum")[0] == 6.0 * N
+    assert b.call("bh_backrefs:inspect", x)[0][0]["sum"] == 6.0 * N  # forwarded again
+    del x
+    gc.collect()
+    assert b.call("bh_backrefs:kept_sum")[0] == 6.0 * N
+    b.call("bh_backrefs:drop")
+    _settle(b)
+    assert b.stats()["forward_blocks"] == 0
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_ten_thousand_forwards_leave_fds_and_blocks_flat(make_worker):
+    """A's array forwarded to B 10,000 times (intro, map, return, retire
+    each time): no fd, block or mapping more anywhere, nothing copied."""
+    a, b = _pair(make_worker)
+    x = a.call("bh_backrefs:make", N, "numpy", 1.0)
+    assert b.call("bh_backrefs:first", x) == 1.0
+    _settle(b)
+    fds, host_a, host_b = _fds(), a.stats(), b.stats()
+    worker_b = b.call("bh_backrefs:stats")
+    for _ in range(10_000):
+        assert b.call("bh_backrefs:first", x) == 1.0
+    _settle(b)
+    assert _fds() == fds
+    assert a.stats() == host_a
+    after = b.stats()
+    assert after["forwarded"] == host_b["forwarded"] + 10_000
+    after.pop("forwarded"), host_b.pop("forwarded")
+    assert after == host_b
+    after = b.call("bh_backrefs:stats")
+    for k in ("created", "own_blocks", "own_bytes", "peer_blocks", "peer_bytes"):
+        assert after[k] == worker_b[k], (k, after, worker_b)
+    del x
+    _settle(a)
+
+
+def test_small_blocks_are_copied_and_keep_no_fd(make_worker):
+    """A block under 1 MiB keeps no fd in the host: an array in it goes to
+    another worker copied, as before."""
+    a, b = _pair(make_worker)
+    x = a.call("bh_backrefs:make", 100_000, "numpy", 1.0)  # 400 KB
+    assert a.stats()["peer_fds"] == 0
+    created = b.stats()["created"] + b.stats()["reused"]
+    assert b.call("bh_backrefs:first", x) == 1.0
+    assert b.stats()["created"] + b.stats()["reused"] == created + 1
+    assert b.stats()["forwarded"] == 0
+    del x
+    _settle(a, b)
