@@ -14,6 +14,12 @@ set against them:
   ready_ms     Worker.start() + first call, fresh process      <= bare_ready_ms + 20
   rss_overhead_mib  idle worker RSS - bare interpreter RSS     <= 5
 
+  a2b_copy_ratio  64 MiB from worker A to worker B through the host
+                  / one torch copy_ of 64 MiB               <= 1.2 (#26)
+  same_h2w_torch_copy_ratio, cached_w2h_torch_copy_ratio
+                  the same host tensor again / a worker's cached one
+                  returned, / one torch copy_               <= 0.1 (#26)
+
 and, with no target, what a 64 MiB tensor crossing again costs
 (crossings_again: the same host array again, a worker's cached one
 returned, and values that came from the peer sent back by reference, each
@@ -292,6 +298,62 @@ def crossings_again(w, reps):
     return out
 
 
+def torch_copy_ms(reps):
+    """One torch copy_ of 64 MiB into an already-touched tensor (numpy's
+    copyto where the host has no torch): the limit #26 sets a crossing
+    against."""
+    try:
+        import torch
+    except ImportError:
+        import numpy as np
+        src = np.full(BIG // 4, 1.5, dtype=np.float32)
+        dst = np.empty_like(src)
+        return time_transfer(lambda: np.copyto(dst, src), reps)
+    src = torch.full((BIG // 4,), 1.5, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return time_transfer(lambda: dst.copy_(src), reps)
+
+
+def pack_to_pack(a, b, reps):
+    """64 MiB from one isolated pack's worker to another's through the host
+    (#26): worker A returns its cached array (copied into a block of A's:
+    the one copy) and the host passes it to worker B (a forward: B maps
+    A's block, the host copies nothing).  Two calls per figure.
+
+      a2b_64m_ms        numpy
+      a2b_torch_64m_ms  torch, where both ends have it
+      a2b_host_blocks   blocks the host took for B in all the timed calls
+                        (0: it copied nothing)
+    """
+    import numpy as np
+    x = a.call("_bench_worker:big", BIG)
+    if float(b.call("_bench_worker:first", x)) != 1.0:
+        raise RuntimeError("worker B did not see worker A's array")
+    del x
+    before = b.stats()
+
+    def a2b():
+        y = a.call("_bench_worker:big", BIG)
+        b.call("numpy:ndim", y)
+        del y
+
+    out = {"a2b_64m_ms": time_transfer(a2b, reps)}
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    if torch is not None and a.call("_bench_worker:big_torch", BIG) is not None:
+        def a2b_torch():
+            t = a.call("_bench_worker:big_torch", BIG)
+            b.call("builtins:len", t)
+            del t
+        out["a2b_torch_64m_ms"] = time_transfer(a2b_torch, reps)
+    after = b.stats()
+    out["a2b_host_blocks"] = after["created"] + after["reused"] - before["created"] - before["reused"]
+    gc.collect()
+    return out
+
+
 def small_transfers(w, reps, count, nbytes):
     """One call carrying `count` arrays of `nbytes` each, each way."""
     import numpy as np
@@ -406,6 +468,14 @@ def table(r):
         ("cached_w2h_torch_ratio", r.get("cached_w2h_torch_ratio"), None),
         ("back_h2w_torch_64m_ms", r.get("back_h2w_torch_64m_ms"), None),
         ("back_h2w_torch_ratio", r.get("back_h2w_torch_ratio"), None),
+        ("copy_64m_ms", r.get("copy_64m_ms"), None),
+        ("same_h2w_torch_copy_ratio", r.get("same_h2w_torch_copy_ratio"), 0.1),
+        ("cached_w2h_torch_copy_ratio", r.get("cached_w2h_torch_copy_ratio"), 0.1),
+        ("a2b_64m_ms", r.get("a2b_64m_ms"), None),
+        ("a2b_copy_ratio", r.get("a2b_copy_ratio"), 1.2),
+        ("a2b_torch_64m_ms", r.get("a2b_torch_64m_ms"), None),
+        ("a2b_torch_copy_ratio", r.get("a2b_torch_copy_ratio"), 1.2),
+        ("a2b_host_blocks", r.get("a2b_host_blocks"), None),
         ("h2w_small_ms", r.get("h2w_small_ms"), None),
         ("w2h_small_ms", r.get("w2h_small_ms"), None),
         ("small_us_per_array", r.get("small_us_per_array"), None),
@@ -488,6 +558,13 @@ def main(argv=None):
         r.update(transfers(w, args.reps))
         r.update(crossings_again(w, args.reps))
         r.update(small_transfers(w, args.reps, args.small_count, args.small_bytes))
+        r["copy_64m_ms"] = torch_copy_ms(args.reps)
+        wb = bulkhead.Worker(args.python, name="bench-b", env={"PYTHONPATH": HERE})
+        try:
+            wb.start()
+            r.update(pack_to_pack(w, wb, args.reps))
+        finally:
+            wb.close()
         r["worker_pool"] = w.stats()
     finally:
         w.close()
@@ -517,6 +594,9 @@ def main(argv=None):
             r[k + "_ratio"] = ratio(r.get(k[:-6] + "_torch_64m_ms"), r["memcpy_64m_ms"])
         else:
             r[k + "_ratio"] = ratio(r.get(k + "_64m_ms"), r["memcpy_64m_ms"])
+    # #26's rows against one torch copy_ of the same size (same run)
+    for k in ("same_h2w", "cached_w2h", "same_h2w_torch", "cached_w2h_torch", "a2b", "a2b_torch"):
+        r[k + "_copy_ratio"] = ratio(r.get(k + "_64m_ms"), r["copy_64m_ms"])
     # None where the unpinned figures ran on unlike placements (see note).
     r["targets"] = {
         "call_ratio": (r["call_ratio"] <= 1.3 if r["pingpong_placement"] == r["call_placement"] else None),
@@ -526,6 +606,13 @@ def main(argv=None):
         "w2h_ratio": r["w2h_ratio"] <= 1.3,
         "ready_ms": r["ready_ms"] <= r["bare_ready_ms"] + 20,
         "rss_overhead_mib": r["rss_overhead_mib"] <= 5,
+        # #26
+        "a2b_copy_ratio": r["a2b_copy_ratio"] <= 1.2,
+        "a2b_torch_copy_ratio": (None if r["a2b_torch_copy_ratio"] is None else r["a2b_torch_copy_ratio"] <= 1.2),
+        "same_h2w_torch_copy_ratio": (None if r["same_h2w_torch_copy_ratio"] is None
+                                      else r["same_h2w_torch_copy_ratio"] <= 0.1),
+        "cached_w2h_torch_copy_ratio": (None if r["cached_w2h_torch_copy_ratio"] is None
+                                        else r["cached_w2h_torch_copy_ratio"] <= 0.1),
     }
     r.update(
         python=worker_python,

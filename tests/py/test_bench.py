@@ -20,7 +20,9 @@ KEYS = ["call_median_us", "pingpong_median_us", "call_ratio", "h2w_64m_ms", "w2h
         "memcpy_64m_ms", "h2w_ratio", "w2h_ratio", "ready_ms", "bare_ready_ms", "rss_overhead_mib",
         # #26: a tensor crossing again, copied or by reference
         "same_h2w_64m_ms", "cached_w2h_64m_ms", "back_h2w_64m_ms", "back_w2h_64m_ms",
-        "same_h2w_ratio", "cached_w2h_ratio", "back_h2w_ratio", "back_w2h_ratio"]
+        "same_h2w_ratio", "cached_w2h_ratio", "back_h2w_ratio", "back_w2h_ratio",
+        # #26: pack A's output into pack B's worker, against one torch copy_
+        "copy_64m_ms", "a2b_64m_ms", "a2b_copy_ratio"]
 LAYERS = ["pingpong_same_cpu_us", "pipe_same_cpu_us", "core_same_cpu_us", "binding_same_cpu_us",
           "chan_same_cpu_us", "call_same_cpu_us"]
 
@@ -39,6 +41,8 @@ def test_ipc_bench_writes_every_named_key(tmp_path):
     assert r["call_ratio_same_cpu"] == pytest.approx(r["call_same_cpu_us"] / r["pingpong_same_cpu_us"])
     assert r["h2w_ratio"] == pytest.approx(r["h2w_64m_ms"] / r["memcpy_64m_ms"])
     assert r["back_h2w_ratio"] == pytest.approx(r["back_h2w_64m_ms"] / r["memcpy_64m_ms"])
+    assert r["a2b_copy_ratio"] == pytest.approx(r["a2b_64m_ms"] / r["copy_64m_ms"])
+    assert r["a2b_host_blocks"] == 0  # the host copied nothing from pack A to pack B
     assert len(r["rounds"]) == 2 and all("call_ratio_same_cpu" in x for x in r["rounds"])
     assert set(r["targets"]) >= {"call_ratio", "h2w_ratio", "w2h_ratio", "ready_ms", "rss_overhead_mib"}
     assert "call_ratio_same_cpu" in run.stdout  # the table was printed
