@@ -1,0 +1,101 @@
+"""#26 from the user's side: pack A's node output feeds pack B's node.
+
+A prompt over HTTP: an IMAGE made by isolated pack A's node goes to a node
+of isolated pack B and back to a node of pack A.  B's image is a mapping
+of A's own block (the same memfd: one inode), copy-on-write in B, so the
+host passed it on without a copy; A's is its own block again (a back
+ref).  The bytes crossed from A to B once, copied by A alone."""
+
+import textwrap
+
+INIT = '''
+import os
+import sys
+
+from bulkhead.host import nodes, pack
+
+_hm = pack.host_memory()
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
+    os.path.dirname(os.path.abspath(__file__)), sys.executable,
+    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
+             "ledger": getattr(_hm, "ledger", None)})
+'''
+
+NODES = '''
+import os
+
+
+def _mapping(address):
+    """(inode, 's' shared / 'p' private, path) of the mapping holding address."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= address < hi:
+                return int(parts[4]), parts[1][3], parts[5].strip() if len(parts) > 5 else ""
+    return 0, "?", ""
+
+
+class MakeImage:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("FLOAT", {"default": 0.5})}}
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, value):
+        import torch
+        return (torch.full((1, 512, 512, 3), value, dtype=torch.float32),)  # 3 MiB
+
+
+class Inspect:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",)}}
+
+    RETURN_TYPES = ("FLOAT",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, image):
+        inode, kind, path = _mapping(image.data_ptr())
+        total = float(image.sum())
+        return {"ui": {"sum": [total], "pid": [os.getpid()], "inode": [inode], "kind": [kind],
+                       "path": [path]}, "result": (total,)}
+
+
+NODE_CLASS_MAPPINGS = {"E2EFwdMake%(p)s": MakeImage, "E2EFwdInspect%(p)s": Inspect}
+NODE_DISPLAY_NAME_MAPPINGS = {}
+'''
+
+
+def _pack(root, name, suffix):
+    d = root / "packs" / name
+    d.mkdir(parents=True)
+    (d / "__init__.py").write_text(textwrap.dedent(INIT))
+    (d / "nodes.py").write_text(textwrap.dedent(NODES) % {"p": suffix})
+    return str(d)
+
+
+def test_pack_a_output_feeds_pack_b_without_a_host_copy(comfyui, tmp_path):
+    a, b = _pack(tmp_path, "e2e_fwd_a", "A"), _pack(tmp_path, "e2e_fwd_b", "B")
+    srv = comfyui(packs=(), pack_dirs=(a, b))
+    prompt = {
+        "1": {"class_type": "E2EFwdMakeA", "inputs": {"value": 0.25}},
+        "2": {"class_type": "E2EFwdInspectB", "inputs": {"image": ["1", 0]}},
+        "3": {"class_type": "E2EFwdInspectA", "inputs": {"image": ["1", 0]}},
+    }
+    prompt_id = srv.queue(prompt)
+    entry = srv.wait_history(prompt_id)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log()[-3000:])
+    in_b, in_a = entry["outputs"]["2"], entry["outputs"]["3"]
+    n = 512 * 512 * 3
+    assert in_b["sum"] == [0.25 * n] and in_a["sum"] == [0.25 * n]
+    assert len({in_a["pid"][0], in_b["pid"][0], srv.proc.pid}) == 3  # two workers and the host
+    # B maps A's own block (one memfd), copy-on-write; A its own, shared
+    assert in_b["inode"] == in_a["inode"] and in_a["inode"][0] != 0, (in_a, in_b)
+    assert "bulkhead-block" in in_b["path"][0], in_b
+    assert in_b["kind"] == ["p"] and in_a["kind"] == ["s"], (in_a, in_b)
