@@ -44,6 +44,9 @@ static PyMethodDef bh_methods[] = {
     {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
      "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
      "Starts a worker with the channel's child end as fd 3."},
+    {"relax_ns", bh_py_relax_ns, METH_NOARGS,
+     "relax_ns() -> float: what one OpenMP spin-wait step (x86 `pause`) costs here, in ns\n"
+     "(the least of a few timed runs; about 1 ms)"},
     {"ram", (PyCFunction)(void (*)(void))bh_py_ram, METH_VARARGS | METH_KEYWORDS,
      "ram(root=None) -> dict of byte counts: total_bytes, available_bytes (MemTotal and\n"
      "MemAvailable clamped by the cgroup), meminfo_total_bytes, meminfo_available_bytes,\n"

@@ -217,3 +217,13 @@ out:
   str_array_free(envp);
   return res;
 }
+
+PyObject *bh_py_relax_ns(PyObject *module, PyObject *unused) {
+  (void)module;
+  (void)unused;
+  double ns;
+  Py_BEGIN_ALLOW_THREADS
+  ns = bh_relax_ns();
+  Py_END_ALLOW_THREADS
+  return PyFloat_FromDouble(ns);
+}

@@ -63,3 +63,23 @@ def test_first_node_bench_writes_its_figures(tmp_path):
     assert r["prewarmed_ratio"] == pytest.approx(ms["prewarmed"] / ms["in_process"])
     assert r["targets"]["prewarmed_ratio"]["limit"] == 1.1 and len(r["rounds"]) == 1
     assert "prewarmed" in run.stdout
+
+
+def test_spin_bench_writes_its_figures(tmp_path):
+    """bench/spin.py (the workers' OpenMP spin, #26), one round: every mode
+    has every figure, and its ratios are the ratios of its figures."""
+    pytest.importorskip("torch")
+    out = tmp_path / "spin.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "spin.py"), "--out", str(out),
+                          "--rounds", "1", "--chain", "2"], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    r = json.loads(out.read_text())
+    assert set(r["modes"]) == {"bulkhead", "default", "passive"}
+    assert 0 < r["gomp_spincount"] < 300_000 and r["relax_ns"] > 0
+    for mode, m in r["modes"].items():
+        for key in ("chain_ms", "h2w_64m_ms", "elementwise", "matmul", "conv", "gaps_50us"):
+            assert m[key] > 0, (mode, key)
+        assert m["per_node_ms"] == pytest.approx((m["chain_ms"] - r["in_process_chain_ms"]) / 2)
+        assert m["h2w_over_copy"] == pytest.approx(m["h2w_64m_ms"] / r["copy_64m_ms"])
+        assert m["compute_over_default"]["conv"] == pytest.approx(m["conv"] / r["modes"]["default"]["conv"])

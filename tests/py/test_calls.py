@@ -161,6 +161,32 @@ def test_worker_env_is_controlled(make_worker, monkeypatch):
     assert "BULKHEAD_FD" not in env
 
 
+def test_worker_openmp_spin_is_bounded(make_worker, monkeypatch):
+    """A worker's OpenMP threads spin about 200 us after a parallel region,
+    not libgomp's 8-15 ms (bench/spin.py): GOMP_SPINCOUNT is set from the
+    measured cost of a spin step, unless the host's or the pack's
+    environment tunes the threads itself."""
+    from bulkhead.host import workers
+    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "BULKHEAD_OMP_SPIN_US"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(workers, "_spincount", None)
+    steps = int(make_worker().call("os:getenv", "GOMP_SPINCOUNT"))
+    assert steps == workers.gomp_spincount()
+    assert 0 < steps < 300_000
+    assert make_worker(env={"GOMP_SPINCOUNT": "5"}).call("os:getenv", "GOMP_SPINCOUNT") == "5"
+    passive = make_worker(env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert passive.call("os:getenv", "GOMP_SPINCOUNT") is None
+
+    monkeypatch.setattr(workers, "_spincount", None)
+    monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", "0")
+    assert make_worker().call("os:getenv", "GOMP_SPINCOUNT") == "0"
+    monkeypatch.setattr(workers, "_spincount", None)
+    monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", "fast")
+    with pytest.raises(bulkhead.BulkheadError, match=r"BULKHEAD_OMP_SPIN_US='fast' is not a number"):
+        make_worker().call("os:getpid")
+    monkeypatch.setattr(workers, "_spincount", None)
+
+
 def test_pip_args_stay_out_of_workers(make_worker, monkeypatch):
     """BULKHEAD_PIP_ARGS may hold an index's credentials: the environment
     builder's, never a worker's (issue 17 item 19)."""

@@ -175,6 +175,39 @@ def _sweep_roots(base):
             _remove_root(os.path.join(base, name))
 
 
+# How long a worker's idle OpenMP threads spin after a parallel region
+# before they sleep.  libgomp's default, 300,000 steps of `pause`, is 8-15 ms
+# on current x86 CPUs: after every node a worker's pool threads spin that
+# long, and on a small machine they take the CPUs the host and the next
+# worker need (a chain of five workers passing a 3 MiB image: 200 ms with the
+# default, 15 ms with 200 us).  200 us still covers the gaps between a node's
+# own parallel regions, so its compute keeps the default's speed, where
+# OMP_WAIT_POLICY=PASSIVE (sleep at once) costs it 1.5-3x.  Measured by
+# bench/spin.py; docs/performance.md has the figures.
+SPIN_US = 200.0
+_spincount = None
+
+
+def gomp_spincount():
+    """GOMP_SPINCOUNT for a worker: $BULKHEAD_OMP_SPIN_US (default SPIN_US)
+    over what one spin step costs on this CPU (measured once, ~1 ms), at
+    most libgomp's own default.  A worker's environment gets it unless the
+    host's or the pack's sets GOMP_SPINCOUNT or OMP_WAIT_POLICY."""
+    global _spincount
+    if _spincount is None:
+        raw = os.environ.get("BULKHEAD_OMP_SPIN_US", "")
+        try:
+            us = float(raw) if raw else SPIN_US
+            if not us >= 0:
+                raise ValueError(raw)
+        except ValueError:
+            raise BulkheadError(f"BULKHEAD_OMP_SPIN_US={raw!r} is not a number of microseconds (0 or more); "
+                                f"unset it for the default ({SPIN_US:g})") from None
+        step_ns = max(_native.relax_ns(), 0.1)
+        _spincount = max(0, min(300_000, round(us * 1000 / step_ns)))
+    return _spincount
+
+
 def build_env(extra=None, inherit=True):
     """The worker's whole environment as a dict."""
     env = {}
@@ -191,6 +224,8 @@ def build_env(extra=None, inherit=True):
     env["PYTHONUNBUFFERED"] = "1"
     env["BULKHEAD_FD"] = "3"
     env["BULKHEAD_HOST_PID"] = str(os.getpid())
+    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+        env["GOMP_SPINCOUNT"] = str(gomp_spincount())
     import logging  # host side only: a worker imports this module too, and logging costs it ms
     env.setdefault("BULKHEAD_LOG_LEVEL", str(logging.getLogger().getEffectiveLevel()))
     return env
