@@ -5,7 +5,10 @@ measured inside the worker, so the crossing is not in the figure."""
 
 import time
 
+import numpy as np
 import torch
+
+_m = np.random.default_rng(0).random((256, 256))
 
 
 def shift(img):
@@ -13,6 +16,12 @@ def shift(img):
     out = img * 0.5
     out.add_(0.25)
     return out
+
+
+def blas_node(img):
+    """A numpy node: a matrix product (OpenBLAS's threads), a new image back."""
+    _m @ _m
+    return img * 0.5
 
 
 def numel(t):
@@ -58,6 +67,17 @@ def gaps(reps, gap_us):
     t0 = time.perf_counter()
     for _ in range(reps):
         torch.mul(x, 2.0, out=y)
+        end = time.perf_counter() + gap_us * 1e-6
+        while time.perf_counter() < end:
+            pass
+    return time.perf_counter() - t0
+
+
+def blas(reps, gap_us):
+    """numpy matrix products with gap_us of Python work between them."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        _m @ _m
         end = time.perf_counter() + gap_us * 1e-6
         while time.perf_counter() < end:
             pass

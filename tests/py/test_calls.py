@@ -162,29 +162,33 @@ def test_worker_env_is_controlled(make_worker, monkeypatch):
 
 
 def test_worker_openmp_spin_is_bounded(make_worker, monkeypatch):
-    """A worker's OpenMP threads spin about 200 us after a parallel region,
-    not libgomp's 8-15 ms (bench/spin.py): GOMP_SPINCOUNT is set from the
-    measured cost of a spin step, unless the host's or the pack's
-    environment tunes the threads itself."""
+    """A worker's OpenMP and BLAS threads spin about 200 us after their
+    work, not libgomp's 8-15 ms nor OpenBLAS's 0.1 s (bench/spin.py):
+    GOMP_SPINCOUNT is set from the measured cost of a spin step and
+    OPENBLAS_THREAD_TIMEOUT from the same time, unless the host's or the
+    pack's environment tunes the threads itself."""
     from bulkhead.host import workers
-    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "BULKHEAD_OMP_SPIN_US"):
+    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT", "BULKHEAD_OMP_SPIN_US"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(workers, "_spincount", None)
-    steps = int(make_worker().call("os:getenv", "GOMP_SPINCOUNT"))
-    assert steps == workers.gomp_spincount()
-    assert 0 < steps < 300_000
-    assert make_worker(env={"GOMP_SPINCOUNT": "5"}).call("os:getenv", "GOMP_SPINCOUNT") == "5"
+    monkeypatch.setattr(workers, "_spin", None)
+    env = make_worker().call("os:environ.copy")
+    assert env["GOMP_SPINCOUNT"] == workers.spin_env()["GOMP_SPINCOUNT"]
+    assert 0 < int(env["GOMP_SPINCOUNT"]) < 300_000
+    assert 4 < int(env["OPENBLAS_THREAD_TIMEOUT"]) < 28
+    env = make_worker(env={"GOMP_SPINCOUNT": "5", "OPENBLAS_THREAD_TIMEOUT": "6"}).call("os:environ.copy")
+    assert (env["GOMP_SPINCOUNT"], env["OPENBLAS_THREAD_TIMEOUT"]) == ("5", "6")
     passive = make_worker(env={"OMP_WAIT_POLICY": "PASSIVE"})
     assert passive.call("os:getenv", "GOMP_SPINCOUNT") is None
 
-    monkeypatch.setattr(workers, "_spincount", None)
+    monkeypatch.setattr(workers, "_spin", None)
     monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", "0")
-    assert make_worker().call("os:getenv", "GOMP_SPINCOUNT") == "0"
-    monkeypatch.setattr(workers, "_spincount", None)
+    env = make_worker().call("os:environ.copy")
+    assert (env["GOMP_SPINCOUNT"], env["OPENBLAS_THREAD_TIMEOUT"]) == ("0", "4")
+    monkeypatch.setattr(workers, "_spin", None)
     monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", "fast")
     with pytest.raises(bulkhead.BulkheadError, match=r"BULKHEAD_OMP_SPIN_US='fast' is not a number"):
         make_worker().call("os:getpid")
-    monkeypatch.setattr(workers, "_spincount", None)
+    monkeypatch.setattr(workers, "_spin", None)
 
 
 def test_pip_args_stay_out_of_workers(make_worker, monkeypatch):

@@ -23,6 +23,7 @@ is there, takes the worker lock and serves what is pending (``serve(0)``).
 """
 
 import atexit
+import math
 import os
 import select
 import signal
@@ -89,7 +90,7 @@ def _proc_state(pid):
 _PASS = frozenset("""
 PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR TERM SHELL
 CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER NVIDIA_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
-OMP_NUM_THREADS MKL_NUM_THREADS OPENBLAS_NUM_THREADS OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+OMP_NUM_THREADS MKL_NUM_THREADS OPENBLAS_NUM_THREADS OPENBLAS_CORETYPE OPENBLAS_L2_SIZE OPENBLAS_THREAD_TIMEOUT
 LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
 XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
@@ -175,26 +176,29 @@ def _sweep_roots(base):
             _remove_root(os.path.join(base, name))
 
 
-# How long a worker's idle OpenMP threads spin after a parallel region
+# How long a worker's idle OpenMP and BLAS threads spin after their work
 # before they sleep.  libgomp's default, 300,000 steps of `pause`, is 8-15 ms
-# on current x86 CPUs: after every node a worker's pool threads spin that
-# long, and on a small machine they take the CPUs the host and the next
-# worker need (a chain of five workers passing a 3 MiB image: 200 ms with the
-# default, 15 ms with 200 us).  200 us still covers the gaps between a node's
-# own parallel regions, so its compute keeps the default's speed, where
-# OMP_WAIT_POLICY=PASSIVE (sleep at once) costs it 1.5-3x.  Measured by
-# bench/spin.py; docs/performance.md has the figures.
+# on current x86 CPUs; OpenBLAS's (numpy's BLAS) is 2**28 TSC ticks, about
+# 0.1 s.  After every node a worker's pool threads spin that long, and on a
+# small machine they take the CPUs the host and the next worker need (a
+# 3 MiB IMAGE through five workers, bench/spin.py).  200 us still covers the
+# gaps between a node's own parallel regions, so its compute keeps the
+# default's speed, where OMP_WAIT_POLICY=PASSIVE (sleep at once) costs it
+# up to 3x.  docs/performance.md has the figures.
 SPIN_US = 200.0
-_spincount = None
+_spin = None
 
 
-def gomp_spincount():
-    """GOMP_SPINCOUNT for a worker: $BULKHEAD_OMP_SPIN_US (default SPIN_US)
-    over what one spin step costs on this CPU (measured once, ~1 ms), at
-    most libgomp's own default.  A worker's environment gets it unless the
-    host's or the pack's sets GOMP_SPINCOUNT or OMP_WAIT_POLICY."""
-    global _spincount
-    if _spincount is None:
+def spin_env():
+    """What a worker's environment gets to bound that spin:
+    GOMP_SPINCOUNT ($BULKHEAD_OMP_SPIN_US, default SPIN_US, over what one
+    spin step costs on this CPU, measured once in ~1 ms; at most libgomp's
+    default) and OPENBLAS_THREAD_TIMEOUT (log2 of the same time in TSC
+    ticks, taken as 3 a ns; 4 to 28, OpenBLAS's own range and default).
+    build_env sets each unless the host's or the pack's environment tunes
+    it (GOMP_SPINCOUNT or OMP_WAIT_POLICY; OPENBLAS_THREAD_TIMEOUT)."""
+    global _spin
+    if _spin is None:
         raw = os.environ.get("BULKHEAD_OMP_SPIN_US", "")
         try:
             us = float(raw) if raw else SPIN_US
@@ -203,9 +207,10 @@ def gomp_spincount():
         except ValueError:
             raise BulkheadError(f"BULKHEAD_OMP_SPIN_US={raw!r} is not a number of microseconds (0 or more); "
                                 f"unset it for the default ({SPIN_US:g})") from None
-        step_ns = max(_native.relax_ns(), 0.1)
-        _spincount = max(0, min(300_000, round(us * 1000 / step_ns)))
-    return _spincount
+        steps = min(300_000, round(us * 1000 / max(_native.relax_ns(), 0.1)))
+        ticks_log2 = max(4, min(28, round(math.log2(max(us * 3000, 1)))))
+        _spin = {"GOMP_SPINCOUNT": str(steps), "OPENBLAS_THREAD_TIMEOUT": str(ticks_log2)}
+    return _spin
 
 
 def build_env(extra=None, inherit=True):
@@ -224,8 +229,10 @@ def build_env(extra=None, inherit=True):
     env["PYTHONUNBUFFERED"] = "1"
     env["BULKHEAD_FD"] = "3"
     env["BULKHEAD_HOST_PID"] = str(os.getpid())
+    spin = spin_env()
     if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
-        env["GOMP_SPINCOUNT"] = str(gomp_spincount())
+        env["GOMP_SPINCOUNT"] = spin["GOMP_SPINCOUNT"]
+    env.setdefault("OPENBLAS_THREAD_TIMEOUT", spin["OPENBLAS_THREAD_TIMEOUT"])
     import logging  # host side only: a worker imports this module too, and logging costs it ms
     env.setdefault("BULKHEAD_LOG_LEVEL", str(logging.getLogger().getEffectiveLevel()))
     return env
@@ -445,7 +452,8 @@ class Worker(_native.Caller):
             raise WorkerStartError(
                 f"cannot start worker {self.name!r}: interpreter {self.python}: {what}"
                 + (f" (cwd {self.cwd})" if self.cwd and e.errno == 2 else "")) from None
-        peer = Peer(describe=self.describe, outgoing=_native.CALL, resolve=self._resolve_exposed)
+        peer = Peer(describe=self.describe, outgoing=_native.CALL, resolve=self._resolve_exposed,
+                    cache_sends=True)
         peer.frame_handlers = self.frame_handlers
         peer.name = self.name
         peer.generation = gen
