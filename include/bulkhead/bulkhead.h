@@ -277,9 +277,10 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
  * tensor refs into them are checked against it (bh_channel_frame_block).
  * 6: a tensor ref may name a block of the receiver's own that it lent the
  * sender (BH_BLOCK_BACK): a value crosses back by reference.
- * 7: an introduced block may be a third process's that the sender
- * forwards, sealed against writes: the receiver maps it copy-on-write
- * and never sends it back by reference (bh_channel_peer_find). */
+ * 7: an introduced block may be sealed against writes (a third process's
+ * that the sender forwards, or one it keeps to send again): the receiver
+ * maps it copy-on-write, drops what it wrote there at each return, and
+ * never sends it back by reference (bh_channel_peer_find). */
 #define BH_PROTOCOL_VERSION 7
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
@@ -357,6 +358,7 @@ typedef struct bh_pool_stats {
    * them); and the peer blocks here whose memfd is kept for that */
   uint64_t forward_blocks, forward_bytes, forwarded; /* forwarded: ever made */
   uint64_t peer_fds;
+  uint64_t sealed_blocks; /* own blocks sealed against writes (counted in own_*) */
 } bh_pool_stats;
 
 BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);
@@ -403,6 +405,22 @@ BH_EXTERN void bh_channel_set_peer_pid(bh_channel *c, pid_t pid);
  * creates one (memfd, sealed against shrinking/growing, prefaulted).
  * Returns it with one reference owned by the caller. */
 BH_EXTERN int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **out);
+
+/* bh_channel_block_acquire for a block to send more than once unchanged
+ * (a tensor kept for its next crossings): one the peer has never mapped,
+ * sealed against writes (F_SEAL_FUTURE_WRITE; this process's mapping
+ * stays writable: copy the bytes in, then send it).  The peer maps it
+ * copy-on-write: a write there stays there and is dropped when the peer
+ * returns it, so each loan reads these bytes; and it is never sent back by
+ * reference.  It is never reused: its last reference destroys it (the
+ * peer is told to unmap).  A block goes out once until the peer returns
+ * it: check bh_block_is_lent before sending it again.  Returns as
+ * bh_channel_block_acquire, or -ENOTSUP where the kernel refuses the seal
+ * (send a copy instead). */
+BH_EXTERN int bh_channel_block_acquire_sealed(bh_channel *c, size_t nbytes, bh_block **out);
+/* Whether an own block is lent to the peer now (it may not be lent
+ * again until returned). */
+BH_EXTERN int bh_block_is_lent(const bh_block *b);
 
 /* Tensors of at most BH_ARENA_ITEM_MAX bytes that go into one message share
  * blocks (an arena) instead of taking one each: each is a (block, offset,

@@ -190,6 +190,11 @@ int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **out) {
   return bh__pool_acquire(c->pool, nbytes, out);
 }
 
+int bh_channel_block_acquire_sealed(bh_channel *c, size_t nbytes, bh_block **out) {
+  if (!c) return -EINVAL;
+  return bh__pool_acquire_sealed(c->pool, nbytes, out);
+}
+
 int bh_channel_peer_block(bh_channel *c, uint32_t id, bh_block **out) {
   if (!c || !out) return -EINVAL;
   return bh__pool_peer_get(c->pool, id, out);

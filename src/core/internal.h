@@ -63,9 +63,14 @@ struct bh_block {
    * (one reference held; addr, size and the fd to introduce are its),
    * destroyed when its last reference goes.  NULL otherwise. */
   bh_block *src;
-  /* peer: the peer sealed it against writes (a block it forwards, not
-   * its own): mapped copy-on-write here, never sent back by reference. */
+  /* peer: the peer sealed it against writes (a block it forwards, or one
+   * it keeps for a tensor it sends again): mapped copy-on-write here,
+   * never sent back by reference, its written pages dropped at each return
+   * (so a next loan reads the owner's bytes). */
   uint8_t private_map;
+  /* own: sealed against writes before the peer mapped it (the peer maps
+   * it copy-on-write); never reused: destroyed at its last reference. */
+  uint8_t sealed;
 };
 
 /* Peer blocks of at least this size keep their memfd in a pool that
@@ -77,6 +82,10 @@ int bh__pool_open(bh_pool **out, size_t keep_bytes, int forward);
 /* Drops the channel's reference; the pool goes when its last block does. */
 void bh__pool_close(bh_pool *p);
 int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out);
+/* bh__pool_acquire, for a block the peer has never mapped, sealed against
+ * writes (F_SEAL_FUTURE_WRITE) and marked sealed.  -ENOTSUP where the
+ * kernel refuses the seal. */
+int bh__pool_acquire_sealed(bh_pool *p, size_t nbytes, bh_block **out);
 /* Marks an own block lent (one more reference) and tells whether its fd
  * must travel with this frame (the peer has not mapped it yet).  -EBUSY if
  * it is lent already: a block goes out once until the peer returns it. */

@@ -342,7 +342,8 @@ size_t bh_pool_trim(bh_pool *p, size_t keep_bytes) {
   return freed;
 }
 
-int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
+/* fresh: only a block the peer has never mapped (its fd still open). */
+static int bh__pool_take(bh_pool *p, size_t nbytes, int fresh, bh_block **out) {
   if (!p || !out || nbytes == 0) return -EINVAL;
   if (nbytes > (size_t)1 << 46) return -BH_E2BIG;
   size_t size = (nbytes + BH__PAGE - 1) & ~(size_t)(BH__PAGE - 1);
@@ -352,7 +353,7 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
     bh_block *b = p->own[i];
     /* best fit, but never more than twice the need */
     if (atomic_load(&b->refs) == 0 && b->size >= size && b->size / 2 <= size &&
-        (!best || b->size < best->size))
+        (!fresh || !b->peer_mapped) && (!best || b->size < best->size))
       best = b;
   }
   if (best) {
@@ -412,6 +413,27 @@ int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
   return 0;
 }
 
+int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out) {
+  return bh__pool_take(p, nbytes, 0, out);
+}
+
+int bh__pool_acquire_sealed(bh_pool *p, size_t nbytes, bh_block **out) {
+  bh_block *b;
+  int rc = bh__pool_take(p, nbytes, 1, &b);
+  if (rc) return rc;
+  /* Never mapped by the peer, so its fd is open; this process's mapping,
+   * made before, stays writable (the caller copies into it). */
+  if (fcntl(b->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0) {
+    bh_block_unref(b); /* back to the free list: it is still an ordinary block */
+    return -ENOTSUP;
+  }
+  pthread_mutex_lock(&p->mu);
+  b->sealed = 1;
+  pthread_mutex_unlock(&p->mu);
+  *out = b;
+  return 0;
+}
+
 static bh_block *bh__find(bh_block **arr, size_t n, uint32_t id, size_t *at) {
   for (size_t i = 0; i < n; i++)
     if (arr[i]->id == id) {
@@ -464,9 +486,11 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
     bh__block_destroy(b);
     return bh__pool_empty(p);
   }
-  if (b->src) {
-    /* A forward is not reused: its source goes back to that channel's
-     * peer, and the peer here unmaps it (without memory for the note it
+  if (b->src || b->sealed) {
+    /* A forward or a sealed block is not reused (a forward's source goes
+     * back to that channel's peer; a sealed block's bytes are mapped
+     * copy-on-write by the peer, whose private pages would outlive a
+     * reuse), and the peer here unmaps it (without memory for the note it
      * keeps a mapping of an id never lent again, until the channel
      * closes: memory held longer, never reused too early). */
     if (bh__find(p->own, p->n_own, b->id, &at) == b) bh__remove_at(p->own, &p->n_own, at);
@@ -478,7 +502,12 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
   if (b->own) {
     b->last_used = ++p->clock;
     bh__pool_trim(p);
-  } else if (bh__push_id(&p->returns, &p->n_returns, &p->cap_returns, b->id)) {
+    return 0;
+  }
+  /* A copy-on-write block: what was written here goes, so the next loan
+   * of it reads the owner's bytes (the owner sends it again unchanged). */
+  if (b->private_map) (void)madvise(b->addr, b->size, MADV_DONTNEED);
+  if (bh__push_id(&p->returns, &p->n_returns, &p->cap_returns, b->id)) {
     /* Out of memory for the note: the peer keeps the block lent.  It is
      * only memory held longer, never memory reused too early. */
   }
@@ -768,6 +797,12 @@ void *bh_block_addr(const bh_block *b) { return b->addr; }
 size_t bh_block_size(const bh_block *b) { return b->size; }
 uint32_t bh_block_id(const bh_block *b) { return b->id; }
 int bh_block_is_own(const bh_block *b) { return b->own; }
+int bh_block_is_lent(const bh_block *b) {
+  pthread_mutex_lock(&b->pool->mu);
+  int lent = b->lent != 0;
+  pthread_mutex_unlock(&b->pool->mu);
+  return lent;
+}
 
 void bh_block_ref(bh_block *b) { atomic_fetch_add(&b->refs, 1); }
 
@@ -795,6 +830,7 @@ int bh_pool_stats_get(bh_pool *p, bh_pool_stats *s) {
     }
     s->own_blocks++;
     s->own_bytes += b->size;
+    s->sealed_blocks += b->sealed;
     if (atomic_load(&b->refs) == 0) s->free_blocks++, s->free_bytes += b->size;
     if (b->lent) s->lent_blocks++;
   }

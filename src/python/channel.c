@@ -38,6 +38,7 @@ typedef struct {
   unsigned long owner; /* thread receiving now, 0 if none */
   int owner_depth;
   bh_enc_ctx *enc;     /* the value being encoded now (its arena), or NULL */
+  uint64_t enc_serial; /* values encoded so far (Channel.encode_serial) */
   unsigned long enc_thread; /* the thread encoding it: only its acquire() uses the arena */
 } bh_chan_obj;
 
@@ -156,6 +157,7 @@ static int chan_send_then(bh_chan_obj *self, int kind, uint64_t req, PyObject *v
   bh_enc_ctx e, *outer = self->enc;
   unsigned long outer_thread = self->enc_thread;
   bh_py_enc_init(&e, chan_state(self), self->h_encode_other);
+  self->enc_serial++;
   /* While it encodes, acquire() on this thread (the encode_other hook)
    * packs small tensors into e's arena. */
   self->enc = &e;
@@ -577,6 +579,32 @@ static PyObject *Channel_acquire(PyObject *op, PyObject *arg) {
   return l;
 }
 
+/* acquire_sealed(nbytes): a Lease over a whole own block the peer has
+ * never mapped, sealed against writes (bh_channel_block_acquire_sealed),
+ * for a tensor kept to be sent again unchanged (tensors.SendCache); None
+ * where the kernel refuses the seal. */
+static PyObject *Channel_acquire_sealed(PyObject *op, PyObject *arg) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  bh_channel *c = chan_live(self);
+  if (!c) return NULL;
+  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (n == 0) {
+    PyErr_SetString(PyExc_ValueError, "acquire_sealed(0): empty tensors need no block");
+    return NULL;
+  }
+  bh_block *b;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_channel_block_acquire_sealed(c, (size_t)n, &b);
+  Py_END_ALLOW_THREADS
+  if (rc == -ENOTSUP) Py_RETURN_NONE;
+  if (rc < 0) return bh_py_raise(chan_state(self), rc, "acquire_sealed");
+  PyObject *l = bh_py_lease_new(chan_state(self), b, 0, n);
+  bh_block_unref(b);
+  return l;
+}
+
 /* peer_lease(address, nbytes): a Lease over the peer's block that holds
  * those bytes (a view received from the peer, still alive), for sending
  * them back by reference (codec.c: a back ref); or, failing that, over a
@@ -607,12 +635,13 @@ static PyObject *Channel_stats(PyObject *op, PyObject *unused) {
   bh_pool_stats s;
   if (!c) return NULL;
   bh_pool_stats_get(bh_channel_pool(c), &s);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "own_blocks",
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "own_blocks",
                        s.own_blocks, "own_bytes", s.own_bytes, "free_blocks", s.free_blocks,
                        "free_bytes", s.free_bytes, "lent_blocks", s.lent_blocks, "peer_blocks",
                        s.peer_blocks, "peer_bytes", s.peer_bytes, "created", s.created, "reused",
                        s.reused, "forward_blocks", s.forward_blocks, "forward_bytes",
-                       s.forward_bytes, "forwarded", s.forwarded, "peer_fds", s.peer_fds);
+                       s.forward_bytes, "forwarded", s.forwarded, "peer_fds", s.peer_fds, "sealed_blocks",
+                       s.sealed_blocks);
 }
 
 static PyObject *Channel_trim_pool(PyObject *op, PyObject *args) {
@@ -670,6 +699,11 @@ int bh_py_is_channel(PyObject *o) {
   return (PyType_GetFlags(tp) & Py_TPFLAGS_HEAPTYPE) && PyType_GetSlot(tp, Py_tp_dealloc) == (void *)Channel_dealloc;
 }
 
+static PyObject *Channel_encode_serial(PyObject *op, void *c) {
+  (void)c;
+  return PyLong_FromUnsignedLongLong(((bh_chan_obj *)op)->enc_serial);
+}
+
 static PyObject *Channel_depth(PyObject *op, void *c) {
   (void)c;
   return PyLong_FromLong(bh_py_channel_depth(op));
@@ -689,6 +723,9 @@ static PyMethodDef Channel_methods[] = {
      "acquire(nbytes) -> Lease over a free own block; while this channel encodes a value\n"
      "(from its encode_other hook), one of at most ARENA_ITEM_MAX bytes is an aligned range\n"
      "of a block that value's other small tensors share (one block lent, not one each)"},
+    {"acquire_sealed", Channel_acquire_sealed, METH_O,
+     "acquire_sealed(nbytes) -> Lease over an own block sealed against writes before the peer\n"
+     "maps it (copy-on-write there, never reused here), or None where the kernel refuses"},
     {"peer_lease", Channel_peer_lease, METH_VARARGS,
      "peer_lease(address, nbytes) -> Lease over the held peer block holding those bytes, or None"},
     {"stats", Channel_stats, METH_NOARGS, "block pool statistics"},
@@ -703,6 +740,8 @@ static PyMethodDef Channel_methods[] = {
 static PyGetSetDef Channel_getset[] = {
     {"closed", Channel_closed, NULL, "True once closed", NULL},
     {"depth", Channel_depth, NULL, "requests waiting on this channel now (nesting)", NULL},
+    {"encode_serial", Channel_encode_serial, NULL,
+     "values this channel has begun to encode: the one being encoded now, inside encode_other", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyType_Slot Channel_slots[] = {

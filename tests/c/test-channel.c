@@ -2116,3 +2116,74 @@ TEST_IMPL(channel_forward_only_what_it_may) {
   ASSERT_FD_COUNT(fds0);
   return 0;
 }
+
+/* A sealed block (bh_channel_block_acquire_sealed), for a tensor sent
+ * again unchanged: the owner fills it through its own mapping after the
+ * seal; the peer maps it copy-on-write, so its write stays its own and is
+ * dropped when it returns the block, and the next loan reads the owner's
+ * bytes; it is not found to send back; lent, it is not lent again; never
+ * reused: its last reference destroys it and the peer unmaps it. */
+TEST_IMPL(channel_sealed_block_is_copy_on_write_per_loan) {
+  const size_t S = 1 * MiB;
+  int fds0 = bh_test_fd_count();
+  bh_channel *a, *b;
+  bh_test_pair(&a, &b, 0);
+  bh_block *x, *seen, *found;
+  bh_frame f;
+  int rc;
+  uint64_t zero = 0, len = S, off;
+  ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &x));
+  memset(bh_block_addr(x), 0x5c, S); /* this process's mapping stays writable */
+  ASSERT_UEQ(stats_of(a).sealed_blocks, 1);
+  bh_buf v = refs_value(&x, &zero, &len, 1);
+  for (int loan = 0; loan < 3; loan++) {
+    ASSERT_EQ(bh_block_is_lent(x), 0);
+    ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 1, v.data, v.len, &x, 1));
+    ASSERT_EQ(bh_block_is_lent(x), 1);
+    ASSERT_RC(bh_test_send(a, BH_KIND_CALL, 1, v.data, v.len, &x, 1), -EBUSY); /* once at a time */
+    ASSERT_OK(bh_test_recv(b, &f, 5000));
+    ASSERT_EQ(f.h.fd_count, loan == 0 ? 1 : 0);
+    ASSERT_EQ(claim_refs(b, &f, &seen, 1, &rc), 1);
+    bh_channel_frame_done(b, &f);
+    uint8_t *in_b = bh_block_addr(seen);
+    ASSERT_EQ(in_b[0], 0x5c);
+    ASSERT_EQ(in_b[S - 1], 0x5c);
+    memset(in_b, 0x77, S); /* the peer's write stays its own */
+    ASSERT_EQ(((uint8_t *)bh_block_addr(x))[S / 2], 0x5c);
+    ASSERT_RC(bh_channel_peer_find(b, in_b, S, &found, &off), -ENOENT);
+    bh_block_unref(seen); /* its written pages go with the return */
+    carry_notes(b, a);
+  }
+  bh_buf_free(&v);
+  /* Never reused: the last reference destroys it, the peer unmaps. */
+  ASSERT_UEQ(stats_of(b).peer_blocks, 1);
+  bh_block_unref(x);
+  bh_pool_stats s = stats_of(a);
+  ASSERT_UEQ(s.own_blocks, 0);
+  ASSERT_UEQ(s.sealed_blocks, 0);
+  carry_notes(a, b);
+  ASSERT_UEQ(stats_of(b).peer_blocks, 0);
+  /* A free block the peer mapped is not sealed for this: a fresh one is. */
+  bh_block *y, *z;
+  ASSERT_OK(bh_channel_block_acquire(a, S, &y));
+  v = refs_value(&y, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 2, v.data, v.len, &y, 1));
+  bh_buf_free(&v);
+  bh_block_unref(y);
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(claim_refs(b, &f, &seen, 1, &rc), 1);
+  bh_channel_frame_done(b, &f);
+  bh_block_unref(seen);
+  carry_notes(b, a); /* y is free again, mapped by the peer (shared) */
+  ASSERT_UEQ(stats_of(a).free_blocks, 1);
+  ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &z));
+  ASSERT_NE(z, y);
+  ASSERT_OK(bh_channel_block_acquire(a, S, &x));
+  ASSERT_EQ(x, y); /* an ordinary acquire reuses it */
+  bh_block_unref(x);
+  bh_block_unref(z);
+  bh_channel_close(a);
+  bh_channel_close(b);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}

@@ -228,8 +228,11 @@ class Peer:
     callables sent to the peer; ``outgoing`` is the frame kind a call to a
     peer callable travels as."""
 
-    def __init__(self, describe="peer", outgoing=_native.CALLBACK, resolve=None):
+    def __init__(self, describe="peer", outgoing=_native.CALLBACK, resolve=None, cache_sends=False):
         self.channel = None
+        # torch tensors of this side sent again unchanged go by reference
+        # after their second crossing (tensors.SendCache); a host's peers
+        self.sent = _tensors.SendCache() if cache_sends else None
         self.exports = {}
         self._export_ids = {}
         self._ids = itertools.count(1)
@@ -324,7 +327,7 @@ class Peer:
                     and obj.layout == torch.strided):
                 obj = obj.detach().cpu()  # device tensors cross in host memory
         try:
-            t = _tensors.encode(self.channel, obj)
+            t = _tensors.encode(self.channel, obj, self.sent)
         except TypeError:
             if not (node and self.holds_for_nodes):
                 raise

@@ -36,6 +36,8 @@ in all, A's.  Everything else is copied once per crossing.
 """
 
 import sys
+import threading
+import weakref
 
 from .. import _native
 
@@ -98,10 +100,134 @@ def _torch_code(torch, dtype):
     raise TypeError(f"cannot send a torch tensor of dtype {dtype}: bulkhead has no code for it")
 
 
-def encode(chan, obj):
-    """Copies obj into a block of chan's pool.  Returns the tuple the C
-    encoder expects, or None if obj is neither a numpy array nor a torch
-    tensor."""
+# What one channel's SendCache may hold in sealed blocks at once, and how
+# many tensors it remembers.
+SEND_CACHE_BYTES = 256 << 20
+SEND_CACHE_ENTRIES = 4096
+
+
+class SendCache:
+    """torch CPU tensors of this process sent more than once unchanged on
+    one channel: copied on their first two crossings, by reference after.
+
+    A tensor is unchanged while it is the same object with the same
+    ``_version`` (torch bumps it on every in-place change, through any view
+    of its storage), shape, strides, storage offset, dtype and address.
+    Its first crossing is copied as any other (a pooled block) and
+    remembered; the second copies it into a block kept for it, sealed
+    against writes before the peer maps it (``chan.acquire_sealed``: the
+    peer maps it copy-on-write, so a write there stays there and is
+    dropped when the peer returns the block); from the third on, the value
+    names that block again: no copy.  A change, a tensor that died (a
+    weakref finalizer), or room wanted for another drops the kept block.
+    Sent twice in one value, or while the peer still holds it from an
+    earlier message, it is copied as before.  At most ``max_bytes`` are
+    kept (least recently sent dropped first), counted in the channel's
+    ``own_bytes``; ``clear()`` drops them all (memory pressure).
+    numpy arrays have no version counter: they are never kept (those
+    already in a block go by reference anyway: a back ref or a forward)."""
+
+    def __init__(self, max_bytes=SEND_CACHE_BYTES, max_entries=SEND_CACHE_ENTRIES):
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.held_bytes = 0
+        self._entries = {}  # id(tensor) -> [ref, signature, lease, serial]; insertion = LRU order
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._entries)
+
+    def take(self, chan, obj, t, nbytes, torch):
+        """The Lease to send obj (whose contiguous bytes are t) by, or None:
+        copy it as ever."""
+        sig = (obj._version, tuple(obj.shape), obj.stride(), obj.storage_offset(), obj.dtype,
+               obj.data_ptr())
+        key = id(obj)
+        with self._lock:
+            e = self._entries.pop(key, None)
+            if e is not None and e[0]() is not obj:  # another object at a reused id
+                self._release(e)
+                e = None
+            if e is None:
+                self._trim_entries()
+                ref = weakref.ref(obj, _forget_later(weakref.ref(self), key))
+                self._entries[key] = [ref, sig, None, 0]
+                return None
+            self._entries[key] = e  # most recently sent last
+            if e[1] != sig:  # changed: copied again, from the start
+                self._release(e)
+                e[1] = sig
+                return None
+            serial = chan.encode_serial
+            if e[2] is not None:
+                if e[3] == serial or e[2].lent:
+                    return None
+                e[3] = serial
+                return e[2]
+            if nbytes > self.max_bytes:
+                return None
+            self._make_room(nbytes)
+        lease = chan.acquire_sealed(nbytes)
+        if lease is None:
+            return None
+        dst = _torch_view(torch, lease, nbytes, t.dtype, tuple(t.shape))
+        dst.copy_(t)
+        del dst
+        with self._lock:
+            if self._entries.get(key) is not e or e[2] is not None:
+                return lease  # dropped meanwhile (a finalizer): sent once, not kept
+            e[2], e[3] = lease, serial
+            self.held_bytes += nbytes
+        return lease
+
+    def forget(self, key):
+        """Drops the entry at key if its tensor died."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is not None and e[0]() is None:
+                del self._entries[key]
+                self._release(e)
+
+    def clear(self):
+        """Drops every kept block (and what is remembered)."""
+        with self._lock:
+            for e in self._entries.values():
+                self._release(e)
+            self._entries.clear()
+
+    # lock held
+    def _release(self, e):
+        lease, e[2] = e[2], None
+        if lease is not None:
+            self.held_bytes -= lease.nbytes
+
+    def _make_room(self, nbytes):
+        for key in list(self._entries):
+            if self.held_bytes + nbytes <= self.max_bytes:
+                return
+            e = self._entries[key]
+            if e[2] is not None:
+                self._release(e)
+
+    def _trim_entries(self):
+        while len(self._entries) >= self.max_entries:
+            self._release(self._entries.pop(next(iter(self._entries))))
+
+
+def _forget_later(cache_ref, key):
+    """The weakref callback that drops a dead tensor's entry (any thread)."""
+    def forget(_ref):
+        cache = cache_ref()
+        if cache is not None:
+            cache.forget(key)
+    return forget
+
+
+def encode(chan, obj, cache=None):
+    """Copies obj into a block of chan's pool (or names a block it is in
+    already, or, given a SendCache, the block kept for it).  Returns the
+    tuple the C encoder expects, or None if obj is neither a numpy array
+    nor a torch tensor."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.generic):
         t = encode(chan, np.asarray(obj))
@@ -145,6 +271,10 @@ def encode(chan, obj):
         lease = None
         if nbytes and t.is_contiguous():  # maybe a view of a peer's block
             lease = chan.peer_lease(t.data_ptr(), nbytes)
+            if lease is not None:
+                return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)
+        if cache is not None and nbytes and t.data_ptr() == obj.data_ptr():  # not resolved (a copy)
+            lease = cache.take(chan, obj, t, nbytes, torch)  # sent before, unchanged
             if lease is not None:
                 return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)
         if nbytes:
