@@ -280,7 +280,8 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
  * 7: an introduced block may be sealed against writes (a third process's
  * that the sender forwards, or one it keeps to send again): the receiver
  * maps it copy-on-write, drops what it wrote there at each return, and
- * never sends it back by reference (bh_channel_peer_find). */
+ * sends it back by reference only where it wrote nothing
+ * (bh_channel_peer_find). */
 #define BH_PROTOCOL_VERSION 7
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
@@ -411,8 +412,8 @@ BH_EXTERN int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **
  * sealed against writes (F_SEAL_FUTURE_WRITE; this process's mapping
  * stays writable: copy the bytes in, then send it).  The peer maps it
  * copy-on-write: a write there stays there and is dropped when the peer
- * returns it, so each loan reads these bytes; and it is never sent back by
- * reference.  It is never reused: its last reference destroys it (the
+ * returns it, so each loan reads these bytes (and the peer sends it back
+ * by reference only where it wrote nothing).  It is never reused: its last reference destroys it (the
  * peer is told to unmap).  A block goes out once until the peer returns
  * it: check bh_block_is_lent before sending it again.  Returns as
  * bh_channel_block_acquire, or -ENOTSUP where the kernel refuses the seal
@@ -536,9 +537,11 @@ BH_EXTERN int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_b
  * at an offset that is a multiple of BH_ARENA_ALIGN, and takes a reference
  * on it (the caller owns it: bh_block_unref) with the offset.  A tensor ref
  * to it, sent as BH_BLOCK_BACK | bh_block_id(*out) while the reference is
- * held, reaches the peer as a view of its own block, no copy.  A block the
- * peer mapped copy-on-write (one it forwarded, below) is not found: what
- * is here may differ from what the peer has.
+ * held, reaches the peer as a view of its own block, no copy.  A block
+ * mapped copy-on-write here (a write-sealed one: forwarded, or kept by
+ * the peer to send again) is found only if no page of the range was
+ * written here (/proc/self/pagemap): else what is here differs from what
+ * the peer has.
  *
  * Failing that, a forward (protocol 7): the held peer block of ANOTHER
  * channel of this process, one opened with opts.forward that kept the
@@ -548,8 +551,10 @@ BH_EXTERN int bh_channel_frame_block(bh_channel *c, const bh_tensor_ref *t, bh_b
  * OWN block of this channel (bh_block_is_own) that shows it: list it in
  * the message's blocks like any own block.  Sent, its fd goes to this
  * channel's peer, which maps it copy-on-write (a write there stays
- * there) and never sends it back by reference.  It holds a reference on
- * the other channel's block, so that block's owner does not reuse it,
+ * there, and it is sent back by reference only where unwritten).  It
+ * holds a reference on
+ * the other channel's block (found as above: a copy-on-write one only if
+ * unwritten here), so that block's owner does not reuse it,
  * until this one's last reference goes (the peer returned it and the
  * caller's views went); then it is destroyed, the peer told to unmap.
  * If the owner dies meanwhile, every mapping keeps its pages.  The bytes

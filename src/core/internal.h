@@ -65,8 +65,10 @@ struct bh_block {
   bh_block *src;
   /* peer: the peer sealed it against writes (a block it forwards, or one
    * it keeps for a tensor it sends again): mapped copy-on-write here,
-   * never sent back by reference, its written pages dropped at each return
-   * (so a next loan reads the owner's bytes). */
+   * sent back or forwarded by reference only where unwritten here
+   * (bh__range_clean), its written pages dropped at each return (so a
+   * next loan reads the owner's bytes).  Its fd is kept as any peer
+   * block's (a forward of it needs no new seal). */
   uint8_t private_map;
   /* own: sealed against writes before the peer mapped it (the peer maps
    * it copy-on-write); never reused: destroyed at its last reference. */
@@ -113,6 +115,10 @@ int bh__pool_back_get(bh_pool *p, const bh_tensor_ref *t, bh_block **out);
 /* The held peer block holding [addr, addr + n) at an aligned offset; takes
  * a reference.  -ENOENT if none (or it is mapped copy-on-write). */
 int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset);
+/* 1 when no page of [addr, addr + n) is an anonymous (written,
+ * copy-on-write) page of this process (/proc/self/pagemap's flags: not
+ * present, or a file page), 0 when one is, or a negative errno. */
+int bh__range_clean(const void *addr, uint64_t n);
 /* A forward: the held peer block of ANOTHER open pool of this process
  * that holds [addr, addr + n) at an aligned offset and kept its memfd,
  * sealed against writes from now on (F_SEAL_FUTURE_WRITE: the mappings

@@ -36,8 +36,9 @@
  *               forward seals it against writes (F_SEAL_FUTURE_WRITE:
  *               the owner's and this process's mappings, made before, stay
  *               writable) and B, seeing the seal, maps it copy-on-write
- *               (its writes stay its own) and never sends it back by
- *               reference.  The forward holds a reference on its source,
+ *               (its writes stay its own) and sends it back by
+ *               reference only where it wrote nothing (bh__range_clean,
+ *               as for any copy-on-write block).  The forward holds a reference on its source,
  *               so A's pool does not reuse the block while B holds it, and
  *               is destroyed (a retire note: B unmaps) at its last
  *               reference.  A process that dies leaves every mapping of
@@ -576,7 +577,7 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
   b->fd = -1;
   /* A pool that forwards keeps a large block's fd (within the process's
    * bound) so another channel can introduce it. */
-  if (p->forward && size >= BH__FORWARD_MIN && !b->private_map) {
+  if (p->forward && size >= BH__FORWARD_MIN) {
     if (atomic_fetch_add(&bh__peer_fds, 1) < bh__block_fds_max()) b->fd = fd, fd = -1;
     else atomic_fetch_sub(&bh__peer_fds, 1);
   }
@@ -637,26 +638,57 @@ int bh__pool_back_get(bh_pool *p, const bh_tensor_ref *t, bh_block **out) {
   return rc;
 }
 
+int bh__range_clean(const void *addr, uint64_t n) {
+  const uint64_t PRESENT = 1ull << 63, SWAPPED = 1ull << 62, FILE_PAGE = 1ull << 61;
+  uintptr_t first = (uintptr_t)addr / BH__PAGE, last = ((uintptr_t)addr + n - 1) / BH__PAGE;
+  uint64_t entries[512];
+  int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC), rc = 1;
+  if (fd < 0) return -errno;
+  for (uintptr_t page = first; page <= last && rc == 1;) {
+    size_t want = last - page + 1 < 512 ? (size_t)(last - page + 1) : 512;
+    ssize_t got = pread(fd, entries, want * sizeof *entries, (off_t)(page * sizeof *entries));
+    if (got < (ssize_t)sizeof *entries) {
+      rc = got < 0 ? -errno : -EIO;
+      break;
+    }
+    size_t k = (size_t)got / sizeof *entries;
+    for (size_t i = 0; i < k; i++)
+      if ((entries[i] & SWAPPED) || ((entries[i] & PRESENT) && !(entries[i] & FILE_PAGE))) {
+        rc = 0; /* a private (anonymous) page: written here */
+        break;
+      }
+    page += k;
+  }
+  close(fd);
+  return rc;
+}
+
 int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset) {
   uintptr_t a = (uintptr_t)addr;
-  int rc = -ENOENT;
+  bh_block *found = NULL;
   pthread_mutex_lock(&p->mu);
   for (size_t i = 0; i < p->n_peer; i++) {
     bh_block *b = p->peer[i];
     uintptr_t lo = (uintptr_t)b->addr;
     if (a < lo || a - lo > b->size || n > b->size - (a - lo)) continue;
     /* Held: a view of it lives (the caller's), so no return is queued and
-     * the peer keeps it lent; the reference taken keeps it so.  Not a
-     * copy-on-write one: what is here may differ from the peer's. */
-    if (atomic_load(&b->refs) == 0 || (a - lo) % BH_ARENA_ALIGN || b->private_map) break;
+     * the peer keeps it lent; the reference taken keeps it so. */
+    if (atomic_load(&b->refs) == 0 || (a - lo) % BH_ARENA_ALIGN) break;
     atomic_fetch_add(&b->refs, 1);
-    *out = b;
+    found = b;
     *offset = a - lo;
-    rc = 0;
     break;
   }
   pthread_mutex_unlock(&p->mu);
-  return rc;
+  if (!found) return -ENOENT;
+  /* A copy-on-write one only where nothing was written here: the peer's
+   * bytes are these. */
+  if (found->private_map && bh__range_clean(addr, n) != 1) {
+    bh_block_unref(found);
+    return -ENOENT;
+  }
+  *out = found;
+  return 0;
 }
 
 int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset) {
@@ -685,6 +717,9 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
   }
   pthread_mutex_unlock(&bh__pools_mu);
   if (!src) return -ENOENT;
+  /* A copy-on-write one (sealed already) only where nothing was written
+   * here: the receiver must get the bytes this process sees. */
+  if (src->private_map && bh__range_clean(addr, n) != 1) goto err;
   /* Sealed against writes: mappings made before (the owner's, this
    * process's) stay writable, the receiver's cannot be. */
   int seals = fcntl(src->fd, F_GET_SEALS);

@@ -1997,8 +1997,13 @@ TEST_IMPL(channel_forward_lends_another_channels_block) {
   ASSERT_EQ(at[S - 1], 0x33);
   ASSERT_EQ(in_b[S - 1], 0x33);
   ASSERT_EQ(in_b[0], 0x22);
-  /* B holds a copy-on-write mapping: never sent back by reference. */
+  /* B's copy-on-write mapping goes back by reference only where B wrote
+   * nothing (its first page it did). */
   ASSERT_RC(bh_channel_peer_find(wb, in_b + 64, len, &found, &off), -ENOENT);
+  ASSERT_OK(bh_channel_peer_find(wb, in_b + 4096, S - 4096, &found, &off));
+  ASSERT_EQ(found, seen);
+  ASSERT_UEQ(off, 4096);
+  bh_block_unref(found);
   ASSERT_UEQ(stats_of(wb).own_blocks, 0);
 
   /* The host drops its view: the forward still holds A's block. */
@@ -2148,6 +2153,8 @@ TEST_IMPL(channel_sealed_block_is_copy_on_write_per_loan) {
     uint8_t *in_b = bh_block_addr(seen);
     ASSERT_EQ(in_b[0], 0x5c);
     ASSERT_EQ(in_b[S - 1], 0x5c);
+    ASSERT_OK(bh_channel_peer_find(b, in_b, S, &found, &off)); /* read only: the owner's bytes */
+    bh_block_unref(found);
     memset(in_b, 0x77, S); /* the peer's write stays its own */
     ASSERT_EQ(((uint8_t *)bh_block_addr(x))[S / 2], 0x5c);
     ASSERT_RC(bh_channel_peer_find(b, in_b, S, &found, &off), -ENOENT);

@@ -82,16 +82,25 @@ def test_a_forwarded_tensor_is_copy_on_write_in_the_receiver(make_worker):
     _settle(a, b)
 
 
-def test_a_forwarded_array_sent_back_is_copied(make_worker):
-    """What B has may differ from A's bytes (copy-on-write), so B returning
-    it does not name the block: the reply is copied, once, in B."""
+def test_a_forwarded_array_sent_back_is_copied_only_once_written(make_worker):
+    """B returning what it got names the block (a back ref to the host's
+    forward: no copy) while B wrote nothing there; once B wrote into it
+    (copy-on-write: B's bytes differ from A's), the reply is copied, once,
+    in B."""
     a, b = _pair(make_worker)
     x = a.call("bh_backrefs:make", N, "numpy", 4.0)
-    created = b.call("bh_backrefs:stats")["created"]
+    taken = b.call("bh_backrefs:stats")
     y = b.call("bh_testmod:echo", x)[0][0]
     assert np.array_equal(x, y)
-    assert b.call("bh_backrefs:stats")["created"] == created + 1
-    del x, y
+    after = b.call("bh_backrefs:stats")
+    assert after["created"] + after["reused"] == taken["created"] + taken["reused"]
+    del y
+    b.call("bh_backrefs:keep", x)
+    assert b.call("bh_backrefs:fill", x, 1.0) == float(N)  # B's own copy of the pages now
+    rows, _ = b.call("bh_backrefs:inspect", x)
+    assert rows[0]["sum"] == 4.0 * N  # a new crossing: A's bytes
+    b.call("bh_backrefs:drop")
+    del x
     _settle(a, b)
 
 

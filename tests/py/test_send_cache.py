@@ -157,3 +157,45 @@ def test_ten_thousand_re_sends_leave_fds_and_blocks_flat(make_worker):
     assert w.call("bh_backrefs:stats") == worker
     del t
     _settle(w)
+
+
+def test_a_worker_returning_its_cached_tensor_copies_it_twice_then_not(make_worker):
+    """The other way (the worker's Peer keeps a SendCache too): a tensor
+    the worker returns unchanged is copied on its first two returns, then
+    names the block kept for it; the host maps it copy-on-write, and its
+    write stays in the host; sent back to the worker untouched, it is a
+    back ref, no copy."""
+    w = make_worker(name="sendcache")
+    w.start()
+    for _ in range(2):
+        assert float(w.call("bh_backrefs:cached", N, 2.0).sum()) == 2.0 * N
+    worker = w.call("bh_backrefs:stats")
+    assert worker["sealed_blocks"] == 1
+    got = [w.call("bh_backrefs:cached", N, 2.0) for _ in range(3)]  # one view each: lent once
+    after = w.call("bh_backrefs:stats")
+    assert after["created"] + after["reused"] == worker["created"] + worker["reused"] + 2
+    del got
+    _settle(w)
+    worker = w.call("bh_backrefs:stats")
+    for _ in range(20):
+        t = w.call("bh_backrefs:cached", N, 2.0)
+        assert float(t[0]) == 2.0
+        del t
+    after = w.call("bh_backrefs:stats")
+    assert after["created"] + after["reused"] == worker["created"] + worker["reused"]
+    # sent back untouched: the worker's own block
+    t = w.call("bh_backrefs:cached", N, 2.0)
+    taken = _blocks_taken(w)
+    assert w.call("bh_backrefs:inspect", t)[0][0]["sum"] == 2.0 * N
+    assert _blocks_taken(w) == taken
+    # written in the host: its own pages; sent back, copied
+    t.fill_(5.0)
+    assert w.call("bh_backrefs:inspect", t)[0][0]["sum"] == 5.0 * N
+    assert _blocks_taken(w) == taken + 1
+    del t
+    _settle(w)
+    assert float(w.call("bh_backrefs:cached", N, 2.0)[0]) == 2.0  # the worker's bytes
+    # changed in the worker: copied again
+    w.call("bh_backrefs:cached_add", N, 1.0)
+    assert float(w.call("bh_backrefs:cached", N, 2.0)[0]) == 3.0
+    _settle(w)

@@ -231,7 +231,7 @@ class Peer:
     def __init__(self, describe="peer", outgoing=_native.CALLBACK, resolve=None, cache_sends=False):
         self.channel = None
         # torch tensors of this side sent again unchanged go by reference
-        # after their second crossing (tensors.SendCache); a host's peers
+        # after their second crossing (tensors.SendCache): host and worker
         self.sent = _tensors.SendCache() if cache_sends else None
         self.exports = {}
         self._export_ids = {}

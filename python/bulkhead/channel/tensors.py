@@ -30,9 +30,11 @@ A view of ANOTHER channel's peer block goes on by reference too (a
 forward, protocol 7): the host passes worker A's output to worker B by
 lending B A's block itself (``chan.peer_lease`` finds it among the host's
 channels; a host keeps the memfd of each block of 1 MiB or more that a
-worker lends it).  B maps it copy-on-write: a write there stays in B, and
-B never sends it back by reference (it is copied if returned).  One copy
-in all, A's.  Everything else is copied once per crossing.
+worker lends it).  B maps it copy-on-write: a write there stays in B, and B sends it back by
+reference only where it wrote nothing (else it is copied).  One copy in
+all, A's.  A torch tensor sent again unchanged goes by reference from its
+third crossing on (SendCache, below).  Everything else is copied once per
+crossing.
 """
 
 import sys
@@ -108,7 +110,8 @@ SEND_CACHE_ENTRIES = 4096
 
 class SendCache:
     """torch CPU tensors of this process sent more than once unchanged on
-    one channel: copied on their first two crossings, by reference after.
+    one channel (the host's to a worker, a worker's cached outputs to the
+    host): copied on their first two crossings, by reference after.
 
     A tensor is unchanged while it is the same object with the same
     ``_version`` (torch bumps it on every in-place change, through any view

@@ -103,7 +103,8 @@ def main():
     signal.signal(signal.SIGUSR1, _interrupted)
     from .._importwatch import when_imported
     when_imported("logging", _setup_logging)
-    peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target)
+    peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target,
+                cache_sends=True)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
     peer.node_serializer = _serialize_typed  # ... unless a pack registered a serializer for its class

@@ -88,3 +88,17 @@ def first(a):
 def first_two(a, b):
     """The first elements of two arrays or tensors."""
     return float(a[0]), float(b[0])
+
+
+def cached(n, fill=1.0):
+    """The same torch tensor on every call (a worker's cached output)."""
+    import torch
+    t = _kept.get(("cached", n))
+    if t is None:
+        t = _kept[("cached", n)] = torch.full((n,), fill, dtype=torch.float32)
+    return t
+
+
+def cached_add(n, value):
+    """Changes the cached tensor in place."""
+    cached(n).add_(value)
