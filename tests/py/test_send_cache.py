@@ -199,3 +199,26 @@ def test_a_worker_returning_its_cached_tensor_copies_it_twice_then_not(make_work
     w.call("bh_backrefs:cached_add", N, 1.0)
     assert float(w.call("bh_backrefs:cached", N, 2.0)[0]) == 3.0
     _settle(w)
+
+
+def test_a_full_release_drops_what_both_sides_keep(make_worker):
+    """Worker.release() (the full ladder, as memory pressure asks) drops
+    the host's kept blocks for that worker; the worker's ladder step for
+    its blocks (worker/memory.py's _trim_shm) drops its own and counts
+    them freed."""
+    w = make_worker(name="sendcache")
+    w.start()
+    t = torch.full((N,), 1.0)
+    for _ in range(2):
+        w.call("bh_backrefs:first", t)
+        w.call("bh_backrefs:cached", N, 2.0)
+    _settle(w)
+    assert w.stats()["sealed_blocks"] == 1 and w.call("bh_backrefs:stats")["sealed_blocks"] == 1
+    with pytest.raises(NotImplementedError):  # a bare worker has no ladder; the host's part ran
+        w.release()
+    _settle(w)
+    assert w.stats()["sealed_blocks"] == 0 and w.peer.sent.held_bytes == 0
+    assert w.call("bulkhead.worker.memory:_trim_shm") >= 4 * N
+    assert w.call("bh_backrefs:stats")["sealed_blocks"] == 0
+    del t
+    _settle(w)

@@ -688,6 +688,8 @@ class Worker(_native.Caller):
                 self.poll()  # a generation that died idle held nothing: start none for it
             if self._chan is None:
                 return None
+            if op == "all" and self._peer.sent is not None:
+                self._peer.sent.clear()  # the host's blocks kept for tensors sent again
             return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
                                 timeout_s, "release", op)
 

@@ -59,12 +59,26 @@ def _shm_bytes():
 
 def _trim_shm():
     """The full ladder's step for the channel's free blocks (kept for
-    reuse, up to the pool's keep_bytes): every one goes."""
+    reuse, up to the pool's keep_bytes) and the blocks kept for tensors
+    this worker returns again unchanged (tensors.SendCache): every one
+    goes (one the host still holds, when it returns it)."""
     chan = _channel()
     try:
-        return chan.trim_pool(0) if chan is not None else 0
+        if chan is None:
+            return 0
+        before = int(chan.stats()["own_bytes"])
+        _drop_sent()
+        trimmed = chan.trim_pool(0)
+        return trimmed + max(0, before - trimmed - int(chan.stats()["own_bytes"]))
     except Exception:
         return 0
+
+
+def _drop_sent():
+    from .. import worker
+    sent = getattr(worker._peer, "sent", None)
+    if sent is not None:
+        sent.clear()
 
 
 def _trim_heap():
