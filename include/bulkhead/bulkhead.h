@@ -408,14 +408,17 @@ BH_EXTERN void bh_channel_set_peer_pid(bh_channel *c, pid_t pid);
 BH_EXTERN int bh_channel_block_acquire(bh_channel *c, size_t nbytes, bh_block **out);
 
 /* bh_channel_block_acquire for a block to send more than once unchanged
- * (a tensor kept for its next crossings): one the peer has never mapped,
- * sealed against writes (F_SEAL_FUTURE_WRITE; this process's mapping
+ * (a tensor kept for its next crossings): a free one sealed before, or
+ * one the peer has never mapped (a new one if need be, at a fresh block's
+ * cost), sealed against writes (F_SEAL_FUTURE_WRITE; this process's mapping
  * stays writable: copy the bytes in, then send it).  The peer maps it
  * copy-on-write: a write there stays there and is dropped when the peer
  * returns it, so each loan reads these bytes (and the peer sends it back
- * by reference only where it wrote nothing).  It is never reused: its last reference destroys it (the
- * peer is told to unmap).  A block goes out once until the peer returns
- * it: check bh_block_is_lent before sending it again.  Returns as
+ * by reference only where it wrote nothing).  Its last reference puts it
+ * back in the pool, a sealed block, taken first by the next call (and by
+ * bh_channel_block_acquire as any free block).  A block goes out once
+ * until the peer returns it: check bh_block_is_lent before sending it
+ * again.  Returns as
  * bh_channel_block_acquire, or -ENOTSUP where the kernel refuses the seal
  * (send a copy instead). */
 BH_EXTERN int bh_channel_block_acquire_sealed(bh_channel *c, size_t nbytes, bh_block **out);

@@ -71,7 +71,8 @@ struct bh_block {
    * block's (a forward of it needs no new seal). */
   uint8_t private_map;
   /* own: sealed against writes before the peer mapped it (the peer maps
-   * it copy-on-write); never reused: destroyed at its last reference. */
+   * it copy-on-write and drops what it wrote there before each return, so
+   * it is reused as any block, by bh__pool_acquire_sealed first). */
   uint8_t sealed;
 };
 
@@ -84,9 +85,9 @@ int bh__pool_open(bh_pool **out, size_t keep_bytes, int forward);
 /* Drops the channel's reference; the pool goes when its last block does. */
 void bh__pool_close(bh_pool *p);
 int bh__pool_acquire(bh_pool *p, size_t nbytes, bh_block **out);
-/* bh__pool_acquire, for a block the peer has never mapped, sealed against
- * writes (F_SEAL_FUTURE_WRITE) and marked sealed.  -ENOTSUP where the
- * kernel refuses the seal. */
+/* bh__pool_acquire, for a free block sealed before, or one the peer has
+ * never mapped, sealed against writes now (F_SEAL_FUTURE_WRITE) and marked
+ * sealed.  -ENOTSUP where the kernel refuses the seal. */
 int bh__pool_acquire_sealed(bh_pool *p, size_t nbytes, bh_block **out);
 /* Marks an own block lent (one more reference) and tells whether its fd
  * must travel with this frame (the peer has not mapped it yet).  -EBUSY if

@@ -354,7 +354,7 @@ static int bh__pool_take(bh_pool *p, size_t nbytes, int fresh, bh_block **out) {
     bh_block *b = p->own[i];
     /* best fit, but never more than twice the need */
     if (atomic_load(&b->refs) == 0 && b->size >= size && b->size / 2 <= size &&
-        (!fresh || !b->peer_mapped) && (!best || b->size < best->size))
+        (!fresh || !b->peer_mapped || b->sealed) && (!best || b->size < best->size))
       best = b;
   }
   if (best) {
@@ -422,6 +422,10 @@ int bh__pool_acquire_sealed(bh_pool *p, size_t nbytes, bh_block **out) {
   bh_block *b;
   int rc = bh__pool_take(p, nbytes, 1, &b);
   if (rc) return rc;
+  if (b->sealed) { /* one sealed before, free again */
+    *out = b;
+    return 0;
+  }
   /* Never mapped by the peer, so its fd is open; this process's mapping,
    * made before, stays writable (the caller copies into it). */
   if (fcntl(b->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0) {
@@ -487,13 +491,13 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
     bh__block_destroy(b);
     return bh__pool_empty(p);
   }
-  if (b->src || b->sealed) {
-    /* A forward or a sealed block is not reused (a forward's source goes
-     * back to that channel's peer; a sealed block's bytes are mapped
-     * copy-on-write by the peer, whose private pages would outlive a
-     * reuse), and the peer here unmaps it (without memory for the note it
+  if (b->src) {
+    /* A forward is not reused: its source goes back to that channel's
+     * peer, and the peer here unmaps it (without memory for the note it
      * keeps a mapping of an id never lent again, until the channel
-     * closes: memory held longer, never reused too early). */
+     * closes: memory held longer, never reused too early).  A sealed
+     * block is reused as any: the peer dropped what it wrote there
+     * before it returned it. */
     if (bh__find(p->own, p->n_own, b->id, &at) == b) bh__remove_at(p->own, &p->n_own, at);
     if (b->peer_mapped) (void)bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id);
     *src = b->src;
@@ -505,9 +509,11 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
     bh__pool_trim(p);
     return 0;
   }
-  /* A copy-on-write block: what was written here goes, so the next loan
-   * of it reads the owner's bytes (the owner sends it again unchanged). */
-  if (b->private_map) (void)madvise(b->addr, b->size, MADV_DONTNEED);
+  /* A copy-on-write block: what was written here goes before the return
+   * (the owner sends it again unchanged, or reuses it), so the next loan
+   * reads the owner's bytes; an unwritten one keeps its pages mapped. */
+  if (b->private_map && bh__range_clean(b->addr, b->size) != 1)
+    (void)madvise(b->addr, b->size, MADV_DONTNEED);
   if (bh__push_id(&p->returns, &p->n_returns, &p->cap_returns, b->id)) {
     /* Out of memory for the note: the peer keeps the block lent.  It is
      * only memory held longer, never memory reused too early. */

@@ -2126,8 +2126,8 @@ TEST_IMPL(channel_forward_only_what_it_may) {
  * again unchanged: the owner fills it through its own mapping after the
  * seal; the peer maps it copy-on-write, so its write stays its own and is
  * dropped when it returns the block, and the next loan reads the owner's
- * bytes; it is not found to send back; lent, it is not lent again; never
- * reused: its last reference destroys it and the peer unmaps it. */
+ * bytes; it is found to send back only while unwritten there; lent, it is
+ * not lent again; free again, it is reused, sealed acquires first. */
 TEST_IMPL(channel_sealed_block_is_copy_on_write_per_loan) {
   const size_t S = 1 * MiB;
   int fds0 = bh_test_fd_count();
@@ -2162,32 +2162,53 @@ TEST_IMPL(channel_sealed_block_is_copy_on_write_per_loan) {
     carry_notes(b, a);
   }
   bh_buf_free(&v);
-  /* Never reused: the last reference destroys it, the peer unmaps. */
-  ASSERT_UEQ(stats_of(b).peer_blocks, 1);
+  /* Free again, sealed: the next sealed acquire takes it (its bytes
+   * rewritten here reach the peer, which dropped its own written pages). */
   bh_block_unref(x);
   bh_pool_stats s = stats_of(a);
-  ASSERT_UEQ(s.own_blocks, 0);
-  ASSERT_UEQ(s.sealed_blocks, 0);
-  carry_notes(a, b);
-  ASSERT_UEQ(stats_of(b).peer_blocks, 0);
-  /* A free block the peer mapped is not sealed for this: a fresh one is. */
-  bh_block *y, *z;
-  ASSERT_OK(bh_channel_block_acquire(a, S, &y));
-  v = refs_value(&y, &zero, &len, 1);
-  ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 2, v.data, v.len, &y, 1));
+  ASSERT_UEQ(s.free_blocks, 1);
+  ASSERT_UEQ(s.sealed_blocks, 1);
+  bh_block *z;
+  ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &z));
+  ASSERT_EQ(z, x);
+  memset(bh_block_addr(z), 0x66, S);
+  v = refs_value(&z, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 2, v.data, v.len, &z, 1));
   bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(b, &f, 5000));
+  ASSERT_EQ(claim_refs(b, &f, &seen, 1, &rc), 1);
+  bh_channel_frame_done(b, &f);
+  ASSERT_EQ(((uint8_t *)bh_block_addr(seen))[0], 0x66);
+  ASSERT_EQ(((uint8_t *)bh_block_addr(seen))[S - 1], 0x66);
+  bh_block_unref(seen);
+  carry_notes(b, a);
+  bh_block_unref(z);
+  /* A free block the peer mapped shared is not sealed for this: a fresh one is. */
+  bh_block *y;
+  ASSERT_OK(bh_channel_block_acquire(a, S, &y)); /* takes x/z back: any free block */
+  ASSERT_EQ(y, x);
+  bh_block *w;
+  ASSERT_OK(bh_channel_block_acquire(a, S, &w)); /* a new, ordinary one */
   bh_block_unref(y);
+  v = refs_value(&w, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 3, v.data, v.len, &w, 1));
+  bh_buf_free(&v);
+  bh_block_unref(w);
   ASSERT_OK(bh_test_recv(b, &f, 5000));
   ASSERT_EQ(claim_refs(b, &f, &seen, 1, &rc), 1);
   bh_channel_frame_done(b, &f);
   bh_block_unref(seen);
-  carry_notes(b, a); /* y is free again, mapped by the peer (shared) */
-  ASSERT_UEQ(stats_of(a).free_blocks, 1);
+  carry_notes(b, a); /* w is free again, mapped by the peer (shared) */
   ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &z));
-  ASSERT_NE(z, y);
-  ASSERT_OK(bh_channel_block_acquire(a, S, &x));
-  ASSERT_EQ(x, y); /* an ordinary acquire reuses it */
-  bh_block_unref(x);
+  ASSERT_EQ(z, x); /* the sealed one, not w */
+  bh_block *z2;
+  ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &z2)); /* x taken, w mapped shared: a new one */
+  ASSERT_NE(z2, w);
+  ASSERT_NE(z2, x);
+  ASSERT_OK(bh_channel_block_acquire(a, S, &y));
+  ASSERT_EQ(y, w); /* an ordinary acquire reuses it */
+  bh_block_unref(y);
+  bh_block_unref(z2);
   bh_block_unref(z);
   bh_channel_close(a);
   bh_channel_close(b);

@@ -122,7 +122,9 @@ class SendCache:
     peer maps it copy-on-write, so a write there stays there and is
     dropped when the peer returns the block); from the third on, the value
     names that block again: no copy.  A change, a tensor that died (a
-    weakref finalizer), or room wanted for another drops the kept block.
+    weakref callback), or room wanted for another drops the kept block
+    (back to the pool, sealed: the next tensor kept takes it, at the cost of
+    the copy alone; only the first ever pays for a new block).
     Sent twice in one value, or while the peer still holds it from an
     earlier message, it is copied as before.  At most ``max_bytes`` are
     kept (least recently sent dropped first), counted in the channel's
