@@ -21,6 +21,11 @@
  * payload would be in the memfd, and the payload's decoders are the ones
  * fuzzed here on inline frames.
  *
+ * An intro of an odd id gets a memfd sealed against writes (what a host
+ * forwards from another worker, or a kept tensor's block: protocol 7), so
+ * the pool maps it copy-on-write; the input then writes into that mapping
+ * and drops it, and the memfd must still hold its owner's bytes (zeros).
+ *
  * The pool lives across inputs with one own block (id 1) that is lent
  * before every input, so a return note can find it; every peer block an
  * input introduced is retired after it, so each input starts from the
@@ -38,6 +43,7 @@
 static bh_pool *pool;
 static bh_block *own;  /* id 1, lent before each input */
 static int intro_fd = -1; /* a sealed memfd; each intro gets a dup */
+static int sealed_fd = -1; /* the same, sealed against writes too: odd ids' intros */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
@@ -47,6 +53,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   FUZZ_CHECK(bh_block_id(own) == 1);
   FUZZ_CHECK(bh__memfd_create("fuzz-intro", INTRO_BYTES, &intro_fd, &addr) == 0);
   munmap(addr, INTRO_BYTES);
+  FUZZ_CHECK(bh__memfd_create("fuzz-sealed", INTRO_BYTES, &sealed_fd, NULL) == 0);
+  FUZZ_CHECK(fcntl(sealed_fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0);
   return 0;
 }
 
@@ -160,7 +168,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rc = bh__pool_lend(pool, own, &needs_fd);
   FUZZ_CHECK(rc == 0 || rc == -EBUSY); /* -EBUSY: the last input left it lent */
   for (uint32_t i = 0; i < sec.n_intro; i++) {
-    fds[i] = fcntl(intro_fd, F_DUPFD_CLOEXEC, 3);
+    int odd = bh__get_u32(sec.intro + (size_t)i * 12) & 1;
+    fds[i] = fcntl(odd ? sealed_fd : intro_fd, F_DUPFD_CLOEXEC, 3);
     FUZZ_CHECK(fds[i] > 2);
   }
   rc = bh__section_apply(pool, &sec, fds);
@@ -181,7 +190,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bh_block *b;
     if (bh__pool_peer_get(pool, id, &b) == 0) {
       FUZZ_CHECK(bh_block_size(b) <= INTRO_BYTES && !bh_block_is_own(b));
+      FUZZ_CHECK(b->private_map == (id & 1));
       fuzz_touch(bh_block_addr(b), bh_block_size(b));
+      if (b->private_map) {
+        /* Copy-on-write: the write stays in this mapping and is dropped
+         * with the return (bh__range_clean finds it); the owner's bytes
+         * do not change. */
+        memset(bh_block_addr(b), 0xa5, bh_block_size(b));
+        FUZZ_CHECK(bh__range_clean(bh_block_addr(b), bh_block_size(b)) == 0);
+        uint8_t byte = 1;
+        FUZZ_CHECK(pread(sealed_fd, &byte, 1, 0) == 1 && byte == 0);
+      }
       bh_block_unref(b);
       /* The unref queued a return note; the peer would retire it. */
       uint32_t ret[64], retires[64], nr, nt;
