@@ -232,3 +232,22 @@ def test_a_full_release_drops_what_both_sides_keep(make_worker):
     assert w.call("bh_backrefs:stats")["sealed_blocks"] == 0
     del t
     _settle(w)
+
+
+def test_an_inference_tensor_is_copied_every_time(make_worker):
+    """A tensor made under torch.inference_mode() (as ComfyUI runs its
+    nodes) has no version counter, so a change could not be seen: it is
+    copied on every crossing, and a change in place always arrives."""
+    w = make_worker(name="sendcache")
+    w.start()
+    with torch.inference_mode():
+        t = torch.full((N,), 1.0)
+    for i in range(4):
+        taken = _blocks_taken(w)
+        assert w.call("bh_backrefs:first", t) == 1.0 + i
+        assert _blocks_taken(w) == taken + 1
+        with torch.inference_mode():
+            t.add_(1.0)
+    assert w.peer.sent.held_bytes == 0 and len(w.peer.sent) == 0
+    del t
+    _settle(w)

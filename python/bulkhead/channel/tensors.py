@@ -129,8 +129,10 @@ class SendCache:
     earlier message, it is copied as before.  At most ``max_bytes`` are
     kept (least recently sent dropped first), counted in the channel's
     ``own_bytes``; ``clear()`` drops them all (memory pressure).
-    numpy arrays have no version counter: they are never kept (those
-    already in a block go by reference anyway: a back ref or a forward)."""
+    numpy arrays and torch inference tensors (made under
+    ``torch.inference_mode()``) have no version counter: they are never
+    kept (those already in a block go by reference anyway: a back ref or a
+    forward)."""
 
     def __init__(self, max_bytes=SEND_CACHE_BYTES, max_entries=SEND_CACHE_ENTRIES):
         self.max_bytes = max_bytes
@@ -145,6 +147,8 @@ class SendCache:
     def take(self, chan, obj, t, nbytes, torch):
         """The Lease to send obj (whose contiguous bytes are t) by, or None:
         copy it as ever."""
+        if obj.is_inference():  # no version counter: a change would not be seen
+            return None
         sig = (obj._version, tuple(obj.shape), obj.stride(), obj.storage_offset(), obj.dtype,
                obj.data_ptr())
         key = id(obj)
