@@ -139,7 +139,9 @@ class SendCache:
         self.max_entries = max_entries
         self.held_bytes = 0
         self._entries = {}  # id(tensor) -> [ref, signature, lease, serial]; insertion = LRU order
-        self._lock = threading.Lock()
+        # Reentrant: a collection inside a locked section may run a dead
+        # tensor's weakref callback (forget) on this very thread.
+        self._lock = threading.RLock()
 
     def __len__(self):
         return len(self._entries)
@@ -200,7 +202,7 @@ class SendCache:
     def clear(self):
         """Drops every kept block (and what is remembered)."""
         with self._lock:
-            for e in self._entries.values():
+            for e in list(self._entries.values()):
                 self._release(e)
             self._entries.clear()
 
@@ -214,8 +216,8 @@ class SendCache:
         for key in list(self._entries):
             if self.held_bytes + nbytes <= self.max_bytes:
                 return
-            e = self._entries[key]
-            if e[2] is not None:
+            e = self._entries.get(key)
+            if e is not None and e[2] is not None:
                 self._release(e)
 
     def _trim_entries(self):
