@@ -554,16 +554,20 @@ static PyObject *Channel_serve(PyObject *op, PyObject *args) {
   return out;
 }
 
+/* The byte count an acquire takes: a positive int; 0 on error (raised). */
+static unsigned long long acquire_nbytes(PyObject *arg, const char *what) {
+  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+  if (n == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+  if (n == 0) PyErr_Format(PyExc_ValueError, "%s(0): empty tensors need no block", what);
+  return n;
+}
+
 static PyObject *Channel_acquire(PyObject *op, PyObject *arg) {
   bh_chan_obj *self = (bh_chan_obj *)op;
   bh_channel *c = chan_live(self);
   if (!c) return NULL;
-  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
-  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-  if (n == 0) {
-    PyErr_SetString(PyExc_ValueError, "acquire(0): empty tensors need no block");
-    return NULL;
-  }
+  unsigned long long n = acquire_nbytes(arg, "acquire");
+  if (n == 0) return NULL;
   bh_block *b;
   uint64_t offset = 0;
   int rc;
@@ -587,12 +591,8 @@ static PyObject *Channel_acquire_sealed(PyObject *op, PyObject *arg) {
   bh_chan_obj *self = (bh_chan_obj *)op;
   bh_channel *c = chan_live(self);
   if (!c) return NULL;
-  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
-  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-  if (n == 0) {
-    PyErr_SetString(PyExc_ValueError, "acquire_sealed(0): empty tensors need no block");
-    return NULL;
-  }
+  unsigned long long n = acquire_nbytes(arg, "acquire_sealed");
+  if (n == 0) return NULL;
   bh_block *b;
   int rc;
   Py_BEGIN_ALLOW_THREADS

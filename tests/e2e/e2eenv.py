@@ -44,6 +44,25 @@ START_TIMEOUT_S = 90
 OWN = {"custom_nodes", "models", "input", "output", "temp", "user", "__pycache__"}
 
 
+# A test pack's __init__.py that serves its nodes.py from a worker under
+# the host's own interpreter, with the host's memory attached (what
+# bulkhead.comfy_pack does, minus building an environment): for the tests
+# whose subject is what crosses between processes (blocks, references),
+# not the pack's environment.
+HOST_INTERPRETER_INIT = '''
+import os
+import sys
+
+from bulkhead.host import nodes, pack
+
+_hm = pack.host_memory()
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
+    os.path.dirname(os.path.abspath(__file__)), sys.executable,
+    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
+             "ledger": getattr(_hm, "ledger", None)})
+'''
+
+
 def comfy_root():
     return os.path.abspath(os.environ.get("COMFYUI_PATH") or STUB_ROOT)
 

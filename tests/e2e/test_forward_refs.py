@@ -8,18 +8,7 @@ ref).  The bytes crossed from A to B once, copied by A alone."""
 
 import textwrap
 
-INIT = '''
-import os
-import sys
-
-from bulkhead.host import nodes, pack
-
-_hm = pack.host_memory()
-NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
-    os.path.dirname(os.path.abspath(__file__)), sys.executable,
-    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
-             "ledger": getattr(_hm, "ledger", None)})
-'''
+from .e2eenv import HOST_INTERPRETER_INIT as INIT
 
 NODES = '''
 import os
