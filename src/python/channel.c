@@ -13,7 +13,10 @@
  * The hot path (encode, send, wait, decode, dispatch by a cached target)
  * is all C; Python hooks are called only for what C cannot decide: to
  * resolve a target the first time, to adapt tensors and handles, to build
- * or format an exception.  Every wait releases the GIL.
+ * a tagged value (set_tagged), to build or format an exception.  Every
+ * wait releases the GIL.  A hook runs while the frame's bytes are still
+ * the channel's: it may send, but a receive or call from it is refused
+ * and a close waits for the decode to end.
  */
 #include "common.h"
 
@@ -30,6 +33,7 @@ typedef struct {
   PyObject *hooks;
   PyObject *h_encode_other, *h_decode_tensor, *h_decode_handle, *h_resolve;
   PyObject *h_format_exc, *h_make_error, *h_on_frame, *h_on_request;
+  PyObject *h_tagged, *tagged_mark; /* set_tagged's hook and its bytes key, or NULL */
   PyObject *resolved; /* target str -> callable */
   PyObject *stash;    /* request id -> (kind, value), for outer waits */
   uint64_t next_id;
@@ -40,6 +44,8 @@ typedef struct {
   bh_enc_ctx *enc;     /* the value being encoded now (its arena), or NULL */
   uint64_t enc_serial; /* values encoded so far (Channel.encode_serial) */
   unsigned long enc_thread; /* the thread encoding it: only its acquire() uses the arena */
+  int decoding;        /* a received frame's value is being decoded (its bytes are the channel's) */
+  int close_pending;   /* close() asked during the decode: done once it ends */
 } bh_chan_obj;
 
 /* The module's state, found once at open (self->module keeps it alive). */
@@ -58,6 +64,8 @@ static int Channel_traverse(PyObject *op, visitproc visit, void *arg) {
   Py_VISIT(self->h_make_error);
   Py_VISIT(self->h_on_frame);
   Py_VISIT(self->h_on_request);
+  Py_VISIT(self->h_tagged);
+  Py_VISIT(self->tagged_mark);
   Py_VISIT(self->resolved);
   Py_VISIT(self->stash);
   return 0;
@@ -74,12 +82,18 @@ static int Channel_clear(PyObject *op) {
   Py_CLEAR(self->h_make_error);
   Py_CLEAR(self->h_on_frame);
   Py_CLEAR(self->h_on_request);
+  Py_CLEAR(self->h_tagged);
+  Py_CLEAR(self->tagged_mark);
   Py_CLEAR(self->resolved);
   Py_CLEAR(self->stash);
   return 0;
 }
 
 static void chan_close(bh_chan_obj *self) {
+  if (self->decoding) { /* a hook's close: the frame it decodes is the channel's memory */
+    self->close_pending = 1;
+    return;
+  }
   bh_channel *c = self->c;
   self->c = NULL;
   if (c) bh_channel_close(c);
@@ -118,6 +132,13 @@ int64_t bh_py_deadline_of(PyObject *timeout, int *err) {
 /* Claims the channel for this thread (re-entrant). */
 static int chan_enter(bh_chan_obj *self) {
   unsigned long me = PyThread_get_thread_ident();
+  if (self->decoding && self->owner == me) {
+    /* A decode hook: receiving now would reuse the memory of the frame
+     * being decoded. */
+    PyErr_SetString(PyExc_RuntimeError,
+                    "a bulkhead decode hook cannot call or receive on the channel whose value it decodes");
+    return -1;
+  }
   if (self->owner && self->owner != me) {
     PyErr_SetString(PyExc_RuntimeError,
                     "bulkhead channel is in use by another thread; calls to one worker are serialized by its Worker lock");
@@ -239,9 +260,27 @@ static int chan_recv_after(bh_chan_obj *self, bh_then_recv *then) {
 }
 
 static PyObject *chan_decode(bh_chan_obj *self, bh_frame *f) {
+  /* The tagged hook and its mark are held for the decode: a hook may set
+   * others meanwhile. */
+  PyObject *tagged = self->h_tagged, *mark = self->tagged_mark;
+  Py_XINCREF(tagged);
+  Py_XINCREF(mark);
   bh_dec_ctx d = {chan_state(self), self->c, self->h_decode_tensor, self->h_decode_handle};
+  if (tagged && mark) {
+    d.decode_tagged = tagged;
+    d.mark = PyBytes_AsString(mark);
+    d.mark_len = PyBytes_Size(mark);
+  }
+  self->decoding++;
   PyObject *v = bh_py_decode(&d, f->value, f->value_len);
+  self->decoding--;
   bh_channel_frame_done(self->c, f);
+  Py_XDECREF(tagged);
+  Py_XDECREF(mark);
+  if (!self->decoding && self->close_pending) {
+    self->close_pending = 0;
+    chan_close(self);
+  }
   return v;
 }
 
@@ -657,6 +696,28 @@ static PyObject *Channel_trim_pool(PyObject *op, PyObject *args) {
   return PyLong_FromSize_t(freed);
 }
 
+/* set_tagged(mark, hook): hook(map) -> value for every map decoded here
+ * with the bytes key `mark` among its keys (codec.c); None: no hook. */
+static PyObject *Channel_set_tagged(PyObject *op, PyObject *args) {
+  bh_chan_obj *self = (bh_chan_obj *)op;
+  PyObject *mark, *hook;
+  if (!PyArg_ParseTuple(args, "OO:set_tagged", &mark, &hook)) return NULL;
+  if (hook != Py_None && (!PyBytes_Check(mark) || PyBytes_Size(mark) == 0)) {
+    PyErr_SetString(PyExc_TypeError, "set_tagged: the mark must be a non-empty bytes key");
+    return NULL;
+  }
+  if (hook != Py_None && !PyCallable_Check(hook)) {
+    PyErr_SetString(PyExc_TypeError, "set_tagged: the hook must be callable (or None)");
+    return NULL;
+  }
+  PyObject *old_hook = self->h_tagged, *old_mark = self->tagged_mark;
+  self->h_tagged = hook == Py_None ? NULL : bh_py_newref(hook);
+  self->tagged_mark = hook == Py_None ? NULL : bh_py_newref(mark);
+  Py_XDECREF(old_hook);
+  Py_XDECREF(old_mark);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Channel_close(PyObject *op, PyObject *unused) {
   (void)unused;
   chan_close((bh_chan_obj *)op);
@@ -731,6 +792,12 @@ static PyMethodDef Channel_methods[] = {
     {"stats", Channel_stats, METH_NOARGS, "block pool statistics"},
     {"trim_pool", Channel_trim_pool, METH_VARARGS,
      "trim_pool(keep_bytes=0): destroys free own blocks beyond keep_bytes; returns the bytes freed"},
+    {"set_tagged", Channel_set_tagged, METH_VARARGS,
+     "set_tagged(mark, hook)\n"
+     "Every map decoded on this channel that has the bytes key `mark` among its keys is\n"
+     "passed, once built, to hook(map), and what hook returns stands in its place (a\n"
+     "tagged map inside another is the hook's value by then).  What hook raises is the\n"
+     "decode's error.  hook must not call or receive on this channel.  None: no hook."},
     {"close", Channel_close, METH_NOARGS, "close the socket; blocks stay while referenced"},
     {"fileno", Channel_fileno, METH_NOARGS, "the socket fd"},
     {"set_peer_pid", Channel_set_peer_pid, METH_O, "frames must come from this pid from now on"},

@@ -31,7 +31,10 @@
  *                                          host refuses it);
  * or raises TypeError naming the type: nothing is ever pickled.  Decoding validates
  * as it goes (bh_dec_next is total) and hands tensor refs and handles to
- * the decode hooks, which build numpy/torch objects or proxies.
+ * the decode hooks, which build numpy/torch objects or proxies, and a
+ * tagged map (one with the channel's mark, a bytes key, among its keys:
+ * Channel.set_tagged) to the tagged hook, which builds the object it
+ * stands for (a pack's registered type, worker/typed.py) in the same pass.
  */
 #include "common.h"
 
@@ -360,6 +363,13 @@ out:
   return res;
 }
 
+/* A tagged map's key: bytes equal to the mark (a key written by a web
+ * client through JSON is a str, never this). */
+static int dec_is_mark(const bh_dec_ctx *d, PyObject *k) {
+  if (!PyBytes_Check(k) || PyBytes_Size(k) != d->mark_len) return 0;
+  return memcmp(PyBytes_AsString(k), d->mark, (size_t)d->mark_len) == 0;
+}
+
 static PyObject *dec_items(bh_dec_ctx *d, bh_reader *r, int depth, const bh_item *it) {
   if (depth + 1 > BH_MAX_DEPTH) return dec_error(d, -BH_EDEPTH);
   uint32_t n = it->u.count;
@@ -369,12 +379,19 @@ static PyObject *dec_items(bh_dec_ctx *d, bh_reader *r, int depth, const bh_item
     return dec_error(d, -BH_ETOOMANY);
   if (it->tag == BH_TAG_MAP) {
     PyObject *m = PyDict_New();
+    int tagged = 0;
     for (uint32_t i = 0; m && i < n; i++) {
       PyObject *k = dec_value(d, r, depth + 1);
       PyObject *v = k ? dec_value(d, r, depth + 1) : NULL;
       if (!v || PyDict_SetItem(m, k, v) < 0) Py_CLEAR(m);
+      else if (!tagged && d->decode_tagged) tagged = dec_is_mark(d, k);
       Py_XDECREF(k);
       Py_XDECREF(v);
+    }
+    if (m && tagged) { /* the hook's value in the map's place */
+      PyObject *v = PyObject_CallFunctionObjArgs(d->decode_tagged, m, NULL);
+      Py_DECREF(m);
+      m = v;
     }
     return m;
   }
@@ -414,16 +431,36 @@ static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
   return dec_error(d, -BH_EBADTAG);
 }
 
+/* After a failed decode: the tensor refs left in the value into blocks
+ * the frame lends are claimed and dropped at once, so each such block goes
+ * back to the peer with its last reference instead of staying lent to a
+ * value that was never built (a hook that raised leaves a well-formed
+ * rest).  Stops at the first malformed item; back refs (this side's own
+ * blocks) are left alone. */
+static void dec_drain(bh_dec_ctx *d, bh_reader *r) {
+  bh_item it;
+  while (r->pos < r->len && bh_dec_next(r, &it) == 0) {
+    const bh_tensor_ref *t = &it.u.t;
+    if (it.tag != BH_TAG_TENSOR || t->block == BH_BLOCK_NONE || t->block == BH_BLOCK_INLINE ||
+        (t->block & BH_BLOCK_BACK))
+      continue;
+    bh_block *blk;
+    if (bh_channel_frame_block(d->chan, t, &blk) == 0) bh_block_unref(blk);
+  }
+}
+
 PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n) {
   bh_reader r;
   bh_reader_init(&r, p, n);
   d->items_left = BH_MAX_ITEMS;
+  if (!d->mark) d->decode_tagged = NULL;
   if (Py_EnterRecursiveCall(" while decoding a bulkhead value")) return NULL;
   PyObject *v = dec_value(d, &r, 0);
   Py_LeaveRecursiveCall();
   if (v && r.pos != r.len) {
     Py_DECREF(v);
-    return dec_error(d, -BH_ETRAILING);
+    v = dec_error(d, -BH_ETRAILING);
   }
+  if (!v && d->chan) dec_drain(d, &r);
   return v;
 }

@@ -87,12 +87,22 @@ typedef struct bh_dec_ctx {
   bh_channel *chan;
   PyObject *decode_tensor; /* hooks (borrowed) */
   PyObject *decode_handle;
+  PyObject *decode_tagged; /* hook for a tagged map, or NULL (borrowed; see bh_py_decode) */
+  const char *mark;        /* its tag: a bytes key (the bytes object's buffer, borrowed) */
+  Py_ssize_t mark_len;
   uint64_t items_left;     /* BH_MAX_ITEMS less those decoded (bh_py_decode sets it) */
 } bh_dec_ctx;
 
 /* Decodes one whole value from p[0..n).  New reference, or NULL with
  * ProtocolError naming what was malformed (BH_ETOOMANY past BH_MAX_ITEMS
- * items: checked before a container's storage is allocated). */
+ * items: checked before a container's storage is allocated), or with the
+ * exception a hook raised.  A map one of whose keys is the bytes `mark`
+ * (a tagged map) is handed, once built, to decode_tagged when set, and
+ * what that returns stands in its place: values are built innermost
+ * first, so a tagged map inside another is the hook's value by the time
+ * the outer one is handed over.  On failure the rest of the value is
+ * walked for its block refs, so the blocks the frame lends go back to
+ * the peer (none stays lent to a value that was never built). */
 PyObject *bh_py_decode(bh_dec_ctx *d, const uint8_t *p, size_t n);
 
 /* Per-file type specs and module-level functions. */

@@ -26,6 +26,7 @@ import threading
 
 from .. import _native
 from ..channel.peer import Peer, interpreter_info, resolve_target
+from . import typed
 
 _peer = None
 # This worker's WorkerMemory when the host attached it to its budget (not
@@ -84,13 +85,6 @@ def _watch_host(host_pid):
     os._exit(70)
 
 
-def _serialize_typed(obj):
-    """The worker's node policy for an object that cannot cross: its
-    registered serializer's tagged map, or None (worker/typed.py)."""
-    from . import typed
-    return typed.serialize(obj)
-
-
 def main():
     global _peer
     fd = int(os.environ.pop("BULKHEAD_FD", "3"))
@@ -107,8 +101,9 @@ def main():
                 cache_sends=True)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
-    peer.node_serializer = _serialize_typed  # ... unless a pack registered a serializer for its class
+    peer.node_serializer = typed.serialize  # ... unless a pack registered a serializer for its class
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)
+    chan.set_tagged(typed.MARK, typed.decode_tagged)  # and such a map comes back as its object
     peer.channel = chan
     _peer = peer
     threading.Thread(target=_watch_host, args=(host_pid,), name="bulkhead-host-watch", daemon=True).start()

@@ -50,7 +50,6 @@ from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, 
 from ..channel.nodes import decode_hidden, encode_io, encode_preview, plain_str
 from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
-from . import typed as _typed
 
 
 _lock = threading.RLock()
@@ -199,13 +198,13 @@ class _Rehearsal:
 
 def rehearse(kwargs):
     """A node call's round trip with no node in it (PackRuntime.prewarm,
-    after warm): inputs restored, the call's interrupt reset, an output
+    after warm): inputs received, the call's interrupt reset, an output
     value and a held instance sent back.  The first call of a process pays
     for running that path's code for the first time, in both processes;
     a prewarmed worker has paid it before the prompt's first node."""
     peer = _worker._peer
     peer.drop_unsent()
-    out = _invoke(lambda **kw: (kw,), _typed.restore(kwargs))
+    out = _invoke(lambda **kw: (kw,), kwargs)
     return {"outputs": NodeValue(out), "instance": peer.hold(_Rehearsal())}
 
 
@@ -541,7 +540,6 @@ def run(key, kwargs, instance=None, method=None):
     if instance is None:
         instance = cls()
     fn = getattr(instance, method or cls.FUNCTION)
-    kwargs = _typed.restore(kwargs)
     out = _invoke(fn, kwargs)
     return {"outputs": NodeValue(out), "instance": peer.hold(instance)}
 
@@ -563,7 +561,6 @@ def run_v3(key, method, kwargs, hidden):
     cls.VALIDATE_CLASS()
     clone = cls.PREPARE_CLASS_CLONE(values)
     fn = getattr(cls, method).__func__
-    kwargs = _typed.restore(kwargs)
     out = _invoke(lambda **kw: fn(clone, **kw), kwargs)
     if method != cls.FUNCTION:
         return out if _plain(out) else repr(out)
@@ -578,7 +575,7 @@ def call_class(key, method, kwargs):
     """IS_CHANGED / VALIDATE_INPUTS of node `key`, called on the class as
     ComfyUI does.  A result that cannot cross becomes its repr."""
     cls = _class(key)
-    out = _invoke(getattr(cls, method), _typed.restore(kwargs))
+    out = _invoke(getattr(cls, method), kwargs)
     if not _plain(out):
         return repr(out)
     return out

@@ -7,9 +7,10 @@ serializers its ``serialization.py`` registers (comfy-env's
 The host names the serialization files a worker loads in
 ``BULKHEAD_SERIALIZERS`` (JSON: [[pack, path], ...]: the worker's own pack
 and the packs its ``comfy-env-root.toml`` lists in ``[node_packs]`` /
-``[node_reqs]`` that declare custom types), and this module runs them at
-the first node call, with ``comfy_env`` standing for this registry while
-they run.  The worker's node policy (``Peer.node_serializer``, set by the
+``[node_reqs]`` that declare custom types), and this module runs them the
+first time it is asked (a node's output to serialize, a typed map
+decoded), with ``comfy_env`` standing for this registry while they run.
+The worker's node policy (``Peer.node_serializer``, set by the
 worker's main) calls ``serialize`` where the codec would otherwise hold an
 object of a node's outputs (V1 ``run`` and V3 ``run_v3`` alike) as a
 handle: an object whose class (or a base, by ``__name__``) is registered
@@ -21,9 +22,16 @@ whose payload the codec walks under the same policy (an object in it a
 pack registered crosses by its own serializer, any other is held).  The
 host holds the map as it is (arrays, maps, strings: no pickle) and passes
 it on to any node.  A worker whose registry knows the tag turns such a map
-in a node's inputs back into the object (``restore``); one that does not
-gets the map.  A class nobody registered still stays in the worker as a
-handle.
+back into the object as its channel decodes it (``decode_tagged``, the
+channel's tagged hook: ``Channel.set_tagged``, set by the worker's main),
+in the one pass that builds the value, so a node's inputs are not walked
+again; one that does not gets the map.  Values are built innermost first:
+a typed value inside another's payload is its object by the time the
+outer deserializer gets the payload (its ``recurse`` has nothing left to
+do and returns what it is given).  The deserializer runs while the
+channel decodes: it may not call the host (``call_host``), and on a
+worker's first call it may run before the pack's nodes are imported.  A
+class nobody registered still stays in the worker as a handle.
 
 The marker is a bytes key, which JSON cannot produce: a map of the same
 shape written into a prompt by a web client (str keys) reaches the node as
@@ -118,29 +126,31 @@ def _recurse(v, depth=0):
     return v
 
 
-def restore(v, depth=0):
-    """v with every typed map whose tag this worker knows turned back into
-    its object (inputs of a node)."""
-    if depth == 0:
-        if not _loaded:
-            _load()
-        if not _by_tag:
-            return v
-    if isinstance(v, dict):
-        if isinstance(v.get(MARK), str) and "value" in v:
-            entry = _by_tag.get(v[MARK])
-            if entry is not None and entry[2] is not None:
-                try:
-                    return entry[2](v["value"], lambda x: restore(x, depth + 1))
-                except Exception as e:
-                    raise SerializerError(
-                        f"the deserializer of type {v.get('type')!r} (pack {entry[3]!r}, registered at "
-                        f"{entry[4]}) raised {type(e).__name__}: {e} on a value made by pack "
-                        f"{v.get('pack')!r}") from e
-            return v
-        if depth < 32:
-            return {k: restore(x, depth + 1) for k, x in v.items()}
-    elif depth < 32 and isinstance(v, (list, tuple)):
-        items = [restore(x, depth + 1) for x in v]
-        return tuple(items) if isinstance(v, tuple) else items
+def _decoded(v):
+    """A deserializer's ``recurse``: the payload it is given is decoded
+    already, typed values in it included (see the module's doc)."""
     return v
+
+
+def decode_tagged(m):
+    """The channel's tagged hook (``Channel.set_tagged(MARK, ...)``): a map
+    holding the MARK key, as the codec built it -> the object its tag's
+    deserializer builds, or the map itself when the tag is not one this
+    worker's registry knows (or has no deserializer for).  Raises
+    SerializerError, naming the type and both packs, when the deserializer
+    fails: the error of the call whose value held the map."""
+    if not _loaded:
+        _load()
+    tag = m.get(MARK)
+    if not _by_tag or not isinstance(tag, str) or "value" not in m:
+        return m
+    entry = _by_tag.get(tag)
+    if entry is None or entry[2] is None:
+        return m
+    try:
+        return entry[2](m["value"], _decoded)
+    except Exception as e:
+        raise SerializerError(
+            f"the deserializer of type {m.get('type')!r} (pack {entry[3]!r}, registered at "
+            f"{entry[4]}) raised {type(e).__name__}: {e} on a value made by pack "
+            f"{m.get('pack')!r}") from e
