@@ -340,6 +340,48 @@ def test_release_ladders_reachable_from_host(tmp_path):
     assert r["releases"] == 2
 
 
+def test_a_standins_load_reaches_its_worker_as_a_load(tmp_path):
+    """upstream loading more of a worker's model (StandIn.partially_load)
+    is the worker's own word, Worker.load (channel/targets.py's LOAD), not
+    a release: the model grows by what was asked, the receipt says what
+    was loaded, the worker's record counts no release for it, and the
+    host logs no freed bytes."""
+    r = scenario(tmp_path, """
+        a = worker("pack-a")
+        a.call("bh_mempack:load", "UNetA", 64 * MiB)
+        hm.reconcile()
+        s = hm.standins()[0]
+        mid = _native.standin_info(s)["model_id"]
+        steps = {}
+        steps["unloaded"] = s.partially_unload(s.offload_device, 32 * MiB)
+        releases = hm.ledger.read(a.pid)["release_count"]
+        steps["loaded"] = s.partially_load(s.load_device, 16 * MiB)
+        steps["resident"] = resident(a)
+        steps["receipt"] = a.load(mid, 8 * MiB)
+        steps["resident_after"] = resident(a)
+        steps["unknown_model"] = a.load(mid + 100, 8 * MiB)
+        steps["releases_counted"] = hm.ledger.read(a.pid)["release_count"] - releases
+        try:
+            a.release("load", mid, 8 * MiB)
+        except bulkhead.RemoteError as e:
+            steps["release_load"] = str(e)
+        steps["run"] = hm.ledger.read(a.pid)["run"]
+        a.close()
+        steps["stopped"] = a.load(mid, 8 * MiB)
+        out(steps)
+        hm.close()
+    """)
+    assert r["unloaded"] == 32 * MiB
+    assert r["loaded"] == 16 * MiB and r["resident"] == 48 * MiB
+    assert r["receipt"] == {"before_bytes": 48 * MiB, "after_bytes": 56 * MiB, "loaded_bytes": 8 * MiB}
+    assert r["resident_after"] == 56 * MiB
+    assert r["unknown_model"]["loaded_bytes"] == 0
+    assert r["releases_counted"] == 0
+    assert "unknown release op 'load'" in r["release_load"], r
+    assert r["run"] == "idle"
+    assert r["stopped"] is None  # a worker that is not running holds nothing to load: none started
+
+
 def test_shared_blocks_count_in_the_workers_record_and_the_full_ladder_frees_them(tmp_path):
     """An array a worker sends lives in one of its shared-memory blocks:
     RAM of the worker's, on the cpu device of its record while the host

@@ -17,8 +17,11 @@ WARM = "bulkhead.worker.nodes:warm"                  # import the pack ahead of 
 REHEARSE = "bulkhead.worker.nodes:rehearse"          # a node call's round trip without a node
 HANDLE_ROUTE = "bulkhead.worker.server:handle_route"  # one of the pack's aiohttp routes
 ON_PROMPT = "bulkhead.worker.server:on_prompt"       # the pack's prompt handlers
+LOAD = "bulkhead.worker.memory:load"                 # a StandIn's load: more of a model onto its device
+RELEASE_OBJECTS = "bulkhead.worker:release_objects"  # object handles the host no longer holds
 
-WORKER_TARGETS = (DESCRIBE, RUN, RUN_V3, CALL_CLASS, WARM, REHEARSE, HANDLE_ROUTE, ON_PROMPT)
+WORKER_TARGETS = (DESCRIBE, RUN, RUN_V3, CALL_CLASS, WARM, REHEARSE, HANDLE_ROUTE, ON_PROMPT, LOAD,
+                  RELEASE_OBJECTS)
 
 # --- host callables a worker calls (exposed by host/serverproxy.py, host/memory.py) ---
 SERVER = "bulkhead.server"            # the worker's PromptServer asking the host's

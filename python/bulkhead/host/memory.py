@@ -97,7 +97,7 @@ class _Owner:
         self.host.note_release(self.worker, (receipt or {}).get("freed_bytes", 0))
 
     def standin_load(self, model_id, nbytes):
-        receipt = self.worker.release("load", model_id, nbytes, timeout_s=release_timeout_s(self.worker))
+        receipt = self.worker.load(model_id, nbytes, timeout_s=release_timeout_s(self.worker))
         return (receipt or {}).get("loaded_bytes", 0)
 
     def standin_pressure(self, model_id, nbytes):

@@ -12,8 +12,8 @@ One that dies while no call waits on it (killed while idle) is reaped by
 ``poll()`` -- at the host's next drain, or before the next call, which then
 runs on the next generation instead of failing -- and logged.  A worker
 that stops answering is killed at its deadline (``call_timeout_s``,
-``start_timeout_s``; ``release_timeout_s`` for memory releases) and reported as
-hung, or as stopped when it was (SIGSTOP, a debugger).
+``start_timeout_s``; ``release_timeout_s`` for memory releases and a
+stand-in's loads) and reported as hung, or as stopped when it was (SIGSTOP, a debugger).
 
 Frames a worker sends unasked (a pack's own thread calling the host with
 request id 0: a PromptServer event, say) are read while a call waits on
@@ -36,6 +36,7 @@ from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms
 
 from .. import _native
 from ..channel.peer import BulkheadError, Peer
+from ..channel import targets
 
 ProtocolError = _native.ProtocolError
 
@@ -364,7 +365,8 @@ class Worker(_native.Caller):
         self.start_timeout_s = start_timeout_s
         self.call_timeout_s = call_timeout_s
         # Deadline of a RELEASE asked from ComfyUI's eviction loop, an
-        # admission or the control socket (None: memory.RELEASE_TIMEOUT_S).
+        # admission or the control socket, and of a stand-in's load (None:
+        # memory.RELEASE_TIMEOUT_S).
         self.release_timeout_s = release_timeout_s
         self.stop_grace_s = stop_grace_s
         self.stop_term_s = stop_term_s
@@ -635,7 +637,7 @@ class Worker(_native.Caller):
             return
         pairs = peer.take_releases()
         try:  # request id 0: served in order, no reply
-            chan.notify(_native.CALL, ("bulkhead.worker:release_objects", (pairs,), {}), 0)
+            chan.notify(_native.CALL, (targets.RELEASE_OBJECTS, (pairs,), {}), 0)
         except _native.Error:
             pass
 
@@ -676,7 +678,7 @@ class Worker(_native.Caller):
         dict with ``before_bytes``, ``after_bytes``, ``freed_bytes``).  op:
         'all' (the full ladder: models, cast buffers, pins, allocator
         cache), 'model' (model_id; nbytes of it, or all of it when None),
-        'pins', or 'load' (model_id: load nbytes more).  Starts nothing: a
+        'bytes' (nbytes of the worker's models) or 'pins'.  Starts nothing: a
         worker that is not running holds nothing and answers None.
         wait_s: how long to wait for a call the worker is in (None: until
         it ends); past it WorkerBusy, and nothing is sent."""
@@ -692,6 +694,24 @@ class Worker(_native.Caller):
                 self._peer.sent.clear()  # the host's blocks kept for tensors sent again
             return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
                                 timeout_s, "release", op)
+
+    def load(self, model_id, nbytes, timeout_s=None):
+        """Asks the worker to load nbytes more of its model model_id onto
+        the model's device (a stand-in's ``partially_load``: upstream's
+        ``model_use_more_vram`` in the worker, targets.LOAD) and waits for
+        its receipt (a dict with ``before_bytes``, ``after_bytes``,
+        ``loaded_bytes``).  Waits for a call the worker is in, as release()
+        does.  Starts nothing: a worker that is not running holds no model
+        and answers None.  A plain call, not a RELEASE frame: both are
+        served alike in the worker (by its one thread, between calls or
+        nested in one's callback)."""
+        with self.holding():
+            if self.busy == 0:
+                self.poll()  # a generation that died idle held nothing: start none for it
+            if self._chan is None:
+                return None
+            return self.request(_native.CALL, (targets.LOAD, (model_id, nbytes), {}), timeout_s, "load",
+                                model_id)
 
     def post_release(self, op="all", model_id=None, nbytes=None):
         """The same ask without waiting for it (request id 0: no reply), for

@@ -25,6 +25,7 @@ import sys
 import threading
 
 from .. import _native
+from ..channel import targets
 from ..channel.peer import Peer, interpreter_info, resolve_target
 from . import typed
 
@@ -142,7 +143,9 @@ def main():
 
 def _attach_memory(peer, ack, host_pid):
     """Joins the host's memory budget (worker/memory.py): RELEASE frames go
-    to the release ladders, every call ends with the node-boundary census."""
+    to the release ladders, every call ends with the node-boundary census
+    (but a load, targets.LOAD: the memory runtime's own work, which
+    publishes its own census, as a release does)."""
     from .memory import WorkerMemory
     memory = WorkerMemory(os.environ.get("BULKHEAD_LEDGER"), str(ack.get("name", "")),
                           int(ack.get("generation", 0)), host_pid, call_host,
@@ -152,6 +155,8 @@ def _attach_memory(peer, ack, host_pid):
 
     def resolve_and_count(target):
         fn = resolve(target)
+        if target == targets.LOAD:
+            return fn
 
         def call(*args, **kwargs):
             memory.call_started()

@@ -15,6 +15,8 @@ adds four things:
   (n bytes of it, through upstream's own partial/full escalation), n bytes
   of the worker (upstream's own ``free_memory`` choosing the victims), the
   full ladder (models, cast buffers, pins, allocator cache), pins only;
+  and their one opposite, a load (``load``, the host's ``Worker.load``: a
+  stand-in's ``partially_load``), n bytes more of a model onto its device;
 * the node boundary (soft cache release after each call) and the idle
   sweep (a full release after the configured idle time, from the serve
   loop's idle timeout, on the main thread);
@@ -34,6 +36,7 @@ import time
 import weakref
 
 from .. import _native, pager
+from .. import worker as _worker
 from .._importwatch import when_imported
 from ..channel import targets
 
@@ -41,9 +44,18 @@ _libc = None
 
 
 def _channel():
-    from .. import worker
-    peer = worker._peer
+    peer = _worker._peer
     return getattr(peer, "channel", None) if peer is not None else None
+
+
+def load(model_id, nbytes):
+    """targets.LOAD, the host's ``Worker.load``: nbytes more of model
+    model_id onto its device (``WorkerMemory.load``); the receipt."""
+    runtime = _worker.memory_runtime
+    if runtime is None:
+        raise RuntimeError("this worker is not under the host's memory budget: it has no model the host "
+                           "can load")
+    return runtime.load(model_id, nbytes)
 
 
 def _shm_bytes():
@@ -392,11 +404,11 @@ class WorkerMemory:
                 shm_freed = _trim_shm()
                 _trim_heap()
             self._publish_shm()
-            return {"before_bytes": 0, "after_bytes": 0, "freed_bytes": 0, "loaded_bytes": 0,
+            return {"before_bytes": 0, "after_bytes": 0, "freed_bytes": 0,
                     "shm_freed_bytes": shm_freed, "note": "ComfyUI not loaded"}
         self.ledger.set_run("releasing")
         before = self._resident()
-        loaded = shm_freed = 0
+        shm_freed = 0
         try:
             if op == "model":
                 lm = self._find(model_id)
@@ -406,12 +418,6 @@ class WorkerMemory:
                         self._drop_entries([lm])
                     elif lm.model_unload(memory_to_free=nbytes):
                         self._drop_entries([lm])
-            elif op == "load":
-                lm = self._find(model_id)
-                if lm is not None and nbytes:
-                    was = int(lm.model.loaded_size())
-                    lm.model_use_more_vram(nbytes)
-                    loaded = max(0, int(lm.model.loaded_size()) - was)
             elif op == "bytes":
                 self._release_bytes(int(nbytes or 0))
             elif op == "all":
@@ -419,8 +425,8 @@ class WorkerMemory:
             elif op == "pins":
                 self._release_pins()
             else:
-                raise ValueError(f"unknown release op {op!r} (model, load, bytes, all, pins)")
-            if op not in ("load", "all"):
+                raise ValueError(f"unknown release op {op!r} (model, bytes, all, pins)")
+            if op != "all":
                 self.mm.soft_empty_cache()
                 _trim_heap()
         finally:
@@ -430,8 +436,31 @@ class WorkerMemory:
         freed = max(0, before - after)
         if freed:
             self.ledger.note_release(freed)
-        return {"before_bytes": before, "after_bytes": after, "freed_bytes": freed, "loaded_bytes": loaded,
-                "shm_freed_bytes": shm_freed}
+        return {"before_bytes": before, "after_bytes": after, "freed_bytes": freed, "shm_freed_bytes": shm_freed}
+
+    def load(self, model_id, nbytes):
+        """A stand-in's load (module ``load``, targets.LOAD): nbytes more of
+        model model_id onto its device, through upstream's own
+        ``model_use_more_vram``.  Returns the receipt: ``before_bytes``,
+        ``after_bytes`` (resident), ``loaded_bytes`` (what the model
+        grew by).  Not a release: no release counted, no cache emptied;
+        the census follows, as after a release."""
+        if not self._hook():
+            self._publish_shm()
+            return {"before_bytes": 0, "after_bytes": 0, "loaded_bytes": 0, "note": "ComfyUI not loaded"}
+        self.ledger.set_run("busy")
+        before = self._resident()
+        loaded = 0
+        try:
+            lm = self._find(model_id)
+            if lm is not None and nbytes:
+                was = int(lm.model.loaded_size())
+                lm.model_use_more_vram(nbytes)
+                loaded = max(0, int(lm.model.loaded_size()) - was)
+        finally:
+            self.census()
+            self.ledger.set_run("busy" if self._depth else "idle")
+        return {"before_bytes": before, "after_bytes": self._resident(), "loaded_bytes": loaded}
 
     def _release_bytes(self, nbytes):
         """n bytes of this worker, its models taken in upstream's eviction
