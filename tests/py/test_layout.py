@@ -272,6 +272,61 @@ def test_the_cycle_scan_sees_one(tmp_path):
     ]
 
 
+def _private_imports(root, top_name, modules=()):
+    """'path:line: from a import _b' for every import of a _-prefixed name
+    from another of the package's modules (a module's private name is its
+    own: what another module needs is public).  A _-prefixed module of the
+    package (bulkhead._native, bulkhead._importwatch) is a module, not a
+    name, and dunders (__version__) are public."""
+    mods, _imports = _module_imports(root, top_name)
+    known = set(mods) | set(modules)
+    found = []
+    for name, rel in mods.items():
+        package = name if rel.endswith("__init__.py") else name.rsplit(".", 1)[0]
+        with open(os.path.join(root, rel)) as f:
+            tree = ast.parse(f.read(), rel)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            if base != top_name and not base.startswith(top_name + "."):
+                continue
+            for a in node.names:
+                n = a.name
+                if n.startswith("_") and not n.startswith("__") and f"{base}.{n}" not in known:
+                    found.append(f"{rel}:{node.lineno}: from {base} import {n}")
+    return sorted(found)
+
+
+def test_no_module_imports_another_ones_private_names():
+    """What one module takes from another is that module's public surface:
+    no product module imports a _-prefixed name from another bulkhead
+    module."""
+    assert _private_imports(PY_SRC, "bulkhead", modules=("bulkhead._native",)) == []
+
+
+def test_the_private_import_scan_sees_one(tmp_path):
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '1'\n")
+    (pkg / "_util.py").write_text("def helper():\n    pass\n")
+    (pkg / "a.py").write_text("def _own():\n    pass\n_table = {}\nclass _Reader:\n    pass\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text(
+        "from .. import _util, __version__\n"           # a module and a dunder: fine
+        "from .._util import helper as _helper\n"       # a public name, aliased: fine
+        "from ..a import _own, _Reader\n"               # two private names
+        "def f():\n    from p.a import _table\n")     # one more, deferred, absolute
+    assert _private_imports(str(pkg), "p") == [
+        "sub/b.py:3: from p.a import _Reader",
+        "sub/b.py:3: from p.a import _own",
+        "sub/b.py:5: from p.a import _table",
+    ]
+
+
 def test_the_worker_lock_has_one_owner():
     """Outside host/workers.py the worker lock is taken through
     Worker.holding, never as the private attribute."""

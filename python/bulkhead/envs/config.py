@@ -66,7 +66,8 @@ what not reading it means.  ``comfy-env-root.toml`` at the pack's root
 ``PackConfigError`` with ``path:line[:column]: message`` (a TOML syntax
 error carries the parser's line and column; a wrong type names the key and
 the type expected, with the key's line found in the source text, best
-effort).
+effort).  rootconfig.py reads its file with this module's reader:
+``toml_loads``, ``Reader``, ``check_packages``, ``warn_note``.
 
 The result is a frozen ``PackConfig``.  Its ``config_hash`` is a sha256
 over what decides the ENVIRONMENT -- the python request and the normalised
@@ -182,7 +183,7 @@ class PackConfigWarning(UserWarning):
     """A part of a ``comfy-env.toml`` that bulkhead does not implement."""
 
 
-def _warn(note, path):
+def warn_note(note, path):
     """Issues one note as a PackConfigWarning located at the config file's
     own line (so Python's warning display shows that TOML line, never a
     line of this module)."""
@@ -325,7 +326,7 @@ def pack_name(path, root):
 
 # --- parsing ---
 
-def _toml_loads(text, path):
+def toml_loads(text, path):
     try:
         import tomllib as toml
     except ImportError:
@@ -346,7 +347,7 @@ def _toml_loads(text, path):
         raise PackConfigError(path, f"TOML syntax error: {reason}", line, col) from None
 
 
-class _Reader:
+class Reader:
     """Checks one parsed document against what bulkhead reads."""
 
     def __init__(self, path, text):
@@ -518,7 +519,7 @@ def _check_conda(r, deps, keypath):
     return out
 
 
-def _check_packages(r, table, value, allow_scalar=False):
+def check_packages(r, table, value, allow_scalar=False):
     """``[apt]`` / ``[brew]`` / ``[cuda]``: ``packages = ["a", "b"]``."""
     if not isinstance(value, dict):
         r.type_error((table,), "a table with packages = [...]", value)
@@ -777,8 +778,8 @@ def load(path, root=None, *, warn=True):
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise PackConfigError(path, "not UTF-8 text (TOML files must be UTF-8)", line) from None
-    data = _toml_loads(text, path)
-    r = _Reader(path, text)
+    data = toml_loads(text, path)
+    r = Reader(path, text)
     notes = []
     data = _older_dialects(data, r, notes)
 
@@ -858,10 +859,10 @@ def load(path, root=None, *, warn=True):
     system = {}
     for table in ("apt", "brew"):
         if table in data:
-            system[table] = _check_packages(r, table, data[table], allow_scalar=True)
+            system[table] = check_packages(r, table, data[table], allow_scalar=True)
     cuda = ()
     if "cuda" in data:
-        cuda = _check_packages(r, "cuda", data["cuda"], allow_scalar=True)
+        cuda = check_packages(r, "cuda", data["cuda"], allow_scalar=True)
         # comfy-env before 0.3.0 read torch and its family there as "the
         # CUDA build of torch", matched to the machine (packs in the field
         # still list them); 0.3.0 and later refuse them.  The environment
@@ -959,7 +960,7 @@ def load(path, root=None, *, warn=True):
             notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect{_hint(close)}")
     if warn:
         for n in notes:
-            _warn(n, path)
+            warn_note(n, path)
 
     digest = hashlib.sha256(json.dumps({
         "format": HASH_FORMAT,

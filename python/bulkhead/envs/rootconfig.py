@@ -14,8 +14,8 @@ import sys
 import types
 from typing import Mapping, Tuple
 
-from .config import (CONFIG_NAME, ROOT_CONFIG_NAME, PackConfigError, _check_packages, _Reader, _toml_loads,
-                     _warn, did_you_mean)
+from .config import (CONFIG_NAME, ROOT_CONFIG_NAME, PackConfigError, Reader, check_packages, did_you_mean,
+                     toml_loads, warn_note)
 from .tomlpos import find_line as _find_line
 
 
@@ -59,8 +59,8 @@ def load_root(pack_dir, *, warn=True):
     except UnicodeDecodeError as e:
         raise PackConfigError(path, "not UTF-8 text (TOML files must be UTF-8)",
                               raw[:e.start].count(b"\n") + 1) from None
-    data = _toml_loads(text, path)
-    r = _Reader(path, text)
+    data = toml_loads(text, path)
+    r = Reader(path, text)
     notes = []
     packs = []
     for table in ("node_packs", "node_reqs"):
@@ -98,7 +98,7 @@ def load_root(pack_dir, *, warn=True):
     system = {}
     for table in ("apt", "brew"):
         if table in data:
-            system[table] = _check_packages(r, table, data[table], allow_scalar=True)
+            system[table] = check_packages(r, table, data[table], allow_scalar=True)
     for k in data:
         if k in ("node_packs", "node_reqs", "types", "apt", "brew"):
             continue
@@ -114,7 +114,7 @@ def load_root(pack_dir, *, warn=True):
                      f"them; they go in nodes/{CONFIG_NAME} or nodes/<subdir>/{CONFIG_NAME}")
     if warn:
         for n in notes:
-            _warn(n, path)
+            warn_note(n, path)
     return RootConfig(path=path, root=pack_dir, node_packs=tuple(packs),
                       types=types.MappingProxyType(dict(typ)),
                       system_packages=types.MappingProxyType(system), warnings=tuple(notes))

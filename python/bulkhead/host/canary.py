@@ -49,7 +49,7 @@ import stat
 import sys
 import warnings
 
-from .canarywalk import CALL, INNER_PREFIX, PROBE, READ, WRITE, _Walk, shape_text  # noqa: F401 (WRITE: tests)
+from .canarywalk import CALL, INNER_PREFIX, PROBE, READ, WRITE, Walk, shape_text  # noqa: F401 (WRITE: tests)
 
 MAX_SOURCE_BYTES = 4 << 20  # upstream's file is ~70 KiB
 
@@ -301,7 +301,7 @@ def analyze(source, without=(), surface=None, path="<source>", inner=None, ident
         if w not in surface:
             raise ValueError(f"--without {w}: the StandIn has no member of that name")
     tree = _parse(source, path)
-    walk = _Walk()
+    walk = Walk()
     try:
         walk.block(tree.body, False)
     except RecursionError:

@@ -152,7 +152,7 @@ def shape_text(name, shape):
     return f"{name}({', '.join(parts + (['**...'] if kwstar else []))})"
 
 
-class _Walk:
+class Walk:
     """One pass over a module's AST in source order (see the module doc)."""
 
     def __init__(self):

@@ -1,6 +1,6 @@
 """The host's interrupt watcher: ComfyUI's stop button, passed on to the workers.
 
-One thread for the whole host (``_watcher``, an ``_InterruptWatcher``)
+One thread for the whole host (``watcher``, an ``_InterruptWatcher``)
 reads ComfyUI's non-consuming ``processing_interrupted()`` while worker
 calls run, and interrupts the worker of each call that is running when the
 flag is set; a node still running ``INTERRUPT_GRACE_S`` (a pack's
@@ -133,5 +133,5 @@ class _InterruptWatcher:
         self.__init__()  # the child has none of the parent's threads or calls
 
 
-_watcher = _InterruptWatcher()
-os.register_at_fork(after_in_child=_watcher._after_fork)
+watcher = _InterruptWatcher()
+os.register_at_fork(after_in_child=watcher._after_fork)

@@ -4,7 +4,7 @@ Start-up does not wait for workers: the description of a pack's nodes is
 kept in one JSON file per pack under ``cache_dir()`` (``MetadataCache``),
 keyed by the environment's identity (interpreter path and a stamp,
 ``default_stamp``), the hashes of the pack's sources (``source_hash``) and
-the host ComfyUI's version (``_comfyui_version``); with a warm cache no
+the host ComfyUI's version (``comfyui_version_hash``); with a warm cache no
 worker starts until a node first runs.  host/nodes.py
 (``PackRuntime.cache_key``) makes the key.
 """
@@ -70,7 +70,7 @@ def default_stamp(python):
     return ":".join(parts)
 
 
-def _comfyui_version(base):
+def comfyui_version_hash(base):
     h = hashlib.sha256()
     for rel in ("comfyui_version.py", os.path.join("comfy", "cli_args.py"), os.path.join("comfy", "samplers.py")):
         try:

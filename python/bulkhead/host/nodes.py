@@ -11,7 +11,7 @@ where the real node has them, IS_CHANGED, VALIDATE_INPUTS (with the real
 signature, which ComfyUI inspects) and check_lazy_status.  A V3 node (a
 ``comfy_api.latest.io.ComfyNode``, in NODE_CLASS_MAPPINGS or from the pack's
 ``comfy_entrypoint()``) gets a ComfyNode subclass of the host's own
-comfy_api whose schema is the real one's, rebuilt (host/v3.py ``_v3_schema``:
+comfy_api whose schema is the real one's, rebuilt (channel/nodes.py ``decode_schema``:
 the same /object_info), whose ``execute`` (async when the real one is, run in a
 thread and awaited) calls the real one with the inputs and the hidden
 values and answers an ``io.NodeOutput`` (ui, expand, block_execution), and
@@ -76,17 +76,18 @@ import weakref
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                remote_name)
+from ..channel.nodes import decode_schema
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..channel import targets
 from ..packimport import default_module, import_nodes, in_worker
 from ..envs import hostmatch
 from . import idle, prewarm, states
-from .interrupt import INTERRUPT_GRACE_S, _watcher
-from .metadata import MetadataCache, _comfyui_version, default_stamp, source_hash
-from .progress import _Progress
+from .interrupt import INTERRUPT_GRACE_S, watcher
+from .metadata import MetadataCache, comfyui_version_hash, default_stamp, source_hash
+from .progress import Progress
 from .serverproxy import ServerProxy
-from .states import ENV_NOT_BUILT, NO_COMFYUI, _set_state, fallback, runtime, runtimes  # noqa: F401
-from .v3 import _hidden_values, _v3_schema
+from .states import ENV_NOT_BUILT, NO_COMFYUI, fallback, runtime, runtimes, set_state  # noqa: F401
+from .v3 import hidden_values
 from .workers import Worker, WorkerDied
 
 # Moved out of this module, and still nodes.<name> for the code and tests that use them:
@@ -365,7 +366,7 @@ class PackRuntime:
             "python": self.python,
             "stamp": str(self.options.get("stamp") or default_stamp(self.python)),
             "sources": source_hash(self.pack_dir),
-            "comfyui": [self.comfyui, _comfyui_version(self.comfyui)],
+            "comfyui": [self.comfyui, comfyui_version_hash(self.comfyui)],
         }
 
     def load_metadata(self):
@@ -459,7 +460,7 @@ class PackRuntime:
 
     def _proxy_v3(self, key, node):
         """A V3 proxy: a ComfyNode subclass of the host's comfy_api whose
-        define_schema rebuilds the real node's schema (_v3_schema), whose
+        define_schema rebuilds the real node's schema (decode_schema), whose
         execute (async when the real one is) runs the real one in the
         worker with the hidden values, and which has the real node's
         validate_inputs / fingerprint_inputs / check_lazy_status (with
@@ -471,7 +472,7 @@ class PackRuntime:
               "_bulkhead_pack": self.name}
 
         def define_schema(cls):
-            return _v3_schema(io, node)
+            return decode_schema(io, node)
         ns["define_schema"] = classmethod(define_schema)
         if node.get("execute_async"):
             async def execute(cls, **kwargs):
@@ -497,7 +498,7 @@ class PackRuntime:
         else:
             def method(cls, **kwargs):
                 if mname == "validate_inputs" and on_server_loop():    # as VALIDATE_INPUTS (validate_on_loop)
-                    return rt.validate_on_loop(key, kwargs, _hidden_values(cls))
+                    return rt.validate_on_loop(key, kwargs, hidden_values(cls))
                 return rt.run_v3(cls, key, kwargs, mname)
         return self._named(method, key, mname, spec)
 
@@ -686,7 +687,7 @@ class PackRuntime:
         mm = _mm()
         if method is None and mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
-        hidden = _hidden_values(clone)
+        hidden = hidden_values(clone)
         deferred = self._take_deferred(key, kwargs) if method is None else []
         w = self.worker
         with w.holding():
@@ -712,11 +713,11 @@ class PackRuntime:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.{mname} (pack {self.name!r})") from None
 
     def _call(self, w, mm, target, *args, drain=True):
-        progress = _Progress(mm)
+        progress = Progress(mm)
         w.frame_handlers[_native.PROGRESS] = progress.on_frame
         watch = None
         if mm is not None and hasattr(mm, "processing_interrupted"):
-            watch = _watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
+            watch = watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
         w.park_reader()
         try:
             out = w.call(target, *args)
@@ -735,7 +736,7 @@ class PackRuntime:
             raise NodeInterrupted(f"a node of pack {self.name!r} was interrupted (its worker was stopped)") from None
         finally:
             if watch is not None:
-                _watcher.end(watch)
+                watcher.end(watch)
                 self.last_interrupt_at = watch.fired_at
             w.frame_handlers.pop(_native.PROGRESS, None)
             after = self.options.get("after_call") if drain else None
@@ -832,7 +833,7 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
                  "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
         if options.get("prewarm") == "startup":
             prewarm.start(rt)
-    _set_state(pack_dir, options.get("module", "auto"), name=name, state="isolated", python=rt.python,
+    set_state(pack_dir, options.get("module", "auto"), name=name, state="isolated", python=rt.python,
                env=os.path.dirname(os.path.dirname(rt.python)))
     return dict(rt.classes), dict(rt.display)
 

@@ -1,7 +1,7 @@
 """A worker node's progress, shown by the host's ComfyUI.
 
 While a node runs in its worker, PROGRESS frames from the worker's ComfyUI
-progress hook drive a ``comfy.utils.ProgressBar`` here (``_Progress``), in
+progress hook drive a ``comfy.utils.ProgressBar`` here (``Progress``), in
 the node's own thread and context, previews included (channel/nodes.py's
 ``decode_preview`` rebuilds them as the (format, PIL.Image, max_size) tuple
 ComfyUI's hook takes).  Like host/nodes.py, it never assigns to a comfy module.
@@ -25,7 +25,7 @@ def _comfy_utils():
     return utils
 
 
-class _Progress:
+class Progress:
     """PROGRESS frames -> a comfy.utils.ProgressBar of the node running here."""
 
     def __init__(self, mm):

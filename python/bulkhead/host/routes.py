@@ -55,7 +55,7 @@ import weakref
 
 from . import prewarm, states
 from .service import (ALLOW_REMOTE_ENV, FREE_SETTLE_S, FREE_WAIT_S, SCHEMA, TIMELINE_LEN,  # noqa: F401
-                      BulkheadService, RouteError, _refuse_other_hosts, comfyui_settled, default_host_memory,
+                      BulkheadService, RouteError, refuse_other_hosts, comfyui_settled, default_host_memory,
                       status_document, timeline)
 
 log = logging.getLogger("bulkhead")
@@ -235,8 +235,8 @@ class BulkheadRoutes(BulkheadService):
         try:
             all_hosts, wait_s = _parse_free(await self._json_body(request, {}))
             if all_hosts and not may_reach_other_hosts(request):
-                raise _refuse_other_hosts(request.remote,
-                                          '"all_hosts" reaches every instance on this machine')
+                raise refuse_other_hosts(request.remote,
+                                         '"all_hosts" reaches every instance on this machine')
             return web.json_response(await self._act(self.free, all_hosts, wait_s, "free"))
         except RouteError as e:
             return web.json_response({"error": str(e)}, status=e.status)

@@ -77,6 +77,7 @@ import time
 
 from .. import _native
 from ..channel.peer import RemoteError
+from . import idle
 from . import release as _release
 from . import serverproxy
 from . import states
@@ -136,7 +137,7 @@ class RouteError(Exception):
         self.status = status
 
 
-def _refuse_other_hosts(client, what):
+def refuse_other_hosts(client, what):
     """The 403 for `what` (a release that reaches another instance's
     workers) asked by `client` (its address) from off the machine."""
     return RouteError(403, f"{what}: only a client on this machine (loopback) may act on another "
@@ -275,8 +276,8 @@ class BulkheadService:
         if isinstance(where, _release.Local):
             return self.release_local(where.worker, nbytes)
         if refused_client is not None:
-            raise _refuse_other_hosts(refused_client, f"worker {where.pack!r} (pid {where.pid}) belongs "
-                                                      f"to another ComfyUI instance (pid {where.host_pid})")
+            raise refuse_other_hosts(refused_client, f"worker {where.pack!r} (pid {where.pid}) belongs "
+                                                     f"to another ComfyUI instance (pid {where.host_pid})")
         return self.release_remote(where, nbytes)
 
     # --- freeing everything ---
@@ -311,7 +312,6 @@ class BulkheadService:
                            error=(str(e).splitlines() or [type(e).__name__])[0])
             rows.append(row)
         if exit_idle:
-            from . import idle
             gone = {e["pid"] for e in idle.exit_idle(0.0) if e["exited"]}
             for row in rows:
                 if row["pid"] in gone:

@@ -72,7 +72,7 @@ _states = {}            # (pack_dir, module) -> {"name", "state", ...}; under _s
 _states_lock = threading.Lock()
 
 
-def _set_state(pack_dir, module, **state):
+def set_state(pack_dir, module, **state):
     with _states_lock:
         _states[(pack_dir, module)] = dict(state, directory=pack_dir)
 
@@ -170,7 +170,7 @@ def startup_line():
 def failed(pack_dir, name, reason, *, module="auto"):
     """Records a pack (its ``module``, as fallback names it) that could be
     served neither isolated nor in-process."""
-    _set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="failed", reason=reason)
+    set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="failed", reason=reason)
 
 
 # BULKHEAD_FALLBACK=error: every pack that cannot run isolated is an
@@ -204,7 +204,7 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=
         source = ('its [bulkhead] fallback = "error"' if policy == "error" else f'{FALLBACK_SWITCH}=error')
         log.error("bulkhead: pack %r (%s) is NOT loaded: it cannot run isolated (%s), and %s makes that an "
                   "error instead of running it in ComfyUI's process. Fix: %s", name, pack_dir, why, source, how)
-        _set_state(pack_dir, module, name=name, state="failed", reason=f"{why} (not run in-process: {source})",
+        set_state(pack_dir, module, name=name, state="failed", reason=f"{why} (not run in-process: {source})",
                    fix=how)
         return {}, {}
     with _states_lock:     # once per pack and module: a pack's subdirectories fall back one by one
@@ -213,6 +213,6 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=
         log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir, why, how)
     mod = import_nodes(pack_dir, module, unique_name=True)
     # in-process once imported: one that fails here too is the caller's to record (``failed``)
-    _set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
+    set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
     return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
             dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))

@@ -2,15 +2,15 @@
 comfy_api, and the hidden values a call sends.
 
 A V3 node's proxy (host/nodes.py ``PackRuntime._proxy_v3``) answers
-define_schema with ``_v3_schema``: the io.Schema the worker captured,
-made of the host's own io classes (channel/nodes.py ``decode_schema``).
-``_hidden_values`` is the hidden values ComfyUI set on the class clone, as
-a call sends them to the worker (channel/nodes.py ``encode_hidden``).
+define_schema with the io.Schema the worker captured, made of the host's
+own io classes (channel/nodes.py ``decode_schema``).  ``hidden_values``
+is the hidden values ComfyUI set on the class clone, as a call sends them
+to the worker (channel/nodes.py ``encode_hidden``).
 """
 
-from ..channel.nodes import decode_schema as _v3_schema, encode_hidden  # noqa: F401 (host/nodes.py)
+from ..channel.nodes import encode_hidden
 
 
-def _hidden_values(clone):
+def hidden_values(clone):
     from comfy_api.latest import io
     return encode_hidden(clone, io)

@@ -101,7 +101,7 @@ class _Router:
         self._added.append(StaticDef(prefix, os.fspath(path), kwargs))
 
 
-class _App:
+class App:
     """The part of the aiohttp Application packs touch at import."""
 
     def __init__(self):

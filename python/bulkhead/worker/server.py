@@ -52,7 +52,7 @@ from ..channel.events import (OP_SEND, OP_STATE, STATE_NAMES, BinaryEventTypes, 
                               check_sid, describe_routes, encode_event, encode_response,
                               progress_text)
 from ..channel.events import json_data as _json_data   # on_prompt's parameter is json_data
-from .routes import Request, RouteDef, RouteTableDef, _App, collect_routes as _collect
+from .routes import App, Request, RouteDef, RouteTableDef, collect_routes as _collect
 
 HOST_TARGET = targets.SERVER
 _PACK = os.environ.get("BULKHEAD_PACK_NAME", "?")
@@ -192,7 +192,7 @@ class PromptServer:
     def __init__(self):
         PromptServer.instance = self
         self.routes = RouteTableDef()
-        self.app = _App()
+        self.app = App()
         self.on_prompt_handlers = []
         self._state = dict.fromkeys(STATE_NAMES)
 
