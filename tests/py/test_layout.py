@@ -153,7 +153,8 @@ def test_a_running_worker_holds_no_host_module(tmp_path):
 
 def test_the_words_of_the_crossing_are_written_once():
     """Outside channel/targets.py no module writes a call target of the
-    other side as a string literal (a rename must change one place)."""
+    other side, or a release op, as a string literal (a rename must change
+    one place)."""
     import re
     from bulkhead.channel import targets
     words = set(targets.WORKER_TARGETS + targets.HOST_TARGETS)
@@ -165,6 +166,10 @@ def test_the_words_of_the_crossing_are_written_once():
             with open(os.path.join(root, n)) as f:
                 text = f.read()
             found += [f"{n}: {lit}" for lit in re.findall(r'"([a-z_.]+(?::[a-z_0-9]+)?)"', text) if lit in words]
+            # a release op where one is asked for or told apart
+            ops = "|".join(targets.RELEASE_OPS)
+            found += [f"{n}: {m.group(0)}" for m in re.finditer(
+                rf'(?:release\(\s*|\bop\s*(?:==|!=|=)\s*|"op":\s*)"(?:{ops})"', text)]
     assert found == [], found
 
 

@@ -2,7 +2,8 @@
 
 A host calls a worker's functions by ``"module:function"`` target
 (``Worker.call``), and a worker calls what its host exposed by name
-(``Worker.expose`` / ``bulkhead.worker.call_host``).  Both sides import
+(``Worker.expose`` / ``bulkhead.worker.call_host``); a RELEASE frame names
+the worker's release ladder to run by its op.  Both sides import
 these constants instead of writing the strings, so a rename is one edit,
 and ``WORKER_TARGETS`` / ``HOST_TARGETS`` let a test check, in a running
 worker, that every target resolves (tests/py/test_layout.py).
@@ -29,3 +30,11 @@ ADMIT = "bulkhead.admit"              # a model load asking the host's memory ma
 LOADS_DONE = "bulkhead.loads_done"    # the loads admitted are done
 
 HOST_TARGETS = (SERVER, ADMIT, LOADS_DONE)
+
+# --- release ops: what a RELEASE frame asks of a worker (worker/memory.py's ladders) ---
+RELEASE_ALL = "all"        # the full ladder: models, cast buffers, pins, allocator cache
+RELEASE_MODEL = "model"    # one model (model_id): nbytes of it, or all of it when None
+RELEASE_BYTES = "bytes"    # nbytes of the worker's models, in upstream's eviction order
+RELEASE_PINS = "pins"      # pinned host memory only (the soft release)
+
+RELEASE_OPS = (RELEASE_ALL, RELEASE_MODEL, RELEASE_BYTES, RELEASE_PINS)

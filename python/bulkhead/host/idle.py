@@ -34,6 +34,7 @@ import threading
 import time
 
 from .. import _native
+from ..channel import targets
 
 log = logging.getLogger("bulkhead")
 
@@ -199,7 +200,7 @@ def _exit_one(rt, idle, why, wait_s=0):
                          "holds %d of its objects (%s: cached outputs); it is released instead", rt.name, pid,
                          idle, len(handles), ", ".join(sorted(set(handles))))
                 try:
-                    w.release("all", wait_s=0)
+                    w.release(targets.RELEASE_ALL, wait_s=0)
                 except Exception as e:
                     log.info("bulkhead: pack %r: releasing its idle worker failed: %s", rt.name, e)
             return {"pid": pid, "pack": rt.name, "idle_s": idle, "exited": False}

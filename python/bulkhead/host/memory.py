@@ -78,7 +78,8 @@ class _Owner:
     def standin_release(self, model_id, nbytes):
         receipt = None
         try:
-            receipt = self.worker.release("model", model_id, nbytes, timeout_s=release_timeout_s(self.worker))
+            receipt = self.worker.release(targets.RELEASE_MODEL, model_id, nbytes,
+                                          timeout_s=release_timeout_s(self.worker))
         except _DEAD as e:
             # A dead (or hung, now killed) worker's memory is gone: its
             # stand-ins read 0 from now on, so upstream counts it freed.

@@ -24,6 +24,7 @@ import time
 from typing import Callable, NamedTuple, Optional
 
 from .. import _native
+from ..channel import targets
 from .controlclient import request as _ask_host
 from .workers import CallTimeout, ProtocolError, WorkerBusy, WorkerDied
 
@@ -217,8 +218,8 @@ def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release"
         before = held(read(ledger, pid)) if before_bytes is None else before_bytes
         error = None
         try:
-            receipt = w.release(op or ("all" if nbytes is None else "bytes"), None, nbytes,
-                                timeout_s=release_timeout_s(w, timeout_s), wait_s=wait_s) or {}
+            op = op or (targets.RELEASE_ALL if nbytes is None else targets.RELEASE_BYTES)
+            receipt = w.release(op, None, nbytes, timeout_s=release_timeout_s(w, timeout_s), wait_s=wait_s) or {}
         except DEAD as e:
             if raise_dead:
                 raise
@@ -255,7 +256,7 @@ def post(hm, device_name, nbytes, *, exclude=None, kind):
             break
         for i, n in asks:
             worker = cands[i].worker
-            if not worker.post_release("bytes", None, int(n)):
+            if not worker.post_release(targets.RELEASE_BYTES, None, int(n)):
                 refused.add(i)
                 break   # plan the rest again without it
             posted[i] = posted.get(i, 0) + int(n)

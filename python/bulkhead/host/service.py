@@ -76,6 +76,7 @@ import threading
 import time
 
 from .. import _native
+from ..channel import targets
 from ..channel.peer import RemoteError
 from . import idle
 from . import release as _release
@@ -378,8 +379,8 @@ class BulkheadService:
             if not w.alive or w.busy:
                 continue
             try:
-                r = _release.release(_release.Local(w), op="pins", wait_s=0, ledger=self._ledger_or_path(),
-                                     timeout_s=self.release_timeout_s, raise_dead=True)
+                r = _release.release(_release.Local(w), op=targets.RELEASE_PINS, wait_s=0,
+                                     ledger=self._ledger_or_path(), timeout_s=self.release_timeout_s, raise_dead=True)
                 freed += r["freed_bytes"]
             except WorkerBusy:
                 continue    # a call began: it is not at a boundary

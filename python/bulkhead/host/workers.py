@@ -673,7 +673,7 @@ class Worker(_native.Caller):
     # (_native.CALLER_HOOKS; _check_hooks below refuses a Worker without
     # them at import): _start, _request_failed, _after_request.
 
-    def release(self, op="all", model_id=None, nbytes=None, timeout_s=None, wait_s=None):
+    def release(self, op=targets.RELEASE_ALL, model_id=None, nbytes=None, timeout_s=None, wait_s=None):
         """Asks the worker to release memory and waits for its receipt (a
         dict with ``before_bytes``, ``after_bytes``, ``freed_bytes``).  op:
         'all' (the full ladder: models, cast buffers, pins, allocator
@@ -690,7 +690,7 @@ class Worker(_native.Caller):
                 self.poll()  # a generation that died idle held nothing: start none for it
             if self._chan is None:
                 return None
-            if op == "all" and self._peer.sent is not None:
+            if op == targets.RELEASE_ALL and self._peer.sent is not None:
                 self._peer.sent.clear()  # the host's blocks kept for tensors sent again
             return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
                                 timeout_s, "release", op)
@@ -713,7 +713,7 @@ class Worker(_native.Caller):
             return self.request(_native.CALL, (targets.LOAD, (model_id, nbytes), {}), timeout_s, "load",
                                 model_id)
 
-    def post_release(self, op="all", model_id=None, nbytes=None):
+    def post_release(self, op=targets.RELEASE_ALL, model_id=None, nbytes=None):
         """The same ask without waiting for it (request id 0: no reply), for
         pressure on an idle worker from inside ComfyUI's eviction loop.
         Returns False, sending nothing, when the worker is not running or

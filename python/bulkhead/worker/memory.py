@@ -399,7 +399,7 @@ class WorkerMemory:
             # No model here; the full ladder still gives back the blocks the
             # host returned (ComfyUI's cache dropping a result) and the heap.
             shm_freed = 0
-            if op == "all":
+            if op == targets.RELEASE_ALL:
                 gc.collect()
                 shm_freed = _trim_shm()
                 _trim_heap()
@@ -410,7 +410,7 @@ class WorkerMemory:
         before = self._resident()
         shm_freed = 0
         try:
-            if op == "model":
+            if op == targets.RELEASE_MODEL:
                 lm = self._find(model_id)
                 if lm is not None:
                     if nbytes is None:
@@ -418,15 +418,15 @@ class WorkerMemory:
                         self._drop_entries([lm])
                     elif lm.model_unload(memory_to_free=nbytes):
                         self._drop_entries([lm])
-            elif op == "bytes":
+            elif op == targets.RELEASE_BYTES:
                 self._release_bytes(int(nbytes or 0))
-            elif op == "all":
+            elif op == targets.RELEASE_ALL:
                 shm_freed = self._full_release()
-            elif op == "pins":
+            elif op == targets.RELEASE_PINS:
                 self._release_pins()
             else:
-                raise ValueError(f"unknown release op {op!r} (model, bytes, all, pins)")
-            if op != "all":
+                raise ValueError(f"unknown release op {op!r} ({', '.join(targets.RELEASE_OPS)})")
+            if op != targets.RELEASE_ALL:
                 self.mm.soft_empty_cache()
                 _trim_heap()
         finally:
@@ -556,4 +556,4 @@ class WorkerMemory:
 
     def on_idle(self):
         if self.mm is not None and self._entries():
-            self.release({"op": "all"})
+            self.release({"op": targets.RELEASE_ALL})
