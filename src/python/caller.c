@@ -19,7 +19,7 @@
  * _native.CALLER_HOOKS, and host/workers.py refuses to define a Worker
  * that lacks one, so a rename fails at import):
  *   _start()            the worker is not running: start it (lock held);
- *   _request_failed(exc, verb, obj, timeout, attempt)
+ *   _request_failed(exc, verb, obj, timeout_s, attempt)
  *                       the channel failed (lock held, counted busy):
  *                       returns True to run the request again on the next
  *                       generation (it died idle and never got it), else
@@ -318,7 +318,7 @@ static PyObject *caller_post(bh_caller_obj *self, int kind, PyObject *payload) {
 }
 
 static PyObject *Caller_request(PyObject *op, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"kind", "payload", "timeout", "verb", "obj", "wait", NULL};
+  static char *kwlist[] = {"kind", "payload", "timeout_s", "verb", "obj", "wait", NULL};
   int kind, wait = 1;
   PyObject *payload, *timeout = Py_None, *obj = Py_None;
   const char *verb = "request";
@@ -362,9 +362,10 @@ static PyMethodDef Caller_methods[] = {
      "arguments and returns its result; starts the worker first if it is not running.\n"
      "request(CALL, (target, args, kwargs), call_timeout_s, 'call', target)."},
     {"request", (PyCFunction)(void (*)(void))Caller_request, METH_VARARGS | METH_KEYWORDS,
-     "request(kind, payload, timeout=None, verb='request', obj=None, *, wait=True) -> reply\n"
+     "request(kind, payload, timeout_s=None, verb='request', obj=None, *, wait=True) -> reply\n"
      "Sends a request of frame kind `kind` to the worker and returns its reply, under\n"
      "the worker lock, counted in busy; starts the worker when it is not running.\n"
+     "timeout_s: seconds to wait for the reply (None: as long as it takes).\n"
      "verb and obj name it in errors ('call', target).  A failed channel goes to\n"
      "_request_failed (rerun on the next generation, or the error naming the worker).\n"
      "wait=False: sends the frame with request id 0 (no reply) when the lock is free\n"

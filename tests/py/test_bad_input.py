@@ -229,7 +229,7 @@ def test_foreign_uid_on_the_control_socket(tmp_path, host_worker, monkeypatch, c
             assert s.recv(1024) == b""   # dropped
             _wait_for(lambda: "BH_EPEERCRED" in caplog.text)
         assert "a client broke the protocol (BH_EPEERCRED)" in caplog.text
-        assert request(os.getpid(), "workers", timeout=10)[0]["pack"] == "bystander"
+        assert request(os.getpid(), "workers", timeout_s=10)[0]["pack"] == "bystander"
     finally:
         srv.close()
     assert serves(host_worker)
@@ -344,7 +344,7 @@ def test_control_server_never_closes_an_fd_channel_open_consumed(tmp_path, host_
             _wait_for(lambda: victim)
         monkeypatch.setattr(_native, "channel_open", real)
         # served after the failed one: the server is past its except branch
-        assert request(os.getpid(), "workers", timeout=10)[0]["pack"] == "bystander"
+        assert request(os.getpid(), "workers", timeout_s=10)[0]["pack"] == "bystander"
         os.fstat(victim[0])  # still open: nobody closed it behind its owner's back
     finally:
         srv.close()
@@ -396,9 +396,9 @@ def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, capl
                 _wait_for(lambda: named in caplog.text)
                 assert f"a client broke the protocol ({named})" in caplog.text
         # The next client is served.
-        assert request(os.getpid(), "workers", timeout=10)[0]["pack"] == "bystander"
+        assert request(os.getpid(), "workers", timeout_s=10)[0]["pack"] == "bystander"
         with pytest.raises(bulkhead.RemoteError, match="serves.*not 'format_disk'"):
-            request(os.getpid(), "format_disk", timeout=10)
+            request(os.getpid(), "format_disk", timeout_s=10)
     finally:
         srv.close()
     assert serves(host_worker)

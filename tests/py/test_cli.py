@@ -836,7 +836,7 @@ def test_release_of_a_worker_in_a_long_call_answers_within_its_release_timeout(
         while not real.busy and time.monotonic() < deadline:
             time.sleep(0.01)
         r = cli("release", "pack-a", "--timeout", "20", "--ledger", ledger, env=env)
-        listed = control.request(os.getpid(), "workers", timeout=1.0)  # while the call runs
+        listed = control.request(os.getpid(), "workers", timeout_s=1.0)  # while the call runs
         still_busy = real.busy
         call.join()
         time.sleep(0.5)

@@ -50,11 +50,11 @@ def clean_env():
 
 # --- interpreters ---
 
-def probe(path, script=PROBE, timeout=30):
+def probe(path, script=PROBE, timeout_s=30):
     """Runs ``path -I -c script``: its output lines, or raises OSError /
     CalledProcessError / TimeoutExpired."""
     out = subprocess.run([path, "-I", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=clean_env(), timeout=timeout, check=True,
+                         stderr=subprocess.PIPE, env=clean_env(), timeout=timeout_s, check=True,
                          universal_newlines=True)
     return out.stdout.split("\n")
 
@@ -136,7 +136,7 @@ def list_interpreters():
             if real in seen or "/shims/" in p:      # a pyenv shim is the pyenv entry again
                 continue
             try:
-                v = probe(p, PROBE_ENV, timeout=10)[0].strip()
+                v = probe(p, PROBE_ENV, timeout_s=10)[0].strip()
             except (OSError, subprocess.SubprocessError):
                 continue
             seen[real] = (v, p, src)

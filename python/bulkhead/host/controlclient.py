@@ -66,10 +66,10 @@ class ControlUnreachable(ConnectionError):
     in to a control socket)."""
 
 
-def request(host_pid, target, *args, timeout=30.0):
+def request(host_pid, target, *args, timeout_s=30.0):
     """Calls `target` on host `host_pid`'s control socket and returns the
     result (raises what the host raised, as RemoteError; Timeout past
-    `timeout`; ControlUnreachable when nothing listens there)."""
+    `timeout_s` seconds; ControlUnreachable when nothing listens there)."""
     s, tried = None, []
     for d in rundir.runtime_dirs(host_pid):  # every place, as the CLI looks (release.c)
         path = os.path.join(d, f"host-{host_pid}.sock")
@@ -94,6 +94,6 @@ def request(host_pid, target, *args, timeout=30.0):
     chan = _native.channel_open(s.detach(), peer, os.getuid(), 0, first_id=1)
     peer.channel = chan
     try:
-        return chan.request(_native.CALL, (target, args, {}), timeout)
+        return chan.request(_native.CALL, (target, args, {}), timeout_s)
     finally:
         chan.close()

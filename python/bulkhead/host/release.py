@@ -209,7 +209,7 @@ def release(target, nbytes=None, *, wait_s, hm=None, ledger=None, kind="release"
         label = f"{pack} (pid {pid}, host {host_pid})"
         before = held(read(ledger, pid)) if before_bytes is None else before_bytes
         limit = RELEASE_TIMEOUT_S + 5.0 if remote_timeout_s is None else remote_timeout_s
-        receipt = _ask_host(host_pid, "release", pid, nbytes, wait_s, timeout=limit) or {}
+        receipt = _ask_host(host_pid, "release", pid, nbytes, wait_s, timeout_s=limit) or {}
         error = None
     else:
         w = target.worker if isinstance(target, Local) else target

@@ -721,7 +721,7 @@ class Worker(_native.Caller):
         return self.request(_native.RELEASE, {"op": op, "model_id": model_id, "bytes": nbytes},
                             None, "release", op, wait=False)
 
-    def _request_failed(self, exc, verb, obj, timeout, attempt):
+    def _request_failed(self, exc, verb, obj, timeout_s, attempt):
         """Hook (Caller.request): a request whose channel failed, under the
         lock, counted busy.  Returns True to have it run again on the next
         generation, when this was its first attempt and the worker died
@@ -736,7 +736,7 @@ class Worker(_native.Caller):
         if isinstance(exc, _native.PeerClosed):
             self._died(f"during {verb} {obj!r}")
         if isinstance(exc, _native.Timeout):
-            self._hung(f"{verb} {obj!r}", timeout)
+            self._hung(f"{verb} {obj!r}", timeout_s)
         if isinstance(exc, _native.ProtocolError):
             self._broken(f"{verb} {obj!r}", exc)
         raise exc
@@ -767,7 +767,7 @@ class Worker(_native.Caller):
             msg += "\n--- last worker output ---\n" + tail.rstrip()
         raise WorkerDied(msg, status, tail) from None
 
-    def _hung(self, target, timeout):
+    def _hung(self, target, timeout_s):
         what = self.describe()
         stopped = _proc_state(self._proc.pid) in ("T", "t")
         self._proc.kill(signal.SIGKILL)
@@ -775,7 +775,7 @@ class Worker(_native.Caller):
         self._teardown()
         how = " (it was stopped: SIGSTOP, or a debugger)" if stopped else ""
         raise CallTimeout(
-            f"{what} did not answer {target} within {timeout:g} s{how}; "
+            f"{what} did not answer {target} within {timeout_s:g} s{how}; "
             f"it was killed (SIGKILL) and the next call starts generation {self.generation + 1}",
             stopped) from None
 
