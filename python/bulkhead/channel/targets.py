@@ -16,8 +16,8 @@ RUN_V3 = "bulkhead.worker.nodes:run_v3"              # a V3 node's classmethod
 CALL_CLASS = "bulkhead.worker.nodes:call_class"      # VALIDATE_INPUTS, IS_CHANGED, ... on the class
 WARM = "bulkhead.worker.nodes:warm"                  # import the pack ahead of its first node
 REHEARSE = "bulkhead.worker.nodes:rehearse"          # a node call's round trip without a node
-HANDLE_ROUTE = "bulkhead.worker.server:handle_route"  # one of the pack's aiohttp routes
-ON_PROMPT = "bulkhead.worker.server:on_prompt"       # the pack's prompt handlers
+HANDLE_ROUTE = "bulkhead.worker.nodes:handle_route"  # one of the pack's aiohttp routes
+ON_PROMPT = "bulkhead.worker.nodes:on_prompt"        # the pack's prompt handlers
 LOAD = "bulkhead.worker.memory:load"                 # a StandIn's load: more of a model onto its device
 RELEASE_OBJECTS = "bulkhead.worker:release_objects"  # object handles the host no longer holds
 

@@ -50,6 +50,7 @@ from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, 
 from ..channel.nodes import decode_hidden, encode_io, encode_preview, plain_str
 from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
+from . import server
 
 
 _lock = threading.RLock()
@@ -180,7 +181,6 @@ def ready():
         if _on_interrupt not in _worker.interrupt_handlers:
             _worker.interrupt_handlers.append(_on_interrupt)
         if "server" not in sys.modules:  # the pack's `from server import PromptServer`
-            from . import server
             sys.modules["server"] = server
         _ready_done = True
 
@@ -435,6 +435,27 @@ def _describe_class(key, cls, problems):
         if callable(fn):
             out["methods"][name] = _argspec(fn, meta, name)
     return out
+
+
+# --- what the host's server asks of the pack (worker/server.py serves it) ---
+
+def handle_route(index, method, path, request, timeout_s):
+    """targets.HANDLE_ROUTE: the pack's route #index (method, path as
+    described) for the host, the pack imported first (a worker just
+    restarted has not imported it yet)."""
+    entries = server.collect_routes(route_modules(_load()))[0]
+    return server.serve_route(entries, index, method, path, request, timeout_s)
+
+
+def on_prompt(json_data, timeout_s):
+    """targets.ON_PROMPT: the pack's prompt handlers on the host's prompt.
+    Refused while the pack is not imported in this worker (a worker just
+    restarted): its handlers are not registered yet, and an empty answer
+    would skip them silently."""
+    if _nodes_module is None:
+        raise RuntimeError(f"pack {os.environ.get('BULKHEAD_PACK_NAME', '?')!r} is not imported in this worker "
+                           "yet: its prompt handlers are not registered")
+    return server.run_prompt_handlers(json_data, timeout_s)
 
 
 def describe():

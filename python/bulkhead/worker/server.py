@@ -26,11 +26,13 @@ host's real PromptServer:
   and a module-level ``ROUTES`` list in the pack: collected after the pack
   imported (``collect_routes``), described to the host with the nodes, and
   served on the host's server by ``bulkhead.host.serverproxy``, which calls
-  ``handle_route`` here.  Handlers run on this worker's own event loop
+  worker/nodes.py's ``handle_route``: ``serve_route`` here.  Handlers run on this worker's own event loop
   thread (as upstream runs them on its loop) under the host's deadline;
   the answer crosses as data (status, headers, body, or a file path).
-* ``add_on_prompt_handler``: run by ``on_prompt`` on the host's prompt, on
-  the same loop thread, under a deadline.
+* ``add_on_prompt_handler``: run by ``run_prompt_handlers`` (worker/nodes.py's
+  ``on_prompt``) on the host's prompt, on the same loop thread, under a
+  deadline.  This module never imports worker/nodes.py: the node runner
+  imports it, and hands it the pack's routes.
 
 The route and event formats (both halves) are channel/events.py's; the
 route registration packs call is worker/routes.py's; ``HOST_TARGET``
@@ -129,15 +131,10 @@ def collect_routes(modules=()):
     return _collect(srv.routes, srv.app, modules)
 
 
-def _entries():
-    from . import nodes
-    mod = nodes._load()
-    return collect_routes(nodes.route_modules(mod))[0]
-
-
-def handle_route(index, method, path, request, timeout_s):
-    """Serves route #index (method, path as described) for the host."""
-    entries = _entries()
+def serve_route(entries, index, method, path, request, timeout_s):
+    """Serves route #index of entries (collect_routes' list: method, path
+    as described to the host) for the host: worker/nodes.py's
+    handle_route (targets.HANDLE_ROUTE) hands it the pack's routes."""
     e = entries[index] if 0 <= index < len(entries) else None
     if not isinstance(e, RouteDef) or e.path != path or e.method not in (method, "*"):
         raise LookupError(f"pack {_PACK!r} no longer has the route {method} {path} (its sources "
@@ -156,16 +153,11 @@ def handle_route(index, method, path, request, timeout_s):
     return encode_response(res, where)
 
 
-def on_prompt(json_data, timeout_s):
+def run_prompt_handlers(json_data, timeout_s):
     """Runs the pack's prompt handlers in order, as upstream's
-    trigger_on_prompt does (a failing one is reported and skipped).
-    Refused while the pack is not imported in this worker (a worker just
-    restarted): its handlers are not registered yet, and an empty answer
-    would skip them silently."""
-    nodes = sys.modules.get("bulkhead.worker.nodes")
-    if nodes is None or getattr(nodes, "_nodes_module", None) is None:
-        raise RuntimeError(f"pack {_PACK!r} is not imported in this worker yet: its prompt handlers are "
-                           "not registered")
+    trigger_on_prompt does (a failing one is reported and skipped):
+    worker/nodes.py's on_prompt (targets.ON_PROMPT), once the pack is
+    imported."""
     handlers = list(PromptServer.instance.on_prompt_handlers)
 
     def run_all():
