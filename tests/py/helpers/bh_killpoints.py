@@ -49,8 +49,8 @@ def arm(phase, sig):
     elif phase == "transfer-out":
         encode = _tensors.encode
 
-        def on_encode(chan, obj):
-            t = encode(chan, obj)
+        def on_encode(chan, obj, *args, **kw):
+            t = encode(chan, obj, *args, **kw)
             if getattr(obj, "nbytes", 0) >= BIG:
                 _tensors.encode = encode
                 hit(sig)
