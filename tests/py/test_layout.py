@@ -13,11 +13,13 @@ and shared file, relative ones resolved) and in a real worker process
 """
 
 import ast
+import json
 import os
 import subprocess
 import sys
 
 import bulkhead
+from bulkhead.channel import targets
 
 from test_memory import PY_SRC, package_sources
 
@@ -123,6 +125,7 @@ def test_a_running_worker_holds_no_host_module(tmp_path):
     pack = tmp_path / "layoutpack"
     pack.mkdir()
     (pack / "nodes.py").write_text(
+        "import json, sys\n"
         "class Echo:\n"
         "    @classmethod\n"
         "    def INPUT_TYPES(cls):\n"
@@ -131,19 +134,30 @@ def test_a_running_worker_holds_no_host_module(tmp_path):
         "    FUNCTION = 'run'\n"
         "    def run(self, x):\n"
         "        return (x + 1,)\n"
-        "NODE_CLASS_MAPPINGS = {'Echo': Echo}\n")
+        "class Probe:\n"
+        "    @classmethod\n"
+        "    def INPUT_TYPES(cls):\n"
+        "        return {'required': {}}\n"
+        "    RETURN_TYPES = ('STRING', 'STRING')\n"
+        "    FUNCTION = 'run'\n"
+        "    def run(self):\n"
+        "        from bulkhead.channel import targets\n"
+        "        loaded = sorted(m for m in sys.modules if m.startswith('bulkhead'))\n"
+        "        missing = [t for t in targets.WORKER_TARGETS if not callable(getattr(\n"
+        "            __import__(t.split(':')[0], fromlist=['x']), t.split(':')[1], None))]\n"
+        "        return (json.dumps(loaded), json.dumps(missing))\n"
+        "NODE_CLASS_MAPPINGS = {'Echo': Echo, 'Probe': Probe}\n")
     comfy = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comfyui")
     w = bulkhead.Worker(sys.executable, name="layout", cwd=comfy,
                         env={"BULKHEAD_PACK_DIR": str(pack), "BULKHEAD_COMFYUI": comfy})
     try:
-        meta = w.call("bulkhead.worker.nodes:describe")
+        meta = w.call(targets.DESCRIBE)
         assert "Echo" in str(meta)
-        assert w.call("bulkhead.worker.nodes:run", "Echo", {"x": 41}, None, None)["outputs"] == (42,)
-        loaded = w.call("builtins:eval", "sorted(m for m in __import__('sys').modules if m.startswith('bulkhead'))")
-        # every name the host calls in a worker is a function there (channel/targets.py)
-        missing = w.call("builtins:eval", "[t for t in __import__('bulkhead.channel.targets', fromlist=['x'])"
-                                          ".WORKER_TARGETS if not callable(getattr(__import__(t.split(':')[0], "
-                                          "fromlist=['x']), t.split(':')[1], None))]")
+        assert w.call(targets.RUN, "Echo", {"x": 41}, None, None)["outputs"] == (42,)
+        # what the worker has loaded, and every name the host calls in a
+        # worker is a function there (channel/targets.py), asked of a node
+        # (a pack's worker serves nothing but those names)
+        loaded, missing = map(json.loads, w.call(targets.RUN, "Probe", {}, None, None)["outputs"])
     finally:
         w.close()
     assert [m for m in loaded if m.startswith(("bulkhead.host", "bulkhead.envs"))] == [], loaded

@@ -23,6 +23,7 @@ import time
 import pytest
 
 import bulkhead
+from bulkhead.channel import targets
 from bulkhead.host import nodes
 from comfyenv import run_comfy_script
 from conftest import WORKER_VENVS, other_interpreter
@@ -347,7 +348,7 @@ def test_folder_lists_are_read_from_the_host_every_time(tmp_path, base, host, mo
 
 
 def _held(pack):
-    return nodes.runtime(pack).worker.call("bulkhead.worker.nodes:held_count")
+    return nodes.runtime(pack).worker.call(targets.HELD_COUNT)
 
 
 def _wait_held(pack, n, timeout=5.0):
@@ -411,6 +412,20 @@ def test_dropped_handles_are_released_in_the_worker(tmp_path, base, host):
     assert _wait_held(pack, base_count + 2) == base_count + 2  # the two node instances
     del maker, user
     assert _wait_held(pack, base_count) == base_count
+
+
+def test_a_pack_worker_serves_only_the_words_of_the_crossing(tmp_path, base, host):
+    """A pack's worker resolves the targets of channel/targets.py and
+    nothing else: no "module:function" of the host's choosing runs there
+    (a plain bulkhead.Worker, which is no pack's, still serves any)."""
+    pack = write_pack(tmp_path, "verbpack", FULL_PACK)
+    nodes.load_pack(pack, other_interpreter(), options={"comfyui": base})
+    w = nodes.runtime(pack).worker
+    assert w.call(targets.HELD_COUNT) == 0
+    for target in ("os:getpid", "builtins:eval", "bulkhead.worker.nodes:_load"):
+        with pytest.raises(PermissionError, match=f"serves only bulkhead's own calls .*{target}"):
+            w.call(target)
+    assert w.call(targets.HELD_COUNT) == 0   # and it serves on
 
 
 def test_warm_cache_starts_no_worker(tmp_path, base, host):
@@ -628,6 +643,7 @@ NODE_CLASS_MAPPINGS = {"Progress": Progress, "Loop": Loop, "Oom": Oom, "State": 
 SCENARIO = '''
 import logging, threading, time
 import comfy.utils
+from bulkhead.channel import targets
 from bulkhead.host import nodes
 PACK = {pack!r}
 '''

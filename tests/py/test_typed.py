@@ -296,7 +296,7 @@ def test_a_deserializer_that_raises_is_that_calls_error(typed_worker):
     assert "ValueError: no mesh today" in msg and "made by pack 'geo'" in msg, msg
     # the worker serves on, the same process, and holds none of the host's blocks
     assert run(w, mesh=mesh("geo", n=2))["mesh"] == {"Mesh": {"n": 2}}
-    assert w.generation == gen and w.call("operator:add", 2, 3) == 5
+    assert w.generation == gen and isinstance(w.call(targets.HELD_COUNT), int)
     assert w.stats()["lent_blocks"] == 0, w.stats()
 
 

@@ -86,6 +86,18 @@ def _watch_host(host_pid):
     os._exit(70)
 
 
+_SERVED = frozenset(targets.WORKER_TARGETS)
+
+
+def _pack_target(target):
+    """A pack's worker resolves only the words of the crossing
+    (targets.WORKER_TARGETS)."""
+    if target not in _SERVED:
+        raise PermissionError(f"a pack's worker serves only bulkhead's own calls (channel/targets.py), "
+                              f"not {target!r}")
+    return resolve_target(target)
+
+
 def main():
     global _peer
     fd = int(os.environ.pop("BULKHEAD_FD", "3"))
@@ -98,8 +110,8 @@ def main():
     signal.signal(signal.SIGUSR1, _interrupted)
     from .._importwatch import when_imported
     when_imported("logging", _setup_logging)
-    peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve_target,
-                cache_sends=True)
+    resolve = _pack_target if os.environ.get("BULKHEAD_PACK_DIR") else resolve_target
+    peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve, cache_sends=True)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
     peer.node_serializer = typed.serialize  # ... unless a pack registered a serializer for its class

@@ -616,18 +616,3 @@ def held_count():
     """How many objects this worker holds for the host (tests)."""
     peer = _worker._peer
     return len(peer.objects) if peer is not None else 0
-
-
-def comfy_state():
-    """What the mirroring did, for tests and `bulkhead doctor`."""
-    out = {"sys_path0": sys.path[0] if sys.path else None}
-    cli = sys.modules.get("comfy.cli_args")
-    if cli is not None:
-        out["args"] = {k: (sorted(str(getattr(x, "value", x)) for x in v) if isinstance(v, set) else v)
-                       for k, v in vars(cli.args).items()
-                       if isinstance(v, (type(None), bool, int, float, str, list, set))}
-    fp = sys.modules.get("folder_paths")
-    if fp is not None:
-        out["folders"] = {k: list(v[0]) for k, v in getattr(fp, "folder_names_and_paths", {}).items()}
-        out["output_directory"] = fp.get_output_directory() if hasattr(fp, "get_output_directory") else None
-    return out
