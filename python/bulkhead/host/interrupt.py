@@ -5,7 +5,7 @@ reads ComfyUI's non-consuming ``processing_interrupted()`` while worker
 calls run, and interrupts the worker of each call that is running when the
 flag is set; a node still running ``INTERRUPT_GRACE_S`` (a pack's
 ``interrupt_grace_s``) after the click has its worker stopped.
-host/nodes.py (``PackRuntime._call``) begins and ends one watch around each
+host/runtime.py (``PackRuntime._call``) begins and ends one watch around each
 worker call.  The flag is only read, never hooked.
 """
 

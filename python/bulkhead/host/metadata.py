@@ -5,7 +5,7 @@ kept in one JSON file per pack under ``cache_dir()`` (``MetadataCache``),
 keyed by the environment's identity (interpreter path and a stamp,
 ``default_stamp``), the hashes of the pack's sources (``source_hash``) and
 the host ComfyUI's version (``comfyui_version_hash``); with a warm cache no
-worker starts until a node first runs.  host/nodes.py
+worker starts until a node first runs.  host/runtime.py
 (``PackRuntime.cache_key``) makes the key.
 """
 

@@ -1,7 +1,7 @@
 """V3 nodes in the host: the real node's schema, rebuilt in the host's
 comfy_api, and the hidden values a call sends.
 
-A V3 node's proxy (host/nodes.py ``PackRuntime._proxy_v3``) answers
+A V3 node's proxy (host/runtime.py ``PackRuntime._proxy_v3``) answers
 define_schema with the io.Schema the worker captured, made of the host's
 own io classes (channel/nodes.py ``decode_schema``).  ``hidden_values``
 is the hidden values ComfyUI set on the class clone, as a call sends them

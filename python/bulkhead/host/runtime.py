@@ -1,0 +1,762 @@
+"""An isolated pack's runtime in the host: the proxy classes ComfyUI gets
+and the call path to the pack's worker (``PackRuntime``; host/nodes.py's
+``load_pack`` makes one per pack and environment).
+
+A V1 proxy carries the real node's INPUT_TYPES,
+RETURN_TYPES, RETURN_NAMES, FUNCTION, CATEGORY, OUTPUT_NODE, INPUT_IS_LIST,
+OUTPUT_IS_LIST, DESCRIPTION (every upper-case class attribute, in fact) and,
+where the real node has them, IS_CHANGED, VALIDATE_INPUTS (with the real
+signature, which ComfyUI inspects) and check_lazy_status.  A V3 node (a
+``comfy_api.latest.io.ComfyNode``, in NODE_CLASS_MAPPINGS or from the pack's
+``comfy_entrypoint()``) gets a ComfyNode subclass of the host's own
+comfy_api whose schema is the real one's, rebuilt (channel/nodes.py ``decode_schema``:
+the same /object_info), whose ``execute`` (async when the real one is, run in a
+thread and awaited) calls the real one with the inputs and the hidden
+values and answers an ``io.NodeOutput`` (ui, expand, block_execution), and
+which forwards validate_inputs, fingerprint_inputs and check_lazy_status
+where the real node has them; a schema the host cannot rebuild leaves that
+node out, with a warning naming it.  The real nodes
+live in the pack's worker (``bulkhead.worker.nodes``), one persistent
+process under the pack's interpreter.
+
+Start-up does not wait for workers: the metadata is cached on disk, keyed
+by the environment's identity (interpreter path and a stamp), the hashes of
+the pack's sources and the host ComfyUI's version; with a warm cache no
+worker starts until a node first runs.  Lists INPUT_TYPES got from
+``folder_paths.get_filename_list`` are re-read from the host's
+``folder_paths`` every time ComfyUI asks, as they would be in-process.
+The cache is host/metadata.py.
+
+A run: the proxy's FUNCTION sends the inputs to the worker, which runs the
+real node on its own instance of the class (one per proxy instance, held by
+handle) and answers with the outputs.  Objects the codec cannot carry (a
+MODEL the pack made) stay in the worker and come back as
+``bulkhead.RemoteObject`` handles; see ``bulkhead.channel.peer``.  While the call runs:
+
+* PROGRESS frames from the worker's ComfyUI progress hook drive a
+  ``comfy.utils.ProgressBar`` here, in the node's own thread and context,
+  previews included (rebuilt as the (format, PIL.Image, max_size) tuple
+  ComfyUI's hook takes: host/progress.py);
+* the host's interrupt watcher (one thread, reading ComfyUI's non-consuming
+  ``processing_interrupted()`` every 20 ms while nodes run) interrupts the worker
+  (``Worker.interrupt``: a frame and SIGUSR1); the worker's node stops on its
+  own ComfyUI flag and the host raises its own InterruptProcessingException,
+  leaving its flag set for ComfyUI's own check (host/interrupt.py);
+* an out-of-memory error in the worker is raised here as ComfyUI's
+  ``OOM_EXCEPTION`` with the worker's message and traceback.
+
+The worker mirrors the host's dtype and memory flags into its own
+``comfy.cli_args.args`` (``MIRRORED_ARGS``; not the VRAM-state flags, which
+the memory layer carries) and the host's ``folder_paths`` directories.
+
+What the pack registered on ``server.PromptServer`` at import (routes,
+prompt handlers) is installed on the host's server by
+``host/serverproxy.py``; events its worker sends reach the host's
+PromptServer there too.
+
+This module only reads ComfyUI's state; it never assigns to a comfy module.
+"""
+
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+import weakref
+
+from .. import _native
+from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
+                               remote_name)
+from ..channel.nodes import decode_schema
+from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
+from ..channel import targets
+from ..packimport import default_module
+from ..envs import hostmatch
+from .interrupt import INTERRUPT_GRACE_S, watcher
+from .metadata import MetadataCache, comfyui_version_hash, default_stamp, source_hash
+from .progress import Progress
+from .serverproxy import ServerProxy
+from .v3 import hidden_values
+from .workers import Worker, WorkerDied
+
+log = logging.getLogger("bulkhead")
+
+
+# comfy.cli_args flags (argparse dests) that decide dtype and memory
+# behaviour, mirrored into every pack worker.  Not mirrored: --gpu-only,
+# --highvram, --normalvram, --lowvram, --novram (the VRAM state; the memory
+# layer makes a worker follow the host's), cache and server flags.  --cpu is
+# mirrored: it decides the device, and a worker cannot run on a device its
+# host was told to leave alone (on a machine without CUDA, ComfyUI does not
+# even import without it).
+MIRRORED_ARGS = (
+    # device and dtype
+    "cpu", "cpu_vae", "directml", "deterministic", "force_fp32", "force_fp16",
+    "fp32_unet", "fp64_unet", "bf16_unet", "fp16_unet", "fp8_e4m3fn_unet", "fp8_e5m2_unet",
+    "fp8_e8m0fnu_unet", "fp16_vae", "fp32_vae", "bf16_vae", "fp8_e4m3fn_text_enc",
+    "fp8_e5m2_text_enc", "fp16_text_enc", "fp32_text_enc", "bf16_text_enc",
+    "supports_fp8_compute", "fast", "force_channels_last",
+    # attention
+    "use_split_cross_attention", "use_quad_cross_attention", "use_pytorch_cross_attention",
+    "use_sage_attention", "use_flash_attention", "disable_xformers", "force_upcast_attention",
+    "dont_upcast_attention", "disable_ipex_optimize",
+    # memory
+    "reserve_vram", "disable_smart_memory", "async_offload", "disable_async_offload",
+    "disable_pinned_memory", "disable_mmap", "mmap_torch_files", "fast_disk", "high_ram",
+    "cuda_malloc", "disable_cuda_malloc",
+    # where things are
+    "base_directory", "output_directory", "input_directory", "temp_directory", "user_directory",
+)
+NOT_MIRRORED = ("gpu_only", "highvram", "normalvram", "lowvram", "novram")
+
+
+class PackLoadError(BulkheadError, ImportError):
+    """A pack's nodes could not be described (its import failed in the
+    worker, or the worker could not start)."""
+
+
+# --- where things are ---
+
+def find_comfyui(options=None):
+    """The host's ComfyUI directory: options['comfyui'], else where the
+    imported ``folder_paths`` or ``comfy`` came from, else $COMFYUI_PATH;
+    None when there is none (envs.hostmatch matches environments to it)."""
+    return hostmatch.find_comfyui(options)
+
+
+# --- what the worker mirrors ---
+
+
+
+def host_args():
+    """The mirrored flags of this process's comfy.cli_args.args (JSON-able)."""
+    cli = sys.modules.get("comfy.cli_args")
+    args = getattr(cli, "args", None)
+    out = {}
+    if args is None:
+        return out
+    for name in MIRRORED_ARGS:
+        if hasattr(args, name):
+            try:
+                out[name] = encode_arg(getattr(args, name))
+            except TypeError:
+                log.debug("bulkhead: --%s is not mirrored (a value of type %s)", name,
+                          type(getattr(args, name)).__name__)
+    return out
+
+
+# --- metadata -> the values ComfyUI gets ---
+
+
+
+def _signature(spec):
+    """An inspect.Signature presenting the real method's parameters as
+    ComfyUI sees them on the class (first parameter: the bound class)."""
+    P = inspect.Parameter
+    args = list(spec.get("args") or [])
+    if not spec.get("bound"):
+        args.insert(0, "cls" if "cls" not in args else "_cls")
+    defaults = [decode_meta(d) for d in spec.get("defaults") or []]
+    first_default = len(args) - len(defaults)
+    params = []
+    for i, name in enumerate(args):
+        if i >= first_default:
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD, default=defaults[i - first_default]))
+        else:
+            params.append(P(name, P.POSITIONAL_OR_KEYWORD))
+    if spec.get("varargs"):
+        params.append(P(spec["varargs"], P.VAR_POSITIONAL))
+    kwd = spec.get("kwonlydefaults") or {}
+    for name in spec.get("kwonly") or []:
+        params.append(P(name, P.KEYWORD_ONLY, default=decode_meta(kwd[name]) if name in kwd else P.empty))
+    if spec.get("varkw"):
+        params.append(P(spec["varkw"], P.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+# --- the host's ComfyUI, read only ---
+
+def _mm():
+    return sys.modules.get("comfy.model_management")
+
+
+# --- V3 nodes (their schema rebuilt in the host's comfy_api: host/v3.py) ---
+
+async def _in_thread(fn, *args):
+    """fn(*args) in a thread, awaited (its context copied: ComfyUI's
+    progress reads the executing node from it)."""
+    import asyncio
+    import contextvars
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.run(fn, *args))
+
+
+def _where(v, obj, where, depth=0):
+    """Where obj sits in the input v (named `where`), or None: the path for
+    HostObject's message, walked only once the codec refused obj."""
+    if v is obj:
+        return where
+    if depth < 32:
+        items = (enumerate(v) if isinstance(v, (list, tuple)) else
+                 v.items() if isinstance(v, dict) else ())
+        for k, x in items:
+            found = _where(x, obj, f"{where}[{k!r}]" if isinstance(v, dict) else f"{where}[{k}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _holds_handles(v, depth=0):
+    """Whether a node's outputs hold worker handles (RemoteObjects), at
+    any depth a value can nest (ui dicts, lists of results)."""
+    if isinstance(v, RemoteObject):
+        return True
+    if depth < 32:
+        if isinstance(v, (tuple, list)):
+            return any(_holds_handles(x, depth + 1) for x in v)
+        if isinstance(v, dict):
+            return any(_holds_handles(x, depth + 1) for x in v.values())
+    return False
+
+
+def _host_object_error(e, kwargs, what):
+    """HostObject (the host's node policy refused an input) -> the
+    TypeError naming the input: 'input <where> is a <type> made in the
+    host process; ...'.  what(k) names input k."""
+    for k, v in kwargs.items():
+        where = _where(v, e.obj, what(k))
+        if where is not None:
+            return TypeError(str(e).replace("input is a", f"input {where} is a", 1))
+    return TypeError(str(e))
+
+
+def on_server_loop():
+    """Whether this thread is running ComfyUI's web server loop (where
+    nothing bulkhead does may wait on a worker): the running loop is
+    ``PromptServer.instance.loop``, or, with no PromptServer, a loop on the
+    main thread.  ComfyUI's execution thread runs a loop of its own
+    (``asyncio.run`` around each prompt): that one is not the server's."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return False
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+    mine = getattr(server, "loop", None)
+    if mine is not None:
+        return loop is mine
+    return threading.current_thread() is threading.main_thread()
+
+
+# ComfyUI types whose values cross as plain data (tensors, numbers, text,
+# dicts of tensors); an output of any other type may be an object of the
+# pack's, which stays in the worker as a handle.
+PLAIN_TYPES = frozenset(("IMAGE", "MASK", "LATENT", "INT", "FLOAT", "STRING", "BOOLEAN", "AUDIO"))
+
+
+def _may_hold_handles(return_types):
+    return any(not (isinstance(t, str) and t in PLAIN_TYPES) for t in return_types or ()
+               if not isinstance(t, (list, tuple)))   # a list: a combo's values, plain
+
+
+def _matches(checked, kwargs):
+    """Whether the inputs a deferred VALIDATE_INPUTS got are those a run
+    gets (input_types, which only VALIDATE_INPUTS gets, aside)."""
+    for k, v in checked.items():
+        if k == "input_types":
+            continue
+        if k not in kwargs:
+            return False
+        try:
+            if not bool(kwargs[k] == v):
+                return False
+        except Exception:
+            return False
+    return True
+
+
+# --- one pack ---
+
+class PackRuntime:
+    """One isolated pack: its worker, its metadata, its proxy classes."""
+
+    def __init__(self, pack_dir, python, name, env, options, comfyui):
+        # The worker generation that is warm (prewarmed, or a node ran
+        # there); a worker alive from describing the pack is not.
+        self.warm_generation = None
+        self.pack_dir = pack_dir
+        self.python = os.fspath(python)
+        self.name = name
+        self.options = options
+        self.comfyui = comfyui
+        module = options.get("module", "auto")
+        if module == "auto":
+            module = default_module(pack_dir)
+        self.module = module
+        self.worker = Worker(self.python, name=name, env=env, cwd=comfyui,
+                             start_timeout_s=options.get("start_timeout_s", 120.0),
+                             call_timeout_s=options.get("call_timeout_s"),
+                             release_timeout_s=options.get("release_timeout_s"))
+        self.worker.env_hooks.append(self._worker_env)
+        from ..envs.build import current_python
+        self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
+        attach = options.get("attach")
+        if attach is not None:
+            attach(self.worker)
+        self.meta = None
+        self.last_interrupt_at = None
+        self.from_cache = False
+        self.classes = {}
+        self.display = {}
+        self.server = ServerProxy(self)
+        self._handle_gen = {}       # key -> the generation the node's outputs first held handles in
+        self._is_changed_fns = {}   # key -> the proxy's IS_CHANGED (see _proxy)
+        self._deferred = {}         # key -> VALIDATE_INPUTS kwargs answered "later" (call_class)
+        self._deferred_lock = threading.Lock()
+        # The worker's node instances the proxies hold (one per proxy
+        # instance): made again on a new generation, so they never keep an
+        # idle worker alive (host/idle.py).
+        self.instances = weakref.WeakSet()
+
+    def _worker_env(self):
+        env = {
+            "BULKHEAD_COMFYUI": self.comfyui,
+            "BULKHEAD_PACK_DIR": self.pack_dir,
+            "BULKHEAD_PACK_MODULE": self.module or "",
+            "BULKHEAD_PACK_NAME": self.name,
+            "BULKHEAD_COMFY_ARGS": json.dumps(host_args()),
+        }
+        folders = host_folders()
+        if folders is not None:
+            env["BULKHEAD_COMFY_FOLDERS"] = json.dumps(folders)
+        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        if alloc:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = alloc
+        return env
+
+    # metadata
+
+    def cache_key(self):
+        return {
+            "format": FORMAT,
+            "protocol": _native.PROTOCOL_VERSION,
+            "pack": self.pack_dir,
+            "module": self.module,
+            "python": self.python,
+            "stamp": str(self.options.get("stamp") or default_stamp(self.python)),
+            "sources": source_hash(self.pack_dir),
+            "comfyui": [self.comfyui, comfyui_version_hash(self.comfyui)],
+        }
+
+    def load_metadata(self):
+        cache = None if self.options.get("cache", True) is False else MetadataCache(self.options.get("cache_dir"))
+        key = self.cache_key() if cache is not None else None
+        text = cache.load(self.pack_dir, key) if cache is not None else None
+        self.from_cache = text is not None
+        if text is None:
+            text = self.describe()
+            if cache is not None:
+                cache.store(self.pack_dir, key, text)
+        self.meta = json.loads(text)
+        for problem in self.meta.get("problems", []):
+            log.warning("bulkhead: pack %r: %s", self.name, problem)
+        return self.meta
+
+    def describe(self):
+        try:
+            return self.worker.call(targets.DESCRIBE)
+        except RemoteError as e:
+            self.worker.close()
+            raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}) failed to import in its worker "
+                                f"({self.python}): {e}") from None
+        except BulkheadError as e:
+            raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}): {e}") from None
+
+    def build(self):
+        self.classes = {}
+        for key, node in self.meta["nodes"].items():
+            if not node.get("v3"):
+                self.classes[key] = self._proxy(key, node)
+                continue
+            try:
+                self.classes[key] = self._proxy_v3(key, node)
+            except Exception as e:
+                log.warning("bulkhead: pack %r: V3 node %r left out: its schema cannot be rebuilt in the "
+                            "host's comfy_api (%s: %s)", self.name, key, type(e).__name__, e)
+        self.display = {k: v for k, v in self.meta.get("display", {}).items() if k in self.classes}
+        self.server.install(self.meta)
+        return self.classes, self.display
+
+    def _proxy(self, key, node):
+        rt = self
+        ns = {"__module__": f"bulkhead.nodes.{self.name}", "__doc__": f"{node['class_name']} "
+              f"of pack {self.name!r}, run in its worker ({self.python})."}
+        input_types = node["input_types"]
+
+        def INPUT_TYPES(cls):
+            return decode_meta(input_types)
+        ns["INPUT_TYPES"] = classmethod(INPUT_TYPES)
+        for attr, value in node["attrs"].items():
+            ns[attr] = decode_meta(value)
+        function = node["function"]
+        ns["FUNCTION"] = function
+
+        def run(self, **kwargs):
+            return rt.run(self, key, kwargs)
+        run.__name__ = run.__qualname__ = function
+        ns[function] = run
+        methods = node.get("methods", {})
+        if "VALIDATE_INPUTS" in methods:
+            ns["VALIDATE_INPUTS"] = classmethod(self._class_method(key, "VALIDATE_INPUTS",
+                                                                   methods["VALIDATE_INPUTS"]))
+        # IS_CHANGED: the real node's, combined with the worker generation
+        # once the node's outputs held handles (_is_changed).  A node
+        # without a real one has it too where an output type may be an
+        # object of the pack's (not PLAIN_TYPES), and otherwise gets it
+        # when its outputs first hold a handle (run; ComfyUI then runs it
+        # once more, as a node whose IS_CHANGED appeared).
+        real = None
+        if "IS_CHANGED" in methods:
+            real = self._class_method(key, "IS_CHANGED", methods["IS_CHANGED"])
+
+        def IS_CHANGED(*_cls, **kwargs):
+            return rt._is_changed(key, real, kwargs)
+        IS_CHANGED.__name__ = IS_CHANGED.__qualname__ = "IS_CHANGED"
+        if real is not None and hasattr(real, "__signature__"):
+            IS_CHANGED.__signature__ = real.__signature__
+        if real is not None or _may_hold_handles(ns.get("RETURN_TYPES")):
+            ns["IS_CHANGED"] = classmethod(IS_CHANGED)
+        self._is_changed_fns[key] = IS_CHANGED
+        if "check_lazy_status" in methods:
+            def check_lazy_status(self, **kwargs):
+                return rt.run(self, key, kwargs, method="check_lazy_status")
+            ns["check_lazy_status"] = check_lazy_status
+        ns["_bulkhead_pack"] = self.name
+        name = node["class_name"].rsplit(".", 1)[-1]
+        cls = type(name if name.isidentifier() else "ProxyNode", (), ns)
+        cls.__qualname__ = node["class_name"]
+        return cls
+
+    def _proxy_v3(self, key, node):
+        """A V3 proxy: a ComfyNode subclass of the host's comfy_api whose
+        define_schema rebuilds the real node's schema (decode_schema), whose
+        execute (async when the real one is) runs the real one in the
+        worker with the hidden values, and which has the real node's
+        validate_inputs / fingerprint_inputs / check_lazy_status (with
+        their signatures) where it has its own."""
+        from comfy_api.latest import io
+        rt = self
+        ns = {"__module__": f"bulkhead.nodes.{self.name}", "__doc__": f"{node['class_name']} "
+              f"of pack {self.name!r} (a V3 node), run in its worker ({self.python}).",
+              "_bulkhead_pack": self.name}
+
+        def define_schema(cls):
+            return decode_schema(io, node)
+        ns["define_schema"] = classmethod(define_schema)
+        if node.get("execute_async"):
+            async def execute(cls, **kwargs):
+                return await _in_thread(rt.run_v3, cls, key, kwargs)
+        else:
+            def execute(cls, **kwargs):
+                return rt.run_v3(cls, key, kwargs)
+        ns["execute"] = classmethod(execute)
+        for mname, spec in node.get("methods", {}).items():
+            if mname in ("validate_inputs", "fingerprint_inputs", "check_lazy_status"):
+                ns[mname] = classmethod(self._v3_method(key, mname, spec))
+        name = node["class_name"].rsplit(".", 1)[-1]
+        cls = type(name if name.isidentifier() else "ProxyNode", (io.ComfyNode,), ns)
+        cls.__qualname__ = node["class_name"]
+        cls.GET_NODE_INFO_V1()   # a schema this ComfyUI cannot take fails here, at load
+        return cls
+
+    def _v3_method(self, key, mname, spec):
+        rt = self
+        if spec.get("async_"):
+            async def method(cls, **kwargs):
+                return await _in_thread(rt.run_v3, cls, key, kwargs, mname)
+        else:
+            def method(cls, **kwargs):
+                if mname == "validate_inputs" and on_server_loop():    # as VALIDATE_INPUTS (validate_on_loop)
+                    return rt.validate_on_loop(key, kwargs, hidden_values(cls))
+                return rt.run_v3(cls, key, kwargs, mname)
+        return self._named(method, key, mname, spec)
+
+    def _named(self, method, key, mname, spec):
+        """method, named mname and presenting the real method's signature
+        (which ComfyUI inspects); a signature that cannot be rebuilt is a
+        warning, and ComfyUI then passes every input."""
+        method.__name__ = method.__qualname__ = mname
+        try:
+            method.__signature__ = _signature(spec)
+        except (ValueError, TypeError) as e:
+            log.warning("bulkhead: pack %r: the signature of %s.%s cannot be rebuilt (%s); ComfyUI "
+                        "will pass it every input", self.name, key, mname, e)
+        return method
+
+    def _class_method(self, key, mname, spec):
+        rt = self
+
+        def method(*_cls, **kwargs):
+            if mname == "VALIDATE_INPUTS" and on_server_loop():
+                return rt.validate_on_loop(key, kwargs)
+            return rt.call_class(key, mname, kwargs)
+        return self._named(method, key, mname, spec)
+
+    # calls
+
+    def run(self, node, key, kwargs, method=None):
+        mm = _mm()
+        if mm is not None and mm.processing_interrupted():
+            raise mm.InterruptProcessingException()
+        deferred = self._take_deferred(key, kwargs) if method is None else []
+        w = self.worker
+        with w.holding():
+            self._begin(w, mm, key, deferred)
+            instance = node.__dict__.get("_bulkhead_instance")
+            if instance is not None and instance._peer is not w.peer:
+                instance = None  # the worker was restarted: a new instance there
+            try:
+                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), instance, method)
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") from None
+            except HandleError:
+                # The worker died between the checks above and the call,
+                # which then ran on the next generation with the old
+                # generation's instance and failed before anything ran
+                # there: once more, with a new instance.  (A dead handle
+                # among the inputs fails again, and that error stands.)
+                if instance is None or instance._peer is w.peer:
+                    raise
+                node.__dict__.pop("_bulkhead_instance", None)
+                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), None, method)
+            peer = w.peer
+        if key not in self._handle_gen and _holds_handles(res["outputs"]):
+            self._outputs_hold_handles(type(node), key, peer.generation)
+        node._bulkhead_instance = res["instance"]
+        if res["instance"] is not None:
+            self.instances.add(res["instance"])
+        return res["outputs"]
+
+    def _outputs_hold_handles(self, cls, key, generation):
+        """Node key's outputs hold worker handles (first seen on this
+        generation): from now on its IS_CHANGED says when they died."""
+        self._handle_gen[key] = generation
+        if "IS_CHANGED" not in cls.__dict__:
+            cls.IS_CHANGED = classmethod(self._is_changed_fns[key])
+
+    def _is_changed(self, key, real, kwargs):
+        """The proxy's IS_CHANGED: the real node's answer (False when it has
+        none), and, for a node whose outputs held worker handles, from the
+        first restart of the worker that made them on, that answer with
+        the generation the node's next run would use.  ComfyUI caches a
+        node's outputs by its inputs and this answer, so handles of a dead
+        worker are never handed on: the node runs again, on the next
+        generation, though its inputs did not change.  The answer never
+        goes back to an earlier one (a cache keyed by it would hold dead
+        handles), and while the worker lives it stays the same.  NaN (run
+        every time) is passed on as it is."""
+        answer = real(**kwargs) if real is not None else False
+        first = self._handle_gen.get(key)
+        if first is None or (isinstance(answer, float) and answer != answer):
+            return answer
+        gen = self.worker.generation
+        if not self.worker.alive:
+            gen += 1
+        if gen == first:
+            return answer
+        if real is None:
+            return f"bulkhead worker generation {gen}"
+        return f"{answer!r} (bulkhead worker generation {gen})"
+
+    # VALIDATE_INPUTS from ComfyUI's web server.  ComfyUI calls it inline
+    # on the event loop when a prompt is queued.  The worker answers it
+    # where it is running and idle, on a thread of its own, and the loop
+    # waits for that answer at most VALIDATE_WAIT_S; where the worker is
+    # busy with a node (the lock held, maybe for minutes), not started yet
+    # (a spawn and the pack's import), or its validator is slow, stopped or
+    # deadlocked, waiting would freeze the whole server, so the check is
+    # deferred instead: the prompt is accepted, and the check runs in the
+    # worker just before a node with those inputs runs, failing that node
+    # with the validator's message, as a prompt refused at queue time would
+    # have been.  Deferred checks are bounded per node (the oldest go).
+    DEFERRED_MAX = 64
+    VALIDATE_WAIT_S = 0.5
+
+    def validate_on_loop(self, key, kwargs, v3_hidden=None):
+        """VALIDATE_INPUTS (a V3 node's validate_inputs: v3_hidden, the
+        hidden values of ComfyUI's class clone) without waiting past
+        VALIDATE_WAIT_S: the worker's answer when it is idle and running
+        and answers in time, else True and the check deferred to the node's
+        run (see above)."""
+        w, box, done = self.worker, {}, threading.Event()
+
+        def check():
+            try:
+                with w.holding(0) as held:
+                    if not held or not w.alive or w.busy:
+                        box["why"] = "busy" if not held or w.alive else "not started"
+                        return
+                    box["answer"] = self._validate(w, _mm(), key, kwargs, drain=False, v3_hidden=v3_hidden)
+            except BaseException as e:
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=check, name=f"bulkhead-validate-{self.name}", daemon=True).start()
+        if done.wait(self.VALIDATE_WAIT_S) and "why" not in box:
+            if "error" in box:
+                raise box["error"]
+            return box["answer"]
+        with self._deferred_lock:
+            pending = self._deferred.setdefault(key, [])
+            pending.append(dict(kwargs))
+            del pending[:-self.DEFERRED_MAX]
+        log.info("bulkhead: pack %r: %s.%s is checked when the node runs (%s)", self.name, key,
+                 "VALIDATE_INPUTS" if v3_hidden is None else "validate_inputs",
+                 f"its worker is {box['why']}" if "why" in box
+                 else f"it did not answer within {self.VALIDATE_WAIT_S:g} s")
+        return True
+
+    def _take_deferred(self, key, kwargs):
+        """The deferred VALIDATE_INPUTS kwargs of node key that match the
+        inputs it runs with (taken off the list)."""
+        with self._deferred_lock:
+            pending = self._deferred.get(key)
+            if not pending:
+                return []
+            hits = [p for p in pending if _matches(p, kwargs)]
+            pending[:] = [p for p in pending if all(p is not h for h in hits)]
+            return hits
+
+    def _validate(self, w, mm, key, kwargs, drain=True, v3_hidden=None):
+        """The worker's VALIDATE_INPUTS answer for these inputs (a V3 node's
+        validate_inputs where v3_hidden is given; the caller holds the
+        worker lock)."""
+        try:
+            if v3_hidden is not None:
+                return self._call(w, mm, targets.RUN_V3, key, "validate_inputs", NodeValue(dict(kwargs)),
+                                  v3_hidden, drain=drain)
+            return self._call(w, mm, targets.CALL_CLASS, key, "VALIDATE_INPUTS",
+                              NodeValue(dict(kwargs)), drain=drain)
+        except HostObject as e:
+            raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.VALIDATE_INPUTS (pack {self.name!r})") \
+                from None
+
+    def _begin(self, w, mm, key, deferred, v3_hidden=None):
+        """A node call's start, under the worker lock: a generation that
+        died idle is noticed here, not half-way through the call; the
+        worker started; the node's deferred VALIDATE_INPUTS checked."""
+        w.poll()
+        w.start()
+        for checked in deferred:
+            self._validate_late(w, mm, key, checked, v3_hidden)
+
+    def _validate_late(self, w, mm, key, checked, v3_hidden=None):
+        answer = self._validate(w, mm, key, checked, v3_hidden=v3_hidden)
+        if answer is not True:
+            raise ValueError(f"{key}: its VALIDATE_INPUTS refused these inputs: {answer} (pack {self.name!r}; "
+                             "checked when the node ran, because its worker was busy or not started when the "
+                             "prompt was queued)")
+
+    def run_v3(self, clone, key, kwargs, method=None):
+        """A V3 proxy's execute (method None) or its validate_inputs /
+        fingerprint_inputs / check_lazy_status, on the class clone ComfyUI
+        made (its `hidden` holds the hidden values), run in the worker.
+        execute answers an io.NodeOutput of the host's comfy_api."""
+        mm = _mm()
+        if method is None and mm is not None and mm.processing_interrupted():
+            raise mm.InterruptProcessingException()
+        hidden = hidden_values(clone)
+        deferred = self._take_deferred(key, kwargs) if method is None else []
+        w = self.worker
+        with w.holding():
+            self._begin(w, mm, key, deferred, hidden)
+            try:
+                res = self._call(w, mm, targets.RUN_V3, key, method, NodeValue(kwargs), hidden)
+            except HostObject as e:
+                where = f"{key}.{method}" if method else f"node {key!r}"
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {where} (pack {self.name!r})") from None
+        if method is not None:
+            return res
+        from comfy_api.latest import io
+        out = res["outputs"]
+        return io.NodeOutput(*out["args"], ui=out["ui"], expand=out["expand"],
+                             block_execution=out["block_execution"])
+
+    def call_class(self, key, mname, kwargs):
+        with self.worker.holding():
+            try:
+                return self._call(self.worker, _mm(), targets.CALL_CLASS, key, mname,
+                                  NodeValue(kwargs))
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.{mname} (pack {self.name!r})") from None
+
+    def _call(self, w, mm, target, *args, drain=True):
+        progress = Progress(mm)
+        w.frame_handlers[_native.PROGRESS] = progress.on_frame
+        watch = None
+        if mm is not None and hasattr(mm, "processing_interrupted"):
+            watch = watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
+        w.park_reader()
+        try:
+            out = w.call(target, *args)
+            self.warm_generation = w.generation     # a node ran here: nothing left to prewarm
+            return out
+        except RemoteError as e:
+            raise self._translate(e, mm) from None
+        except WorkerDied:
+            if watch is None or not watch.stopped_worker:
+                raise
+            log.warning("bulkhead: pack %r: a node was still running %.1f s after the interrupt, so its "
+                        "worker was stopped (interrupt_grace_s in [bulkhead]; 0 turns this off); the pack's "
+                        "models will load again on its next node", self.name, watch.grace_s)
+            if hasattr(mm, "InterruptProcessingException"):
+                raise mm.InterruptProcessingException() from None
+            raise NodeInterrupted(f"a node of pack {self.name!r} was interrupted (its worker was stopped)") from None
+        finally:
+            if watch is not None:
+                watcher.end(watch)
+                self.last_interrupt_at = watch.fired_at
+            w.frame_handlers.pop(_native.PROGRESS, None)
+            after = self.options.get("after_call") if drain else None
+            if after is not None:
+                after(w)  # the memory layer's drain: stand-ins made to match the ledger
+
+    def _translate(self, e, mm):
+        kind = e.remote_type
+        if kind == remote_name(NodeInterrupted):
+            if mm is not None and hasattr(mm, "InterruptProcessingException"):
+                return mm.InterruptProcessingException()
+            return NodeInterrupted(f"a node of pack {self.name!r} was interrupted")
+        if kind == remote_name(WorkerOutOfMemory):
+            text = (f"{e.remote_message} [in {e.worker}]\n--- worker traceback ---\n"
+                    f"{e.remote_traceback.rstrip()}")
+            cls = getattr(mm, "OOM_EXCEPTION", None) if mm is not None else None
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                cls = MemoryError
+            try:
+                return cls(text)
+            except Exception:
+                return MemoryError(text)
+        return e
+
+    def prewarm(self):
+        """Starts the worker and imports the pack there: what the pack's
+        first node would otherwise wait for; then rehearses a node call.  Blocks (the caller is a
+        thread of host/prewarm.py); returns the number of node classes."""
+        w = self.worker
+        with w.holding():
+            w.start()
+            n = w.call(targets.WARM)
+            # and a node call's round trip without a node (worker/nodes.py
+            # rehearse), so that the first node does not run that code first
+            self._call(w, _mm(), targets.REHEARSE,
+                       NodeValue({"value": 1.0, "text": "", "list": [1, 2]}), drain=False)
+            self.warm_generation = w.generation
+            return n
+
+    def close(self):
+        self.worker.close()
