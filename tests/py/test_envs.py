@@ -345,13 +345,16 @@ def test_killed_install_leaves_no_env(tmp_path, home, offline):
     p = subprocess.Popen([sys.executable, "-m", "bulkhead", "install", pack], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        # killed once its temporary environment has an interpreter (well
+        # into the build, before its requirements are in): not after a fixed
+        # sleep, which a fast uv could outrun
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and p.poll() is None:
-            if os.path.isdir(envdir) and any(".tmp-" in n for n in os.listdir(envdir)):
+            tmp = [n for n in os.listdir(envdir) if ".tmp-" in n] if os.path.isdir(envdir) else []
+            if tmp and os.path.exists(os.path.join(envdir, tmp[0], "bin", "python")):
                 break
-            time.sleep(0.01)
+            time.sleep(0.002)
         assert p.poll() is None, "the install finished before it could be killed"
-        time.sleep(0.3)                       # well into venv creation
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
