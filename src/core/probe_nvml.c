@@ -357,28 +357,29 @@ static bh__nvml_dev bh__nvml_handle(struct bh__nvml *n, int i, int *rc) {
 
 static int bh__nvml_count(void *ctx) { return ((struct bh__nvml *)ctx)->count; }
 
-static int bh__nvml_uuid(void *ctx, int i, char *buf, size_t len) {
-  struct bh__nvml *n = ctx;
+/* A device's string from one of NVML's getters (UUID, name), through a
+ * buffer of `cap` bytes (the longest NVML documents for it). */
+static int bh__nvml_string(struct bh__nvml *n, int i, bh__nvml_rc (*get)(bh__nvml_dev, char *, unsigned int),
+                           size_t cap, char *buf, size_t len) {
   int rc = 0;
   bh__nvml_dev h = bh__nvml_handle(n, i, &rc);
   if (!h) return rc;
-  char tmp[BH_GPU_UUID_MAX] = {0};
-  rc = bh__nvml_err(n->get_uuid(h, tmp, sizeof tmp));
+  char tmp[BH_GPU_UUID_MAX > BH_GPU_NAME_MAX ? BH_GPU_UUID_MAX : BH_GPU_NAME_MAX] = {0};
+  if (cap > sizeof tmp) cap = sizeof tmp;
+  rc = bh__nvml_err(get(h, tmp, (unsigned int)cap));
   if (rc < 0) return rc;
-  tmp[sizeof tmp - 1] = 0;
+  tmp[cap - 1] = 0;
   return bh__copy_out(tmp, buf, len);
+}
+
+static int bh__nvml_uuid(void *ctx, int i, char *buf, size_t len) {
+  struct bh__nvml *n = ctx;
+  return bh__nvml_string(n, i, n->get_uuid, BH_GPU_UUID_MAX, buf, len);
 }
 
 static int bh__nvml_name(void *ctx, int i, char *buf, size_t len) {
   struct bh__nvml *n = ctx;
-  int rc = 0;
-  bh__nvml_dev h = bh__nvml_handle(n, i, &rc);
-  if (!h) return rc;
-  char tmp[BH_GPU_NAME_MAX] = {0};
-  rc = bh__nvml_err(n->get_name(h, tmp, sizeof tmp));
-  if (rc < 0) return rc;
-  tmp[sizeof tmp - 1] = 0;
-  return bh__copy_out(tmp, buf, len);
+  return bh__nvml_string(n, i, n->get_name, BH_GPU_NAME_MAX, buf, len);
 }
 
 static int bh__nvml_memory(void *ctx, int i, bh_gpu_memory *out) {
