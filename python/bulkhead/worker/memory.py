@@ -87,8 +87,7 @@ def _trim_shm():
 
 
 def _drop_sent():
-    from .. import worker
-    sent = getattr(worker._peer, "sent", None)
+    sent = getattr(_worker._peer, "sent", None)
     if sent is not None:
         sent.clear()
 
