@@ -157,7 +157,13 @@ def test_prompt_same_history(host):
     assert "3.m" in got["history"]["outputs"]["4"]["nodes"]
 
 
-def test_validate_inputs_refuses(host):
+def test_validate_inputs_refuses(host, monkeypatch):
+    # The answer, not the deadline: on a loaded machine the worker's first
+    # validate_inputs can take longer than the event loop's 0.5 s wait, and
+    # the check is then (rightly) deferred to the node's run, which this
+    # test does not compare; the deferral is tested in tests/e2e/test_server.py.
+    from bulkhead.host.runtime import PackRuntime
+    monkeypatch.setattr(PackRuntime, "VALIDATE_WAIT_S", 60.0)
     proxy, real = host()
     prompt = {"1": dict(PROMPT["1"], inputs={"n": 7, "kind": "a"}), "2": PROMPT["2"], "5": PROMPT["5"],
               "6": PROMPT["6"], "7": PROMPT["7"], "3": PROMPT["3"]}
