@@ -591,11 +591,32 @@ typedef struct bh_spawn_opts {
  * bh_channel_open.  Fails with -ENOENT / -EACCES when the interpreter
  * cannot be executed, before any child exists. */
 BH_EXTERN int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **proc, int *chan_fd);
+typedef struct bh_fork_opts {
+  int zygote_fd;                 /* the zygote's socket (SOCK_SEQPACKET) */
+  const void *request;           /* what the zygote is asked (its format is the zygote's) */
+  size_t request_len;
+  int timeout_ms;                /* for the zygote's answer; <= 0: 10 s */
+  int stderr_sink;
+  const char *stderr_prefix;
+} bh_fork_opts;
+
+/* As bh_proc_spawn, the child forked by a zygote (a started interpreter
+ * that sets up the same layout: worker/zygote.py).  The channel's ends,
+ * the output pipe and a report socket go to the zygote with SCM_RIGHTS
+ * beside the request; it answers the child's pid or -errno and a reason
+ * (copied into why, NUL-terminated).  The caller asks one zygote one
+ * request at a time.  The zygote reports the child's wait status on the
+ * report socket and reaps it only when bh_proc_wait answers, so wait,
+ * kill, stop and close hold as for a spawned child; if the zygote dies
+ * first, the child's end is seen by its pidfd and its status is -1. */
+BH_EXTERN int bh_proc_fork_via(const bh_fork_opts *o, bh_proc **proc, int *chan_fd, char *why,
+                               size_t why_n);
 BH_EXTERN pid_t bh_proc_pid(const bh_proc *p);
 /* A pollable fd that becomes readable when the child exits (a pidfd). */
 BH_EXTERN int bh_proc_pidfd(const bh_proc *p);
 /* Waits for the child to exit for at most timeout_ms (<0: forever) and
- * reaps it.  Returns 0 with *status as from waitpid, or -ETIMEDOUT.  Once
+ * reaps it.  Returns 0 with *status as from waitpid (-1: unknown, a
+ * zygote's child whose zygote died), or -ETIMEDOUT.  Once
  * reaped, further calls return the same status at once. */
 BH_EXTERN int bh_proc_wait(bh_proc *p, int timeout_ms, int *status);
 /* The ladder after a BYE the caller sent: wait grace_ms, SIGTERM, wait

@@ -14,6 +14,18 @@
  * else one close action per inheritable fd found in /proc/self/fd.  So the
  * child inherits exactly fds 0-3.
  *
+ * bh_proc_fork_via gets the same layout from a zygote (a started
+ * interpreter with the worker's modules imported, worker/zygote.py): the
+ * host makes the three ends and hands them over with SCM_RIGHTS, the
+ * zygote forks, the child sets them up as the spawn would and leads its
+ * own group.  Not being the child's parent, the host learns its end from
+ * the zygote: a per-child report socket carries the wait status once the
+ * child exits, and the zygote reaps the zombie only when the host answers
+ * -- so until then neither the pid nor the group can be reused, and the
+ * group kill before the reap holds as for a spawned child.  A zygote that
+ * dies first leaves its children to init: the host then waits on the
+ * pidfd, signals the leader alone through it, and has no status.
+ *
  * A drain thread copies the child's output to a sink fd (the host's
  * stderr), prefixing each line, and keeps the last BH__TAIL bytes so an
  * error can quote what the worker said before it died.  Death is seen
@@ -45,6 +57,8 @@ struct bh_proc {
   int stop_fd; /* pipe: written to stop the drain thread */
   int stop_wr;
   int sink;
+  int report_fd; /* forked by a zygote (bh_proc_fork_via): its report socket, else -1 */
+  int orphaned;  /* the zygote went before reporting: the leader is signalled by pidfd alone */
   char prefix[64];
   pthread_t drain;
   int drain_started;
@@ -168,7 +182,7 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
     return -EINVAL;
   p = calloc(1, sizeof *p);
   if (!p) return -ENOMEM;
-  p->pidfd = p->out_fd = p->stop_fd = p->stop_wr = -1;
+  p->pidfd = p->out_fd = p->stop_fd = p->stop_wr = p->report_fd = -1;
   p->sink = o->stderr_sink;
   if (o->stderr_prefix) snprintf(p->prefix, sizeof p->prefix, "%s", o->stderr_prefix);
   pthread_mutex_init(&p->mu, NULL);
@@ -260,11 +274,170 @@ err:
   return rc;
 }
 
+static int bh__pidfd_signal(int pidfd, int sig) {
+#ifdef SYS_pidfd_send_signal
+  return syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0) < 0 ? -errno : 0;
+#else
+  (void)pidfd;
+  (void)sig;
+  return -ENOSYS;
+#endif
+}
+
+/* Sends buf with three fds on the zygote's socket and reads its answer:
+ * an int32 (the child's pid, or -errno) and what it says of an error. */
+static int bh__zygote_ask(const bh_fork_opts *o, const int fds[3], pid_t *pid, char *why, size_t why_n) {
+  union {
+    char buf[CMSG_SPACE(3 * sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  memset(&u, 0, sizeof u);
+  struct iovec iov = {(void *)o->request, o->request_len};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+  struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(3 * sizeof(int));
+  memcpy(CMSG_DATA(c), fds, 3 * sizeof(int));
+  ssize_t n;
+  do n = sendmsg(o->zygote_fd, &m, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  int64_t deadline = bh_now_ns() + (int64_t)(o->timeout_ms > 0 ? o->timeout_ms : 10000) * 1000000;
+  for (;;) {
+    int64_t ns = deadline - bh_now_ns();
+    if (ns <= 0) return -ETIMEDOUT;
+    struct pollfd pf = {o->zygote_fd, POLLIN, 0};
+    int r = poll(&pf, 1, (int)((ns + 999999) / 1000000));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r > 0) break;
+  }
+  char reply[4 + 512];
+  do n = recv(o->zygote_fd, reply, sizeof reply, 0);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  if (n < 4) return -EPIPE; /* the zygote went (EOF) or spoke nonsense */
+  int32_t v;
+  memcpy(&v, reply, 4);
+  size_t k = (size_t)n - 4 < why_n - 1 ? (size_t)n - 4 : why_n - 1;
+  memcpy(why, reply + 4, k);
+  why[k] = 0;
+  if (v <= 0) return v < 0 && v > -4096 ? v : -EPROTO;
+  *pid = (pid_t)v;
+  return 0;
+}
+
+int bh_proc_fork_via(const bh_fork_opts *o, bh_proc **out, int *chan_fd, char *why, size_t why_n) {
+  int sv[2] = {-1, -1}, outp[2] = {-1, -1}, rep[2] = {-1, -1}, stopp[2] = {-1, -1};
+  int rc;
+  bh_proc *p = NULL;
+  if (!o || o->zygote_fd < 0 || !o->request || !out || !chan_fd || !why || why_n == 0) return -EINVAL;
+  why[0] = 0;
+  p = calloc(1, sizeof *p);
+  if (!p) return -ENOMEM;
+  p->pidfd = p->out_fd = p->stop_fd = p->stop_wr = p->report_fd = -1;
+  p->sink = o->stderr_sink;
+  if (o->stderr_prefix) snprintf(p->prefix, sizeof p->prefix, "%s", o->stderr_prefix);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, rep) < 0 || pipe2(outp, O_CLOEXEC) < 0 ||
+      pipe2(stopp, O_CLOEXEC) < 0) {
+    rc = -errno;
+    goto err;
+  }
+  if ((rc = bh__lift(&sv[0])) || (rc = bh__lift(&rep[0])) || (rc = bh__lift(&outp[0])) ||
+      (rc = bh__lift(&stopp[0])) || (rc = bh__lift(&stopp[1])))
+    goto err;
+  int give[3] = {sv[1], outp[1], rep[1]};
+  pid_t pid = 0;
+  rc = bh__zygote_ask(o, give, &pid, why, why_n);
+  /* The zygote holds its own copies now (or never will): ours go. */
+  bh__close(sv[1]);
+  bh__close(outp[1]);
+  bh__close(rep[1]);
+  sv[1] = outp[1] = rep[1] = -1;
+  if (rc) goto err;
+  p->pid = pid;
+  /* The child cannot be reaped before the host answers its report, so
+   * the pid names it still. */
+  p->pidfd = bh__pidfd_open(pid);
+  if (p->pidfd >= 0 && bh__lift(&p->pidfd)) {
+    close(p->pidfd);
+    p->pidfd = -1;
+  }
+  p->report_fd = rep[0];
+  rep[0] = -1;
+  p->out_fd = outp[0];
+  outp[0] = -1;
+  fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
+  p->stop_fd = stopp[0];
+  p->stop_wr = stopp[1];
+  stopp[0] = stopp[1] = -1;
+  if (pthread_create(&p->drain, NULL, bh__drain_main, p) == 0) p->drain_started = 1;
+  *chan_fd = sv[0];
+  *out = p;
+  return 0;
+err:
+  for (int i = 0; i < 2; i++) {
+    if (sv[i] >= 0) bh__close(sv[i]);
+    if (outp[i] >= 0) bh__close(outp[i]);
+    if (rep[i] >= 0) bh__close(rep[i]);
+    if (stopp[i] >= 0) bh__close(stopp[i]);
+  }
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+  return rc;
+}
+
+/* A zygote's child: waits for its report (the wait status, the zombie kept
+ * until this answer), kills what is left of its group and lets the zygote
+ * reap it.  A zygote gone first: the pidfd tells the end, with no status. */
+static int bh__wait_forked(bh_proc *p, int timeout_ms) {
+  int64_t deadline = timeout_ms < 0 ? -1 : bh_now_ns() + (int64_t)timeout_ms * 1000000;
+  for (;;) {
+    int left = -1;
+    if (deadline >= 0) {
+      int64_t ns = deadline - bh_now_ns();
+      left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
+    }
+    struct pollfd pf = {p->orphaned ? p->pidfd : p->report_fd, POLLIN, 0};
+    if (pf.fd < 0) return -ESRCH; /* orphaned with no pidfd: nothing can tell */
+    int r = poll(&pf, 1, left);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r == 0) return -ETIMEDOUT;
+    if (p->orphaned) {
+      p->status = -1;
+      p->reaped = 1;
+      return 0;
+    }
+    int32_t st;
+    ssize_t n;
+    do n = recv(p->report_fd, &st, sizeof st, MSG_WAITALL);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof st) {
+      kill(-p->pid, SIGKILL);
+      bh__write_all(p->report_fd, "r", 1);
+      p->status = st;
+      p->reaped = 1;
+      return 0;
+    }
+    p->orphaned = 1; /* EOF: the zygote is gone; init has the child now */
+  }
+}
+
 pid_t bh_proc_pid(const bh_proc *p) { return p->pid; }
 int bh_proc_pidfd(const bh_proc *p) { return p->pidfd; }
 
 int bh_proc_wait(bh_proc *p, int timeout_ms, int *status) {
   if (!p) return -EINVAL;
+  if (!p->reaped && p->report_fd >= 0) {
+    int rc = bh__wait_forked(p, timeout_ms);
+    if (rc) return rc;
+  }
   if (!p->reaped) {
     if (p->pidfd >= 0 && timeout_ms != 0) {
       int64_t deadline = timeout_ms < 0 ? -1 : bh_now_ns() + (int64_t)timeout_ms * 1000000;
@@ -309,7 +482,9 @@ int bh_proc_wait(bh_proc *p, int timeout_ms, int *status) {
 int bh_proc_kill(bh_proc *p, int sig) {
   if (!p) return -EINVAL;
   if (p->reaped) return -ESRCH;
-  /* Not reaped yet, so the pid cannot have been reused. */
+  /* Not reaped yet, so the pid cannot have been reused (a zygote's
+   * orphan: init may reap it any time, so through its pidfd). */
+  if (p->orphaned) return p->pidfd >= 0 ? bh__pidfd_signal(p->pidfd, sig) : -ESRCH;
   return kill(p->pid, sig) < 0 ? -errno : 0;
 }
 
@@ -321,6 +496,7 @@ int bh_proc_kill(bh_proc *p, int sig) {
  * (setsid) is signalled alone. */
 static int bh__kill_group(bh_proc *p, int sig) {
   if (p->reaped) return -ESRCH;
+  if (p->orphaned) return bh_proc_kill(p, sig);
   if (kill(-p->pid, sig) == 0) return 0;
   return kill(p->pid, sig) < 0 ? -errno : 0;
 }
@@ -368,6 +544,7 @@ void bh_proc_close(bh_proc *p) {
   if (p->out_fd >= 0) bh__close(p->out_fd);
   if (p->stop_fd >= 0) bh__close(p->stop_fd);
   if (p->stop_wr >= 0) bh__close(p->stop_wr);
+  if (p->report_fd >= 0) bh__close(p->report_fd);
   pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->mu);
   free(p);

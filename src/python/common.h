@@ -145,6 +145,7 @@ bh_state *bh_py_channel_state(PyObject *chan);
  * with an exception when timeout is not a number. */
 int64_t bh_py_deadline_of(PyObject *timeout, int *err);
 PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw);
+PyObject *bh_py_spawn_via(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_relax_ns(PyObject *module, PyObject *unused);
 PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);
 /* probe.c's part of the module's exec, after the types exist. */

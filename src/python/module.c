@@ -44,6 +44,10 @@ static PyMethodDef bh_methods[] = {
     {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
      "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
      "Starts a worker with the channel's child end as fd 3."},
+    {"spawn_via", (PyCFunction)(void (*)(void))bh_py_spawn_via, METH_VARARGS | METH_KEYWORDS,
+     "spawn_via(zygote_fd, request, sink=-1, prefix=None, timeout_ms=0) -> (Proc, fd)\n"
+     "As spawn, the worker forked by a zygote (worker/zygote.py) asked on zygote_fd; an\n"
+     "OSError carries the zygote's reason.  One request at a time per zygote."},
     {"relax_ns", bh_py_relax_ns, METH_NOARGS,
      "relax_ns() -> float: what one OpenMP spin-wait step (x86 `pause`) costs here, in ns\n"
      "(the least of a few timed runs; about 1 ms)"},

@@ -175,6 +175,23 @@ static void str_array_free(char **arr) {
   free(arr);
 }
 
+/* (Proc, channel fd) for a started child; both closed on failure. */
+static PyObject *proc_result(PyObject *module, bh_proc *proc, int fd) {
+  bh_state *st = bh_py_state(module);
+  bh_proc_obj *po = PyObject_GC_New(bh_proc_obj, st->Proc);
+  if (!po) {
+    bh_proc_close(proc);
+    close(fd);
+    return NULL;
+  }
+  po->proc = proc;
+  po->module = bh_py_newref(module);
+  PyObject_GC_Track((PyObject *)po);
+  PyObject *res = Py_BuildValue("(Ni)", (PyObject *)po, fd);
+  if (!res) close(fd);
+  return res;
+}
+
 PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"interpreter", "argv", "env", "cwd", "sink", "prefix", NULL};
   const char *interp, *cwd = NULL, *prefix = NULL;
@@ -200,22 +217,35 @@ PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw) {
     Py_XDECREF(e);
     goto out;
   }
-  bh_state *st = bh_py_state(module);
-  bh_proc_obj *po = PyObject_GC_New(bh_proc_obj, st->Proc);
-  if (!po) {
-    bh_proc_close(proc);
-    close(fd);
-    goto out;
-  }
-  po->proc = proc;
-  po->module = bh_py_newref(module);
-  PyObject_GC_Track((PyObject *)po);
-  res = Py_BuildValue("(Ni)", (PyObject *)po, fd);
-  if (!res) close(fd);
+  res = proc_result(module, proc, fd);
 out:
   str_array_free(argv);
   str_array_free(envp);
   return res;
+}
+
+PyObject *bh_py_spawn_via(PyObject *module, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"zygote_fd", "request", "sink", "prefix", "timeout_ms", NULL};
+  int zfd, sink = -1, timeout_ms = 0, rc, fd = -1;
+  const char *req, *prefix = NULL;
+  Py_ssize_t req_len;
+  char why[512];
+  bh_proc *proc = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "iy#|izi:spawn_via", kwlist, &zfd, &req, &req_len, &sink, &prefix,
+                                   &timeout_ms))
+    return NULL;
+  bh_fork_opts o = {.zygote_fd = zfd, .request = req, .request_len = (size_t)req_len,
+                    .timeout_ms = timeout_ms, .stderr_sink = sink, .stderr_prefix = prefix};
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_proc_fork_via(&o, &proc, &fd, why, sizeof why);
+  Py_END_ALLOW_THREADS
+  if (rc < 0) {
+    PyObject *e = Py_BuildValue("(is)", -rc, why[0] ? why : bh_strerror(rc));
+    if (e) PyErr_SetObject(PyExc_OSError, e);
+    Py_XDECREF(e);
+    return NULL;
+  }
+  return proc_result(module, proc, fd);
 }
 
 PyObject *bh_py_relax_ns(PyObject *module, PyObject *unused) {

@@ -195,7 +195,7 @@ def test_events_previews_and_routes_reach_the_hosts_server(tmp_path):
     assert r["api_hello"][0] == 200 and r["api_hello"][1]["hello"] == "ann"
     assert r["echo"] == [201, {"got": {"x": [1, 2]}}]
     assert r["echo_events"] == [{"x": [1, 2]}]
-    assert r["listed"] == [200, "from ROUTES"]
+    assert r["listed"] == [200, "from ROUTES"], r["listed"]
     assert r["prompt"] == {"prompt": {"1": {}, "seen_by": "shimpack"}}
 
 

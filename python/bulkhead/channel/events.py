@@ -27,7 +27,11 @@ import json
 import os
 import struct
 
-_PACK = os.environ.get("BULKHEAD_PACK_NAME", "?")   # in a worker: its pack, for messages
+def pack_name():
+    """In a worker: its pack, for messages (read when said: a zygote's
+    child imported this module before it had a pack)."""
+    return os.environ.get("BULKHEAD_PACK_NAME", "?")
+
 
 OP_SEND = "send_sync"     # (event, data, sid): the host's PromptServer.send_sync
 OP_STATE = "state"        # () -> {name: value} of STATE_NAMES
@@ -53,7 +57,7 @@ def json_data(event, data):
         return json.loads(json.dumps(data))
     except (TypeError, ValueError, RecursionError) as e:
         raise UnsendableEvent(
-            f"PromptServer.send_sync({event!r}, ...) in pack {_PACK!r}: the data cannot be sent to "
+            f"PromptServer.send_sync({event!r}, ...) in pack {pack_name()!r}: the data cannot be sent to "
             f"the host ({e}); an event's data must be JSON (dict, list, str, number, bool, None) or "
             "bytes, as ComfyUI's websocket sends it") from None
 
@@ -61,7 +65,7 @@ def json_data(event, data):
 def _pil_image(event, image):
     save = getattr(image, "save", None)
     if save is None or not hasattr(image, "size"):
-        raise UnsendableEvent(f"PromptServer.send_sync({event!r}, ...) in pack {_PACK!r}: a preview "
+        raise UnsendableEvent(f"PromptServer.send_sync({event!r}, ...) in pack {pack_name()!r}: a preview "
                               f"must be (format, PIL.Image, max_size), not a {type(image).__name__}")
     return image
 
@@ -80,7 +84,7 @@ def _image_bytes(event, image_data):
     try:
         fmt, image, max_size = image_data
     except (TypeError, ValueError):
-        raise UnsendableEvent(f"PromptServer.send_sync({event!r}, ...) in pack {_PACK!r}: a preview "
+        raise UnsendableEvent(f"PromptServer.send_sync({event!r}, ...) in pack {pack_name()!r}: a preview "
                               "must be a (format, PIL.Image, max_size) tuple") from None
     image = _contain(_pil_image(event, image), max_size)
     out = io.BytesIO()
@@ -92,7 +96,7 @@ def encode_event(event, data):
     """What crosses for send_sync(event, data): (event, data) with a
     preview encoded and everything else JSON or bytes."""
     if not isinstance(event, (str, int)) or isinstance(event, bool):
-        raise UnsendableEvent(f"PromptServer.send_sync in pack {_PACK!r}: the event must be a str "
+        raise UnsendableEvent(f"PromptServer.send_sync in pack {pack_name()!r}: the event must be a str "
                               f"or a binary event number, not {type(event).__name__}")
     if event == BinaryEventTypes.UNENCODED_PREVIEW_IMAGE:
         fmt, raw = _image_bytes(event, data)
@@ -101,7 +105,7 @@ def encode_event(event, data):
         try:
             image_data, metadata = data
         except (TypeError, ValueError):
-            raise UnsendableEvent(f"PromptServer.send_sync({event!r}, ...) in pack {_PACK!r}: expected "
+            raise UnsendableEvent(f"PromptServer.send_sync({event!r}, ...) in pack {pack_name()!r}: expected "
                                   "((format, PIL.Image, max_size), metadata)") from None
         fmt, raw = _image_bytes(event, image_data)
         metadata = dict(json_data(event, metadata or {}))
@@ -115,7 +119,7 @@ def encode_event(event, data):
 
 def check_sid(sid):
     if sid is not None and not isinstance(sid, str):
-        raise UnsendableEvent(f"PromptServer.send_sync in pack {_PACK!r}: sid must be a str or None")
+        raise UnsendableEvent(f"PromptServer.send_sync in pack {pack_name()!r}: sid must be a str or None")
     return sid
 
 

@@ -35,6 +35,7 @@ import time
 
 from .. import _native
 from ..channel import targets
+from . import zygote
 
 log = logging.getLogger("bulkhead")
 
@@ -132,6 +133,8 @@ def exit_idle(min_idle_s=None):
         row = _exit_one(rt, idle, f"after {idle:.0f} s idle", wait_s=0 if min_idle_s is None else BRIEF_S)
         if row is not None:
             out.append(row)
+    if any(row["exited"] for row in out):
+        zygote.stop_idle()   # a zygote with no worker left goes too (else after its linger)
     return out
 
 

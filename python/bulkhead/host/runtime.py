@@ -257,6 +257,24 @@ def on_server_loop():
 PLAIN_TYPES = frozenset(("IMAGE", "MASK", "LATENT", "INT", "FLOAT", "STRING", "BOOLEAN", "AUDIO"))
 
 
+# Types whose values are numbers, text or a choice: a pack whose nodes take
+# and return only these never gets a tensor, so its workers' zygote
+# imports no torch (worker/zygote.py; a worker imports what its pack needs).
+NO_TENSOR_TYPES = frozenset(("INT", "FLOAT", "STRING", "BOOLEAN"))
+# What every pack's zygote imports: the worker's own modules.
+ZYGOTE_PRELOAD = ("bulkhead.worker.nodes", "bulkhead.worker.memory")
+
+
+def _io_types(cls):
+    """Every input and output type a proxy class names (a combo's list
+    aside)."""
+    spec = cls.INPUT_TYPES()
+    types = [t for section in spec.values() if isinstance(section, dict)
+             for t in (v[0] if isinstance(v, (list, tuple)) and v else v for v in section.values())]
+    types.extend(getattr(cls, "RETURN_TYPES", ()) or ())
+    return [t for t in types if not isinstance(t, (list, tuple))]
+
+
 def _may_hold_handles(return_types):
     return any(not (isinstance(t, str) and t in PLAIN_TYPES) for t in return_types or ()
                if not isinstance(t, (list, tuple)))   # a list: a combo's values, plain
@@ -301,6 +319,7 @@ class PackRuntime:
                              call_timeout_s=options.get("call_timeout_s"),
                              release_timeout_s=options.get("release_timeout_s"))
         self.worker.env_hooks.append(self._worker_env)
+        self.worker.zygote_preload = self._zygote_preload
         from ..envs.build import current_python
         self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
         attach = options.get("attach")
@@ -320,6 +339,20 @@ class PackRuntime:
         # instance): made again on a new generation, so they never keep an
         # idle worker alive (host/idle.py).
         self.instances = weakref.WeakSet()
+
+    def _zygote_preload(self):
+        """What the zygote forking this pack's worker imports first: the
+        worker's modules, and torch where a node takes or returns anything
+        but numbers and text (before the pack is described: the worker's
+        modules alone)."""
+        preload = list(ZYGOTE_PRELOAD)
+        try:
+            tensors = any(t not in NO_TENSOR_TYPES for cls in self.classes.values() for t in _io_types(cls))
+        except Exception:   # a type this cannot read: as a tensor
+            tensors = True
+        if tensors:
+            preload.append("torch")
+        return preload
 
     def _worker_env(self):
         env = {

@@ -37,6 +37,7 @@ from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms
 from .. import _native
 from ..channel.peer import BulkheadError, Peer
 from ..channel import targets
+from . import zygote
 
 ProtocolError = _native.ProtocolError
 
@@ -100,7 +101,7 @@ _PASS_PREFIXES = ("LC_", "BULKHEAD_", "OMP_", "GOMP_", "KMP_")
 # ...except these: the environment builder's pip options may hold an index's
 # credentials (--index-url https://user:token@...), and a worker never
 # builds an environment.
-_NEVER_PASS = frozenset({"BULKHEAD_PIP_ARGS"})
+_NEVER_PASS = frozenset({"BULKHEAD_PIP_ARGS", "BULKHEAD_AS_ZYGOTE"})
 
 
 def describe_status(status):
@@ -286,6 +287,7 @@ def _close_all():
             w.close()
         except Exception:
             pass
+    zygote.close_all()
 
 
 def _read_unasked(ref, chan, wake_r):
@@ -382,6 +384,10 @@ class Worker(_native.Caller):
         self.frame_handlers = {}    # frame kind -> handler(value), shared with every generation's Peer
         self.env_hooks = []         # callables -> dict of variables, evaluated at each start
         self.resolve_python = None  # python -> the interpreter to start, at each start (a rebuilt env)
+        # What a zygote imports before forking this worker (host/zygote.py):
+        # a list of module names, or a callable returning one at each start;
+        # None: the worker is spawned.
+        self.zygote_preload = None
         self.busy = 0               # requests in flight (nested ones count)
         self.last_exit = None       # how the last generation ended, when it died unasked
         self.serve_unasked = False  # a reader thread serves what the worker sends while idle
@@ -439,7 +445,6 @@ class Worker(_native.Caller):
             env = build_env(extra, self.inherit_env)
         except PermissionError as e:  # rundir.PrivateDirError: a directory not ours
             raise WorkerStartError(f"cannot start worker {self.name!r}: {e}") from None
-        envlist = [f"{k}={v}" for k, v in env.items()]
         argv = [self.python, "-m", "bulkhead.worker"]
         sink = -1
         if self.output:
@@ -448,7 +453,13 @@ class Worker(_native.Caller):
             except (AttributeError, ValueError, OSError):
                 sink = 2
         try:
-            proc, fd = _native.spawn(self.python, argv, envlist, self.cwd, sink, f"[{self.name}] ")
+            preload = self.zygote_preload() if callable(self.zygote_preload) else self.zygote_preload
+            if preload is None:
+                proc, fd = _native.spawn(self.python, argv, [f"{k}={v}" for k, v in env.items()], self.cwd,
+                                         sink, f"[{self.name}] ")
+            else:
+                proc, fd = zygote.spawn(self.python, argv, env, self.cwd, sink, f"[{self.name}] ",
+                                        preload)
         except OSError as e:
             what = "not found" if e.errno == 2 else e.strerror
             raise WorkerStartError(

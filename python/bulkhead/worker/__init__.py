@@ -27,7 +27,7 @@ import threading
 from .. import _native
 from ..channel import targets
 from ..channel.peer import Peer, interpreter_info, resolve_target
-from . import typed
+from . import typed, zygote
 
 _peer = None
 # This worker's WorkerMemory when the host attached it to its budget (not
@@ -100,10 +100,14 @@ def _pack_target(target):
 
 def main():
     global _peer
+    if os.environ.get("BULKHEAD_AS_ZYGOTE") == "1":
+        zygote.serve()   # returns in a worker it forked (the zygote itself ends in it)
     fd = int(os.environ.pop("BULKHEAD_FD", "3"))
     host_pid = int(os.environ.pop("BULKHEAD_HOST_PID", os.getppid()))
-    if host_pid != os.getppid():
-        print(f"bulkhead.worker: started by pid {os.getppid()}, expected host {host_pid}", file=sys.stderr)
+    parent = int(os.environ.pop("BULKHEAD_PARENT_PID", host_pid))   # a zygote's, where it forked this one
+    if parent != os.getppid():
+        print(f"bulkhead.worker: started by pid {os.getppid()}, expected {'host' if parent == host_pid else 'zygote'} "
+              f"{parent}", file=sys.stderr)
         return 2
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.

@@ -53,11 +53,10 @@ from ..channel import targets
 from ..channel.events import (OP_SEND, OP_STATE, STATE_NAMES, BinaryEventTypes, UnsendableEvent,  # noqa: F401
                               check_sid, describe_routes, encode_event, encode_response,
                               progress_text)
-from ..channel.events import json_data as _json_data   # on_prompt's parameter is json_data
+from ..channel.events import pack_name, json_data as _json_data   # on_prompt's parameter is json_data
 from .routes import App, Request, RouteDef, RouteTableDef, collect_routes as _collect
 
 HOST_TARGET = targets.SERVER
-_PACK = os.environ.get("BULKHEAD_PACK_NAME", "?")
 
 
 class RouteTimeout(Exception):
@@ -75,7 +74,7 @@ def _forward(op, *args):
     try:  # request id 0: no reply; the host serves it when it reads this channel
         peer.channel.notify(_native.CALLBACK, (HOST_TARGET, (op,) + args, {}), 0)
     except _native.Error as e:
-        print(f"bulkhead: pack {_PACK!r}: event {op} not sent, the host channel is gone: {e}",
+        print(f"bulkhead: pack {pack_name()!r}: event {op} not sent, the host channel is gone: {e}",
               file=sys.stderr)
     return None
 
@@ -137,9 +136,9 @@ def serve_route(entries, index, method, path, request, timeout_s):
     handle_route (targets.HANDLE_ROUTE) hands it the pack's routes."""
     e = entries[index] if 0 <= index < len(entries) else None
     if not isinstance(e, RouteDef) or e.path != path or e.method not in (method, "*"):
-        raise LookupError(f"pack {_PACK!r} no longer has the route {method} {path} (its sources "
+        raise LookupError(f"pack {pack_name()!r} no longer has the route {method} {path} (its sources "
                           "changed since the host read them? restart ComfyUI)")
-    where = f"route {method} {path} of pack {_PACK!r}"
+    where = f"route {method} {path} of pack {pack_name()!r}"
     req = Request(request, PromptServer.instance.app)
     try:
         res = _run_on_loop(lambda: e.handler(req), timeout_s, where)
@@ -167,10 +166,10 @@ def run_prompt_handlers(json_data, timeout_s):
                 data = h(data)
             except Exception as e:
                 import traceback
-                print(f"bulkhead: pack {_PACK!r}: on_prompt handler {h!r} failed: {e!r}\n"
+                print(f"bulkhead: pack {pack_name()!r}: on_prompt handler {h!r} failed: {e!r}\n"
                       + traceback.format_exc(), file=sys.stderr)
         return data
-    out = _run_on_loop(run_all, timeout_s, f"the prompt handlers of pack {_PACK!r}")
+    out = _run_on_loop(run_all, timeout_s, f"the prompt handlers of pack {pack_name()!r}")
     return _json_data("on_prompt", out)
 
 
@@ -232,7 +231,7 @@ class PromptServer:
         if name.startswith("__"):
             raise AttributeError(name)
         raise AttributeError(
-            f"PromptServer.instance.{name} is not available to pack {_PACK!r} in its bulkhead worker: "
+            f"PromptServer.instance.{name} is not available to pack {pack_name()!r} in its bulkhead worker: "
             "there it has routes, app.add_routes, send_sync/send/send_json/send_bytes/send_image, "
             "send_progress_text, client_id, last_node_id, last_prompt_id and add_on_prompt_handler")
 

@@ -1,0 +1,200 @@
+"""Workers forked by a zygote (host/zygote.py, worker/zygote.py).
+
+Each test starts real workers in real venvs through a real zygote and
+checks what a spawned worker would have: the interpreter, sys.path and
+site of its own environment, its own process group, the status of its
+end, and nothing left behind (no_leaks: no child, no fd)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import bulkhead
+from bulkhead.host import zygote
+from conftest import HELPERS
+
+
+PROBE = "bulkhead_zyprobe:info"
+PROBE_SRC = '''
+import os, sys
+def info():
+    mod = sys.modules.get("zyshared")
+    return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "executable": sys.executable,
+            "prefix": sys.prefix, "path": list(sys.path), "cwd": os.getcwd(),
+            "env": {k: v for k, v in os.environ.items() if k.startswith("ZY_")},
+            "zyshared": getattr(mod, "__file__", None), "torch_loaded": "torch" in sys.modules}
+def zyshared():
+    import zyshared
+    return zyshared.WHO
+def helper():
+    import subprocess
+    return subprocess.Popen(["sleep", "60"]).pid
+'''
+
+
+def _venv(root, name, shared=None):
+    """A venv of this interpreter (no pip) whose site-packages holds the
+    probe and, where shared is given, a module zyshared saying so."""
+    path = os.path.join(root, name)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True)
+    site = subprocess.run([os.path.join(path, "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(site, "bulkhead_zyprobe.py"), "w") as f:
+        f.write(PROBE_SRC)
+    if shared is not None:
+        with open(os.path.join(site, "zyshared.py"), "w") as f:
+            f.write(f"WHO = {shared!r}\n")
+    return os.path.join(path, "bin", "python")
+
+
+@pytest.fixture
+def venvs(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("zyvenvs"))
+    return {"a": _venv(root, "a", shared="a"), "b": _venv(root, "b", shared="b"), "plain": _venv(root, "plain")}
+
+
+def _worker(python, preload=("zyshared",), name="zy", **env):
+    w = bulkhead.Worker(python, name=name, env=dict(env, PYTHONPATH=HELPERS))
+    w.zygote_preload = list(preload)
+    return w
+
+
+def _spawned_info(python, **env):
+    w = bulkhead.Worker(python, name="spawned", env=dict(env, PYTHONPATH=HELPERS))
+    try:
+        return w.call(PROBE)
+    finally:
+        w.close()
+
+
+def test_a_forked_worker_is_what_a_spawned_one_would_be(venvs):
+    w = _worker(venvs["a"], ZY_X="1")
+    try:
+        got = w.call(PROBE)
+        z = next(iter(zygote._zygotes.values()))
+        assert got["ppid"] == z.pid != os.getpid()          # forked by the zygote ...
+        assert got["pgid"] == got["pid"]                     # ... leading its own group
+        assert got["zyshared"].startswith(os.path.dirname(os.path.dirname(os.path.dirname(venvs["a"]))))
+        want = _spawned_info(venvs["a"], ZY_X="1")
+        for k in ("executable", "prefix", "path", "cwd", "env"):
+            assert got[k] == want[k], k
+        assert w.call("bulkhead_zyprobe:zyshared") == "a"
+    finally:
+        w.close()
+
+
+def test_one_zygote_serves_workers_of_many_environments_and_execs_where_a_module_differs(venvs):
+    a, b, plain = _worker(venvs["a"], name="a"), _worker(venvs["b"], name="b"), _worker(venvs["plain"], name="p")
+    try:
+        ia, ib, ip = a.call(PROBE), b.call(PROBE), plain.call(PROBE)
+        assert len(zygote._zygotes) == 1
+        zpid = next(iter(zygote._zygotes.values())).pid
+        assert ia["ppid"] == ib["ppid"] == ip["ppid"] == zpid
+        # b's environment has its own zyshared: b was exec'd, and imports its own
+        assert b.call("bulkhead_zyprobe:zyshared") == "b"
+        assert a.call("bulkhead_zyprobe:zyshared") == "a"
+        # plain has none: a's preloaded copy is not its to see
+        assert ip["zyshared"] is None
+        with pytest.raises(Exception, match="zyshared"):
+            plain.call("bulkhead_zyprobe:zyshared")
+        assert ip["prefix"] == os.path.dirname(os.path.dirname(venvs["plain"]))
+    finally:
+        for w in (a, b, plain):
+            w.close()
+
+
+def test_another_environment_gets_another_zygote(venvs):
+    one, two = _worker(venvs["a"], name="one"), _worker(venvs["a"], name="two", OMP_NUM_THREADS="1")
+    try:
+        assert one.call(PROBE)["ppid"] != two.call(PROBE)["ppid"]
+        assert len(zygote._zygotes) == 2
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_killed_worker_is_seen_with_its_signal_and_the_next_is_forked_again(venvs):
+    w = _worker(venvs["a"])
+    try:
+        first = w.call(PROBE)
+        helper = w.call("bulkhead_zyprobe:helper")
+        os.kill(first["pid"], signal.SIGKILL)
+        with pytest.raises(bulkhead.WorkerDied) as e:
+            w.call(PROBE)
+        assert "signal 9" in str(e.value) or "SIGKILL" in str(e.value)
+        # its helper (its process group) went with it, as with a spawned worker
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{helper}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not os.path.exists(f"/proc/{helper}")
+        again = w.call(PROBE)
+        assert again["pid"] != first["pid"] and again["ppid"] == first["ppid"]
+    finally:
+        w.close()
+
+
+def test_a_dead_zygote_leaves_its_workers_serving_and_the_next_start_makes_another(venvs):
+    w, later = _worker(venvs["a"], name="w"), _worker(venvs["a"], name="later")
+    try:
+        zpid = w.call(PROBE)["ppid"]
+        os.kill(zpid, signal.SIGKILL)
+        time.sleep(0.2)
+        assert w.call(PROBE)["ppid"] != zpid    # init's now; it still serves
+        assert later.call(PROBE)["ppid"] not in (zpid, os.getpid())
+        w.close()                                # closed without the zygote: nothing left (no_leaks)
+        assert w.last_exit is None
+    finally:
+        w.close()
+        later.close()
+
+
+def test_stop_idle_ends_a_zygote_with_no_worker_and_keeps_one_with_workers(venvs):
+    w = _worker(venvs["a"])
+    try:
+        w.call(PROBE)
+        assert zygote.stop_idle() == 0 and len(zygote._zygotes) == 1
+        w.close()
+        assert zygote.stop_idle() == 1 and not zygote._zygotes
+    finally:
+        w.close()
+
+
+def test_zygotes_off(venvs, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_ZYGOTE", "0")
+    w = _worker(venvs["a"])
+    try:
+        assert w.call(PROBE)["ppid"] == os.getpid()
+        assert not zygote._zygotes
+    finally:
+        w.close()
+
+
+def test_many_starts_leave_nothing(venvs):
+    """20 generations through one zygote: fds flat here (no_leaks checks
+    the rest) and the zygote reaped every one (no zombie under it)."""
+    w = _worker(venvs["a"])
+    try:
+        w.call(PROBE)
+        fds = len(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            w.close()
+            w.call(PROBE)
+        assert len(os.listdir("/proc/self/fd")) == fds
+        zpid = next(iter(zygote._zygotes.values())).pid
+        kids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == zpid]
+        assert len(kids) == 1, kids
+    finally:
+        w.close()
+
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
