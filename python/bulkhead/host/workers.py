@@ -108,6 +108,8 @@ def describe_status(status):
     """Words for a waitpid status."""
     if status is None:
         return "is still running"
+    if status < 0:   # a zygote's child whose zygote died first: no one could tell (bh_proc_wait)
+        return "ended (its exit status is unknown: the zygote that forked it had gone)"
     if os.WIFSIGNALED(status):
         n = os.WTERMSIG(status)
         try:
