@@ -41,7 +41,13 @@ Rows, per N (medians over --rounds; set-ups alternate within a round):
                          process, each round; torch's copy_ beside it
   worker_rss_mib         each worker's VmRSS after its nodes (torch
                          arrived with the IMAGE; 50 MiB held)
-  text_worker_rss_mib    a worker that ran only its string node (#27: <= 40)
+  text_worker_rss_mib    the worker of a pack whose one node takes and
+                         returns text (bench_text_only, numpy imported),
+                         after that node (#27: <= 40); and its PSS
+  tensor_pack_text_worker_rss_mib
+                         pack 0's worker after only its string node: its
+                         pack passes IMAGEs, so its zygote has torch, whose
+                         pages it maps shared (its PSS beside)
   after_free_mib         the host's RSS plus every worker's after POST
                          /free with free_memory (its workers exit)
   n0_host_mib            limit: the server with no pack, after the same
@@ -131,6 +137,29 @@ ISOLATED_INIT = ("import bulkhead\n"
 IN_PROCESS_INIT = "from .nodes import NODE_CLASS_MAPPINGS\nNODE_DISPLAY_NAME_MAPPINGS = {}\n"
 PACK_ENV = '[pypi-dependencies]\nnumpy = "*"\n'
 
+# A pack whose nodes take and return no tensor (#27's light worker): its
+# worker is forked from a zygote without torch.
+TEXT_PACK_NODES = '''
+import numpy as np
+
+
+class BenchTextOnly:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "ab"})}}
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "bench"
+
+    def run(self, text):
+        return {"ui": {"text": [text * int(np.int64(2))]}, "result": (text * 2,)}
+
+
+NODE_CLASS_MAPPINGS = {"BenchTextOnly": BenchTextOnly}
+'''
+TEXT_PACK = "bench_text_only"
+
 HOST_NODES = '''
 import torch
 
@@ -193,7 +222,12 @@ def write_packs(root, count, torch_at_import=False):
     os.makedirs(host)
     with open(os.path.join(host, "__init__.py"), "w") as f:
         f.write(HOST_NODES)
-    return isolated, in_process, host
+    text = os.path.join(root, "isolated", TEXT_PACK)
+    os.makedirs(text)
+    for name, body in (("__init__.py", ISOLATED_INIT), ("nodes.py", TEXT_PACK_NODES), ("comfy-env.toml", PACK_ENV)):
+        with open(os.path.join(text, name), "w") as f:
+            f.write(body)
+    return isolated, in_process, host, text
 
 
 def image_prompt(packs, value):
@@ -279,12 +313,20 @@ class Bench:
         return os.path.getsize(self.srv.log_path)
 
 
-def rss_mib(pid):
+def _proc_mib(pid, name, field):
     try:
-        with open(f"/proc/{pid}/status") as f:
-            return int(re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024
+        with open(f"/proc/{pid}/{name}") as f:
+            return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024
     except (OSError, AttributeError):
         return 0.0
+
+
+def rss_mib(pid):
+    return _proc_mib(pid, "status", "VmRSS")
+
+
+def pss_mib(pid):
+    return _proc_mib(pid, "smaps_rollup", "Pss")
 
 
 def children(pid):
@@ -367,7 +409,14 @@ def measure_isolated(bench, twin, n, round_no):
         r["single_cold_ms"] = singles
         bench.free()
         bench.run({"t": {"class_type": "BenchText0", "inputs": {"text": "ab%d" % round_no}}})
-        r["text_worker_rss_mib"] = rss_mib(bench.workers()[pack_name(0)])
+        pid = bench.workers()[pack_name(0)]
+        # pack 0 passes IMAGEs too: its worker, forked from a zygote that
+        # has torch, maps torch's pages (shared: its PSS is what it costs)
+        r["tensor_pack_text_worker_rss_mib"], r["tensor_pack_text_worker_pss_mib"] = rss_mib(pid), pss_mib(pid)
+        bench.free()
+        bench.run({"t": {"class_type": "BenchTextOnly", "inputs": {"text": "ab%d" % round_no}}})
+        pid = bench.workers()[TEXT_PACK]
+        r["text_worker_rss_mib"], r["text_worker_pss_mib"] = rss_mib(pid), pss_mib(pid)
         bench.free()
         time.sleep(0.5)
         r["after_free_mib"] = rss_mib(host) + sum(rss_mib(p) for p in bench.workers().values())
@@ -476,9 +525,9 @@ def main(argv=None):
     try:
         home = os.path.join(work, "home")
         os.makedirs(home)
-        isolated, in_process, host = write_packs(os.path.join(work, "packs"), max(counts), args.torch_at_import)
+        isolated, in_process, host, text = write_packs(os.path.join(work, "packs"), max(counts), args.torch_at_import)
         n0 = Bench(work, "n0", [host], home)
-        iso = {n: Bench(work, f"isolated{n}", [host] + isolated[:n], home) for n in counts}
+        iso = {n: Bench(work, f"isolated{n}", [host, text] + isolated[:n], home) for n in counts}
         inp = {n: Bench(work, f"in_process{n}", [host] + in_process[:n], home) for n in counts}
         firsts = {}
         for n in sorted(counts, reverse=True):      # the largest set builds every environment
@@ -535,6 +584,9 @@ def main(argv=None):
             "warm_per_crossing_over_copy": warm_over / copy,
             "worker_rss_mib_median": med(lambda r, n=n: statistics.median(r["isolated"][n]["worker_rss_mib"])),
             "text_worker_rss_mib": med(iso_("text_worker_rss_mib")),
+            "text_worker_pss_mib": med(iso_("text_worker_pss_mib")),
+            "tensor_pack_text_worker_rss_mib": med(iso_("tensor_pack_text_worker_rss_mib")),
+            "tensor_pack_text_worker_pss_mib": med(iso_("tensor_pack_text_worker_pss_mib")),
             "after_free_mib": after, "n0_host_mib": n0_mib, "after_free_over_n0": after / n0_mib,
             "start_s": med(iso_("start_s")),
         }

@@ -172,6 +172,42 @@ static int bh__pidfd_open(pid_t pid) {
 #endif
 }
 
+/* A bh_proc with no process yet: every fd -1, output to sink after prefix. */
+static bh_proc *bh__proc_new(int sink, const char *prefix) {
+  bh_proc *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->pidfd = p->out_fd = p->stop_fd = p->stop_wr = p->report_fd = -1;
+  p->sink = sink;
+  if (prefix) snprintf(p->prefix, sizeof p->prefix, "%s", prefix);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  return p;
+}
+
+static void bh__proc_free(bh_proc *p) {
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+/* p->pid started: its pidfd (none: waits fall back to waitpid), the read
+ * end of its output pipe and the drain thread's stop pipe taken over (set
+ * to -1 in the caller's arrays), the drain thread started. */
+static void bh__proc_run(bh_proc *p, int outp[2], int stopp[2]) {
+  p->pidfd = bh__pidfd_open(p->pid);
+  if (p->pidfd >= 0 && bh__lift(&p->pidfd)) {
+    close(p->pidfd);
+    p->pidfd = -1;
+  }
+  p->out_fd = outp[0];
+  outp[0] = -1;
+  fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
+  p->stop_fd = stopp[0];
+  p->stop_wr = stopp[1];
+  stopp[0] = stopp[1] = -1;
+  if (pthread_create(&p->drain, NULL, bh__drain_main, p) == 0) p->drain_started = 1;
+}
+
 int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
   int sv[2] = {-1, -1}, outp[2] = {-1, -1}, stopp[2] = {-1, -1};
   int rc, fa_init = 0, attr_init = 0;
@@ -180,13 +216,7 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
   bh_proc *p = NULL;
   if (!o || !o->interpreter || !o->argv || !o->argv[0] || !o->envp || !out || !chan_fd)
     return -EINVAL;
-  p = calloc(1, sizeof *p);
-  if (!p) return -ENOMEM;
-  p->pidfd = p->out_fd = p->stop_fd = p->stop_wr = p->report_fd = -1;
-  p->sink = o->stderr_sink;
-  if (o->stderr_prefix) snprintf(p->prefix, sizeof p->prefix, "%s", o->stderr_prefix);
-  pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->cv, NULL);
+  if (!(p = bh__proc_new(o->stderr_sink, o->stderr_prefix))) return -ENOMEM;
 
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
       pipe2(outp, O_CLOEXEC) < 0 || pipe2(stopp, O_CLOEXEC) < 0) {
@@ -240,18 +270,7 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
   sv[1] = -1;
   bh__close(outp[1]);
   outp[1] = -1;
-  p->pidfd = bh__pidfd_open(p->pid);
-  if (p->pidfd >= 0 && bh__lift(&p->pidfd)) {
-    close(p->pidfd);
-    p->pidfd = -1; /* waits fall back to waitpid */
-  }
-  p->out_fd = outp[0];
-  outp[0] = -1;
-  fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
-  p->stop_fd = stopp[0];
-  p->stop_wr = stopp[1];
-  stopp[0] = stopp[1] = -1;
-  if (pthread_create(&p->drain, NULL, bh__drain_main, p) == 0) p->drain_started = 1;
+  bh__proc_run(p, outp, stopp);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   *chan_fd = sv[0];
@@ -268,9 +287,7 @@ err:
     if (outp[i] > 2) bh__close(outp[i]);
     if (stopp[i] > 2) bh__close(stopp[i]);
   }
-  pthread_cond_destroy(&p->cv);
-  pthread_mutex_destroy(&p->mu);
-  free(p);
+  bh__proc_free(p);
   return rc;
 }
 
@@ -334,13 +351,7 @@ int bh_proc_fork_via(const bh_fork_opts *o, bh_proc **out, int *chan_fd, char *w
   bh_proc *p = NULL;
   if (!o || o->zygote_fd < 0 || !o->request || !out || !chan_fd || !why || why_n == 0) return -EINVAL;
   why[0] = 0;
-  p = calloc(1, sizeof *p);
-  if (!p) return -ENOMEM;
-  p->pidfd = p->out_fd = p->stop_fd = p->stop_wr = p->report_fd = -1;
-  p->sink = o->stderr_sink;
-  if (o->stderr_prefix) snprintf(p->prefix, sizeof p->prefix, "%s", o->stderr_prefix);
-  pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->cv, NULL);
+  if (!(p = bh__proc_new(o->stderr_sink, o->stderr_prefix))) return -ENOMEM;
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, rep) < 0 || pipe2(outp, O_CLOEXEC) < 0 ||
       pipe2(stopp, O_CLOEXEC) < 0) {
@@ -359,23 +370,12 @@ int bh_proc_fork_via(const bh_fork_opts *o, bh_proc **out, int *chan_fd, char *w
   bh__close(rep[1]);
   sv[1] = outp[1] = rep[1] = -1;
   if (rc) goto err;
-  p->pid = pid;
   /* The child cannot be reaped before the host answers its report, so
    * the pid names it still. */
-  p->pidfd = bh__pidfd_open(pid);
-  if (p->pidfd >= 0 && bh__lift(&p->pidfd)) {
-    close(p->pidfd);
-    p->pidfd = -1;
-  }
+  p->pid = pid;
   p->report_fd = rep[0];
   rep[0] = -1;
-  p->out_fd = outp[0];
-  outp[0] = -1;
-  fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
-  p->stop_fd = stopp[0];
-  p->stop_wr = stopp[1];
-  stopp[0] = stopp[1] = -1;
-  if (pthread_create(&p->drain, NULL, bh__drain_main, p) == 0) p->drain_started = 1;
+  bh__proc_run(p, outp, stopp);
   *chan_fd = sv[0];
   *out = p;
   return 0;
@@ -386,9 +386,7 @@ err:
     if (rep[i] >= 0) bh__close(rep[i]);
     if (stopp[i] >= 0) bh__close(stopp[i]);
   }
-  pthread_cond_destroy(&p->cv);
-  pthread_mutex_destroy(&p->mu);
-  free(p);
+  bh__proc_free(p);
   return rc;
 }
 
@@ -545,9 +543,7 @@ void bh_proc_close(bh_proc *p) {
   if (p->stop_fd >= 0) bh__close(p->stop_fd);
   if (p->stop_wr >= 0) bh__close(p->stop_wr);
   if (p->report_fd >= 0) bh__close(p->report_fd);
-  pthread_cond_destroy(&p->cv);
-  pthread_mutex_destroy(&p->mu);
-  free(p);
+  bh__proc_free(p);
 }
 
 static inline void bh__relax(void) {

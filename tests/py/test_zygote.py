@@ -58,7 +58,12 @@ def venvs(tmp_path_factory):
     return {"a": _venv(root, "a", shared="a"), "b": _venv(root, "b", shared="b"), "plain": _venv(root, "plain")}
 
 
-def _worker(python, preload=("zyshared",), name="zy", **env):
+# multiprocessing, as torch imports it: it names __main__ (this worker's
+# __main__.py) __mp_main__ too, which is no import an environment makes
+PRELOAD = ("zyshared", "multiprocessing")
+
+
+def _worker(python, preload=PRELOAD, name="zy", **env):
     w = bulkhead.Worker(python, name=name, env=dict(env, PYTHONPATH=HELPERS))
     w.zygote_preload = list(preload)
     return w
@@ -79,6 +84,7 @@ def test_a_forked_worker_is_what_a_spawned_one_would_be(venvs):
         z = next(iter(zygote._zygotes.values()))
         assert got["ppid"] == z.pid != os.getpid()          # forked by the zygote ...
         assert got["pgid"] == got["pid"]                     # ... leading its own group
+        # not exec'd: the zygote's zyshared, imported before the fork
         assert got["zyshared"].startswith(os.path.dirname(os.path.dirname(os.path.dirname(venvs["a"]))))
         want = _spawned_info(venvs["a"], ZY_X="1")
         for k in ("executable", "prefix", "path", "cwd", "env"):

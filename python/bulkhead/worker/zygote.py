@@ -212,8 +212,8 @@ def serve():
     site_mods = {n for n, m in sys.modules.items()
                  if n.partition(".")[0] != "bulkhead" and not _is_shared(m, stdlib)}
     failed = _import_preload(preload)
-    preloaded = {n: m.__file__ for n, m in sys.modules.items()
-                 if n not in site_mods and "." not in n and not _is_shared(m, stdlib)}
+    preloaded = {n: m.__file__ for n, m in sys.modules.items()   # (__main__ and its alias __mp_main__: not imported)
+                 if n not in site_mods and "." not in n and not n.startswith("__") and not _is_shared(m, stdlib)}
     base_path = [p for p in sys.path if os.path.realpath(p).startswith(stdlib)
                  and "site-packages" not in p and "dist-packages" not in p]
     ctl = socket.socket(fileno=fd)
@@ -249,6 +249,9 @@ def _become(req, fds, base_path, site_mods, preloaded, zygote_pid):
         os.environ.update(env)
         stale = _take_environment(python, env, base_path, site_mods, preloaded)
         if stale:
+            if env.get("BULKHEAD_LOG_LEVEL", "20").strip().isdigit() and int(env["BULKHEAD_LOG_LEVEL"]) <= 10:
+                print(f"bulkhead zygote: this environment imports its own {', '.join(sorted(stale))}: "
+                      f"started afresh", file=sys.stderr)
             os.execve(python, argv, os.environ)
     except BaseException as e:   # nothing to go back to: say why and end
         try:
