@@ -4,7 +4,7 @@ comfy-env.toml declaring numpy only, as a published pack does) whose nodes
 take and return no tensors -- strings, numbers, a numpy array one of them
 makes -- runs a prompt over HTTP: after its nodes the worker costs at most
 LIGHT_MIB (its PSS) and has neither torch nor ComfyUI loaded (asked of
-the worker, and its mappings read from /proc).  Then after its idle exit,
+the worker, and its mappings read from /proc), though a zygote forked it.  Then after its idle exit,
 and after ComfyUI's "Free model and node cache" (/free with free_memory),
 the worker is gone and has left nothing behind in the host: no process,
 no fd, and no mapping of its shared-memory blocks once ComfyUI's cache
@@ -194,8 +194,12 @@ def test_a_no_tensor_worker_stays_light_and_leaves_nothing_when_idle(comfyui, tm
     assert psutil.Process(host).children(recursive=True) == []
     fds_before = _fds(host)
 
-    # its nodes, then its idle exit (3 s): gone, nothing left
+    # its nodes, then its idle exit (3 s): gone, nothing left -- the
+    # zygote that forked it too (host/zygote.py: a child of the host, with
+    # no torch for a pack whose nodes pass none, so neither has the worker)
     pid, blocks = _run_light_prompt(srv, 512)
+    zygote = psutil.Process(pid).parent()
+    assert zygote.pid != host and zygote.parent().pid == host, (zygote, srv.log()[-3000:])
     _wait(f"the idle exit of worker {pid}", lambda: f"its worker (pid {pid}) exited after" in srv.log(), srv)
     assert blocks <= _mapped_inodes(host), "the array ComfyUI's cache holds is not mapped"
     _assert_nothing_left(srv, pid, fds_before, cached=blocks)

@@ -257,10 +257,15 @@ def on_server_loop():
 PLAIN_TYPES = frozenset(("IMAGE", "MASK", "LATENT", "INT", "FLOAT", "STRING", "BOOLEAN", "AUDIO"))
 
 
-# Types whose values are numbers, text or a choice: a pack whose nodes take
-# and return only these never gets a tensor, so its workers' zygote
-# imports no torch (worker/zygote.py; a worker imports what its pack needs).
-NO_TENSOR_TYPES = frozenset(("INT", "FLOAT", "STRING", "BOOLEAN"))
+# ComfyUI's types whose values are or hold torch tensors: a pack whose
+# nodes take or return one of these gets a worker forked from a zygote that
+# has imported torch (worker/zygote.py).  Any other pack's zygote imports
+# no torch -- numbers, text, its own types (a numpy mesh) -- as a worker
+# imports what its pack needs; one that imports torch itself pays that
+# import in its worker, as a spawned worker does.
+TENSOR_TYPES = frozenset(("IMAGE", "MASK", "LATENT", "AUDIO", "VIDEO", "MODEL", "CLIP", "VAE", "CONDITIONING",
+                          "CONTROL_NET", "CLIP_VISION", "CLIP_VISION_OUTPUT", "STYLE_MODEL", "GLIGEN",
+                          "UPSCALE_MODEL", "SIGMAS", "NOISE", "SAMPLER", "GUIDER", "HOOKS", "WAN_CAMERA_EMBEDDING"))
 # What every pack's zygote imports: the worker's own modules.
 ZYGOTE_PRELOAD = ("bulkhead.worker.nodes", "bulkhead.worker.memory")
 
@@ -342,12 +347,12 @@ class PackRuntime:
 
     def _zygote_preload(self):
         """What the zygote forking this pack's worker imports first: the
-        worker's modules, and torch where a node takes or returns anything
-        but numbers and text (before the pack is described: the worker's
-        modules alone)."""
+        worker's modules, and torch where a node takes or returns one of
+        TENSOR_TYPES (before the pack is described: the worker's modules
+        alone)."""
         preload = list(ZYGOTE_PRELOAD)
         try:
-            tensors = any(t not in NO_TENSOR_TYPES for cls in self.classes.values() for t in _io_types(cls))
+            tensors = any(t in TENSOR_TYPES for cls in self.classes.values() for t in _io_types(cls))
         except Exception:   # a type this cannot read: as a tensor
             tensors = True
         if tensors:
