@@ -44,7 +44,8 @@ execution_cached, executing, executed (a node's ui), execution_success,
 execution_error or execution_interrupted, with upstream's fields.  Not
 here: list inputs/outputs (INPUT_IS_LIST, OUTPUT_IS_LIST), the V3 node
 info, upstream's execution list (nodes run depth first), the LRU/RAM
-caches.  `reset()` drops the
+caches (the classic one's is: outputs no node of the prompt would read
+are dropped as it starts).  `reset()` drops the
 output cache and the node objects (what /free's free_memory does).
 
 Written for bulkhead from a reading of upstream's behaviour; no upstream
@@ -465,6 +466,11 @@ class PromptExecutor:
 
             memo = {}
             signatures = {n: self._signature(prompt, n, memo) for n in order}
+            # upstream's classic cache (set_prompt, clean_unused): what no
+            # node of this prompt would read goes before it runs
+            keep = set(signatures.values())
+            for sig in [s for s in self.outputs if s not in keep]:
+                del self.outputs[sig]
             cached = [n for n in order if signatures[n] in self.outputs]
             self.add_message("execution_cached", {"nodes": cached, "prompt_id": prompt_id}, broadcast=False)
             dynprompt = DynamicPrompt(prompt)
