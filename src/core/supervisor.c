@@ -291,6 +291,18 @@ err:
   return rc;
 }
 
+/* A deadline timeout_ms from now (<0: none, -1), and the ms left to it
+ * for poll (-1: none; 0 once passed). */
+static int64_t bh__deadline(int timeout_ms) {
+  return timeout_ms < 0 ? -1 : bh_now_ns() + (int64_t)timeout_ms * 1000000;
+}
+
+static int bh__left_ms(int64_t deadline) {
+  if (deadline < 0) return -1;
+  int64_t ns = deadline - bh_now_ns();
+  return ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
+}
+
 static int bh__pidfd_signal(int pidfd, int sig) {
 #ifdef SYS_pidfd_send_signal
   return syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0) < 0 ? -errno : 0;
@@ -320,15 +332,14 @@ static int bh__zygote_ask(const bh_fork_opts *o, const int fds[3], pid_t *pid, c
   do n = sendmsg(o->zygote_fd, &m, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   if (n < 0) return -errno;
-  int64_t deadline = bh_now_ns() + (int64_t)(o->timeout_ms > 0 ? o->timeout_ms : 10000) * 1000000;
+  int64_t deadline = bh__deadline(o->timeout_ms > 0 ? o->timeout_ms : 10000);
   for (;;) {
-    int64_t ns = deadline - bh_now_ns();
-    if (ns <= 0) return -ETIMEDOUT;
     struct pollfd pf = {o->zygote_fd, POLLIN, 0};
-    int r = poll(&pf, 1, (int)((ns + 999999) / 1000000));
+    int r = poll(&pf, 1, bh__left_ms(deadline));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return -errno;
-    if (r > 0) break;
+    if (r == 0) return -ETIMEDOUT;
+    break;
   }
   char reply[4 + 512];
   do n = recv(o->zygote_fd, reply, sizeof reply, 0);
@@ -394,13 +405,9 @@ err:
  * until this answer), kills what is left of its group and lets the zygote
  * reap it.  A zygote gone first: the pidfd tells the end, with no status. */
 static int bh__wait_forked(bh_proc *p, int timeout_ms) {
-  int64_t deadline = timeout_ms < 0 ? -1 : bh_now_ns() + (int64_t)timeout_ms * 1000000;
+  int64_t deadline = bh__deadline(timeout_ms);
   for (;;) {
-    int left = -1;
-    if (deadline >= 0) {
-      int64_t ns = deadline - bh_now_ns();
-      left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
-    }
+    int left = bh__left_ms(deadline);
     struct pollfd pf = {p->orphaned ? p->pidfd : p->report_fd, POLLIN, 0};
     if (pf.fd < 0) return -ESRCH; /* orphaned with no pidfd: nothing can tell */
     int r = poll(&pf, 1, left);
@@ -438,13 +445,9 @@ int bh_proc_wait(bh_proc *p, int timeout_ms, int *status) {
   }
   if (!p->reaped) {
     if (p->pidfd >= 0 && timeout_ms != 0) {
-      int64_t deadline = timeout_ms < 0 ? -1 : bh_now_ns() + (int64_t)timeout_ms * 1000000;
+      int64_t deadline = bh__deadline(timeout_ms);
       for (;;) {
-        int left = -1;
-        if (deadline >= 0) {
-          int64_t ns = deadline - bh_now_ns();
-          left = ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
-        }
+        int left = bh__left_ms(deadline);
         struct pollfd pf = {p->pidfd, POLLIN, 0};
         int r = poll(&pf, 1, left);
         if (r < 0 && errno == EINTR) continue;
