@@ -27,7 +27,8 @@ def info():
     return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "executable": sys.executable,
             "prefix": sys.prefix, "path": list(sys.path), "cwd": os.getcwd(),
             "env": {k: v for k, v in os.environ.items() if k.startswith("ZY_")},
-            "zyshared": getattr(mod, "__file__", None), "torch_loaded": "torch" in sys.modules}
+            "zyshared": getattr(mod, "__file__", None), "torch_loaded": "torch" in sys.modules,
+            "pth_mark": getattr(sys, "zy_pth", None)}
 def zyshared():
     import zyshared
     return zyshared.WHO
@@ -39,7 +40,9 @@ def helper():
 
 def _venv(root, name, shared=None):
     """A venv of this interpreter (no pip) whose site-packages holds the
-    probe and, where shared is given, a module zyshared saying so."""
+    probe and, where shared is given, a module zyshared saying so and a
+    .pth whose import line marks sys with it (as an editable install's
+    hook would change the interpreter)."""
     path = os.path.join(root, name)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True)
     site = subprocess.run([os.path.join(path, "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -49,6 +52,8 @@ def _venv(root, name, shared=None):
     if shared is not None:
         with open(os.path.join(site, "zyshared.py"), "w") as f:
             f.write(f"WHO = {shared!r}\n")
+        with open(os.path.join(site, "zymark.pth"), "w") as f:
+            f.write(f"import sys; sys.zy_pth = {shared!r}\n")
     return os.path.join(path, "bin", "python")
 
 
@@ -106,12 +111,28 @@ def test_one_zygote_serves_workers_of_many_environments_and_execs_where_a_module
         assert a.call("bulkhead_zyprobe:zyshared") == "a"
         # plain has none: a's preloaded copy is not its to see
         assert ip["zyshared"] is None
+        assert (ia["pth_mark"], ib["pth_mark"], ip["pth_mark"]) == ("a", "b", None)
         with pytest.raises(Exception, match="zyshared"):
             plain.call("bulkhead_zyprobe:zyshared")
         assert ip["prefix"] == os.path.dirname(os.path.dirname(venvs["plain"]))
     finally:
         for w in (a, b, plain):
             w.close()
+
+
+def test_no_environment_s_pth_code_reaches_another_s_worker(venvs):
+    """The zygote, started from a's interpreter, runs no site: a's .pth
+    import line runs in a's workers only, and plain's worker, forked (its
+    environment imports the preload from where the zygote did), has none."""
+    a, plain = _worker(venvs["a"], preload=("multiprocessing",), name="a"), \
+        _worker(venvs["plain"], preload=("multiprocessing",), name="p")
+    try:
+        ia, ip = a.call(PROBE), plain.call(PROBE)
+        assert ia["ppid"] == ip["ppid"] != os.getpid()     # one zygote, neither exec'd
+        assert (ia["pth_mark"], ip["pth_mark"]) == ("a", None)
+    finally:
+        a.close()
+        plain.close()
 
 
 def test_another_environment_gets_another_zygote(venvs):

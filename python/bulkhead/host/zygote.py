@@ -57,7 +57,7 @@ class Zygote:
         zenv = dict(env, BULKHEAD_AS_ZYGOTE="1", BULKHEAD_ZYGOTE_PRELOAD=",".join(preload))
         self.python = python
         self._lock = threading.Lock()
-        self.proc, self.fd = _native.spawn(python, [python, "-m", "bulkhead.worker"],
+        self.proc, self.fd = _native.spawn(python, [python, "-S", "-m", "bulkhead.worker"],
                                            [f"{k}={v}" for k, v in zenv.items()], "/", sink, "[bulkhead zygote] ")
         try:
             ready = self._read_ready()

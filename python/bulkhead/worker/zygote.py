@@ -4,8 +4,9 @@ A cold worker pays its interpreter's start, bulkhead's worker modules and,
 once a tensor arrives, torch's import: about 1.2 s of CPU, so twenty
 packs' first prompt on a small machine costs twenty of those one after the
 other.  A zygote pays them once: the host starts it as it starts a worker
-(``-m bulkhead.worker``, BULKHEAD_AS_ZYGOTE=1, the first pack's interpreter and
-environment), it imports the modules the host names
+(``-S -m bulkhead.worker``, BULKHEAD_AS_ZYGOTE=1, the first pack's
+interpreter and environment, no site: no environment's ``.pth`` code
+runs in it), it imports the modules the host names
 (BULKHEAD_ZYGOTE_PRELOAD), and then forks one worker per request; a fork
 of a process with torch loaded costs a few ms, and the pages stay shared
 until written.
@@ -195,6 +196,36 @@ class _Zygote:
         raise SystemExit(0)
 
 
+def _site_paths():
+    """The zygote runs without site (``-S``): no environment's ``.pth``
+    code runs in it, so nothing one pack's environment installs there (an
+    editable install's import hook, a patched module) reaches a worker of
+    another pack's that the zygote forks; each child runs its own site.
+    The preload still needs the environment's directories: its
+    site-packages and the directory lines of its ``.pth`` files (the
+    host's shared packages), added here without their import lines."""
+    import site
+    prefix = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    venv = os.path.isfile(os.path.join(prefix, "pyvenv.cfg"))
+    for d in site.getsitepackages([prefix] if venv else None):
+        if not os.path.isdir(d) or d in sys.path:
+            continue
+        sys.path.append(d)
+        for name in sorted(n for n in os.listdir(d) if n.endswith(".pth")):
+            try:
+                with open(os.path.join(d, name), encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            for line in lines:
+                line = line.strip()
+                if not line or line.startswith(("#", "import ", "import\t")):
+                    continue
+                path = os.path.join(d, line)
+                if os.path.isdir(path) and path not in sys.path:
+                    sys.path.append(path)
+
+
 def serve():
     """The zygote's main (BULKHEAD_AS_ZYGOTE=1): imports the preload, says
     ready on fd 3, then forks a worker per request.  Returns only in a
@@ -204,18 +235,17 @@ def serve():
     preload = [n for n in os.environ.pop("BULKHEAD_ZYGOTE_PRELOAD", "").split(",") if n]
     fd = int(os.environ.pop("BULKHEAD_FD", "3"))
     stdlib = _stdlib_dirs()
-    # What site imported for this environment (a .pth's module) is the
-    # child's environment's to import again; what the preload imports must
-    # be what the child's environment would import.
-    # (bulkhead's own modules, imported to run this, are the child's too:
-    # the same files, from the PYTHONPATH every worker gets).
+    base_path = [p for p in sys.path if os.path.realpath(p).startswith(stdlib)
+                 and "site-packages" not in p and "dist-packages" not in p]
+    _site_paths()
+    # What the preload imports must be what each child's environment would
+    # import; bulkhead's own modules, imported to run this, are the child's
+    # too (the same files, from the PYTHONPATH every worker gets).
     site_mods = {n for n, m in sys.modules.items()
                  if n.partition(".")[0] != "bulkhead" and not _is_shared(m, stdlib)}
     failed = _import_preload(preload)
     preloaded = {n: m.__file__ for n, m in sys.modules.items()   # (__main__ and its alias __mp_main__: not imported)
                  if n not in site_mods and "." not in n and not n.startswith("__") and not _is_shared(m, stdlib)}
-    base_path = [p for p in sys.path if os.path.realpath(p).startswith(stdlib)
-                 and "site-packages" not in p and "dist-packages" not in p]
     ctl = socket.socket(fileno=fd)
     zygote_pid = os.getpid()
     ctl.send(json.dumps({"ready": True, "pid": zygote_pid, "failed": failed,
