@@ -180,6 +180,22 @@ def test_a_dead_zygote_leaves_its_workers_serving_and_the_next_start_makes_anoth
         later.close()
 
 
+def test_a_request_that_is_not_a_fork_is_refused_and_the_zygote_serves_on(venvs):
+    w = _worker(venvs["a"])
+    try:
+        first = w.call(PROBE)
+        z = next(iter(zygote._zygotes.values()))
+        for bad in (b"[1]", b"not json", b'{"op": "fork"}', b'"x"'):   # the last two: no fds, not a map
+            with z._lock:
+                os.write(z.fd, bad)
+                answer = os.read(z.fd, 600)
+            assert answer[:4] == (-22).to_bytes(4, sys.byteorder, signed=True), answer
+        w.close()
+        assert w.call(PROBE)["ppid"] == first["ppid"] == z.pid
+    finally:
+        w.close()
+
+
 def test_stop_idle_ends_a_zygote_with_no_worker_and_keeps_one_with_workers(venvs):
     w = _worker(venvs["a"])
     try:

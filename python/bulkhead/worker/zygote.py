@@ -20,7 +20,8 @@ group, default signals, an empty mask, the request's cwd and exactly its
 environment; then it becomes that interpreter's process as far as Python
 can tell (sys.executable, sys.prefix and sys.path, site run again for its
 environment, so its ``.pth`` files and site-packages are its own) and
-returns into the worker's main.  Where a module the zygote preloaded is
+returns into the worker's main (one difference stays: sys.flags.no_site
+is 1, from the zygote's ``-S``).  Where a module the zygote preloaded is
 not the one that environment would import (the pack brings its own torch
 or numpy, or anything the preload pulled in), the child execs the
 interpreter instead: a fresh worker, as a spawn would start.
@@ -137,9 +138,9 @@ class _Zygote:
             return self._quit(kill=True)   # the host is gone
         try:
             req = json.loads(msg)
-            op = req.get("op")
         except ValueError:
-            req, op = None, None
+            req = None
+        op = req.get("op") if isinstance(req, dict) else None
         if op == "quit_if_idle":
             for fd in fds:
                 os.close(fd)
