@@ -456,12 +456,7 @@ class Worker(_native.Caller):
                 sink = 2
         try:
             preload = self.zygote_preload() if callable(self.zygote_preload) else self.zygote_preload
-            if preload is None:
-                proc, fd = _native.spawn(self.python, argv, [f"{k}={v}" for k, v in env.items()], self.cwd,
-                                         sink, f"[{self.name}] ")
-            else:
-                proc, fd = zygote.spawn(self.python, argv, env, self.cwd, sink, f"[{self.name}] ",
-                                        preload)
+            proc, fd = zygote.spawn(self.python, argv, env, self.cwd, sink, f"[{self.name}] ", preload)
         except OSError as e:
             what = "not found" if e.errno == 2 else e.strerror
             raise WorkerStartError(

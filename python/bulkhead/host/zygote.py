@@ -31,6 +31,7 @@ def _log():
     import logging   # not at the top: a worker that starts workers of its own imports this module too
     return logging.getLogger("bulkhead")
 
+
 START_TIMEOUT_S = 120.0   # the preload (torch: about 1.5 s here; far longer on a cold disk)
 FORK_TIMEOUT_MS = 10_000
 
@@ -55,7 +56,6 @@ class Zygote:
 
     def __init__(self, python, env, preload, sink):
         zenv = dict(env, BULKHEAD_AS_ZYGOTE="1", BULKHEAD_ZYGOTE_PRELOAD=",".join(preload))
-        self.python = python
         self._lock = threading.Lock()
         self.proc, self.fd = _native.spawn(python, [python, "-S", "-m", "bulkhead.worker"],
                                            [f"{k}={v}" for k, v in zenv.items()], "/", sink, "[bulkhead zygote] ")
@@ -65,7 +65,6 @@ class Zygote:
             self.close()
             raise
         self.pid = self.proc.pid
-        self.preloaded = ready.get("preloaded", [])
         if ready.get("failed"):
             _log().debug("bulkhead: zygote %s could not preload %s", python, ready["failed"])
 
@@ -159,12 +158,13 @@ def _get(key, python, env, preload, sink):
         return z
 
 
-def spawn(python, argv, env, cwd, sink, prefix, preload):
+def spawn(python, argv, env, cwd, sink, prefix, preload=None):
     """(Proc, channel fd) as ``_native.spawn``: the worker forked by the
     zygote for (python, env, preload) where zygotes are on and it serves,
-    else spawned.  env: the worker's whole environment (a dict)."""
+    else spawned (always where preload is None).  env: the worker's whole
+    environment (a dict)."""
     envlist = [f"{k}={v}" for k, v in env.items()]
-    if not enabled():
+    if preload is None or not enabled():
         return _native.spawn(python, argv, envlist, cwd, sink, prefix)
     key = _key(python, env, preload)
     for _attempt in range(2):
@@ -196,8 +196,6 @@ def stop_idle():
             z.close()
             n += 1
     return n
-
-
 
 
 def close_all():

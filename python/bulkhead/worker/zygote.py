@@ -239,26 +239,24 @@ def serve():
     base_path = [p for p in sys.path if os.path.realpath(p).startswith(stdlib)
                  and "site-packages" not in p and "dist-packages" not in p]
     _site_paths()
-    # What the preload imports must be what each child's environment would
-    # import; bulkhead's own modules, imported to run this, are the child's
-    # too (the same files, from the PYTHONPATH every worker gets).
-    site_mods = {n for n, m in sys.modules.items()
-                 if n.partition(".")[0] != "bulkhead" and not _is_shared(m, stdlib)}
     failed = _import_preload(preload)
+    # What each child's environment must import from where this one did:
+    # every top-level module here but the interpreter's own (no site ran,
+    # so no .pth imported one): the preload, what it pulled in, and
+    # bulkhead's (the same files, from the PYTHONPATH every worker gets).
     preloaded = {n: m.__file__ for n, m in sys.modules.items()   # (__main__ and its alias __mp_main__: not imported)
-                 if n not in site_mods and "." not in n and not n.startswith("__") and not _is_shared(m, stdlib)}
+                 if "." not in n and not n.startswith("__") and not _is_shared(m, stdlib)}
     ctl = socket.socket(fileno=fd)
     zygote_pid = os.getpid()
-    ctl.send(json.dumps({"ready": True, "pid": zygote_pid, "failed": failed,
-                         "preloaded": sorted(preloaded)}).encode())
+    ctl.send(json.dumps({"ready": True, "failed": failed}).encode())
 
     def become(req, fds):
-        _become(req, fds, base_path, site_mods, preloaded, zygote_pid)
+        _become(req, fds, base_path, preloaded, zygote_pid)
         return zygote_pid
     return _Zygote(ctl).loop(become)
 
 
-def _become(req, fds, base_path, site_mods, preloaded, zygote_pid):
+def _become(req, fds, base_path, preloaded, zygote_pid):
     """In the forked child: the spawn's layout, then the request's
     interpreter and environment (or an exec of it where a preloaded module
     is not that environment's)."""
@@ -278,9 +276,10 @@ def _become(req, fds, base_path, site_mods, preloaded, zygote_pid):
         env["BULKHEAD_PARENT_PID"] = str(zygote_pid)
         os.environ.clear()
         os.environ.update(env)
-        stale = _take_environment(python, env, base_path, site_mods, preloaded)
+        stale = _take_environment(python, env, base_path, preloaded)
         if stale:
-            if env.get("BULKHEAD_LOG_LEVEL", "20").strip().isdigit() and int(env["BULKHEAD_LOG_LEVEL"]) <= 10:
+            level = env.get("BULKHEAD_LOG_LEVEL", "20").strip()
+            if level.isdigit() and int(level) <= 10:
                 print(f"bulkhead zygote: this environment imports its own {', '.join(sorted(stale))}: "
                       f"started afresh", file=sys.stderr)
             os.execve(python, argv, os.environ)
@@ -291,7 +290,7 @@ def _become(req, fds, base_path, site_mods, preloaded, zygote_pid):
             os._exit(127)
 
 
-def _take_environment(python, env, base_path, site_mods, preloaded):
+def _take_environment(python, env, base_path, preloaded):
     """sys.executable, sys.path and site as ``python -m`` would have them
     in env; returns the preloaded modules that env would import from
     elsewhere (then the caller execs)."""
@@ -299,8 +298,6 @@ def _take_environment(python, env, base_path, site_mods, preloaded):
     sys.executable = python
     pp = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *pp, *base_path]
-    for name in site_mods:
-        sys.modules.pop(name, None)
     sys.prefix, sys.exec_prefix = sys.base_prefix, sys.base_exec_prefix
     site.PREFIXES = [sys.prefix, sys.exec_prefix]
     site.ENABLE_USER_SITE = None
