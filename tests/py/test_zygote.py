@@ -5,7 +5,6 @@ checks what a spawned worker would have: the interpreter, sys.path and
 site of its own environment, its own process group, the status of its
 end, and nothing left behind (no_leaks: no child, no fd)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -14,9 +13,7 @@ import time
 
 import pytest
 
-import bulkhead
 from bulkhead.host import zygote
-from conftest import HELPERS
 
 
 PROBE = "bulkhead_zyprobe:info"
@@ -68,175 +65,138 @@ def venvs(tmp_path_factory):
 PRELOAD = ("zyshared", "multiprocessing")
 
 
-def _worker(python, preload=PRELOAD, name="zy", **env):
-    w = bulkhead.Worker(python, name=name, env=dict(env, PYTHONPATH=HELPERS))
-    w.zygote_preload = list(preload)
-    return w
+@pytest.fixture
+def forked(make_worker):
+    """forked(python, preload=PRELOAD, name=, **env) -> a Worker that a
+    zygote forks (closed after the test, by make_worker)."""
+    def make(python, preload=PRELOAD, name="zy", **env):
+        w = make_worker(python, name=name, env=env)
+        w.zygote_preload = list(preload)
+        return w
+    return make
 
 
-def _spawned_info(python, **env):
-    w = bulkhead.Worker(python, name="spawned", env=dict(env, PYTHONPATH=HELPERS))
-    try:
-        return w.call(PROBE)
-    finally:
-        w.close()
+def test_a_forked_worker_is_what_a_spawned_one_would_be(forked, make_worker, venvs):
+    w = forked(venvs["a"], ZY_X="1")
+    got = w.call(PROBE)
+    z = next(iter(zygote._zygotes.values()))
+    assert got["ppid"] == z.pid != os.getpid()          # forked by the zygote ...
+    assert got["pgid"] == got["pid"]                     # ... leading its own group
+    # not exec'd: the zygote's zyshared, imported before the fork
+    assert got["zyshared"].startswith(os.path.dirname(os.path.dirname(os.path.dirname(venvs["a"]))))
+    want = make_worker(venvs["a"], name="spawned", env={"ZY_X": "1"}).call(PROBE)
+    for k in ("executable", "prefix", "path", "cwd", "env"):
+        assert got[k] == want[k], k
+    assert w.call("bulkhead_zyprobe:zyshared") == "a"
 
 
-def test_a_forked_worker_is_what_a_spawned_one_would_be(venvs):
-    w = _worker(venvs["a"], ZY_X="1")
-    try:
-        got = w.call(PROBE)
-        z = next(iter(zygote._zygotes.values()))
-        assert got["ppid"] == z.pid != os.getpid()          # forked by the zygote ...
-        assert got["pgid"] == got["pid"]                     # ... leading its own group
-        # not exec'd: the zygote's zyshared, imported before the fork
-        assert got["zyshared"].startswith(os.path.dirname(os.path.dirname(os.path.dirname(venvs["a"]))))
-        want = _spawned_info(venvs["a"], ZY_X="1")
-        for k in ("executable", "prefix", "path", "cwd", "env"):
-            assert got[k] == want[k], k
-        assert w.call("bulkhead_zyprobe:zyshared") == "a"
-    finally:
-        w.close()
+def test_one_zygote_serves_workers_of_many_environments_and_execs_where_a_module_differs(forked, venvs):
+    a, b, plain = forked(venvs["a"], name="a"), forked(venvs["b"], name="b"), forked(venvs["plain"], name="p")
+    ia, ib, ip = a.call(PROBE), b.call(PROBE), plain.call(PROBE)
+    assert len(zygote._zygotes) == 1
+    zpid = next(iter(zygote._zygotes.values())).pid
+    assert ia["ppid"] == ib["ppid"] == ip["ppid"] == zpid
+    # b's environment has its own zyshared: b was exec'd, and imports its own
+    assert b.call("bulkhead_zyprobe:zyshared") == "b"
+    assert a.call("bulkhead_zyprobe:zyshared") == "a"
+    # plain has none: a's preloaded copy is not its to see
+    assert ip["zyshared"] is None
+    assert (ia["pth_mark"], ib["pth_mark"], ip["pth_mark"]) == ("a", "b", None)
+    with pytest.raises(Exception, match="zyshared"):
+        plain.call("bulkhead_zyprobe:zyshared")
+    assert ip["prefix"] == os.path.dirname(os.path.dirname(venvs["plain"]))
 
 
-def test_one_zygote_serves_workers_of_many_environments_and_execs_where_a_module_differs(venvs):
-    a, b, plain = _worker(venvs["a"], name="a"), _worker(venvs["b"], name="b"), _worker(venvs["plain"], name="p")
-    try:
-        ia, ib, ip = a.call(PROBE), b.call(PROBE), plain.call(PROBE)
-        assert len(zygote._zygotes) == 1
-        zpid = next(iter(zygote._zygotes.values())).pid
-        assert ia["ppid"] == ib["ppid"] == ip["ppid"] == zpid
-        # b's environment has its own zyshared: b was exec'd, and imports its own
-        assert b.call("bulkhead_zyprobe:zyshared") == "b"
-        assert a.call("bulkhead_zyprobe:zyshared") == "a"
-        # plain has none: a's preloaded copy is not its to see
-        assert ip["zyshared"] is None
-        assert (ia["pth_mark"], ib["pth_mark"], ip["pth_mark"]) == ("a", "b", None)
-        with pytest.raises(Exception, match="zyshared"):
-            plain.call("bulkhead_zyprobe:zyshared")
-        assert ip["prefix"] == os.path.dirname(os.path.dirname(venvs["plain"]))
-    finally:
-        for w in (a, b, plain):
-            w.close()
-
-
-def test_no_environment_s_pth_code_reaches_another_s_worker(venvs):
+def test_no_environment_s_pth_code_reaches_another_s_worker(forked, venvs):
     """The zygote, started from a's interpreter, runs no site: a's .pth
     import line runs in a's workers only, and plain's worker, forked (its
     environment imports the preload from where the zygote did), has none."""
-    a, plain = _worker(venvs["a"], preload=("multiprocessing",), name="a"), \
-        _worker(venvs["plain"], preload=("multiprocessing",), name="p")
-    try:
-        ia, ip = a.call(PROBE), plain.call(PROBE)
-        assert ia["ppid"] == ip["ppid"] != os.getpid()     # one zygote, neither exec'd
-        assert (ia["pth_mark"], ip["pth_mark"]) == ("a", None)
-    finally:
-        a.close()
-        plain.close()
+    a, plain = forked(venvs["a"], preload=("multiprocessing",), name="a"), \
+        forked(venvs["plain"], preload=("multiprocessing",), name="p")
+    ia, ip = a.call(PROBE), plain.call(PROBE)
+    assert ia["ppid"] == ip["ppid"] != os.getpid()     # one zygote, neither exec'd
+    assert (ia["pth_mark"], ip["pth_mark"]) == ("a", None)
 
 
-def test_another_environment_gets_another_zygote(venvs):
-    one, two = _worker(venvs["a"], name="one"), _worker(venvs["a"], name="two", OMP_NUM_THREADS="1")
-    try:
-        assert one.call(PROBE)["ppid"] != two.call(PROBE)["ppid"]
-        assert len(zygote._zygotes) == 2
-    finally:
-        one.close()
-        two.close()
+def test_another_environment_gets_another_zygote(forked, venvs):
+    one, two = forked(venvs["a"], name="one"), forked(venvs["a"], name="two", OMP_NUM_THREADS="1")
+    assert one.call(PROBE)["ppid"] != two.call(PROBE)["ppid"]
+    assert len(zygote._zygotes) == 2
 
 
-def test_a_killed_worker_is_seen_with_its_signal_and_the_next_is_forked_again(venvs):
-    w = _worker(venvs["a"])
-    try:
-        first = w.call(PROBE)
-        helper = w.call("bulkhead_zyprobe:helper")
-        os.kill(first["pid"], signal.SIGKILL)
-        # seen (poll, or whichever host thread noticed first) with the
-        # status the zygote reported for it
-        deadline = time.monotonic() + 10
-        while w.last_exit is None and time.monotonic() < deadline:
-            w.poll()
-            time.sleep(0.02)
-        assert "signal 9 (SIGKILL)" in (w.last_exit or ""), w.last_exit
-        # its helper (its process group) went with it, as with a spawned worker
-        deadline = time.monotonic() + 5
-        while os.path.exists(f"/proc/{helper}") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not os.path.exists(f"/proc/{helper}")
-        again = w.call(PROBE)
-        assert again["pid"] != first["pid"] and again["ppid"] == first["ppid"]
-    finally:
-        w.close()
+def test_a_killed_worker_is_seen_with_its_signal_and_the_next_is_forked_again(forked, venvs):
+    w = forked(venvs["a"])
+    first = w.call(PROBE)
+    helper = w.call("bulkhead_zyprobe:helper")
+    os.kill(first["pid"], signal.SIGKILL)
+    # seen (poll, or whichever host thread noticed first) with the
+    # status the zygote reported for it
+    deadline = time.monotonic() + 10
+    while w.last_exit is None and time.monotonic() < deadline:
+        w.poll()
+        time.sleep(0.02)
+    assert "signal 9 (SIGKILL)" in (w.last_exit or ""), w.last_exit
+    # its helper (its process group) went with it, as with a spawned worker
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{helper}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not os.path.exists(f"/proc/{helper}")
+    again = w.call(PROBE)
+    assert again["pid"] != first["pid"] and again["ppid"] == first["ppid"]
 
 
-def test_a_dead_zygote_leaves_its_workers_serving_and_the_next_start_makes_another(venvs):
-    w, later = _worker(venvs["a"], name="w"), _worker(venvs["a"], name="later")
-    try:
-        zpid = w.call(PROBE)["ppid"]
-        os.kill(zpid, signal.SIGKILL)
-        time.sleep(0.2)
-        assert w.call(PROBE)["ppid"] != zpid    # init's now; it still serves
-        assert later.call(PROBE)["ppid"] not in (zpid, os.getpid())
-        w.close()                                # closed without the zygote: nothing left (no_leaks)
-        assert w.last_exit is None
-    finally:
-        w.close()
-        later.close()
+def test_a_dead_zygote_leaves_its_workers_serving_and_the_next_start_makes_another(forked, venvs):
+    w, later = forked(venvs["a"], name="w"), forked(venvs["a"], name="later")
+    zpid = w.call(PROBE)["ppid"]
+    os.kill(zpid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert w.call(PROBE)["ppid"] != zpid    # init's now; it still serves
+    assert later.call(PROBE)["ppid"] not in (zpid, os.getpid())
+    w.close()                                # closed without the zygote: nothing left (no_leaks)
+    assert w.last_exit is None
 
 
-def test_a_request_that_is_not_a_fork_is_refused_and_the_zygote_serves_on(venvs):
-    w = _worker(venvs["a"])
-    try:
-        first = w.call(PROBE)
-        z = next(iter(zygote._zygotes.values()))
-        for bad in (b"[1]", b"not json", b'{"op": "fork"}', b'"x"'):   # the last two: no fds, not a map
-            with z._lock:
-                os.write(z.fd, bad)
-                answer = os.read(z.fd, 600)
-            assert answer[:4] == (-22).to_bytes(4, sys.byteorder, signed=True), answer
-        w.close()
-        assert w.call(PROBE)["ppid"] == first["ppid"] == z.pid
-    finally:
-        w.close()
+def test_a_request_that_is_not_a_fork_is_refused_and_the_zygote_serves_on(forked, venvs):
+    w = forked(venvs["a"])
+    first = w.call(PROBE)
+    z = next(iter(zygote._zygotes.values()))
+    for bad in (b"[1]", b"not json", b'{"op": "fork"}', b'"x"'):   # the last two: no fds, not a map
+        with z._lock:
+            os.write(z.fd, bad)
+            answer = os.read(z.fd, 600)
+        assert answer[:4] == (-22).to_bytes(4, sys.byteorder, signed=True), answer
+    w.close()
+    assert w.call(PROBE)["ppid"] == first["ppid"] == z.pid
 
 
-def test_stop_idle_ends_a_zygote_with_no_worker_and_keeps_one_with_workers(venvs):
-    w = _worker(venvs["a"])
-    try:
-        w.call(PROBE)
-        assert zygote.stop_idle() == 0 and len(zygote._zygotes) == 1
-        w.close()
-        assert zygote.stop_idle() == 1 and not zygote._zygotes
-    finally:
-        w.close()
+def test_stop_idle_ends_a_zygote_with_no_worker_and_keeps_one_with_workers(forked, venvs):
+    w = forked(venvs["a"])
+    w.call(PROBE)
+    assert zygote.stop_idle() == 0 and len(zygote._zygotes) == 1
+    w.close()
+    assert zygote.stop_idle() == 1 and not zygote._zygotes
 
 
-def test_zygotes_off(venvs, monkeypatch):
+def test_zygotes_off(forked, venvs, monkeypatch):
     monkeypatch.setenv("BULKHEAD_ZYGOTE", "0")
-    w = _worker(venvs["a"])
-    try:
-        assert w.call(PROBE)["ppid"] == os.getpid()
-        assert not zygote._zygotes
-    finally:
-        w.close()
+    w = forked(venvs["a"])
+    assert w.call(PROBE)["ppid"] == os.getpid()
+    assert not zygote._zygotes
 
 
-def test_many_starts_leave_nothing(venvs):
+def test_many_starts_leave_nothing(forked, venvs):
     """20 generations through one zygote: fds flat here (no_leaks checks
     the rest) and the zygote reaped every one (no zombie under it)."""
-    w = _worker(venvs["a"])
-    try:
-        w.call(PROBE)
-        fds = len(os.listdir("/proc/self/fd"))
-        for _ in range(20):
-            w.close()
-            w.call(PROBE)
-        assert len(os.listdir("/proc/self/fd")) == fds
-        zpid = next(iter(zygote._zygotes.values())).pid
-        kids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == zpid]
-        assert len(kids) == 1, kids
-    finally:
+    w = forked(venvs["a"])
+    w.call(PROBE)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
         w.close()
+        w.call(PROBE)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    zpid = next(iter(zygote._zygotes.values())).pid
+    kids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == zpid]
+    assert len(kids) == 1, kids
 
 
 def _ppid(pid):
