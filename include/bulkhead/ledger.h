@@ -211,6 +211,15 @@ BH_EXTERN int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out);
 BH_EXTERN int bh_ledger_model_read(bh_ledger *l, pid_t pid, uint64_t model_id, int *slot_hint,
                                    uint64_t *size_bytes, uint64_t *resident_bytes);
 
+/* Where process pid's record stands: *version is its write counter,
+ * which every change to the record moves (it only grows), so a reader
+ * that keeps the version it saw before a bh_ledger_read and finds it
+ * unchanged later knows the record is what it read.  Like
+ * bh_ledger_model_read: no locks, no system calls, *slot_hint cached,
+ * and pid's liveness not checked.  Returns 0, or -ESRCH when pid has no
+ * live record. */
+BH_EXTERN int bh_ledger_version(bh_ledger *l, pid_t pid, int *slot_hint, uint32_t *version);
+
 /* Frees the records of processes that are gone (no such pid, a zombie, or
  * a pid now owned by a process with another start time).  Returns how
  * many were reaped, or -ETIMEDOUT as for join. */

@@ -1123,6 +1123,27 @@ static int bh__model_in_slot(const bh__slot *s, pid_t pid, uint64_t id, uint64_t
   return -EAGAIN;
 }
 
+static int bh__version_in_slot(const bh__slot *s, pid_t pid, uint32_t *version) {
+  uint32_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
+  if (BH__LOAD(s->body.state) != BH__LIVE || BH__LOAD(s->body.pid) != pid) return -ESRCH;
+  *version = q;
+  return 0;
+}
+
+int bh_ledger_version(bh_ledger *l, pid_t pid, int *slot_hint, uint32_t *version) {
+  if (!l || pid <= 0 || !version) return -EINVAL;
+  int hint = slot_hint ? *slot_hint : -1;
+  if (hint >= 0 && hint < BH_LEDGER_SLOTS && bh__version_in_slot(&l->slots[hint], pid, version) == 0)
+    return 0;
+  for (int i = 0; i < BH_LEDGER_SLOTS; i++) {
+    if (i == hint || bh__version_in_slot(&l->slots[i], pid, version) != 0) continue;
+    if (slot_hint) *slot_hint = i;
+    return 0;
+  }
+  if (slot_hint) *slot_hint = -1;
+  return -ESRCH;
+}
+
 int bh_ledger_model_read(bh_ledger *l, pid_t pid, uint64_t model_id, int *slot_hint,
                          uint64_t *size_bytes, uint64_t *resident_bytes) {
   if (!l || pid <= 0 || !size_bytes || !resident_bytes) return -EINVAL;

@@ -574,6 +574,18 @@ static PyObject *Ledger_resident(PyObject *self_o, PyObject *args) {
   return Py_BuildValue("(KK)", (unsigned long long)size, (unsigned long long)resident);
 }
 
+static PyObject *Ledger_version(PyObject *self_o, PyObject *arg) {
+  bh_ledger_obj *self = (bh_ledger_obj *)self_o;
+  pid_t pid;
+  uint32_t version;
+  bh_ledger *l = ledger_live(self);
+  if (!l || as_pid(arg, "pid", 0, &pid) < 0) return NULL;
+  int rc = bh_ledger_version(l, pid, NULL, &version);
+  if (rc == -ESRCH) Py_RETURN_NONE;
+  if (rc < 0) return ledger_raise(self, rc, "ledger version");
+  return PyLong_FromUnsignedLong(version);
+}
+
 static PyObject *Ledger_reap(PyObject *self_o, PyObject *unused) {
   (void)unused;
   return ledger_call((bh_ledger_obj *)self_o, bh_ledger_reap, "ledger reap", 1);
@@ -683,6 +695,9 @@ static PyMethodDef Ledger_methods[] = {
     {"read", Ledger_read, METH_O, "read(pid) -> dict or None"},
     {"resident", Ledger_resident, METH_VARARGS,
      "resident(pid, model_id) -> (size_bytes, resident_bytes) or None; no locks, no syscalls"},
+    {"version", Ledger_version, METH_O,
+     "version(pid) -> the write counter of pid's record (it moves with every change), or None; "
+     "no locks, no syscalls"},
     {"reap", Ledger_reap, METH_NOARGS, "reap() -> number of dead processes' records freed"},
 #ifdef BH_TESTING
     {"_test_lock", Ledger_test_lock, METH_NOARGS,

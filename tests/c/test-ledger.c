@@ -455,12 +455,28 @@ TEST_IMPL(ledger_join_leave) {
   ASSERT_EQ(count_records(l), 0);
   bh_ledger_close(l2);
   ASSERT_RC(bh_ledger_read(l, getpid(), &r), -ESRCH);
+  uint32_t v0, v1, v2;
+  int hint = -1;
+  ASSERT_RC(bh_ledger_version(l, getpid(), &hint, &v0), -ESRCH);
+  ASSERT_EQ(hint, -1);
+  ASSERT_RC(bh_ledger_version(l, getpid(), NULL, NULL), -EINVAL);
+  ASSERT_RC(bh_ledger_version(l, 0, NULL, &v0), -EINVAL);
+  ASSERT_RC(bh_ledger_version(NULL, getpid(), NULL, &v0), -EINVAL);
   /* Join again, set_run stamps the time, leave. */
   ASSERT_GE(bh_ledger_join(l, BH_ROLE_HOST, "", "3.11.9", 1, 0), 0);
+  ASSERT_OK(bh_ledger_version(l, getpid(), &hint, &v0));
+  ASSERT_EQ(hint, bh_ledger_slot(l));
   ASSERT_OK(bh_ledger_read(l, getpid(), &r));
+  ASSERT_OK(bh_ledger_version(l, getpid(), &hint, &v1));
+  ASSERT_EQ(v1, v0); /* a read changes nothing */
+  ASSERT_EQ(v0 % 2, 0); /* not mid-write */
   uint64_t t0 = r.last_used_ns;
   bh_test_sleep_ms(2);
   ASSERT_OK(bh_ledger_set_run(l, BH_RUN_BUSY));
+  ASSERT_OK(bh_ledger_version(l, getpid(), &hint, &v2));
+  ASSERT_GT(v2, v1); /* every write moves it */
+  ASSERT_OK(bh_ledger_version(l, getpid(), NULL, &v1));
+  ASSERT_EQ(v1, v2);
   ASSERT_OK(bh_ledger_read(l, getpid(), &r));
   ASSERT_EQ(r.run, BH_RUN_BUSY);
   ASSERT_EQ(r.role, BH_ROLE_HOST);

@@ -40,11 +40,16 @@ def test_api_roundtrip(path):
         assert not l.joined and l.slot == -1
         assert os.stat(path).st_mode & 0o777 == 0o600
         assert l.records() == []
-        assert l.read(os.getpid()) is None
+        assert l.read(os.getpid()) is None and l.version(os.getpid()) is None
         before = time.monotonic_ns()
         ver = "%d.%d.%d" % sys.version_info[:3]
         slot = l.join("host", pack="", interpreter=ver, generation=1)
         assert l.joined and l.slot == slot >= 0
+        # the record's write counter: the same until the record changes
+        v = l.version(os.getpid())
+        assert v % 2 == 0 and l.read(os.getpid()) and l.version(os.getpid()) == v
+        l.set_run("idle")
+        assert l.version(os.getpid()) > v
         # A second join refills the record, never duplicates it.
         assert l.join("host", interpreter=ver, generation=2) == slot
         l.set_device("cuda:GPU-8f3a", held_bytes=1, pinned_bytes=2, pin_ceiling_bytes=3,

@@ -72,6 +72,7 @@ class _Owner:
         self.generation = None
         self.pid = None
         self.standins = {}   # model_id -> StandIn (strong: the ledger entry holds a weakref)
+        self._read_at = None  # ((pid, the record's version), the record) of the last read
 
     # --- StandIn -> worker ---
 
@@ -115,6 +116,19 @@ class _Owner:
         mm.current_loaded_models[:] = [lm for lm in mm.current_loaded_models if id(lm.model) not in gone]
         self.standins.clear()
 
+    def _record(self, ledger):
+        """The worker's record, read again only where its version moved
+        since the last read: the drain runs after every node call, over
+        every worker, and a read checks the process in /proc.  The version
+        is taken before the read, so a change during it shows next time."""
+        version = ledger.version(self.pid)
+        if version is None:
+            self._read_at = None
+            return None
+        if self._read_at is None or self._read_at[0] != (self.pid, version):
+            self._read_at = ((self.pid, version), ledger.read(self.pid))
+        return self._read_at[1]
+
     def reconcile(self, mm, ledger):
         """Makes ComfyUI's ledger match the worker's record: stand-ins for
         new models, a LoadedModel re-inserted for any resident model that
@@ -127,7 +141,7 @@ class _Owner:
             self.generation, self.pid = (w.generation, w.pid) if w.alive else (None, None)
         if self.pid is None:
             return
-        record = ledger.read(self.pid)
+        record = self._record(ledger)
         if record is None:
             return
         listed = {id(lm.model): lm for lm in mm.current_loaded_models if lm.model is not None}
