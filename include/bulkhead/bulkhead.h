@@ -343,6 +343,9 @@ BH_EXTERN void *bh_block_addr(const bh_block *b);
 BH_EXTERN size_t bh_block_size(const bh_block *b);
 BH_EXTERN uint32_t bh_block_id(const bh_block *b);
 BH_EXTERN int bh_block_is_own(const bh_block *b);
+/* A peer block mapped copy-on-write here: one the peer forwards (another
+ * process's, sealed against writes); a write here stays here. */
+BH_EXTERN int bh_block_is_private(const bh_block *b);
 BH_EXTERN void bh_block_ref(bh_block *b);
 /* Drops one reference.  The last one puts an own block back into its pool's
  * free list, or queues a peer block's return to the peer. */

@@ -838,6 +838,7 @@ void *bh_block_addr(const bh_block *b) { return b->addr; }
 size_t bh_block_size(const bh_block *b) { return b->size; }
 uint32_t bh_block_id(const bh_block *b) { return b->id; }
 int bh_block_is_own(const bh_block *b) { return b->own; }
+int bh_block_is_private(const bh_block *b) { return b->private_map; }
 int bh_block_is_lent(const bh_block *b) {
   pthread_mutex_lock(&b->pool->mu);
   int lent = b->lent != 0;

@@ -77,6 +77,13 @@ static PyObject *Lease_own(PyObject *self, void *c) {
   return PyBool_FromLong(bh_block_is_own(l->block));
 }
 
+static PyObject *Lease_copy_on_write(PyObject *self, void *c) {
+  (void)c;
+  bh_lease_obj *l = (bh_lease_obj *)self;
+  if (!lease_live(l)) return NULL;
+  return PyBool_FromLong(bh_block_is_private(l->block));
+}
+
 static PyObject *Lease_lent(PyObject *self, void *c) {
   (void)c;
   bh_lease_obj *l = (bh_lease_obj *)self;
@@ -185,6 +192,8 @@ static PyGetSetDef Lease_getset[] = {
     {"block_id", Lease_block_id, NULL, "id of the block in its owner's pool", NULL},
     {"own", Lease_own, NULL, "True for a block of this process's pool", NULL},
     {"readonly", Lease_readonly, NULL, "True when the peer sent this own block back by reference", NULL},
+    {"copy_on_write", Lease_copy_on_write, NULL,
+     "True for a peer block forwarded from another process, mapped copy-on-write here", NULL},
     {"lent", Lease_lent, NULL, "True while this own block is lent to the peer (not to be sent again)", NULL},
     {"__array_interface__", Lease_array_interface, NULL, "numpy array interface (uint8)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};

@@ -1058,3 +1058,80 @@ def test_host_object_input_is_refused_by_name(tmp_path, base, host):
     model, _ = ma["MakeModel"]().make(size=3)
     assert model.remote_type == "packa.nodes.Model"
     assert ma["UseModel"]().use(model=model)[0] == 3
+
+
+# Nodes that hand on what they were given (#27: a pass-through costs no copy).
+PASS_PACK = {
+    "__init__.py": INIT,
+    "nodes.py": '''
+import numpy as np
+
+
+def _node(fn, n_out=1):
+    return type(fn.__name__, (), {
+        "INPUT_TYPES": classmethod(lambda cls: {"required": {"image": ("IMAGE",)}}),
+        "RETURN_TYPES": ("IMAGE",) * n_out, "FUNCTION": "run", "CATEGORY": "bulkhead/test",
+        "run": lambda self, image: fn(image)})
+
+
+class Make:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("FLOAT", {"default": 2.0})}}
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "run"
+
+    def run(self, value):
+        return (np.full(1 << 18, value, dtype=np.float32),)  # 1 MiB: a block of its own
+
+
+def scale(image):
+    if not image.flags.writeable:  # a view of this worker's own block, sent back: read-only
+        return (image * 2,)
+    image *= 2
+    return (image,)
+
+
+NODE_CLASS_MAPPINGS = {
+    "Make": Make,
+    "Pass": _node(lambda image: (image,)),
+    "PassUi": _node(lambda image: {"ui": {"n": [image.size]}, "result": (image, image)}, 2),
+    "Scale": _node(scale),
+    "Pairs": _node(lambda image: (image.reshape(-1, 2),)),
+}
+''',
+}
+
+
+def _run(mappings, key, **inputs):
+    cls = mappings[key]
+    return getattr(cls(), cls.FUNCTION)(**inputs)
+
+
+def test_a_node_that_hands_on_its_input_gives_the_host_its_own_object(tmp_path, base, host):
+    """A worker's output that is one of its inputs, the same view of the
+    same bytes the host's object shows, crosses as that input's name, and
+    the host hands on its own object, as one ComfyUI process would: no
+    copy, no block.  Where the bytes differ, or the view does, it is a
+    value as before."""
+    import numpy as np
+    py = other_interpreter()
+    a, _ = nodes.load_pack(write_pack(tmp_path, "passa", PASS_PACK), py, options={"comfyui": base})
+    b, _ = nodes.load_pack(write_pack(tmp_path, "passb", PASS_PACK), py, options={"comfyui": base})
+    x, = _run(a, "Make", value=2.0)                     # a view of a's block
+    assert _run(a, "Pass", image=x)[0] is x             # a's own block, sent back by reference
+    out = _run(a, "PassUi", image=x)
+    assert out["result"][0] is x and out["result"][1] is x and out["ui"] == {"n": [1 << 18]}
+    assert _run(b, "Pass", image=x)[0] is x             # forwarded to b, read only there
+    y, = _run(b, "Scale", image=x)                      # b wrote into its copy-on-write mapping
+    assert y is not x and float(y[0]) == 4.0 and float(x[0]) == 2.0
+    z, = _run(a, "Scale", image=x)                      # read-only in a: a new array
+    assert z is not x and float(z[0]) == 4.0 and float(x[0]) == 2.0
+    p, = _run(a, "Pairs", image=x)                      # another view: a value
+    assert p.shape == (1 << 17, 2) and float(p[0, 1]) == 2.0
+    # the host's own array went in as a copy: a write there is not the
+    # host's object's, so the node's array comes back as the block it wrote
+    h = np.full(1 << 18, 3.0, dtype=np.float32)
+    w, = _run(a, "Scale", image=h)
+    assert w is not h and float(w[0]) == 6.0 and float(h[0]) == 3.0
+    assert _run(a, "Pass", image=h)[0] is not h

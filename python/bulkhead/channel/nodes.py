@@ -13,7 +13,12 @@
 - **hidden values**: the values ComfyUI set on a V3 class clone's
   ``hidden`` cross as {Hidden value: value} (``encode_hidden``, host;
   DYNPROMPT as data) and become the worker's clone's (``decode_hidden``,
-  DYNPROMPT a read-only ``DynPrompt``).
+  DYNPROMPT a read-only ``DynPrompt``);
+- **inputs passed through**: a node's output that is one of its input
+  tensors as it arrived crosses as the input's name (``passed_through``,
+  worker), and the host puts its own input object there
+  (``put_back``, host): a pass-through node (a reroute, a node that
+  holds or looks at its image and hands it on) costs no copy.
 """
 
 import logging
@@ -218,3 +223,43 @@ def decode_hidden(hidden, io):
             v = hidden[h.value]
             values[h] = DynPrompt(v) if h.value == "DYNPROMPT" and isinstance(v, dict) else v
     return values
+
+
+# --- inputs passed through ---
+
+def _result(out):
+    """The tuple of a node's outputs inside out (its FUNCTION's return,
+    or its "result" in a {"ui", "result"} dict), or None."""
+    result = out.get("result") if isinstance(out, dict) else out
+    return result if isinstance(result, (tuple, list)) else None
+
+
+def _with_result(out, result):
+    return dict(out, result=result) if isinstance(out, dict) else result
+
+
+def passed_through(peer, kwargs, out):
+    """(out with None where an output is one of kwargs' tensors that the
+    host sees as it is here (Peer.passes_back), [[position, input name],
+    ...]).  Worker side; the host's put_back undoes it."""
+    result = _result(out)
+    if result is None or not peer.received:
+        return out, []
+    names = {id(v): k for k, v in kwargs.items()}
+    same = [[i, names[id(v)]] for i, v in enumerate(result)
+            if id(v) in names and peer.passes_back(v)]
+    if not same:
+        return out, []
+    return _with_result(out, _replaced(result, {i: None for i, _ in same})), same
+
+
+def put_back(outputs, same, kwargs):
+    """Host side of passed_through: each listed output is the host's own
+    input object again, as in one ComfyUI process."""
+    return _with_result(outputs, _replaced(_result(outputs), {i: kwargs[name] for i, name in same}))
+
+
+def _replaced(result, at):
+    """result (a tuple or list) with the values at the positions in at."""
+    new = [at[i] if i in at else v for i, v in enumerate(result)]
+    return new if isinstance(result, list) else tuple(new)

@@ -223,6 +223,11 @@ class RemoteCallable:
         return f"<bulkhead.RemoteCallable #{self._id} of {self._peer.describe()}>"
 
 
+# Received tensors kept for passes_back at most (a worker's requests that
+# are not node calls have no end that clears them).
+_RECEIVED_MAX = 256
+
+
 class Peer:
     """Hooks for one channel end.  ``exports`` maps handle ids to local
     callables sent to the peer; ``outgoing`` is the frame kind a call to a
@@ -260,6 +265,10 @@ class Peer:
         # serializer for (worker/typed.py): obj -> a value to encode in
         # obj's place, or None to hold obj as a handle.
         self.node_serializer = None
+        # A worker's: the tensors decoded from its own block or a forward,
+        # id -> (weakref, own block, tensors.layout), until its node call
+        # ends (passes_back); None: not kept.
+        self.received = None
 
     # --- object handles ---
 
@@ -380,7 +389,40 @@ class Peer:
             "list, tuple, dict, numpy arrays, torch CPU tensors and callables (no pickle)")
 
     def decode_tensor(self, lib, code, shape, strides, lease):
-        return _tensors.decode(lib, code, shape, strides, lease)
+        obj = _tensors.decode(lib, code, shape, strides, lease)
+        rec = self.received
+        if rec is not None and lease is not None and not isinstance(lease, bytearray) \
+                and lib != _native.TENSOR_NUMPY_SCALAR:
+            if len(rec) >= _RECEIVED_MAX:  # requests that are not node calls: nothing ends them
+                rec.clear()
+            if lease.own or lease.copy_on_write:
+                rec[id(obj)] = (weakref.ref(obj), lease.own, _tensors.layout(obj))
+        return obj
+
+    def passes_back(self, obj):
+        """True where obj is a tensor that arrived here as a view of the
+        peer's object's own bytes, and the peer sees them as they are
+        here: the same view (layout), of this side's own block sent back
+        by reference (both map it shared: a write here is the peer's too),
+        or of a block the peer forwarded from a third process that this
+        side wrote nothing into (copy-on-write; peer_lease's check).  The
+        peer's own object then stands for it.  A view of the peer's own
+        block is not one: the peer's object may be what it copied in."""
+        entry = self.received.get(id(obj)) if self.received else None
+        if entry is None or entry[0]() is not obj:
+            return False
+        now = _tensors.layout(obj)
+        if now != entry[2]:
+            return False
+        if entry[1]:
+            return True
+        if not now[5]:
+            return False
+        lease = self.channel.peer_lease(now[0], now[1])
+        if lease is None:
+            return False
+        lease.release()
+        return True
 
     def decode_handle(self, space, ident, type_name=""):
         """Hook (codec.c): a handle ref -> the object it stands for."""

@@ -32,7 +32,10 @@ lending B A's block itself (``chan.peer_lease`` finds it among the host's
 channels; a host keeps the memfd of each block of 1 MiB or more that a
 worker lends it).  B maps it copy-on-write: a write there stays in B, and B sends it back by
 reference only where it wrote nothing (else it is copied).  One copy in
-all, A's.  A torch tensor sent again unchanged goes by reference from its
+all, A's.  A node that returns one of its input tensors as it arrived
+sends no tensor at all: the host takes back its own input object
+(Peer.passes_back, channel/nodes.py passed_through), as one ComfyUI
+process would pass the same object on.  A torch tensor sent again unchanged goes by reference from its
 third crossing on (SendCache, below).  Everything else is copied once per
 crossing.
 """
@@ -349,6 +352,21 @@ def decode(lib, code, shape, strides, lease):
         return flat.reshape(shape)
     isz = dtype.itemsize
     return np.lib.stride_tricks.as_strided(flat, shape, tuple(s * isz for s in strides))
+
+
+def layout(obj):
+    """(address, nbytes, shape, strides, dtype, contiguous) of a numpy
+    array or torch tensor, else None: what says a tensor is still the
+    bytes and the view it arrived as (Peer.passes_back)."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.ndarray):
+        return (obj.__array_interface__["data"][0], obj.nbytes, obj.shape, obj.strides, obj.dtype,
+                obj.flags.c_contiguous)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
+        return (obj.data_ptr(), obj.numel() * obj.element_size(), tuple(obj.shape), obj.stride(), obj.dtype,
+                obj.is_contiguous())
+    return None
 
 
 def _contiguous(shape):

@@ -68,7 +68,7 @@ import weakref
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                remote_name)
-from ..channel.nodes import decode_schema
+from ..channel.nodes import decode_schema, put_back
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..channel import targets
 from ..packimport import default_module
@@ -576,6 +576,8 @@ class PackRuntime:
         node._bulkhead_instance = res["instance"]
         if res["instance"] is not None:
             self.instances.add(res["instance"])
+        if res.get("same"):  # inputs the node passed through: the host's own objects
+            return put_back(res["outputs"], res["same"], kwargs)
         return res["outputs"]
 
     def _outputs_hold_handles(self, cls, key, generation):

@@ -118,6 +118,7 @@ def main():
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve, cache_sends=True)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
+    peer.received = {}  # a node's input tensors, for its outputs that pass one through
     peer.node_serializer = typed.serialize  # ... unless a pack registered a serializer for its class
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)
     chan.set_tagged(typed.MARK, typed.decode_tagged)  # and such a map comes back as its object

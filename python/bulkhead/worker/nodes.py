@@ -47,7 +47,7 @@ from .. import _native
 from .. import worker as _worker
 from .._importwatch import when_imported
 from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
-from ..channel.nodes import decode_hidden, encode_io, encode_preview, plain_str
+from ..channel.nodes import decode_hidden, encode_io, encode_preview, passed_through, plain_str
 from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
 from . import server
@@ -552,17 +552,23 @@ def _invoke(fn, kwargs):
 def run(key, kwargs, instance=None, method=None):
     """Runs node `key`'s FUNCTION (or `method`) on `instance` (a handle
     the host got from an earlier run; None makes a new instance) with
-    kwargs.  Returns {"outputs", "instance"}: the result as a NodeValue (the
-    codec holds here, as handles carrying their type names, the objects in
-    it that cannot cross; see Peer.encode_other) and the instance's handle."""
+    kwargs.  Returns {"outputs", "instance", "same"}: the result as a
+    NodeValue (the codec holds here, as handles carrying their type names,
+    the objects in it that cannot cross; see Peer.encode_other), the
+    instance's handle, and the outputs that are inputs passed through,
+    left out (channel/nodes.py passed_through)."""
     cls = _class(key)
     peer = _worker._peer
     peer.drop_unsent()
     if instance is None:
         instance = cls()
     fn = getattr(instance, method or cls.FUNCTION)
-    out = _invoke(fn, kwargs)
-    return {"outputs": NodeValue(out), "instance": peer.hold(instance)}
+    try:
+        out, same = passed_through(peer, kwargs, _invoke(fn, kwargs))
+    finally:
+        if peer.received:
+            peer.received.clear()
+    return {"outputs": NodeValue(out), "instance": peer.hold(instance), "same": same}
 
 
 def run_v3(key, method, kwargs, hidden):
