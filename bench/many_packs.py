@@ -24,6 +24,19 @@ Rows, per N (medians over --rounds; set-ups alternate within a round):
                          (POST /free), one pack's prompt (image -> shift_k
                          -> hold_k -> sink) cold, for a few k; the slowest
   cold_ratio             cold_first_prompt_ms / single_cold_max_ms   (#27: <= 1.5)
+  first_prompt_in_process_ms
+                         control: the same packs in-process, their first
+                         prompt on a fresh start.  The packs' own first work
+                         (each hold's 50 MiB, touched for the first time)
+                         runs one node after another in either set-up; on a
+                         small VM it alone can exceed 1.5 x one isolated
+                         pack's cold start, so cold_ratio's limit bounds that
+                         work as much as bulkhead
+  cold_workers_ready_ratio
+                         the workers' side of it: when the last of the N
+                         workers was ready (each logs 'started ahead of its
+                         first node', ms from the queue) over the same for
+                         the single packs' (the slowest)   (#27: <= 1.5)
   cold_again_ratio       the N packs' prompt cold again in that server (its
                          workers stopped, the host warm, as for the single
                          packs) / single_cold_max_ms
@@ -82,7 +95,8 @@ from e2eenv import BUILD_PY, Server, assemble  # noqa: E402
 
 IMAGE_SHAPE = (1, 512, 512, 3)          # float32: 3 MiB
 HOLD_MIB = 50
-TARGETS = {"cold_ratio": 1.5, "warm_per_crossing_ms": 2.0, "text_worker_rss_mib": 40.0}
+TARGETS = {"cold_ratio": 1.5, "cold_workers_ready_ratio": 1.5, "warm_per_crossing_ms": 2.0,
+           "text_worker_rss_mib": 40.0}
 
 PACK_NODES = '''
 import numpy as np
@@ -564,6 +578,9 @@ def main(argv=None):
         def iso_(key, n=n):
             return lambda r: r["isolated"][n][key]
         cold = med(iso_("cold_first_prompt_ms"))
+        ready = med(lambda r, n=n: max(r["isolated"][n]["cold_worker_starts_ms"] or [0]))
+        single_ready = med(lambda r, n=n: max(
+            [ms for starts in r["isolated"][n]["single_worker_start_ms"].values() for ms in starts] or [1]))
         single = med(lambda r, n=n: max(r["isolated"][n]["single_cold_ms"].values()))
         warm_over = med(lambda r, n=n: r["isolated"][n]["warm_over_in_process_ms"] / (2 * n))
         after = med(iso_("after_free_mib"))
@@ -576,6 +593,9 @@ def main(argv=None):
             "first_prompt_in_process_ms": med(lambda r, n=n: r["in_process"][n]["first_prompt_ms"]),
             "cold_worker_start_ms_median": med(lambda r, n=n: statistics.median(
                 r["isolated"][n]["cold_worker_starts_ms"] or [0])),
+            "cold_workers_ready_ms": ready,
+            "single_workers_ready_ms": single_ready,
+            "cold_workers_ready_ratio": ready / single_ready,
             "warm_prompt_ms": med(iso_("warm_prompt_ms")),
             "warm_prompt_in_process_ms": med(lambda r, n=n: r["in_process"][n]["warm_prompt_ms"]),
             "warm_per_crossing_ms": warm_over,
@@ -609,11 +629,12 @@ def main(argv=None):
         json.dump(report, f, indent=2)
 
     print(f"\nN isolated numpy-only packs (medians of {args.rounds} rounds; 3 MiB numpy copy {copy:.2f} ms)")
-    print("  N  cold ms  single ms  ratio  again ratio  warm/crossing ms  /copy  worker MiB  text-only MiB  "
-          "after /free MiB (N=0)")
+    print("  N  cold ms  single ms  ratio  in-process ms  ready ratio  again ratio  warm/crossing ms  /copy  "
+          "worker MiB  text-only MiB  after /free MiB (N=0)")
     for n in counts:
         w = rows[n]
         print(f"{n:3d} {w['cold_first_prompt_ms']:8.0f} {w['single_cold_max_ms']:10.0f} {w['cold_ratio']:6.2f} "
+              f"{w['first_prompt_in_process_ms']:14.0f} {w['cold_workers_ready_ratio']:12.2f} "
               f"{w['cold_again_ratio']:12.2f} "
               f"{w['warm_per_crossing_ms']:17.2f} {w['warm_per_crossing_over_copy']:6.1f} "
               f"{w['worker_rss_mib_median']:11.1f} {w['text_worker_rss_mib']:14.1f} "
