@@ -46,8 +46,8 @@ Rows, per N (medians over --rounds; set-ups alternate within a round):
                          (a warm prompt: a new image value, every node runs;
                          ComfyUI's execution_start to execution_success; the
                          in-process server runs beside the isolated one, a
-                         prompt on each in turn: the median of 9 paired
-                         differences)
+                         prompt on each in turn: the median of the
+                         WARM_PAIRS (21) paired differences)
   copy_3m_ms             limit: a numpy copy of 3 MiB into a touched
                          array, its source out of the CPU's caches (one
                          thread, as bulkhead's copy into a block), in this
@@ -95,6 +95,10 @@ from e2eenv import BUILD_PY, Server, assemble  # noqa: E402
 
 IMAGE_SHAPE = (1, 512, 512, 3)          # float32: 3 MiB
 HOLD_MIB = 50
+# Warm prompts per set-up and round, each isolated one paired with the
+# in-process twin's next: the machine's noise moves one pair by
+# milliseconds a crossing, so the median needs a few.
+WARM_PAIRS = 21
 TARGETS = {"cold_ratio": 1.5, "cold_workers_ready_ratio": 1.5, "warm_per_crossing_ms": 2.0,
            "text_worker_rss_mib": 40.0}
 
@@ -399,7 +403,7 @@ def measure_isolated(bench, twin, n, round_no):
         try:
             t = {"first_prompt_ms": twin.run(image_prompt(packs, 0.1 + round_no))}
             pairs = [(bench.run(image_prompt(packs, 0.2 + i), executed=True),
-                      twin.run(image_prompt(packs, 0.2 + i), executed=True)) for i in range(9)]
+                      twin.run(image_prompt(packs, 0.2 + i), executed=True)) for i in range(WARM_PAIRS)]
         finally:
             twin.stop()
         r["warm_prompt_ms"] = statistics.median(a for a, _ in pairs)

@@ -142,8 +142,8 @@ class _Owner:
         if self.pid is None:
             return
         record = self._record(ledger)
-        if record is None:
-            return
+        if record is None or not (record["models"] or self.standins):
+            return  # no record, or no model in it nor stand-in here: nothing to match
         listed = {id(lm.model): lm for lm in mm.current_loaded_models if lm.model is not None}
         seen = set()
         for m in record["models"]:
