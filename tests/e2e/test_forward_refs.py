@@ -4,7 +4,9 @@ A prompt over HTTP: an IMAGE made by isolated pack A's node goes to a node
 of isolated pack B and back to a node of pack A.  B's image is a mapping
 of A's own block (the same memfd: one inode), copy-on-write in B, so the
 host passed it on without a copy; A's is its own block again (a back
-ref).  The bytes crossed from A to B once, copied by A alone."""
+ref).  The bytes crossed from A to B once, copied by A alone.  A node
+that hands its image on (in either pack) copies nothing either: the
+host hands on its own object."""
 
 import textwrap
 
@@ -56,7 +58,20 @@ class Inspect:
                        "path": [path]}, "result": (total,)}
 
 
-NODE_CLASS_MAPPINGS = {"E2EFwdMake%(p)s": MakeImage, "E2EFwdInspect%(p)s": Inspect}
+class Pass:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",)}}
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, image):
+        return (image,)
+
+
+NODE_CLASS_MAPPINGS = {"E2EFwdMake%(p)s": MakeImage, "E2EFwdInspect%(p)s": Inspect, "E2EFwdPass%(p)s": Pass}
 NODE_DISPLAY_NAME_MAPPINGS = {}
 '''
 
@@ -88,3 +103,29 @@ def test_pack_a_output_feeds_pack_b_without_a_host_copy(comfyui, tmp_path):
     assert in_b["inode"] == in_a["inode"] and in_a["inode"][0] != 0, (in_a, in_b)
     assert "bulkhead-block" in in_b["path"][0], in_b
     assert in_b["kind"] == ["p"] and in_a["kind"] == ["s"], (in_a, in_b)
+
+
+def test_a_node_that_hands_its_image_on_copies_nothing(comfyui, tmp_path):
+    """#27: A's image through B's pass-through node, and through A's own,
+    reaches A's inspector as A's own block (a copy made by B, or by A,
+    would be a block of its own: another memfd)."""
+    a, b = _pack(tmp_path, "e2e_pass_a", "A"), _pack(tmp_path, "e2e_pass_b", "B")
+    srv = comfyui(packs=(), pack_dirs=(a, b))
+    prompt = {
+        "1": {"class_type": "E2EFwdMakeA", "inputs": {"value": 0.5}},
+        "2": {"class_type": "E2EFwdPassB", "inputs": {"image": ["1", 0]}},
+        "3": {"class_type": "E2EFwdPassA", "inputs": {"image": ["1", 0]}},
+        "4": {"class_type": "E2EFwdInspectA", "inputs": {"image": ["2", 0]}},
+        "5": {"class_type": "E2EFwdInspectB", "inputs": {"image": ["3", 0]}},
+        "6": {"class_type": "E2EFwdInspectA", "inputs": {"image": ["1", 0]}},
+    }
+    entry = srv.wait_history(srv.queue(prompt))
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log()[-3000:])
+    via_b, via_a, direct = entry["outputs"]["4"], entry["outputs"]["5"], entry["outputs"]["6"]
+    n = 512 * 512 * 3
+    assert via_b["sum"] == via_a["sum"] == direct["sum"] == [0.5 * n]
+    assert direct["kind"] == ["s"] and direct["inode"][0] != 0, direct
+    # B handed on what it was lent: A sees its own block again, shared
+    assert via_b["inode"] == direct["inode"] and via_b["kind"] == ["s"], (via_b, direct)
+    # A handed on its own block: B maps that block, copy-on-write
+    assert via_a["inode"] == direct["inode"] and via_a["kind"] == ["p"], (via_a, direct)
