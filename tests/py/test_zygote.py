@@ -184,6 +184,29 @@ def test_zygotes_off(forked, venvs, monkeypatch):
     assert not zygote._zygotes
 
 
+def test_a_zygote_that_could_not_start_is_tried_again_later(forked, venvs, tmp_path, monkeypatch):
+    """An interpreter that fails as a zygote (here: while a flag file
+    exists) gets its workers spawned, one by one; a later worker tries a
+    zygote again only BULKHEAD_ZYGOTE_RETRY_S after, and then is forked."""
+    flag = tmp_path / "refuse"
+    flag.write_text("")
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/sh\nif [ -n "$BULKHEAD_AS_ZYGOTE" ] && [ -e {flag} ]; then\n'
+                  f'  echo no zygote here >&2; exit 3\nfi\nexec {venvs["a"]} "$@"\n')
+    py.chmod(0o755)
+    w = forked(str(py))
+    assert w.call(PROBE)["ppid"] == os.getpid()           # spawned: its zygote ended at start-up
+    assert len(zygote._refused) == 1 and not zygote._zygotes
+    flag.unlink()
+    w.close()
+    assert w.call(PROBE)["ppid"] == os.getpid()           # not tried again so soon
+    monkeypatch.setenv("BULKHEAD_ZYGOTE_RETRY_S", "0")
+    w.close()
+    got = w.call(PROBE)
+    assert got["ppid"] == next(iter(zygote._zygotes.values())).pid != os.getpid()
+    assert not zygote._refused
+
+
 def test_many_starts_leave_nothing(forked, venvs):
     """20 generations through one zygote: fds flat here (no_leaks checks
     the rest) and the zygote reaped every one (no zombie under it)."""

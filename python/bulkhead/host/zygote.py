@@ -13,7 +13,10 @@ is exec'd by its zygote into a fresh interpreter, as a spawn would start.
 A zygote starts with the first worker that needs it and ends after
 worker/zygote.py's LINGER_S with no worker, or at ``stop_idle`` (the
 host's ``/free``), or with the host.  Where a zygote cannot start or
-answer, the worker is spawned as before, and the reason is logged once.
+answer, the worker is spawned as before, and the reason is logged; a
+zygote that could not start is tried again for a later worker only
+RETRY_S after (``BULKHEAD_ZYGOTE_RETRY_S``), its workers spawned
+meanwhile.
 ``BULKHEAD_ZYGOTE=0`` turns zygotes off (every worker spawned).  A host
 that exits closes its end of each zygote's socket, and the zygote kills
 what it forked and ends.
@@ -23,6 +26,7 @@ import json
 import os
 import select
 import threading
+import time
 
 from .. import _native
 
@@ -33,7 +37,17 @@ def _log():
 
 
 START_TIMEOUT_S = 120.0   # the preload (torch: about 1.5 s here; far longer on a cold disk)
+# What made a start fail may pass (a start timeout on a loaded machine, an
+# environment being rebuilt): seconds before a later worker tries again.
+RETRY_S = 300.0
 FORK_TIMEOUT_MS = 10_000
+
+
+def _retry_s():
+    try:
+        return float(os.environ.get("BULKHEAD_ZYGOTE_RETRY_S", RETRY_S))
+    except ValueError:
+        return RETRY_S
 
 
 def enabled():
@@ -128,7 +142,7 @@ class Zygote:
 _lock = threading.Lock()
 _zygotes = {}         # key -> Zygote
 _starting = {}        # key -> threading.Lock (one start per key at once)
-_refused = {}         # key -> why a zygote could not start (not tried again)
+_refused = {}         # key -> (time.monotonic(), why) of its zygote's last failed start
 
 
 def _get(key, python, env, preload, sink):
@@ -142,7 +156,8 @@ def _get(key, python, env, preload, sink):
             z = _zygotes.get(key)
             if z is not None and z.alive:
                 return z
-            if key in _refused:
+            refused = _refused.get(key)
+            if refused is not None and time.monotonic() - refused[0] < _retry_s():
                 return None
         if z is not None:
             z.close()
@@ -150,10 +165,12 @@ def _get(key, python, env, preload, sink):
             z = Zygote(python, env, preload, sink)
         except (OSError, ZygoteError) as e:
             with _lock:
-                _refused[key] = str(e)
-            _log().warning("bulkhead: no zygote for %s (%s); its workers are started one by one", python, e)
+                _refused[key] = (time.monotonic(), str(e))
+            _log().warning("bulkhead: no zygote for %s (%s); its workers are started one by one, and a "
+                           "zygote is tried again in %g s", python, e, _retry_s())
             return None
         with _lock:
+            _refused.pop(key, None)
             _zygotes[key] = z
         return z
 
