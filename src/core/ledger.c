@@ -1089,10 +1089,38 @@ int bh_ledger_read(bh_ledger *l, pid_t pid, bh_ledger_record *out) {
   return -ESRCH;
 }
 
-/* The fast path on one slot: 0 found, -ENOENT no such model, -ESRCH the
- * slot is not pid's, -EAGAIN its owner stayed mid-write. */
-static int bh__model_in_slot(const bh__slot *s, pid_t pid, uint64_t id, uint64_t *size,
-                             uint64_t *resident) {
+/* What one lock-free reader reads from pid's slot s: 0 done, -ESRCH the
+ * slot is not pid's (the next is tried), anything else the answer. */
+typedef int (*bh__slot_reader)(const bh__slot *s, pid_t pid, void *ctx);
+
+/* pid's live slot found and read by `read`, lock-free: *slot_hint (where
+ * it was found last; -1 unknown, may be NULL) first, then every slot with
+ * that pid; the hint kept up.  -ESRCH when no slot is pid's. */
+static int bh__read_pid_slot(bh_ledger *l, pid_t pid, int *slot_hint, bh__slot_reader read, void *ctx) {
+  int hint = slot_hint ? *slot_hint : -1;
+  if (hint >= 0 && hint < BH_LEDGER_SLOTS) {
+    int rc = read(&l->slots[hint], pid, ctx);
+    if (rc != -ESRCH) return rc;
+  }
+  for (int i = 0; i < BH_LEDGER_SLOTS; i++) {
+    if (i == hint || BH__LOAD(l->slots[i].body.pid) != pid) continue;
+    int rc = read(&l->slots[i], pid, ctx);
+    if (rc == -ESRCH) continue;
+    if (slot_hint) *slot_hint = i;
+    return rc;
+  }
+  if (slot_hint) *slot_hint = -1;
+  return -ESRCH;
+}
+
+typedef struct {
+  uint64_t id, size, resident;
+} bh__model_ask;
+
+/* One model's sizes, seqlocked: 0 found, -ENOENT no such model, -ESRCH
+ * the slot is not pid's, -EAGAIN its owner stayed mid-write. */
+static int bh__model_in_slot(const bh__slot *s, pid_t pid, void *ctx) {
+  bh__model_ask *ask = ctx;
   for (int i = 0; i < BH__SPINS; i++) {
     uint32_t q1 = atomic_load_explicit(&s->seq, memory_order_acquire);
     if (!(q1 & 1)) {
@@ -1104,7 +1132,7 @@ static int bh__model_in_slot(const bh__slot *s, pid_t pid, uint64_t id, uint64_t
         uint32_t n = BH__LOAD(s->body.n_models);
         if (n > BH_LEDGER_MODELS) n = BH_LEDGER_MODELS;
         for (uint32_t k = 0; k < n; k++) {
-          if (BH__LOAD(s->body.models[k].id) == id) {
+          if (BH__LOAD(s->body.models[k].id) == ask->id) {
             sz = BH__LOAD(s->body.models[k].size);
             res = BH__LOAD(s->body.models[k].resident);
             rc = 0;
@@ -1114,7 +1142,7 @@ static int bh__model_in_slot(const bh__slot *s, pid_t pid, uint64_t id, uint64_t
       }
       atomic_thread_fence(memory_order_acquire);
       if (atomic_load_explicit(&s->seq, memory_order_relaxed) == q1) {
-        if (rc == 0) *size = sz, *resident = res;
+        if (rc == 0) ask->size = sz, ask->resident = res;
         return rc;
       }
     }
@@ -1123,42 +1151,24 @@ static int bh__model_in_slot(const bh__slot *s, pid_t pid, uint64_t id, uint64_t
   return -EAGAIN;
 }
 
-static int bh__version_in_slot(const bh__slot *s, pid_t pid, uint32_t *version) {
+/* The slot's write counter, where it is pid's live record. */
+static int bh__version_in_slot(const bh__slot *s, pid_t pid, void *ctx) {
   uint32_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
   if (BH__LOAD(s->body.state) != BH__LIVE || BH__LOAD(s->body.pid) != pid) return -ESRCH;
-  *version = q;
+  *(uint32_t *)ctx = q;
   return 0;
 }
 
 int bh_ledger_version(bh_ledger *l, pid_t pid, int *slot_hint, uint32_t *version) {
   if (!l || pid <= 0 || !version) return -EINVAL;
-  int hint = slot_hint ? *slot_hint : -1;
-  if (hint >= 0 && hint < BH_LEDGER_SLOTS && bh__version_in_slot(&l->slots[hint], pid, version) == 0)
-    return 0;
-  for (int i = 0; i < BH_LEDGER_SLOTS; i++) {
-    if (i == hint || bh__version_in_slot(&l->slots[i], pid, version) != 0) continue;
-    if (slot_hint) *slot_hint = i;
-    return 0;
-  }
-  if (slot_hint) *slot_hint = -1;
-  return -ESRCH;
+  return bh__read_pid_slot(l, pid, slot_hint, bh__version_in_slot, version);
 }
 
 int bh_ledger_model_read(bh_ledger *l, pid_t pid, uint64_t model_id, int *slot_hint,
                          uint64_t *size_bytes, uint64_t *resident_bytes) {
   if (!l || pid <= 0 || !size_bytes || !resident_bytes) return -EINVAL;
-  int hint = slot_hint ? *slot_hint : -1;
-  if (hint >= 0 && hint < BH_LEDGER_SLOTS) {
-    int rc = bh__model_in_slot(&l->slots[hint], pid, model_id, size_bytes, resident_bytes);
-    if (rc != -ESRCH) return rc;
-  }
-  for (int i = 0; i < BH_LEDGER_SLOTS; i++) {
-    if (i == hint || BH__LOAD(l->slots[i].body.pid) != pid) continue;
-    int rc = bh__model_in_slot(&l->slots[i], pid, model_id, size_bytes, resident_bytes);
-    if (rc == -ESRCH) continue;
-    if (slot_hint) *slot_hint = i;
-    return rc;
-  }
-  if (slot_hint) *slot_hint = -1;
-  return -ESRCH;
+  bh__model_ask ask = {.id = model_id};
+  int rc = bh__read_pid_slot(l, pid, slot_hint, bh__model_in_slot, &ask);
+  if (rc == 0) *size_bytes = ask.size, *resident_bytes = ask.resident;
+  return rc;
 }
