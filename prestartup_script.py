@@ -32,6 +32,7 @@ def _stand_in_now():
 
 
 def _route():
+    """False where bulkhead cannot be imported."""
     import logging
     try:
         from bulkhead.host import comfy_env
@@ -43,11 +44,33 @@ def _route():
             _stand_in_now()
         except Exception as e2:  # ComfyUI must start
             logging.getLogger("bulkhead").warning("bulkhead: prestartup: no in-process stand-in: %s", e2)
-        return
+        return False
     try:
         comfy_env.route()
     except Exception as e:  # ComfyUI must start
         logging.getLogger("bulkhead").warning("bulkhead: prestartup: comfy_env not routed to bulkhead: %s", e)
+    return True
 
 
-_route()
+def _bound_spin():
+    """ComfyUI imports torch after this script: its idle OpenMP threads are
+    bounded here as a worker's are (bulkhead.host.workers.bound_host_spin),
+    so they do not spin on the CPUs the workers need."""
+    import logging
+    import os
+    try:
+        from bulkhead.host import workers
+        done = workers.bound_host_spin()
+    except Exception as e:  # ComfyUI must start
+        logging.getLogger("bulkhead").warning("bulkhead: prestartup: ComfyUI's idle threads left as they are: %s", e)
+        return
+    if done:
+        logging.getLogger("bulkhead").info(
+            "bulkhead: ComfyUI's idle OpenMP/BLAS threads spin %s us before they sleep (%s), as the "
+            "workers' do; BULKHEAD_OMP_SPIN_US sets the time, a GOMP_SPINCOUNT or OMP_WAIT_POLICY "
+            "of your own is kept", os.environ.get("BULKHEAD_OMP_SPIN_US") or f"{workers.SPIN_US:g}",
+            ", ".join(f"{k}={v}" for k, v in sorted(done.items())))
+
+
+if _route():
+    _bound_spin()

@@ -76,7 +76,8 @@ def install_bulkhead(custom_nodes_dir):
     PYTHONPATH entries the server needs for it.  For now: the built package
     stays in the build tree (on the server's PYTHONPATH) and
     custom_nodes/bulkhead/__init__.py is a loader importing it once and
-    re-exporting what ComfyUI reads, beside a link python/ -> the build
+    re-exporting what ComfyUI reads, beside the repository's
+    prestartup_script.py and a link python/ -> the build
     tree's python/, as a clone has the package at python/bulkhead/ (which
     tells bulkhead its custom node is there: packimport.custom_node_missing;
     delete the folder and bulkhead is off).  (The Manager flow -- the
@@ -84,8 +85,10 @@ def install_bulkhead(custom_nodes_dir):
     d = os.path.join(custom_nodes_dir, "bulkhead")
     os.makedirs(d, exist_ok=True)
     os.symlink(BUILD_PY, os.path.join(d, "python"))
+    shutil.copy(os.path.join(REPO, "prestartup_script.py"), d)  # as a clone has it
     with open(os.path.join(d, "__init__.py"), "w") as f:
         f.write("import os, bulkhead\n"
+                "bulkhead._comfyui_server()  # the prestartup script imported it before the server existed\n"
                 "WEB_DIRECTORY = os.path.join(os.path.dirname(bulkhead.__file__), bulkhead.WEB_DIRECTORY)\n"
                 "NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.NODE_CLASS_MAPPINGS, "
                 "bulkhead.NODE_DISPLAY_NAME_MAPPINGS\n")

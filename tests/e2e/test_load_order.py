@@ -64,6 +64,8 @@ def test_comfy_env_prestartup_before_and_after_bulkhead(comfyui, manager_install
     log = srv.log()
     assert "No module named 'comfy_env'" not in log and "(IMPORT FAILED)" not in log, log
     assert "NOT isolated" not in log, log
+    # bulkhead's own prestartup bounded ComfyUI's idle OpenMP threads before torch loaded
+    assert "ComfyUI's idle OpenMP/BLAS threads spin 200 us before they sleep (GOMP_SPINCOUNT=" in log, log
     for name in ("a_first_ce", "z_last_ce"):
         copied = os.path.join(srv.base, "custom_nodes", name, "copied", "viewer.txt")
         with open(copied) as f:

@@ -191,6 +191,45 @@ def test_worker_openmp_spin_is_bounded(make_worker, monkeypatch):
     monkeypatch.setattr(workers, "_spin", None)
 
 
+_HOST_SPIN_PROBE = """
+import json, os, sys
+for m in sys.argv[1:]:
+    __import__(m)
+from bulkhead.host import workers
+done = workers.bound_host_spin()
+import numpy, torch
+print(json.dumps({"done": done, "env": {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}}))
+"""
+
+
+def test_host_openmp_spin_is_bounded_before_torch_loads(monkeypatch):
+    """ComfyUI's own process gets the same bound from bulkhead's prestartup
+    script (workers.bound_host_spin; ComfyUI imports torch after it): each
+    variable where the library reading it (once, as it loads) is not loaded
+    yet and the user did not tune it; nothing where it is loaded already."""
+    import json
+    import subprocess
+    import sys
+    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT", "BULKHEAD_OMP_SPIN_US"):
+        monkeypatch.delenv(k, raising=False)
+
+    def probe(*first, **env):
+        out = subprocess.run([sys.executable, "-c", _HOST_SPIN_PROBE, *first], env=dict(os.environ, **env),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.splitlines()[-1])
+
+    r = probe()
+    assert r["done"] == r["env"], r
+    assert 0 < int(r["env"]["GOMP_SPINCOUNT"]) < 300_000 and 4 <= int(r["env"]["OPENBLAS_THREAD_TIMEOUT"]) < 28
+    assert "GOMP_SPINCOUNT" not in probe("torch")["done"]            # libgomp read its default already
+    assert "OPENBLAS_THREAD_TIMEOUT" not in probe("numpy")["done"]   # so did OpenBLAS
+    assert probe(GOMP_SPINCOUNT="5")["env"]["GOMP_SPINCOUNT"] == "5"
+    r = probe(OMP_WAIT_POLICY="PASSIVE", OPENBLAS_THREAD_TIMEOUT="6")
+    assert r["done"] == {} and r["env"] == {"GOMP_SPINCOUNT": None, "OPENBLAS_THREAD_TIMEOUT": "6"}, r
+    assert probe(BULKHEAD_OMP_SPIN_US="0")["done"] == {"GOMP_SPINCOUNT": "0", "OPENBLAS_THREAD_TIMEOUT": "4"}
+
+
 def test_pip_args_stay_out_of_workers(make_worker, monkeypatch):
     """BULKHEAD_PIP_ARGS may hold an index's credentials: the environment
     builder's, never a worker's (issue 17 item 19)."""

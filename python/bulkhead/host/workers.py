@@ -217,6 +217,33 @@ def spin_env():
     return _spin
 
 
+def bound_host_spin():
+    """The same bound for ComfyUI's own process, from bulkhead's prestartup
+    script: the host's torch runs parallel regions too (an EmptyImage's
+    fill, a preview's conversion), and its idle pool thread then spins
+    libgomp's default 8-15 ms on a CPU that the worker running the next
+    node needs (a 3 MiB IMAGE through five workers: half the warm prompt's
+    time here, bench/many_packs.py).  Each variable is set in this process's
+    environment only while the library that reads it is not loaded yet (it
+    reads it once, as it loads: ComfyUI imports torch after the prestartup
+    scripts) and unless it or what replaces it is set already
+    (GOMP_SPINCOUNT or OMP_WAIT_POLICY; OPENBLAS_THREAD_TIMEOUT).  Workers
+    inherit the same values.  Returns {variable: value} for what it set."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return {}  # cannot tell what is loaded: leave it all as it is
+    spin = spin_env()
+    done = {}
+    if "libgomp" not in maps and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+        done["GOMP_SPINCOUNT"] = spin["GOMP_SPINCOUNT"]
+    if "openblas" not in maps and "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+        done["OPENBLAS_THREAD_TIMEOUT"] = spin["OPENBLAS_THREAD_TIMEOUT"]
+    os.environ.update(done)
+    return done
+
+
 def build_env(extra=None, inherit=True):
     """The worker's whole environment as a dict."""
     env = {}
