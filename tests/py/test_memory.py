@@ -163,6 +163,52 @@ def test_standin_survives_loads_unload_all_crash_and_respawn(tmp_path):
     assert r["respawn_listed"] == 1 and r["old_retired"] is True
 
 
+def test_the_drain_after_a_call_looks_at_the_worker_called_and_records_that_moved(tmp_path):
+    """The drain after a node call (reconcile(called=w)) reconciles the
+    worker called, and another only where its ledger record moved: a model
+    loaded by b is listed after a's next call; b killed while idle is seen
+    by the sweep over every worker (SWEEP_S; a full reconcile, as at the
+    prompt's end), not by each call of a."""
+    r = scenario(tmp_path, """
+        import bulkhead.host.memory as memory
+        a, b = worker("pack-a"), worker("pack-b")
+        a.call("os:getpid"); b.call("os:getpid")
+        hm.reconcile()
+        polled = []
+        for w in (a, b):
+            def poll(_w=w, _poll=w.poll):
+                polled.append(_w.name)
+                return _poll()
+            w.poll = poll
+        memory.SWEEP_S = 3600.0
+        steps = {}
+        hm.reconcile(called=a)
+        steps["polled_after_a"] = sorted(polled)
+        b.call("bh_mempack:load", "UNetB", 8 * MiB)
+        del polled[:]
+        hm.reconcile(called=a)
+        steps["moved_polled"] = sorted(polled)
+        steps["b_listed"] = sorted(s.model.__class__.__name__ for s in hm.standins(b))
+        pid = b.pid
+        b.kill()
+        deadline = time.monotonic() + 10   # until it can be reaped (not reaped here)
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        del polled[:]
+        hm.reconcile(called=a)
+        steps["dead_unseen"] = (sorted(polled), b.last_exit, len(hm.standins(b)))
+        memory.SWEEP_S = 0.0
+        hm.reconcile(called=a)
+        steps["swept"] = (sorted(polled), "while idle" in (b.last_exit or ""), len(hm.standins(b)))
+        out(steps)
+        hm.close(); a.close(); b.close()
+    """)
+    assert r["polled_after_a"] == ["pack-a"], r
+    assert r["moved_polled"] == ["pack-a", "pack-b"] and r["b_listed"] == ["UNetB"], r
+    assert r["dead_unseen"] == [["pack-a"], None, 1], r
+    assert r["swept"] == [["pack-a", "pack-a", "pack-b"], True, 0], r
+
+
 def test_admission_releases_idle_workers_first(tmp_path):
     r = scenario(tmp_path, """
         a, b = worker("pack-a"), worker("pack-b")

@@ -86,7 +86,7 @@ def _drain(hm):
         # web server's event loop (VALIDATE_INPUTS) leaves it to the next
         # node's drain.
         if not nodes.on_server_loop():
-            hm.reconcile()
+            hm.reconcile(called=worker)
     return after_call
 
 
