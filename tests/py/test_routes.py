@@ -765,12 +765,22 @@ def test_comfyui_free_reaches_the_workers(tmp_path, monkeypatch):
 @pytest.mark.torch
 def test_prompt_end_soft_releases_and_reconciles_on_the_execution_thread(tmp_path, monkeypatch):
     """The prompt boundary through upstream's cache-provider lifecycle: at
-    the end of each prompt every idle worker gets its soft release (models
-    stay loaded) and the stand-ins are reconciled, on the execution thread."""
+    the end of each prompt every idle worker that ran anything since its
+    last one gets its soft release (models stay loaded) and the stand-ins
+    are reconciled, on the execution thread.  A worker that ran nothing
+    since is not asked again."""
     r = routes_scenario(tmp_path, """
         import main
         a = worker("pack-a")
+        b = worker("pack-b")
+        b.call("os:getpid")
         seen = []
+        released = []
+        for w in (a, b):
+            def counted(*args, _w=w, _release=w.release, **kw):
+                released.append((len(seen), _w.name))
+                return _release(*args, **kw)
+            w.release = counted
         real_end = routes.prompt_end
         def prompt_end(prompt_id=None):
             seen.append((prompt_id, threading.current_thread().name,
@@ -801,12 +811,22 @@ def test_prompt_end_soft_releases_and_reconciles_on_the_execution_thread(tmp_pat
         res["resident_after"] = resident(a)
         res["state_after"] = hm.ledger.read(a.pid)["run"]
         res["hook"] = routes.prompt_hook
+        http("POST", "/prompt", {"prompt_id": "p2", "prompt": {
+            "1": {"class_type": "LoadInWorker", "inputs": {"name": "UNetA2", "mib": 8}}}})
+        for _ in range(400):
+            if len(seen) == 2:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        res["released"] = released
         stop.set(); pw.join()
         out(res)
-        finish(a)
+        finish(a, b)
     """, monkeypatch)
     assert r["queued"][0] == 200 and r["hook"] == "comfy_execution.cache_provider"
-    assert len(r["seen"]) == 1
+    # the first prompt's end asks both (b ran before it), the second's only a
+    assert sorted(r["released"]) == [[1, "pack-a"], [1, "pack-b"], [2, "pack-a"]], r["released"]
+    r["seen"] = r["seen"][:1]
     prompt_id, thread, listed_before = r["seen"][0]
     assert prompt_id == "p1" and thread == "prompt-worker"
     # the model the node loaded in the worker is listed in ComfyUI's ledger

@@ -74,6 +74,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 from .. import _native
 from ..channel import targets
@@ -162,6 +163,9 @@ class BulkheadService:
         self.release_timeout_s = RELEASE_TIMEOUT_S if release_timeout_s is None else release_timeout_s
         self.prompt_hook = None        # what prompt_end is registered with, or None
         self._provider = None
+        # Worker -> (pid, its ledger record's version) after its last release
+        # at a prompt's end: unchanged, it has run nothing since.
+        self._released_at = weakref.WeakKeyDictionary()
 
     # --- the host ---
 
@@ -366,11 +370,14 @@ class BulkheadService:
 
     def prompt_end(self, prompt_id=None):
         """At the end of a prompt, on ComfyUI's execution thread: every idle
-        worker of this host returns its pins, allocator cache and heap
-        (models stay), then the stand-ins are reconciled.  A worker in use
-        by another thread is skipped: it is not at a boundary.  Each worker
-        releases under its own deadline (a pack's release_timeout_s), else
-        the route's (release.release)."""
+        worker of this host that ran anything since its last such release
+        returns its pins, allocator cache and heap (models stay), then the
+        stand-ins are reconciled.  A worker in use by another thread is
+        skipped: it is not at a boundary; so is one whose ledger record has
+        not changed since (every call writes it): with many packs a prompt
+        uses a few, and the rest are neither woken nor waited on.  Each
+        worker releases under its own deadline (a pack's
+        release_timeout_s), else the route's (release.release)."""
         hm = self.hm
         if hm is None:
             return 0
@@ -378,10 +385,14 @@ class BulkheadService:
         for w in list(hm.owners):
             if not w.alive or w.busy:
                 continue
+            pid = w.pid
+            if self._released_at.get(w) == (pid, hm.ledger.version(pid)):
+                continue
             try:
                 r = _release.release(_release.Local(w), op=targets.RELEASE_PINS, wait_s=0,
                                      ledger=self._ledger_or_path(), timeout_s=self.release_timeout_s, raise_dead=True)
                 freed += r["freed_bytes"]
+                self._released_at[w] = (pid, hm.ledger.version(pid))
             except WorkerBusy:
                 continue    # a call began: it is not at a boundary
             except _DEAD + (RemoteError,) as e:
