@@ -123,10 +123,10 @@ class _Owner:
         self.standins.clear()
 
     def _record(self, ledger):
-        """The worker's record, read again only where its version moved
-        since the last read: the drain runs after every node call, over
-        every worker, and a read checks the process in /proc.  The version
-        is taken before the read, so a change during it shows next time."""
+        """The worker's record (None: it has none), read again only where
+        its version moved since the last read: the drain runs after every
+        node call, and a read checks the process in /proc.  The version is
+        taken before the read, so a change during it shows next time."""
         version = ledger.version(self.pid)
         if self._read_at is None or self._read_at[0] != (self.pid, version):
             self._read_at = ((self.pid, version), None if version is None else ledger.read(self.pid))
