@@ -42,7 +42,10 @@ def host(tmp_path, monkeypatch):
     shutil.copy(os.path.join(HERE, "v3pack_nodes.py"), pack / "nodes.py")
     (pack / "__init__.py").write_text(INIT)
 
-    def load(entrypoint=False):
+    def load(entrypoint=False, source=None):
+        """source: the pack's nodes.py instead of v3pack_nodes.py."""
+        if source is not None:
+            (pack / "nodes.py").write_text(source)
         if entrypoint:
             monkeypatch.setenv("BH_V3_ENTRYPOINT", "1")
         spec = importlib.util.spec_from_file_location(f"v3real{int(entrypoint)}", pack / "nodes.py")
@@ -180,3 +183,48 @@ def test_entrypoint_pack(host):
     assert sorted(proxy.NODE_CLASS_MAPPINGS) == ["V3Make", "V3Pick", "V3Show"]
     assert proxy.NODE_DISPLAY_NAME_MAPPINGS == {"V3Make": "V3 Make"}
     assert _info(proxy.NODE_CLASS_MAPPINGS["V3Make"]) == _info(real.Make)
+
+
+# V3 nodes that hand on what they were given (#27: a pass-through costs no copy).
+PASS_V3 = """
+import numpy as np
+from comfy_api.latest import io
+
+
+class Make(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3PassMake", inputs=[io.Float.Input("value", default=2.0)],
+                         outputs=[io.Image.Output()])
+
+    @classmethod
+    def execute(cls, value):
+        return io.NodeOutput(np.full(1 << 18, value, dtype=np.float32))  # 1 MiB: a block of its own
+
+
+class Pass(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="V3Pass", inputs=[io.Image.Input("image")],
+                         outputs=[io.Image.Output(), io.Image.Output()])
+
+    @classmethod
+    def execute(cls, image):
+        return io.NodeOutput(image, image[:8], ui={"n": [image.size]})
+
+
+NODE_CLASS_MAPPINGS = {"V3PassMake": Make, "V3Pass": Pass}
+"""
+
+
+def test_a_v3_node_that_hands_on_its_input_gives_the_host_its_own_object(host):
+    """As a V1 node's (test_nodes.py): an io.NodeOutput arg that is one of
+    the inputs, as the host sees it, is the host's own object again; another
+    view of it is a value."""
+    proxy, _ = host(source=PASS_V3)
+    make, pas = proxy.NODE_CLASS_MAPPINGS["V3PassMake"], proxy.NODE_CLASS_MAPPINGS["V3Pass"]
+    x, = make.execute.__func__(make.PREPARE_CLASS_CLONE({}), value=2.0).args
+    out = pas.execute.__func__(pas.PREPARE_CLASS_CLONE({}), image=x)
+    assert out.args[0] is x
+    assert out.args[1] is not x and out.args[1].shape == (8,) and float(out.args[1][0]) == 2.0
+    assert out.ui == {"n": [1 << 18]}

@@ -723,7 +723,10 @@ class PackRuntime:
             return res
         from comfy_api.latest import io
         out = res["outputs"]
-        return io.NodeOutput(*out["args"], ui=out["ui"], expand=out["expand"],
+        args = out["args"]
+        if res.get("same"):  # inputs the node passed through: the host's own objects
+            args = put_back(args, res["same"], kwargs)
+        return io.NodeOutput(*args, ui=out["ui"], expand=out["expand"],
                              block_execution=out["block_execution"])
 
     def call_class(self, key, mname, kwargs):

@@ -577,25 +577,32 @@ def run_v3(key, method, kwargs, hidden):
     does: on a clone of the class whose `hidden` holds the host's hidden
     values ({Hidden value: value}; DYNPROMPT as DynPrompt data).  FUNCTION's
     answer is {"outputs": NodeValue({"args", "ui", "expand",
-    "block_execution"})} (a UI object as its as_dict()); another method's is
-    its value (a result that cannot cross becomes its repr)."""
+    "block_execution"}), "same"} (a UI object as its as_dict(); "same": the
+    args that are inputs passed through, left out, as run's); another
+    method's is its value (a result that cannot cross becomes its repr)."""
     cls = _class(key)
     method = method or cls.FUNCTION
     hidden = dict(hidden or {})
     io = sys.modules["comfy_api.latest"].io
     values = decode_hidden(hidden, io)
-    _worker._peer.drop_unsent()
-    cls.VALIDATE_CLASS()
-    clone = cls.PREPARE_CLASS_CLONE(values)
-    fn = getattr(cls, method).__func__
-    out = _invoke(lambda **kw: fn(clone, **kw), kwargs)
-    if method != cls.FUNCTION:
-        return out if _plain(out) else repr(out)
+    peer = _worker._peer
+    peer.drop_unsent()
+    try:
+        cls.VALIDATE_CLASS()
+        clone = cls.PREPARE_CLASS_CLONE(values)
+        fn = getattr(cls, method).__func__
+        out = _invoke(lambda **kw: fn(clone, **kw), kwargs)
+        if method != cls.FUNCTION:
+            return out if _plain(out) else repr(out)
+        args, same = passed_through(peer, kwargs, tuple(out.args))
+    finally:
+        if peer.received:
+            peer.received.clear()
     ui = out.ui
     if ui is not None and not isinstance(ui, dict):
         ui = ui.as_dict()
-    return {"outputs": NodeValue({"args": tuple(out.args), "ui": ui, "expand": out.expand,
-                                  "block_execution": out.block_execution})}
+    return {"outputs": NodeValue({"args": args, "ui": ui, "expand": out.expand,
+                                  "block_execution": out.block_execution}), "same": same}
 
 
 def call_class(key, method, kwargs):
