@@ -32,6 +32,9 @@ Rows, per N (medians over --rounds; set-ups alternate within a round):
                          small VM it alone can exceed 1.5 x one isolated
                          pack's cold start, so cold_ratio's limit bounds that
                          work as much as bulkhead
+  cold_over_in_process    cold_first_prompt_ms / first_prompt_in_process_ms:
+                         what isolation adds to a cold prompt, the packs'
+                         own first work on both sides
   cold_workers_ready_ratio
                          the workers' side of it: when the last of the N
                          workers was ready (each logs 'started ahead of its
@@ -595,6 +598,8 @@ def main(argv=None):
             "cold_again_ms": med(iso_("cold_again_ms")),
             "cold_again_ratio": med(iso_("cold_again_ms")) / single,
             "first_prompt_in_process_ms": med(lambda r, n=n: r["in_process"][n]["first_prompt_ms"]),
+            "cold_over_in_process": med(lambda r, n=n: r["isolated"][n]["cold_first_prompt_ms"]
+                                        / r["in_process"][n]["first_prompt_ms"]),
             "cold_worker_start_ms_median": med(lambda r, n=n: statistics.median(
                 r["isolated"][n]["cold_worker_starts_ms"] or [0])),
             "cold_workers_ready_ms": ready,
@@ -633,12 +638,13 @@ def main(argv=None):
         json.dump(report, f, indent=2)
 
     print(f"\nN isolated numpy-only packs (medians of {args.rounds} rounds; 3 MiB numpy copy {copy:.2f} ms)")
-    print("  N  cold ms  single ms  ratio  in-process ms  ready ratio  again ratio  warm/crossing ms  /copy  "
-          "worker MiB  text-only MiB  after /free MiB (N=0)")
+    print("  N  cold ms  single ms  ratio  in-process ms  /in-process  ready ratio  again ratio  "
+          "warm/crossing ms  /copy  worker MiB  text-only MiB  after /free MiB (N=0)")
     for n in counts:
         w = rows[n]
         print(f"{n:3d} {w['cold_first_prompt_ms']:8.0f} {w['single_cold_max_ms']:10.0f} {w['cold_ratio']:6.2f} "
-              f"{w['first_prompt_in_process_ms']:14.0f} {w['cold_workers_ready_ratio']:12.2f} "
+              f"{w['first_prompt_in_process_ms']:14.0f} {w['cold_over_in_process']:12.2f} "
+              f"{w['cold_workers_ready_ratio']:12.2f} "
               f"{w['cold_again_ratio']:12.2f} "
               f"{w['warm_per_crossing_ms']:17.2f} {w['warm_per_crossing_over_copy']:6.1f} "
               f"{w['worker_rss_mib_median']:11.1f} {w['text_worker_rss_mib']:14.1f} "
