@@ -150,10 +150,12 @@ def test_the_drain_runs_only_off_the_server_loop(monkeypatch):
     from bulkhead.host import nodes, pack
 
     calls = []
-    drain = pack._drain(types.SimpleNamespace(reconcile=lambda: calls.append(threading.current_thread().name)))
+    hm = types.SimpleNamespace(reconcile=lambda called: calls.append((threading.current_thread().name, called)))
+    drain = pack._drain(hm)
+    w = object()  # the worker whose call ended: the drain reconciles it in full
 
     async def on_loop():
-        drain(None)
+        drain(w)
     server_loop = asyncio.new_event_loop()
     fake = types.ModuleType("server")
     fake.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(loop=server_loop))
@@ -164,8 +166,8 @@ def test_the_drain_runs_only_off_the_server_loop(monkeypatch):
         t = threading.Thread(target=lambda: asyncio.run(on_loop()), name="prompt_worker")
         t.start()
         t.join()
-        drain(None)                                    # no loop at all
-        assert calls == ["prompt_worker", threading.current_thread().name]
+        drain(w)                                       # no loop at all
+        assert calls == [("prompt_worker", w), (threading.current_thread().name, w)]
         monkeypatch.delitem(sys.modules, "server")     # no PromptServer: the main thread's loop is the server's
         asyncio.run(on_loop())
         assert len(calls) == 2 and not nodes.on_server_loop()
