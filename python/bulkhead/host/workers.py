@@ -319,24 +319,42 @@ def _close_all():
     zygote.close_all()
 
 
+# A parked reader tries the worker lock after this many ms, then twice as
+# long each time up to PARK_MAX_MS, until it gets it (the call ended).
+PARK_FIRST_MS, PARK_MAX_MS = 2, 20
+
+
 def _read_unasked(ref, chan, wake_r):
     """Reader of one generation's channel while no call waits on it (see
     the module doc).  Ends when its wake pipe closes (teardown), when the
     channel is no longer the worker's, or at EOF (the next call or poll()
     sees the death).  A byte on the wake pipe parks it (Worker.park_reader):
-    it waits on the worker lock, which the call holds, instead of on the
-    channel, so the call's reply wakes only the thread that waits for it."""
+    it leaves the channel to the call, so the call's reply wakes only the
+    thread that waits for it, and takes the worker lock back only when it
+    finds it free, never queuing on it: a waiter got the lock as the call
+    released it, and the next call of the same worker (a pack's next node)
+    then waited for the reader (~50 us a call, measured)."""
     poller = select.poll()
     poller.register(chan.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
+    parked = select.poll()
+    parked.register(wake_r, select.POLLIN)
     try:
         while True:
             if any(fd == wake_r for fd, _ in poller.poll()) and not os.read(wake_r, 64):
                 return
-            w = ref()
-            if w is None:
-                return
-            with w._lock:
+            wait_ms = PARK_FIRST_MS
+            while True:
+                w = ref()
+                if w is None:
+                    return
+                if w._lock.acquire(blocking=False):
+                    break
+                del w
+                if parked.poll(wait_ms) and not os.read(wake_r, 64):
+                    return
+                wait_ms = min(2 * wait_ms, PARK_MAX_MS)
+            try:
                 w._reader_parked = False
                 if w._chan is not chan:
                     return
@@ -349,6 +367,8 @@ def _read_unasked(ref, chan, wake_r):
                 peer = w._peer
                 if peer is not None and peer.pending_releases:
                     w._flush_releases()
+            finally:
+                w._lock.release()
             del w
     finally:
         os.close(wake_r)
