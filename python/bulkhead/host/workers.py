@@ -234,14 +234,20 @@ def bound_host_spin():
             maps = f.read()
     except OSError:
         return {}  # cannot tell what is loaded: leave it all as it is
-    spin = spin_env()
-    done = {}
-    if "libgomp" not in maps and "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-        done["GOMP_SPINCOUNT"] = spin["GOMP_SPINCOUNT"]
-    if "openblas" not in maps and "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
-        done["OPENBLAS_THREAD_TIMEOUT"] = spin["OPENBLAS_THREAD_TIMEOUT"]
+    done = {k: v for k, v in _spin_untuned(os.environ).items() if _SPIN_VARS[k][0] not in maps}
     os.environ.update(done)
     return done
+
+
+# Each variable spin_env gives: the library that reads it (once, as it
+# loads) and the variables that, set, say the thread spin is tuned already.
+_SPIN_VARS = {"GOMP_SPINCOUNT": ("libgomp", ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")),
+              "OPENBLAS_THREAD_TIMEOUT": ("openblas", ("OPENBLAS_THREAD_TIMEOUT",))}
+
+
+def _spin_untuned(env):
+    """spin_env's variables for what env does not tune itself."""
+    return {k: v for k, v in spin_env().items() if not any(t in env for t in _SPIN_VARS[k][1])}
 
 
 def build_env(extra=None, inherit=True):
@@ -260,10 +266,7 @@ def build_env(extra=None, inherit=True):
     env["PYTHONUNBUFFERED"] = "1"
     env["BULKHEAD_FD"] = "3"
     env["BULKHEAD_HOST_PID"] = str(os.getpid())
-    spin = spin_env()
-    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
-        env["GOMP_SPINCOUNT"] = spin["GOMP_SPINCOUNT"]
-    env.setdefault("OPENBLAS_THREAD_TIMEOUT", spin["OPENBLAS_THREAD_TIMEOUT"])
+    env.update(_spin_untuned(env))
     import logging  # host side only: a worker imports this module too, and logging costs it ms
     env.setdefault("BULKHEAD_LOG_LEVEL", str(logging.getLogger().getEffectiveLevel()))
     return env
