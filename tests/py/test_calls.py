@@ -275,6 +275,40 @@ def test_call_waits_for_the_worker_lock(worker):
     assert worker.busy == 0
 
 
+def test_holding_idle_waits_for_a_short_hold_not_for_a_call(worker):
+    """holding_idle (VALIDATE_INPUTS at queue time) waits for a holder of
+    the worker lock that is in no call (the reader thread's turn after
+    every call, a poll, a release flush); holding(0), which validation
+    used, lost to those, and the check was deferred to the node's run.
+    A holder in a call (a node running) is not waited for."""
+    import threading
+
+    def held_while(hold):
+        taken, let_go, got = threading.Event(), threading.Event(), []
+
+        def holder():
+            with worker.holding():
+                hold(taken, let_go)
+        t = threading.Thread(target=holder)
+        t.start()
+        taken.wait(30)
+        threading.Timer(0.01, let_go.set).start()
+        with worker.holding_idle() as held:
+            got.append(held)
+        let_go.set()
+        t.join(30)
+        return got[0]
+
+    worker.SHORT_HOLD_WAIT_S = 30.0   # the short hold is let go after 10 ms, however loaded the machine
+    worker.start()
+    assert held_while(lambda taken, let_go: (taken.set(), let_go.wait(30)))   # no call: waited for
+    # in a call (the worker calls back; the callback waits): not waited for
+    assert not held_while(lambda taken, let_go: worker.call(
+        "bh_testmod:call_back", lambda: (taken.set(), let_go.wait(30)) and None))
+    with worker.holding_idle() as held:
+        assert held and worker.busy == 0
+
+
 def test_call_after_teardown_while_waiting_for_the_lock(worker):
     """A call that waited for the lock while its holder closed the worker
     starts the next generation instead of using the closed channel."""

@@ -635,7 +635,7 @@ class PackRuntime:
 
         def check():
             try:
-                with w.holding(0) as held:
+                with w.holding_idle() as held:
                     if not held or not w.alive or w.busy:
                         box["why"] = "busy" if not held or w.alive else "not started"
                         return

@@ -395,6 +395,17 @@ class _Holding:
             self._lock.release()
 
 
+class _Held(_Holding):
+    """A _Holding whose lock was already tried (Worker.holding_idle)."""
+    __slots__ = ()
+
+    def __init__(self, lock, held):
+        self._lock, self._wait_s, self._held = lock, 0.0, held
+
+    def __enter__(self):
+        return self._held
+
+
 class Worker(_native.Caller):
     """A persistent worker process running ``python`` (a path to an
     interpreter, typically a venv's ``bin/python``).
@@ -678,6 +689,26 @@ class Worker(_native.Caller):
                 ...
         """
         return _Holding(self._lock, -1 if wait_s is None else max(0.0, wait_s))
+
+    # The longest holding_idle waits for a holder that is not in a call.
+    SHORT_HOLD_WAIT_S = 0.05
+
+    def holding_idle(self):
+        """holding(0) for a worker not in a call: where the lock is held
+        by no request (busy 0: the reader thread's turn after every call,
+        a poll, a release flush, each microseconds), this waits up to
+        SHORT_HOLD_WAIT_S for it; where a request is in flight (a node
+        running, maybe for minutes), it answers at once, not held.  For
+        checks that must not wait for a call but should not lose to those
+        short holds (VALIDATE_INPUTS at queue time: host/runtime.py
+        validate_on_loop, which lost some prompts' checks to the reader
+        and deferred them to the node's run)."""
+        lock = self._lock
+        if lock.acquire(blocking=False):
+            return _Held(lock, True)
+        if self.busy:
+            return _Held(lock, False)
+        return _Held(lock, lock.acquire(timeout=self.SHORT_HOLD_WAIT_S))
 
     # --- object handles ---
 
