@@ -15,6 +15,7 @@ build makes.
 """
 
 import fcntl
+import io
 import json
 import os
 import re
@@ -863,7 +864,7 @@ def _bulkhead_leftovers(tmp_path):
     ledger.write_bytes(b"\0" * 8192)
     env = dict(os.environ, BULKHEAD_PYTHON=sys.executable, BULKHEAD_HOME=str(home), XDG_CACHE_HOME=str(cache),
                XDG_RUNTIME_DIR=str(run), BULKHEAD_LEDGER=str(ledger))
-    return env, [home, cache / "bulkhead", ledger, run / "bulkhead"]
+    return env, [home / "envs", home / "host", home / "failed", cache / "bulkhead" / "nodes", ledger, run / "bulkhead"]
 
 
 def test_uninstall_lists_asks_and_removes(tmp_path):
@@ -876,7 +877,7 @@ def test_uninstall_lists_asks_and_removes(tmp_path):
     assert p.returncode == 0, p.stderr
     for path in paths:
         assert str(path) in p.stdout, (path, p.stdout)
-    assert "4.1 KiB  " + str(paths[0]) in p.stdout and "in all" in p.stdout and all(os.path.exists(x) for x in paths)
+    assert "4.0 KiB  " + str(paths[0]) in p.stdout and "in all" in p.stdout and all(os.path.exists(x) for x in paths)
     p = subprocess.run([CLI, "uninstall"], capture_output=True, text=True, env=env, timeout=60,
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 1 and "run it with --yes" in p.stdout and all(os.path.exists(x) for x in paths)
@@ -910,9 +911,64 @@ def test_uninstall_lists_asks_and_removes(tmp_path):
     assert p.returncode == 0 and "nothing of bulkhead's is left" in p.stdout
 
 
+def test_uninstall_removes_only_what_bulkhead_made(tmp_path, monkeypatch):
+    """What the user keeps beside bulkhead's own stays: other files in
+    $BULKHEAD_HOME and in ~/.cache/bulkhead, and, where the ledger fell
+    back to $XDG_RUNTIME_DIR/bulkhead-ledger (another local user took
+    /dev/shm/bulkhead-<uid> first), the rest of that runtime directory
+    (agent and session sockets): only the ledger file goes.  The holders
+    bulkhead named for itself go once empty; one that is not is named.
+    (uninstall removed $BULKHEAD_HOME and the ledger's parent whole.)"""
+    from bulkhead import _native
+    from bulkhead.envs import build as envs
+    from bulkhead.host import uninstall
+    env, paths = _bulkhead_leftovers(tmp_path)
+    home, cache, run = tmp_path / "home", tmp_path / "xdg-cache", tmp_path / "xdg-run"
+    for k in ("BULKHEAD_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("BULKHEAD_LEDGER", raising=False)
+    ledger = run / "bulkhead-ledger"
+    ledger.write_bytes(b"\0" * 8192)
+    monkeypatch.setattr(_native, "ledger_default_path", lambda: str(ledger))
+    (home / "notes.txt").write_text("mine")
+    (run / "agent.sock").write_text("")
+    (cache / "bulkhead" / "theirs").write_text("")
+    (home / "conda-pkgs").mkdir()
+    out = io.StringIO()
+    assert uninstall.main(yes=True, out=out) == 0, out.getvalue()
+    gone = [*paths[:4], home / "conda-pkgs", ledger, run / "bulkhead"]
+    assert not any(os.path.lexists(p) for p in gone), [p for p in gone if os.path.lexists(p)]
+    assert (home / "notes.txt").exists() and (run / "agent.sock").exists() and (cache / "bulkhead" / "theirs").exists()
+    assert f"kept {cache / 'bulkhead'}: it holds what bulkhead did not make (theirs)" in out.getvalue()
+    assert sorted(os.listdir(home)) == ["notes.txt"] and sorted(os.listdir(run)) == ["agent.sock"]
+    # Once that file is gone, its holder goes too, and nothing else is.
+    (cache / "bulkhead" / "theirs").unlink()
+    (home / "envs").mkdir()
+    assert uninstall.main(yes=True, out=io.StringIO()) == 0
+    assert not (cache / "bulkhead").exists() and not (home / "envs").exists() and (home / "notes.txt").exists()
+
+
+def test_uninstall_knows_every_workspace_entry():
+    """Each os.path.join(workspace(), "<name>", ...) in bulkhead's sources
+    names an entry of WORKSPACE_ENTRIES, the list uninstall removes."""
+    import ast
+    import glob
+    from bulkhead.envs import build as envs
+    root = os.path.dirname(os.path.abspath(envs.__file__ + "/.."))
+    named = set()
+    for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if (isinstance(node, ast.Call) and node.args and len(node.args) > 1
+                    and isinstance(node.args[0], ast.Call) and getattr(node.args[0].func, "id",
+                                                                       getattr(node.args[0].func, "attr", "")) == "workspace"
+                    and isinstance(node.args[1], ast.Constant)):
+                named.add(node.args[1].value)
+    assert named and named <= set(envs.WORKSPACE_ENTRIES), named - set(envs.WORKSPACE_ENTRIES)
+
+
 def test_uninstall_refuses_while_a_worker_runs(tmp_path):
     env, paths = _bulkhead_leftovers(tmp_path)
-    envdir = paths[0] / "envs" / "pack-0123456789ab"
+    envdir = paths[0] / "pack-0123456789ab"
     os.symlink(sys.executable, envdir / "bin" / "python")
     worker = subprocess.Popen([str(envdir / "bin" / "python"), "-c", "import time; time.sleep(60)"])
     try:

@@ -127,6 +127,14 @@ def workspace():
     return os.path.join(data, "bulkhead")
 
 
+# Every entry bulkhead makes in the workspace, and nothing else:
+# `bulkhead uninstall` removes these (host/uninstall.py), never the
+# workspace by its name ($BULKHEAD_HOME may be a folder the user keeps other
+# things in).  tests/py/test_cli.py checks that each join(workspace(), name)
+# in the sources is listed here.
+WORKSPACE_ENTRIES = ("envs", "host", "failed", "conda-pkgs")
+
+
 def _safe_name(name):
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".") or "pack"
     return s[:80]

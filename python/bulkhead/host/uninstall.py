@@ -1,18 +1,27 @@
 """``bulkhead uninstall``: what bulkhead left on this machine for this
 user, listed with sizes, and removed once the user says so.
 
-What bulkhead makes outside the package itself:
+What bulkhead makes outside the package itself, each removed by its own
+path, never by a parent (a parent may be the user's: ``$BULKHEAD_HOME``,
+``$XDG_RUNTIME_DIR``):
 
-- the workspace (``envs.build.workspace()``: ``$BULKHEAD_HOME``, else
-  ``$XDG_DATA_HOME/bulkhead``, else ``~/.local/share/bulkhead``): the
-  pack environments, the host link farm, remembered build failures;
-- the node metadata cache (``host.metadata.cache_dir()``'s folder: in the
-  workspace under ``$BULKHEAD_HOME``, else ``~/.cache/bulkhead``; both are
-  looked at, as either may be left from a run with or without it);
-- the shared ledger's directory on /dev/shm (``/dev/shm/bulkhead-<uid>``,
-  or ``$BULKHEAD_LEDGER``'s file) and the private run directories with the
+- in the workspace (``envs.build.workspace()``: ``$BULKHEAD_HOME``, else
+  ``$XDG_DATA_HOME/bulkhead``, else ``~/.local/share/bulkhead``), the
+  entries of ``envs.build.WORKSPACE_ENTRIES``: the pack environments, the
+  host link farm, remembered build failures, the conda package cache;
+- the node metadata cache (``host.metadata.cache_dir()``: in the
+  workspace under ``$BULKHEAD_HOME``, else ``~/.cache/bulkhead/nodes``;
+  both are looked at, as either may be left from a run with or without it);
+- the shared ledger's file (``/dev/shm/bulkhead-<uid>/ledger``,
+  ``$XDG_RUNTIME_DIR/bulkhead-ledger`` where another user took the
+  first, or ``$BULKHEAD_LEDGER``) and the private run directories with the
   hosts' control sockets (``/tmp/bulkhead-<uid>-<pid>-*``, the older
   ``/tmp/bulkhead-<uid>``, ``$XDG_RUNTIME_DIR/bulkhead``).
+
+Then the folders bulkhead named for itself that held them
+(``~/.local/share/bulkhead``, ``~/.cache/bulkhead``,
+``/dev/shm/bulkhead-<uid>``) go where they are left empty; one that holds
+something else is kept and named.
 
 Nothing is removed while a bulkhead process of this user runs (a host or
 worker in the ledger, or a process running an environment's interpreter):
@@ -49,24 +58,37 @@ def _human(n):
     return f"{n} B"
 
 
-def found():
-    """[(path, what, bytes)] of what bulkhead left for this user, existing
-    paths only, without duplicates (one inside another counted once)."""
+def _made():
+    """[(path, what)]: every path bulkhead makes for this user (existing
+    or not), and [dir]: the folders bulkhead named for itself that hold
+    them, removed once empty (see the module's doc)."""
     from .. import _native
     from ..envs import build as envs
     from . import metadata, rundir
     ws = envs.workspace()
-    cache = os.path.dirname(metadata.cache_dir())     # ~/.cache/bulkhead (or <workspace>/cache)
-    ledger = os.environ.get("BULKHEAD_LEDGER") or _native.ledger_default_path()
-    shm = ledger if os.environ.get("BULKHEAD_LEDGER") else os.path.dirname(ledger)
+    whats = {"envs": "pack environments", "host": "the host link farm", "failed": "remembered build failures",
+             "conda-pkgs": "the conda package cache"}
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    cands = [(ws, "the workspace: pack environments, the host link farm, remembered build failures"),
-             (cache, "the node metadata cache"),
-             (os.path.join(xdg, "bulkhead"), "the node metadata cache"),     # made when BULKHEAD_HOME was unset
-             (shm, "the shared memory ledger"),
-             *[(d, "control sockets of ComfyUI hosts") for d in rundir.runtime_dirs()]]
+    ledger = os.environ.get("BULKHEAD_LEDGER") or _native.ledger_default_path()
+    made = [*[(os.path.join(ws, n), whats.get(n, "bulkhead's")) for n in envs.WORKSPACE_ENTRIES],
+            (metadata.cache_dir(), "the node metadata cache"),
+            (os.path.join(xdg, "bulkhead", "nodes"), "the node metadata cache"),  # made when BULKHEAD_HOME was unset
+            (ledger, "the shared memory ledger"),
+            *[(d, "control sockets of ComfyUI hosts") for d in rundir.runtime_dirs()]]
+    shm = f"/dev/shm/bulkhead-{os.geteuid()}"
+    holders = [os.path.join(xdg, "bulkhead"), os.path.dirname(metadata.cache_dir())]
+    if not os.environ.get("BULKHEAD_HOME"):
+        holders.append(ws)
+    if os.path.dirname(os.path.abspath(ledger)) == shm:
+        holders.append(shm)
+    return made, [os.path.abspath(d) for d in holders]
+
+
+def found():
+    """[(path, what, bytes)] of what bulkhead left for this user, existing
+    paths only, without duplicates (one inside another counted once)."""
     out = []
-    for path, what in cands:
+    for path, what in _made()[0]:
         path = os.path.abspath(path)
         if not os.path.lexists(path) or any(path == p or path.startswith(p + os.sep) for p, _, _ in out):
             continue
@@ -74,6 +96,23 @@ def found():
             continue        # a running host's own directory (its control socket, its workers' package root)
         out.append((path, what, _size(path)))
     return out
+
+
+def _prune(holders):
+    """Removes the holders left empty, deepest first; returns [(dir,
+    [names])] of those that hold something bulkhead did not make."""
+    kept = []
+    for d in sorted(set(holders), key=len, reverse=True):
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            try:
+                kept.append((d, sorted(os.listdir(d))))
+            except OSError:
+                pass
+    return kept
 
 
 def _host_dir_in_use(path):
@@ -143,6 +182,9 @@ def main(yes=False, dry_run=False, out=sys.stdout, ask=input):
             print(f"bulkhead uninstall: could not remove {', '.join(left)}", file=out)
             return 1
         print("bulkhead uninstall: removed", file=out)
+        for d, names in _prune(_made()[1]):
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            print(f"bulkhead uninstall: kept {d}: it holds what bulkhead did not make ({shown})", file=out)
     print(f"Then remove the package: {sys.executable} -m pip uninstall bulkhead (ComfyUI's Python), and "
           "the custom node's folder: ComfyUI-Manager's Uninstall, or rm -r custom_nodes/<its folder>", file=out)
     return 0
