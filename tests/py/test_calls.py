@@ -185,10 +185,11 @@ def test_worker_openmp_spin_is_bounded(make_worker, monkeypatch):
     env = make_worker().call("os:environ.copy")
     assert (env["GOMP_SPINCOUNT"], env["OPENBLAS_THREAD_TIMEOUT"]) == ("0", "4")
     monkeypatch.setattr(workers, "_spin", None)
-    monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", "fast")
-    with pytest.raises(bulkhead.BulkheadError, match=r"BULKHEAD_OMP_SPIN_US='fast' is not a number"):
-        make_worker().call("os:getpid")
-    monkeypatch.setattr(workers, "_spin", None)
+    for bad in ("fast", "inf", "nan", "-1"):   # inf was an OverflowError naming nothing
+        monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", bad)
+        with pytest.raises(bulkhead.BulkheadError, match=rf"BULKHEAD_OMP_SPIN_US='{bad}' is not a number"):
+            make_worker().call("os:getpid")
+        monkeypatch.setattr(workers, "_spin", None)
 
 
 _HOST_SPIN_PROBE = """

@@ -156,6 +156,15 @@ def test_syntax_error_names_file_line_and_column(tmp_path):
     assert isinstance(e, bulkhead.PackConfigError) and isinstance(e, ValueError)
 
 
+def test_nesting_too_deep_names_file_and_line(tmp_path):
+    """Arrays nested past what the TOML reader can recurse into: a
+    PackConfigError naming the file and the line (a bare RecursionError)."""
+    e = error_of(tmp_path, 'python = "3.12"\n# a [ in a comment\ns = "[[["\n\n[env_vars]\nA = '
+                 + "[" * 5000 + "]" * 5000 + "\n")
+    assert e.line == 6 and "nest deeper than a TOML reader can follow" in str(e)
+    assert str(e).startswith(f"{e.path}:6: ")
+
+
 def test_unterminated_table_header(tmp_path):
     e = error_of(tmp_path, 'python = "3.12"\n[bulkhead\n')
     assert e.line == 2 and ":2:" in str(e)

@@ -338,6 +338,9 @@ def toml_loads(text, path):
                       f"install it with: {sys.executable} -m pip install tomli") from None
     try:
         return toml.loads(text)
+    except RecursionError:      # the reader recurses per array or inline table level
+        raise PackConfigError(path, "arrays or inline tables nest deeper than a TOML reader can follow; "
+                                    "flatten them", _deepest_line(text)) from None
     except toml.TOMLDecodeError as e:
         msg = str(e)
         m = _TOML_POS.search(msg)
@@ -345,6 +348,37 @@ def toml_loads(text, path):
         col = int(m.group(2)) if m else getattr(e, "colno", None)
         reason = _TOML_POS.sub("", msg).strip()
         raise PackConfigError(path, f"TOML syntax error: {reason}", line, col) from None
+
+
+def _deepest_line(text):
+    """The line where arrays and inline tables nest deepest (strings and
+    comments skipped; a rough scan, for the error's line only)."""
+    depth = deepest = 0
+    line = where = 1
+    quote = None
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif quote is not None:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "#":
+            while i + 1 < len(text) and text[i + 1] != "\n":
+                i += 1
+        elif c in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, where = depth, line
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return where
 
 
 class Reader:

@@ -206,7 +206,7 @@ def spin_env():
         raw = os.environ.get("BULKHEAD_OMP_SPIN_US", "")
         try:
             us = float(raw) if raw else SPIN_US
-            if not us >= 0:
+            if not 0 <= us < math.inf:      # nan and inf too: no count of steps
                 raise ValueError(raw)
         except ValueError:
             raise BulkheadError(f"BULKHEAD_OMP_SPIN_US={raw!r} is not a number of microseconds (0 or more); "
