@@ -133,6 +133,29 @@ def test_interrupt_stops_a_running_isolated_node(comfyui):
     assert srv.wait_history(again)["outputs"]["1"]["text"] == ["after"]
 
 
+def test_interrupt_stops_a_progress_bar_node_on_a_fresh_worker(comfyui):
+    """A node that only uses comfy.utils.ProgressBar, the first node of a
+    fresh worker (comfy.model_management never imported there): the stop
+    button ends it at its next progress update, as in-process, and the
+    worker lives on.  (The worker's progress hook checked only ComfyUI's
+    flag, which has no module yet: the click waited for the grace and the
+    worker was killed, its models lost.)"""
+    srv = comfyui()
+
+    async def go(ws, client_id):
+        prompt_id = srv.queue({"1": {"class_type": "E2ESteps", "inputs": {"steps": 50}}}, client_id=client_id)
+        while True:
+            msg = json.loads((await ws.receive()).data)
+            if msg["type"] == "progress" and msg["data"]["value"] >= 2:
+                return prompt_id
+    prompt_id = srv.run_ws(go)
+    pids = set(_worker_pids(srv))
+    assert srv.http("POST", "/interrupt", {})[0] == 200
+    entry = srv.wait_history(prompt_id, timeout_s=20)
+    assert [m[0] for m in entry["status"]["messages"]][-1] == "execution_interrupted", entry["status"]
+    assert set(_worker_pids(srv)) == pids and len(pids) == 1, srv.log()[-4000:]   # the same worker, alive
+
+
 def test_bulkhead_status_and_free_answer(comfyui):
     srv = comfyui()
     status, doc = srv.http("GET", "/bulkhead/status")

@@ -108,6 +108,8 @@ def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_
     if mm is not None:
         mm.throw_exception_if_processing_interrupted()
     peer = _worker._peer
+    elif _interrupt_pending and _in_call:   # a node using comfy.utils alone: ComfyUI's flag has no module yet
+        raise NodeInterrupted("the node was interrupted")
     if not _in_call or peer is None or peer.channel is None:
         return
     frame = {"value": value, "total": total}
