@@ -34,7 +34,12 @@ a clone of the class carrying the hidden values the schema asks for
 (unique id, prompt, a DynamicPrompt, extra_pnginfo, the auth keys), async
 ones awaited; fingerprint_inputs / validate_inputs / check_lazy_status are
 the node's own overrides; NOT_IDEMPOTENT keeps a node from sharing another
-node's cached outputs.  Lazy inputs: a node with check_lazy_status gets
+node's cached outputs.  Nodes run under
+torch.inference_mode(), and a V1 or V3 node whose FUNCTION is async runs
+as a task of the prompt's event loop: the executor goes on with the nodes
+that do not need it and comes back when it has ended, so async nodes
+overlap (the tasks left when the prompt stops are cancelled).  Lazy
+inputs: a node with check_lazy_status gets
 None for its unevaluated lazy links and is asked until it wants no more.
 An `expand` adds its graph's nodes (their display node the expanding node),
 runs those the result links to and the output nodes among them, and the
@@ -206,6 +211,10 @@ def _call_node(cls, name, kwargs, hidden, obj=None):
         clone = cls.PREPARE_CLASS_CLONE(hidden)
         return getattr(cls, name).__func__(clone, **kwargs)
     return getattr(obj if obj is not None else cls, name)(**kwargs)
+
+
+async def _awaited(aw):
+    return await aw
 
 
 def _is_link(value):
@@ -444,6 +453,7 @@ class PromptExecutor:
 
     def execute(self, prompt, prompt_id, extra_data={}, execute_outputs=[]):
         import comfy.model_management as mm
+        import torch
         nodes.interrupt_processing(False)
         self.server.client_id = extra_data.get("client_id")
         self.status_messages = []
@@ -480,7 +490,22 @@ class PromptExecutor:
             class Stop(Exception):
                 pass
 
-            def run(node_id):
+            # Async nodes (a FUNCTION that is a coroutine function), as
+            # upstream: the coroutine runs as a task of the prompt's event
+            # loop, given one step at once; a node whose task has not ended
+            # is left pending (Pending), and the executor goes on with the
+            # nodes that do not wait on it, then waits for a task to end and
+            # comes back.  Everything runs under torch.inference_mode(), as
+            # upstream's execute_async runs the whole prompt.
+            loop = asyncio.new_event_loop()
+            tasks = {}   # node id -> its FUNCTION's task, not taken yet
+
+            class Pending(BaseException):
+                """run(node_id) cannot finish yet: a task it waits on runs."""
+
+            def run(node_id, wait=False):
+                """Runs node_id (and what it needs); wait: until its
+                tasks end, rather than Pending (an expansion's nodes)."""
                 if node_id in results:
                     return
                 spec = dynprompt.get_node(node_id)
@@ -492,9 +517,17 @@ class PromptExecutor:
                     record_ui(node_id, ui)
                     return
                 lazy = self._lazy_links(cls, inputs)
+                waiting = []
                 for name, v in inputs.items():
                     if _is_link(v) and name not in lazy:
-                        run(v[0])
+                        try:
+                            run(v[0])
+                        except Pending:
+                            waiting.append(v[0])
+                if waiting and not wait:
+                    raise Pending()
+                for n in waiting:
+                    run(n, True)
 
                 def gather():
                     kwargs = {}
@@ -508,8 +541,9 @@ class PromptExecutor:
                     return kwargs
                 kwargs = gather()
                 hidden = _hidden_inputs(cls, node_id, prompt, extra_data, dynprompt)
-                self.server.last_node_id = node_id
-                if self.server.client_id is not None:
+                if node_id not in tasks:   # (a node whose task runs was announced)
+                    self.server.last_node_id = node_id
+                if self.server.client_id is not None and node_id not in tasks:
                     self.server.send_sync("executing", {"node": node_id, "display_node": parents.get(node_id, node_id),
                                                         "prompt_id": prompt_id}, self.server.client_id)
                 blocker = next((v for v in kwargs.values() if isinstance(v, ExecutionBlocker)), None)
@@ -520,7 +554,7 @@ class PromptExecutor:
                     obj = self.objects.get((node_id, spec["class_type"]))
                     if obj is None:
                         obj = self.objects[(node_id, spec["class_type"])] = cls()
-                    while lazy:
+                    while lazy and node_id not in tasks:
                         wanted = _call_node(cls, "check_lazy_status", kwargs, hidden, obj)
                         if inspect.isawaitable(wanted):
                             wanted = asyncio.run(wanted)
@@ -528,12 +562,20 @@ class PromptExecutor:
                         if not todo:
                             break
                         for n in todo:
-                            run(inputs[n][0])
+                            run(inputs[n][0], wait)
                         kwargs = gather()
                     kwargs.update(self._hidden(cls, node_id, prompt, extra_data))
-                    value = _call_node(cls, cls.FUNCTION, kwargs, hidden, obj)
-                    if inspect.isawaitable(value):
-                        value = asyncio.run(value)
+                    task = tasks.pop(node_id, None)
+                    if task is None:
+                        value = _call_node(cls, cls.FUNCTION, kwargs, hidden, obj)
+                        if inspect.isawaitable(value):
+                            task = loop.create_task(_awaited(value))
+                            loop.run_until_complete(asyncio.sleep(0))   # its first step, as upstream
+                    if task is not None:
+                        if not task.done() and not wait:
+                            tasks[node_id] = task
+                            raise Pending()
+                        value = loop.run_until_complete(task)
                 except mm.InterruptProcessingException:
                     self.add_message("execution_interrupted", {
                         "prompt_id": prompt_id, "node_id": node_id, "node_type": spec["class_type"],
@@ -562,7 +604,8 @@ class PromptExecutor:
                 if block is not None:
                     value = tuple([ExecutionBlocker(block)] * len(getattr(cls, "RETURN_TYPES", ())))
                 if expand is not None:
-                    value = self._expand(node_id, expand, value, dynprompt, parents, run, results)
+                    value = self._expand(node_id, expand, value, dynprompt, parents, lambda n: run(n, True),
+                                         results)
                 results[node_id] = value
                 if sig is not None and expand is None:
                     self.outputs[sig] = (value, ui)
@@ -580,11 +623,28 @@ class PromptExecutor:
                                      "parent_node": parents.get(node_id), "real_node_id": node_id}
 
             try:
-                for node_id in order:
-                    if node_id in (execute_outputs or order) or not self._lazy_only(node_id, order, prompt):
-                        run(node_id)
+                with torch.inference_mode():
+                    todo = [n for n in order
+                            if n in (execute_outputs or order) or not self._lazy_only(n, order, prompt)]
+                    while todo:
+                        left = []
+                        for node_id in todo:
+                            try:
+                                run(node_id)
+                            except Pending:
+                                left.append(node_id)
+                        todo = left
+                        if todo:   # each waits on a task: until one ends
+                            loop.run_until_complete(asyncio.wait(list(tasks.values()),
+                                                                 return_when=asyncio.FIRST_COMPLETED))
             except Stop:
                 self.success = False
+            finally:   # as asyncio.run ends upstream's prompt: the tasks left are cancelled
+                for task in tasks.values():
+                    task.cancel()
+                if tasks:
+                    loop.run_until_complete(asyncio.gather(*tasks.values(), return_exceptions=True))
+                loop.close()
             if self.success:
                 self.add_message("execution_success", {"prompt_id": prompt_id}, broadcast=False)
             self.history_result = {"outputs": ui_outputs, "meta": meta}

@@ -58,6 +58,7 @@ This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
 
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -301,7 +302,43 @@ def _matches(checked, kwargs):
     return True
 
 
+# What the worker's describe() says beyond channel.formats.FORMAT, in the
+# metadata cache key: 1, whether a V1 node's FUNCTION is a coroutine function.
+DESCRIBED = 1
+
+# How often a wait for an async node's task looks whether its worker still
+# lives (its end is a frame, which a dead worker never sends).
+ASYNC_POLL_S = 0.05
+
+
+class _AsyncCall:
+    """An async node's task in the worker, as its waiter here sees it: the
+    event loop the proxy's coroutine awaits on, the future the task's end
+    resolves, and the node's progress, shown in the node's own context."""
+    __slots__ = ("loop", "done", "progress", "context")
+
+    def __init__(self, loop, done, progress, context):
+        self.loop, self.done, self.progress, self.context = loop, done, progress, context
+
+    def on_frame(self, v):
+        """A PROGRESS frame of the task (any host thread that reads the
+        worker's channel): handed to the node's loop."""
+        try:
+            if v.get("done"):
+                self.loop.call_soon_threadsafe(_resolve, self.done)
+            else:
+                self.loop.call_soon_threadsafe(self.progress.on_frame, v, context=self.context)
+        except RuntimeError:   # the loop is closed: the prompt ended, nothing waits
+            pass
+
+
+def _resolve(future):
+    if not future.done():
+        future.set_result(None)
+
+
 # --- one pack ---
+
 
 class PackRuntime:
     """One isolated pack: its worker, its metadata, its proxy classes."""
@@ -344,6 +381,12 @@ class PackRuntime:
         # instance): made again on a new generation, so they never keep an
         # idle worker alive (host/idle.py).
         self.instances = weakref.WeakSet()
+        # PROGRESS frames: those of the node call in progress (_call), and
+        # those of async nodes' tasks, which carry their ticket (run_async).
+        self._progress = None
+        self._async = {}            # ticket -> _AsyncCall
+        self._tickets = itertools.count(1)
+        self.worker.frame_handlers[_native.PROGRESS] = self._on_progress
 
     def _zygote_preload(self):
         """What the zygote forking this pack's worker imports first: the
@@ -380,6 +423,7 @@ class PackRuntime:
     def cache_key(self):
         return {
             "format": FORMAT,
+            "described": DESCRIBED,
             "protocol": _native.PROTOCOL_VERSION,
             "pack": self.pack_dir,
             "module": self.module,
@@ -442,9 +486,17 @@ class PackRuntime:
         function = node["function"]
         ns["FUNCTION"] = function
 
-        def run(self, **kwargs):
-            return rt.run(self, key, kwargs)
+        if node.get("function_async"):
+            # As in ComfyUI's process, where the executor runs it as a task
+            # and goes on with other nodes while it waits (run_async).
+            async def run(self, **kwargs):
+                return await rt.run_async(self, key, kwargs)
+        else:
+            def run(self, **kwargs):
+                return rt.run(self, key, kwargs)
         run.__name__ = run.__qualname__ = function
+        ns[function] = run
+
         ns[function] = run
         methods = node.get("methods", {})
         if "VALIDATE_INPUTS" in methods:
@@ -579,6 +631,125 @@ class PackRuntime:
         if res.get("same"):  # inputs the node passed through: the host's own objects
             return put_back(res["outputs"], res["same"], kwargs)
         return res["outputs"]
+
+    async def run_async(self, node, key, kwargs):
+        """An async V1 node's FUNCTION: as in ComfyUI's process, a task that
+        the executor's loop awaits while other nodes run (several in flight
+        in one worker).  The worker lock is held only for the exchanges
+        that start the task and fetch its outcome, never while it runs:
+        the worker serves other calls meanwhile, and says when the task
+        ended (a PROGRESS frame with its ticket, read by whichever host
+        thread reads its channel then).  Its progress reaches this node;
+        the interrupt watcher covers the whole wait; a worker that dies
+        meanwhile fails the call with WorkerDied, and a prompt that ends
+        first (the coroutine cancelled) cancels the task there."""
+        import asyncio  # start-up cost: only async nodes need it here
+        import contextvars
+        mm = _mm()
+        if mm is not None and mm.processing_interrupted():
+            raise mm.InterruptProcessingException()
+        deferred = self._take_deferred(key, kwargs)
+        w = self.worker
+        loop = asyncio.get_running_loop()
+        ticket = next(self._tickets)
+        call = self._async[ticket] = _AsyncCall(loop, loop.create_future(), Progress(mm),
+                                                contextvars.copy_context())
+        started = None   # the generation the task runs in, until its outcome is asked for
+        try:
+            with w.holding():
+                self._begin(w, mm, key, deferred)
+                instance = node.__dict__.get("_bulkhead_instance")
+                if instance is not None and instance._peer is not w.peer:
+                    instance = None  # the worker was restarted: a new instance there
+                try:
+                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), instance)
+                except HostObject as e:
+                    raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") \
+                        from None
+                except HandleError:
+                    if instance is None or instance._peer is w.peer:   # as in run
+                        raise
+                    node.__dict__.pop("_bulkhead_instance", None)
+                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), None)
+                peer = started = w.peer
+            node._bulkhead_instance = res["instance"]
+            if res["instance"] is not None:
+                self.instances.add(res["instance"])
+            await self._await_task(w, peer, call, key, mm)
+            started = None   # ended there: its outcome is taken (or lost with the worker)
+            with w.holding():
+                if w.peer is not peer:
+                    raise w.ended(peer, f"after node {key!r} ran (async)")
+                res = self._call(w, mm, targets.ASYNC_RESULT, ticket)
+        finally:
+            self._async.pop(ticket, None)
+            if started is not None:   # cancelled, or failed while the task ran: it ends there too
+                self._cancel_task(w, started, ticket)
+        if key not in self._handle_gen and _holds_handles(res["outputs"]):
+            self._outputs_hold_handles(type(node), key, peer.generation)
+        if res.get("same"):  # inputs the node passed through: the host's own objects
+            return put_back(res["outputs"], res["same"], kwargs)
+        return res["outputs"]
+
+    async def _await_task(self, w, peer, call, key, mm):
+        """Waits for the task's end, under the interrupt watcher, looking
+        every ASYNC_POLL_S whether its worker still lives."""
+        import asyncio  # start-up cost, as run_async
+        watch = None
+        if mm is not None and hasattr(mm, "processing_interrupted"):
+            watch = watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
+        try:
+            while True:
+                done, _ = await asyncio.wait((call.done,), timeout=ASYNC_POLL_S)
+                if done:
+                    return
+                if w.peer is peer and w.alive:
+                    continue
+                if watch is not None and watch.stopped_worker:
+                    log.warning("bulkhead: pack %r: node %r was still running %.1f s after the interrupt, so its "
+                                "worker was stopped (interrupt_grace_s in [bulkhead]; 0 turns this off)",
+                                self.name, key, watch.grace_s)
+                    if hasattr(mm, "InterruptProcessingException"):
+                        raise mm.InterruptProcessingException()
+                    raise NodeInterrupted(f"a node of pack {self.name!r} was interrupted (its worker was stopped)")
+                with w.holding():
+                    raise w.ended(peer, f"while node {key!r} ran (async)")
+        finally:
+            if watch is not None:
+                watcher.end(watch)
+                self.last_interrupt_at = watch.fired_at
+
+    def _cancel_task(self, w, peer, ticket):
+        """Cancels an async node's task in its worker (the prompt ended
+        while it ran, or its wait failed): nothing is left running there
+        for a node nobody waits for."""
+        with w.holding():
+            if w.peer is not peer or not w.alive:
+                return
+            try:
+                w.call(targets.ASYNC_CANCEL, ticket)
+            except BulkheadError as e:
+                log.debug("bulkhead: pack %r: cancelling async call #%d: %s", self.name, ticket, e)
+
+    def _on_progress(self, v):
+        """PROGRESS frames from the worker (any host thread reading its
+        channel): an async node's task's (its ticket: progress, its end, or
+        0 with "pump", the task's requests to the host waiting), or the
+        node call's in progress."""
+        ticket = v.get("ticket") if isinstance(v, dict) else None
+        if ticket is None:
+            sync = self._progress
+            if sync is not None:
+                sync(v)
+        elif v.get("pump"):
+            try:   # this thread holds the worker lock: it reads the channel
+                self.worker.call(targets.ASYNC_PUMP)
+            except BulkheadError as e:
+                log.warning("bulkhead: pack %r: an async node's call to the host failed: %s", self.name, e)
+        else:
+            call = self._async.get(ticket)
+            if call is not None:
+                call.on_frame(v)
 
     def _outputs_hold_handles(self, cls, key, generation):
         """Node key's outputs hold worker handles (first seen on this
@@ -738,8 +909,7 @@ class PackRuntime:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {key}.{mname} (pack {self.name!r})") from None
 
     def _call(self, w, mm, target, *args, drain=True):
-        progress = Progress(mm)
-        w.frame_handlers[_native.PROGRESS] = progress.on_frame
+        outer, self._progress = self._progress, Progress(mm).on_frame
         watch = None
         if mm is not None and hasattr(mm, "processing_interrupted"):
             watch = watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
@@ -763,7 +933,7 @@ class PackRuntime:
             if watch is not None:
                 watcher.end(watch)
                 self.last_interrupt_at = watch.fired_at
-            w.frame_handlers.pop(_native.PROGRESS, None)
+            self._progress = outer
             after = self.options.get("after_call") if drain else None
             if after is not None:
                 after(w)  # the memory layer's drain: stand-ins made to match the ledger

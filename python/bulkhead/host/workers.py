@@ -842,6 +842,24 @@ class Worker(_native.Caller):
         if peer.pending_releases and self._peer is peer:
             self._flush_releases()
 
+    def ended(self, peer, during):
+        """The WorkerDied for a call that waited on generation `peer` (its
+        Peer) without a request in flight (an async node's task), once that
+        generation ended: reaped and torn down here when no one did yet,
+        its exit and last output in the message.  The caller holds the lock."""
+        if self._peer is peer and self._proc is not None:
+            try:
+                self._died(during)
+            except WorkerDied as e:
+                return e
+        gen = getattr(peer, "generation", self.generation)
+        return WorkerDied(f"worker {self.name!r} ({self.python}, generation {gen}) ended {during}"
+                          + (f": {self.last_exit}" if self.last_exit else "")
+                          + f"; the next call starts generation {self.generation + 1}"
+                          if self._chan is None else
+                          f"worker {self.name!r} ({self.python}, generation {gen}) ended {during}; "
+                          f"generation {self.generation} runs now")
+
     def _died(self, during):
         proc = self._proc
         status = proc.wait(2.0)

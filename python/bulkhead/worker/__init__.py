@@ -67,11 +67,21 @@ def _setup_logging(logging):
     root.setLevel(level)
 
 
+# The thread of the event loop where a pack's async nodes run (worker/nodes.py
+# run_async), once it has started.
+task_thread = None
+
+
 def call_host(target, /, *args, **kwargs):
     """Calls a function the host exposed by name (``Worker.expose``),
-    serving nested calls while it waits."""
+    serving nested calls while it waits.  From the async nodes' loop
+    thread (a model load's admission in an async node), the main thread
+    makes the call for it (nodes.task_ask_host)."""
     if _peer is None:
         raise RuntimeError("bulkhead.worker.call_host works only inside a bulkhead worker")
+    if task_thread is not None and threading.current_thread() is task_thread:
+        from .nodes import task_ask_host  # a cycle: nodes imports this package
+        return task_ask_host(target, args, kwargs)
     return _peer.channel.request(_native.CALLBACK, (target, args, kwargs), None)
 
 

@@ -151,8 +151,8 @@ class WorkerMemory:
         if self.mm is not None:
             return True
         mm = mm or sys.modules.get("comfy.model_management")
-        if mm is None:
-            return False
+        if mm is None or getattr(getattr(mm, "__spec__", None), "_initializing", False):
+            return False   # not imported, or still importing on another thread (an async node's task)
         self.mm = mm
         original = mm.load_models_gpu
         wm = self

@@ -107,12 +107,15 @@ def _progress_hook(value, total, preview=None, prompt_id=None, node_id=None, **_
     mm = sys.modules.get("comfy.model_management")
     if mm is not None:
         mm.throw_exception_if_processing_interrupted()
-    peer = _worker._peer
     elif _interrupt_pending and _in_call:   # a node using comfy.utils alone: ComfyUI's flag has no module yet
         raise NodeInterrupted("the node was interrupted")
-    if not _in_call or peer is None or peer.channel is None:
+    peer = _worker._peer
+    ticket = _task_ticket.get() if _task_ticket is not None else None   # an async node's task
+    if not (_in_call or ticket) or peer is None or peer.channel is None:
         return
     frame = {"value": value, "total": total}
+    if ticket:
+        frame["ticket"] = ticket
     if preview is not None:
         frame["preview"] = encode_preview(preview)
     try:
@@ -418,6 +421,7 @@ def _describe_class(key, cls, problems):
         "class_name": cls.__qualname__,
         "class_module": cls.__module__,
         "function": function,
+        "function_async": inspect.iscoroutinefunction(getattr(cls, function, None)),
         "input_types": meta(input_types, "INPUT_TYPES()"),
         "attrs": {},
         "methods": {},
@@ -537,18 +541,211 @@ async def _await(aw):
 
 
 def _invoke(fn, kwargs):
+    """fn(**kwargs) as ComfyUI's executor calls node code: under
+    ``torch.inference_mode()`` where the pack has imported torch (upstream's
+    PromptExecutor runs every node inside it; a pack without torch does not
+    get it imported here), an awaitable answer run to its end."""
     _begin_call()
     try:
-        out = fn(**kwargs)
-        if inspect.isawaitable(out):
-            out = asyncio.run(_await(out))
-        return out
+        torch = sys.modules.get("torch")
+        if torch is None:
+            out = fn(**kwargs)
+            if inspect.isawaitable(out):
+                out = asyncio.run(_await(out))
+            return out
+        with torch.inference_mode():
+            out = fn(**kwargs)
+            if inspect.isawaitable(out):
+                out = asyncio.run(_await(out))
+            return out
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             raise
         _translate(e)
     finally:
         _end_call()
+
+
+# --- async V1 nodes: several in flight, as tasks of one event loop ---
+#
+# In ComfyUI's own process a node whose FUNCTION is a coroutine function runs
+# as a task of the executor's event loop, and the executor goes on with other
+# nodes while it waits (execution.py's pending async nodes): three such nodes
+# sleeping a second each take a second together.  Here a pack's coroutines run
+# as tasks of one event loop, on a thread of its own that lives as long as the
+# worker (so asyncio objects a pack keeps between calls, a Semaphore in a class
+# attribute, stay on one loop, as in-process).  run_async starts one and
+# answers at once; when the task ends, the loop thread tells the host (a
+# PROGRESS frame with the host's ticket and "done") and the host fetches the
+# outcome with async_result.  Between the two the worker serves other calls.
+# Progress the task reports carries its ticket, so the host shows it on the
+# node that started it.  An interrupt sets ComfyUI's flag, which the task's
+# progress hook checks, as a node on the main thread does.
+
+_aloop = None            # the event loop of the pack's tasks, on its own thread
+_tasks = {}              # ticket -> _Task
+_task_ticket = None      # a ContextVar: the ticket of the task this code runs in
+_host_asks = None        # what the loop thread asked of the host (call_host), for async_pump
+
+
+class _Task:
+    """One async node call in flight: its future (concurrent), and what its
+    result needs to cross as run's does."""
+    __slots__ = ("future", "kwargs", "received")
+
+    def __init__(self, future, kwargs, received):
+        self.future, self.kwargs, self.received = future, kwargs, received
+
+
+def _task_loop():
+    """The event loop of the pack's tasks, started on first use."""
+    global _aloop, _task_ticket, _host_asks
+    with _lock:
+        if _aloop is None:
+            import contextvars
+            from _queue import SimpleQueue
+            _task_ticket = contextvars.ContextVar("bulkhead_task_ticket", default=None)
+            _host_asks = SimpleQueue()
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=_run_task_loop, args=(loop,), name="bulkhead-async", daemon=True).start()
+            _aloop = loop
+        return _aloop
+
+
+def _run_task_loop(loop):
+    asyncio.set_event_loop(loop)
+    _worker.task_thread = threading.current_thread()
+    loop.run_forever()
+
+
+_loop_grad = None   # the inference_mode the loop thread entered once, for good
+
+
+def _loop_inference_mode():
+    """The loop thread under torch.inference_mode() for good, once the pack
+    has imported torch: upstream runs its tasks on the executor's thread,
+    inside the inference_mode around the whole prompt.  (Per task it could
+    not be: tasks interleave, and one task's exit would end another's.)"""
+    global _loop_grad
+    if _loop_grad is None:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            mode = torch.inference_mode()
+            mode.__enter__()
+            _loop_grad = mode
+
+
+def _notify_task(ticket, frame):
+    peer = _worker._peer
+    if peer is None or peer.channel is None:
+        return
+    frame["ticket"] = ticket
+    try:
+        peer.channel.notify(_native.PROGRESS, frame)
+    except (_native.Error, TypeError, ValueError):
+        pass
+
+
+async def _task(ticket, coro):
+    _loop_inference_mode()
+    _task_ticket.set(ticket)
+    try:
+        return await coro
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, asyncio.CancelledError)):
+            raise
+        _translate(e)
+
+
+def run_async(ticket, key, kwargs, instance=None):
+    """Starts node `key`'s FUNCTION, a coroutine function, on `instance`
+    (as run) as a task of the pack's event loop, under the host's `ticket`;
+    answers {"instance"} at once.  When the task ends the host gets a
+    PROGRESS frame {"ticket", "done"} and fetches the outcome
+    (async_result)."""
+    cls = _class(key)
+    peer = _worker._peer
+    peer.drop_unsent()
+    if instance is None:
+        instance = cls()
+    loop = _task_loop()
+    received = dict(peer.received) if peer.received else None   # for passed_through, at the end
+    if peer.received:
+        peer.received.clear()
+    coro = _invoke(lambda **kw: _Coroutine(getattr(instance, cls.FUNCTION)(**kw)), kwargs).coro
+    if inspect.isawaitable(coro):
+        future = asyncio.run_coroutine_threadsafe(_task(ticket, coro), loop)
+    else:   # not a coroutine after all: its answer is the outcome
+        import concurrent.futures
+        future = concurrent.futures.Future()
+        future.set_result(coro)
+    _tasks[ticket] = _Task(future, kwargs, received)
+    future.add_done_callback(lambda f: f.cancelled() or _notify_task(ticket, {"done": True}))
+    return {"instance": peer.hold(instance)}
+
+
+class _Coroutine:
+    """What _invoke hands back unawaited: the coroutine a FUNCTION made."""
+    __slots__ = ("coro",)
+
+    def __init__(self, coro):
+        self.coro = coro
+
+
+def async_result(ticket):
+    """The outcome of the task run_async started: its outputs as run
+    answers them ({"outputs", "same"}), or its error raised (translated
+    as run's)."""
+    task = _tasks.pop(ticket, None)
+    if task is None:
+        raise LookupError(f"no async node call #{ticket} in this worker (it was fetched or cancelled)")
+    out = task.future.result(0)
+    peer = _worker._peer
+    if task.received:
+        peer.received.update(task.received)
+    try:
+        out, same = passed_through(peer, task.kwargs, out)
+    finally:
+        if peer.received:
+            peer.received.clear()
+    return {"outputs": NodeValue(out), "same": same}
+
+
+def async_cancel(ticket):
+    """The host gave up on the task (its prompt ended): cancelled, and its
+    outcome dropped."""
+    task = _tasks.pop(ticket, None)
+    if task is not None:
+        task.future.cancel()
+
+
+def task_ask_host(target, args, kwargs):
+    """call_host from the loop thread: the channel is the main thread's, so
+    the request waits in a queue, the host is told (a PROGRESS frame
+    {"pump"}), and it calls async_pump, which makes the request from the
+    main thread.  Blocks the loop thread until the answer is back, as the
+    same call blocks the loop in ComfyUI's process."""
+    import concurrent.futures
+    answer = concurrent.futures.Future()
+    _host_asks.put((target, args, kwargs, answer))
+    _notify_task(0, {"pump": True})
+    return answer.result()
+
+
+def async_pump():
+    """Makes the loop thread's pending requests to the host (task_ask_host),
+    from the main thread."""
+    from _queue import Empty
+    asks = _host_asks
+    while asks is not None:
+        try:
+            target, args, kwargs, answer = asks.get_nowait()
+        except Empty:
+            return
+        try:
+            answer.set_result(_worker.call_host(target, *args, **kwargs))
+        except BaseException as e:
+            answer.set_exception(e)
 
 
 def run(key, kwargs, instance=None, method=None):
