@@ -12,10 +12,14 @@ output node's `ui` dict) and `meta`; `set_flag`/`get_flags` carry the
 and a node's VALIDATE_INPUTS runs right there, inline, as upstream's does)
 checks that every node names a known class, that there is an output node,
 and, for each node an output depends on: required inputs present, links
-naming an existing node and an output of the linked type, INT/FLOAT/
-BOOLEAN/STRING values converted and within min/max, combo values in their
-list; inputs named in VALIDATE_INPUTS's signature skip those checks and are
-passed to it, and its answer (True or a message) decides.  It answers
+naming an existing node and an output whose type fits the input's (as
+upstream's validate_node_input: the types' own != first, then a shared
+comma-separated member; not checked where VALIDATE_INPUTS takes
+input_types), a literal converted (in the prompt the node runs with) for
+each of INT, FLOAT, STRING and BOOLEAN the input's type == in turn, within
+min/max, combo values in their list; literals named in VALIDATE_INPUTS's
+signature skip those checks and are passed to it, and its answer (True or
+a message) decides.  It answers
 upstream's tuple (valid, error, outputs, node_errors) with upstream's error
 types.  One leniency: a class without INPUT_TYPES (the route tests' bare
 nodes) is taken as given and counts as an output.
@@ -222,6 +226,18 @@ def _is_link(value):
         and isinstance(value[1], int)
 
 
+def _link_fits(received, wanted):
+    """Upstream's validate_node_input (not strict): a link fits where the
+    received type is not != the input's (the types' own __ne__ decides
+    first, as packs' "any type" strings rely on), or both are strings
+    sharing a comma-separated member."""
+    if not received != wanted:
+        return True
+    if not isinstance(received, str) or not isinstance(wanted, str):
+        return False
+    return bool({t.strip() for t in received.split(",")} & {t.strip() for t in wanted.split(",")})
+
+
 def _error(kind, message, details="", **extra):
     return {"type": kind, "message": message, "details": details, "extra_info": extra}
 
@@ -272,8 +288,7 @@ async def _validate_node(prompt, node_id, validated):
                                          f"{name}: output {index} of node {src}", **where))
                     continue
                 got = returns[index]
-                if name not in custom and isinstance(type_, str) and got != type_ \
-                        and "*" not in (got, type_) and not set(str(type_).split(",")) & set(str(got).split(",")):
+                if "input_types" not in custom and not _link_fits(got, type_):
                     errors.append(_error("return_type_mismatch", "Return type mismatch between linked nodes",
                                          f"{name}, received_type({got}) mismatch input_type({type_})",
                                          received_type=got, linked_node=value, **where))
@@ -284,19 +299,20 @@ async def _validate_node(prompt, node_id, validated):
             if name in custom:
                 values[name] = value
                 continue
-            try:
+            try:   # each in turn, as upstream: a type equal to several converts the value several times
                 if type_ == "INT":
                     value = int(value)
-                elif type_ == "FLOAT":
+                if type_ == "FLOAT":
                     value = float(value)
-                elif type_ == "STRING":
+                if type_ == "STRING":
                     value = str(value)
-                elif type_ == "BOOLEAN":
+                if type_ == "BOOLEAN":
                     value = bool(value)
             except (TypeError, ValueError) as e:
                 errors.append(_error("invalid_input_type", f"Failed to convert an input value to a {type_} value",
                                      f"{name}, {value}, {e}", received_value=value, **where))
                 continue
+            inputs[name] = value   # the node runs with the converted value, as upstream's
             if type_ in ("INT", "FLOAT"):
                 if "min" in extra and value < extra["min"]:
                     errors.append(_error("value_smaller_than_min", f"Value {value} smaller than min of {extra['min']}",

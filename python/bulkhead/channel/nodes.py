@@ -81,12 +81,17 @@ def _plain_attr(v):
 def encode_io(x, meta, where, io, output):
     """One schema input or output: what it answers (as_dict, get_io_type,
     io_type), its plain attributes (id, optional, lazy...), the io class it
-    is, and a dynamic input's expansion."""
+    is, and a dynamic input's expansion.  Its type crosses as the class it
+    is: io's own type string (io_str; the host makes it its io's), a plain
+    str, or a pack's own type string (meta tags it, formats.TypeTable)."""
+    io_type = x.io_type if output else x.get_io_type()
+    io_str = type(io_type) is _io_str(io)
     out = {
         "class": _io_class(x, io),
         "attrs": {k: v for k, v in vars(x).items() if not k.startswith("_") and _plain_attr(v)},
         "as_dict": meta(x.as_dict(), f"{where}.as_dict()"),
-        "io_type": meta(plain_str(x.io_type if output else x.get_io_type()), f"{where} type"),
+        "io_type": meta(plain_str(io_type) if io_str else io_type, f"{where} type"),
+        "io_str": io_str,
     }
     dynamic = getattr(io, "DynamicOutput" if output else "DynamicInput", None)
     if dynamic is not None and isinstance(x, dynamic):
@@ -146,7 +151,7 @@ def _v3_io(io, d, output):
             base = dyn_base
         dynamic = [_v3_io(io, c, output) for c in d["dynamic"]]
     io_type = decode_meta(d["io_type"])
-    if isinstance(io_type, str):
+    if d.get("io_str"):
         io_type = _io_str(io)(io_type)
     as_dict = d["as_dict"]
     ns = {"__module__": __name__, "__qualname__": base.__qualname__,
@@ -161,7 +166,8 @@ def _v3_io(io, d, output):
 
 
 def _io_str(io):
-    """The host's own type-name string class (its "*" / comma matching)."""
+    """io's own type-name string class (its "*" / comma matching): the
+    worker's in encode_io, the host's in _v3_io."""
     t = type(getattr(getattr(io, "Int", None), "io_type", ""))
     return t if issubclass(t, str) else str
 

@@ -68,7 +68,7 @@ import weakref
 
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
-                               remote_name)
+                               link_types, remote_name, types_to_worker)
 from ..channel.nodes import decode_schema, put_back
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..channel import targets
@@ -180,6 +180,23 @@ def _signature(spec):
 
 def _mm():
     return sys.modules.get("comfy.model_management")
+
+
+def _host_type_names():
+    """The type names the host's registered nodes return (the V1 ones'
+    RETURN_TYPES: a class attribute, no schema built), which a pack's own
+    type strings are compared with as it is described
+    (formats.TypeTable)."""
+    names = set()
+    mappings = getattr(sys.modules.get("nodes"), "NODE_CLASS_MAPPINGS", None)
+    for cls in list(mappings.values()) if isinstance(mappings, dict) else ():
+        try:
+            returns = inspect.getattr_static(cls, "RETURN_TYPES", None)   # a V3 node's: a property, left out
+        except Exception:
+            continue
+        if isinstance(returns, (tuple, list)):
+            names.update(str.__str__(t) for t in returns if isinstance(t, str))
+    return sorted(names)
 
 
 # --- V3 nodes (their schema rebuilt in the host's comfy_api: host/v3.py) ---
@@ -443,13 +460,14 @@ class PackRuntime:
             if cache is not None:
                 cache.store(self.pack_dir, key, text)
         self.meta = json.loads(text)
+        link_types(self.meta, self.pack_dir)   # the pack's own type strings answer from their tables
         for problem in self.meta.get("problems", []):
             log.warning("bulkhead: pack %r: %s", self.name, problem)
         return self.meta
 
     def describe(self):
         try:
-            return self.worker.call(targets.DESCRIBE)
+            return self.worker.call(targets.DESCRIBE, _host_type_names())
         except RemoteError as e:
             self.worker.close()
             raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}) failed to import in its worker "
@@ -590,6 +608,8 @@ class PackRuntime:
         rt = self
 
         def method(*_cls, **kwargs):
+            if mname == "VALIDATE_INPUTS" and "input_types" in kwargs:   # the pack's own types as its objects
+                kwargs = dict(kwargs, input_types=types_to_worker(kwargs["input_types"], rt.pack_dir))
             if mname == "VALIDATE_INPUTS" and on_server_loop():
                 return rt.validate_on_loop(key, kwargs)
             return rt.call_class(key, mname, kwargs)

@@ -46,7 +46,8 @@ import threading
 from .. import _native
 from .. import worker as _worker
 from .._importwatch import when_imported
-from ..channel.formats import FORMAT, Meta, NodeInterrupted, WorkerOutOfMemory, apply_host_folders, decode_arg
+from ..channel.formats import (FORMAT, Meta, NodeInterrupted, TypeTable, WorkerOutOfMemory, apply_host_folders,
+                               decode_arg, own_type, own_type_name, types_from_host)
 from ..channel.nodes import decode_hidden, encode_io, encode_preview, passed_through, plain_str
 from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
@@ -374,14 +375,14 @@ class _Strict(Meta):
         raise TypeError(f"{where} {what}")
 
 
-def _describe_v3(key, cls, problems):
+def _describe_v3(key, cls, problems, types):
     """A V3 node: its finalised schema (what GET_NODE_INFO_V1 is made
     from), whether execute is async, and the optional methods it has."""
     import dataclasses
     io = sys.modules["comfy_api.latest"].io
     with _FolderRecorder() as rec:
         schema = cls.GET_SCHEMA()
-    meta = _Strict(key, problems, rec.lists)
+    meta = _Strict(key, problems, rec.lists, types)
     fields = {}
     for f in dataclasses.fields(schema):
         if f.name not in _V3_SCHEMA_PARTS:
@@ -406,17 +407,17 @@ def _describe_v3(key, cls, problems):
     return out
 
 
-def _describe_class(key, cls, problems):
+def _describe_class(key, cls, problems, types):
     if not isinstance(cls, type):
         raise TypeError(f"NODE_CLASS_MAPPINGS[{key!r}] is a {type_name(cls)}, not a class")
     if is_v3(cls):
-        return _describe_v3(key, cls, problems)
+        return _describe_v3(key, cls, problems, types)
     function = getattr(cls, "FUNCTION", None)
     if not isinstance(function, str):
         raise TypeError(f"{cls.__qualname__} has no FUNCTION naming its method")
     with _FolderRecorder() as rec:
         input_types = cls.INPUT_TYPES()
-    meta = Meta(key, problems, rec.lists)
+    meta = Meta(key, problems, rec.lists, types)
     out = {
         "class_name": cls.__qualname__,
         "class_module": cls.__module__,
@@ -464,20 +465,44 @@ def on_prompt(json_data, timeout_s):
     return server.run_prompt_handlers(json_data, timeout_s)
 
 
-def describe():
-    """The pack's node metadata, as a JSON string (the host caches it)."""
+def _type_names(node):
+    """The plain type names a described node's inputs and outputs have (its
+    own type strings are in the TypeTable)."""
+    def items(v):   # Meta's tuple tag or a list
+        if isinstance(v, dict) and v.get("__bh__") == "tuple":
+            return v["items"]
+        return v if isinstance(v, list) else [v]
+    names = []
+    if node.get("v3"):
+        names = [d.get("io_type") for part in ("inputs", "outputs") for d in node.get(part) or ()]
+    else:
+        sections = node.get("input_types")
+        for section in (sections.values() if isinstance(sections, dict) else ()):
+            if isinstance(section, dict):
+                names.extend(items(v)[0] for v in section.values() if items(v))
+        names.extend(items((node.get("attrs") or {}).get("RETURN_TYPES")))
+    return [n for n in names if isinstance(n, str)]
+
+
+def describe(host_type_names=()):
+    """The pack's node metadata, as a JSON string (the host caches it).
+    host_type_names: the type names the host's registered nodes return,
+    which the pack's own type strings are compared with too (TypeTable)."""
     ready()
     try:
         import folder_paths  # noqa: F401  (so INPUT_TYPES' file lists can be recognised)
     except Exception:
         pass
     mod = _load()
-    problems, nodes = [], {}
+    problems, nodes, types = [], {}, TypeTable()
     for key, cls in list(_classes.items()):
         try:
-            nodes[str(key)] = _describe_class(key, cls, problems)
+            nodes[str(key)] = _describe_class(key, cls, problems, types)
         except Exception as e:
             problems.append(f"node {key!r} left out: {type(e).__name__}: {e}")
+    names = [n for node in nodes.values() for n in _type_names(node)]
+    names.extend(n for n in host_type_names or () if isinstance(n, str))
+    type_entries = types.entries(names, problems)
     routes, prompt_handlers = [], 0
     shim = sys.modules.get("server")
     if getattr(shim, "collect_routes", None) is not None:  # ours, not a real server.py
@@ -491,6 +516,7 @@ def describe():
         "module": mod.__name__,
         "python": f"{v[0]}.{v[1]}.{v[2]}",
         "nodes": nodes,
+        "types": type_entries,
         "routes": routes,
         "prompt_handlers": prompt_handlers,
         "display": {str(k): str(v) for k, v in _display.items() if str(k) in nodes},
@@ -808,10 +834,36 @@ def call_class(key, method, kwargs):
     """IS_CHANGED / VALIDATE_INPUTS of node `key`, called on the class as
     ComfyUI does.  A result that cannot cross becomes its repr."""
     cls = _class(key)
+    if method == "VALIDATE_INPUTS" and "input_types" in kwargs:
+        kwargs = dict(kwargs, input_types=types_from_host(kwargs["input_types"], _own_types()))
     out = _invoke(getattr(cls, method), kwargs)
     if not _plain(out):
         return repr(out)
     return out
+
+
+_own_type_objects = None
+
+
+def _own_types():
+    """{(class, value): object} of the pack's own type strings its V1
+    nodes return (RETURN_TYPES): what a VALIDATE_INPUTS's input_types name
+    (formats.types_from_host)."""
+    global _own_type_objects
+    if _own_type_objects is None:
+        found = {}
+        for cls in list(_classes.values()):
+            if is_v3(cls):
+                continue
+            try:
+                returns = tuple(getattr(cls, "RETURN_TYPES", ()) or ())
+            except Exception:
+                continue
+            for t in returns:
+                if own_type(t):
+                    found.setdefault((own_type_name(t), str.__str__(t)), t)
+        _own_type_objects = found
+    return _own_type_objects
 
 
 def _plain(v, depth=0):
