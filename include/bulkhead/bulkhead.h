@@ -611,7 +611,10 @@ typedef struct bh_fork_opts {
  * request at a time.  The zygote reports the child's wait status on the
  * report socket and reaps it only when bh_proc_wait answers, so wait,
  * kill, stop and close hold as for a spawned child; if the zygote dies
- * first, the child's end is seen by its pidfd and its status is -1. */
+ * first, the child's end is seen by its pidfd and its status is -1; if
+ * the zygote is stopped or hung, so that it does not report an ended
+ * child within 3 s, the status is BH_STATUS_UNREPORTED. */
+#define BH_STATUS_UNREPORTED (-2)
 BH_EXTERN int bh_proc_fork_via(const bh_fork_opts *o, bh_proc **proc, int *chan_fd, char *why,
                                size_t why_n);
 BH_EXTERN pid_t bh_proc_pid(const bh_proc *p);
@@ -619,7 +622,8 @@ BH_EXTERN pid_t bh_proc_pid(const bh_proc *p);
 BH_EXTERN int bh_proc_pidfd(const bh_proc *p);
 /* Waits for the child to exit for at most timeout_ms (<0: forever) and
  * reaps it.  Returns 0 with *status as from waitpid (-1: unknown, a
- * zygote's child whose zygote died), or -ETIMEDOUT.  Once
+ * zygote's child whose zygote died; BH_STATUS_UNREPORTED: one whose
+ * zygote did not report it), or -ETIMEDOUT.  Once
  * reaped, further calls return the same status at once. */
 BH_EXTERN int bh_proc_wait(bh_proc *p, int timeout_ms, int *status);
 /* The ladder after a BYE the caller sent: wait grace_ms, SIGTERM, wait

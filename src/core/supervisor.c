@@ -59,6 +59,7 @@ struct bh_proc {
   int sink;
   int report_fd; /* forked by a zygote (bh_proc_fork_via): its report socket, else -1 */
   int orphaned;  /* the zygote went before reporting: the leader is signalled by pidfd alone */
+  int64_t report_due; /* forked: when its report is overdue (the pidfd said it ended), else 0 */
   char prefix[64];
   pthread_t drain;
   int drain_started;
@@ -403,17 +404,44 @@ err:
 
 /* A zygote's child: waits for its report (the wait status, the zombie kept
  * until this answer), kills what is left of its group and lets the zygote
- * reap it.  A zygote gone first: the pidfd tells the end, with no status. */
+ * reap it.  A zygote gone first: the pidfd tells the end, with no status.
+ * The child's pidfd is watched beside the report: a zygote reports an
+ * ended child within microseconds, so one that has not BH__REPORT_GRACE_MS
+ * after the pidfd said the child ended is stopped (SIGSTOP, a debugger) or
+ * hung, and the wait ends without it (status BH_STATUS_UNREPORTED; the
+ * zombie still holds the pid, so the group kill is safe).  Its late report
+ * or its EOF is never read: the zygote reaps the child once this side's
+ * report socket closes (bh_proc_close). */
+#define BH__REPORT_GRACE_MS 3000
+
 static int bh__wait_forked(bh_proc *p, int timeout_ms) {
   int64_t deadline = bh__deadline(timeout_ms);
   for (;;) {
     int left = bh__left_ms(deadline);
-    struct pollfd pf = {p->orphaned ? p->pidfd : p->report_fd, POLLIN, 0};
-    if (pf.fd < 0) return -ESRCH; /* orphaned with no pidfd: nothing can tell */
-    int r = poll(&pf, 1, left);
+    struct pollfd pf[2] = {{p->orphaned ? p->pidfd : p->report_fd, POLLIN, 0},
+                           {p->orphaned || p->report_due ? -1 : p->pidfd, POLLIN, 0}};
+    if (pf[0].fd < 0) return -ESRCH; /* orphaned with no pidfd: nothing can tell */
+    if (p->report_due && !p->orphaned) {
+      int grace = bh__left_ms(p->report_due);
+      if (grace == 0) {
+        kill(-p->pid, SIGKILL);
+        p->status = BH_STATUS_UNREPORTED;
+        p->reaped = 1;
+        return 0;
+      }
+      if (left < 0 || grace < left) left = grace;
+    }
+    int r = poll(pf, 2, left);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return -errno;
-    if (r == 0) return -ETIMEDOUT;
+    if (r == 0) {
+      if (p->report_due && !p->orphaned && bh__left_ms(p->report_due) == 0) continue;
+      return -ETIMEDOUT;
+    }
+    if (!pf[0].revents) { /* the child ended; its report is due (kept: a wait may be a poll) */
+      p->report_due = bh__deadline(BH__REPORT_GRACE_MS);
+      continue;
+    }
     if (p->orphaned) {
       p->status = -1;
       p->reaped = 1;

@@ -154,6 +154,7 @@ static int bh_exec(PyObject *m) {
   if (PyModule_AddIntConstant(m, "PROTOCOL_VERSION", BH_PROTOCOL_VERSION) < 0 ||
       PyModule_AddIntConstant(m, "INLINE_MAX", BH_FRAME_INLINE_MAX) < 0 ||
       PyModule_AddIntConstant(m, "MAX_DEPTH", BH_MAX_DEPTH) < 0 ||
+      PyModule_AddIntConstant(m, "STATUS_UNREPORTED", BH_STATUS_UNREPORTED) < 0 ||
       PyModule_AddIntConstant(m, "HELLO", BH_KIND_HELLO) < 0 ||
       PyModule_AddIntConstant(m, "CALL", BH_KIND_CALL) < 0 ||
       PyModule_AddIntConstant(m, "RESULT", BH_KIND_RESULT) < 0 ||

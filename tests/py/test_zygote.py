@@ -156,6 +156,73 @@ def test_a_dead_zygote_leaves_its_workers_serving_and_the_next_start_makes_anoth
     assert w.last_exit is None
 
 
+def _bounded(fn, timeout_s=30):
+    """fn() on a thread: its result, or a failure naming the hang."""
+    import threading
+    box = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert box, f"{fn} still waits after {timeout_s} s"
+    return box[0]
+
+
+def _gone(pid, timeout_s=10):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if zygote.proc_state(pid) in (None, "Z"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_stopped_zygote_holds_up_nothing_and_is_replaced(forked, venvs):
+    """A zygote stopped (a pack's os.kill(os.getppid(), SIGSTOP), a
+    debugger) at each phase: its worker's end is seen without its report
+    (bounded, status unknown, said so), the next worker is forked by a new
+    zygote, closing a worker and /free's stop_idle do not wait on it, and
+    every stopped zygote is killed.  (The end of a worker waited for the
+    report with no bound: the queue hung past the stop button.)"""
+    w = forked(venvs["a"], name="w")
+    first = w.call(PROBE)
+    stopped = [first["ppid"]]
+    try:
+        # the worker ends while its zygote is stopped
+        os.kill(stopped[-1], signal.SIGSTOP)
+        os.kill(first["pid"], signal.SIGKILL)
+
+        def seen():
+            while w.last_exit is None:
+                w.poll()
+                time.sleep(0.02)
+            return w.last_exit
+        assert "the zygote that forked it did not report it" in _bounded(seen)
+        # the next worker: a new zygote (the stopped one is replaced)
+        second = _bounded(lambda: w.call(PROBE))
+        assert second["ppid"] not in (stopped[-1], os.getpid())
+        assert _gone(stopped[-1])
+        # closing a worker whose zygote is stopped
+        stopped.append(second["ppid"])
+        os.kill(stopped[-1], signal.SIGSTOP)
+        _bounded(w.close)
+        # a fork asked of a stopped zygote: another one forks it
+        third = _bounded(lambda: w.call(PROBE))
+        assert third["ppid"] not in (*stopped, os.getpid())
+        assert _gone(stopped[-1])
+        # /free's stop_idle with a stopped zygote (no worker of its own)
+        _bounded(w.close)
+        stopped.append(third["ppid"])
+        os.kill(stopped[-1], signal.SIGSTOP)
+        assert _bounded(zygote.stop_idle) == 1 and not zygote._zygotes
+        assert _gone(stopped[-1])
+    finally:
+        for pid in stopped:     # never a stopped process left to the next test
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+
 def test_a_request_that_is_not_a_fork_is_refused_and_the_zygote_serves_on(forked, venvs):
     w = forked(venvs["a"])
     first = w.call(PROBE)

@@ -77,16 +77,6 @@ class WorkerBusy(BulkheadError):
     nothing was sent (the release does not run later)."""
 
 
-def _proc_state(pid):
-    """The one-letter state of /proc/<pid>/stat ('R', 'S', 'T' stopped,
-    't' traced, 'Z'...), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 # Variables a worker inherits from the host's environment; everything else
 # must be passed explicitly in env=.
 _PASS = frozenset("""
@@ -109,6 +99,9 @@ def describe_status(status):
     if status is None:
         return "is still running"
     if status < 0:   # a zygote's child whose zygote died first: no one could tell (bh_proc_wait)
+    if status == _native.STATUS_UNREPORTED:   # its zygote stopped or hung (bh_proc_wait)
+        return ("ended (its exit status is unknown: the zygote that forked it did not report it, stopped or "
+                "hung; a new zygote forks the next worker)")
         return "ended (its exit status is unknown: the zygote that forked it had gone)"
     if os.WIFSIGNALED(status):
         n = os.WTERMSIG(status)
@@ -555,7 +548,7 @@ class Worker(_native.Caller):
                 raise WorkerStartError(
                     f"{where} {describe_status(status)} during start-up"
                     + (f"\n--- worker output ---\n{tail.rstrip()}" if tail else " (it printed nothing)")) from None
-            stopped = _proc_state(proc.pid) in ("T", "t")
+            stopped = zygote.proc_state(proc.pid) in ("T", "t")
             proc.kill(signal.SIGKILL)
             proc.wait()
             tail = proc.output_tail()
@@ -876,7 +869,7 @@ class Worker(_native.Caller):
 
     def _hung(self, target, timeout_s):
         what = self.describe()
-        stopped = _proc_state(self._proc.pid) in ("T", "t")
+        stopped = zygote.proc_state(self._proc.pid) in ("T", "t")
         self._proc.kill(signal.SIGKILL)
         self._proc.wait()
         self._teardown()

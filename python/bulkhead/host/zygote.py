@@ -41,6 +41,17 @@ START_TIMEOUT_S = 120.0   # the preload (torch: about 1.5 s here; far longer on 
 # environment being rebuilt): seconds before a later worker tries again.
 RETRY_S = 300.0
 FORK_TIMEOUT_MS = 10_000
+ANSWER_TIMEOUT_S = 2.0    # a zygote's answer to quit_if_idle (microseconds when it runs)
+
+
+def proc_state(pid):
+    """The one-letter state of /proc/<pid>/stat ('R', 'S', 'T' stopped,
+    't' traced, 'Z'...), or None (a zygote's and a worker's: workers.py)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _retry_s():
@@ -104,10 +115,14 @@ class Zygote:
             return _native.spawn_via(self.fd, req, sink, prefix, FORK_TIMEOUT_MS)
 
     def quit_if_idle(self):
-        """Ends the zygote if it has no worker; True if it ended."""
+        """Ends the zygote if it has no worker; True if it ended (or does
+        not answer within ANSWER_TIMEOUT_S: stopped or hung, it is of no
+        use, and the caller closes it)."""
         with self._lock:
             try:
                 os.write(self.fd, json.dumps({"op": "quit_if_idle"}).encode())
+                if not select.select([self.fd], [], [], ANSWER_TIMEOUT_S)[0]:
+                    return True
                 answer = os.read(self.fd, 512)
             except OSError:
                 return True
@@ -124,10 +139,14 @@ class Zygote:
 
     @property
     def alive(self):
+        """Running and not stopped (SIGSTOP, a debugger): a stopped zygote
+        forks nothing and reports no child's end, so it is replaced."""
         try:
-            return self.proc.wait(0) is None
+            if self.proc.wait(0) is not None:
+                return False
         except Exception:
             return False
+        return proc_state(self.pid) not in ("T", "t")
 
     def close(self):
         """Ends the zygote alone: what it forked serves on (its workers
