@@ -905,10 +905,13 @@ def test_older_root_files_warn_instead_of_refusing(tmp_path):
 def test_comfy_env_submodules_under_the_routing(tmp_path, real):
     """Routed, `import comfy_env.config` (a pack reading comfy-env's own
     modules) gets the real package's submodule where comfy-env is
-    installed, and an error naming the switch where it is not."""
+    installed, and bulkhead's (its load_config) where it is not; a module
+    bulkhead does not serve (comfy_env.settings) is the real one's, or an
+    error naming the switch."""
     if real:
         write(tmp_path / "site" / "comfy_env" / "__init__.py", "def register_nodes():\n    return 'real'\n")
         write(tmp_path / "site" / "comfy_env" / "config.py", "WHERE = 'the real package'\n")
+        write(tmp_path / "site" / "comfy_env" / "settings.py", "WHERE = 'the real package'\n")
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(tmp_path / "site")!r})
@@ -916,9 +919,11 @@ def test_comfy_env_submodules_under_the_routing(tmp_path, real):
         served.route()
         import comfy_env
         assert comfy_env.register_nodes is served.register_nodes
+        import comfy_env.config as c
+        print(getattr(c, "WHERE", None) or ("bulkhead's" if c.__bulkhead__ and callable(c.load_config) else "?"))
         try:
-            import comfy_env.config as c
-            print(c.WHERE)
+            import comfy_env.settings as s
+            print(s.WHERE)
         except ModuleNotFoundError as e:
             print("ModuleNotFoundError:", e)
     """)
@@ -926,8 +931,10 @@ def test_comfy_env_submodules_under_the_routing(tmp_path, real):
     env.pop("BULKHEAD_COMFY_ENV", None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
+    config, settings = r.stdout.strip().split("\n", 1)
     if real:
-        assert r.stdout.strip() == "the real package", r.stdout
+        assert config == settings == "the real package", r.stdout
     else:
-        assert r.stdout.startswith("ModuleNotFoundError: No module named 'comfy_env.config'") and \
-            "BULKHEAD_COMFY_ENV=off" in r.stdout, r.stdout
+        assert config == "bulkhead's", r.stdout
+        assert settings.startswith("ModuleNotFoundError: No module named 'comfy_env.settings'") and \
+            "BULKHEAD_COMFY_ENV=off" in settings, r.stdout

@@ -124,11 +124,13 @@ def wanted(torch_version, cuda_version):
     return [f"+cu{c}torch{t}", f"+pt{t}cu{c}"]
 
 
-def resolve(config, python_version, progress, rebuild="bulkhead install <pack>"):
+def resolve(config, python_version, progress, rebuild="bulkhead install <pack>", torch=None):
     """``[name @ url, ...]``: a wheel for each of config.cuda.  Raises
     EnvBuildError.  rebuild: the command that rebuilds the environment
-    (build.rebuild_command), for the warning when wheels are skipped."""
-    tv, cv = host_torch()
+    (build.rebuild_command), for the warning when wheels are skipped.
+    torch: (torch version, CUDA version or None) wanted instead of the
+    host's (comfy-env's ``get_wheel_url`` names them)."""
+    tv, cv = torch if torch is not None else host_torch()
     where = f"{config.path}: [cuda] packages"
     if tv is None:
         raise EnvBuildError(f"{where} lists {', '.join(config.cuda)}, whose wheels are built for a torch "

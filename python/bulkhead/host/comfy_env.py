@@ -40,6 +40,20 @@ starts.
 ``register_serializer`` validates and records a serializer: the typed-value
 transport that will use the record is not built yet (until then a custom
 object made in a worker stays a handle there).
+
+Every other name a comfy-env release exported (``wrap_isolated_nodes``,
+``wrap_nodes``, ``load_config``, ``SubprocessWorker``, ...) is an attribute
+too, served or refused by a callable that raises (host/comfy_env_legacy.py):
+a pack's ``except ImportError`` around such an import must never swallow
+its isolated nodes.  So are comfy-env's internal module paths packs import
+from (``comfy_env.isolation.workers._ipc_shared``, ``comfy_env.workers``,
+...: ``legacy.SUBMODULES``); ``comfy_env.isolation.*`` and
+``comfy_env.workers.*`` are bulkhead's even where the real comfy-env is
+installed, since their code would run comfy-env's isolation beside
+bulkhead's.  The user's old switches (``COMFY_ENV_ISOLATE=0``,
+``USE_COMFY_ENV=0``: the packs run in ComfyUI's process;
+``COMFY_ENV_AUTO_INSTALL``) are read as those releases read them, and
+said once.
 """
 
 import glob
@@ -47,6 +61,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -56,11 +71,14 @@ import sys
 import threading
 import traceback
 
+from . import comfy_env_legacy as legacy
+
 log = logging.getLogger("bulkhead")
 
 SWITCH = "BULKHEAD_COMFY_ENV"
 _OFF = ("off", "0", "false", "no", "comfy-env")
 PUBLIC = ("register_nodes", "install", "setup_env", "copy_files", "register_serializer")
+OLDER = ("wrap_isolated_nodes", "wrap_nodes", "enable_isolation")     # served here too, not in __all__
 
 _lock = threading.Lock()
 _announced = set()
@@ -80,9 +98,10 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         module.__doc__ = "comfy-env's public entry points, served by bulkhead (bulkhead.host.comfy_env)."
-        for n in PUBLIC:
-            setattr(module, n, globals()[n])
+        for n in legacy.NAMES:      # every release's names: served, or refused when called
+            setattr(module, n, _value(n))
         module.__all__ = list(PUBLIC)
+        legacy.switch_notes()
         module.__bulkhead__ = True
         try:
             from importlib.metadata import version
@@ -108,17 +127,47 @@ def _real_locations():
 
 
 class _NoSubmodule(importlib.abc.Loader):
-    def __init__(self, fullname):
+    def __init__(self, fullname, ours=False):
         self.fullname = fullname
+        self.ours = ours
 
     def create_module(self, spec):
+        if self.ours:
+            raise ModuleNotFoundError(
+                f"No module named {self.fullname!r} under bulkhead: it is comfy-env's own isolation machinery, "
+                f"which bulkhead replaces (it runs the pack's nodes in its own workers); of comfy_env's "
+                f"internal modules it serves {', '.join(sorted(legacy.SUBMODULES))}. Import the public names "
+                f"(`from comfy_env import register_nodes, register_serializer`), or set {SWITCH}=off to hand "
+                "comfy_env back to the real package", name=self.fullname)
         raise ModuleNotFoundError(
             f"No module named {self.fullname!r}: bulkhead serves comfy_env's public entry points "
-            f"({', '.join(PUBLIC)}) and the real comfy-env package, whose submodules these are, is not "
-            f"installed; install it, or set {SWITCH}=off to hand comfy_env back to it", name=self.fullname)
+            f"({', '.join(PUBLIC)}, and every older release's names) and the internal modules "
+            f"{', '.join(sorted(legacy.SUBMODULES))}; the real comfy-env package, whose submodule this is, "
+            f"is not installed; install it, or set {SWITCH}=off to hand comfy_env back to it", name=self.fullname)
 
     def exec_module(self, module):
         pass
+
+
+def _value(name):
+    """What ``comfy_env.<name>`` is under bulkhead."""
+    return globals()[name] if name in PUBLIC or name in OLDER else legacy.value(name)
+
+
+class _SubLoader(importlib.abc.Loader):
+    """One of comfy-env's internal modules (legacy.SUBMODULES), holding
+    bulkhead's values of the names that lived there."""
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        names = legacy.SUBMODULES[module.__name__]
+        module.__doc__ = f"comfy-env's {module.__name__}, served by bulkhead: {', '.join(names)}."
+        module.__bulkhead__ = True
+        for n in names:
+            setattr(module, n, _value(n))
+        module.__all__ = list(names)
 
 
 class Finder(importlib.abc.MetaPathFinder):
@@ -134,9 +183,16 @@ class Finder(importlib.abc.MetaPathFinder):
             spec = importlib.machinery.ModuleSpec("comfy_env", _Loader(), origin=__file__, is_package=True)
             spec.submodule_search_locations = _real_locations()
             return spec
-        if fullname.startswith("comfy_env.") and getattr(sys.modules.get("comfy_env"), "__bulkhead__", False) \
-                and not list(getattr(sys.modules["comfy_env"], "__path__", None) or ()):
-            return importlib.machinery.ModuleSpec(fullname, _NoSubmodule(fullname))
+        if not fullname.startswith("comfy_env.") or not getattr(sys.modules.get("comfy_env"), "__bulkhead__", False):
+            return None
+        real = bool(list(getattr(sys.modules["comfy_env"], "__path__", None) or ()))
+        ours = legacy.always_ours(fullname)
+        if fullname in legacy.SUBMODULES and (ours or not real):
+            spec = importlib.machinery.ModuleSpec(fullname, _SubLoader(), origin=legacy.__file__, is_package=True)
+            spec.submodule_search_locations = []     # its children: this finder's, or none
+            return spec
+        if ours or not real:
+            return importlib.machinery.ModuleSpec(fullname, _NoSubmodule(fullname, ours))
         return None
 
 
@@ -144,6 +200,7 @@ def route():
     """Routes ``import comfy_env`` to bulkhead (ComfyUI's prestartup calls
     this).  Returns True when routed; False when the switch is off."""
     global real_module
+    legacy.switch_notes()
     if not enabled():
         log.info("bulkhead: %s=%s: packs written for comfy-env run under the real comfy-env package",
                  SWITCH, os.environ.get(SWITCH))
@@ -155,7 +212,7 @@ def route():
         if cur is not None and not getattr(cur, "__bulkhead__", False):
             real_module = cur
             for k in [k for k in sys.modules if k == "comfy_env" or k.startswith("comfy_env.")]:
-                if k == "comfy_env":
+                if k == "comfy_env" or legacy.always_ours(k):     # its isolation modules: bulkhead's from now
                     del sys.modules[k]
         if "comfy_env" not in sys.modules:
             importlib.import_module("comfy_env")
@@ -170,7 +227,8 @@ def _real_version():
         return None
 
 
-def _announce(pack_dir, what):
+def announce(pack_dir, what):
+    """Logs once per pack that bulkhead serves its comfy_env call."""
     with _lock:
         if pack_dir in _announced:
             return
@@ -366,7 +424,9 @@ def serve(pack_dir, pkg_name, nodes_package="nodes"):
 def _serve(pack_dir, pkg_name, nodes_package):
     from ..envs import config as packconfig, rootconfig
     from . import pack as hpack, states
-    _announce(pack_dir, "register_nodes")
+    announce(pack_dir, "register_nodes")
+    if legacy.off_switch() is not None:
+        return _serve_in_process(pack_dir, pkg_name, nodes_package)
     root = rootconfig.load_root(pack_dir)
     if root is not None:
         _load_serializers(pack_dir, root)
@@ -425,6 +485,27 @@ def _serve(pack_dir, pkg_name, nodes_package):
     return classes, display
 
 
+def _serve_in_process(pack_dir, pkg_name, nodes_package):
+    """register_nodes under the user's comfy-env off-switch
+    (legacy.off_switch): as comfy-env then did, ``nodes/`` imported here
+    when it holds nodes, else each ``nodes/<subdir>/``, configs or not."""
+    nodes_dir = os.path.join(pack_dir, nodes_package)
+    classes, display = {}, {}
+    if os.path.isdir(nodes_dir):
+        if os.path.isfile(os.path.join(nodes_dir, "__init__.py")):
+            classes, display = _host_import(pkg_name, nodes_package)
+        if not classes:
+            for sub in sorted(os.listdir(nodes_dir)):
+                sd = os.path.join(nodes_dir, sub)
+                if sub.startswith((".", "_")) or not os.path.isfile(os.path.join(sd, "__init__.py")):
+                    continue
+                c, d = _host_import(pkg_name, f"{nodes_package}.{sub}")
+                classes.update(c)
+                display.update(d)
+    legacy.in_process(classes, pack_dir, nodes_package)
+    return classes, display
+
+
 def _lost_subdir(pack_dir, name, module, error, others=True):
     from . import states
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -436,6 +517,153 @@ def _lost_subdir(pack_dir, name, module, error, others=True):
     states.failed(pack_dir, name, f"not isolated, and in ComfyUI's process: {what}", module=module)
 
 
+# --- the older ways to isolate a pack's nodes (comfy-env 0.0.x-0.2.18) ---
+
+def _caller_dir(depth):
+    f = sys._getframe(depth + 1)
+    file = f.f_globals.get("__file__")
+    if not file:
+        raise RuntimeError("comfy_env entry point called from code with no __file__: cannot find the pack")
+    return os.path.dirname(os.path.abspath(file)), f.f_globals
+
+
+def _module_for(directory, pack_dir):
+    """The dotted module of directory below pack_dir ("nodes.isolated"),
+    'auto' for the pack directory itself."""
+    rel = os.path.relpath(directory, pack_dir)
+    if rel in (".", ""):
+        return "auto"
+    return rel.replace(os.sep, ".")
+
+
+def _replace(mapping, served):
+    """Puts the served proxies in place of mapping's classes, by key (then
+    by class name): what comfy-env did to the classes in place, here to
+    the mapping the pack hands ComfyUI.  Returns how many were replaced."""
+    # Only bulkhead's proxies (they carry the pack's name): where the
+    # environment could not run, serve_config's fallback returns the
+    # pack's own classes, already imported.
+    served = {k: v for k, v in served.items() if "_bulkhead_pack" in vars(v)}
+    by_name = {}
+    for k, v in served.items():
+        by_name.setdefault(v.__name__, v)
+    n = 0
+    for key, cls in list(mapping.items()):
+        proxy = served.get(key) or by_name.get(getattr(cls, "__name__", None))
+        if proxy is not None and proxy is not cls:
+            mapping[key] = proxy
+            n += 1
+    return n
+
+
+def _serve_dir(mapping, directory, pack_dir, what):
+    """Serves the comfy-env.toml in directory for the classes of mapping
+    (imported by the pack from that directory's package) and puts the
+    proxies in mapping's place.  In-process (the pack's own classes kept)
+    with one warning where the environment cannot run, as register_nodes."""
+    from . import pack as hpack, states
+    from ..envs import config as packconfig
+    pack_dir = os.path.realpath(pack_dir)
+    directory = os.path.realpath(directory)
+    module = _module_for(directory, pack_dir)
+    config_path = os.path.join(directory, legacy.CONFIG_FILE_NAME)
+    if not os.path.isfile(config_path):
+        log.warning("bulkhead: pack %r: comfy_env.%s(%s): no comfy-env.toml there, so its %d node(s) run in "
+                    "ComfyUI's process, as comfy-env ran them. Fix: put the comfy-env.toml of their environment "
+                    "in %s, then `bulkhead install %s`", os.path.basename(pack_dir), what, directory, len(mapping),
+                    directory, pack_dir)
+        return 0
+    config = hpack.load_config(config_path, pack_dir)
+    if isinstance(config, packconfig.PackConfigError):
+        log.warning("bulkhead: pack %r runs in-process, NOT isolated: its comfy-env.toml is invalid: %s. Fix: "
+                    "correct the file named, then `bulkhead install %s`", os.path.basename(pack_dir), config,
+                    pack_dir)
+        states.set_state(pack_dir, module, name=packconfig.pack_name(config_path, pack_dir), state="in-process",
+                         reason=f"its comfy-env.toml is invalid: {config}", fix=f"`bulkhead install {pack_dir}`")
+        return 0
+    refusal = hpack.contract_refusal()
+    hm = hpack.host_memory() if refusal is None else None
+    with states.serving():
+        classes, _display = hpack.serve_config(config, pack_dir, module, refusal, hm, reuse=ce_env)
+    return _replace(mapping, classes)
+
+
+def wrap_isolated_nodes(node_class_mappings, nodes_dir):
+    """comfy-env 0.1.x-0.2.18: the nodes of node_class_mappings, imported
+    from nodes_dir (which holds their comfy-env.toml), run isolated.  The
+    mapping is returned with bulkhead's proxies in place of those classes
+    (changed in place too, as comfy-env changed the classes in place)."""
+    pack_dir, _ = _caller_dir(1)
+    announce(pack_dir, "wrap_isolated_nodes")
+    if legacy.off_switch() is not None:
+        module = _module_for(os.path.realpath(os.fspath(nodes_dir)), os.path.realpath(pack_dir))
+        return legacy.in_process(node_class_mappings, pack_dir, module)
+    _serve_dir(node_class_mappings, os.fspath(nodes_dir), pack_dir, "wrap_isolated_nodes")
+    return node_class_mappings
+
+
+def _by_source(mapping, pack_dir, what):
+    """Each comfy-env.toml below pack_dir serves the classes of mapping
+    whose source file lies under its directory (comfy-env's rule)."""
+    pack_dir = os.path.realpath(pack_dir)
+    dirs = []
+    for d, subdirs, files in os.walk(pack_dir):
+        subdirs[:] = sorted(s for s in subdirs if not s.startswith((".", "_env", "__pycache__")))
+        if legacy.CONFIG_FILE_NAME in files:
+            dirs.append(d)
+    dirs.sort(key=len, reverse=True)    # the deepest config governs its files
+    groups = {}
+    for key, cls in mapping.items():
+        if not hasattr(cls, "FUNCTION"):
+            continue
+        try:
+            src = os.path.realpath(inspect.getfile(cls))
+        except (TypeError, OSError):
+            continue
+        for d in dirs:
+            if src.startswith(d + os.sep):
+                groups.setdefault(d, {})[key] = cls
+                break
+    if not dirs:
+        log.warning("bulkhead: pack %r: comfy_env.%s(): no comfy-env.toml in %s, so its nodes run in ComfyUI's "
+                    "process, as comfy-env ran them. Fix: add the comfy-env.toml of their environment, then "
+                    "`bulkhead install %s`", os.path.basename(pack_dir), what, pack_dir, pack_dir)
+    for d, group in groups.items():
+        _serve_dir(group, d, pack_dir, what)
+        mapping.update(group)
+
+
+def wrap_nodes():
+    """comfy-env 0.1.x-0.2.18: the calling module's NODE_CLASS_MAPPINGS,
+    changed in place: each class defined under a directory with a
+    comfy-env.toml runs isolated in that environment.  Returns None."""
+    pack_dir, g = _caller_dir(1)
+    mapping = g.get("NODE_CLASS_MAPPINGS")
+    announce(pack_dir, "wrap_nodes")
+    if not isinstance(mapping, dict) or not mapping:
+        log.warning("bulkhead: pack %r: comfy_env.wrap_nodes() found no NODE_CLASS_MAPPINGS in %s: call it after "
+                    "NODE_CLASS_MAPPINGS is defined", os.path.basename(pack_dir), g.get("__file__"))
+        return None
+    if legacy.off_switch() is not None:
+        legacy.in_process(mapping, pack_dir, "auto")
+        return None
+    _by_source(mapping, pack_dir, "wrap_nodes")
+    return None
+
+
+def enable_isolation(node_class_mappings):
+    """comfy-env 0.0.x: every node of node_class_mappings runs isolated in
+    the environment of the calling pack's comfy-env.toml (changed in
+    place).  Returns None."""
+    pack_dir, _ = _caller_dir(1)
+    announce(pack_dir, "enable_isolation")
+    if legacy.off_switch() is not None:
+        legacy.in_process(node_class_mappings, pack_dir, "auto")
+        return None
+    _by_source(node_class_mappings, pack_dir, "enable_isolation")
+    return None
+
+
 # --- install, setup_env, copy_files ---
 
 def install(config=None, node_dir=None, log_callback=None, dry_run=False):
@@ -443,7 +671,7 @@ def install(config=None, node_dir=None, log_callback=None, dry_run=False):
     signature; ``config`` is not used: every config of the pack is built)."""
     from ..envs import build as envs, config as packconfig
     pack_dir = os.path.abspath(os.fspath(node_dir)) if node_dir else _caller()[0]
-    _announce(pack_dir, "install")
+    announce(pack_dir, "install")
     if dry_run:
         for c in packconfig.load_configs(pack_dir):
             (log_callback or print)(str(envs.env_status(c)))

@@ -75,19 +75,33 @@ def _run_file(pack, path):
         _registry.setdefault(type_name, entry)
         _by_tag.setdefault(entry[0], entry)
 
-    shim = _types.ModuleType("comfy_env")
-    shim.register_serializer = register_serializer
-    saved = sys.modules.get("comfy_env")
-    sys.modules["comfy_env"] = shim
+    # Every spelling a serialization.py imports it by: comfy_env's, and
+    # the internal module it lived in (comfy-env 0.4.23+, as its own tests
+    # import it), the real package's or none in this environment.
+    saved = {n: sys.modules.get(n) for n in SHIM_MODULES}
+    parent = None
+    for n in SHIM_MODULES:
+        shim = _types.ModuleType(n)
+        shim.__path__ = []
+        shim.register_serializer = register_serializer
+        sys.modules[n] = shim
+        if parent is not None:
+            setattr(parent, n.rsplit(".", 1)[1], shim)
+        parent = shim
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec")
         exec(code, {"__name__": "_bulkhead_serialization", "__file__": path})
     finally:
-        if saved is None:
-            sys.modules.pop("comfy_env", None)
-        else:
-            sys.modules["comfy_env"] = saved
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+
+
+SHIM_MODULES = ("comfy_env", "comfy_env.isolation", "comfy_env.isolation.workers",
+                "comfy_env.isolation.workers._ipc_shared")
 
 
 def serialize(v):
