@@ -190,3 +190,101 @@ def test_comfy_env_packs_run_unmodified_after_a_manager_install(comfyui, manager
     made_in = int(used["name"][0].split()[-1])
     pids = {deps["pid"][0], used["pid"][0], made_in, srv.proc.pid}
     assert made_in == deps["pid"][0] and len(pids) == 3, (pids, srv.proc.pid)
+
+
+# --- packs of comfy-env 0.1.x-0.2.18: wrap_isolated_nodes / wrap_nodes ---
+
+WRAP_ISOLATED_INIT = '''
+from pathlib import Path
+NODE_CLASS_MAPPINGS = {}
+NODE_DISPLAY_NAME_MAPPINGS = {}
+from .nodes.main import NODE_CLASS_MAPPINGS as main_nodes
+NODE_CLASS_MAPPINGS.update(main_nodes)
+try:
+    from comfy_env import wrap_isolated_nodes
+    from .nodes.isolated import NODE_CLASS_MAPPINGS as isolated_nodes
+    NODE_CLASS_MAPPINGS.update(wrap_isolated_nodes(isolated_nodes, Path(__file__).parent / "nodes" / "isolated"))
+except ImportError:
+    print("comfy-env not installed, isolated nodes disabled")
+'''
+
+WRAP_NODES_INIT = '''
+from .nodes.main import NODE_CLASS_MAPPINGS as _main
+from .nodes.isolated import NODE_CLASS_MAPPINGS as _iso
+NODE_CLASS_MAPPINGS = dict(_main, **_iso)
+NODE_DISPLAY_NAME_MAPPINGS = {}
+try:
+    from comfy_env import wrap_nodes
+    wrap_nodes()
+except ImportError:
+    print("comfy-env not installed, isolated nodes disabled")
+'''
+
+WRAP_NODE = '''
+import os
+
+
+class {cls}:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {{"required": {{"n": ("INT", {{"default": 3}})}}}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "e2e/comfy-env-wrap"
+
+    def run(self, n):
+        return {{"ui": {{"pid": [os.getpid()], "value": [n, n * n, "{cls}" * n]}}}}
+
+
+NODE_CLASS_MAPPINGS = {{"{cls}": {cls}}}
+'''
+
+
+def in_process(cls, n):
+    """What the node returns run in this process: the answer it must give
+    isolated too (its pid aside)."""
+    ns = {}
+    exec(WRAP_NODE.format(cls=cls), ns)
+    return ns[cls]().run(n=n)["ui"]["value"]
+
+
+def test_wrap_isolated_nodes_and_wrap_nodes_packs_load_isolated(comfyui, manager_install, tmp_path):
+    """Two packs of comfy-env's 0.1.x-0.2.18 era, as published: their
+    __init__.py imports wrap_isolated_nodes / wrap_nodes guarded by
+    `except ImportError` (which hid their isolated nodes under bulkhead
+    before), copied into a Manager-installed ComfyUI.  Their nodes load;
+    those under nodes/isolated/ (its comfy-env.toml) run in a worker, the
+    others in ComfyUI's process, as comfy-env ran them; each answers as it
+    does in-process."""
+    packs = tmp_path / "repos"
+    nodes = {}
+    for name, init, prefix in (("ComfyUI-WrapIsoE2E", WRAP_ISOLATED_INIT, "E2EWrapIso"),
+                               ("ComfyUI-WrapNodesE2E", WRAP_NODES_INIT, "E2EWrapAll")):
+        pack = packs / name
+        write(pack / "__init__.py", init)
+        write(pack / "nodes" / "__init__.py", "")
+        for sub in ("main", "isolated"):
+            cls = prefix + sub.capitalize()
+            write(pack / "nodes" / sub / "__init__.py", WRAP_NODE.format(cls=cls))
+            nodes[cls] = sub
+        write(pack / "nodes" / "isolated" / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    srv = comfyui(packs=(), pack_dirs=[str(packs / "ComfyUI-WrapIsoE2E"), str(packs / "ComfyUI-WrapNodesE2E")],
+                  installed=manager_install)
+    with open(srv.log_path, errors="replace") as f:
+        log = f.read()
+    assert "isolated nodes disabled" not in log and "NOT isolated" not in log, log[-4000:]
+    assert "comfy_env.wrap_isolated_nodes is served by bulkhead" in log
+    assert "comfy_env.wrap_nodes is served by bulkhead" in log
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and set(nodes) <= set(info), sorted(info)[:20]
+    prompt = {str(i): {"class_type": cls, "inputs": {"n": i + 2}} for i, cls in enumerate(sorted(nodes))}
+    entry = srv.wait_history(srv.queue(prompt), timeout_s=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
+    for i, cls in enumerate(sorted(nodes)):
+        out = entry["outputs"][str(i)]
+        assert out["value"] == in_process(cls, i + 2), (cls, out)
+        if nodes[cls] == "isolated":
+            assert out["pid"][0] != srv.proc.pid, (cls, out)
+        else:
+            assert out["pid"] == [srv.proc.pid], (cls, out)

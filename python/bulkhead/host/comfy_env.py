@@ -560,7 +560,8 @@ def _serve_dir(mapping, directory, pack_dir, what):
     """Serves the comfy-env.toml in directory for the classes of mapping
     (imported by the pack from that directory's package) and puts the
     proxies in mapping's place.  In-process (the pack's own classes kept)
-    with one warning where the environment cannot run, as register_nodes."""
+    with one warning where the environment cannot run, as register_nodes;
+    mapping emptied while the environment builds in the background."""
     from . import pack as hpack, states
     from ..envs import config as packconfig
     pack_dir = os.path.realpath(pack_dir)
@@ -585,6 +586,13 @@ def _serve_dir(mapping, directory, pack_dir, what):
     hm = hpack.host_memory() if refusal is None else None
     with states.serving():
         classes, _display = hpack.serve_config(config, pack_dir, module, refusal, hm, reuse=ce_env)
+    if not classes:
+        # No nodes now: the environment builds in the background (ComfyUI's
+        # server) and the nodes join ComfyUI's mappings when it ends,
+        # isolated or by their fallback; the pack's own classes, left under
+        # the same names, would keep them out.
+        mapping.clear()
+        return 0
     return _replace(mapping, classes)
 
 
@@ -629,7 +637,10 @@ def _by_source(mapping, pack_dir, what):
                     "process, as comfy-env ran them. Fix: add the comfy-env.toml of their environment, then "
                     "`bulkhead install %s`", os.path.basename(pack_dir), what, pack_dir, pack_dir)
     for d, group in groups.items():
+        keys = set(group)
         _serve_dir(group, d, pack_dir, what)
+        for key in keys - set(group):       # building: they come when it ends
+            del mapping[key]
         mapping.update(group)
 
 
