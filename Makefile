@@ -20,7 +20,7 @@ GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps gpu-check wheel \
+.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps upstream-execution gpu-check wheel \
         chromium fuzz fuzz-long fuzz-seeds fuzz-build fuzz-deps
 
 all: build
@@ -126,6 +126,24 @@ comfyui-deps: $(VENV)/.stamp
 	if [ -n "$(COMFYUI_PATH)" ]; then \
 	  grep -viE '^(torch|torchvision|torchaudio)([^a-z_-]|$$)' $(COMFYUI_PATH)/requirements.txt > $(BUILD)/comfyui-reqs.txt && \
 	  $(VPY) -m pip install -q -c $(BUILD)/torch-pin.txt -r $(BUILD)/comfyui-reqs.txt requests; fi
+
+# websocket-client: the client of ComfyUI's own tests/execution
+# (upstream-execution), which its requirements.txt does not list.
+$(VENV)/.stamp-websocket: $(VENV)/.stamp
+	$(VPY) -c 'import websocket' 2>/dev/null || $(VPY) -m pip install -q websocket-client==1.8.0
+	touch $@
+
+# ComfyUI's own tests/execution (COMFYUI_PATH's), opt in and not part of
+# check: run as they are, once with their testing pack in ComfyUI's process
+# and once with it isolated by a Manager-installed bulkhead; the outcomes
+# must be the same (tests/upstream/test_comfyui_execution.py).  Each run's
+# output, junit XML and the summary are kept under build/upstream-execution
+# until the next run.
+upstream-execution: build worker-venvs comfyui-deps $(VENV)/.stamp-websocket $(VENV)/.stamp-uv
+	@[ -n "$(COMFYUI_PATH)" ] || { echo "upstream-execution: set COMFYUI_PATH=<a ComfyUI checkout>"; exit 2; }
+	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
+	  COMFYUI_PATH=$(abspath $(COMFYUI_PATH)) $(VPY) -m pytest -q -s --basetemp=$(abspath $(BUILD))/upstream-execution \
+	  tests/upstream $(PYTEST_FLAGS)
 
 # A venv with numpy per worker interpreter (the tests' and demo's "other
 # interpreters"); one that cannot be made is skipped with a message.
