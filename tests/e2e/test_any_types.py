@@ -4,8 +4,8 @@ as ComfyUI's validation sees them, the pack run isolated and in-process
 in a ComfyUI each, driven over HTTP, and compared: what a literal on an
 "any" input reaches the node as (validation converts it for each literal
 type the input's type == in turn), whether a link of the wrong type is
-refused at /prompt, and whether a VALIDATE_INPUTS gets the pack's own
-type objects in input_types."""
+refused at /prompt, whether a VALIDATE_INPUTS gets the pack's own type
+objects in input_types, and the nodes' /object_info."""
 
 import json
 
@@ -43,7 +43,11 @@ def _drive(srv):
     # answers at queue time, as in-process
     warm = srv.queue({"9": {"class_type": "E2EAnyShow", "inputs": {"any": 1, "smart": 1}}})
     assert srv.wait_history(warm)["status"]["status_str"] == "success", srv.log()[-3000:]
-    return {name: _outcome(srv, prompt) for name, prompt in CASES.items()}
+    out = {name: _outcome(srv, prompt) for name, prompt in CASES.items()}
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200
+    out["object_info"] = {k: v for k, v in info.items() if k.startswith("E2EAny")}
+    return out
 
 
 def test_a_packs_own_types_validate_as_in_process(comfyui):

@@ -25,6 +25,7 @@ Everything here is imported by both processes (the host's proxies in
 a change here invalidates cached metadata.
 """
 
+import operator
 import sys
 
 from .peer import BulkheadError, type_name
@@ -175,9 +176,7 @@ def own_type_name(v):
     return f"{t.__module__}.{t.__qualname__}"
 
 
-def _ops():
-    import operator
-    return (("eq", operator.eq), ("ne", operator.ne))
+_OPS = (("eq", operator.eq), ("ne", operator.ne))
 
 
 class TypeTable:
@@ -233,7 +232,7 @@ class TypeTable:
             if entry is None:
                 continue
             try:   # with the pack's other types (those compared as str by the host are not asked)
-                for name, op in _ops():
+                for name, op in _OPS:
                     entry[name]["types"] = [j for j, p in enumerate(self.objects)
                                             if out[j] is not None and bool(op(o, p))]
             except Exception as e:
@@ -249,7 +248,7 @@ class TypeTable:
 
     def _entry(self, o, vocabulary, problems):
         entry = {"class": own_type_name(o), "value": str.__str__(o)}
-        for name, op in _ops():
+        for name, op in _OPS:
             unseen = [bool(op(o, s)) for s in _UNSEEN]
             if unseen[0] != unseen[1]:
                 problems.append(f"type {entry['class']}({entry['value']!r}) answers {name} differently for two "
