@@ -446,6 +446,7 @@ class Worker(_native.Caller):
         self.zygote_preload = None
         self.busy = 0               # requests in flight (nested ones count)
         self.last_exit = None       # how the last generation ended, when it died unasked
+        self._death = None          # (generation, words, status, output) of the last death a call saw
         self.serve_unasked = False  # a reader thread serves what the worker sends while idle
         self._reader_wake = None    # its wake pipe's write end (closed to stop it)
         self._reader_parked = False  # a byte was written there since the reader last took the lock
@@ -846,12 +847,14 @@ class Worker(_native.Caller):
             except WorkerDied as e:
                 return e
         gen = getattr(peer, "generation", self.generation)
-        return WorkerDied(f"worker {self.name!r} ({self.python}, generation {gen}) ended {during}"
-                          + (f": {self.last_exit}" if self.last_exit else "")
-                          + f"; the next call starts generation {self.generation + 1}"
-                          if self._chan is None else
-                          f"worker {self.name!r} ({self.python}, generation {gen}) ended {during}; "
-                          f"generation {self.generation} runs now")
+        death = self._death if self._death is not None and self._death[0] == gen else None
+        nxt = (f"the next call starts generation {self.generation + 1}" if self._chan is None else
+               f"generation {self.generation} runs now")
+        if death is not None:    # another call saw it die: its words
+            return WorkerDied(f"{death[1]}; {nxt} (this call: {during})", death[2], death[3])
+        if self.last_exit and f"generation {gen})" in self.last_exit:   # reaped while no call waited
+            return WorkerDied(f"{self.last_exit} (this call: {during})")
+        return WorkerDied(f"worker {self.name!r} ({self.python}, generation {gen}) ended {during}; {nxt}")
 
     def _died(self, during):
         proc = self._proc
@@ -865,6 +868,7 @@ class Worker(_native.Caller):
         msg = f"{what}; the next call starts generation {self.generation + 1}"
         if tail:
             msg += "\n--- last worker output ---\n" + tail.rstrip()
+        self._death = (self.generation, what, status, tail)
         raise WorkerDied(msg, status, tail) from None
 
     def _hung(self, target, timeout_s):
