@@ -11,7 +11,9 @@ before bulkhead's own prestartup step has routed ``comfy_env``
 comfy-env where one is installed, and ``No module named 'comfy_env'``
 where none is.
 
-The finder answers ``comfy_env`` only inside ComfyUI -- ComfyUI's
+The finder answers ``comfy_env`` (and its submodules, such as the
+``comfy_env.isolation.workers._ipc_shared`` a pack's serialization.py
+imports register_serializer from) only inside ComfyUI -- ComfyUI's
 ``folder_paths`` is imported (its main.py imports it before any
 prestartup script runs), bulkhead's custom node is in its custom_nodes
 (bulkhead.packimport.custom_node_missing, the one check), and this is no
@@ -32,7 +34,9 @@ class BulkheadComfyEnvFinder:
 
     @classmethod
     def find_spec(cls, fullname, path=None, target=None):
-        if fullname != "comfy_env":         # every import of the process passes here: first, and cheap
+        if not fullname.startswith("comfy_env"):    # every import of the process passes here: first, and cheap
+            return None
+        if fullname != "comfy_env" and not fullname.startswith("comfy_env."):
             return None
         if "folder_paths" not in sys.modules:
             return None

@@ -451,3 +451,31 @@ def test_comfy_env_auto_install_is_said_once(tmp_path, value, own, expect):
     """, env=env)
     lines = [l for l in r.splitlines() if "COMFY_ENV_AUTO_INSTALL" in l]
     assert len(lines) == 1 and expect in lines[0], r
+
+
+HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    "python", "_bulkhead_comfy_env.py")
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_the_start_hook_serves_the_internal_spelling_before_bulkheads_prestartup(tmp_path, real):
+    """A pack sorting before bulkhead imports register_serializer by its
+    internal path before bulkhead's prestartup step has routed anything:
+    the .pth hook answers the submodule as it answers comfy_env."""
+    site = tmp_path / "site"
+    if real:
+        fake_real_comfy_env(site)
+    code = textwrap.dedent(f"""
+        import importlib.util, sys, types
+        sys.path.insert(0, {str(site)!r})
+        spec = importlib.util.spec_from_file_location("_bulkhead_comfy_env", {HOOK!r})
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        sys.modules["folder_paths"] = types.ModuleType("folder_paths")
+        from comfy_env.isolation.workers._ipc_shared import register_serializer
+        from bulkhead.host import comfy_env as served
+        print(register_serializer is served.register_serializer)
+    """)
+    env = dict(os.environ, PYTHONPATH=PY_PATH)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True", (r.stdout, r.stderr)

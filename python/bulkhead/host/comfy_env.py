@@ -200,11 +200,11 @@ def route():
     """Routes ``import comfy_env`` to bulkhead (ComfyUI's prestartup calls
     this).  Returns True when routed; False when the switch is off."""
     global real_module
-    legacy.switch_notes()
     if not enabled():
         log.info("bulkhead: %s=%s: packs written for comfy-env run under the real comfy-env package",
                  SWITCH, os.environ.get(SWITCH))
         return False
+    legacy.switch_notes()
     with _lock:
         if not any(isinstance(f, Finder) for f in sys.meta_path):
             sys.meta_path.insert(0, Finder())
