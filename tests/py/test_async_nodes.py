@@ -247,3 +247,22 @@ def test_node_code_runs_under_inference_mode_as_in_comfyuis_executor(tmp_path):
     """)
     assert r["sync"] == r["in_process"] and r["async"] == r["in_process"], r
     assert r["pids"][0] == r["pids"][1] != os.getpid()
+
+
+@pytest.mark.torch
+def test_a_worker_whose_async_calls_run_is_not_stopped_as_idle(tmp_path):
+    r = scenario(tmp_path, """
+        from bulkhead.host import idle
+        fn = m["Sleep"]().go
+        asyncio.run(fn(seconds=0.01, steps=1))
+        asked = []
+
+        def free():   # /free's exit of idle workers, while the task runs
+            time.sleep(0.5)
+            asked.append(idle._exit_one(rt, 0.0, "asked now", wait_s=idle.BRIEF_S))
+        threading.Thread(target=free).start()
+        out = asyncio.run(fn(seconds=1.5, steps=3))
+        emit({"exit": asked, "ran": len(out), "generation": rt.worker.generation})
+        nodes.close_all()
+    """)
+    assert r == {"exit": [None], "ran": 2, "generation": 1}

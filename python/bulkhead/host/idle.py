@@ -193,8 +193,8 @@ def _exit_one(rt, idle, why, wait_s=0):
     or None when it was left alone."""
     w = rt.worker
     with w.holding(wait_s) as held:
-        if not held or not w.alive or w.busy:
-            return None  # a call is starting or running: not idle after all
+        if not held or not w.alive or w.busy or rt.async_calls():
+            return None  # a call is starting or running (or async calls' tasks run): not idle after all
         pid, handles = w.pid, held_handles(rt)
         if handles:
             if (rt.pack_dir, pid) not in _released:

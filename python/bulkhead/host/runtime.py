@@ -711,6 +711,12 @@ class PackRuntime:
             return put_back(res["outputs"], res["same"], kwargs)
         return res["outputs"]
 
+    def async_calls(self):
+        """How many async node calls of this pack are in flight: their
+        tasks run in the worker between its calls, so it is not idle
+        (host/idle.py)."""
+        return len(self._async)
+
     async def _await_task(self, w, peer, call, key, mm):
         """Waits for the task's end, under the interrupt watcher, looking
         every ASYNC_POLL_S whether its worker still lives."""

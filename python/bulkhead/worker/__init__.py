@@ -161,11 +161,18 @@ def main():
         if why == "quiet":
             memory.recount()
         elif why == "idle":
-            memory.on_idle()
+            if not _tasks_running():   # a task at work is no idle worker
+                memory.on_idle()
         else:
             break
     chan.close()
     return 0
+
+
+def _tasks_running():
+    """Whether async node calls are in flight here (worker/nodes.py's tasks)."""
+    nodes = sys.modules.get("bulkhead.worker.nodes")
+    return bool(getattr(nodes, "_tasks", None))
 
 
 def _attach_memory(peer, ack, host_pid):
