@@ -90,6 +90,8 @@ const STYLE = `
 .bh-pack[data-state="failed"] { border-left-color: #e07070; }
 .bh-pack[data-state="in-process"] .bh-figure { color: #e0a040; }
 .bh-pack[data-state="failed"] .bh-figure { color: #e07070; }
+.bh-pack[data-state="building"] { border-left-color: #6090d0; }
+.bh-pack[data-state="building"] .bh-figure { color: #6090d0; }
 `;
 
 export function formatBytes(n) {
@@ -467,7 +469,9 @@ export function renderFreed(r, onDismiss) {
 }
 
 // Where each pack bulkhead serves stands (GET /bulkhead/status "packs",
-// those not isolated first): isolated, with its interpreter and worker;
+// those not isolated first): isolated, with its interpreter and worker
+// (and its update's rebuild, where its config changed); building, with
+// its phase (its environment builds in the background);
 // in-process (running in ComfyUI's own process, not in its environment),
 // with why and the fix; failed, with why.
 function renderPacks(doc) {
@@ -480,14 +484,19 @@ function renderPacks(doc) {
     let meta;
     if (p.state === "isolated") {
       figure = "isolated";
-      meta = `${p.python}${p.pid ? ` · worker ${p.pid}` : " · no worker running"}`;
+      meta = `${p.python}${p.pid ? ` · worker ${p.pid}` : " · no worker running"}` +
+        (p.rebuild ? ` · update: ${p.rebuild}` : "");
+    } else if (p.state === "building") {
+      figure = "building";
+      meta = `${p.reason}${p.phase ? ` · ${p.phase}` : ""}`;
     } else {
       figure = p.state === "failed" ? "FAILED" : "in-process, NOT isolated";
       meta = p.reason.replace(/\.?$/, ".") + (p.fix ? ` Fix: ${p.fix}` : "");
     }
     section.append(node("div", { class: "bh-row bh-pack", "data-bh-pack": p.name, "data-state": p.state },
       label, node("span", { class: "bh-figure" }, figure),
-      node("div", { class: p.state === "isolated" ? "bh-meta" : "bh-meta bh-error" }, meta)));
+      node("div", { class: p.state === "isolated" || p.state === "building" ? "bh-meta" : "bh-meta bh-error" },
+        meta)));
   }
   return section;
 }
@@ -579,7 +588,7 @@ async function noticeNotIsolated() {
   } catch (e) {
     return; // the panel shows what went wrong when it is opened
   }
-  const lost = (doc.packs || []).filter((p) => p.state !== "isolated");
+  const lost = (doc.packs || []).filter((p) => p.state !== "isolated" && p.state !== "building");
   if (!lost.length) return;
   const lines = lost.map((p) => `${p.name}: ${p.state === "failed" ? "FAILED" : "runs in ComfyUI's process"}` +
     (p.reason ? ` (${p.reason})` : ""));
@@ -593,10 +602,20 @@ async function noticeNotIsolated() {
 
 let unmount = null;
 
+// A pack whose environment was built in the background is ready: its
+// nodes are in ComfyUI's list now (bulkhead.pack_ready, host/building.py);
+// the frontend reads its node definitions again, as its own refresh does.
+function onPackReady(event) {
+  const d = event.detail || {};
+  console.info(`bulkhead: pack ${d.pack} is ready (${(d.nodes || []).length} node types)`);
+  if (typeof app.refreshComboInNodes === "function") app.refreshComboInNodes();
+}
+
 app.registerExtension({
   name: "bulkhead.panel",
   async setup() {
     noticeNotIsolated();
+    api.addEventListener("bulkhead.pack_ready", onPackReady);
     app.extensionManager.registerSidebarTab({
       id: "bulkhead",
       icon: "pi pi-server",

@@ -20,11 +20,13 @@ def comfyui(tmp_path):
     ledger = str(tmp_path / "ledger")
 
     def start(packs=("e2e_pack",), example_packs=(), name="comfyui", env=None, bulkhead_home=None,
-              installed=None, pack_dirs=()):
+              installed=None, pack_dirs=(), wait_built=True):
         """installed: a (python, clone) pair from the manager_install
         fixture: the server runs that Python, bulkhead comes from its
         site-packages and the clone is the custom node.  pack_dirs: more
-        packs to copy into custom_nodes/ (directories a test wrote)."""
+        packs to copy into custom_nodes/ (directories a test wrote).
+        wait_built: return (and restart) only once no pack's environment
+        builds in the background (Server.wait_built)."""
         base = str(tmp_path / name)
         python, clone = installed or (None, None)
         path = assemble(base, packs, example_packs, clone=clone, pack_dirs=pack_dirs)
@@ -37,6 +39,7 @@ def comfyui(tmp_path):
                      "BULKHEAD_HOME": bulkhead_home or str(tmp_path / "bulkhead-home")})
         full.update(env or {})
         s = Server(base, full, ledger, python=python)
+        s.wait_for_builds = wait_built
         made.append(s)
         return s.start()
 

@@ -39,6 +39,7 @@ BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(REPO, "bui
 BUILD_PY = os.path.join(BUILD, "python")
 CLI = os.path.join(BUILD, "tools", "bulkhead")
 START_TIMEOUT_S = 90
+BUILD_TIMEOUT_S = 600      # a pack's environment built in the background (uv, local sources)
 
 # What a base directory gets of its own rather than the tree's.
 OWN = {"custom_nodes", "models", "input", "output", "temp", "user", "__pycache__"}
@@ -177,6 +178,9 @@ class Server:
         self.port = None
         self.proc = None
         self.log_path = os.path.join(base, "server.log")
+        # start() returns once no pack is "building" (environments built in
+        # the background: host/building.py), unless this is False.
+        self.wait_for_builds = True
 
     @property
     def url(self):
@@ -196,11 +200,30 @@ class Server:
                 raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if self.http("GET", "/prompt", timeout=2)[0] == 200:
+                    if self.wait_for_builds:
+                        self.wait_built()
                     return self
             except OSError:
                 pass
             time.sleep(0.1)
         raise AssertionError(f"the server did not listen within {START_TIMEOUT_S} s:\n{self.log()}")
+
+    def building(self):
+        """The packs /bulkhead/status lists as "building" (none where
+        bulkhead's routes are not on the server)."""
+        status, doc = self.http("GET", "/bulkhead/status")
+        if status != 200 or not isinstance(doc, dict):
+            return []
+        return [p for p in doc.get("packs", []) if p["state"] == "building"]
+
+    def wait_built(self, timeout_s=BUILD_TIMEOUT_S):
+        """Waits until no pack's environment builds in the background."""
+        deadline = time.monotonic() + timeout_s
+        while self.building():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"packs still building after {timeout_s} s: {self.building()}\n{self.log()}")
+            time.sleep(0.2)
+        return self
 
     def log(self):
         with open(self.log_path, errors="replace") as f:

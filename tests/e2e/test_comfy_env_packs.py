@@ -7,7 +7,8 @@ table, an integer env var, a conda dependency from a local channel and a
 one pack and consumed by the other (comfy-env-root.toml `[types]`,
 serialization.py).  The packs are copied into custom_nodes/ as `git
 clone` puts them there, no install step: their environments are built
-while ComfyUI starts (pack.build_at_start), from local sources only."""
+in the background as ComfyUI starts (pack._build_in_background), from local
+sources only."""
 
 import os
 import sys
@@ -169,7 +170,7 @@ def test_comfy_env_packs_run_unmodified_after_a_manager_install(comfyui, manager
     with open(srv.log_path, errors="replace") as f:
         log = f.read()
     for name in ("ComfyUI-GeoE2E", "ComfyUI-UseE2E"):
-        assert f"pack {name!r}: its environment is not built; building it now" in log, log
+        assert f"pack {name!r}: its environment is not built; building it in the background" in log, log
     assert "comfy_env.register_nodes is served by bulkhead" in log
     assert "NOT isolated" not in log, log
     status, info = srv.http("GET", "/object_info")

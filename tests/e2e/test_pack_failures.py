@@ -87,8 +87,10 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     with open(srv.log_path, errors="replace") as f:
         log = f.read()
     assert "(IMPORT FAILED)" not in log, log  # a custom node; comfy_extras lacking torchaudio print "IMPORT FAILED: nodes_....py"
-    # one start-up line says where the packs stand
-    [line] = [l for l in log.splitlines() if "bulkhead " in l and " isolated" in l and "s loading them" in l]
+    # one start-up line says where the packs stand, and again once the
+    # environments that built in the background are built
+    start, line = [l for l in log.splitlines() if "bulkhead " in l and " isolated" in l and "s loading them" in l]
+    assert "3 building in the background" in start and "background builds done: " in line, (start, line)
     assert ": 1 pack isolated, 3 NOT isolated (ComfyUI-Mixed.bad: in-process: its comfy-env.toml is invalid" \
         in line, line
     not_isolated = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l]
@@ -119,7 +121,7 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     srv.stop()
     srv.start()
     second = srv.log_since_start()
-    assert "building it now" not in second, second
+    assert "building it in the background" not in second, second
     again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "runs in-process" in l)
     assert "is not retried at start" in again and "bulkhead install" in again, again
     out = _run_all(srv)

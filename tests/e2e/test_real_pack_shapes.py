@@ -10,8 +10,10 @@ config-free `utils/`.  The blender subdirectory costs only its own
 nodes, with one line saying so; the gpu one runs isolated with the
 host's torch; the pack is never IMPORT FAILED.  Beside it, a pack whose
 one environment (`nodes/comfy-env.toml`) cannot be built and whose nodes
-need it: IMPORT FAILED, as nothing of it can load, and listed failed in
-/bulkhead/status with the import that failed."""
+need it: nothing of it loads, one error line says so (its build ran in
+the background, after ComfyUI loaded the pack: no IMPORT FAILED of
+ComfyUI's own), and it is listed failed in /bulkhead/status with the
+import that failed."""
 
 import os
 import sys
@@ -87,10 +89,9 @@ def test_a_lost_subdirectory_costs_only_its_nodes(comfyui, manager_install, tmp_
     srv = comfyui(packs=(), pack_dirs=[pack, _whole_lost_pack(tmp_path)], installed=manager_install, env=env)
     with open(srv.log_path, errors="replace") as f:
         log = f.read()
-    assert [line for line in log.splitlines() if "(IMPORT FAILED)" in line and "custom_nodes" in line] == \
-        [line for line in log.splitlines() if "(IMPORT FAILED)" in line and "ComfyUI-WholeLost" in line], log
+    assert [line for line in log.splitlines() if "(IMPORT FAILED)" in line and "custom_nodes" in line] == [], log
     [whole] = [line for line in log.splitlines() if "'ComfyUI-WholeLost'" in line and "NOT loaded" in line]
-    assert "No module named 'bh_bpy_nowhere'" in whole and "IMPORT FAILED" in whole, whole
+    assert "No module named 'bh_bpy_nowhere'" in whole, whole
     # blender: its build failed, and in ComfyUI's process `bpy` is not there either
     failed = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l and "ShapesPack" in l]
     assert len(failed) == 1 and "ComfyUI-ShapesPack.blender'" in failed[0], failed
@@ -98,7 +99,7 @@ def test_a_lost_subdirectory_costs_only_its_nodes(comfyui, manager_install, tmp_
     assert "Fix: what that build error names" in failed[0], failed[0]
     [lost] = [l for l in log.splitlines() if "its nodes are NOT loaded" in l and "ShapesPack" in l]
     assert "ComfyUI-ShapesPack.blender'" in lost and "No module named 'bh_bpy_nowhere'" in lost, lost
-    assert "the pack's other nodes load" in lost, lost
+    assert "the pack's other parts, if any, are served as they are" in lost, lost
     # gpu: the torch family in [cuda] is the host's, one note; no CUDA wheel was looked for
     [note] = [l for l in log.splitlines() if "[cuda] packages lists torch, torchvision" in l]
     assert "nodes/gpu/comfy-env.toml:2:" in note, note

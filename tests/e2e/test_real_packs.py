@@ -223,7 +223,8 @@ def test_real_packs_run_isolated(comfyui, manager_install, monkeypatch, tmp_path
     srv.stop()
     srv.start()
     second = srv.log_since_start()
-    rebuilt = [line for line in second.splitlines() if "building it now" in line or ": building " in line]
+    rebuilt = [line for line in second.splitlines()
+               if "building it in the background" in line or ": building " in line]
     assert not rebuilt, "\n".join(rebuilt)
     status, doc = srv.http("GET", "/bulkhead/status")
     assert {p["name"]: p["state"] for p in doc["packs"]} == before, doc["packs"]

@@ -62,9 +62,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Optional
 
@@ -340,6 +342,34 @@ def env_status(config):
     return status("ready", f"built {s.get('created', '?')} with Python {now} ({ipath})", py, now)
 
 
+def previous_env(config):
+    """The environment an earlier version of ``config`` (the same file,
+    another config hash: its comfy-env.toml changed since) was built into,
+    where this bulkhead can still run it (its protocol, its interpreter
+    there) and no newer one replaced it: an ``EnvStatus`` whose state is
+    "stale", with its ``python``, ``env_dir`` and ``version`` (the stamp's
+    interpreter version); the newest such, or None.  What keeps serving a
+    pack while its changed config is rebuilt into a new directory
+    (host/pack.py); running nothing, it does not prove the python runs."""
+    P = _native.PROTOCOL_VERSION
+    best = None
+    for d, s in _siblings(config):
+        interp = s.get("interpreter") or {}
+        if s.get("protocol") != P or os.path.exists(os.path.join(d, SUPERSEDED)) or \
+                not os.access(env_python(d), os.X_OK) or not os.path.exists(str(interp.get("path", ""))):
+            continue
+        created = s.get("created_unix")
+        key = float(created) if isinstance(created, (int, float)) else 0.0
+        if best is None or key > best[0]:
+            best = (key, d, s, str(interp.get("version", "")))
+    if best is None:
+        return None
+    _, d, s, version = best
+    return EnvStatus("stale", env_python(d), f"{config.path} changed since {d} was built (config hash "
+                     f"{str(s.get('config_hash'))[:12]}, now {config.hash12})", _fix_text(config), config.name, d,
+                     config.path, version)
+
+
 # --- building ---
 
 def _default_progress(name):
@@ -382,12 +412,19 @@ def _stream(cmd, progress, what, tail_lines=40, env=None):
     fails.  On any exception (KeyboardInterrupt included) the command is
     killed and reaped before the exception goes on."""
     tail = collections.deque(maxlen=tail_lines)
+    if _stopping.is_set():
+        raise BuildStopped(f"{what}: not started: this process is stopping (the build is not remembered as "
+                           "failed; the next start or `bulkhead install` builds it)")
     try:
+        # Its own process group: stop_builds ends the command and what it
+        # started (uv's build backends) together.
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=env or clean_env(), universal_newlines=True,
-                                errors="replace", bufsize=1)
+                                errors="replace", bufsize=1, start_new_session=True)
     except OSError as e:
         raise EnvBuildError(f"{what}: cannot run {cmd[0]}: {e.strerror}") from None
+    with _running_lock:
+        _running.add(proc)
     try:
         for line in proc.stdout:
             line = line.rstrip("\n")
@@ -396,13 +433,52 @@ def _stream(cmd, progress, what, tail_lines=40, env=None):
         rc = proc.wait()
     finally:
         if proc.poll() is None:
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
+        with _running_lock:
+            _running.discard(proc)
         proc.stdout.close()
+    if _stopping.is_set():
+        raise BuildStopped(f"{what} was stopped: this process is stopping (the build is not remembered as "
+                           "failed; the next start or `bulkhead install` builds it)")
     if rc != 0:
         text = "\n".join(tail)
         raise EnvBuildError(f"{what} failed (exit status {rc})" +
                             (f"\n--- last lines of its output ---\n{text}" if text else ""), text, rc)
+
+
+# The commands _stream runs now (stop_builds ends them), and whether this
+# process is stopping (then no command starts, and one ended is not a
+# failure of the build).
+_running = set()
+_running_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def stop_builds():
+    """Ends every build command of this process, with what each started,
+    and keeps new ones from starting: for a ComfyUI that stops while
+    environments build in its background (host/building.py).  The
+    builds end with ``BuildStopped``, which is not remembered as a
+    failure; each leaves only its ``.tmp-`` directory."""
+    _stopping.set()
+    with _running_lock:
+        procs = list(_running)
+    for proc in procs:
+        if proc.poll() is None:
+            _kill_group(proc)
+
+
+class BuildStopped(EnvBuildError):
+    """The build was stopped because its process is stopping
+    (``stop_builds``): nothing is remembered as failed."""
 
 
 def _relocate(tmp, final):
@@ -679,8 +755,8 @@ def build(config, progress=None, force=False, *, pip_args=None, lock_timeout_s=N
     as long as it takes), then ``EnvBusy``."""
     try:
         st = _build(config, progress, force, pip_args, lock_timeout_s)
-    except EnvBusy:
-        raise           # nothing was tried
+    except (EnvBusy, BuildStopped):
+        raise           # nothing was tried, or it was stopped: not a failure of the config
     except (EnvBuildError, PackConfigError) as e:
         _remember_failure(config, e)
         raise

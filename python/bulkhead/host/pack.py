@@ -17,9 +17,16 @@ ComfyUI, a contract refused, bulkhead's custom node deleted from ComfyUI's
 custom_nodes (``packimport.custom_node_missing``) — falls back to an in-process import with ONE
 warning naming the reason and the command that fixes it (``bulkhead
 install <pack dir>``, ``bulkhead doctor``).  An environment that is
-missing is first built, there and then (``build_at_start``).
+missing (or stale because the host changed) is built: in ComfyUI's server,
+in the background (``_build_in_background``, host/building.py: the pack is
+"building" and its nodes join ComfyUI's when the build ends; ComfyUI's
+start never waits), elsewhere there and then (``build_at_start``).  One
+whose config changed since it was built (a Manager update) keeps serving
+the pack from the environment built before while the new one builds in
+the background (``_serve_while_rebuilding``): never in-process.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -149,25 +156,28 @@ def load_config(path, pack_dir):
 
 
 BUILD_AT_START = "BULKHEAD_BUILD_AT_START"
-# How long ComfyUI's start waits for another install of the same
+# How long build_at_start waits for another install of the same
 # environment (a `bulkhead install` running, or stuck) before the pack is
-# reported not built: a start is never held by a lock for long.
+# reported not built: an import is never held by a lock for long.  A
+# background build waits as long as it takes (its phase says it waits).
 START_LOCK_WAIT_S = 30.0
 
 
 def build_at_start(config, st):
     """A config whose environment is missing (a pack just installed by
     ComfyUI-Manager or ``git clone``: its install.py ran comfy-env, or
-    nothing) is built now, while ComfyUI starts, as ``bulkhead install``
-    would, its progress in the log.  So is one that is stale only because
-    the host changed (ComfyUI upgraded, its torch or requirements moved:
-    ``host_changed``), which nothing of the pack's would otherwise bring
-    back; a worker of another ComfyUI running on the old one is told by
+    nothing) is built now, as ``bulkhead install`` would, its progress in
+    the log: where the pack's import is the only chance to serve it (a
+    script; in ComfyUI's server ``_build_in_background`` builds it
+    instead, with the same rules: ``_builds_at_start``).  So is one that
+    is stale only because the host changed (ComfyUI upgraded, its torch
+    or requirements moved: ``host_changed``), which nothing of the pack's
+    would otherwise bring back; a worker of another ComfyUI running on the old one is told by
     its SUPERSEDED note and starts its next generation in the new one.
     Returns the EnvStatus after it, or ``st`` with the build's error in its
     reason.  ``BULKHEAD_BUILD_AT_START=0`` leaves it to ``bulkhead
-    install``; an environment stale because its config changed, or refused,
-    is never rebuilt here, nor is one whose build failed before while
+    install``; an environment stale because its config changed
+    (``_serve_while_rebuilding``), or refused, is never rebuilt here, nor is one whose build failed before while
     nothing it depends on changed (``envs.failed_before``): a failure costs
     one start, not every start."""
     rebuild = st.state == "stale" and st.host_changed
@@ -314,9 +324,22 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
             log.info("bulkhead: pack %r: using the environment comfy-env built (%s)", config.name, python)
             return _load_or_fall_back(config, pack_dir, python, None, module, hm)
     if not why:   # comfy-env's own environment, there but refused, is reported as it is
+        if st.state == "stale" and not st.host_changed:
+            old = envs.previous_env(config)
+            if old is not None:
+                return _serve_while_rebuilding(config, pack_dir, module, hm, st, old)
+        if _builds_at_start(config, st) and in_comfyui_server():
+            return _build_in_background(config, pack_dir, module, hm, st)
         st = build_at_start(config, st)
     if st.ok:
         return _load_or_fall_back(config, pack_dir, st.python, f"{config.config_hash}:{st.version}", module, hm)
+    return _not_isolated(config, pack_dir, module, st, why)
+
+
+def _not_isolated(config, pack_dir, module, st, why=None):
+    """The fallback of a config whose environment is not usable (st):
+    in-process or failed, by its policy, with the reason and the fix."""
+    from ..envs import build as envs
     reason = states.ENV_NOT_BUILT if st.state == "missing" and not why else states.STAMP_REFUSED
     detail = f"{st.state}: {st.reason}" + (f"; {why}" if why else "")
     if reason == states.ENV_NOT_BUILT and envs.failed_before(config) is not None:
@@ -324,3 +347,181 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
         detail = st.reason.split("; ", 1)[-1]   # the failure, not "no environment has been built for ..." first
     return states.fallback(pack_dir, reason, detail=detail, name=config.name, module=module,
                            policy=config.options.get("fallback"))
+
+
+def in_comfyui_server():
+    """Whether this is a ComfyUI process whose server exists (custom
+    nodes load after it is made), outside a worker: there a build runs in
+    the background and its nodes join ComfyUI's mappings when it ends
+    (host/building.py).  Elsewhere (a script, a test) the pack's import
+    is the only chance to serve it: a missing environment is built there
+    and then."""
+    import sys
+    server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+    return server is not None and hasattr(sys.modules.get("nodes"), "NODE_CLASS_MAPPINGS") and \
+        not packimport.in_worker()
+
+
+def _build_off():
+    return os.environ.get(BUILD_AT_START, "1").lower() in ("0", "off", "no", "false")
+
+
+def _builds_at_start(config, st):
+    """Whether ComfyUI's start builds config's environment (st its
+    status): missing, or stale because the host changed, while
+    BULKHEAD_BUILD_AT_START is not 0 and no earlier build of it failed
+    with nothing changed since (``envs.failed_before``)."""
+    from ..envs import build as envs
+    return (st.state == "missing" or (st.state == "stale" and st.host_changed)) and not _build_off() and \
+        envs.failed_before(config) is None
+
+
+def _build_in_background(config, pack_dir, module, hm, st):
+    """No nodes now: the pack is recorded "building" and its environment
+    is built on host/building.py's pool; when the build ends the pack is
+    served (described in its worker, or its fallback where the build
+    failed) and its nodes are added to ComfyUI's mappings."""
+    from ..envs import build as envs
+    from . import building
+    pack_dir = os.path.realpath(pack_dir)
+    what = ("stale because the host changed (" + st.reason.split("; run `")[0] + ")" if st.state == "stale"
+            else "not built")
+    log.info("bulkhead: pack %r: its environment is %s; building it in the background, as `bulkhead install %s` "
+             "would (%s=0 leaves it to that command); its nodes come when it is built", config.name, what,
+             config.root, BUILD_AT_START)
+    states.building(pack_dir, module, config.name, f"its environment is {what}; it builds in the background",
+                    phase=f"queued ({building.pool_size()} build(s) at a time)")
+    building.install_wait()
+
+    def work(b):
+        import time
+        from ..envs.config import PackConfigError
+        t0 = time.monotonic()
+        try:
+            # Not bounded by START_LOCK_WAIT_S: nothing waits on this but
+            # the pack; another install of the environment is waited for.
+            after = envs.build(config, progress=b.progress)
+        except envs.BuildStopped:
+            return      # ComfyUI is stopping
+        except (envs.EnvBuildError, PackConfigError, OSError) as e:
+            log.warning("bulkhead: pack %r: building its environment failed: %s", config.name, e)
+            b.error, b.fix = envs.first_line(e), states.REASONS[states.BUILD_FAILED][1].format(pack=config.root)
+            failed = dataclasses.replace(st, reason=f"{st.reason}; building it at start failed: {b.error}")
+            serve = lambda: _not_isolated(config, pack_dir, module, failed)  # noqa: E731
+        else:
+            log.info("bulkhead: pack %r: environment built in %.1f s (%s)", config.name, time.monotonic() - t0,
+                     after.env_dir)
+            serve = lambda: _load_or_fall_back(config, pack_dir, after.python,  # noqa: E731
+                                               f"{config.config_hash}:{after.version}", module, hm)
+        try:
+            with states.serving():
+                classes, display = serve()
+        except Exception as e:
+            # Neither isolated nor in ComfyUI's process (its build failed,
+            # and what its nodes import is only in that environment): it
+            # runs nowhere.  ComfyUI loaded the pack at start already: no
+            # IMPORT FAILED of its own says so, this line does.
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            what = lines[-1] if len(lines) > 1 else f"{type(e).__name__}: {e}"
+            log.error("bulkhead: pack %r: its nodes are NOT loaded: they could not run isolated (the line before "
+                      "says why) and importing them in ComfyUI's process failed too: %s; the pack's other parts, "
+                      "if any, are served as they are. Fix: what the line before names, so that its environment "
+                      "is built", config.name, what)
+            states.failed(pack_dir, config.name, f"not isolated, and in ComfyUI's process: {what}", module=module)
+            b.error = b.error or what
+            return
+        b.node_types = tuple(classes)
+        added = building.register(config, classes, display)
+        log.info("bulkhead: pack %r is ready: %d node type(s) added to ComfyUI's (%s)", config.name, len(added),
+                 states.state_of(pack_dir, module))
+
+    building.submit(config, "new", envs.env_dir(config), pack_dir, module, work)
+    return {}, {}
+
+
+def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
+    """A config that changed since its environment was built (a
+    ComfyUI-Manager update that bumped a pin): the environment built
+    before (old, envs.previous_env) serves the pack now, isolated with its
+    old requirements, while the new one is built in the background into
+    its own directory; once built, the pack's worker runs there from its
+    next start (a worker running on the old one meanwhile keeps it:
+    envs.build's SUPERSEDED).  A failed rebuild leaves the old one
+    serving, and says so in the log and the pack's state
+    (``rebuild``).  Outside ComfyUI's server, where
+    BULKHEAD_BUILD_AT_START=0, or where the rebuild failed before with
+    nothing changed since, the old one serves and ``bulkhead install``
+    builds the new one."""
+    from ..envs import build as envs
+    pack_dir = os.path.realpath(pack_dir)
+    before = envs.failed_before(config)
+    background = not _build_off() and before is None and in_comfyui_server()
+    changed = st.reason.split("; run `")[0]
+    if background:
+        log.info("bulkhead: pack %r: %s; rebuilding it in the background into %s, as `bulkhead install %s` "
+                 "would; the environment built before (%s) serves it meanwhile, with its old requirements, and "
+                 "its worker moves to the new one at its next start once it is built", config.name, changed,
+                 st.env_dir, config.root, old.env_dir)
+        note = f"rebuilding into {st.env_dir} in the background; {old.env_dir} serves meanwhile"
+    else:
+        if before is not None:
+            why = (f"its rebuild failed at {before.get('created', '?')} ({before.get('error', '?')}) and is not "
+                   "retried at start until its config, the host's packages or bulkhead change")
+        elif _build_off():
+            why = f"{BUILD_AT_START}=0 leaves building to that command"
+        else:
+            why = "only ComfyUI's server rebuilds it by itself"
+        log.warning("bulkhead: pack %r: %s; %s: the environment built before (%s) serves it, isolated with its "
+                    "old requirements. Fix: `bulkhead install %s` builds the new one (a running ComfyUI moves "
+                    "the pack's worker there at its next start)", config.name, changed, why, old.env_dir,
+                    config.root)
+        note = f"not rebuilt: {why}; {old.env_dir} serves with the old requirements; fix: `bulkhead install " \
+               f"{config.root}`"
+    stamp = f"{os.path.basename(old.env_dir)}:{old.version}"
+    classes, display = _load_or_fall_back(config, pack_dir, old.python, stamp, module, hm)
+    states.update(pack_dir, module, rebuild=note)
+    if not background:
+        return classes, display
+    from . import building
+
+    def work(b):
+        import time
+        from ..envs.config import PackConfigError
+        t0 = time.monotonic()
+        try:
+            after = envs.build(config, progress=b.progress)
+        except envs.BuildStopped:
+            return      # ComfyUI is stopping
+        except (envs.EnvBuildError, PackConfigError, OSError) as e:
+            b.error = envs.first_line(e)
+            log.info("bulkhead: pack %r: the rebuild's whole error: %s", config.name, e)
+            log.warning("bulkhead: pack %r: rebuilding its environment for its changed config failed (%s); the "
+                        "environment built before (%s) keeps serving it, isolated with its old requirements. Fix: "
+                        "what that error names, then `bulkhead install %s`", config.name, b.error, old.env_dir,
+                        config.root)
+            states.update(pack_dir, module, rebuild=f"failed: {b.error}; {old.env_dir} keeps serving with the old "
+                                                    f"requirements; fix: what the error names, then `bulkhead "
+                                                    f"install {config.root}`")
+            return
+        rt = states.runtime_of(pack_dir, old.python)
+        if rt is not None:
+            move_worker(rt.worker, old.python, after.python)
+        log.info("bulkhead: pack %r: its new environment was built in %.1f s (%s); its worker runs there from "
+                 "its next start", config.name, time.monotonic() - t0, after.env_dir)
+        states.update(pack_dir, module, rebuild=f"built {after.env_dir}; the worker runs there from its next start")
+
+    building.submit(config, "update", envs.env_dir(config), pack_dir, module, work)
+    return classes, display
+
+
+def move_worker(worker, old_python, new_python):
+    """From its next start, worker runs new_python where it ran
+    old_python: the environment a rebuild replaced may be removed (no
+    process ran there when the build ended), so the start cannot follow
+    its SUPERSEDED note; it follows the new one's from there on
+    (``envs.build.current_python``, the worker's ``resolve_python``)."""
+    from ..envs.build import current_python
+
+    def resolve(python):
+        return current_python(new_python if python == old_python else python)
+    worker.resolve_python = resolve

@@ -59,10 +59,11 @@ GET /bulkhead/status lists only this host's records and its workers'
 ("other_hosts_hidden": true).
 
 GET /bulkhead/status adds this host's "host_pid", "timeline" and "packs":
-[{"name", "directory", "state": "isolated"|"in-process"|"failed", and
-for isolated "python", "env", "pid" (null while no worker runs), else
-"reason" and, in-process, "fix"}...], those not isolated first
-(host.states.pack_states).
+[{"name", "directory", "state": "isolated"|"building"|"in-process"|"failed",
+and for isolated "python", "env", "pid" (null while no worker runs) and,
+where its changed config is rebuilt, "rebuild"; for building "phase" and
+"reason"; else "reason" and, in-process, "fix"}...], those not isolated
+first (host.states.pack_states).
 
 Processes come host by host (by pid), each followed by its workers (by
 pid); a worker whose host has no live record stands on its own.  idle_s is

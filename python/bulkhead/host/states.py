@@ -1,7 +1,8 @@
 """Where each pack stands, and the in-process fallback.
 
 Every pack (or part of one) bulkhead serves in this process is recorded
-here: isolated (host/nodes.py ``load_pack``), in-process (``fallback``: the
+here: isolated (host/nodes.py ``load_pack``), building (``building``: its
+environment builds in the background, host/building.py), in-process (``fallback``: the
 pack imported in ComfyUI's process, with one warning per pack naming the
 reason, a key of ``REASONS``, and the fix) or failed (``failed``: it runs
 nowhere).  ``pack_states`` is what GET /bulkhead/status and the panel's
@@ -77,6 +78,28 @@ def set_state(pack_dir, module, **state):
         _states[(pack_dir, module)] = dict(state, directory=pack_dir)
 
 
+def update(pack_dir, module, **fields):
+    """Adds fields to the state of (pack_dir, module), where it has one
+    (a build's phase, a rebuild's outcome: host/building.py)."""
+    with _states_lock:
+        row = _states.get((pack_dir, module))
+        if row is not None:
+            row.update(fields)
+
+
+def state_of(pack_dir, module):
+    """The state ("isolated", "building", ...) of (pack_dir, module), or None."""
+    with _states_lock:
+        return _states.get((pack_dir, module), {}).get("state")
+
+
+def building(pack_dir, module, name, reason, phase="queued"):
+    """Records a pack (its ``module``) whose environment builds in the
+    background (host/building.py): it has no nodes until the build ends."""
+    set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="building", phase=phase,
+              reason=reason)
+
+
 # The PackRuntime of each (pack directory, interpreter) that load_pack made
 # (host/nodes.py), here beside the states that name their workers.
 _runtimes = {}
@@ -90,6 +113,12 @@ def runtime_for(pack_dir, python, make):
         if rt is None:
             rt = _runtimes[(pack_dir, python)] = make()
         return rt
+
+
+def runtime_of(pack_dir, python):
+    """The runtime load_pack made for (pack_dir, python), or None."""
+    with _runtimes_lock:
+        return _runtimes.get((os.path.realpath(pack_dir), os.fspath(python)))
 
 
 def runtimes():
@@ -118,9 +147,13 @@ def pack_states():
     """[{"name", "state", "directory", ...}] of every pack (or part of one)
     bulkhead served in this process, those not isolated first, then by
     name.  state: "isolated" (with "python", "env" and the worker's
-    "pid", None while none runs), "in-process" (with "reason" and
-    "fix": it runs in ComfyUI's process, not in its environment) or
-    "failed" (with "reason": it runs nowhere)."""
+    "pid", None while none runs; "python" and "env" are its worker's
+    own once a rebuild moved it; "rebuild" where its changed config is
+    being rebuilt, or was and failed), "building" (with "phase" and
+    "reason": its environment builds in the background, its nodes come
+    when it ends), "in-process" (with "reason" and "fix": it runs in
+    ComfyUI's process, not in its environment) or "failed" (with
+    "reason": it runs nowhere)."""
     with _states_lock:
         rows = [dict(v) for v in _states.values()]
     with _runtimes_lock:
@@ -130,7 +163,9 @@ def pack_states():
             rt = by_key.get((r["directory"], r["python"]))      # one pack directory, one runtime per environment
             w = getattr(rt, "worker", None)
             r["pid"] = w.pid if w is not None else None
-    order = {"failed": 0, "in-process": 1, "isolated": 2}
+            if w is not None and w.python != r["python"]:    # a rebuild moved it (envs.build.current_python)
+                r["python"], r["env"] = w.python, os.path.dirname(os.path.dirname(w.python))
+    order = {"failed": 0, "in-process": 1, "building": 2, "isolated": 3}
     return sorted(rows, key=lambda r: (order.get(r["state"], 3), r["name"]))
 
 
@@ -150,16 +185,20 @@ class serving:
 
 
 def startup_line():
-    """The one line bulkhead logs when ComfyUI's server starts: its
-    version, how many packs run isolated, which do not and why, and the
-    time spent on them."""
+    """The one line bulkhead logs when ComfyUI's server starts (and again
+    when the last background build ends: host/building.py): its version,
+    how many packs run isolated, which build, which do not and why, and
+    the time spent loading them."""
     from .. import __version__
     rows = pack_states()
     iso = [r for r in rows if r["state"] == "isolated"]
-    lost = [r for r in rows if r["state"] != "isolated"]
+    lost = [r for r in rows if r["state"] not in ("isolated", "building")]
+    built = [r["name"] for r in rows if r["state"] == "building"]
     with _states_lock:
         spent = _serving_s[0]
     text = f"bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated"
+    if built:
+        text += f", {len(built)} building in the background ({', '.join(built)}: their nodes come when built)"
     if lost:
         text += (f", {len(lost)} NOT isolated ("
                  + "; ".join(f"{r['name']}: {r['state']}: {r['reason'].split('. ')[0]}" for r in lost)

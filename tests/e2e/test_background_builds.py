@@ -1,0 +1,207 @@
+"""#36: ComfyUI is up at once, and updates rebuild themselves, seen over
+HTTP.  A pack copied into custom_nodes/ whose environment is not built:
+the server answers while the environment builds in the background, the
+pack's nodes join /object_info when it is built, and a prompt queued
+meanwhile waits for it, then runs in the pack's worker.  A pack whose
+comfy-env.toml changed between two starts (a Manager update that bumped
+a pin): the environment built before serves it at once, the new one
+after its background build, and a rebuild that fails leaves the old one
+serving.  The builds are held deterministically: the pack's requirement
+is a local source tree whose build backend waits for a gate file the test
+creates (no timing)."""
+
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
+from localsources import BACKEND, HOST_MM, write  # noqa: E402
+
+INIT = '''
+import bulkhead
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
+'''
+
+NODES = '''
+import os, sys
+
+
+class E2EGateWhere:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"n": ("INT", {"default": 0})}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "e2e/builds"
+
+    def run(self, n):
+        import bhgate
+        return {"ui": {"pid": [os.getpid()], "prefix": [sys.prefix], "value": [bhgate.VALUE]}}
+
+
+NODE_CLASS_MAPPINGS = {"E2EGateWhere": E2EGateWhere}
+'''
+
+# BACKEND's build_wheel, first waiting for the gate file (at most 300 s).
+GATED = BACKEND.replace("def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n", '''
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    import time
+    deadline = time.monotonic() + 300
+    while not os.path.exists(GATE) and time.monotonic() < deadline:
+        time.sleep(0.05)
+''')
+assert GATED != BACKEND
+
+
+def _source(root, version, gate):
+    """bhgate <version> as a source tree whose build waits for ``gate``."""
+    d = os.path.join(str(root), f"bhgate-{version}")
+    write(os.path.join(d, "NAME"), f"bhgate {version}\n")
+    write(os.path.join(d, "bhbackend.py"), f"GATE = {str(gate)!r}\n" + GATED)
+    write(os.path.join(d, "pyproject.toml"), '''
+        [build-system]
+        requires = []
+        build-backend = "bhbackend"
+        backend-path = ["."]
+    ''')
+    write(os.path.join(d, "bhgate", "__init__.py"), f"VALUE = 'bhgate {version}'\n")
+    return d
+
+
+def _config(requirement):
+    return f'python = "{HOST_MM}"\n[pypi-dependencies]\n{requirement}\n'
+
+
+def _pack(tmp_path, name, requirement):
+    pack = tmp_path / "repos" / name
+    write(pack / "__init__.py", INIT)
+    write(pack / "nodes.py", NODES)
+    write(pack / "comfy-env.toml", _config(requirement))
+    return pack
+
+
+ENV = {"BULKHEAD_PIP_ARGS": "--no-index"}
+
+
+def _pack_state(srv, name):
+    status, doc = srv.http("GET", "/bulkhead/status")
+    assert status == 200, doc
+    return next(p for p in doc["packs"] if p["name"] == name)
+
+
+def _run(srv, n):
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EGateWhere", "inputs": {"n": n}}}), timeout_s=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
+    out = entry["outputs"]["1"]
+    return out["pid"][0], out["value"][0], out["prefix"][0]
+
+
+def _wait_log(srv, text, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while text not in srv.log_since_start():
+        assert time.monotonic() < deadline, f"{text!r} not in the server's log:\n{srv.log()}"
+        time.sleep(0.05)
+
+
+def test_the_server_is_up_while_a_pack_builds(comfyui, tmp_path):
+    gate = tmp_path / "gate"
+    src = _source(tmp_path / "src", "1.0", gate)
+    pack = _pack(tmp_path, "ComfyUI-Gated", f'bhgate = {{ path = "{src}" }}')
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=ENV, wait_built=False)
+    # stopped while it builds: the build's processes end with the server
+    # (stop() checks none is left), and the next start builds it again
+    assert _pack_state(srv, "ComfyUI-Gated")["state"] == "building"
+    srv.stop()
+    srv.start()
+    assert "is not retried at start" not in srv.log_since_start()
+    # the build waits for the gate: the pack is building, the server answers
+    state = _pack_state(srv, "ComfyUI-Gated")
+    assert state["state"] == "building" and state["phase"], state
+    status, stats = srv.http("GET", "/system_stats")
+    assert status == 200 and "system" in stats, stats
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and "E2EGateWhere" not in info
+    assert "building in the background (ComfyUI-Gated" in srv.log_since_start()
+    # a prompt queued meanwhile waits for the build
+    answer = {}
+
+    def post():
+        answer["r"] = srv.http("POST", "/prompt", {"prompt": {"1": {"class_type": "E2EGateWhere",
+                                                                    "inputs": {"n": 1}}}}, timeout=600)
+    t = threading.Thread(target=post)
+    t.start()
+    _wait_log(srv, "it waits for them, then ComfyUI validates it")
+    assert srv.http("GET", "/system_stats")[0] == 200     # the loop is free while the prompt waits
+    gate.write_text("open")
+    t.join(600)
+    status, body = answer["r"]
+    assert status == 200, (body, srv.log())
+    entry = srv.wait_history(body["prompt_id"], timeout_s=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
+    out = entry["outputs"]["1"]
+    assert out["pid"][0] != srv.proc.pid and out["value"] == ["bhgate 1.0"], out
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and "E2EGateWhere" in info
+    state = _pack_state(srv, "ComfyUI-Gated")
+    assert state["state"] == "isolated" and state["pid"] == out["pid"][0], state
+    assert "background builds done: " in srv.log_since_start()
+
+
+def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, tmp_path):
+    gate = tmp_path / "gate"
+    gate.write_text("open")
+    v1 = _source(tmp_path / "src", "1.0", gate)
+    pack = _pack(tmp_path, "ComfyUI-Update", f'bhgate = {{ path = "{v1}" }}')
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=ENV)
+    pid, value, old_prefix = _run(srv, 1)
+    assert pid != srv.proc.pid and value == "bhgate 1.0"
+    config = os.path.join(srv.base, "custom_nodes", "ComfyUI-Update", "comfy-env.toml")
+
+    # a rebuild that fails: the old environment keeps serving, and says so
+    srv.stop()
+    with open(config, "w") as f:
+        f.write(_config('bh-nowhere-to-be-found = "*"'))
+    srv.wait_for_builds = False
+    srv.start()
+    pid, value, prefix = _run(srv, 2)
+    assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
+    srv.wait_built()
+    deadline = time.monotonic() + 300
+    while not _pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("failed"):
+        assert time.monotonic() < deadline, (_pack_state(srv, "ComfyUI-Update"), srv.log())
+        time.sleep(0.2)
+    state = _pack_state(srv, "ComfyUI-Update")
+    assert state["state"] == "isolated" and "bh-nowhere-to-be-found" in state["rebuild"], state
+    assert "bulkhead install" in state["rebuild"], state
+    assert "keeps serving it, isolated with its old requirements" in srv.log_since_start()
+    pid, value, prefix = _run(srv, 3)
+    assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
+    assert "runs in-process" not in srv.log_since_start()
+
+    # an update that builds: the old environment serves until the new one is built
+    srv.stop()
+    gate.unlink()
+    v2 = _source(tmp_path / "src", "2.0", gate)
+    with open(config, "w") as f:
+        f.write(_config(f'bhgate = {{ path = "{v2}" }}'))
+    srv.start()
+    pid, value, prefix = _run(srv, 4)
+    assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
+    assert "rebuilding" in _pack_state(srv, "ComfyUI-Update")["rebuild"]
+    gate.write_text("open")
+    srv.wait_built()
+    deadline = time.monotonic() + 300
+    while not _pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("built"):
+        assert time.monotonic() < deadline, (_pack_state(srv, "ComfyUI-Update"), srv.log())
+        time.sleep(0.2)
+    # the worker's next start runs in the new environment (ComfyUI's
+    # "Free model and node cache" stops the idle worker)
+    status, _ = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
+    assert status == 200
+    pid, value, prefix = _run(srv, 5)
+    assert pid != srv.proc.pid and value == "bhgate 2.0" and prefix != old_prefix, (value, prefix)
+    state = _pack_state(srv, "ComfyUI-Update")
+    assert state["state"] == "isolated" and state["env"] == prefix, state
+    assert "runs in-process" not in srv.log_since_start()
