@@ -98,10 +98,10 @@ def describe_status(status):
     """Words for a waitpid status."""
     if status is None:
         return "is still running"
-    if status < 0:   # a zygote's child whose zygote died first: no one could tell (bh_proc_wait)
     if status == _native.STATUS_UNREPORTED:   # its zygote stopped or hung (bh_proc_wait)
         return ("ended (its exit status is unknown: the zygote that forked it did not report it, stopped or "
                 "hung; a new zygote forks the next worker)")
+    if status < 0:   # a zygote's child whose zygote died first: no one could tell (bh_proc_wait)
         return "ended (its exit status is unknown: the zygote that forked it had gone)"
     if os.WIFSIGNALED(status):
         n = os.WTERMSIG(status)
