@@ -48,7 +48,14 @@ None for its unevaluated lazy links and is asked until it wants no more.
 An `expand` adds its graph's nodes (their display node the expanding node),
 runs those the result links to and the output nodes among them, and the
 result's links become the node's outputs.  A `block_execution` makes the
-outputs ExecutionBlockers: a node getting one is not run and passes it on.  The websocket hears execution_start,
+outputs ExecutionBlockers (as does a node returning one): a node getting
+one is not run and passes it on, a blocker with a message first sent as
+an execution_error event ("Execution Blocked: ...") and passed on
+silently.  A V1 node's hidden inputs are its UNIQUE_ID, PROMPT,
+DYNPROMPT (the DynamicPrompt, expansions' nodes included) and
+EXTRA_PNGINFO; before a node's FUNCTION runs the GraphBuilder's default
+prefix is set to the node's id (call index 0: no list inputs here), as
+upstream's pre_execute_cb sets it.  The websocket hears execution_start,
 execution_cached, executing, executed (a node's ui), execution_success,
 execution_error or execution_interrupted, with upstream's fields.  Not
 here: list inputs/outputs (INPUT_IS_LIST, OUTPUT_IS_LIST), the V3 node
@@ -74,7 +81,7 @@ from comfy_api.internal import _ComfyNodeInternal, _NodeOutputInternal, first_re
 from comfy_api.latest import io
 from comfy_execution import cache_provider
 from comfy_execution.graph import DynamicPrompt
-from comfy_execution.graph_utils import ExecutionBlocker
+from comfy_execution.graph_utils import ExecutionBlocker, GraphBuilder
 
 MAXIMUM_HISTORY_SIZE = 10000
 
@@ -440,7 +447,7 @@ class PromptExecutor:
                          tuple(parts), node_id if getattr(cls, "NOT_IDEMPOTENT", False) else None)
         return memo[node_id]
 
-    def _hidden(self, cls, node_id, prompt, extra_data):
+    def _hidden(self, cls, node_id, prompt, extra_data, dynprompt):
         if is_v3(cls):
             return {}
         hidden = ((_input_types(cls) or {}).get("hidden") or {})
@@ -450,6 +457,8 @@ class PromptExecutor:
                 out[name] = node_id
             elif kind == "PROMPT":
                 out[name] = prompt
+            elif kind == "DYNPROMPT":
+                out[name] = dynprompt
             elif kind == "EXTRA_PNGINFO":
                 out[name] = extra_data.get("extra_pnginfo")
         return out
@@ -565,6 +574,16 @@ class PromptExecutor:
                 blocker = next((v for v in kwargs.values() if isinstance(v, ExecutionBlocker)), None)
                 try:
                     if blocker is not None:
+                        if blocker.message is not None:
+                            # upstream's execution_block_cb: the message as an
+                            # error event (not the prompt's), and the blocker
+                            # goes on silently
+                            self.server.send_sync("execution_error", {
+                                "prompt_id": prompt_id, "node_id": node_id, "node_type": spec["class_type"],
+                                "executed": list(executed), "exception_message": f"Execution Blocked: {blocker.message}",
+                                "exception_type": "ExecutionBlocked", "traceback": [], "current_inputs": [],
+                                "current_outputs": []}, self.server.client_id)
+                            blocker = ExecutionBlocker(None)
                         results[node_id] = tuple([blocker] * len(getattr(cls, "RETURN_TYPES", ())))
                         return
                     obj = self.objects.get((node_id, spec["class_type"]))
@@ -580,9 +599,13 @@ class PromptExecutor:
                         for n in todo:
                             run(inputs[n][0], wait)
                         kwargs = gather()
-                    kwargs.update(self._hidden(cls, node_id, prompt, extra_data))
+                    kwargs.update(self._hidden(cls, node_id, prompt, extra_data, dynprompt))
                     task = tasks.pop(node_id, None)
                     if task is None:
+                        # upstream's pre_execute_cb: the nodes a GraphBuilder
+                        # makes in this call get ids "<node id>.<call
+                        # index>.<graph>." (one call a node here: no lists)
+                        GraphBuilder.set_default_prefix(node_id, 0, 0)
                         value = _call_node(cls, cls.FUNCTION, kwargs, hidden, obj)
                         if inspect.isawaitable(value):
                             task = loop.create_task(_awaited(value))
@@ -615,7 +638,9 @@ class PromptExecutor:
                     value = value.args
                 elif isinstance(value, dict):
                     ui, expand = value.get("ui"), value.get("expand")
-                    value = tuple(value.get("result", ()))
+                    value = value.get("result", ())
+                if isinstance(value, ExecutionBlocker):   # a blocker for every output
+                    value = (value,) * len(getattr(cls, "RETURN_TYPES", ()))
                 value = tuple(value) if value is not None else ()
                 if block is not None:
                     value = tuple([ExecutionBlocker(block)] * len(getattr(cls, "RETURN_TYPES", ())))

@@ -1,7 +1,10 @@
 """`DynamicPrompt` of upstream's comfy_execution.graph (tests only): the
 prompt as executed, with the nodes an expansion added ("ephemeral").
-A V3 node asking for Hidden.dynprompt gets one.  Written for bulkhead; no
-upstream code."""
+A V3 node asking for Hidden.dynprompt gets one, and a V1 node a hidden
+DYNPROMPT input.  ExecutionBlocker is here too, as upstream re-exports it
+from graph_utils.  Written for bulkhead; no upstream code."""
+
+from comfy_execution.graph_utils import ExecutionBlocker  # noqa: F401  (packs import it from here)
 
 
 class DynamicPrompt:
