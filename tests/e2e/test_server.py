@@ -259,6 +259,74 @@ def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
     assert f"its worker (pid {second}) exited after" in srv.log()
 
 
+# ComfyUI's execution values through an isolated pack (channel/nodes.py):
+# a node's ExecutionBlocker, with a message and silent; a V1 node's hidden
+# DYNPROMPT, at the top and inside an expansion; a GraphBuilder expansion,
+# nested, whose node ids carry the prefix ComfyUI's executor sets.
+FLOW_PROMPT = {
+    "1": {"class_type": "E2EBlock", "inputs": {"text": "a", "block": True, "verbose": True}},
+    "2": {"class_type": "E2EShow", "inputs": {"text": ["1", 0]}},
+    "3": {"class_type": "E2EBlock", "inputs": {"text": "b", "block": True, "verbose": False}},
+    "4": {"class_type": "E2EShow", "inputs": {"text": ["3", 0]}},
+    "5": {"class_type": "E2EBlock", "inputs": {"text": "c", "block": False, "verbose": False}},
+    "6": {"class_type": "E2EShow", "inputs": {"text": ["5", 0]}},
+    "7": {"class_type": "E2EExpand", "inputs": {"text": "x", "depth": 2}},
+    "8": {"class_type": "E2EShow", "inputs": {"text": ["7", 0]}},
+    "9": {"class_type": "E2EWhere", "inputs": {}},
+}
+
+
+def _flow(srv):
+    """What the user sees of FLOW_PROMPT on srv: its /history entry and its
+    websocket messages node by node (test_v3_server's _by_node), with the
+    prompt id, timestamps and what follows the order of ComfyUI's sets (an
+    error's `executed`) taken out."""
+    from .test_v3_server import _by_node, _normal
+
+    async def session(ws, sid):
+        prompt_id = srv.queue(FLOW_PROMPT, client_id=sid)
+        messages = []
+        while True:
+            msg = json.loads((await ws.receive()).data)
+            if msg["type"] in ("status", "crystools.monitor"):
+                continue
+            if msg["type"] == "execution_error":
+                # the nodes done before it: which depends on the order
+                # ComfyUI ran the others in (its sets' order, a hash seed's)
+                msg["data"].pop("executed", None)
+            messages.append(msg)
+            if msg["type"] == "executing" and msg["data"].get("node") is None \
+                    and msg["data"].get("prompt_id") == prompt_id:
+                return prompt_id, messages
+    prompt_id, messages = srv.run_ws(session)
+    history = _normal(srv.wait_history(prompt_id), prompt_id)
+    history["prompt"][-1].sort()   # the outputs to execute: a set's order in real ComfyUI
+    return {"history": history, "messages": _by_node(_normal(messages, prompt_id))}
+
+
+def test_blockers_dynprompt_and_expansions_are_what_they_are_in_process(comfyui):
+    """The same prompt through the e2e pack isolated and imported in
+    ComfyUI's process: the same /history (each output node's ui under the
+    same node ids) and the same messages.  Before: the blocker reached the
+    next node as a handle, E2EWhere's DYNPROMPT was refused, and the
+    expansion's nodes were ".0.<n>.<k>"."""
+    isolated = _flow(comfyui())
+    in_process = _flow(comfyui(name="in_process", env={"BH_E2E_IN_PROCESS": "1"}))
+    for key in in_process:
+        assert isolated[key] == in_process[key], (f"{key} differs:\nisolated   {json.dumps(isolated[key])}\n"
+                                                  f"in-process {json.dumps(in_process[key])}")
+    # and what both show is what the nodes do
+    assert in_process["history"]["status"]["status_str"] == "success"
+    outputs = in_process["history"]["outputs"]
+    assert outputs["6"]["text"] == ["c"] and "2" not in outputs and "4" not in outputs
+    errors = [(m["data"]["node_id"], m["data"]["exception_message"]) for m in in_process["messages"]["prompt"]
+              if m["type"] == "execution_error"]
+    assert errors == [("2", "Execution Blocked: a is blocked")]
+    assert outputs["8"]["text"] == ["x1"] and outputs["7.0.0.1"]["text"] == ["x2"]
+    assert outputs["7.0.0.3.0.0.2"]["siblings"] == ["7.0.0.3.0.0.1", "7.0.0.3.0.0.2"]
+    assert outputs["7.0.0.3.0.0.2"]["parent"] == ["7.0.0.3"] and outputs["9"]["original"] == sorted(FLOW_PROMPT)
+
+
 def _ram_tree(root, available_kib):
     """A /proc tree for the RAM probe (BULKHEAD_RAM_ROOT): 16 GiB, this
     much available."""

@@ -11,9 +11,23 @@
   rebuilds an io.Schema of its own comfy_api's classes that answers the
   same (``decode_schema``), so /object_info is what it would be in-process;
 - **hidden values**: the values ComfyUI set on a V3 class clone's
-  ``hidden`` cross as {Hidden value: value} (``encode_hidden``, host;
-  DYNPROMPT as data) and become the worker's clone's (``decode_hidden``,
-  DYNPROMPT a read-only ``DynPrompt``);
+  ``hidden`` cross as {Hidden value: value} (``encode_hidden``, host) and
+  become the worker's clone's (``decode_hidden``); DYNPROMPT crosses as
+  ComfyUI's values below do;
+- **ComfyUI's execution values**: objects of ComfyUI's executor that a
+  node's values carry cross as tagged maps of data (``encode_comfy``, both
+  sides: the codec's node policy, ``Peer.execution_values``) and are
+  rebuilt as the receiving process's own (``decode_comfy``, both sides:
+  the channel's tagged hook): an ``ExecutionBlocker`` both ways, as the
+  receiver's own class with the same message, so ComfyUI's executor
+  blocks on a worker node's blocker as on its own; the host's
+  ``DynamicPrompt`` (a V1 node's hidden DYNPROMPT input, a V3 node's
+  Hidden.dynprompt) as a read-only ``DynPrompt`` in the worker;
+- **the GraphBuilder prefix**: the default prefix ComfyUI's executor sets
+  on its ``GraphBuilder`` before each call of a node (``graph_prefix``,
+  host) is set on the worker's before the node runs
+  (``set_graph_prefix``), so the nodes an expansion makes get the ids, and
+  the cache signatures, they get in-process;
 - **inputs passed through**: a node's output that is one of its input
   tensors as it arrived crosses as the input's name (``passed_through``,
   worker), and the host puts its own input object there
@@ -21,6 +35,7 @@
   holds or looks at its image and hands it on) costs no copy.
 """
 
+import importlib
 import logging
 import sys
 
@@ -175,44 +190,124 @@ def _io_str(io):
 # --- hidden values ---
 
 def encode_hidden(clone, io):
-    """{Hidden value: value} of a class clone's `hidden` (a HiddenHolder),
-    DYNPROMPT as data (its nodes, original and added by expansions); io:
-    the host's comfy_api io."""
+    """{Hidden value: value} of a class clone's `hidden` (a HiddenHolder);
+    io: the host's comfy_api io.  The DynamicPrompt stays itself: the call
+    sends these as a node's value (NodeValue), and the codec's node policy
+    carries it (encode_comfy), as it carries a V1 node's DYNPROMPT."""
     holder = getattr(clone, "hidden", None)
     out = {}
     if holder is None:
         return out
     for h in io.Hidden:
         v = getattr(holder, h.name, None)
-        if v is None:
-            continue
-        if h.value == "DYNPROMPT":
-            v = {"original": v.get_original_prompt(), "ephemeral": dict(getattr(v, "ephemeral_prompt", {}) or {}),
-                 "parents": dict(getattr(v, "ephemeral_parents", {}) or {})}
-        out[h.value] = v
+        if v is not None:
+            out[h.value] = v
     return out
 
 
+def decode_hidden(hidden, io):
+    """encode_hidden's {Hidden value: value} as {io.Hidden: value} for the
+    worker's PREPARE_CLASS_CLONE (DYNPROMPT a DynPrompt by now: the
+    channel's tagged hook built it)."""
+    return {h: hidden[h.value] for h in io.Hidden if h.value in hidden}
+
+
+# --- ComfyUI's execution values ---
+
+# A tagged map's key (bytes: no prompt literal, which JSON makes, can carry
+# it), for these and for a pack's registered types (worker/typed.py); the
+# tags below are bulkhead's own, looked at before any pack's.
+MARK = b"__bulkhead_type__"
+BLOCKER = "bulkhead:ExecutionBlocker"      # {MARK: BLOCKER, "message": str or None}
+DYNPROMPT = "bulkhead:DynamicPrompt"       # {MARK: DYNPROMPT, "original", "ephemeral", "parents", "display"}
+COMFY_TAGS = frozenset((BLOCKER, DYNPROMPT))
+
+
+def _comfy_class(module, name, load=False):
+    """ComfyUI's class module.name in this process: from sys.modules (an
+    object of it can exist only once its module is imported), or, where
+    load, imported (a receiver may not have imported it yet); None when
+    there is none."""
+    mod = sys.modules.get(module)
+    if mod is None and load:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            return None
+    cls = getattr(mod, name, None)
+    return cls if isinstance(cls, type) else None
+
+
+def encode_comfy(obj):
+    """The tagged map obj crosses as, where it is one of ComfyUI's execution
+    values (an ExecutionBlocker, the host's DynamicPrompt), or None.  The
+    map's values are walked as a node's value (the prompt's literal inputs:
+    tensors cross, what cannot cross is held or refused as any input's)."""
+    blocker = _comfy_class("comfy_execution.graph_utils", "ExecutionBlocker")
+    if blocker is not None and isinstance(obj, blocker):
+        message = obj.message
+        # the executor only formats it into its "Execution Blocked: ..." error
+        return {MARK: BLOCKER, "message": message if message is None or type(message) is str else str(message)}
+    prompt = _comfy_class("comfy_execution.graph", "DynamicPrompt")
+    if prompt is not None and isinstance(obj, prompt):
+        return {MARK: DYNPROMPT, "original": obj.get_original_prompt(),
+                "ephemeral": dict(getattr(obj, "ephemeral_prompt", None) or {}),
+                "parents": dict(getattr(obj, "ephemeral_parents", None) or {}),
+                "display": dict(getattr(obj, "ephemeral_display", None) or {})}
+    return None
+
+
+def decode_comfy(m):
+    """The channel's tagged hook on the host (the worker's: worker/typed.py
+    decode_tagged, which calls this first): a map encode_comfy made -> this
+    process's own object; any other tagged map (a pack's registered type,
+    which the host holds as it is) -> the map itself."""
+    tag = m.get(MARK)
+    if tag == BLOCKER:
+        cls = _comfy_class("comfy_execution.graph_utils", "ExecutionBlocker", load=True)
+        if cls is None:
+            raise TypeError("an ExecutionBlocker reached a process where ComfyUI's comfy_execution.graph_utils "
+                            "cannot be imported; run the node under a ComfyUI (or its worker under one)")
+        return cls(m.get("message"))
+    if tag == DYNPROMPT:
+        return DynPrompt(m)
+    return m
+
+
 class DynPrompt:
-    """Hidden.dynprompt in a worker: the host's DynamicPrompt as data (its
-    nodes, original and added by expansions), read-only, with the methods
-    nodes call on it."""
+    """A DynamicPrompt in a worker (a V1 node's DYNPROMPT input, a V3
+    node's Hidden.dynprompt): the host's, as data (its nodes, original and
+    added by expansions, as they were when the node was called),
+    read-only, with the methods nodes call on it."""
 
     def __init__(self, data):
         self.original_prompt = data.get("original") or {}
         self.ephemeral_prompt = data.get("ephemeral") or {}
         self.ephemeral_parents = data.get("parents") or {}
+        self.ephemeral_display = data.get("display") or {}
 
     def get_node(self, node_id):
         if node_id in self.ephemeral_prompt:
             return self.ephemeral_prompt[node_id]
-        return self.original_prompt[node_id]
+        if node_id in self.original_prompt:
+            return self.original_prompt[node_id]
+        raise KeyError(f"Node {node_id} not found")
 
     def has_node(self, node_id):
         return node_id in self.ephemeral_prompt or node_id in self.original_prompt
 
+    def get_real_node_id(self, node_id):
+        while node_id in self.ephemeral_parents:
+            node_id = self.ephemeral_parents[node_id]
+        return node_id
+
     def get_parent_node_id(self, node_id):
         return self.ephemeral_parents.get(node_id)
+
+    def get_display_node_id(self, node_id):
+        while node_id in self.ephemeral_display:
+            node_id = self.ephemeral_display[node_id]
+        return node_id
 
     def all_node_ids(self):
         return set(self.original_prompt) | set(self.ephemeral_prompt)
@@ -220,15 +315,33 @@ class DynPrompt:
     def get_original_prompt(self):
         return self.original_prompt
 
-def decode_hidden(hidden, io):
-    """encode_hidden's {Hidden value: value} as {io.Hidden: value} for the
-    worker's PREPARE_CLASS_CLONE, DYNPROMPT a DynPrompt."""
-    values = {}
-    for h in io.Hidden:
-        if h.value in hidden:
-            v = hidden[h.value]
-            values[h] = DynPrompt(v) if h.value == "DYNPROMPT" and isinstance(v, dict) else v
-    return values
+
+# --- the GraphBuilder prefix ---
+
+def graph_prefix():
+    """[root, call index, graph index]: the default prefix of the host's
+    GraphBuilder now (what ComfyUI's executor set before this call of the
+    node: execution.py's pre_execute_cb), or None where no GraphBuilder is
+    imported.  Host side; read only."""
+    builder = _comfy_class("comfy_execution.graph_utils", "GraphBuilder")
+    if builder is None:
+        return None
+    return [getattr(builder, "_default_prefix_root", ""), getattr(builder, "_default_prefix_call_index", 0),
+            getattr(builder, "_default_prefix_graph_index", 0)]
+
+
+def set_graph_prefix(prefix):
+    """Worker side of graph_prefix: sets it on this process's GraphBuilder
+    (imported for it: a node may import GraphBuilder only when it runs)
+    before the node runs.  What the node's GraphBuilders then allocate is
+    not carried back: the executor sets the prefix again before every
+    call."""
+    if not prefix:
+        return
+    builder = _comfy_class("comfy_execution.graph_utils", "GraphBuilder", load=True)
+    setter = getattr(builder, "set_default_prefix", None)
+    if setter is not None:
+        setter(*prefix)
 
 
 # --- inputs passed through ---

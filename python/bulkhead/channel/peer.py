@@ -124,7 +124,9 @@ class NodeValue:
     (a worker) or refused with ``HostObject`` (the host), and torch tensors
     on a device are copied to host memory.  A worker's object whose class a
     pack registered a serializer for crosses as that serializer's tagged
-    map instead (``Peer.node_serializer``)."""
+    map instead (``Peer.node_serializer``), and one of ComfyUI's execution
+    values (an ExecutionBlocker, the host's DynamicPrompt), from either
+    side, as its tagged map of data (``Peer.execution_values``)."""
 
     __slots__ = ("value",)
 
@@ -265,6 +267,10 @@ class Peer:
         # serializer for (worker/typed.py): obj -> a value to encode in
         # obj's place, or None to hold obj as a handle.
         self.node_serializer = None
+        # Both sides' node policy for ComfyUI's execution values (channel/
+        # nodes.py encode_comfy, which the host and the worker set): obj ->
+        # the tagged map it crosses as, or None.
+        self.execution_values = None
         # A worker's: the tensors decoded from its own block or a forward,
         # id -> (weakref, own block, tensors.layout), until its node call
         # ends (passes_back); None: not kept.
@@ -363,6 +369,9 @@ class Peer:
                                   f"worker generation {mine.generation}; {why}")
             return (1, _native.HANDLE_OBJECT | OWNED_BY_RECEIVER, obj._id, "")
         if node:
+            comfy = self.execution_values(obj) if self.execution_values is not None else None
+            if comfy is not None:  # ComfyUI's execution values (a blocker): data, either way
+                return (2, comfy)
             if not self.holds_for_nodes:
                 raise HostObject(obj)
             if self.node_serializer is not None:

@@ -69,7 +69,7 @@ import weakref
 from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                link_types, remote_name, types_to_worker)
-from ..channel.nodes import decode_schema, put_back
+from ..channel.nodes import decode_schema, graph_prefix, put_back
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
 from ..channel import targets
 from ..packimport import default_module
@@ -565,11 +565,11 @@ class PackRuntime:
             return decode_schema(io, node)
         ns["define_schema"] = classmethod(define_schema)
         if node.get("execute_async"):
-            async def execute(cls, **kwargs):
-                return await _in_thread(rt.run_v3, cls, key, kwargs)
+            async def execute(cls, **kwargs):   # the prefix read before the thread: the executor goes on
+                return await _in_thread(rt.run_v3, cls, key, kwargs, None, graph_prefix())
         else:
             def execute(cls, **kwargs):
-                return rt.run_v3(cls, key, kwargs)
+                return rt.run_v3(cls, key, kwargs, None, graph_prefix())
         ns["execute"] = classmethod(execute)
         for mname, spec in node.get("methods", {}).items():
             if mname in ("validate_inputs", "fingerprint_inputs", "check_lazy_status"):
@@ -628,8 +628,9 @@ class PackRuntime:
             instance = node.__dict__.get("_bulkhead_instance")
             if instance is not None and instance._peer is not w.peer:
                 instance = None  # the worker was restarted: a new instance there
+            prefix = graph_prefix()   # what ComfyUI's executor set for this call of the node
             try:
-                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), instance, method)
+                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), instance, method, prefix)
             except HostObject as e:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") from None
             except HandleError:
@@ -641,7 +642,7 @@ class PackRuntime:
                 if instance is None or instance._peer is w.peer:
                     raise
                 node.__dict__.pop("_bulkhead_instance", None)
-                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), None, method)
+                res = self._call(w, mm, targets.RUN, key, NodeValue(kwargs), None, method, prefix)
             peer = w.peer
         if key not in self._handle_gen and _holds_handles(res["outputs"]):
             self._outputs_hold_handles(type(node), key, peer.generation)
@@ -669,6 +670,7 @@ class PackRuntime:
         if mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
         deferred = self._take_deferred(key, kwargs)
+        prefix = graph_prefix()   # as run's, read before the first wait
         w = self.worker
         loop = asyncio.get_running_loop()
         ticket = next(self._tickets)
@@ -682,7 +684,7 @@ class PackRuntime:
                 if instance is not None and instance._peer is not w.peer:
                     instance = None  # the worker was restarted: a new instance there
                 try:
-                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), instance)
+                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), instance, prefix)
                 except HostObject as e:
                     raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") \
                         from None
@@ -690,7 +692,7 @@ class PackRuntime:
                     if instance is None or instance._peer is w.peer:   # as in run
                         raise
                     node.__dict__.pop("_bulkhead_instance", None)
-                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), None)
+                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), None, prefix)
                 peer = started = w.peer
             node._bulkhead_instance = res["instance"]
             if res["instance"] is not None:
@@ -875,7 +877,7 @@ class PackRuntime:
         try:
             if v3_hidden is not None:
                 return self._call(w, mm, targets.RUN_V3, key, "validate_inputs", NodeValue(dict(kwargs)),
-                                  v3_hidden, drain=drain)
+                                  NodeValue(v3_hidden), drain=drain)
             return self._call(w, mm, targets.CALL_CLASS, key, "VALIDATE_INPUTS",
                               NodeValue(dict(kwargs)), drain=drain)
         except HostObject as e:
@@ -898,11 +900,13 @@ class PackRuntime:
                              "checked when the node ran, because its worker was busy or not started when the "
                              "prompt was queued)")
 
-    def run_v3(self, clone, key, kwargs, method=None):
+    def run_v3(self, clone, key, kwargs, method=None, prefix=None):
         """A V3 proxy's execute (method None) or its validate_inputs /
         fingerprint_inputs / check_lazy_status, on the class clone ComfyUI
-        made (its `hidden` holds the hidden values), run in the worker.
-        execute answers an io.NodeOutput of the host's comfy_api."""
+        made (its `hidden` holds the hidden values), run in the worker
+        (with execute, prefix: the GraphBuilder prefix ComfyUI's executor
+        set for the call, channel/nodes.py graph_prefix).  execute answers
+        an io.NodeOutput of the host's comfy_api."""
         mm = _mm()
         if method is None and mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
@@ -912,7 +916,7 @@ class PackRuntime:
         with w.holding():
             self._begin(w, mm, key, deferred, hidden)
             try:
-                res = self._call(w, mm, targets.RUN_V3, key, method, NodeValue(kwargs), hidden)
+                res = self._call(w, mm, targets.RUN_V3, key, method, NodeValue(kwargs), NodeValue(hidden), prefix)
             except HostObject as e:
                 where = f"{key}.{method}" if method else f"node {key!r}"
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {where} (pack {self.name!r})") from None

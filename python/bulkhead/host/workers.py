@@ -35,6 +35,7 @@ import weakref
 from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms at start
 
 from .. import _native
+from ..channel.nodes import MARK, decode_comfy, encode_comfy
 from ..channel.peer import BulkheadError, Peer
 from ..channel import targets
 from . import zygote
@@ -520,6 +521,7 @@ class Worker(_native.Caller):
         peer = Peer(describe=self.describe, outgoing=_native.CALL, resolve=self._resolve_exposed,
                     cache_sends=True)
         peer.frame_handlers = self.frame_handlers
+        peer.execution_values = encode_comfy  # ComfyUI's execution values in a node's value cross as data
         peer.name = self.name
         peer.generation = gen
         ref = self._ref
@@ -529,6 +531,7 @@ class Worker(_native.Caller):
         except BaseException:
             proc.close()
             raise
+        chan.set_tagged(MARK, decode_comfy)  # a node's ExecutionBlocker comes back as ComfyUI's own
         peer.channel = chan
         where = f"worker {self.name!r} ({self.python}, pid {proc.pid})"
         try:

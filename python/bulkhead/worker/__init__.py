@@ -26,6 +26,7 @@ import threading
 
 from .. import _native
 from ..channel import targets
+from ..channel.nodes import encode_comfy
 from ..channel.peer import Peer, interpreter_info, resolve_target
 from . import typed, zygote
 
@@ -130,6 +131,7 @@ def main():
     peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
     peer.received = {}  # a node's input tensors, for its outputs that pass one through
     peer.node_serializer = typed.serialize  # ... unless a pack registered a serializer for its class
+    peer.execution_values = encode_comfy  # ... and ComfyUI's execution values (a blocker) cross as data
     chan = _native.channel_open(fd, peer, os.getuid(), host_pid, first_id=2)
     chan.set_tagged(typed.MARK, typed.decode_tagged)  # and such a map comes back as its object
     peer.channel = chan

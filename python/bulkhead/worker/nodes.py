@@ -48,7 +48,7 @@ from .. import worker as _worker
 from .._importwatch import when_imported
 from ..channel.formats import (FORMAT, Meta, NodeInterrupted, TypeTable, WorkerOutOfMemory, apply_host_folders,
                                decode_arg, own_type, own_type_name, types_from_host)
-from ..channel.nodes import decode_hidden, encode_io, encode_preview, passed_through, plain_str
+from ..channel.nodes import decode_hidden, encode_io, encode_preview, passed_through, plain_str, set_graph_prefix
 from ..channel.peer import NodeValue, type_name
 from ..packimport import import_nodes
 from . import server
@@ -683,10 +683,11 @@ async def _task(ticket, coro):
         _translate(e)
 
 
-def run_async(ticket, key, kwargs, instance=None):
+def run_async(ticket, key, kwargs, instance=None, prefix=None):
     """Starts node `key`'s FUNCTION, a coroutine function, on `instance`
-    (as run) as a task of the pack's event loop, under the host's `ticket`;
-    answers {"instance"} at once.  When the task ends the host gets a
+    (as run, the host's GraphBuilder prefix set as run sets it) as a task
+    of the pack's event loop, under the host's `ticket`; answers
+    {"instance"} at once.  When the task ends the host gets a
     PROGRESS frame {"ticket", "done"} and fetches the outcome
     (async_result)."""
     cls = _class(key)
@@ -698,6 +699,7 @@ def run_async(ticket, key, kwargs, instance=None):
     received = dict(peer.received) if peer.received else None   # for passed_through, at the end
     if peer.received:
         peer.received.clear()
+    set_graph_prefix(prefix)
     coro = _invoke(lambda **kw: _Coroutine(getattr(instance, cls.FUNCTION)(**kw)), kwargs).coro
     if inspect.isawaitable(coro):
         future = asyncio.run_coroutine_threadsafe(_task(ticket, coro), loop)
@@ -774,20 +776,22 @@ def async_pump():
             answer.set_exception(e)
 
 
-def run(key, kwargs, instance=None, method=None):
+def run(key, kwargs, instance=None, method=None, prefix=None):
     """Runs node `key`'s FUNCTION (or `method`) on `instance` (a handle
     the host got from an earlier run; None makes a new instance) with
-    kwargs.  Returns {"outputs", "instance", "same"}: the result as a
-    NodeValue (the codec holds here, as handles carrying their type names,
-    the objects in it that cannot cross; see Peer.encode_other), the
-    instance's handle, and the outputs that are inputs passed through,
-    left out (channel/nodes.py passed_through)."""
+    kwargs, this process's GraphBuilder prefix set to the host's (prefix:
+    channel/nodes.py graph_prefix).  Returns {"outputs", "instance",
+    "same"}: the result as a NodeValue (the codec holds here, as handles
+    carrying their type names, the objects in it that cannot cross; see
+    Peer.encode_other), the instance's handle, and the outputs that are
+    inputs passed through, left out (channel/nodes.py passed_through)."""
     cls = _class(key)
     peer = _worker._peer
     peer.drop_unsent()
     if instance is None:
         instance = cls()
     fn = getattr(instance, method or cls.FUNCTION)
+    set_graph_prefix(prefix)
     try:
         out, same = passed_through(peer, kwargs, _invoke(fn, kwargs))
     finally:
@@ -796,11 +800,12 @@ def run(key, kwargs, instance=None, method=None):
     return {"outputs": NodeValue(out), "instance": peer.hold(instance), "same": same}
 
 
-def run_v3(key, method, kwargs, hidden):
+def run_v3(key, method, kwargs, hidden, prefix=None):
     """Runs V3 node `key`'s classmethod `method` (None: its FUNCTION, or
     validate_inputs / fingerprint_inputs / check_lazy_status) as ComfyUI
     does: on a clone of the class whose `hidden` holds the host's hidden
-    values ({Hidden value: value}; DYNPROMPT as DynPrompt data).  FUNCTION's
+    values ({Hidden value: value}; DYNPROMPT as DynPrompt data), with the
+    host's GraphBuilder prefix (as run's).  FUNCTION's
     answer is {"outputs": NodeValue({"args", "ui", "expand",
     "block_execution"}), "same"} (a UI object as its as_dict(); "same": the
     args that are inputs passed through, left out, as run's); another
@@ -816,6 +821,7 @@ def run_v3(key, method, kwargs, hidden):
         cls.VALIDATE_CLASS()
         clone = cls.PREPARE_CLASS_CLONE(values)
         fn = getattr(cls, method).__func__
+        set_graph_prefix(prefix)
         out = _invoke(lambda **kw: fn(clone, **kw), kwargs)
         if method != cls.FUNCTION:
             return out if _plain(out) else repr(out)

@@ -44,7 +44,7 @@ import os
 import sys
 import types as _types
 
-MARK = b"__bulkhead_type__"  # bytes: no prompt literal can carry it
+from ..channel.nodes import COMFY_TAGS, MARK, decode_comfy  # MARK: bytes, no prompt literal can carry it
 
 _registry = {}      # type_name -> (tag, serialize, deserialize, pack, where)
 _by_tag = {}        # tag -> the same
@@ -148,14 +148,20 @@ def _decoded(v):
 
 def decode_tagged(m):
     """The channel's tagged hook (``Channel.set_tagged(MARK, ...)``): a map
-    holding the MARK key, as the codec built it -> the object its tag's
-    deserializer builds, or the map itself when the tag is not one this
-    worker's registry knows (or has no deserializer for).  Raises
+    holding the MARK key, as the codec built it -> one of ComfyUI's values
+    where bulkhead's own tag says so (channel/nodes.py ``decode_comfy``),
+    else the object its tag's deserializer builds, or the map itself when
+    the tag is not one this worker's registry knows (or has no
+    deserializer for).  Raises
     SerializerError, naming the type and both packs, when the deserializer
     fails: the error of the call whose value held the map."""
+    tag = m.get(MARK)
+    if isinstance(tag, str) and tag in COMFY_TAGS:  # ComfyUI's own values (channel/nodes.py), never a pack's
+        from . import nodes  # lazy: a cycle (nodes imports this package)
+        nodes.ready()  # ComfyUI on sys.path: the value may come with this worker's first call
+        return decode_comfy(m)
     if not _loaded:
         _load()
-    tag = m.get(MARK)
     if not _by_tag or not isinstance(tag, str) or "value" not in m:
         return m
     entry = _by_tag.get(tag)

@@ -4,16 +4,22 @@ under the host's own interpreter (which has torch, as the worker's
 what `bulkhead.comfy_pack` does for a built environment, with the
 interpreter named instead of found from a comfy-env.toml.  BH_E2E_PREWARM
 sets its prewarm option (as `prewarm` in a comfy-env.toml would), and
-BH_E2E_IDLE_EXIT its idle exit time (`idle_exit_s`)."""
+BH_E2E_IDLE_EXIT its idle exit time (`idle_exit_s`).  With BH_E2E_IN_PROCESS
+set its nodes are imported in ComfyUI's process instead, for the tests that
+compare the two (tests/e2e/test_server.py)."""
 import os
 import sys
 
-from bulkhead.host import nodes, pack
+if os.environ.get("BH_E2E_IN_PROCESS"):
+    from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: F401
+else:
+    from bulkhead.host import nodes, pack
 
-_hm = pack.host_memory()
-NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
-    os.path.dirname(os.path.abspath(__file__)), sys.executable,
-    env={"BH_E2E_HELPERS": os.environ.get("BH_E2E_HELPERS", "")},  # workers get an allow-listed environment
-    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
-             "prewarm": os.environ.get("BH_E2E_PREWARM", "prompt"), "ledger": getattr(_hm, "ledger", None),
-             **({"idle_exit_s": float(os.environ["BH_E2E_IDLE_EXIT"])} if os.environ.get("BH_E2E_IDLE_EXIT") else {})})
+    _hm = pack.host_memory()
+    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
+        os.path.dirname(os.path.abspath(__file__)), sys.executable,
+        env={"BH_E2E_HELPERS": os.environ.get("BH_E2E_HELPERS", "")},  # workers get an allow-listed environment
+        options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
+                 "prewarm": os.environ.get("BH_E2E_PREWARM", "prompt"), "ledger": getattr(_hm, "ledger", None),
+                 **({"idle_exit_s": float(os.environ["BH_E2E_IDLE_EXIT"])} if os.environ.get("BH_E2E_IDLE_EXIT")
+                    else {})})

@@ -173,6 +173,88 @@ class BigArray:
         return {"ui": {"pid": [os.getpid()]}, "result": (np.ones(mib << 18, np.float32),)}
 
 
+class Block:
+    """Hands on its text, or, where block, an ExecutionBlocker in its place:
+    with a message where verbose (ComfyUI reports it), silent otherwise."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "a"}), "block": ("BOOLEAN", {"default": True}),
+                             "verbose": ("BOOLEAN", {"default": False})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, text, block, verbose):
+        from comfy_execution.graph_utils import ExecutionBlocker
+        if not block:
+            return (text,)
+        return (ExecutionBlocker(f"{text} is blocked" if verbose else None),)
+
+
+class Show:
+    """An output node: the text it got, and its node id, in the history."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"forceInput": True})}, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, text, unique_id=None):
+        return {"ui": {"text": [text], "node": [unique_id]}, "result": (text,)}
+
+
+class Where:
+    """An output node reading the prompt as executed (its hidden DYNPROMPT):
+    its own entry, the node that expanded it, the nodes of the same
+    expansion, the prompt's own nodes."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}, "hidden": {"dynprompt": "DYNPROMPT", "unique_id": "UNIQUE_ID"}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, dynprompt, unique_id):
+        group = unique_id.rpartition(".")[0]
+        siblings = sorted(n for n in dynprompt.all_node_ids() if "." in n and n.rpartition(".")[0] == group)
+        return {"ui": {"node": [unique_id], "class_type": [dynprompt.get_node(unique_id)["class_type"]],
+                       "parent": [dynprompt.get_parent_node_id(unique_id)], "siblings": siblings,
+                       "original": sorted(dynprompt.get_original_prompt())}}
+
+
+class Expand:
+    """Expands (a GraphBuilder graph, its ids under the prefix ComfyUI's
+    executor set) into a Show of its text, a Where and, below depth 1, an
+    Expand of depth - 1, whose text is its result."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "x"}), "depth": ("INT", {"default": 1, "min": 1, "max": 4})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, text, depth):
+        from comfy_execution.graph_utils import GraphBuilder
+        graph = GraphBuilder()
+        out = graph.node("E2EShow", text=f"{text}{depth}").out(0)
+        graph.node("E2EWhere")
+        if depth > 1:
+            out = graph.node("E2EExpand", text=text, depth=depth - 1).out(0)
+        return {"result": (out,), "expand": graph.finalize()}
+
+
 NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2EBigArray": BigArray, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam,
-                       "E2EMakeThing": MakeThing, "E2EUseThing": UseThing}
+                       "E2EMakeThing": MakeThing, "E2EUseThing": UseThing, "E2EBlock": Block, "E2EShow": Show,
+                       "E2EWhere": Where, "E2EExpand": Expand}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}
