@@ -27,10 +27,10 @@ NODES = '''
 import os, sys
 
 
-class E2EGateWhere:
+class {cls}:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"n": ("INT", {"default": 0})}}
+        return {{"required": {{"n": ("INT", {{"default": 0}})}}}}
     RETURN_TYPES = ()
     FUNCTION = "run"
     OUTPUT_NODE = True
@@ -38,10 +38,10 @@ class E2EGateWhere:
 
     def run(self, n):
         import bhgate
-        return {"ui": {"pid": [os.getpid()], "prefix": [sys.prefix], "value": [bhgate.VALUE]}}
+        return {{"ui": {{"pid": [os.getpid()], "prefix": [sys.prefix], "value": [bhgate.VALUE]}}}}
 
 
-NODE_CLASS_MAPPINGS = {"E2EGateWhere": E2EGateWhere}
+NODE_CLASS_MAPPINGS = {{"{cls}": {cls}}}
 '''
 
 # BACKEND's build_wheel, first waiting for the gate file (at most 300 s).
@@ -55,11 +55,14 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 assert GATED != BACKEND
 
 
-def _source(root, version, gate):
-    """bhgate <version> as a source tree whose build waits for ``gate``."""
+def _source(root, version, gate, fail=False):
+    """bhgate <version> as a source tree whose build waits for ``gate``
+    (then fails, where ``fail``)."""
     d = os.path.join(str(root), f"bhgate-{version}")
     write(os.path.join(d, "NAME"), f"bhgate {version}\n")
-    write(os.path.join(d, "bhbackend.py"), f"GATE = {str(gate)!r}\n" + GATED)
+    backend = GATED.replace("        time.sleep(0.05)\n", "        time.sleep(0.05)\n" + (
+        "    raise RuntimeError('bhgate: this build fails on purpose')\n" if fail else ""), 1)
+    write(os.path.join(d, "bhbackend.py"), f"GATE = {str(gate)!r}\n" + backend)
     write(os.path.join(d, "pyproject.toml"), '''
         [build-system]
         requires = []
@@ -74,10 +77,10 @@ def _config(requirement):
     return f'python = "{HOST_MM}"\n[pypi-dependencies]\n{requirement}\n'
 
 
-def _pack(tmp_path, name, requirement):
+def _pack(tmp_path, name, requirement, cls="E2EGateWhere"):
     pack = tmp_path / "repos" / name
     write(pack / "__init__.py", INIT)
-    write(pack / "nodes.py", NODES)
+    write(pack / "nodes.py", NODES.format(cls=cls))
     write(pack / "comfy-env.toml", _config(requirement))
     return pack
 
@@ -105,47 +108,73 @@ def _wait_log(srv, text, timeout_s=120):
         time.sleep(0.05)
 
 
-def test_the_server_is_up_while_a_pack_builds(comfyui, tmp_path):
+def test_the_server_is_up_while_packs_build(comfyui, tmp_path):
+    """Two packs build side by side, held by one gate: one builds, the
+    other's build fails.  A prompt queued meanwhile for the first waits
+    and runs in its worker; one that also names the second's node is
+    refused at that node with the build's error and the fix."""
     gate = tmp_path / "gate"
-    src = _source(tmp_path / "src", "1.0", gate)
-    pack = _pack(tmp_path, "ComfyUI-Gated", f'bhgate = {{ path = "{src}" }}')
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=ENV, wait_built=False)
-    # stopped while it builds: the build's processes end with the server
-    # (stop() checks none is left), and the next start builds it again
+    good = _pack(tmp_path, "ComfyUI-Gated", f'bhgate = {{ path = "{_source(tmp_path / "src", "1.0", gate)}" }}')
+    bad = _pack(tmp_path, "ComfyUI-GatedBad", f'bhgate = {{ path = "{_source(tmp_path / "bad", "9.0", gate, True)}" }}',
+                cls="E2EGateBad")
+    srv = comfyui(packs=(), pack_dirs=[str(good), str(bad)], env=ENV, wait_built=False)
+    # stopped while they build: the builds' processes end with the server
+    # (stop() checks none is left), and the next start builds them again
     assert _pack_state(srv, "ComfyUI-Gated")["state"] == "building"
     srv.stop()
     srv.start()
     assert "is not retried at start" not in srv.log_since_start()
-    # the build waits for the gate: the pack is building, the server answers
-    state = _pack_state(srv, "ComfyUI-Gated")
-    assert state["state"] == "building" and state["phase"], state
+    # the builds wait for the gate: the packs are building, the server answers
+    for name in ("ComfyUI-Gated", "ComfyUI-GatedBad"):
+        state = _pack_state(srv, name)
+        assert state["state"] == "building" and state["phase"], state
     status, stats = srv.http("GET", "/system_stats")
     assert status == 200 and "system" in stats, stats
     status, info = srv.http("GET", "/object_info")
-    assert status == 200 and "E2EGateWhere" not in info
-    assert "building in the background (ComfyUI-Gated" in srv.log_since_start()
-    # a prompt queued meanwhile waits for the build
-    answer = {}
+    assert status == 200 and "E2EGateWhere" not in info and "E2EGateBad" not in info
+    assert "2 building in the background (ComfyUI-Gated, ComfyUI-GatedBad" in srv.log_since_start()
+    if (os.cpu_count() or 1) >= 2:
+        # side by side: both have left the queue while the gate holds each
+        deadline = time.monotonic() + 120
+        while any(_pack_state(srv, n)["phase"].startswith("queued") for n in ("ComfyUI-Gated", "ComfyUI-GatedBad")):
+            assert time.monotonic() < deadline, [_pack_state(srv, n) for n in ("ComfyUI-Gated", "ComfyUI-GatedBad")]
+            time.sleep(0.1)
+    # prompts queued meanwhile wait for the builds
+    answers = {}
 
-    def post():
-        answer["r"] = srv.http("POST", "/prompt", {"prompt": {"1": {"class_type": "E2EGateWhere",
-                                                                    "inputs": {"n": 1}}}}, timeout=600)
-    t = threading.Thread(target=post)
-    t.start()
+    def post(key, prompt):
+        answers[key] = srv.http("POST", "/prompt", {"prompt": prompt}, timeout=600)
+    threads = [threading.Thread(target=post, args=("good", {"1": {"class_type": "E2EGateWhere", "inputs": {"n": 1}}})),
+               threading.Thread(target=post, args=("both", {"1": {"class_type": "E2EGateWhere", "inputs": {"n": 2}},
+                                                            "2": {"class_type": "E2EGateBad", "inputs": {"n": 2}}}))]
+    threads[0].start()
     _wait_log(srv, "it waits for them, then ComfyUI validates it")
-    assert srv.http("GET", "/system_stats")[0] == 200     # the loop is free while the prompt waits
+    threads[1].start()
+    deadline = time.monotonic() + 120
+    while srv.log_since_start().count("it waits for them, then ComfyUI validates it") < 2:
+        assert time.monotonic() < deadline, srv.log()
+        time.sleep(0.05)
+    assert srv.http("GET", "/system_stats")[0] == 200     # the loop is free while the prompts wait
     gate.write_text("open")
-    t.join(600)
-    status, body = answer["r"]
+    for t in threads:
+        t.join(600)
+    status, body = answers["good"]
     assert status == 200, (body, srv.log())
     entry = srv.wait_history(body["prompt_id"], timeout_s=120)
     assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
     out = entry["outputs"]["1"]
     assert out["pid"][0] != srv.proc.pid and out["value"] == ["bhgate 1.0"], out
+    # the prompt naming the failed pack's node is refused at that node, never run in-process
+    status, body = answers["both"]
+    assert status == 400 and list(body["node_errors"]) == ["2"], (status, body)
+    [error] = body["node_errors"]["2"]["errors"]
+    assert "'ComfyUI-GatedBad' could not be built" in error["message"], error
+    assert "fails on purpose" in srv.log_since_start() and "bulkhead install" in error["details"], error
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and "E2EGateWhere" in info
     state = _pack_state(srv, "ComfyUI-Gated")
     assert state["state"] == "isolated" and state["pid"] == out["pid"][0], state
+    assert _pack_state(srv, "ComfyUI-GatedBad")["state"] != "building"
     assert "background builds done: " in srv.log_since_start()
 
 

@@ -141,13 +141,16 @@ def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
     built (a Manager update that bumped a pin) is not run in-process: the
     environment built before serves it, isolated, with one warning naming
     the fix.  Outside ComfyUI's server (here) nothing rebuilds it; there a
-    background build does (tests/e2e/test_background_builds.py)."""
+    background build does (tests/e2e/test_background_builds.py).  Once
+    `bulkhead install` built the new one, the worker's next start runs
+    there."""
     pack = make_pack(tmp_path, "upd_pack", f'python = "{HOST_VERSION}"\n')
     r = run_host(tmp_path, pack, f"""
         bulkhead.install(PACK, progress=lambda line: None)
         from bulkhead.host import pack as hpack
         built = bulkhead.env_status(hpack.load_config(os.path.join(PACK, "comfy-env.toml"), PACK))
-        open(os.path.join(PACK, "comfy-env.toml"), "w").write('python = "{HOST_VERSION}"\\nrequirements = ["nothing-here"]\\n')
+        with open(os.path.join(PACK, "comfy-env.toml"), "w") as f:
+            f.write('python = "{HOST_VERSION}"\\nrequirements = ["psutil"]\\n')
         import io
         buf = io.StringIO()
         logging.getLogger().addHandler(logging.StreamHandler(buf))
@@ -156,7 +159,18 @@ def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
         pid, _ = getattr(cls(), cls.FUNCTION)(x=1)
         from bulkhead.host import nodes
         [state] = nodes.pack_states()
-        emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue(), state=state, built=built.python))
+        # `bulkhead install` builds the new one while this host serves the
+        # old one (its worker stopped: the old one may then be removed);
+        # the worker's next start runs in the new one
+        nodes.close_all()
+        from bulkhead.host import zygote
+        zygote.close_all()
+        [new] = bulkhead.install(PACK, progress=lambda line: None, pip_args=["--no-index"])
+        old_removed = not os.path.exists(built.python)
+        pid2, _ = getattr(cls(), cls.FUNCTION)(x=2)
+        [after] = nodes.pack_states()
+        emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue(), state=state, built=built.python,
+                  new=new.python, pid2=pid2, after=after, old_removed=old_removed))
         nodes.close_all()
     """)
     assert r["pid"] != r["me"], r["log"]        # isolated, in the environment built before
@@ -165,6 +179,9 @@ def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
     [line] = [l for l in r["log"].splitlines() if "serves it, isolated with its old requirements" in l]
     assert "changed since" in line and "Fix: `bulkhead install" in line, line
     assert "runs in-process" not in r["log"], r["log"]
+    assert r["new"] != r["built"] and r["pid2"] not in (r["me"], r["pid"]), r
+    assert r["old_removed"], r     # no process ran there: the install removed it
+    assert r["after"]["python"] == r["new"], r["after"]
 
 
 def test_the_drain_runs_only_off_the_server_loop(monkeypatch):

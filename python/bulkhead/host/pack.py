@@ -480,6 +480,8 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
     stamp = f"{os.path.basename(old.env_dir)}:{old.version}"
     classes, display = _load_or_fall_back(config, pack_dir, old.python, stamp, module, hm)
     states.update(pack_dir, module, rebuild=note)
+    rt = states.runtime_of(pack_dir, old.python)
+    moved = follow_rebuild(rt.worker, config, old.python) if rt is not None else {}
     if not background:
         return classes, display
     from . import building
@@ -503,9 +505,7 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
                                                     f"requirements; fix: what the error names, then `bulkhead "
                                                     f"install {config.root}`")
             return
-        rt = states.runtime_of(pack_dir, old.python)
-        if rt is not None:
-            move_worker(rt.worker, old.python, after.python)
+        moved["python"] = after.python
         log.info("bulkhead: pack %r: its new environment was built in %.1f s (%s); its worker runs there from "
                  "its next start", config.name, time.monotonic() - t0, after.env_dir)
         states.update(pack_dir, module, rebuild=f"built {after.env_dir}; the worker runs there from its next start")
@@ -514,14 +514,28 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
     return classes, display
 
 
-def move_worker(worker, old_python, new_python):
-    """From its next start, worker runs new_python where it ran
-    old_python: the environment a rebuild replaced may be removed (no
-    process ran there when the build ended), so the start cannot follow
-    its SUPERSEDED note; it follows the new one's from there on
-    (``envs.build.current_python``, the worker's ``resolve_python``)."""
-    from ..envs.build import current_python
+def follow_rebuild(worker, config, old_python):
+    """Makes worker, serving config from the environment built before
+    (old_python) while the new one is built, start in the new one from
+    its next start once it is: where this host's background build made
+    it (the caller puts its python in the returned dict, "python"), or,
+    where the old one is gone (another ``bulkhead install`` built the new
+    one and removed it: no process ran there), where ``env_status`` finds
+    config's environment ready.  The start cannot follow the old one's
+    SUPERSEDED note there, which a removed environment does not have;
+    from the new one on it does (``envs.build.current_python``, the
+    worker's ``resolve_python``)."""
+    from ..envs import build as envs
+    moved = {}
 
     def resolve(python):
-        return current_python(new_python if python == old_python else python)
+        if python == old_python:
+            new = moved.get("python")
+            if new is None and not os.access(old_python, os.X_OK):
+                st = envs.env_status(config)
+                new = st.python if st.ok else None
+            if new:
+                python = new
+        return envs.current_python(python)
     worker.resolve_python = resolve
+    return moved
