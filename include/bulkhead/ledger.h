@@ -72,8 +72,10 @@ typedef struct bh_ledger bh_ledger;
 
 enum bh_ledger_role { BH_ROLE_HOST = 1, BH_ROLE_WORKER = 2, BH_ROLE_TOOL = 3 };
 /* BH_RUN_STALE is never written: a snapshot reports it for a record whose
- * owner (alive, e.g. stopped) stayed mid-write, with only slot and pid. */
-enum bh_ledger_run { BH_RUN_IDLE = 0, BH_RUN_BUSY = 1, BH_RUN_RELEASING = 2, BH_RUN_STALE = 3 };
+ * owner (alive, e.g. stopped) stayed mid-write, with only slot and pid.
+ * BH_RUN_WORKING: a worker in no call whose pack said it is at work of its
+ * own (bulkhead.working(): a job a route started); never idle. */
+enum bh_ledger_run { BH_RUN_IDLE = 0, BH_RUN_BUSY = 1, BH_RUN_RELEASING = 2, BH_RUN_STALE = 3, BH_RUN_WORKING = 4 };
 
 /* One device's bytes as the record's owner accounts them. */
 typedef struct bh_ledger_device {

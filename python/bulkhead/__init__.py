@@ -43,6 +43,23 @@ def __getattr__(name):
     return value
 
 
+def working():
+    """A context manager for a pack's own work outside a node (a job its
+    route started, a download on a thread of its own): while it is held,
+    the pack's worker is not stopped for being idle (its idle exit, memory
+    pressure, ComfyUI's "Free model and node cache") nor asked to release
+    as an idle one.  In ComfyUI's own process (a pack not isolated) it
+    does nothing::
+
+        with bulkhead.working():
+            fetch_weights()
+    """
+    import contextlib
+    import sys
+    memory = getattr(sys.modules.get("bulkhead.worker"), "memory_runtime", None)   # a worker's WorkerMemory
+    return memory.working() if memory is not None else contextlib.nullcontext()
+
+
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 

@@ -817,7 +817,7 @@ static void bh__own_done(bh_ledger *l) { pthread_mutex_unlock(&l->wmu); }
 
 int bh_ledger_set_run(bh_ledger *l, int run) {
   bh__slot *s;
-  if (!l || run < BH_RUN_IDLE || run > BH_RUN_RELEASING) return -EINVAL;
+  if (!l || run < BH_RUN_IDLE || run > BH_RUN_WORKING || run == BH_RUN_STALE) return -EINVAL;
   int rc = bh__own(l, &s);
   if (rc < 0) return rc;
   bh__write_begin(s);

@@ -14,8 +14,8 @@
  *                                      segment's mutex (the kill matrix)
  *
  * Roles and run states cross as words ('host', 'worker', 'tool'; 'idle',
- * 'busy', 'releasing'); a number this build does not know is passed
- * through as the int.  Byte counts are ints in [0, 2**63): anything else
+ * 'busy', 'releasing', 'working', and 'stale', which is only read); a
+ * number this build does not know is passed through as the int.  Byte counts are ints in [0, 2**63): anything else
  * raises OverflowError (never wraps); a string too long for its fixed
  * field raises ValueError naming the field and its limit.
  *
@@ -48,9 +48,9 @@ typedef struct {
 } bh_ledger_obj;
 
 static const char *const role_names[] = {NULL, "host", "worker", "tool"};
-/* The first three are what set_run takes; "stale" is only read (a record
- * its owner left mid-write, see bh_ledger_snapshot). */
-static const char *const run_names[] = {"idle", "busy", "releasing", "stale"};
+/* Indexed by enum bh_ledger_run.  set_run takes all but "stale", which is
+ * only read (a record its owner left mid-write, see bh_ledger_snapshot). */
+static const char *const run_names[] = {"idle", "busy", "releasing", "stale", "working"};
 
 #define BH_PY_BYTES_MAX ((uint64_t)INT64_MAX)
 
@@ -378,8 +378,9 @@ static PyObject *Ledger_set_run(PyObject *self_o, PyObject *arg) {
   bh_ledger_obj *self = (bh_ledger_obj *)self_o;
   bh_ledger *l = ledger_live(self);
   if (!l) return NULL;
-  int run = word_index(arg, "run state", run_names, 3);
+  int run = word_index(arg, "run state", run_names, 5);
   if (run < 0) return NULL;
+  if (run == BH_RUN_STALE) return PyErr_Format(PyExc_ValueError, "run state 'stale' is only read, never set");
   int rc = bh_ledger_set_run(l, run);
   if (rc < 0) return ledger_raise(self, rc, "ledger set_run");
   Py_RETURN_NONE;
@@ -497,7 +498,7 @@ static PyObject *record_dict(const bh_ledger_record *r) {
                     "host_pid", (int)r->host_pid,
                     "pack", str_of(r->pack),
                     "interpreter", str_of(r->interpreter),
-                    "run", word_of(r->run, run_names, 4),
+                    "run", word_of(r->run, run_names, 5),
                     "last_used_ns", (unsigned long long)r->last_used_ns,
                     "release_count", (unsigned long long)r->release_count,
                     "released_bytes", (unsigned long long)r->released_bytes,
@@ -683,7 +684,7 @@ static PyMethodDef Ledger_methods[] = {
     {"__enter__", Ledger_enter, METH_NOARGS, NULL},
     {"__exit__", Ledger_exit, METH_VARARGS, NULL},
     {"set_run", Ledger_set_run, METH_O,
-     "set_run('idle'|'busy'|'releasing'): also stamps last_used_ns"},
+     "set_run('idle'|'busy'|'releasing'|'working'): also stamps last_used_ns"},
     {"set_device", (PyCFunction)(void (*)(void))Ledger_set_device, METH_VARARGS | METH_KEYWORDS,
      "set_device(device, held_bytes=0, pinned_bytes=0, pin_ceiling_bytes=0, pager_bytes=0,\n"
      "           floor_bytes=0, reserve_bytes=0): insert or replace by name"},

@@ -37,7 +37,7 @@
  *      {"pid": N, "role": "host" | "worker" | "tool" | "unknown",
  *       "pack": "...", "interpreter": "3.12.1", "generation": N,
  *       "host_pid": N | null,                    a worker's host
- *       "state": "idle" | "busy" | "releasing" | "stale" | "unknown",
+ *       "state": "idle" | "busy" | "releasing" | "stale" | "working" | "unknown",
  *                                                stale: left mid-write by its
  *                                                (stopped) owner, only pid known
  *       "idle_s": 12.345 | null,                 now - last use (CLOCK_MONOTONIC)
@@ -183,7 +183,7 @@ const char *bh_status_role_name(int role) {
 
 const char *bh_status_run_name(int run) {
   return run == BH_RUN_IDLE ? "idle" : run == BH_RUN_BUSY ? "busy" : run == BH_RUN_RELEASING ? "releasing"
-         : run == BH_RUN_STALE ? "stale" : "unknown";
+         : run == BH_RUN_STALE ? "stale" : run == BH_RUN_WORKING ? "working" : "unknown";
 }
 
 /* The host record a worker belongs under, or -1. */

@@ -259,6 +259,35 @@ def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
     assert f"its worker (pid {second}) exited after" in srv.log()
 
 
+def test_a_worker_at_work_of_its_own_is_not_stopped(comfyui, tmp_path):
+    """#37: a worker running no node but working for its pack (a thread
+    computing, a process of its own, or a thread inside
+    bulkhead.working()) is stopped neither by its idle exit (2 s here)
+    nor, for the pack's busy context, by ComfyUI's "Free model and node
+    cache"; in-process nothing stops a pack's own thread.  Once the work
+    ends, the worker exits after its idle time.  (A 20 s job was cut at
+    2-4 s.)"""
+    srv = comfyui(env={"BH_E2E_IDLE_EXIT": "2"})
+    for kind in ("cpu", "child", "context"):
+        done = tmp_path / f"{kind}.done"
+        entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EBackground",
+                                                  "inputs": {"kind": kind, "seconds": 7.0, "done": str(done)}}}))
+        assert entry["status"]["status_str"] == "success", entry["status"]
+        pid = entry["outputs"]["1"]["pid"][0]
+        time.sleep(4.5)                      # past twice its idle exit time
+        if kind == "context":
+            status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
+            assert status == 200 and all(r["state"] != "exited" for r in body["bulkhead"]["processes"]
+                                         if r["pid"] == pid), body
+        deadline = time.monotonic() + 30
+        while not done.exists() and time.monotonic() < deadline:
+            assert _alive(pid), (kind, srv.log()[-3000:])
+            time.sleep(0.2)
+        assert done.read_text() == str(pid), kind
+        assert _wait_gone(pid, 30), (kind, srv.log()[-3000:])    # then idle: it exits
+    assert "runs no node but stays" in srv.log()
+
+
 # ComfyUI's execution values through an isolated pack (channel/nodes.py):
 # a node's ExecutionBlocker, with a message and silent; a V1 node's hidden
 # DYNPROMPT, at the top and inside an expansion; a GraphBuilder expansion,

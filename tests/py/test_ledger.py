@@ -160,6 +160,10 @@ def test_argument_errors(path):
         assert l.read(os.getpid())["pack"] == "p" * 63
         with pytest.raises(ValueError, match="unknown run state 'sleeping'"):
             l.set_run("sleeping")
+        with pytest.raises(ValueError, match="run state 'stale' is only read"):
+            l.set_run("stale")
+        l.set_run("working")     # a pack's bulkhead.working()
+        assert l.read(os.getpid())["run"] == "working"
         with pytest.raises(ValueError, match="device must not be empty"):
             l.set_device("")
         with pytest.raises(ValueError, match="device is 48 bytes"):

@@ -716,6 +716,39 @@ def test_bulkhead_free_frees_worker_memory_with_before_after(tmp_path, monkeypat
 
 
 @pytest.mark.torch
+def test_comfyui_free_stops_idle_workers_for_a_local_client_only(tmp_path, monkeypatch):
+    """ComfyUI's "Free model and node cache" (/free free_memory) stops
+    idle workers when its client is on this machine; from elsewhere (any
+    web client can post it: ComfyUI has no authentication) the workers
+    release and go on (exit_idle false)."""
+    import asyncio
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+    monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/libnvml.so")
+    ledger, hm = _fake_host(tmp_path)
+    routes = comfy_routes.BulkheadRoutes(hm, free_wait_s=0.1, release_timeout_s=1.0)
+    asked = []
+    routes.held_now = lambda: {}
+    routes.free_after_comfyui = lambda before, exit_idle: asked.append(exit_idle) or {"processes": []}
+
+    async def upstream_free(request):      # upstream's handler: its flags, an empty 200
+        return web.Response(status=200)
+
+    async def run():
+        app = web.Application(middlewares=[_remote_from_header(), routes.free_observer()])
+        app.router.add_post("/free", upstream_free)
+        async with TestClient(TestServer(app)) as client:
+            for remote in (None, "192.0.2.1", "::1"):
+                headers = {"X-Test-Remote": remote} if remote else {}
+                r = await client.post("/free", json={"free_memory": True}, headers=headers)
+                assert r.status == 200 and (await r.json()) == {"bulkhead": {"processes": []}}
+    try:
+        asyncio.run(run())
+    finally:
+        ledger.close()
+    assert asked == [True, False, True]
+
+
 def test_comfyui_free_reaches_the_workers(tmp_path, monkeypatch):
     """ComfyUI's own POST /free: upstream's handler sets its flags (the
     prompt worker unloads and resets its cache later, as before); bulkhead's

@@ -26,6 +26,15 @@ clamped to the cgroup) is below PRESSURE_SWITCH percent of its total
 (default PRESSURE_PCT; 0 turns it off), the idle worker that has been idle
 longest (at least PRESSURE_MIN_IDLE_S) is stopped, then the next, until it
 is not.  A pack whose idle_exit_s is 0 is never stopped, as above.
+
+A worker in no call may still be at work of its own (a job a pack's route
+started, a download on a pack's thread): in-process nothing would stop it,
+so none of the above stops it (``working``): not while its pack holds
+``bulkhead.working()`` (its ledger run state "working"), has a process of
+its own running (a helper it forked), or used CPU_BUSY_PCT of a CPU since
+the sweep before.  The sweeper samples every watched worker's CPU time on
+each pass for that; a worker seen for the first time is sampled over
+CPU_WINDOW_S.
 """
 
 import logging
@@ -46,11 +55,15 @@ PRESSURE_SWITCH = "BULKHEAD_IDLE_PRESSURE_PCT"
 PRESSURE_PCT = 10.0          # below this % of RAM available, idle workers exit (LRU first)
 BRIEF_S = 0.25              # the longest an asked exit (/free) waits for a worker's lock
 PRESSURE_MIN_IDLE_S = 10.0   # ... once idle this long (not between two nodes, or two prompts in a row)
+CPU_BUSY_PCT = 10.0          # a worker in no call that used this much of one CPU since the last sample is working
+CPU_WINDOW_S = 0.2           # the first sample of a worker is taken over this long
 
 _watched = []               # PackRuntime, in load order
 _lock = threading.Lock()
 _thread = None
 _released = set()           # (pack dir, pid) released instead of stopped: said once
+_kept_working = set()       # pids left alone because they were working: said once
+_cpu = {}                   # pid -> (CPU seconds, time.monotonic()) at its last sample
 
 
 def limit_s(options):
@@ -85,6 +98,7 @@ def _sweep_forever():
             limits = [limit_s(rt.options) for rt in _watched]
         time.sleep(min([SWEEP_S] + [x / 2 for x in limits if x > 0]))
         try:
+            _sample_all()
             exit_idle()
             exit_under_pressure()
         except Exception:  # the sweeper never dies of one pack's trouble
@@ -104,6 +118,80 @@ def idle_for(rt):
     if not rec or rec.get("run") != "idle" or not rec.get("last_used_ns"):
         return None
     return max(0.0, (time.monotonic_ns() - rec["last_used_ns"]) / 1e9)
+
+
+def _cpu_s(pid):
+    """The CPU time pid has used (user + system, all its threads), in
+    seconds, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _sample(pid):
+    used = _cpu_s(pid)
+    if used is not None:
+        _cpu[pid] = (used, time.monotonic())
+    return used
+
+
+def _sample_all():
+    """A CPU sample of every watched running worker (the sweeper's pass);
+    those of workers gone are dropped."""
+    with _lock:
+        pids = {rt.worker.pid for rt in _watched if rt.worker.alive}
+    for pid in list(_cpu):
+        if pid not in pids:
+            _cpu.pop(pid, None)
+    for pid in pids:
+        _sample(pid)
+
+
+def _children(pid):
+    """The pids of pid's child processes (each thread's children file)."""
+    kids = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+    except (OSError, ValueError):
+        pass
+    return kids
+
+
+def working(rt):
+    """Why rt's worker, in no call, is at work of its own (module doc), in
+    words, or None."""
+    w = rt.worker
+    pid = w.pid
+    try:
+        rec = rt.options["ledger"].read(pid) if rt.options.get("ledger") is not None else None
+    except Exception:
+        rec = None
+    if rec and rec.get("run") == "working":
+        return "its pack holds bulkhead.working()"
+    kids = _children(pid)
+    if kids:
+        return f"its own processes run (pid {', '.join(map(str, kids[:4]))})"
+    last = _cpu.get(pid)
+    if last is None or time.monotonic() - last[1] < CPU_WINDOW_S / 4:
+        if last is None:
+            _sample(pid)
+        time.sleep(CPU_WINDOW_S)
+        last = _cpu.get(pid)
+    if last is None:
+        return None
+    then_s, then = last
+    now_s = _sample(pid)
+    if now_s is None:
+        return None
+    pct = 100.0 * (now_s - then_s) / max(time.monotonic() - then, 1e-3)
+    if pct >= CPU_BUSY_PCT:
+        return f"it used {pct:.0f}% of a CPU in no call (a thread of its pack)"
+    return None
 
 
 def held_handles(rt):
@@ -127,7 +215,8 @@ def exit_idle(min_idle_s=None):
         limit = limit_s(rt.options) if min_idle_s is None else min_idle_s
         idle = idle_for(rt)
         if idle is None and min_idle_s == 0 and rt.worker.alive and not rt.worker.busy:
-            idle = 0.0      # asked now: not in a call is idle (its ledger stamp may lag its last answer)
+            idle = 0.0      # asked now: not in a call is idle (its ledger stamp may lag its last answer;
+                            # _exit_one leaves a worker whose pack holds bulkhead.working())
         if idle is None or idle < limit or (min_idle_s is None and limit <= 0):
             continue
         row = _exit_one(rt, idle, f"after {idle:.0f} s idle", wait_s=0 if min_idle_s is None else BRIEF_S)
@@ -186,12 +275,19 @@ def exit_under_pressure():
 
 
 def _exit_one(rt, idle, why, wait_s=0):
-    """Stops rt's worker (idle for `idle` s) unless the host holds its
-    objects (then releases it, once per generation) or it is no longer
-    idle.  wait_s: how long to wait for its lock (the reader thread and
+    """Stops rt's worker (idle for `idle` s) unless it is working for its
+    pack (``working``: left alone, said once), the host holds its objects
+    (then releases it, once per generation) or it is no longer idle.  wait_s: how long to wait for its lock (the reader thread and
     the release flusher hold it for a frame at a time).  Returns its row,
     or None when it was left alone."""
     w = rt.worker
+    why_working = working(rt) if w.alive and not w.busy else None
+    if why_working is not None:
+        if w.pid not in _kept_working:
+            _kept_working.add(w.pid)
+            log.info("bulkhead: pack %r: its worker (pid %d) runs no node but stays: %s", rt.name, w.pid,
+                     why_working)
+        return None
     with w.holding(wait_s) as held:
         if not held or not w.alive or w.busy or rt.async_calls():
             return None  # a call is starting or running (or async calls' tasks run): not idle after all

@@ -263,8 +263,12 @@ class BulkheadRoutes(BulkheadService):
             response = await handler(request)
             if not asked or response.status != 200 or not isinstance(response, web.Response):
                 return response
+            # "Free model and node cache" stops idle workers only for a
+            # client on this machine; from elsewhere (any web client can
+            # post it, and ComfyUI has no authentication) they release.
+            exit_idle = bool(body.get("free_memory")) and from_loopback(request)
             try:
-                report = await self._act(self.free_after_comfyui, before, bool(body.get("free_memory")))
+                report = await self._act(self.free_after_comfyui, before, exit_idle)
             except RouteError as e:  # too many at once: upstream's answer alone
                 log.warning("bulkhead: ComfyUI's /free: %s (the workers release after their idle time)", e)
                 return response

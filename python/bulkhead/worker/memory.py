@@ -27,11 +27,13 @@ ComfyUI is imported by the pack, not by bulkhead: the hooks install
 themselves once ``comfy.model_management`` appears in ``sys.modules``.
 """
 
+import contextlib
 import ctypes
 import gc
 import itertools
 import os
 import sys
+import threading
 import time
 import weakref
 
@@ -139,6 +141,8 @@ class WorkerMemory:
         self.pager_reason = ""
         self._floor = {}           # device -> bytes held with no model resident
         self._depth = 0            # calls from the host in progress (nested through callbacks)
+        self._working = 0          # the pack's own work in progress (working(): a job a route started)
+        self._working_lock = threading.Lock()
         self.host_pid = host_pid
         self._pin_split = None     # this worker's share of the pin budget, once split
         self._split_at = 0.0
@@ -150,9 +154,10 @@ class WorkerMemory:
     def _hook(self, mm=None):
         if self.mm is not None:
             return True
-        mm = mm or sys.modules.get("comfy.model_management")
-        if mm is None or getattr(getattr(mm, "__spec__", None), "_initializing", False):
-            return False   # not imported, or still importing on another thread (an async node's task)
+        if mm is None:      # looked up (the watcher hands over a module that has executed)
+            mm = sys.modules.get("comfy.model_management")
+            if mm is None or getattr(getattr(mm, "__spec__", None), "_initializing", False):
+                return False   # not imported, or still importing on another thread (an async node's task)
         self.mm = mm
         original = mm.load_models_gpu
         wm = self
@@ -430,7 +435,7 @@ class WorkerMemory:
                 _trim_heap()
         finally:
             self.census()
-            self.ledger.set_run("busy" if self._depth else "idle")
+            self.ledger.set_run(self._rest())
         after = self._resident()
         freed = max(0, before - after)
         if freed:
@@ -458,7 +463,7 @@ class WorkerMemory:
                 loaded = max(0, int(lm.model.loaded_size()) - was)
         finally:
             self.census()
-            self.ledger.set_run("busy" if self._depth else "idle")
+            self.ledger.set_run(self._rest())
         return {"before_bytes": before, "after_bytes": self._resident(), "loaded_bytes": loaded}
 
     def _release_bytes(self, nbytes):
@@ -546,7 +551,29 @@ class WorkerMemory:
             self.census()
         else:
             self._publish_shm()
-        self.ledger.set_run("idle")
+        self.ledger.set_run(self._rest())
+
+    def _rest(self):
+        """The run state between a host's requests: busy inside one,
+        working while the pack's own work goes on, else idle."""
+        return "busy" if self._depth else "working" if self._working else "idle"
+
+    @contextlib.contextmanager
+    def working(self):
+        """bulkhead.working(): while it is held, this worker is never idle
+        (no idle exit, no exit under memory pressure or /free; an idle
+        release does not ask it) though no node runs."""
+        with self._working_lock:
+            self._working += 1
+            if self._working == 1 and not self._depth:
+                self.ledger.set_run("working")
+        try:
+            yield
+        finally:
+            with self._working_lock:
+                self._working -= 1
+                if not self._working and not self._depth:
+                    self.ledger.set_run("idle")
 
     def recount(self):
         """The census once more, after a call's result went (its blocks

@@ -258,3 +258,44 @@ NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2EBigArray"
                        "E2EMakeThing": MakeThing, "E2EUseThing": UseThing, "E2EBlock": Block, "E2EShow": Show,
                        "E2EWhere": Where, "E2EExpand": Expand}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}
+
+
+class Background:
+    """Starts the pack's own work that outlives the node (as a job a pack's
+    route starts): `kind` "cpu" (a thread computing), "child" (a process
+    of its own) or "context" (a thread waiting inside bulkhead.working()),
+    for `seconds`; then writes its pid to `done` (a path)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"kind": (["cpu", "child", "context"],), "seconds": ("FLOAT", {"default": 6.0}),
+                             "done": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, kind, seconds, done):
+        import subprocess
+        import threading
+
+        def job():
+            t0 = time.monotonic()
+            if kind == "cpu":
+                n = 0
+                while time.monotonic() - t0 < seconds:
+                    n += 1
+            elif kind == "child":
+                subprocess.run(["sleep", str(seconds)], check=True)
+            else:
+                import bulkhead
+                with bulkhead.working():
+                    time.sleep(seconds)
+            with open(done, "w") as f:
+                f.write(str(os.getpid()))
+        threading.Thread(target=job, daemon=True).start()
+        return {"ui": {"pid": [os.getpid()]}}
+
+
+NODE_CLASS_MAPPINGS["E2EBackground"] = Background
