@@ -615,7 +615,7 @@ app.registerExtension({
   name: "bulkhead.panel",
   async setup() {
     noticeNotIsolated();
-    api.addEventListener("bulkhead.pack_ready", onPackReady);
+    if (typeof api.addEventListener === "function") api.addEventListener("bulkhead.pack_ready", onPackReady);
     app.extensionManager.registerSidebarTab({
       id: "bulkhead",
       icon: "pi pi-server",

@@ -128,10 +128,13 @@ def _serve():
 def _run(b, work, env_dir):
     try:
         work(b)
-    except Exception:  # work records its own outcome; what escapes is a bug, logged, not lost
+    except Exception as e:  # work records its own outcome; what escapes is a bug, logged, not lost
         log.exception("bulkhead: pack %r: its background build ended with an error", b.name)
         if b.error is None:
-            b.error = "an internal error (the traceback above)"
+            b.error = f"{type(e).__name__}: {e} (bulkhead's own error: the traceback is in ComfyUI's log)"
+        from . import states  # a cycle: states is imported by everything here
+        if states.state_of(b.directory, b.module) == "building":     # not left "building" for ever
+            states.failed(b.directory, b.name, b.error, module=b.module)
     finally:
         with _lock:
             if _builds.get(env_dir) is b:
