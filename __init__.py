@@ -39,6 +39,10 @@ def _import_installed():
     if mod is not None and mod.__dict__ is not globals():
         if getattr(mod, "BULKHEAD_MISSING", None):
             return None, mod.BULKHEAD_MISSING
+        if getattr(mod, "__file__", None) is None:      # a namespace package (the prestartup's import)
+            for name in [n for n in sys.modules if n == "bulkhead" or n.startswith("bulkhead.")]:
+                del sys.modules[name]
+            return None, _leftover(getattr(mod, "__path__", None))
         return mod, None
     if not sys.platform.startswith("linux"):
         return None, f"bulkhead runs on Linux only (this is {sys.platform})"
@@ -49,6 +53,8 @@ def _import_installed():
     parent = os.path.dirname(_HERE)
     path = [p for p in sys.path if os.path.realpath(p or os.curdir) != parent]
     spec = importlib.machinery.PathFinder.find_spec("bulkhead", path)
+    if spec is not None and spec.origin is None and spec.submodule_search_locations:
+        return None, _leftover(spec.submodule_search_locations)
     if spec is None or spec.loader is None:
         return None, f"bulkhead is not installed into this Python ({sys.executable})"
     mod = importlib.util.module_from_spec(spec)
@@ -61,6 +67,17 @@ def _import_installed():
         return None, f"the installed bulkhead ({os.path.dirname(spec.origin or '?')}) fails to import: " \
                      f"{type(e).__name__}: {e}"
     return mod, None
+
+
+def _leftover(paths):
+    """The reason for a ``bulkhead`` that imports as a namespace package:
+    folders without the package's __init__.py, what an uninstall left
+    (pip removes only the files it installed: a __pycache__ written later
+    stays, and the folder then imports as an empty package, on which every
+    pack failed with "module 'bulkhead' has no attribute 'comfy_pack'")."""
+    where = ", ".join(str(p) for p in (paths or [])) or "a folder on sys.path"
+    return (f"{where} holds no bulkhead package, only what an uninstall left there (files pip did not "
+            f"install): remove that folder first")
 
 
 def _stand_in(reason):

@@ -38,6 +38,50 @@ def test_call_under_other_interpreter(make_worker):
         pytest.skip("no worker venvs built")
 
 
+INSTALLED_HOST = """
+import glob, os, sys, bulkhead
+from bulkhead.host import workers
+root = workers.worker_pythonpath()
+for py in sys.argv[2:]:
+    w = bulkhead.Worker(py, name="installed", env={"PYTHONPATH": sys.argv[1]})
+    try:
+        assert w.call("operator:add", 1, 2) == 3
+        assert w.call("bh_testmod:echo", 1) == ((1,), {})     # bulkhead's modules imported there
+    finally:
+        w.close()
+print("root", root, len([p for p in glob.glob(os.path.join(root, "bulkhead", "**", "*.pyc"), recursive=True)
+                         if not os.path.islink(p)]))   # what the workers compiled (pip's are links)
+"""
+
+
+def test_workers_never_write_into_the_installed_package(tmp_path):
+    """bulkhead installed beside other packages (site-packages): workers
+    under every interpreter import it from their host's package root, and
+    the bytecode a worker under another minor compiles stays there, never
+    in the installed package (pip uninstall leaves files it did not
+    install: the folder left imported as an empty namespace package, and
+    every pack failed on bulkhead.comfy_pack)."""
+    import shutil
+    import subprocess
+    import sys
+    if not WORKER_VENVS:
+        pytest.skip("no worker venvs built")
+    site = tmp_path / "site-packages"
+    pkg = site / "bulkhead"
+    shutil.copytree(os.path.dirname(os.path.abspath(bulkhead.__file__)), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "another_package.py").write_text("")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(pkg)], check=True)   # as pip does
+    before = sorted(p.relative_to(pkg) for p in pkg.rglob("*"))
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{HELPERS}")
+    r = subprocess.run([sys.executable, "-c", INSTALLED_HOST, HELPERS, *WORKER_VENVS.values()], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "root" in r.stdout, (r.stdout, r.stderr)
+    assert sorted(p.relative_to(pkg) for p in pkg.rglob("*")) == before
+    root, compiled = r.stdout.split()[1], int(r.stdout.split()[2])
+    assert compiled > 0 and not os.path.exists(root)     # other minors' bytecode, gone with the host's root
+
+
 HOST_SCRIPT = """
 import sys, bulkhead
 w = bulkhead.Worker(sys.executable, name="h", env={"PYTHONPATH": sys.argv[1]})

@@ -283,16 +283,29 @@ def test_install_py_without_compiler_installs_nothing(wheel, tmp_path):
     assert glob.glob(str(tmp_path / "venv" / "lib" / "*" / "site-packages" / "bulkhead*")) == []
 
 
-@pytest.mark.parametrize("platform", [None, "darwin"])
+@pytest.mark.parametrize("platform", [None, "darwin", "leftover"])
 def test_root_init_without_bulkhead_falls_back(tmp_path, platform):
     """ComfyUI loading the clone where bulkhead is not installed (or not
-    Linux): nothing raises, one line names the fix, and an isolated pack
-    runs in-process with its one warning."""
+    Linux, or only a folder an uninstall left: __pycache__ a worker under
+    another minor wrote, which pip does not remove, imports as an empty
+    namespace package; every pack failed "module 'bulkhead' has no
+    attribute 'comfy_pack'"): nothing raises, one line names the fix, and
+    an isolated pack runs in-process with its one warning."""
     custom_nodes = tmp_path / "custom_nodes"
     copy_tree(custom_nodes / "bulkhead")
     shutil.copytree(os.path.join(ROOT, "examples", "packs", "old_numpy_pack"), custom_nodes / "old_numpy_pack")
-    loader = LOADER if platform is None else f"import sys; sys.platform = {platform!r}\n" + LOADER
-    p = run([sys.executable, "-c", loader, custom_nodes, ""], cwd=tmp_path)
+    env = clean_env()
+    loader = f"import sys; sys.platform = {platform!r}\n" + LOADER if platform == "darwin" else LOADER
+    if platform == "leftover":
+        left = tmp_path / "site" / "bulkhead"
+        for d in (left / "__pycache__", left / "host" / "__pycache__"):
+            d.mkdir(parents=True)
+            (d / "x.cpython-312.pyc").write_bytes(b"")
+        env = clean_env(PYTHONPATH=str(tmp_path / "site"))
+        # ComfyUI runs the prestartup script first: its import leaves the namespace packages in sys.modules
+        loader = ("import runpy, sys\nrunpy.run_path(sys.argv[1] + '/bulkhead/prestartup_script.py')\n"
+                  + LOADER)
+    p = run([sys.executable, "-c", loader, custom_nodes, ""], cwd=tmp_path, env=env)
     out = p.stdout.splitlines()
     assert "WEB None" in out and "MAPPINGS {} {}" in out
     packs = [line for line in out if line.startswith("PACK ")]
@@ -301,7 +314,8 @@ def test_root_init_without_bulkhead_falls_back(tmp_path, platform):
     fix = f"run `python install.py` in {os.path.realpath(custom_nodes / 'bulkhead')}"
     not_loaded = [line for line in logs if "bulkhead: not loaded" in line]
     assert len(not_loaded) == 1 and fix in not_loaded[0], logs
-    assert ("Linux only" in not_loaded[0]) == (platform is not None)
+    assert ("Linux only" in not_loaded[0]) == (platform == "darwin")
+    assert (f"{tmp_path / 'site' / 'bulkhead'} holds no bulkhead package" in not_loaded[0]) == (platform == "leftover")
     in_process = [line for line in logs if "runs in-process, NOT isolated" in line]
     assert len(in_process) == 1 and "old_numpy_pack" in in_process[0] and fix in in_process[0], logs
     assert not any("Traceback" in line for line in p.stderr.splitlines())

@@ -178,7 +178,7 @@ import os, sys
 sys.path.insert(0, sys.argv[1])
 from bulkhead.host import control, workers
 root = workers.worker_pythonpath()
-print("root", root, os.listdir(root), os.path.realpath(os.path.join(root, "bulkhead")))
+print("root", root, os.listdir(root), os.path.dirname(os.path.realpath(os.path.join(root, "bulkhead", "__init__.py"))))
 print("control", control.control_dir())
 for d in (control.control_dir(), root):
     print("mode", d, oct(os.lstat(d).st_mode & 0o777))
@@ -214,7 +214,7 @@ from bulkhead.host import workers
 root = workers.worker_pythonpath()
 print(root, flush=True)
 sys.stdin.readline()  # the other install's host starts here
-print(os.path.realpath(os.path.join(root, "bulkhead")), flush=True)
+print(os.path.dirname(os.path.realpath(os.path.join(root, "bulkhead", "__init__.py"))), flush=True)
 """
 
 

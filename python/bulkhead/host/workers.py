@@ -125,12 +125,13 @@ def worker_pythonpath():
     """A directory holding only the ``bulkhead`` package, for a worker's
     PYTHONPATH.  The package's own parent when it holds nothing else (a
     build tree); otherwise a directory of this host process alone, made
-    with mkdtemp in the checked private directory (rundir) and holding one
-    symlink to this host's package: no other user can swap it, and another
-    install's host (another version) never repoints it.  Removed at exit;
-    those of hosts that died without exiting go at the next host's first
-    worker.  Raises rundir.PrivateDirError when the private directory is
-    not ours."""
+    with mkdtemp in the checked private directory (rundir) and holding a
+    copy of the package's tree made of links (_link_tree): no other user
+    can swap it, another install's host (another version) never repoints
+    it, and a worker never writes into the installed package.  Removed at
+    exit; those of hosts that died without exiting go at the next host's
+    first worker.  Raises rundir.PrivateDirError when the private directory
+    is not ours."""
     global _root
     with _root_lock:
         if _root is not None:
@@ -146,20 +147,33 @@ def worker_pythonpath():
         base = rundir.runtime_dir()
         _sweep_roots(base)
         root = tempfile.mkdtemp(prefix=f"{_ROOT_NAME}{os.getpid()}-", dir=base)
-        os.symlink(pkg, os.path.join(root, "bulkhead"))
         atexit.register(_remove_root, root, os.getpid())
+        _link_tree(pkg, os.path.join(root, "bulkhead"))
         _root = root
         return _root
+
+
+def _link_tree(src, dst):
+    """dst: src's directories made anew, every file in them a symbolic link
+    to src's (the bytecode pip compiled included, so a worker under the
+    host's Python reads it as from the package).  A worker under another
+    minor then writes its own bytecode into dst's __pycache__, never into
+    the installed package: pip uninstall leaves what it did not install,
+    and the folder left then imported as an empty namespace package, on
+    which every pack failed ("module 'bulkhead' has no attribute
+    'comfy_pack'")."""
+    for dirpath, _dirs, files in os.walk(src):
+        out = os.path.normpath(os.path.join(dst, os.path.relpath(dirpath, src)))
+        os.mkdir(out, 0o700)
+        for name in files:
+            os.symlink(os.path.join(dirpath, name), os.path.join(out, name))
 
 
 def _remove_root(root, pid=None):
     if pid is not None and pid != os.getpid():
         return  # a forked child exiting: the root is its parent's
-    try:
-        os.unlink(os.path.join(root, "bulkhead"))
-        os.rmdir(root)
-    except OSError:
-        pass
+    import shutil  # host side only: a worker imports this module too
+    shutil.rmtree(root, ignore_errors=True)   # directories and links: no link is followed
 
 
 def _sweep_roots(base):
