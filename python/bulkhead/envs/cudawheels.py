@@ -16,7 +16,12 @@ A wheel fits when its name is a spelling of the package (``-``/``_``), its
 local version names the host's CUDA (``torch.version.cuda``, major+minor)
 and torch (major.minor) -- the versions comfy-env pins into its envs --, it
 is for the environment's CPython (``cp311``) and this machine's
-architecture (``_x86_64``); manylinux wheels first.  A host whose torch has
+architecture (``_x86_64``).  Of the wheels that fit, the newest version wins,
+compared as versions (PEP 440: 1.10 after 1.9, 2.1 after 2.0; a final
+release before a pre-release, as pip), manylinux before a plain linux
+wheel of the same version; comfy-env took the first
+that fit in the page's order (docs/comfy-env-dialects.md).  The build log
+says which was picked, over which others, and why.  A host whose torch has
 no CUDA (a CPU build) matches only CPU builds (``+cputorch2.8``,
 ``+pt2.8cpu``).  The host's torch is read from its ``torch/version.py``
 without importing torch; ``$BULKHEAD_TORCH_VERSION`` and
@@ -43,6 +48,7 @@ import urllib.parse
 import urllib.request
 
 from .errors import EnvBuildError
+from .hostmatch import InvalidVersion, Version
 
 DEFAULT_INDEX = "https://comfy-forge.github.io/cuda-wheels/"
 
@@ -115,6 +121,33 @@ def _listing(index, pkg_dir):
     return [(m.group(1), m.group(2).strip()) for m in _LINK.finditer(html)]
 
 
+def _version_of(name):
+    """The version a wheel file name carries (``pkg-1.10+cu128torch2.8-cp311-...``),
+    as a ``Version`` without its local label; the lowest there is when it
+    is no PEP 440 version (never picked over one that is)."""
+    parts = name.split("-")
+    try:
+        return Version(parts[1].split("+")[0]) if len(parts) >= 3 else _NO_VERSION
+    except InvalidVersion:
+        return _NO_VERSION
+
+
+_NO_VERSION = Version("0.dev0")
+
+
+def _why(found, pats, py_tag, arch):
+    """The build log's words for the pick: what matched, and over what."""
+    text = found[0][2]
+    others = sorted({f[2].split("-")[1] for f in found[1:]} - {text.split("-")[1]})
+    why = (f"the newest version of {len(found)} wheel(s) built for {pats[0].lstrip('+')} "
+           f"(or {pats[1].lstrip('+')}), {py_tag}, {arch.lstrip('_') or 'any platform'}")
+    if others:
+        why += f" (also there: {', '.join(others)})"
+    if len(found) > 1 and found[0][0] == found[1][0]:
+        why += "; manylinux before plain linux" if found[0][1] and not found[1][1] else ""
+    return why
+
+
 def wanted(torch_version, cuda_version):
     """The local-version spellings of the build wanted."""
     t = ".".join(torch_version.split("+")[0].split(".")[:2])
@@ -156,12 +189,12 @@ def resolve(config, python_version, progress, rebuild="bulkhead install <pack>",
                     continue
                 tried.append(f"{index}{v}/")
                 for href, text in links:
-                    version = text.split("-")[1].split("+")[0] if text.count("-") >= 2 else ""
-                    if want_version and version != want_version:
+                    version = _version_of(text)
+                    if want_version and version != _version_of(f"x-{want_version}-"):
                         continue
                     if any(p in text for p in pats) and f"-{py_tag}-" in text and (not arch or arch in text):
                         url = href if "://" in href else index + v + "/" + href
-                        found.append((0 if "manylinux" in text else 1, text, url))
+                        found.append((version, "manylinux" in text, text, url))
             if found:
                 break
         if not found and cv is None:
@@ -174,9 +207,10 @@ def resolve(config, python_version, progress, rebuild="bulkhead install <pack>",
             raise EnvBuildError(f"{head} in the indexes tried: {'; '.join(tried)}. Point BULKHEAD_CUDA_INDEX at "
                                 "an index that has it, or list the wheel under [pypi-dependencies] with its url; "
                                 "no environment was made")
-        found.sort()
-        _, text, url = found[0]
-        progress(f"[cuda] {spec}: {text} ({url})")
+        # A final release before a pre-release (as pip), then the newest, then manylinux.
+        found.sort(key=lambda f: (not f[0].is_prerelease, f[0], f[1]), reverse=True)
+        _, _, text, url = found[0]
+        progress(f"[cuda] {spec}: {text} ({url}): {_why(found, pats, py_tag, arch)}")
         name = text.split("-", 1)[0]
         out.append(f"{name} @ {url}")
     if skipped:

@@ -1,0 +1,100 @@
+"""What comfy-env's releases accepted in a ``comfy-env.toml`` and bulkhead
+once refused or read otherwise, each put to a release's own reader where
+its code runs here (test_comfy_env_names's ``releases`` and
+``run_release``: the wheel's modules run in a child, never committed) and
+to bulkhead's: a PEP 440 ``python`` specifier, a typo inside ``[cuda]``,
+extras in a dependency key; and the CUDA wheel picked by version where an
+index lists several.  Where bulkhead answers otherwise on purpose the
+difference is in docs/comfy-env-dialects.md and the test says so."""
+
+import os
+import platform
+import subprocess
+import sys
+import types
+
+import pytest
+
+from bulkhead.envs import config as packconfig, cudawheels, interpreters
+from bulkhead.envs.config import PackConfigError
+from bulkhead.envs.hostmatch import Version
+from localsources import PY_TAG, write
+from test_comfy_env_names import releases, run_release  # noqa: F401  (releases: a fixture)
+
+HOST_MM = "%d.%d" % sys.version_info[:2]
+
+
+def release_config(tmp_path, releases, version, text):
+    """comfy-env ``version``'s load_config over ``text``: its python, cuda
+    packages, pypi dependencies and what it printed to stderr."""
+    p = write(tmp_path / "rel" / "comfy-env.toml", text)
+    return run_release(tmp_path, releases[version], f"""
+        import contextlib, io
+        from comfy_env.config import load_config
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                c = load_config({p!r})
+                out = dict(python=c.python, cuda=c.cuda_packages,
+                           pypi=c.pixi_passthrough.get("pypi-dependencies", {{}}))
+            except ValueError as e:
+                out = dict(error=str(e))
+        out["stderr"] = err.getvalue()
+        print(json.dumps(out))
+    """)
+
+
+def bulkhead_config(tmp_path, text):
+    p = write(tmp_path / "bh" / "nodes" / "comfy-env.toml", text)
+    return packconfig.load(p, warn=False)
+
+
+# --- which CUDA wheel: the newest version that fits, not the first in text order ---
+
+ARCH = platform.machine()
+
+
+def wheel_page(root, names):
+    """A CUDA-wheel index (``<pkg>/index.html`` of links named for wheels)
+    listing ``names`` in that order; the wheels themselves are not there
+    (resolve reads the page only)."""
+    write(root / "idx" / "bh_cudaext" / "index.html", "".join(f'<a href="{n}">{n}</a>\n' for n in names))
+    return str(root / "idx")
+
+
+def wheel(version, local="cu128torch2.8", py=PY_TAG, plat=f"linux_{ARCH}"):
+    return f"bh_cudaext-{version}+{local}-{py}-{py}-{plat}.whl"
+
+
+@pytest.mark.parametrize("listed", [
+    [wheel("1.9"), wheel("1.10")],
+    [wheel("1.10"), wheel("1.9")],
+    [wheel("2.0"), wheel("2.1")],
+    [wheel("2.1"), wheel("2.0"), wheel("1.10")],
+    # newer versions that do not fit (another CUDA, torch, Python, machine), a pre-release, a manylinux twin
+    [wheel("1.9"), wheel("3.0", local="cu130torch2.9"), wheel("1.10"), wheel("3.0", py="cp30"),
+     wheel("3.0", plat="linux_ppc64le"), wheel("2.0rc1"), wheel("1.10", plat=f"manylinux_2_28_{ARCH}")],
+])
+def test_the_cuda_wheel_picked_is_the_newest_version_that_fits(tmp_path, monkeypatch, listed):
+    monkeypatch.setenv("BULKHEAD_CUDA_INDEX", wheel_page(tmp_path, listed))
+    config = types.SimpleNamespace(path=str(tmp_path / "comfy-env.toml"), cuda=("bh-cudaext",))
+    lines = []
+    [got] = cudawheels.resolve(config, HOST_MM, lines.append, torch=("2.8.0", "12.8"))
+    # The answer by PEP 440 (packaging's Version): of the wheels for this
+    # build, the newest final release, manylinux before plain linux.
+    fits = [n for n in listed if "+cu128torch2.8-" in n and f"-{PY_TAG}-" in n and n.endswith(f"_{ARCH}.whl")]
+    final = [n for n in fits if not Version(n.split("-")[1].split("+")[0]).is_prerelease] or fits
+    best = max(final, key=lambda n: (Version(n.split("-")[1].split("+")[0]), "manylinux" in n))
+    assert got.endswith("/" + best), (got, best)
+    [said] = [l for l in lines if l.startswith("[cuda] bh-cudaext: ")]
+    assert said.startswith(f"[cuda] bh-cudaext: {best} (") and "the newest version of" in said, said
+    others = {n.split("-")[1] for n in fits} - {best.split("-")[1]}
+    assert all(o in said for o in others), said
+
+
+def test_a_pinned_cuda_wheel_version_compares_as_a_version(tmp_path, monkeypatch):
+    """comfy-env 0.0.x's ``name = "1.10.0"`` names 1.10 however the wheel spells it."""
+    monkeypatch.setenv("BULKHEAD_CUDA_INDEX", wheel_page(tmp_path, [wheel("1.9"), wheel("1.10"), wheel("2.0")]))
+    config = types.SimpleNamespace(path=str(tmp_path / "comfy-env.toml"), cuda=("bh-cudaext==1.10.0",))
+    [got] = cudawheels.resolve(config, HOST_MM, lambda l: None, torch=("2.8.0", "12.8"))
+    assert got.endswith("/" + wheel("1.10"))
