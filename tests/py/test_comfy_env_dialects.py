@@ -98,3 +98,24 @@ def test_a_pinned_cuda_wheel_version_compares_as_a_version(tmp_path, monkeypatch
     config = types.SimpleNamespace(path=str(tmp_path / "comfy-env.toml"), cuda=("bh-cudaext==1.10.0",))
     [got] = cudawheels.resolve(config, HOST_MM, lambda l: None, torch=("2.8.0", "12.8"))
     assert got.endswith("/" + wheel("1.10"))
+
+
+# --- a typo inside [cuda]: a warning naming file and line, as comfy-env warned ---
+
+@pytest.mark.parametrize("body, typo", [
+    ('pakages = ["bh-other"]\npackages = ["nvdiffrast"]\n', "pakages"),
+    ('packages = ["nvdiffrast"]\npackage = "bh-other"\n', "package"),
+    ('packges = ["nvdiffrast"]\n', "packges"),
+    ('packages = ["nvdiffrast"]\nwheel_index = { url = "https://x" }\n', "wheel_index"),
+])
+def test_a_typo_inside_cuda_is_a_warning_as_the_release_gives(tmp_path, releases, body, typo):
+    text = f'python = "{HOST_MM}"\n[cuda]\n{body}'
+    want = release_config(tmp_path, releases, "0.4.46", text)
+    assert "error" not in want and f"unrecognized key '{typo}' in [cuda]" in want["stderr"], want
+    c = bulkhead_config(tmp_path, text)
+    assert list(c.cuda) == want["cuda"]
+    line = 1 + text.splitlines().index(next(l for l in text.splitlines() if l.startswith(typo + " ")))
+    [w] = [w for w in c.warnings if "[cuda]" in w]
+    assert w.startswith(f"{c.path}:{line}: [cuda] unknown key {typo!r}"), w
+    close = typo != "wheel_index"
+    assert ("(did you mean 'packages'?)" in w) == close, w

@@ -779,14 +779,18 @@ def _older_dialects(data, r, notes):
         data["cuda"] = {"packages": cu}
     elif isinstance(cu, dict):
         extra = {k: v for k, v in cu.items() if k != "packages"}
-        typos = {k: v for k, v in extra.items() if not isinstance(v, str)}
+        # A key that is no package = "version" (0.0.x's form), or that reads
+        # as a misspelling of packages, is a typo: comfy-env 0.3-0.4 warned
+        # about it and built the rest, and so does bulkhead.
+        typos = [k for k, v in extra.items() if not isinstance(v, str) or _closest(k, ["packages"])]
         for k in typos:
-            r.error(f"[cuda] unknown key {k!r}{did_you_mean(k, ['packages'])}; [cuda] takes packages = [...] "
-                    "(or, as comfy-env 0.0.x, package = \"version\")", "cuda", k)
+            note(f"[cuda] unknown key {k!r}{did_you_mean(k, ['packages'])}: ignored, as comfy-env ignores it; "
+                 "the environment gets no CUDA wheel from it. [cuda] takes packages = [...] (or, as comfy-env "
+                 "0.0.x, package = \"version\")", "cuda", k)
         if extra:
             data["cuda"] = {"packages": list(cu.get("packages", []) if isinstance(cu.get("packages"), list)
                                              else [cu["packages"]] if "packages" in cu else [])
-                            + _d1_cuda(r, extra, ("cuda",))}
+                            + _d1_cuda(r, {k: v for k, v in extra.items() if k not in typos}, ("cuda",))}
     py = data.get("python")
     if isinstance(py, (int, float)) and not isinstance(py, bool):
         # comfy-env 0.0.66-0.4.13 took str(): 3.11 -> "3.11".  But TOML reads 3.10 as 3.1.
