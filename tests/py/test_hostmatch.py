@@ -10,6 +10,7 @@ runs isolated)."""
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -269,6 +270,36 @@ def test_another_minor_plans_the_hosts_versions(tmp_path, home, monkeypatch):
         [(args, w), *_] = p.sources[f"torch=={HOST_TORCH}"]
         assert args == ["--extra-index-url", str(tmp_path / f"idx-{local}")] and w.startswith("BULKHEAD_TORCH_INDEX")
     assert f"torch=={HOST_TORCH}" in p.needing(["torch"]) and f"psutil=={HOST_PSUTIL}" not in p.needing(["torch"])
+
+
+def test_another_minor_leaves_out_what_only_comfyuis_server_uses(tmp_path, home, monkeypatch):
+    """#36: ComfyUI's web assets (the frontend, the templates: ~140 MB) are
+    installed under no other minor (a numpy-only pack under 3.12 was
+    883 MB against 95 MB under 3.11); under the host's own minor they
+    stay shared, links costing nothing.  A distribution of the host's
+    (a .dist-info on sys.path) that ComfyUI's requirements.txt lists."""
+    import importlib
+    site = tmp_path / "site"
+    info = site / "comfyui_frontend_package-1.27.10.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: comfyui-frontend-package\nVersion: 1.27.10\n")
+    (info / "RECORD").write_text("comfyui_frontend_package/__init__.py,,\n")
+    (site / "comfyui_frontend_package").mkdir()
+    (site / "comfyui_frontend_package" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    comfy = tmp_path / "comfyui"
+    shutil.copytree(STUB_ROOT, comfy, symlinks=True)
+    with open(comfy / "requirements.txt", "a") as f:
+        f.write("comfyui-frontend-package==1.27.10\n")
+    pack = make_pack(tmp_path, f'python = "{OTHER_MM}"\nrequirements = ["bhdemo"]\n')
+    c = only_config(pack)
+    other = hostmatch.plan(c, OTHER_MM + ".1", str(comfy))
+    assert not any(r.lower().startswith("comfyui-frontend-package") for r in other.install), other.install
+    assert any(r.lower().startswith("aiohttp==") for r in other.install)
+    assert any("not installed: comfyui-frontend-package (ComfyUI's server alone uses it" in n for n in other.notes)
+    same = hostmatch.plan(c, "%d.%d.0" % sys.version_info[:2], str(comfy))
+    assert "comfyui-frontend-package" in same.share
 
 
 def test_another_minor_gets_the_hosts_torch_from_a_local_index(tmp_path, home, monkeypatch):

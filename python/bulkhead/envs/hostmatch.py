@@ -27,7 +27,8 @@ farm (with uv as the installer, which does not read a .pth, each shared
 distribution also gets a metadata-only marker there: ``write_markers``).
 The host's whole site-packages is never on a worker's path.  Of another
 minor: installed with pip at the host's versions
-(``torch==2.13.0+cpu``, ...), before the pack's requirements; a local
+(``torch==2.13.0+cpu``, ...), before the pack's requirements, less what
+only ComfyUI's server uses (SERVER_ONLY: its web assets); a local
 build (``+cpu``, ``+cu128``) is looked for where it came from
 (``local_sources``).  What no index reachable has for that minor is left
 out with one warning naming it (envs/build.py): a pack that never imports
@@ -77,6 +78,12 @@ from .config import PackConfigError
 # Distributions every environment gets at the host's versions (where the
 # host has them), whatever ComfyUI's requirements.txt says.
 ALWAYS = ("torch", "comfy-aimdo", "comfy-kitchen")
+# ComfyUI's requirements that no worker imports: its web assets (the
+# frontend and the workflow templates alone are ~140 MB) and its own app
+# database.  Under another minor they are not installed; under the host's
+# own they are shared as links, which costs nothing.
+SERVER_ONLY = frozenset({"comfyui-frontend-package", "comfyui-workflow-templates", "comfyui-embedded-docs",
+                         "alembic", "sqlalchemy"})
 PTH_NAME = "bulkhead-host.pth"
 FINGERPRINT_FORMAT = 1
 
@@ -369,6 +376,7 @@ def plan(config, python_version, comfyui):
     torch the host's does not satisfy."""
     mode = config.options.get("host_packages", "match")
     stamp = fingerprint(comfyui, mode)
+    same_minor = python_version.split(".")[:2] == [str(x) for x in sys.version_info[:2]]
     if mode == "none":
         return Plan([], [], [], [], ["host_packages = \"none\": nothing of the host's is matched"], stamp)
     dists = _host_dists()
@@ -379,18 +387,24 @@ def plan(config, python_version, comfyui):
         # an in-process pack can import (comfy_api's av, server's aiohttp, ...).
         path = _requirements_file(comfyui)
         host_env = dict(default_environment(), extra="")
-        lacking = []
+        lacking, server_only = [], []
         for req in read_requirements(path):
             if req.marker is not None and not req.marker.evaluate(host_env):
                 continue
             n = canonicalize_name(req.name)
-            if n in dists:
+            if n in SERVER_ONLY and not same_minor:
+                server_only.append(req.name)
+            elif n in dists:
                 roots.append(n)
             else:
                 lacking.append(req.name)
         if lacking:
             notes.append(f"the host has no {', '.join(lacking)} installed ({path} lists "
                          f"{'them' if len(lacking) > 1 else 'it'}): nor does this environment")
+        if server_only:
+            notes.append(f"not installed: {', '.join(server_only)} (ComfyUI's server alone uses "
+                         f"{'them' if len(server_only) > 1 else 'it'}; no worker imports "
+                         f"{'them' if len(server_only) > 1 else 'it'})")
     else:
         notes.append("no ComfyUI found (COMFYUI_PATH, or the pack in <ComfyUI>/custom_nodes): only "
                      f"{', '.join(roots) or 'nothing'} matched to the host")
@@ -423,7 +437,6 @@ def plan(config, python_version, comfyui):
     for n, text, host_v in pack_wins:
         notes.append(f"{n}: the pack's {text} wins over the host's {n} {host_v}")
     names = [n for n in names if n not in won]
-    same_minor = python_version.split(".")[:2] == [str(x) for x in sys.version_info[:2]]
     share, install = [], []
     for n in names:
         if same_minor and dists[n].files is not None:
