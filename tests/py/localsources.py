@@ -54,11 +54,12 @@ def write(path, text):
     return str(path)
 
 
-def _write_wheel(directory, name, version, tag, files, purelib):
-    """A wheel of ``files`` (path -> text) with its dist-info and RECORD."""
+def _write_wheel(directory, name, version, tag, files, purelib, metadata=""):
+    """A wheel of ``files`` (path -> text) with its dist-info and RECORD;
+    ``metadata``: more METADATA lines (Requires-Dist, Provides-Extra)."""
     info = f"{name}-{version}.dist-info"
     entries = dict(files)
-    entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{metadata}"
     entries[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: {str(purelib).lower()}\n"
                                 f"Tag: {tag}\n")
     record = []
@@ -74,9 +75,9 @@ def _write_wheel(directory, name, version, tag, files, purelib):
     return whl
 
 
-def make_wheel(directory, name, version, files):
+def make_wheel(directory, name, version, files, metadata=""):
     """A pure-Python wheel (py3-none-any); returns its path."""
-    return _write_wheel(directory, name, version, "py3-none-any", files, True)
+    return _write_wheel(directory, name, version, "py3-none-any", files, True, metadata)
 
 
 def source_tree(directory, name, version, value):

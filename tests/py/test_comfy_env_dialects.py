@@ -24,6 +24,15 @@ from test_comfy_env_names import releases, run_release  # noqa: F401  (releases:
 HOST_MM = "%d.%d" % sys.version_info[:2]
 
 
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_HOME", str(tmp_path / "bh-home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user-home"))
+    for v in ("COMFY_ENV_ROOT", "BULKHEAD_PIP_ARGS", "BULKHEAD_COMFY_ENV"):
+        monkeypatch.delenv(v, raising=False)
+    return tmp_path / "bh-home"
+
+
 def release_config(tmp_path, releases, version, text):
     """comfy-env ``version``'s load_config over ``text``: its python, cuda
     packages, pypi dependencies and what it printed to stderr."""
@@ -119,3 +128,40 @@ def test_a_typo_inside_cuda_is_a_warning_as_the_release_gives(tmp_path, releases
     assert w.startswith(f"{c.path}:{line}: [cuda] unknown key {typo!r}"), w
     close = typo != "wheel_index"
     assert ("(did you mean 'packages'?)" in w) == close, w
+
+
+# --- extras in a dependency key ---
+
+EXTRAS = f'''
+python = "{HOST_MM}"
+[pypi-dependencies]
+"bhextra[easy]" = "*"
+"bhtable[More,easy]" = {{ version = ">=1", extras = ["easy"] }}
+'''
+
+
+def test_extras_in_a_dependency_key_are_read_as_the_release_reads_them(tmp_path, releases):
+    want = release_config(tmp_path, releases, "0.4.46", EXTRAS)
+    assert "error" not in want and set(want["pypi"]) == {"bhextra[easy]", "bhtable[More,easy]"}, want
+    c = bulkhead_config(tmp_path, EXTRAS)
+    assert c.requirements == ("bhextra[easy]", "bhtable[easy,more]>=1")
+    with pytest.raises(PackConfigError) as ei:
+        bulkhead_config(tmp_path, '[pypi-dependencies]\n"bhextra[e asy]" = "*"\n')
+    assert str(ei.value).startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:2: [pypi-dependencies] 'bhextra[e asy]' "
+                                    "is not a valid distribution name"), str(ei.value)
+
+
+def test_a_dependency_with_extras_in_its_key_is_installed_with_them(tmp_path):
+    import bulkhead
+    from localsources import make_wheel
+    wheels = str(tmp_path / "wheels")
+    make_wheel(wheels, "bhextra", "1.0", {"bhextra/__init__.py": "VALUE = 'extra'\n"},
+               'Provides-Extra: easy\nRequires-Dist: bhplain; extra == "easy"\n')
+    make_wheel(wheels, "bhplain", "1.0", {"bhplain/__init__.py": "VALUE = 'plain'\n"})
+    pack = tmp_path / "ComfyUI-Extras"
+    write(pack / "nodes" / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\n"bhextra[easy]" = "*"\n')
+    [st] = bulkhead.install(str(pack), progress=lambda l: None, pip_args=["--no-index", "--find-links", wheels])
+    assert st.ok, st
+    out = subprocess.run([st.python, "-I", "-c", "import bhextra, bhplain; print(bhextra.VALUE, bhplain.VALUE)"],
+                         stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout.strip()
+    assert out == "extra plain"

@@ -30,6 +30,8 @@ What is read:
   ``requirements``         a list of pip requirement strings.
   ``[pypi-dependencies]``  pixi style: ``name = "<2"``, ``name = "*"``,
                            ``name = { version = ">=1", extras = ["x"] }``,
+                           ``"name[x]" = "*"`` (extras in the key, as pixi
+                           and comfy-env take it),
                            ``{ path = "..." }``, ``{ url = "..." }``,
                            ``{ git = "...", rev = "..." }``.
                            ``{ version = ">=1", index = "https://..." }``
@@ -156,6 +158,7 @@ _UNIMPLEMENTED = {
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PY_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?\Z")
 _DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
+_KEY_EXTRAS = re.compile(r"\s*([^\[\s]+)\s*\[([^\]]*)\]\s*\Z")
 _REQ_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(.*)\Z", re.S)
 _TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
 
@@ -456,7 +459,7 @@ def _dep_from_table(r, name, spec, keypath):
     sources = [k for k in ("path", "url", "git") if k in spec]
     if len(sources) > 1:
         r.error(f"{table} {name}: give one of path, url, git (got {', '.join(sources)})", *keypath)
-    head = _norm_name(name) + (f"[{','.join(sorted(_norm_name(e) for e in extras))}]" if extras else "")
+    head = _norm_name(name) + (f"[{','.join(sorted({_norm_name(e) for e in extras}))}]" if extras else "")
     index = spec.get("index")
     if index is not None:
         if sources:
@@ -506,15 +509,21 @@ def _read_pypi(r, deps, keypath):
     if not isinstance(deps, dict):
         r.type_error(keypath, 'a table of name = "version spec"', deps)
     out = {}
-    for name, spec in deps.items():
-        if not _DIST_NAME.match(name):
-            r.error(f"{table} {name!r} is not a valid distribution name", *keypath, name)
+    for key, spec in deps.items():
+        # "trimesh[easy]" = "*": extras in the key, as pixi and comfy-env took it.
+        m = _KEY_EXTRAS.match(key)
+        name, extras = (m.group(1), [e.strip() for e in m.group(2).split(",") if e.strip()]) if m else (key, [])
+        if not _DIST_NAME.match(name) or not all(_DIST_NAME.match(e) for e in extras):
+            r.error(f"{table} {key!r} is not a valid distribution name (a name, or name[extra,...])", *keypath, key)
         if isinstance(spec, str):
-            req = (_norm_name(name) + _version_spec(r, keypath + (name,), spec), None)
+            head = _norm_name(name) + (f"[{','.join(sorted({_norm_name(e) for e in extras}))}]" if extras else "")
+            req = (head + _version_spec(r, keypath + (key,), spec), None)
         elif isinstance(spec, dict):
-            req = _dep_from_table(r, name, spec, keypath + (name,))
+            if extras and isinstance(spec.get("extras", []), list):
+                spec = dict(spec, extras=list(spec.get("extras", [])) + extras)
+            req = _dep_from_table(r, name, spec, keypath + (key,))
         else:
-            r.type_error(keypath + (name,), 'a version spec string or a table', spec)
+            r.type_error(keypath + (key,), 'a version spec string or a table', spec)
         out[_norm_name(name)] = req
     return out
 
