@@ -42,12 +42,19 @@ def _server(comfyui, tmp_path):
     return comfyui(packs=("e2e_async",), pack_dirs=(str(copy),))
 
 
-def _sleeps(prefix, seconds, n=3):
-    """A prompt of n async sleeps, each an output of its own (tags unique
-    to the prompt: nothing comes from the cache)."""
+def _sleeps(prefix, seconds, n=3, kind="E2EAsyncSleep"):
+    """A prompt of n async sleeps (kind: the V1 node or the V3 one), each
+    an output of its own (tags unique to the prompt: nothing comes from
+    the cache)."""
     run = uuid.uuid4().hex[:8]
-    return {str(i): {"class_type": f"{prefix}E2EAsyncSleep", "inputs": {"seconds": seconds, "tag": f"{run}-{i}"}}
+    return {str(i): {"class_type": f"{prefix}{kind}", "inputs": {"seconds": seconds, "tag": f"{run}-{i}"}}
             for i in range(1, n + 1)}
+
+
+def _error(entry):
+    """The last message of a prompt's history entry, in a line."""
+    kind, data = entry["status"]["messages"][-1]
+    return f"{kind}: {data.get('exception_message', '')}"
 
 
 def _overlap(entry):
@@ -59,12 +66,13 @@ def _overlap(entry):
 def test_async_nodes_overlap_isolated_as_in_process(comfyui, tmp_path):
     srv = _server(comfyui, tmp_path)
     overlap = {}
-    for way, prefix in WAYS.items():
-        entry = srv.wait_history(srv.queue(_sleeps(prefix, 1.0)), timeout_s=120)
-        assert entry["status"]["status_str"] == "success", (way, entry["status"]["messages"][-1][1].get("exception_message"), srv.log())
-        overlap[way] = _overlap(entry)
-    assert overlap["in-process"], "the oracle: in ComfyUI's process three async sleeps overlap"
-    assert overlap["isolated"] == overlap["in-process"], overlap
+    for kind in ("E2EAsyncSleep", "E2EV3AsyncSleep"):
+        for way, prefix in WAYS.items():
+            entry = srv.wait_history(srv.queue(_sleeps(prefix, 1.0, kind=kind)), timeout_s=120)
+            assert entry["status"]["status_str"] == "success", (way, kind, _error(entry), srv.log())
+            overlap[kind, way] = _overlap(entry)
+        assert overlap[kind, "in-process"], f"the oracle: in ComfyUI's process three {kind} overlap"
+        assert overlap[kind, "isolated"] == overlap[kind, "in-process"], overlap
 
 
 def test_an_interrupt_ends_a_prompt_of_running_async_nodes(comfyui, tmp_path):
@@ -99,6 +107,6 @@ def test_node_code_runs_under_the_grad_mode_of_comfyuis_executor(comfyui, tmp_pa
         entry = srv.wait_history(srv.queue({
             "1": {"class_type": f"{prefix}E2EGradMode", "inputs": {"tag": "sync"}},
             "2": {"class_type": f"{prefix}E2EAsyncGradMode", "inputs": {"tag": "async"}}}), timeout_s=120)
-        assert entry["status"]["status_str"] == "success", (way, entry["status"]["messages"][-1][1].get("exception_message"), srv.log())
+        assert entry["status"]["status_str"] == "success", (way, _error(entry), srv.log())
         seen[way] = {node: ui for node, ui in entry["outputs"].items()}
     assert seen["isolated"] == seen["in-process"], seen

@@ -14,6 +14,7 @@ DESCRIBE = "bulkhead.worker.nodes:describe"          # the pack's node metadata,
 RUN = "bulkhead.worker.nodes:run"                    # a V1 node's FUNCTION (or another method)
 RUN_V3 = "bulkhead.worker.nodes:run_v3"              # a V3 node's classmethod
 RUN_ASYNC = "bulkhead.worker.nodes:run_async"        # an async V1 FUNCTION started as a task
+RUN_V3_ASYNC = "bulkhead.worker.nodes:run_v3_async"  # an async V3 FUNCTION started as a task
 ASYNC_RESULT = "bulkhead.worker.nodes:async_result"  # that task's outcome, once it ended
 ASYNC_CANCEL = "bulkhead.worker.nodes:async_cancel"  # that task cancelled (its prompt ended)
 ASYNC_PUMP = "bulkhead.worker.nodes:async_pump"      # the host calls its tasks asked for
@@ -30,8 +31,8 @@ HELD_COUNT = "bulkhead.worker.nodes:held_count"      # how many objects the work
 # multiprocessing's managers serve their `exposed` names): the host's
 # ComfyUI never has it run an arbitrary "module:function".  A plain
 # bulkhead.Worker, which is no pack's, serves any target (Worker.call).
-WORKER_TARGETS = (DESCRIBE, RUN, RUN_V3, RUN_ASYNC, ASYNC_RESULT, ASYNC_CANCEL, ASYNC_PUMP, CALL_CLASS, WARM,
-                  REHEARSE, HANDLE_ROUTE, ON_PROMPT, LOAD, RELEASE_OBJECTS, HELD_COUNT)
+WORKER_TARGETS = (DESCRIBE, RUN, RUN_V3, RUN_ASYNC, RUN_V3_ASYNC, ASYNC_RESULT, ASYNC_CANCEL, ASYNC_PUMP,
+                  CALL_CLASS, WARM, REHEARSE, HANDLE_ROUTE, ON_PROMPT, LOAD, RELEASE_OBJECTS, HELD_COUNT)
 
 # --- host callables a worker calls (exposed by host/serverproxy.py, host/memory.py) ---
 SERVER = "bulkhead.server"            # the worker's PromptServer asking the host's

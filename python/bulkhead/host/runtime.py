@@ -564,9 +564,9 @@ class PackRuntime:
         def define_schema(cls):
             return decode_schema(io, node)
         ns["define_schema"] = classmethod(define_schema)
-        if node.get("execute_async"):
-            async def execute(cls, **kwargs):   # the prefix read before the thread: the executor goes on
-                return await _in_thread(rt.run_v3, cls, key, kwargs, None, graph_prefix())
+        if node.get("execute_async"):   # a task, as run_async runs a V1 node's (the prefix read first)
+            async def execute(cls, **kwargs):
+                return await rt.run_v3_async(cls, key, kwargs, graph_prefix())
         else:
             def execute(cls, **kwargs):
                 return rt.run_v3(cls, key, kwargs, None, graph_prefix())
@@ -656,21 +656,64 @@ class PackRuntime:
     async def run_async(self, node, key, kwargs):
         """An async V1 node's FUNCTION: as in ComfyUI's process, a task that
         the executor's loop awaits while other nodes run (several in flight
-        in one worker).  The worker lock is held only for the exchanges
-        that start the task and fetch its outcome, never while it runs:
-        the worker serves other calls meanwhile, and says when the task
-        ended (a PROGRESS frame with its ticket, read by whichever host
-        thread reads its channel then).  Its progress reaches this node;
-        the interrupt watcher covers the whole wait; a worker that dies
-        meanwhile fails the call with WorkerDied, and a prompt that ends
-        first (the coroutine cancelled) cancels the task there."""
+        in one worker; _run_task)."""
+        prefix = graph_prefix()   # as run's, read before the first wait
+
+        def start(w, mm, ticket):
+            instance = node.__dict__.get("_bulkhead_instance")
+            if instance is not None and instance._peer is not w.peer:
+                instance = None  # the worker was restarted: a new instance there
+            try:
+                res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), instance, prefix)
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") \
+                    from None
+            except HandleError:
+                if instance is None or instance._peer is w.peer:   # as in run
+                    raise
+                node.__dict__.pop("_bulkhead_instance", None)
+                res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), None, prefix)
+            node._bulkhead_instance = res["instance"]
+            if res["instance"] is not None:
+                self.instances.add(res["instance"])
+        res, peer = await self._run_task(key, self._take_deferred(key, kwargs), None, start)
+        if key not in self._handle_gen and _holds_handles(res["outputs"]):
+            self._outputs_hold_handles(type(node), key, peer.generation)
+        if res.get("same"):  # inputs the node passed through: the host's own objects
+            return put_back(res["outputs"], res["same"], kwargs)
+        return res["outputs"]
+
+    async def run_v3_async(self, clone, key, kwargs, prefix=None):
+        """An async V3 node's execute, on the class clone ComfyUI made, as
+        run_async runs a V1 node's FUNCTION; answers run_v3's io.NodeOutput."""
+        hidden = hidden_values(clone)
+
+        def start(w, mm, ticket):
+            try:
+                self._call(w, mm, targets.RUN_V3_ASYNC, ticket, key, NodeValue(kwargs), NodeValue(hidden), prefix)
+            except HostObject as e:
+                raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") \
+                    from None
+        res, _peer = await self._run_task(key, self._take_deferred(key, kwargs), hidden, start)
+        return self._node_output(res, kwargs)
+
+    async def _run_task(self, key, deferred, v3_hidden, start):
+        """An async node call: start(w, mm, ticket) starts its task in the
+        worker, under the worker lock, and this awaits its end and fetches
+        its outcome; returns (the worker's answer, the generation's Peer).
+        The lock is held only for the exchanges that start the task and
+        fetch its outcome, never while it runs: the worker serves other
+        calls meanwhile, and says when the task ended (a PROGRESS frame
+        with its ticket, read by whichever host thread reads its channel
+        then).  Its progress reaches this node; the interrupt watcher
+        covers the whole wait; a worker that dies meanwhile fails the call
+        with WorkerDied, and a prompt that ends first (the coroutine
+        cancelled) cancels the task there."""
         import asyncio  # start-up cost: only async nodes need it here
         import contextvars
         mm = _mm()
         if mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
-        deferred = self._take_deferred(key, kwargs)
-        prefix = graph_prefix()   # as run's, read before the first wait
         w = self.worker
         loop = asyncio.get_running_loop()
         ticket = next(self._tickets)
@@ -679,39 +722,19 @@ class PackRuntime:
         started = None   # the generation the task runs in, until its outcome is asked for
         try:
             with w.holding():
-                self._begin(w, mm, key, deferred)
-                instance = node.__dict__.get("_bulkhead_instance")
-                if instance is not None and instance._peer is not w.peer:
-                    instance = None  # the worker was restarted: a new instance there
-                try:
-                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), instance, prefix)
-                except HostObject as e:
-                    raise _host_object_error(e, kwargs, lambda k: f"{k!r} of node {key!r} (pack {self.name!r})") \
-                        from None
-                except HandleError:
-                    if instance is None or instance._peer is w.peer:   # as in run
-                        raise
-                    node.__dict__.pop("_bulkhead_instance", None)
-                    res = self._call(w, mm, targets.RUN_ASYNC, ticket, key, NodeValue(kwargs), None, prefix)
+                self._begin(w, mm, key, deferred, v3_hidden)
+                start(w, mm, ticket)
                 peer = started = w.peer
-            node._bulkhead_instance = res["instance"]
-            if res["instance"] is not None:
-                self.instances.add(res["instance"])
             await self._await_task(w, peer, call, key, mm)
             started = None   # ended there: its outcome is taken (or lost with the worker)
             with w.holding():
                 if w.peer is not peer:
                     raise w.ended(peer, f"after node {key!r} ran (async)")
-                res = self._call(w, mm, targets.ASYNC_RESULT, ticket)
+                return self._call(w, mm, targets.ASYNC_RESULT, ticket), peer
         finally:
             self._async.pop(ticket, None)
             if started is not None:   # cancelled, or failed while the task ran: it ends there too
                 self._cancel_task(w, started, ticket)
-        if key not in self._handle_gen and _holds_handles(res["outputs"]):
-            self._outputs_hold_handles(type(node), key, peer.generation)
-        if res.get("same"):  # inputs the node passed through: the host's own objects
-            return put_back(res["outputs"], res["same"], kwargs)
-        return res["outputs"]
 
     def async_calls(self):
         """How many async node calls of this pack are in flight: their
@@ -922,6 +945,12 @@ class PackRuntime:
                 raise _host_object_error(e, kwargs, lambda k: f"{k!r} of {where} (pack {self.name!r})") from None
         if method is not None:
             return res
+        return self._node_output(res, kwargs)
+
+    @staticmethod
+    def _node_output(res, kwargs):
+        """The worker's answer for a V3 node's execute as an io.NodeOutput
+        of the host's comfy_api."""
         from comfy_api.latest import io
         out = res["outputs"]
         args = out["args"]

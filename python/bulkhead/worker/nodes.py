@@ -616,11 +616,11 @@ _host_asks = None        # what the loop thread asked of the host (call_host), f
 
 class _Task:
     """One async node call in flight: its future (concurrent), and what its
-    result needs to cross as run's does."""
-    __slots__ = ("future", "kwargs", "received")
+    result needs to cross as run's (or, v3, run_v3's) does."""
+    __slots__ = ("future", "kwargs", "received", "v3")
 
-    def __init__(self, future, kwargs, received):
-        self.future, self.kwargs, self.received = future, kwargs, received
+    def __init__(self, future, kwargs, received, v3):
+        self.future, self.kwargs, self.received, self.v3 = future, kwargs, received, v3
 
 
 def _task_loop():
@@ -695,21 +695,49 @@ def run_async(ticket, key, kwargs, instance=None, prefix=None):
     peer.drop_unsent()
     if instance is None:
         instance = cls()
+    set_graph_prefix(prefix)
+    _start_task(ticket, getattr(instance, cls.FUNCTION), kwargs, False)
+    return {"instance": peer.hold(instance)}
+
+
+def run_v3_async(ticket, key, kwargs, hidden, prefix=None):
+    """Starts V3 node `key`'s FUNCTION, a coroutine function, as run_async
+    starts a V1 node's, on the class clone run_v3 makes; the outcome
+    (async_result) is run_v3's answer.  Answers {} at once."""
+    cls = _class(key)
+    peer = _worker._peer
+    peer.drop_unsent()
+    try:
+        values = decode_hidden(dict(hidden or {}), sys.modules["comfy_api.latest"].io)
+        cls.VALIDATE_CLASS()
+        clone = cls.PREPARE_CLASS_CLONE(values)
+        fn = getattr(cls, cls.FUNCTION).__func__
+        set_graph_prefix(prefix)
+    except BaseException:
+        if peer.received:
+            peer.received.clear()
+        raise
+    _start_task(ticket, lambda **kw: fn(clone, **kw), kwargs, True)
+    return {}
+
+
+def _start_task(ticket, fn, kwargs, v3):
+    """fn(**kwargs)'s coroutine as a task of the pack's loop, kept under
+    ticket; the host told when it ends."""
+    peer = _worker._peer
     loop = _task_loop()
     received = dict(peer.received) if peer.received else None   # for passed_through, at the end
     if peer.received:
         peer.received.clear()
-    set_graph_prefix(prefix)
-    coro = _invoke(lambda **kw: _Coroutine(getattr(instance, cls.FUNCTION)(**kw)), kwargs).coro
+    coro = _invoke(lambda **kw: _Coroutine(fn(**kw)), kwargs).coro
     if inspect.isawaitable(coro):
         future = asyncio.run_coroutine_threadsafe(_task(ticket, coro), loop)
     else:   # not a coroutine after all: its answer is the outcome
         import concurrent.futures
         future = concurrent.futures.Future()
         future.set_result(coro)
-    _tasks[ticket] = _Task(future, kwargs, received)
+    _tasks[ticket] = _Task(future, kwargs, received, v3)
     future.add_done_callback(lambda f: f.cancelled() or _notify_task(ticket, {"done": True}))
-    return {"instance": peer.hold(instance)}
 
 
 class _Coroutine:
@@ -721,9 +749,9 @@ class _Coroutine:
 
 
 def async_result(ticket):
-    """The outcome of the task run_async started: its outputs as run
-    answers them ({"outputs", "same"}), or its error raised (translated
-    as run's)."""
+    """The outcome of the task run_async (run_v3_async) started: its
+    outputs as run (run_v3) answers them ({"outputs", "same"}), or its
+    error raised (translated as theirs)."""
     task = _tasks.pop(ticket, None)
     if task is None:
         raise LookupError(f"no async node call #{ticket} in this worker (it was fetched or cancelled)")
@@ -732,6 +760,8 @@ def async_result(ticket):
     if task.received:
         peer.received.update(task.received)
     try:
+        if task.v3:
+            return _v3_answer(peer, task.kwargs, out)
         out, same = passed_through(peer, task.kwargs, out)
     finally:
         if peer.received:
@@ -825,10 +855,16 @@ def run_v3(key, method, kwargs, hidden, prefix=None):
         out = _invoke(lambda **kw: fn(clone, **kw), kwargs)
         if method != cls.FUNCTION:
             return out if _plain(out) else repr(out)
-        args, same = passed_through(peer, kwargs, tuple(out.args))
+        return _v3_answer(peer, kwargs, out)
     finally:
         if peer.received:
             peer.received.clear()
+
+
+def _v3_answer(peer, kwargs, out):
+    """run_v3's answer for FUNCTION's io.NodeOutput `out` (the caller
+    clears peer.received after)."""
+    args, same = passed_through(peer, kwargs, tuple(out.args))
     ui = out.ui
     if ui is not None and not isinstance(ui, dict):
         ui = ui.as_dict()

@@ -1,12 +1,25 @@
-"""Nodes of the e2e async pack: an async node that sleeps and says when it
-ran, and nodes that say which grad mode their code runs under (sync and
-async).  The same file runs isolated and in ComfyUI's own process
+"""Nodes of the e2e async pack: async nodes (V1 and V3) that sleep and say
+when they ran, and nodes that say which grad mode their code runs under
+(sync and async).  The same file runs isolated and in ComfyUI's own process
 (tests/e2e/test_async_nodes.py)."""
 import asyncio
 import os
 import time
 
 import torch
+from comfy_api.latest import io
+
+
+async def _sleep(seconds):
+    """(start, end) of a sleep on the event loop that stops when ComfyUI's
+    interrupt flag is set."""
+    import comfy.model_management as mm
+    start = time.time()
+    while time.time() < start + seconds:
+        if mm.processing_interrupted():
+            raise mm.InterruptProcessingException()
+        await asyncio.sleep(0.02)
+    return start, time.time()
 
 
 class AsyncSleep:
@@ -25,14 +38,24 @@ class AsyncSleep:
     OUTPUT_NODE = True
 
     async def sleep(self, seconds, tag):
-        import comfy.model_management as mm
-        start = time.time()
-        while time.time() < start + seconds:
-            if mm.processing_interrupted():
-                raise mm.InterruptProcessingException()
-            await asyncio.sleep(0.02)
-        end = time.time()
+        start, end = await _sleep(seconds)
         return {"ui": {"start": [start], "end": [end], "tag": [tag], "pid": [os.getpid()]}, "result": (end - start,)}
+
+
+class V3AsyncSleep(io.ComfyNode):
+    """AsyncSleep as a V3 node (an async execute)."""
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id="E2EV3AsyncSleep", category="bulkhead e2e", is_output_node=True,
+                         inputs=[io.Float.Input("seconds", default=1.0, min=0.0, max=600.0),
+                                 io.String.Input("tag", default="a")],
+                         outputs=[io.Float.Output()])
+
+    @classmethod
+    async def execute(cls, seconds, tag):
+        start, end = await _sleep(seconds)
+        return io.NodeOutput(end - start, ui={"start": [start], "end": [end], "tag": [tag], "pid": [os.getpid()]})
 
 
 def _grad_mode():
@@ -64,6 +87,7 @@ class AsyncGradMode(GradMode):
         return {"ui": _grad_mode(), "result": (tag,)}
 
 
-NODE_CLASS_MAPPINGS = {"E2EAsyncSleep": AsyncSleep, "E2EGradMode": GradMode, "E2EAsyncGradMode": AsyncGradMode}
-NODE_DISPLAY_NAME_MAPPINGS = {"E2EAsyncSleep": "Async sleep (e2e)", "E2EGradMode": "Grad mode (e2e)",
-                              "E2EAsyncGradMode": "Async grad mode (e2e)"}
+NODE_CLASS_MAPPINGS = {"E2EAsyncSleep": AsyncSleep, "E2EV3AsyncSleep": V3AsyncSleep, "E2EGradMode": GradMode,
+                       "E2EAsyncGradMode": AsyncGradMode}
+NODE_DISPLAY_NAME_MAPPINGS = {"E2EAsyncSleep": "Async sleep (e2e)", "E2EV3AsyncSleep": "Async V3 sleep (e2e)",
+                              "E2EGradMode": "Grad mode (e2e)", "E2EAsyncGradMode": "Async grad mode (e2e)"}
