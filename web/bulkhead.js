@@ -428,7 +428,8 @@ function renderHistory(doc, width) {
 // whole ladder ran) is what ComfyUI references: its cached node outputs,
 // arrays in the worker's shared-memory blocks and objects behind handles,
 // which no release can take while ComfyUI holds them.  They go when
-// ComfyUI drops its cache ("Free model and node cache": POST /free with
+// ComfyUI drops its cache ("Unload Models and Execution Cache" in its
+// frontend, "Free model and node cache" in older ones: POST /free with
 // free_memory).  Returns those bytes, or 0.
 export function hostHeld(row) {
   return row.state === "released" && row.after_bytes > 0 ? row.after_bytes : 0;
@@ -460,7 +461,7 @@ export function renderFreed(r, onDismiss) {
       li.dataset.hostHeldBytes = kept;
       li.append(node("span", { class: "bh-sub bh-kept", "data-bh-kept": "" },
         `${formatBytes(kept)} stays: it is ComfyUI's cached node output, kept in this worker, ` +
-          "and is freed when ComfyUI drops its cache (“Free model and node cache”)."));
+          "and is freed when ComfyUI drops its cache (“Unload Models and Execution Cache”)."));
     }
     ul.append(li);
   }

@@ -459,7 +459,8 @@ def test_panel_says_what_comfyui_keeps_in_a_worker(tmp_path, monkeypatch):
     text = " ".join(kept["text"].split())
     assert text.startswith(f"{row['after_bytes'] / MiB:.1f} MiB stays: it is ComfyUI's cached node output, "
                            "kept in this worker"), text
-    assert "freed when ComfyUI drops its cache (“Free model and node cache”)" in text, text
+    # the button's name in ComfyUI's frontend (1.27.10): "Free model and node cache" is no more
+    assert "freed when ComfyUI drops its cache (“Unload Models and Execution Cache”)" in text, text
     assert r["png"] == 0
     keep = os.environ.get("BULKHEAD_PANEL_SCREENSHOT_KEPT")
     if keep:
