@@ -276,8 +276,9 @@ def refusal(prompt, waited, mapping):
 
 def wait_middleware():
     """The aiohttp middleware on ComfyUI's POST /prompt (and /api/prompt):
-    a prompt naming a node type ComfyUI does not know while packs build
-    waits for those builds (off the server's loop), then goes on to
+    a prompt naming a node type ComfyUI does not know while packs with no
+    nodes yet build ("new" builds; an update's pack serves its nodes
+    meanwhile) waits for those builds (off the server's loop), then goes on to
     ComfyUI's own handler, or is refused where a build it waited for
     failed (``refusal``)."""
     from aiohttp import web
@@ -295,7 +296,7 @@ def wait_middleware():
         if not isinstance(prompt, dict) or mapping is None:
             return await handler(request)
         unknown = _unknown_nodes(prompt, mapping)
-        waited = pending()
+        waited = [b for b in pending() if b.kind == "new"]   # an update's nodes are there already
         if not unknown or not waited:
             return await handler(request)
         log.info("bulkhead: a prompt names node type(s) not registered yet (%s) while the environment(s) of "
