@@ -97,10 +97,25 @@ def _env(args):
         print(f"  env:     {st.env_dir}")
         if st.python:
             print(f"  python:  {st.python} ({st.version})")
+        if c.python and packconfig.is_specifier(c.python):
+            print(f"  picked:  {_picked(c, st)}")
         print(f"  reason:  {st.reason}")
         if st.fix:
             print(f"  fix:     {st.fix}")
     return 0 if ok else 1
+
+
+def _picked(c, st):
+    """Which interpreter a config's python specifier got, and why: the
+    built environment's (its stamp), else the one a build would take."""
+    why = ((envs.read_stamp(st.env_dir) or {}).get("interpreter") or {}).get("why") if st.python else None
+    if why:
+        return why
+    try:
+        it = envs.find_interpreter(c.python, where=packconfig.key_where(c.path, "python"))
+    except envs.InterpreterNotFound as e:
+        return f"none: {e}"
+    return f"a build would take {it.path} (Python {it.version}): {it.why}"
 
 
 def _comfyui_version(base):

@@ -58,6 +58,74 @@ def bulkhead_config(tmp_path, text):
     return packconfig.load(p, warn=False)
 
 
+# --- python = ">=3.10": a PEP 440 specifier, resolved to an interpreter found here ---
+
+def release_python_pick(tmp_path, releases, spec):
+    """The interpreter comfy-env 0.4.46 would get for ``spec`` among those
+    on this machine: the python entry its own toml_generator writes into
+    the pixi manifest, read by rattler (pixi's own spec parser); pixi's
+    solve takes the newest version that matches."""
+    rattler = pytest.importorskip("rattler", reason="py-rattler (make check-py installs it)")
+    conda_spec = run_release(tmp_path, releases["0.4.46"], f"""
+        from comfy_env.packages.toml_generator import _common_base_dependencies
+        print(json.dumps(_common_base_dependencies({spec!r})["python"]))
+    """)
+    vs = rattler.VersionSpec(conda_spec)
+    here = [v for v, _, _ in interpreters.list_interpreters() if vs.matches(rattler.Version(v))]
+    return max(here, key=lambda v: tuple(map(int, v.split("."))), default=None)
+
+
+@pytest.mark.parametrize("spec", [">=3.10", ">=3.10,<3.12", "~=3.10", "!=3.12.*,>=3.10", "<3.12,>3.10.2"])
+def test_a_python_specifier_picks_the_interpreter_the_release_would(tmp_path, releases, spec):
+    text = f'python = "{spec}"\n'
+    want = release_config(tmp_path, releases, "0.4.46", text)
+    assert want.get("python") == spec, want
+    pick = release_python_pick(tmp_path, releases, spec)
+    if pick is None:
+        pytest.skip(f"no interpreter on this machine satisfies {spec}")
+    c = bulkhead_config(tmp_path, text)
+    it = interpreters.find_interpreter(c.python)
+    assert it.version == pick, (it, pick)
+    assert f"python = {c.python!r} in the config: the newest interpreter here that satisfies it" in it.why
+
+
+def test_a_python_specifier_is_built_and_said_in_the_log_and_bulkhead_env(tmp_path):
+    import bulkhead
+    pack = tmp_path / "ComfyUI-Spec"
+    write(pack / "nodes" / "comfy-env.toml", f'python = ">={HOST_MM},<{HOST_MM}.9999"\n')
+    lines = []
+    [st] = bulkhead.install(str(pack), progress=lines.append)
+    assert st.ok and st.version.startswith(HOST_MM + "."), st
+    [said] = [l for l in lines if l.startswith("interpreter: ")]
+    assert f"(Python {st.version}): python = '<{HOST_MM}.9999,>={HOST_MM}' in the config: the newest" in said, said
+    out = subprocess.run([sys.executable, "-m", "bulkhead", "env", str(pack)], stdout=subprocess.PIPE,
+                         universal_newlines=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert out.returncode == 0, out.stdout
+    assert f"  picked:  python = '<{HOST_MM}.9999,>={HOST_MM}' in the config: the newest" in out.stdout, out.stdout
+
+
+def test_a_python_specifier_nothing_here_satisfies_names_file_line_and_interpreters(tmp_path):
+    import bulkhead
+    pack = tmp_path / "ComfyUI-Spec"
+    cfg = write(pack / "nodes" / "comfy-env.toml", '# a pack for the future\npython = ">=3.99"\n')
+    with pytest.raises(bulkhead.EnvBuildError) as ei:
+        bulkhead.install(str(pack), progress=lambda l: None)
+    e = str(ei.value)
+    assert e.startswith(f"{cfg}:2: python = '>=3.99': no interpreter found here satisfies it"), e
+    found = interpreters.list_interpreters()
+    assert all(f"{v} ({p})" in e for v, p, _ in found) and "widen the specifier" in e, e
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('python = ">=3.x"\n', "python = '>=3.x' is not a PEP 440 version specifier"),
+    ('python = "<3.9"\n', "python = '<3.9' admits no Python 3.9 or newer"),
+])
+def test_a_bad_python_specifier_names_file_and_line(tmp_path, text, expected):
+    with pytest.raises(PackConfigError) as ei:
+        bulkhead_config(tmp_path, "# a pack\n" + text)
+    assert str(ei.value).startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:2: {expected}"), str(ei.value)
+
+
 # --- which CUDA wheel: the newest version that fits, not the first in text order ---
 
 ARCH = platform.machine()

@@ -784,7 +784,8 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
         uv = find_uv()
         if os.environ.get("BULKHEAD_INSTALLER") == "uv" and not uv:
             raise EnvBuildError("BULKHEAD_INSTALLER=uv but uv is not on PATH")
-        interp = find_interpreter(config.python, installer_uv=uv)
+        interp = find_interpreter(config.python, installer_uv=uv,
+                                  where=packconfig.key_where(config.path, "python") if config.python else None)
         progress(f"interpreter: {interp.path} (Python {interp.version}): {interp.why}")
         match = hostmatch.plan(config, interp.version, hostmatch.comfyui_for(config))
         args = _pip_args(pip_args)

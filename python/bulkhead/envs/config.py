@@ -24,9 +24,13 @@ than ``nodes/<subdir>/`` is not a bulkhead config.
 What is read:
 
   ``python``               "3.12" (newest 3.12.x found), "3.12.1" (that
-                           patch), or an interpreter path (absolute, ``~``,
-                           or relative to the config's directory).  Absent:
-                           the host's own major.minor.
+                           patch), a PEP 440 specifier (">=3.10",
+                           ">=3.10,<3.13": the newest interpreter found here
+                           that satisfies it, as comfy-env's pixi solve took
+                           the newest Python that did), or an interpreter
+                           path (absolute, ``~``, or relative to the
+                           config's directory).  Absent: the host's own
+                           major.minor.
   ``requirements``         a list of pip requirement strings.
   ``[pypi-dependencies]``  pixi style: ``name = "<2"``, ``name = "*"``,
                            ``name = { version = ">=1", extras = ["x"] }``,
@@ -209,7 +213,9 @@ class PackConfig:
                       directory's name, and ``<pack>.<subdir>`` for a config
                       in ``nodes/<subdir>/``.
     ``python``        the request as written ("3.12", "3.12.1", an absolute
-                      path), or None for the host's major.minor.
+                      path), a specifier in packaging's normal form
+                      ("<3.13,>=3.10": ``is_specifier``), or None for the
+                      host's major.minor.
     ``env_vars``      read-only mapping str -> str, for the worker only.
     ``requirements``  tuple of pip requirement strings, normalised, sorted,
                       without duplicates: exactly what the environment gets.
@@ -835,18 +841,20 @@ def load(path, root=None, *, warn=True):
         if not isinstance(python, str):
             r.type_error(("python",), 'a string (a version like "3.12" or an interpreter path)', python)
         python = python.strip()
-        if python.endswith(".*") or python.startswith("=="):     # "3.11.*", "==3.11": pixi's spellings
-            python = python.lstrip("=").rstrip("*").rstrip(".")
-        if "/" in python or python.startswith("~"):
+        if re.fullmatch(r"(==?)?\s*\d+(\.\d+)*(\.\*)?", python):  # "3.11.*", "==3.11", "=3.11": conda's spellings
+            python = python.lstrip("=").strip().rstrip("*").rstrip(".")
+        if "/" in python or (python.startswith("~") and not python.startswith("~=")):
             p = os.path.expanduser(python)
             if not os.path.isabs(p):
                 p = os.path.join(os.path.dirname(path), p)
             python = os.path.normpath(p)
+        elif is_specifier(python):
+            python = _read_specifier(r, python)
         else:
             m = _PY_VERSION.match(python)
             if not m:
-                r.error(f'python = {python!r}: expected a version like "3.12" or "3.12.1", '
-                        "or a path to an interpreter", "python")
+                r.error(f'python = {python!r}: expected a version like "3.12" or "3.12.1", a specifier like '
+                        '">=3.10", or a path to an interpreter', "python")
             if (int(m.group(1)), int(m.group(2))) < MIN_PYTHON:
                 r.error(f"python = {python!r}: a bulkhead worker needs Python "
                         f"{'.'.join(map(str, MIN_PYTHON))} or newer", "python")
@@ -1025,6 +1033,65 @@ def load(path, root=None, *, warn=True):
         options=types.MappingProxyType(options), warnings=tuple(notes), config_hash=digest,
         indexes=indexes, system_packages=types.MappingProxyType(system), platform=platform,
         conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=cuda)
+
+
+def key_where(path, *keypath):
+    """``path:line`` of a key of a config file (``path`` alone when the
+    line is not found or the file cannot be read), for errors raised after
+    the file was read (the interpreter a python request names)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = _find_line(f.read(), *keypath)
+    except (OSError, UnicodeDecodeError):
+        line = None
+    return f"{path}:{line}" if line else str(path)
+
+
+def is_specifier(python):
+    """Whether a config's ``python`` request is a version specifier
+    (">=3.10", "~=3.11", "!=3.12.*,>=3.10") rather than a version or a path."""
+    return bool(python) and python.lstrip()[:1] in ("<", ">", "=", "!", "~")
+
+
+def specifier_set(spec):
+    """packaging's ``SpecifierSet`` of ``spec``; raises ``ValueError`` when
+    it is not one.  Imported here, when a config names a specifier:
+    importing this module costs a worker nothing (packaging, else pip's
+    copy: bulkhead has no Python dependencies)."""
+    try:
+        from packaging.specifiers import SpecifierSet
+    except ImportError:
+        from pip._vendor.packaging.specifiers import SpecifierSet
+    return SpecifierSet(spec)
+
+
+def python_admits(request, version):
+    """Whether Python ``version`` ("3.11.7") is what a config's ``python``
+    request ("3.11", "3.11.7", ">=3.10") asks for (a path: always)."""
+    if not request or os.path.isabs(request):
+        return True
+    if is_specifier(request):
+        return specifier_set(request).contains(version, prereleases=True)
+    want = request.split(".")
+    return version.split(".")[:len(want)] == want
+
+
+def _read_specifier(r, python):
+    """A PEP 440 ``python`` specifier, in packaging's normal form.  conda's
+    ">=3.10.*" (what comfy-env made of a request, which pixi read as
+    ">=3.10") is taken as ">=3.10"."""
+    spec = ",".join(re.sub(r"^\s*(>=|<=|>|<|~=)\s*(\d[\d.]*?)\.\*\s*$", r"\1\2", part)
+                    for part in python.split(","))
+    try:
+        out = specifier_set(spec)
+    except ValueError as e:
+        r.error(f"python = {python!r} is not a PEP 440 version specifier ({e}); write one like \">=3.10\" or "
+                '">=3.10,<3.13", or a version like "3.12"', "python")
+    versions = [f"3.{minor}.{patch}" for minor in range(MIN_PYTHON[1], 40) for patch in (0, 99)]
+    if not any(out.contains(v, prereleases=True) for v in versions + ["3.999.0", "4.0.0"]):
+        r.error(f"python = {python!r} admits no Python {'.'.join(map(str, MIN_PYTHON))} or newer, and a bulkhead "
+                "worker needs one; widen the specifier", "python")
+    return str(out)
 
 
 def _channel_name(c, path):

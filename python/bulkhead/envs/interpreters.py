@@ -143,20 +143,33 @@ def list_interpreters():
     return sorted(seen.values(), key=lambda t: _version_tuple(t[0]))
 
 
-def find_interpreter(request=None, *, installer_uv=None):
+def find_interpreter(request=None, *, installer_uv=None, where=None):
     """The interpreter for a config's ``python`` request.
 
     ``request`` is "3.12" (the newest 3.12.x found), "3.12.1" (exactly
-    that), an absolute path (used as is: it must exist and run), or None
-    (the host's own major.minor).  Candidates for a version, in order:
+    that), a PEP 440 specifier (">=3.10": ``find_for_specifier``), an
+    absolute path (used as is: it must exist and run), or None (the host's
+    own major.minor).  ``where``: the config's ``path:line`` of the key,
+    which begins every error.  Candidates for a version, in order:
     pyenv (``$PYENV_ROOT/versions/3.12.*``, newest patch first),
     ``python3.12`` on PATH, Debian's ``/usr/bin/python3.12``, and
     ``uv python find 3.12`` when uv is on PATH.  Each is run once to check
     its version.  Returns an ``Interpreter``; raises ``InterpreterNotFound``
     listing what was tried and every interpreter seen."""
+    try:
+        return _find_interpreter(request, installer_uv)
+    except InterpreterNotFound as e:
+        if not where:
+            raise
+        raise InterpreterNotFound(f"{where}: {e}", e.found) from None
+
+
+def _find_interpreter(request, installer_uv):
     uv = find_uv() if installer_uv is None else installer_uv
     need_ensurepip = not uv
     rejected = []
+    if request and packconfig.is_specifier(request):
+        return find_for_specifier(request, uv)
     if request and os.path.isabs(request):
         if not os.path.exists(request):
             raise InterpreterNotFound(f"interpreter {request} does not exist")
@@ -220,3 +233,48 @@ def find_interpreter(request=None, *, installer_uv=None):
            + (f", or uv python install {request}" if uv else "")
            + ") or name an interpreter path in the config's python key")
     raise InterpreterNotFound(msg, found)
+
+
+def find_for_specifier(request, uv=None):
+    """The interpreter for a specifier (">=3.10"): the newest CPython found
+    here (``list_interpreters``; then ``uv python find``) whose version
+    satisfies it and that can make an environment -- as comfy-env's pixi
+    solve took the newest Python satisfying it (from conda-forge; bulkhead
+    downloads none).  Raises ``InterpreterNotFound`` naming the specifier
+    and every interpreter seen."""
+    spec = packconfig.specifier_set(request)
+    found = list_interpreters()
+    fits = sorted((t for t in found if spec.contains(t[0], prereleases=True)),
+                  key=lambda t: _version_tuple(t[0]), reverse=True)
+    rejected = []
+    for v, p, source in fits:
+        others = [x for x, _, _ in fits if x != v]
+        why = (f"python = {request!r} in the config: the newest interpreter here that satisfies it ({source} {p})"
+               + (f"; also satisfying it: {', '.join(dict.fromkeys(others))}" if others else ""))
+        it = _accept(p, (), source, why, rejected, not uv)
+        if it:
+            return it
+    tried = ["pyenv", "python3.N on PATH", "/usr/bin/python3.N"]
+    if uv:
+        tried.append(f"uv python find {request}")
+        try:
+            out = subprocess.run([uv, "python", "find", request], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, env=clean_env(), timeout=60, universal_newlines=True)
+            p = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+        except (OSError, subprocess.SubprocessError):
+            p = ""
+        if p:
+            it = _accept(p, (), "uv", f"python = {request!r} in the config: uv python find {request} ({p})",
+                         rejected, False)
+            if it and spec.contains(it.version, prereleases=True):
+                return it
+            if it:
+                rejected.append(f"{p} (uv): is Python {it.version}")
+    raise InterpreterNotFound(
+        f"python = {request!r}: no interpreter found here satisfies it; looked at: {', '.join(tried)}."
+        + ("\nrejected:\n  " + "\n  ".join(rejected) if rejected else "")
+        + "\ninterpreters on this machine: "
+        + (", ".join(f"{v} ({p})" for v, p, _ in found) if found else "none")
+        + "\ninstall a Python that satisfies it (pyenv install 3.N"
+        + (", or uv python install 3.N" if uv else "")
+        + "), or widen the specifier in the config's python key", found)

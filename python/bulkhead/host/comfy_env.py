@@ -345,13 +345,14 @@ def ce_env(config):
         return None, f"comfy-env's environment {d} has no interpreter at {py}; {fix}"
     try:
         import subprocess
-        v = subprocess.run([py, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        v = subprocess.run([py, "-I", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                            timeout=30, check=True).stdout.strip()
     except Exception as e:
         return None, f"comfy-env's interpreter {py} does not run ({e}); {fix}"
-    if config.python and not os.path.isabs(config.python) and \
-            v != ".".join(config.python.split(".")[:2]):
+    from ..envs import config as packconfig     # the module's other imports of envs are in functions too
+    if config.python and not packconfig.python_admits(config.python if packconfig.is_specifier(config.python)
+                                                      else ".".join(config.python.split(".")[:2]), v):
         return None, f"comfy-env's environment {d} runs Python {v}, the config asks for {config.python}; {fix}"
     return py, None
 
