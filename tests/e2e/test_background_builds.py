@@ -234,3 +234,28 @@ def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, t
     state = _pack_state(srv, "ComfyUI-Update")
     assert state["state"] == "isolated" and state["env"] == prefix, state
     assert "runs in-process" not in srv.log_since_start()
+
+
+def test_an_environment_of_another_protocol_is_rebuilt_in_the_background(comfyui, tmp_path):
+    """A bulkhead update that changed its protocol leaves each environment
+    "foreign": ComfyUI's start rebuilds it in the background, as a
+    missing one, rather than run the pack in its process."""
+    import json
+    gate = tmp_path / "gate"
+    gate.write_text("open")
+    pack = _pack(tmp_path, "ComfyUI-Proto", f'bhgate = {{ path = "{_source(tmp_path / "src", "1.0", gate)}" }}')
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=ENV)
+    env = _pack_state(srv, "ComfyUI-Proto")["env"]
+    srv.stop()
+    stamp = os.path.join(env, "bulkhead-stamp.json")
+    with open(stamp) as f:
+        doc = json.load(f)
+    doc["protocol"] = -1
+    with open(stamp, "w") as f:
+        json.dump(doc, f)
+    srv.start()
+    log = srv.log_since_start()
+    assert "its environment is foreign" in log and "building it in the background" in log, log
+    pid, value, prefix = _run(srv, 1)
+    assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == env
+    assert "runs in-process" not in srv.log_since_start()

@@ -169,7 +169,8 @@ def build_at_start(config, st):
     nothing) is built now, as ``bulkhead install`` would, its progress in
     the log: where the pack's import is the only chance to serve it (a
     script; in ComfyUI's server ``_build_in_background`` builds it
-    instead, with the same rules: ``_builds_at_start``).  So is one that
+    instead, and every other environment that is not ready too:
+    ``_builds_at_start``).  So is one that
     is stale only because the host changed (ComfyUI upgraded, its torch
     or requirements moved: ``host_changed``), which nothing of the pack's
     would otherwise bring back; a worker of another ComfyUI running on the old one is told by
@@ -328,7 +329,7 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
             old = envs.previous_env(config)
             if old is not None:
                 return _serve_while_rebuilding(config, pack_dir, module, hm, st, old)
-        if _builds_at_start(config, st) and in_comfyui_server():
+        if _builds_at_start(config, st, background=True) and in_comfyui_server():
             return _build_in_background(config, pack_dir, module, hm, st)
         st = build_at_start(config, st)
     if st.ok:
@@ -366,14 +367,20 @@ def _build_off():
     return os.environ.get(BUILD_AT_START, "1").lower() in ("0", "off", "no", "false")
 
 
-def _builds_at_start(config, st):
+def _builds_at_start(config, st, background=False):
     """Whether ComfyUI's start builds config's environment (st its
-    status): missing, or stale because the host changed, while
-    BULKHEAD_BUILD_AT_START is not 0 and no earlier build of it failed
-    with nothing changed since (``envs.failed_before``)."""
+    status), while BULKHEAD_BUILD_AT_START is not 0 and no earlier build
+    of it failed with nothing changed since (``envs.failed_before``):
+    missing, or stale because the host changed; in the background (in
+    ComfyUI's server, where nothing waits for it) any that is not ready
+    -- also one built for another bulkhead protocol (a bulkhead update),
+    one whose interpreter is gone, a broken one, or one whose config
+    changed with no environment built before to serve it meanwhile --
+    rather than run the pack in ComfyUI's process."""
     from ..envs import build as envs
-    return (st.state == "missing" or (st.state == "stale" and st.host_changed)) and not _build_off() and \
-        envs.failed_before(config) is None
+    if _build_off() or envs.failed_before(config) is not None:
+        return False
+    return not st.ok if background else st.state == "missing" or (st.state == "stale" and st.host_changed)
 
 
 def _build_in_background(config, pack_dir, module, hm, st):
@@ -384,8 +391,9 @@ def _build_in_background(config, pack_dir, module, hm, st):
     from ..envs import build as envs
     from . import building
     pack_dir = os.path.realpath(pack_dir)
-    what = ("stale because the host changed (" + st.reason.split("; run `")[0] + ")" if st.state == "stale"
-            else "not built")
+    what = ("not built" if st.state == "missing" else
+            f"stale because the host changed ({st.reason.split('; run `')[0]})" if st.host_changed else
+            f"{st.state} ({st.reason.split('; run `')[0]})")
     log.info("bulkhead: pack %r: its environment is %s; building it in the background, as `bulkhead install %s` "
              "would (%s=0 leaves it to that command); its nodes come when it is built", config.name, what,
              config.root, BUILD_AT_START)
