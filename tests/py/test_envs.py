@@ -507,6 +507,39 @@ def test_a_rebuild_while_a_worker_runs_leaves_it_its_environment(tmp_path, home,
         w.close()
 
 
+def test_a_rebuild_keeps_the_environment_of_a_worker_another_s_zygote_forked(tmp_path, home, offline):
+    """#37: the worker on pack A's environment was forked by a zygote
+    another environment of the same Python started (its argv[0] names that
+    one's interpreter): a rebuild of A after its config changed still sees
+    it (its in-use lock, envlock) and keeps A's old environment for it
+    (the argv scan alone missed it, and the rebuild removed the
+    environment under it)."""
+    from bulkhead.envs import build
+    other = make_pack(tmp_path / "o", f'python = "{HOST_MM}"\n', name="other")
+    [o] = bulkhead.install(other, progress=lambda l: None)
+    pack = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["bhdemo==1.0"]\n')
+    [old] = bulkhead.install(pack, progress=lambda l: None)
+    first = bulkhead.Worker(o.python, name="other")
+    w = bulkhead.Worker(old.python, name="pack")
+    for x in (first, w):
+        x.zygote_preload = ["multiprocessing"]
+    try:
+        first.call("os:getpid")                   # the zygote starts with the other environment's python
+        assert w.call("bhdemo:value") == "from a local wheel"
+        assert w.call("sys:prefix.__str__") == old.env_dir
+        with open(f"/proc/{w.pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[0].decode().startswith(o.env_dir)    # not under its own environment
+        assert w.pid in build.users(old.env_dir)    # (and in the other's, by its argv: kept there too, safely)
+        make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["bhdemo>=1.0"]\n')
+        r = cli("install", pack)
+        assert r.returncode == 0, r.stderr
+        assert f"keeping {old.env_dir}: worker pid(s) {w.pid} run on it" in r.stderr, r.stderr
+        assert os.path.isdir(old.env_dir) and w.call("bhdemo:value") == "from a local wheel"
+    finally:
+        w.close()
+        first.close()
+
+
 def test_one_failed_config_does_not_stop_the_others(tmp_path, wheels):
     """bulkhead.install (comfy_env.install, `bulkhead install`) builds every
     config of the pack though one fails, then says which failed, in one

@@ -83,7 +83,7 @@ def test_the_package_is_laid_out_by_process():
     folders = {e for e in entries if os.path.isdir(os.path.join(PY_SRC, e))}
     assert folders == FOLDERS
     top = sorted(e for e in entries if e.endswith(".py"))
-    assert top == ["__init__.py", "__main__.py", "_importwatch.py", "packimport.py", "pager.py"]
+    assert top == ["__init__.py", "__main__.py", "_importwatch.py", "envlock.py", "packimport.py", "pager.py"]
     for folder in FOLDERS:
         assert os.path.isfile(os.path.join(PY_SRC, folder, "__init__.py")), folder
 

@@ -107,6 +107,24 @@ def test_one_zygote_serves_workers_of_many_environments_and_execs_where_a_module
     assert ip["prefix"] == os.path.dirname(os.path.dirname(venvs["plain"]))
 
 
+def test_a_module_rewritten_in_place_is_not_handed_out_from_the_preload(forked, venvs):
+    """An environment rebuilt in place (the same paths, new files) while
+    its zygote runs: the next worker imports the new file, not the module
+    the zygote preloaded from the old one (it execs, as where a module
+    differs)."""
+    w = forked(venvs["a"])
+    assert w.call("bulkhead_zyprobe:zyshared") == "a"
+    zpid = w.call(PROBE)["ppid"]
+    path = w.call(PROBE)["zyshared"]
+    time.sleep(0.01)
+    with open(path + ".new", "w") as f:
+        f.write("WHO = 'a, rebuilt'\n")
+    os.replace(path + ".new", path)
+    w.close()
+    assert w.call("bulkhead_zyprobe:zyshared") == "a, rebuilt"
+    assert w.call(PROBE)["ppid"] == zpid     # forked by that zygote, which then exec'd the interpreter
+
+
 def test_no_environment_s_pth_code_reaches_another_s_worker(forked, venvs):
     """The zygote, started from a's interpreter, runs no site: a's .pth
     import line runs in a's workers only, and plain's worker, forked (its

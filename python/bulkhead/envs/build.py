@@ -78,10 +78,11 @@ from .errors import EnvBuildError, InterpreterNotFound  # noqa: F401  (build's n
 from .interpreters import PROBE_ENV, clean_env, find_interpreter, find_uv, probe
 from .interpreters import Interpreter, list_interpreters  # noqa: F401  (build's names for its callers too)
 from .config import PackConfigError
+from ..envlock import STAMP, holders as _lock_holders   # STAMP: the name a worker looks for too
 
-STAMP = "bulkhead-stamp.json"
 STAMP_FORMAT = 1
 STATES = ("ready", "missing", "stale", "foreign", "broken")
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvStatus:
@@ -177,8 +178,10 @@ SUPERSEDED = "bulkhead-superseded-by"
 
 
 def users(directory):
-    """Pids of the processes running an interpreter of the environment at
-    ``directory`` (their argv[0] is under it)."""
+    """Pids of the processes using the environment at ``directory``: those
+    running one of its interpreters (argv[0] under it) and the workers
+    holding its in-use lock (envlock: a worker a zygote forked runs the
+    zygote's interpreter)."""
     prefixes = tuple({os.path.join(os.path.abspath(directory), ""), os.path.join(os.path.realpath(directory), "")})
     out = []
     for pid in os.listdir("/proc"):
@@ -191,7 +194,7 @@ def users(directory):
             continue
         if argv0.startswith(prefixes):
             out.append(int(pid))
-    return out
+    return sorted(set(out) | set(_lock_holders(directory)))
 
 
 def current_python(python):

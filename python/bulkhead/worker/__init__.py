@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 
-from .. import _native
+from .. import _native, envlock
 from ..channel import targets
 from ..channel.nodes import encode_comfy
 from ..channel.peer import Peer, interpreter_info, resolve_target
@@ -120,6 +120,7 @@ def main():
         print(f"bulkhead.worker: started by pid {os.getppid()}, expected {'host' if parent == host_pid else 'zygote'} "
               f"{parent}", file=sys.stderr)
         return 2
+    envlock.hold(sys.prefix)    # while this worker lives, its environment is in use (a rebuild keeps it)
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.
     signal.signal(signal.SIGUSR1, _interrupted)

@@ -23,7 +23,8 @@ environment, so its ``.pth`` files and site-packages are its own) and
 returns into the worker's main (one difference stays: sys.flags.no_site
 is 1, from the zygote's ``-S``).  Where a module the zygote preloaded is
 not the one that environment would import (the pack brings its own torch
-or numpy, or anything the preload pulled in), the child execs the
+or numpy, or anything the preload pulled in, or the file at that path was
+replaced since: an environment rebuilt in place), the child execs the
 interpreter instead: a fresh worker, as a spawn would start.
 
 The zygote reports each child's wait status on that child's report socket
@@ -244,8 +245,9 @@ def serve():
     # every top-level module here but the interpreter's own (no site ran,
     # so no .pth imported one): the preload, what it pulled in, and
     # bulkhead's (the same files, from the PYTHONPATH every worker gets).
-    preloaded = {n: m.__file__ for n, m in sys.modules.items()   # (__main__ and its alias __mp_main__: not imported)
-                 if "." not in n and not n.startswith("__") and not _is_shared(m, stdlib)}
+    preloaded = {n: (m.__file__, _identity(m.__file__)) for n, m in sys.modules.items()
+                 if "." not in n and not n.startswith("__")   # (__main__ and its alias __mp_main__: not imported)
+                 and not _is_shared(m, stdlib)}
     ctl = socket.socket(fileno=fd)
     zygote_pid = os.getpid()
     ctl.send(json.dumps({"ready": True, "failed": failed}).encode())
@@ -305,9 +307,19 @@ def _take_environment(python, env, base_path, preloaded):
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
     stale = []
-    for name, path in preloaded.items():
+    for name, (path, ident) in preloaded.items():
         spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
         origin = spec.origin if spec is not None else None
-        if origin is None or os.path.realpath(origin) != os.path.realpath(path):
-            stale.append(name)
+        if origin is None or os.path.realpath(origin) != os.path.realpath(path) or _identity(origin) != ident:
+            stale.append(name)      # another file, or the same path rewritten (an environment rebuilt in place)
     return stale
+
+
+def _identity(path):
+    """What tells a module's file from another at the same path (device,
+    inode, mtime, size), or None."""
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
