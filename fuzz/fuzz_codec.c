@@ -10,7 +10,9 @@
  *     header promises, and every item it yields re-encodes (through the
  *     real encoders) to exactly the bytes it consumed: strings and bytes
  *     point inside the buffer (each byte is read, for ASan), tensor refs
- *     pass bh_tensor_ref_check;
+ *     pass bh_tensor_ref_check (an ARRAY's too, its description inside
+ *     the item and never empty), a range's step is never 0, and
+ *     bh_item_children counts exactly a container's items;
  *   - bh_dec_validate agrees with a recursive reference walk built on
  *     bh_dec_next, at the depth the input's first byte picks and at
  *     BH_MAX_DEPTH;
@@ -39,6 +41,11 @@ static int reencode_differs(const bh_item *it, const uint8_t *p, size_t n) {
   case BH_TAG_MAP: rc = bh_enc_map(&b, it->u.count); break;
   case BH_TAG_TENSOR: rc = bh_enc_tensor(&b, &it->u.t); break;
   case BH_TAG_HANDLE: rc = bh_enc_handle(&b, &it->u.h); break;
+  case BH_TAG_SET: rc = bh_enc_set(&b, it->u.count); break;
+  case BH_TAG_FROZENSET: rc = bh_enc_frozenset(&b, it->u.count); break;
+  case BH_TAG_COMPLEX: rc = bh_enc_complex(&b, it->u.c.real, it->u.c.imag); break;
+  case BH_TAG_RANGE: rc = bh_enc_range(&b, it->u.r.start, it->u.r.stop, it->u.r.step); break;
+  case BH_TAG_ARRAY: rc = bh_enc_array(&b, it->desc, it->desc_len, &it->u.t); break;
   default: rc = -1;
   }
   int differs = rc != 0 || b.len != n || memcmp(b.data, p, n) != 0;
@@ -47,7 +54,8 @@ static int reencode_differs(const bh_item *it, const uint8_t *p, size_t n) {
 }
 
 static int is_container(uint8_t tag) {
-  return tag == BH_TAG_LIST || tag == BH_TAG_TUPLE || tag == BH_TAG_MAP;
+  return tag == BH_TAG_LIST || tag == BH_TAG_TUPLE || tag == BH_TAG_MAP || tag == BH_TAG_SET ||
+         tag == BH_TAG_FROZENSET;
 }
 
 /* The reference: one value, recursively, as the header describes it. */
@@ -83,7 +91,8 @@ static void flat_walk(const uint8_t *data, size_t size) {
     size_t before = r.pos;
     int rc = bh_dec_next(&r, &it);
     if (rc) {
-      FUZZ_RC_IN(rc, -BH_EOVERRUN, -BH_EBADTAG, -BH_EUTF8, -BH_ECOUNT, -BH_ETENSOR, -BH_EDTYPE);
+      FUZZ_RC_IN(rc, -BH_EOVERRUN, -BH_EBADTAG, -BH_EUTF8, -BH_ECOUNT, -BH_ETENSOR, -BH_EDTYPE,
+                 -BH_EBODY);
       FUZZ_CHECK(r.pos == before);
       return;
     }
@@ -92,11 +101,22 @@ static void flat_walk(const uint8_t *data, size_t size) {
       FUZZ_CHECK(it.u.s.p >= data + before && it.u.s.p + it.u.s.n <= data + r.pos);
       fuzz_touch(it.u.s.p, it.u.s.n);
     }
-    if (it.tag == BH_TAG_TENSOR) FUZZ_CHECK(bh_tensor_ref_check(&it.u.t) == 0);
+    if (it.tag == BH_TAG_TENSOR || it.tag == BH_TAG_ARRAY) FUZZ_CHECK(bh_tensor_ref_check(&it.u.t) == 0);
+    if (it.tag == BH_TAG_ARRAY) { /* the description inside the item's bytes, never empty */
+      FUZZ_CHECK(it.desc_len > 0 && (const uint8_t *)it.desc >= data + before &&
+                 (const uint8_t *)it.desc + it.desc_len <= data + r.pos);
+      fuzz_touch(it.desc, it.desc_len);
+    } else {
+      FUZZ_CHECK(it.desc == NULL);
+    }
+    if (it.tag == BH_TAG_RANGE) FUZZ_CHECK(it.u.r.step != 0);
     if (is_container(it.tag)) {
       /* Each item takes a byte at least: the count cannot exceed what is left. */
       uint64_t items = it.tag == BH_TAG_MAP ? 2 * (uint64_t)it.u.count : it.u.count;
       FUZZ_CHECK(items <= r.len - r.pos);
+      FUZZ_CHECK(bh_item_children(&it) == items);
+    } else {
+      FUZZ_CHECK(bh_item_children(&it) == 0);
     }
     FUZZ_CHECK(!reencode_differs(&it, data + before, r.pos - before));
   }
@@ -115,7 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (deepest > 0) FUZZ_CHECK(bh_dec_validate(data, size, deepest - 1) == -BH_EDEPTH);
   } else {
     FUZZ_RC_IN(full, -BH_EOVERRUN, -BH_EBADTAG, -BH_EUTF8, -BH_ECOUNT, -BH_ETENSOR, -BH_EDTYPE,
-               -BH_EDEPTH, -BH_ETRAILING);
+               -BH_EDEPTH, -BH_ETRAILING, -BH_EBODY);
   }
 
   /* A depth the input picks, past BH_MAX_DEPTH too (it is clamped). */

@@ -9,7 +9,10 @@
  *
  *   codec   one value of every tag (edge integers and floats, UTF-8 of
  *           each width, a tensor of every dtype, empty and strided
- *           tensors, handles), nested containers, a deep list.
+ *           tensors, handles; sets, frozensets, complex numbers, ranges
+ *           and described arrays: a PLY vertex record inline and in a
+ *           block, datetime64, a record scalar, an empty one), nested
+ *           containers, a deep list.
  *   frame   frames bh_channel_send really writes, taken off the socket
  *           between two real channels (a relay in the middle passes each
  *           on, so the sections carry real intros, return and retire
@@ -180,6 +183,58 @@ static void codec_seeds(void) {
   bh_buf_init(&b);
   CHECK(bh_enc_tensor(&b, &in) == 0);
   seed_buf("tensor_inline", &b);
+
+  /* Protocol 8's tags: sets (of a tuple, a frozenset inside), complex
+   * numbers at the edges, ranges, and described arrays. */
+  bh_buf_init(&b), bh_enc_set(&b, 0), seed_buf("set_empty", &b);
+  bh_buf_init(&b);
+  bh_enc_set(&b, 4);
+  bh_enc_int(&b, 1), bh_enc_str(&b, "a", 1), bh_enc_tuple(&b, 2), bh_enc_int(&b, 2), bh_enc_nil(&b);
+  bh_enc_frozenset(&b, 2), bh_enc_bytes(&b, "\x00", 1), bh_enc_complex(&b, 1.0, -2.0);
+  seed_buf("set_mixed", &b);
+  bh_buf_init(&b), bh_enc_frozenset(&b, 0), seed_buf("frozenset_empty", &b);
+  bh_buf_init(&b);
+  bh_enc_map(&b, 1), bh_enc_frozenset(&b, 2), bh_enc_int(&b, 3), bh_enc_range(&b, 0, 10, 3);
+  bh_enc_set(&b, 1), bh_enc_frozenset(&b, 1), bh_enc_frozenset(&b, 0);
+  seed_buf("frozenset_as_key", &b);
+  bh_buf_init(&b), bh_enc_complex(&b, 1.5, -0.0), seed_buf("complex", &b);
+  bh_buf_init(&b), bh_enc_complex(&b, __builtin_nan(""), __builtin_inf()), seed_buf("complex_nan_inf", &b);
+  bh_buf_init(&b), bh_enc_range(&b, 0, 0, 1), seed_buf("range_empty", &b);
+  bh_buf_init(&b), bh_enc_range(&b, INT64_MAX, INT64_MIN, INT64_MIN), seed_buf("range_extremes", &b);
+  bh_buf_init(&b), bh_enc_range(&b, 3, -10, -2), seed_buf("range_negative_step", &b);
+  /* A PLY vertex (x, y, z float32, red uint8: 13 bytes) x 4, inline. */
+  static const char ply[] = "{\"names\":[\"x\",\"y\",\"z\",\"red\"],\"formats\":[\"<f4\",\"<f4\",\"<f4\","
+                            "\"|u1\"],\"offsets\":[0,4,8,12],\"itemsize\":13}";
+  static const uint8_t ply_bytes[52] = {0, 0, 0x80, 0x3f, 0, 0, 0, 0x40, 0, 0, 0x40, 0x40, 0xff};
+  bh_tensor_ref pa = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = BH_BLOCK_INLINE,
+                      .nbytes = 52, .shape = {4, 13}, .strides = {13, 1}, .data = ply_bytes};
+  bh_buf_init(&b);
+  CHECK(bh_enc_array(&b, ply, sizeof ply - 1, &pa) == 0);
+  seed_buf("array_ply_inline", &b);
+  bh_tensor_ref pb = pa;
+  pb.block = 5, pb.offset = 128, pb.data = NULL, pb.shape[0] = 1000, pb.nbytes = 13000;
+  bh_buf_init(&b);
+  CHECK(bh_enc_array(&b, ply, sizeof ply - 1, &pb) == 0);
+  seed_buf("array_ply_block", &b);
+  static const uint8_t ns[16] = {1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0x80};
+  bh_tensor_ref dt = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = BH_BLOCK_INLINE,
+                      .nbytes = 16, .shape = {2, 8}, .strides = {8, 1}, .data = ns};
+  bh_buf_init(&b);
+  CHECK(bh_enc_array(&b, "\"<M8[ns]\"", 9, &dt) == 0);
+  seed_buf("array_datetime64", &b);
+  bh_tensor_ref sc = {.lib = BH_TENSOR_NUMPY_SCALAR, .dtype = BH_DT_UINT8, .ndim = 1,
+                      .block = BH_BLOCK_INLINE, .nbytes = 13, .shape = {13}, .strides = {1},
+                      .data = ply_bytes};
+  bh_buf_init(&b);
+  CHECK(bh_enc_array(&b, ply, sizeof ply - 1, &sc) == 0);
+  seed_buf("array_record_scalar", &b);
+  bh_tensor_ref em = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = BH_BLOCK_NONE,
+                      .shape = {0, 8}, .strides = {8, 1}};
+  bh_buf_init(&b);
+  bh_enc_list(&b, 2);
+  CHECK(bh_enc_array(&b, "\"<m8[ms]\"", 9, &em) == 0);
+  bh_enc_set(&b, 0);
+  seed_buf("array_empty_in_list", &b);
 }
 
 /* ------------------------------------------------------------------ frame */

@@ -97,8 +97,7 @@ void bh_cli_bar(char *dst, uint64_t part, uint64_t whole, unsigned width) {
 
 /* Steps over the rest of a value whose first item is `it`. */
 static int bh__answer_skip(bh_reader *r, const bh_item *it) {
-  uint64_t n = it->tag == BH_TAG_MAP ? 2ull * it->u.count
-             : (it->tag == BH_TAG_LIST || it->tag == BH_TAG_TUPLE) ? it->u.count : 0;
+  uint64_t n = bh_item_children(it);
   for (uint64_t i = 0; i < n; i++) {
     bh_item sub;
     int rc = bh_dec_next(r, &sub);

@@ -60,6 +60,7 @@ extern "C" {
   X(BH_ETOOMANY, 10031, "value has more items than one frame may carry (BH_MAX_ITEMS)") \
   X(BH_EPEERMEM, 10032, "peer lends more shared memory than one channel maps (too many blocks or bytes)") \
   X(BH_EPOOLFULL, 10033, "too many shared-memory blocks in use at once, in one channel or in this process (send fewer, larger arrays; raise the soft RLIMIT_NOFILE)") \
+  X(BH_EBODY, 10034, "value's body is malformed (a range with step 0, an array whose bytes do not fit its description)") \
   X(BH_ELEDGER, 10040, "segment is not a bulkhead ledger (bad magic or size)") \
   X(BH_ELEDGERVER, 10041, "ledger has another layout version (every bulkhead on this machine must match)") \
   X(BH_ELEDGERFULL, 10042, "ledger has no free record slot") \
@@ -138,9 +139,20 @@ enum bh_tag {
   BH_TAG_TENSOR = 0x09,  /* struct bh_tensor_ref, see bh_enc_tensor */
   BH_TAG_HANDLE = 0x0a,  /* u8 space, u64 id, u16 type-name length, UTF-8 type name */
   BH_TAG_TUPLE = 0x0b,   /* u32 count, values; a list the host reads as a tuple */
+  BH_TAG_SET = 0x0c,       /* u32 count, values (protocol 8) */
+  BH_TAG_FROZENSET = 0x0d, /* u32 count, values (protocol 8) */
+  BH_TAG_COMPLEX = 0x0e,   /* f64 real, f64 imaginary (protocol 8) */
+  BH_TAG_RANGE = 0x0f,     /* i64 start, i64 stop, i64 step (not 0) (protocol 8) */
+  /* u16 description length, description (UTF-8, 1..BH_ARRAY_DESC_MAX
+   * bytes), then a whole TENSOR value: an array of a dtype no BH_DT_* code
+   * names (records, datetime64, byte-swapped, ...) as the uint8 tensor of
+   * its bytes, see bh_enc_array (protocol 8) */
+  BH_TAG_ARRAY = 0x10,
 };
 
 #define BH_MAX_DIMS 16
+/* The longest dtype description an ARRAY value carries (its u16 length). */
+#define BH_ARRAY_DESC_MAX 65535u
 #define BH_MAX_DEPTH 64
 /* Items (scalars and containers alike) in one value: what bounds the
  * objects a decoder builds from one frame (a list of empty lists costs 5
@@ -222,6 +234,19 @@ BH_EXTERN int bh_enc_bytes(bh_buf *b, const void *p, size_t n);
 BH_EXTERN int bh_enc_list(bh_buf *b, uint32_t count);
 BH_EXTERN int bh_enc_tuple(bh_buf *b, uint32_t count);
 BH_EXTERN int bh_enc_map(bh_buf *b, uint32_t count);
+BH_EXTERN int bh_enc_set(bh_buf *b, uint32_t count);
+BH_EXTERN int bh_enc_frozenset(bh_buf *b, uint32_t count);
+BH_EXTERN int bh_enc_complex(bh_buf *b, double real, double imag);
+/* Fails with -EINVAL for step 0 (no range has it). */
+BH_EXTERN int bh_enc_range(bh_buf *b, int64_t start, int64_t stop, int64_t step);
+/* An array of a dtype no BH_DT_* code names: `desc` (desc_len bytes,
+ * 1..BH_ARRAY_DESC_MAX, UTF-8; the receiver's glue reads it, the core only
+ * carries it) describes the dtype, and `t` is its bytes as a uint8 tensor
+ * whose last dimension is the itemsize with stride 1 (shape (..., itemsize);
+ * lib BH_TENSOR_NUMPY, or BH_TENSOR_NUMPY_SCALAR with shape (itemsize)).
+ * Fails with -EINVAL where the description or the tensor is not that.
+ * Both are copied. */
+BH_EXTERN int bh_enc_array(bh_buf *b, const char *desc, size_t desc_len, const bh_tensor_ref *t);
 /* Fails with -EINVAL for a ref bh_tensor_ref_check() rejects, or an inline
  * one without data. */
 BH_EXTERN int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t);
@@ -235,7 +260,8 @@ BH_EXTERN int bh_enc_handle(bh_buf *b, const bh_handle_ref *h);
  * -BH_ETENSOR / -BH_EDTYPE. */
 BH_EXTERN int bh_tensor_ref_check(const bh_tensor_ref *t);
 
-/* One decoded item.  Strings and bytes point into the reader's buffer. */
+/* One decoded item.  Strings, bytes and descriptions point into the
+ * reader's buffer. */
 typedef struct bh_item {
   uint8_t tag; /* enum bh_tag */
   union {
@@ -245,10 +271,19 @@ typedef struct bh_item {
       const uint8_t *p;
       uint32_t n;
     } s;            /* STR, BYTES */
-    uint32_t count; /* LIST, TUPLE, MAP (pairs) */
-    bh_tensor_ref t;
+    uint32_t count; /* LIST, TUPLE, SET, FROZENSET, MAP (pairs) */
+    struct {
+      double real, imag;
+    } c; /* COMPLEX */
+    struct {
+      int64_t start, stop, step;
+    } r; /* RANGE */
+    bh_tensor_ref t; /* TENSOR, and ARRAY's bytes */
     bh_handle_ref h;
   } u;
+  /* ARRAY: its dtype description (UTF-8, desc_len bytes); NULL otherwise. */
+  const char *desc;
+  uint16_t desc_len;
 } bh_item;
 
 /* A bounds-checked reader over a borrowed buffer. */
@@ -261,10 +296,14 @@ typedef struct bh_reader {
 BH_EXTERN void bh_reader_init(bh_reader *r, const void *p, size_t len);
 /* Reads the next item.  Containers yield their header; the caller reads
  * their items next.  Total: any byte string yields an item or a negative
- * BH_E* code (EOVERRUN, EBADTAG, EUTF8, ECOUNT, ETENSOR, EDTYPE), never an
+ * BH_E* code (EOVERRUN, EBADTAG, EUTF8, ECOUNT, ETENSOR, EDTYPE, EBODY), never an
  * over-read.  A container's count is checked against the bytes left (each
  * item takes at least one byte). */
 BH_EXTERN int bh_dec_next(bh_reader *r, bh_item *it);
+/* The values that follow a container's header item as its contents: count
+ * for LIST, TUPLE, SET and FROZENSET, 2 x count for MAP, 0 for any other
+ * item.  What every walk over a value steps by. */
+BH_EXTERN uint64_t bh_item_children(const bh_item *it);
 /* Walks one whole value from the reader's position, nesting at most
  * max_depth and holding at most BH_MAX_ITEMS items, and then requires the
  * buffer to end.  Returns 0 or a negative BH_E* code naming the first
@@ -281,8 +320,11 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
  * that the sender forwards, or one it keeps to send again): the receiver
  * maps it copy-on-write, drops what it wrote there at each return, and
  * sends it back by reference only where it wrote nothing
- * (bh_channel_peer_find). */
-#define BH_PROTOCOL_VERSION 7
+ * (bh_channel_peer_find).
+ * 8: values of five more tags: SET, FROZENSET, COMPLEX, RANGE, and ARRAY
+ * (a numpy array of a dtype no BH_DT_* code names, by its description);
+ * error BH_EBODY. */
+#define BH_PROTOCOL_VERSION 8
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u

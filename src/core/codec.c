@@ -15,12 +15,32 @@
  *                                  nbytes bytes of the tensor
  *   HANDLE                         u8 space, u64 id, u16 type-name length,
  *                                  type name (UTF-8, at most BH_TYPE_NAME_MAX)
+ *   SET FROZENSET                  u32 count, count values (protocol 8)
+ *   COMPLEX                        f64 real, f64 imaginary
+ *   RANGE                          i64 start, i64 stop, i64 step (never 0)
+ *   ARRAY                          u16 description length (1 at least),
+ *                                  description (UTF-8), then one whole
+ *                                  TENSOR value, tag and all: a numpy
+ *                                  array whose dtype no BH_DT_* code names
+ *                                  (a record, datetime64[unit], a
+ *                                  byte-swapped or string dtype) as the
+ *                                  uint8 tensor of its bytes, shape
+ *                                  (..., itemsize), the last stride 1; lib
+ *                                  NUMPY, or NUMPY_SCALAR with shape
+ *                                  (itemsize).  The description is the
+ *                                  glue's (channel/tensors.py: JSON of
+ *                                  the dtype); the core bounds it and
+ *                                  checks its UTF-8, the glue checks that
+ *                                  it names a dtype of that itemsize.
  *
  * Decoding is total: every read checks the bytes left first, a container's
  * count may not exceed the bytes left (each item takes one byte at least)
  * nor, over the whole value, BH_MAX_ITEMS (what a decoder builds from one
  * frame stays bounded whatever its size),
- * strings are checked for UTF-8, tensor refs for consistency.  Nothing here
+ * strings are checked for UTF-8, tensor refs for consistency, a range's
+ * step and an ARRAY's tensor for what their tags promise (-BH_EBODY).  A
+ * set's items are not checked for hashability here: the Python glue does
+ * (src/python/codec.c), where hashing means something.  Nothing here
  * allocates on the decode side.
  */
 #include "internal.h"
@@ -132,6 +152,34 @@ static int bh__enc_count(bh_buf *b, uint8_t tag, uint32_t count) {
 int bh_enc_list(bh_buf *b, uint32_t count) { return bh__enc_count(b, BH_TAG_LIST, count); }
 int bh_enc_tuple(bh_buf *b, uint32_t count) { return bh__enc_count(b, BH_TAG_TUPLE, count); }
 int bh_enc_map(bh_buf *b, uint32_t count) { return bh__enc_count(b, BH_TAG_MAP, count); }
+int bh_enc_set(bh_buf *b, uint32_t count) { return bh__enc_count(b, BH_TAG_SET, count); }
+int bh_enc_frozenset(bh_buf *b, uint32_t count) { return bh__enc_count(b, BH_TAG_FROZENSET, count); }
+
+int bh_enc_complex(bh_buf *b, double real, double imag) {
+  uint8_t *p = bh__grow(b, 17);
+  if (p) {
+    uint64_t bits[2];
+    memcpy(&bits[0], &real, 8);
+    memcpy(&bits[1], &imag, 8);
+    p[0] = BH_TAG_COMPLEX;
+    bh__put_u64(p + 1, bits[0]);
+    bh__put_u64(p + 9, bits[1]);
+  }
+  return b->err;
+}
+
+int bh_enc_range(bh_buf *b, int64_t start, int64_t stop, int64_t step) {
+  if (b->err) return b->err;
+  if (step == 0) return -EINVAL;
+  uint8_t *p = bh__grow(b, 25);
+  if (p) {
+    p[0] = BH_TAG_RANGE;
+    bh__put_u64(p + 1, (uint64_t)start);
+    bh__put_u64(p + 9, (uint64_t)stop);
+    bh__put_u64(p + 17, (uint64_t)step);
+  }
+  return b->err;
+}
 
 #define BH__TENSOR_FIXED (1 + 1 + 1 + 1 + 4 + 8 + 8)
 
@@ -156,6 +204,32 @@ int bh_enc_tensor(bh_buf *b, const bh_tensor_ref *t) {
   for (unsigned i = 0; i < t->ndim; i++) bh__put_u64(p + 8 * i, (uint64_t)t->strides[i]);
   if (inline_data) memcpy(p + 8 * t->ndim, t->data, (size_t)t->nbytes);
   return 0;
+}
+
+static int bh__utf8_ok(const uint8_t *s, size_t n);
+
+/* What an ARRAY's tensor must be beyond bh_tensor_ref_check: its bytes as
+ * uint8, shape (..., itemsize) with the last stride 1; a scalar's is
+ * (itemsize). */
+static int bh__array_bytes_ok(const bh_tensor_ref *t) {
+  if (t->dtype != BH_DT_UINT8 || t->ndim < 1 || t->strides[t->ndim - 1] != 1) return 0;
+  if (t->lib == BH_TENSOR_NUMPY) return 1;
+  return t->lib == BH_TENSOR_NUMPY_SCALAR && t->ndim == 1;
+}
+
+int bh_enc_array(bh_buf *b, const char *desc, size_t desc_len, const bh_tensor_ref *t) {
+  if (b->err) return b->err;
+  if (!desc || !t || desc_len == 0 || desc_len > BH_ARRAY_DESC_MAX ||
+      !bh__utf8_ok((const uint8_t *)desc, desc_len) || bh_tensor_ref_check(t) ||
+      !bh__array_bytes_ok(t) || (t->block == BH_BLOCK_INLINE && !t->data))
+    return -EINVAL;
+  uint8_t *p = bh__grow(b, 3 + desc_len);
+  if (!p) return b->err;
+  p[0] = BH_TAG_ARRAY;
+  p[1] = (uint8_t)(desc_len & 0xff);
+  p[2] = (uint8_t)(desc_len >> 8);
+  memcpy(p + 3, desc, desc_len);
+  return bh_enc_tensor(b, t); /* checked above: fails only to allocate */
 }
 
 int bh_enc_handle(bh_buf *b, const bh_handle_ref *h) {
@@ -242,6 +316,46 @@ void bh_reader_init(bh_reader *r, const void *p, size_t len) {
 #define BH__NEED(r, n) \
   do { if ((n) > (r)->len - (r)->pos) return -BH_EOVERRUN; } while (0)
 
+/* A TENSOR value (its tag at p[0], `avail` bytes there) into *t; *used:
+ * the bytes it takes.  Reads nothing past p + avail. */
+static int bh__dec_tensor(const uint8_t *p, size_t avail, bh_tensor_ref *t, size_t *used) {
+  if (avail < BH__TENSOR_FIXED) return -BH_EOVERRUN;
+  t->lib = p[1];
+  t->dtype = p[2];
+  t->ndim = p[3];
+  t->block = bh__get_u32(p + 4);
+  t->offset = bh__get_u64(p + 8);
+  t->nbytes = bh__get_u64(p + 16);
+  if (t->ndim > BH_MAX_DIMS) return -BH_ETENSOR;
+  size_t head = BH__TENSOR_FIXED + (size_t)t->ndim * 16;
+  if (avail < head) return -BH_EOVERRUN;
+  const uint8_t *q = p + BH__TENSOR_FIXED;
+  for (unsigned i = 0; i < t->ndim; i++) t->shape[i] = (int64_t)bh__get_u64(q + 8 * i);
+  q += 8 * t->ndim;
+  for (unsigned i = 0; i < t->ndim; i++) t->strides[i] = (int64_t)bh__get_u64(q + 8 * i);
+  int rc = bh_tensor_ref_check(t);
+  if (rc) return rc;
+  t->data = NULL;
+  if (t->block == BH_BLOCK_INLINE) { /* checked: nbytes <= BH_TENSOR_INLINE_MAX */
+    if (avail - head < (size_t)t->nbytes) return -BH_EOVERRUN;
+    t->data = p + head;
+    head += (size_t)t->nbytes;
+  }
+  *used = head;
+  return 0;
+}
+
+uint64_t bh_item_children(const bh_item *it) {
+  switch (it->tag) {
+  case BH_TAG_LIST:
+  case BH_TAG_TUPLE:
+  case BH_TAG_SET:
+  case BH_TAG_FROZENSET: return it->u.count;
+  case BH_TAG_MAP: return 2 * (uint64_t)it->u.count;
+  }
+  return 0;
+}
+
 int bh_dec_next(bh_reader *r, bh_item *it) {
   BH__NEED(r, 1);
   const uint8_t *p = r->p + r->pos;
@@ -276,6 +390,8 @@ int bh_dec_next(bh_reader *r, bh_item *it) {
   }
   case BH_TAG_LIST:
   case BH_TAG_TUPLE:
+  case BH_TAG_SET:
+  case BH_TAG_FROZENSET:
   case BH_TAG_MAP: {
     BH__NEED(r, 5);
     uint32_t n = bh__get_u32(p + 1);
@@ -286,30 +402,43 @@ int bh_dec_next(bh_reader *r, bh_item *it) {
     return 0;
   }
   case BH_TAG_TENSOR: {
-    BH__NEED(r, BH__TENSOR_FIXED);
-    bh_tensor_ref *t = &it->u.t;
-    t->lib = p[1];
-    t->dtype = p[2];
-    t->ndim = p[3];
-    t->block = bh__get_u32(p + 4);
-    t->offset = bh__get_u64(p + 8);
-    t->nbytes = bh__get_u64(p + 16);
-    if (t->ndim > BH_MAX_DIMS) return -BH_ETENSOR;
-    BH__NEED(r, BH__TENSOR_FIXED + (size_t)t->ndim * 16);
-    const uint8_t *q = p + BH__TENSOR_FIXED;
-    for (unsigned i = 0; i < t->ndim; i++) t->shape[i] = (int64_t)bh__get_u64(q + 8 * i);
-    q += 8 * t->ndim;
-    for (unsigned i = 0; i < t->ndim; i++) t->strides[i] = (int64_t)bh__get_u64(q + 8 * i);
-    int rc = bh_tensor_ref_check(t);
+    size_t used;
+    int rc = bh__dec_tensor(p, r->len - r->pos, &it->u.t, &used);
     if (rc) return rc;
-    size_t head = BH__TENSOR_FIXED + (size_t)t->ndim * 16;
-    t->data = NULL;
-    if (t->block == BH_BLOCK_INLINE) { /* checked: nbytes <= BH_TENSOR_INLINE_MAX */
-      BH__NEED(r, head + (size_t)t->nbytes);
-      t->data = p + head;
-      head += (size_t)t->nbytes;
-    }
-    r->pos += head;
+    r->pos += used;
+    return 0;
+  }
+  case BH_TAG_ARRAY: {
+    BH__NEED(r, 3);
+    uint16_t n = (uint16_t)(p[1] | p[2] << 8);
+    if (n == 0) return -BH_EBODY;
+    BH__NEED(r, 3 + (size_t)n + 1);
+    if (!bh__utf8_ok(p + 3, n)) return -BH_EUTF8;
+    if (p[3 + n] != BH_TAG_TENSOR) return -BH_EBODY;
+    size_t used;
+    int rc = bh__dec_tensor(p + 3 + n, r->len - r->pos - 3 - n, &it->u.t, &used);
+    if (rc) return rc;
+    if (!bh__array_bytes_ok(&it->u.t)) return -BH_EBODY;
+    it->desc = (const char *)p + 3;
+    it->desc_len = n;
+    r->pos += 3 + (size_t)n + used;
+    return 0;
+  }
+  case BH_TAG_COMPLEX: {
+    BH__NEED(r, 17);
+    uint64_t re = bh__get_u64(p + 1), im = bh__get_u64(p + 9);
+    memcpy(&it->u.c.real, &re, 8);
+    memcpy(&it->u.c.imag, &im, 8);
+    r->pos += 17;
+    return 0;
+  }
+  case BH_TAG_RANGE: {
+    BH__NEED(r, 25);
+    it->u.r.start = (int64_t)bh__get_u64(p + 1);
+    it->u.r.stop = (int64_t)bh__get_u64(p + 9);
+    it->u.r.step = (int64_t)bh__get_u64(p + 17);
+    if (it->u.r.step == 0) return -BH_EBODY;
+    r->pos += 25;
     return 0;
   }
   case BH_TAG_HANDLE: {
@@ -346,12 +475,10 @@ int bh_dec_validate(const void *p, size_t len, unsigned max_depth) {
     if (rc) return rc;
     if (++items > BH_MAX_ITEMS) return -BH_ETOOMANY;
     left[depth]--;
-    if (it.tag == BH_TAG_LIST || it.tag == BH_TAG_TUPLE || it.tag == BH_TAG_MAP) {
-      uint64_t n = it.tag == BH_TAG_MAP ? 2 * (uint64_t)it.u.count : it.u.count;
-      if (n == 0) continue;
-      if (depth + 1 > max_depth) return -BH_EDEPTH;
-      left[++depth] = n;
-    }
+    uint64_t n = bh_item_children(&it);
+    if (n == 0) continue;
+    if (depth + 1 > max_depth) return -BH_EDEPTH;
+    left[++depth] = n;
   }
   return r.pos == r.len ? 0 : -BH_ETRAILING;
 }

@@ -2,7 +2,10 @@
  * codec.c (binding) -- Python values to bulkhead's encoding and back.
  *
  * Plain values (None, bool, int64, float, str, bytes, bytearray, list,
- * tuple, dict) are walked here in C, once per crossing.  Anything else goes
+ * tuple, dict; and of exactly their type: set, frozenset, complex, range)
+ * are walked here in C, once per crossing, and come back as the same type
+ * (a subclass of set, frozenset or complex, a numpy complex among them,
+ * goes to the hook).  Anything else goes
  * to the channel's encode_other hook (Peer.encode_other), which answers
  * with a tuple:
  *   (0, lib, dtype, shape, lease-or-None)  a C-contiguous tensor, copied
@@ -19,6 +22,14 @@
  *                                          bytes inline in the value; the
  *                                          decode hook gets a bytearray of
  *                                          them (it owns its memory);
+ *   (0, lib, dtype, shape, lease-or-bytes, desc)
+ *                                          either of those, dtype uint8
+ *                                          and shape (..., itemsize): the
+ *                                          bytes of a numpy array whose
+ *                                          dtype no code names, desc (str)
+ *                                          describing it, sent as an
+ *                                          ARRAY; the decode hook gets
+ *                                          desc as a sixth argument;
  *   (1, space, id, type_name)              a handle (type_name: str, '' for
  *                                          none said);
  *   (2, value)                             encode value in obj's place, as
@@ -30,7 +41,8 @@
  *                                          cross (the worker holds it, the
  *                                          host refuses it);
  * or raises TypeError naming the type: nothing is ever pickled.  Decoding validates
- * as it goes (bh_dec_next is total) and hands tensor refs and handles to
+ * as it goes (bh_dec_next is total; a decoded set's items must hash here,
+ * else TypeError naming the item's type) and hands tensor refs and handles to
  * the decode hooks, which build numpy/torch objects or proxies, and a
  * tagged map (one with the channel's mark, a bytes key, among its keys:
  * Channel.set_tagged) to the tagged hook, which builds the object it
@@ -120,7 +132,14 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
   memset(&t, 0, sizeof t);
   unsigned char lib, dtype;
   PyObject *shape, *lease;
-  if (!PyArg_ParseTuple(r, "lbbOO", &kind, &lib, &dtype, &shape, &lease)) goto out;
+  const char *desc = NULL; /* an ARRAY's description: borrowed from r */
+  Py_ssize_t desc_len = 0;
+  if (!PyArg_ParseTuple(r, "lbbOO|s#", &kind, &lib, &dtype, &shape, &lease, &desc, &desc_len)) goto out;
+  if (desc && (desc_len == 0 || (size_t)desc_len > BH_ARRAY_DESC_MAX)) {
+    PyErr_Format(PyExc_ValueError, "an array's dtype description is %zd bytes; bulkhead carries 1 to %u",
+                 desc_len, (unsigned)BH_ARRAY_DESC_MAX);
+    goto out;
+  }
   Py_ssize_t nd = PySequence_Size(shape);
   if (nd < 0) goto out;
   if (nd > BH_MAX_DIMS) {
@@ -200,6 +219,16 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
                  (int)dtype, (int)nd);
     goto out;
   }
+  if (desc) {
+    int erc = bh_enc_array(&e->buf, desc, (size_t)desc_len, &t);
+    if (erc == -EINVAL) {
+      PyErr_Format(PyExc_ValueError, "an array's bytes must be a uint8 numpy tensor of shape (..., itemsize), "
+                   "not dtype code %d, lib %d, %d dims", (int)dtype, (int)lib, (int)nd);
+      goto out;
+    }
+    rc = erc ? enc_fail(e) : 0;
+    goto out;
+  }
   rc = bh_enc_tensor(&e->buf, &t) ? enc_fail(e) : 0;
 out:
   Py_DECREF(r);
@@ -226,6 +255,50 @@ static int enc_seq(bh_enc_ctx *e, PyObject *o, int depth, int (*hdr)(bh_buf *, u
     if (rc < 0) return -1;
   }
   return 0;
+}
+
+/* A set or frozenset (exactly): its items in its own order.  One changed
+ * meanwhile by another thread is refused rather than sent with a count
+ * that lies. */
+static int enc_set(bh_enc_ctx *e, PyObject *o, int depth, int (*hdr)(bh_buf *, uint32_t)) {
+  Py_ssize_t n = PySet_Size(o), k = 0;
+  if (enc_count(e, n, hdr) < 0) return -1;
+  PyObject *it = PyObject_GetIter(o), *item;
+  if (!it) return -1;
+  while ((item = PyIter_Next(it))) {
+    int rc = ++k > n ? -1 : enc_value(e, item, depth + 1);
+    Py_DECREF(item);
+    if (rc < 0) break;
+  }
+  Py_DECREF(it);
+  if (PyErr_Occurred()) return -1;
+  if (k != n) {
+    PyErr_Format(PyExc_RuntimeError, "a %s changed size while bulkhead encoded it (%zd items, then %zd)",
+                 Py_IS_TYPE(o, &PySet_Type) ? "set" : "frozenset", n, k);
+    return -1;
+  }
+  return 0;
+}
+
+/* A range: start, stop and step, each an int64.  Past that: the node
+ * policy's (enc_other), or OverflowError naming it. */
+static int enc_range(bh_enc_ctx *e, PyObject *o, int depth) {
+  static const char *const names[3] = {"start", "stop", "step"};
+  long long v[3];
+  for (int i = 0; i < 3; i++) {
+    PyObject *a = PyObject_GetAttrString(o, names[i]);
+    if (!a) return -1;
+    int overflow = 0;
+    v[i] = PyLong_AsLongLongAndOverflow(a, &overflow);
+    Py_DECREF(a);
+    if (overflow && e->node) return enc_other(e, o, depth);
+    if (overflow) {
+      PyErr_Format(PyExc_OverflowError, "%R does not fit bulkhead's int64 range bounds", o);
+      return -1;
+    }
+    if (v[i] == -1 && PyErr_Occurred()) return -1;
+  }
+  return bh_enc_range(&e->buf, v[0], v[1], v[2]) ? enc_fail(e) : 0;
 }
 
 static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
@@ -284,6 +357,14 @@ static int enc_value(bh_enc_ctx *e, PyObject *o, int depth) {
     if (n > BH__VALUE_MAX) return enc_too_big("bytearray", n, "bytes");
     return bh_enc_bytes(b, PyByteArray_AsString(o), n) ? enc_fail(e) : 0;
   }
+  if (PyComplex_CheckExact(o)) {
+    double re = PyComplex_RealAsDouble(o), im = PyComplex_ImagAsDouble(o);
+    if ((re == -1.0 || im == -1.0) && PyErr_Occurred()) return -1;
+    return bh_enc_complex(b, re, im) ? enc_fail(e) : 0;
+  }
+  if (Py_IS_TYPE(o, &PySet_Type)) return enc_set(e, o, depth, bh_enc_set);
+  if (PyFrozenSet_CheckExact(o)) return enc_set(e, o, depth, bh_enc_frozenset);
+  if (PyRange_Check(o)) return enc_range(e, o, depth);
   if (PyList_Check(o)) return enc_seq(e, o, depth, bh_enc_list);
   if (PyTuple_Check(o)) return enc_seq(e, o, depth, bh_enc_tuple);
   if (PyDict_Check(o)) {
@@ -316,7 +397,9 @@ static PyObject *dec_error(bh_dec_ctx *d, int rc) { return bh_py_raise(d->st, rc
 
 static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth);
 
-static PyObject *dec_tensor(bh_dec_ctx *d, const bh_tensor_ref *t) {
+/* A TENSOR, or an ARRAY's bytes with its description (desc not NULL):
+ * the decode hook's object for it. */
+static PyObject *dec_tensor(bh_dec_ctx *d, const bh_tensor_ref *t, const char *desc, uint16_t desc_len) {
   PyObject *lease = Py_None, *res = NULL;
   bh_block *blk = NULL;
   Py_INCREF(lease);
@@ -354,8 +437,12 @@ static PyObject *dec_tensor(bh_dec_ctx *d, const bh_tensor_ref *t) {
     PyTuple_SetItem(shape, i, a);
     PyTuple_SetItem(strides, i, s);
   }
-  res = PyObject_CallFunction(d->decode_tensor, "iiOOO", (int)t->lib, (int)t->dtype, shape,
-                              strides, lease);
+  if (desc)
+    res = PyObject_CallFunction(d->decode_tensor, "iiOOOs#", (int)t->lib, (int)t->dtype, shape,
+                                strides, lease, desc, (Py_ssize_t)desc_len);
+  else
+    res = PyObject_CallFunction(d->decode_tensor, "iiOOO", (int)t->lib, (int)t->dtype, shape,
+                                strides, lease);
 out:
   Py_XDECREF(shape);
   Py_XDECREF(strides);
@@ -368,6 +455,21 @@ out:
 static int dec_is_mark(const bh_dec_ctx *d, PyObject *k) {
   if (!PyBytes_Check(k) || PyBytes_Size(k) != d->mark_len) return 0;
   return memcmp(PyBytes_AsString(k), d->mark, (size_t)d->mark_len) == 0;
+}
+
+/* A set's item that does not hash here (TypeError set): TypeError naming
+ * its type and what to send instead.  An item the sender could hash may
+ * not hash here: a hashable subclass of list or dict, a registered type's
+ * object, crosses as its plain data. */
+static void dec_unhashable(uint8_t tag, PyObject *v) {
+  PyObject *type = PyObject_GetAttrString((PyObject *)Py_TYPE(v), "__qualname__");
+  PyErr_Clear();
+  PyErr_Format(PyExc_TypeError,
+               "decode: a %s received holds an item of type %S, which is unhashable in this process "
+               "(an object that crossed as its plain data, a list or dict, does not hash); send those "
+               "items in a list or tuple instead",
+               tag == BH_TAG_SET ? "set" : "frozenset", type ? type : (PyObject *)Py_TYPE(v));
+  Py_XDECREF(type);
 }
 
 static PyObject *dec_items(bh_dec_ctx *d, bh_reader *r, int depth, const bh_item *it) {
@@ -395,6 +497,23 @@ static PyObject *dec_items(bh_dec_ctx *d, bh_reader *r, int depth, const bh_item
     }
     return m;
   }
+  if (it->tag == BH_TAG_SET || it->tag == BH_TAG_FROZENSET) {
+    PyObject *set = PySet_New(NULL);
+    for (uint32_t i = 0; set && i < n; i++) {
+      PyObject *v = dec_value(d, r, depth + 1);
+      if (!v || PySet_Add(set, v) < 0) {
+        if (v && PyErr_ExceptionMatches(PyExc_TypeError)) dec_unhashable(it->tag, v);
+        Py_CLEAR(set);
+      }
+      Py_XDECREF(v);
+    }
+    if (set && it->tag == BH_TAG_FROZENSET) {
+      PyObject *f = PyFrozenSet_New(set);
+      Py_DECREF(set);
+      set = f;
+    }
+    return set;
+  }
   PyObject *s = it->tag == BH_TAG_LIST ? PyList_New(n) : PyTuple_New(n);
   for (uint32_t i = 0; s && i < n; i++) {
     PyObject *v = dec_value(d, r, depth + 1);
@@ -421,8 +540,15 @@ static PyObject *dec_value(bh_dec_ctx *d, bh_reader *r, int depth) {
   case BH_TAG_BYTES: return PyBytes_FromStringAndSize((const char *)it.u.s.p, it.u.s.n);
   case BH_TAG_LIST:
   case BH_TAG_TUPLE:
+  case BH_TAG_SET:
+  case BH_TAG_FROZENSET:
   case BH_TAG_MAP: return dec_items(d, r, depth, &it);
-  case BH_TAG_TENSOR: return dec_tensor(d, &it.u.t);
+  case BH_TAG_TENSOR: return dec_tensor(d, &it.u.t, NULL, 0);
+  case BH_TAG_ARRAY: return dec_tensor(d, &it.u.t, it.desc, it.desc_len);
+  case BH_TAG_COMPLEX: return PyComplex_FromDoubles(it.u.c.real, it.u.c.imag);
+  case BH_TAG_RANGE:
+    return PyObject_CallFunction((PyObject *)&PyRange_Type, "LLL", (long long)it.u.r.start,
+                                 (long long)it.u.r.stop, (long long)it.u.r.step);
   case BH_TAG_HANDLE:
     return PyObject_CallFunction(d->decode_handle, "iKs#", (int)it.u.h.space,
                                  (unsigned long long)it.u.h.id, it.u.h.type ? it.u.h.type : "",
@@ -441,7 +567,8 @@ static void dec_drain(bh_dec_ctx *d, bh_reader *r) {
   bh_item it;
   while (r->pos < r->len && bh_dec_next(r, &it) == 0) {
     const bh_tensor_ref *t = &it.u.t;
-    if (it.tag != BH_TAG_TENSOR || t->block == BH_BLOCK_NONE || t->block == BH_BLOCK_INLINE ||
+    if ((it.tag != BH_TAG_TENSOR && it.tag != BH_TAG_ARRAY) || t->block == BH_BLOCK_NONE ||
+        t->block == BH_BLOCK_INLINE ||
         (t->block & BH_BLOCK_BACK))
       continue;
     bh_block *blk;

@@ -174,6 +174,7 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
       PyModule_AddIntConstant(m, "TYPE_NAME_MAX", BH_TYPE_NAME_MAX) < 0 ||
+      PyModule_AddIntConstant(m, "ARRAY_DESC_MAX", BH_ARRAY_DESC_MAX) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_VERSION", BH_LEDGER_VERSION) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_SLOTS", BH_LEDGER_SLOTS) < 0 ||
       PyModule_AddIntConstant(m, "LEDGER_DEVICES", BH_LEDGER_DEVICES) < 0 ||

@@ -50,7 +50,9 @@ static int ref_walk(bh_reader *r, unsigned depth, unsigned max_depth) {
   bh_item it;
   int rc = bh_dec_next(r, &it);
   if (rc) return rc;
-  if (it.tag != BH_TAG_LIST && it.tag != BH_TAG_TUPLE && it.tag != BH_TAG_MAP) return 0;
+  if (it.tag != BH_TAG_LIST && it.tag != BH_TAG_TUPLE && it.tag != BH_TAG_MAP &&
+      it.tag != BH_TAG_SET && it.tag != BH_TAG_FROZENSET)
+    return 0;
   uint64_t n = it.tag == BH_TAG_MAP ? 2 * (uint64_t)it.u.count : it.u.count;
   if (n == 0) return 0;
   if (depth + 1 > max_depth) return -BH_EDEPTH;
@@ -75,7 +77,7 @@ static int ref_validate(const void *p, size_t len, unsigned max_depth) {
 static int is_decode_error(int rc) {
   switch (-rc) {
   case BH_EOVERRUN: case BH_EBADTAG: case BH_EUTF8: case BH_ETRAILING:
-  case BH_EDEPTH: case BH_ECOUNT: case BH_ETENSOR: case BH_EDTYPE:
+  case BH_EDEPTH: case BH_ECOUNT: case BH_ETENSOR: case BH_EDTYPE: case BH_EBODY:
     return 1;
   }
   return 0;
@@ -121,6 +123,8 @@ static void enc_tok(bh_buf *b, const tok *t) {
   case BH_TAG_LIST: ASSERT_OK(bh_enc_list(b, t->n)); break;
   case BH_TAG_TUPLE: ASSERT_OK(bh_enc_tuple(b, t->n)); break;
   case BH_TAG_MAP: ASSERT_OK(bh_enc_map(b, t->n)); break;
+  case BH_TAG_SET: ASSERT_OK(bh_enc_set(b, t->n)); break;
+  case BH_TAG_FROZENSET: ASSERT_OK(bh_enc_frozenset(b, t->n)); break;
   default: FAIL("bad token tag %u", t->tag);
   }
 }
@@ -143,6 +147,8 @@ static void expect_tok(bh_reader *r, const tok *t) {
     break;
   case BH_TAG_LIST:
   case BH_TAG_TUPLE:
+  case BH_TAG_SET:
+  case BH_TAG_FROZENSET:
   case BH_TAG_MAP: ASSERT_EQ(it.u.count, t->n); break;
   }
 }
@@ -526,7 +532,7 @@ TEST_IMPL(codec_truncation_every_offset) {
 /* ---- malformed input, one class at a time ---- */
 
 TEST_IMPL(codec_bad_tag) {
-  for (unsigned tag = BH_TAG_TUPLE + 1; tag <= 0xff; tag++) {
+  for (unsigned tag = BH_TAG_ARRAY + 1; tag <= 0xff; tag++) {
     uint8_t alone[1] = {(uint8_t)tag};
     ASSERT_RC(check_validate(alone, 1, BH_MAX_DEPTH), -BH_EBADTAG);
     uint8_t padded[16] = {(uint8_t)tag};
@@ -909,7 +915,7 @@ static const uint8_t interesting[] = {0x00, 0x01, 0x02, 0x05, 0x07, 0x08, 0x09, 
 static uint8_t rnd_byte(void) {
   uint64_t x = rnd();
   switch (x & 3) {
-  case 0: return (uint8_t)((x >> 8) % (BH_TAG_TUPLE + 1)); /* a tag */
+  case 0: return (uint8_t)((x >> 8) % (BH_TAG_ARRAY + 1)); /* a tag */
   case 1: return interesting[(x >> 8) % sizeof interesting];
   default: return (uint8_t)(x >> 8);
   }
@@ -918,13 +924,14 @@ static uint8_t rnd_byte(void) {
 TEST_IMPL(codec_fuzz_random) {
   enum { N = 200000, MAXLEN = 96 };
   uint8_t buf[MAXLEN];
-  unsigned ok = 0, by_err[BH_ETOOMANY - BH_EBADTAG + 1] = {0};
+  unsigned ok = 0, by_err[BH_EBODY - BH_EBADTAG + 1] = {0};
   for (int iter = 0; iter < N; iter++) {
     size_t len = (size_t)(rnd() % MAXLEN);
     for (size_t i = 0; i < len; i++) buf[i] = rnd_byte();
     /* Small counts and lengths, so containers and strings often fit. */
     for (size_t i = 0; i + 4 < len; i++)
-      if (buf[i] >= BH_TAG_STR && buf[i] <= BH_TAG_MAP && (rnd() & 1)) {
+      if (((buf[i] >= BH_TAG_STR && buf[i] <= BH_TAG_MAP) || buf[i] == BH_TAG_SET ||
+           buf[i] == BH_TAG_FROZENSET) && (rnd() & 1)) {
         put_u32(buf + i + 1, (uint32_t)(rnd() % 6));
         i += 4;
       }
@@ -934,7 +941,7 @@ TEST_IMPL(codec_fuzz_random) {
     else by_err[-rc - BH_EBADTAG]++;
   }
   printf("random: %u valid; by error:", ok);
-  for (int e = 0; e <= BH_ETOOMANY - BH_EBADTAG; e++)
+  for (int e = 0; e <= BH_EBODY - BH_EBADTAG; e++)
     if (by_err[e]) printf(" %s=%u", bh_errname(BH_EBADTAG + e), by_err[e]);
   printf("\n");
   /* The generator reaches every class the decoder can name. */
@@ -945,12 +952,13 @@ TEST_IMPL(codec_fuzz_random) {
   ASSERT_GT(by_err[BH_ECOUNT - BH_EBADTAG], 0);
   ASSERT_GT(by_err[BH_EUTF8 - BH_EBADTAG], 0);
   ASSERT_GT(by_err[BH_EDEPTH - BH_EBADTAG], 0);
+  ASSERT_GT(by_err[BH_EBODY - BH_EBADTAG], 0);
   return 0;
 }
 
 /* Valid encodings of every kind, then 1-4 random edits each. */
 TEST_IMPL(codec_fuzz_mutations) {
-  enum { SEEDS = 6, PER = 20000 };
+  enum { SEEDS = 8, PER = 20000 };
   bh_buf seeds[SEEDS];
   bh_tensor_ref t = {.lib = 1, .dtype = BH_DT_BFLOAT16, .ndim = 4, .block = 2, .offset = 64,
                      .shape = {2, 1, 3, 2}};
@@ -981,6 +989,15 @@ TEST_IMPL(codec_fuzz_mutations) {
   bh_enc_map(&seeds[5], 0);
   bh_enc_list(&seeds[5], 0);
   bh_enc_tuple(&seeds[5], 0);
+  bh_enc_set(&seeds[6], 3);
+  bh_enc_frozenset(&seeds[6], 1);
+  bh_enc_complex(&seeds[6], 1.0, -0.0);
+  bh_enc_range(&seeds[6], -5, 5, 2);
+  bh_enc_str(&seeds[6], "s", 1);
+  static const uint8_t rec[26] = {1, 2, 3};
+  bh_tensor_ref a = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = BH_BLOCK_INLINE,
+                     .nbytes = 26, .shape = {2, 13}, .strides = {13, 1}, .data = rec};
+  bh_enc_array(&seeds[7], "\"<M8[ns]\"", 9, &a);
   for (int s = 0; s < SEEDS; s++) {
     ASSERT_OK(seeds[s].err);
     ASSERT_RC(check_validate(seeds[s].data, seeds[s].len, BH_MAX_DEPTH), 0);
@@ -1032,6 +1049,316 @@ TEST_IMPL(codec_fuzz_mutations) {
   return 0;
 }
 
+/* ---- protocol 8: sets, complex numbers, ranges, described arrays ---- */
+
+TEST_IMPL(codec_roundtrip_sets) {
+  /* A set of a frozenset of a tuple, and a frozenset as a map key. */
+  static const tok toks[] = {
+      {.tag = BH_TAG_LIST, .n = 3},
+      {.tag = BH_TAG_SET, .n = 3},
+      {.tag = BH_TAG_INT, .i = 1},
+      {.tag = BH_TAG_STR, .s = "a", .n = 1},
+      {.tag = BH_TAG_FROZENSET, .n = 1},
+      {.tag = BH_TAG_TUPLE, .n = 1},
+      {.tag = BH_TAG_NIL},
+      {.tag = BH_TAG_MAP, .n = 1},
+      {.tag = BH_TAG_FROZENSET, .n = 0},
+      {.tag = BH_TAG_SET, .n = 0},
+      {.tag = BH_TAG_FROZENSET, .n = 0},
+  };
+  /* list(1) > set(2) > frozenset(3) > tuple(4) > nil */
+  bh_buf b = roundtrip(toks, sizeof toks / sizeof toks[0], 4);
+  bh_buf_free(&b);
+  /* The wire layout, pinned: tag, u32 count, items. */
+  bh_buf_init(&b);
+  ASSERT_OK(bh_enc_set(&b, 1));
+  ASSERT_OK(bh_enc_frozenset(&b, 0));
+  static const uint8_t want[] = {0x0c, 1, 0, 0, 0, 0x0d, 0, 0, 0, 0};
+  ASSERT_EQ(b.len, sizeof want);
+  ASSERT_MEM_EQ(b.data, want, sizeof want);
+  bh_buf_free(&b);
+  /* Depth and counts are a list's: at the limit, past it, lying. */
+  static const uint8_t tags[] = {BH_TAG_SET, BH_TAG_FROZENSET};
+  for (int k = 0; k < 2; k++) {
+    size_t len;
+    uint8_t *p = nested(BH_MAX_DEPTH, tags[k], &len);
+    ASSERT_RC(check_validate(p, len, BH_MAX_DEPTH), 0);
+    ASSERT_RC(check_validate(p, len, BH_MAX_DEPTH - 1), -BH_EDEPTH);
+    free(p);
+    uint8_t huge[8] = {tags[k], 0, 0, 0, 0, BH_TAG_NIL, BH_TAG_NIL, BH_TAG_NIL};
+    put_u32(huge + 1, UINT32_MAX);
+    ASSERT_RC(check_validate(huge, sizeof huge, BH_MAX_DEPTH), -BH_ECOUNT);
+    put_u32(huge + 1, 4);
+    ASSERT_RC(check_validate(huge, sizeof huge, BH_MAX_DEPTH), -BH_ECOUNT);
+    put_u32(huge + 1, 3);
+    ASSERT_RC(check_validate(huge, sizeof huge, BH_MAX_DEPTH), 0);
+    /* BH_MAX_ITEMS counts a set's items as a list's. */
+    uint32_t n = BH_MAX_ITEMS;
+    p = malloc(5 + (size_t)n);
+    ASSERT_NOT_NULL(p);
+    p[0] = tags[k];
+    put_u32(p + 1, n);
+    memset(p + 5, BH_TAG_NIL, n);
+    ASSERT_RC(validate_exact(p, 5 + (size_t)n, BH_MAX_DEPTH), -BH_ETOOMANY);
+    put_u32(p + 1, n - 1);
+    ASSERT_RC(validate_exact(p, 4 + (size_t)n, BH_MAX_DEPTH), 0);
+    free(p);
+  }
+  return 0;
+}
+
+TEST_IMPL(codec_roundtrip_complex_range) {
+  static const double parts[] = {0.0, -0.0, 1.5, -2.25e300, 5e-324, INFINITY, -INFINITY, NAN};
+  size_t np = sizeof parts / sizeof parts[0];
+  for (size_t i = 0; i < np; i++)
+    for (size_t j = 0; j < np; j++) {
+      bh_buf b;
+      bh_buf_init(&b);
+      ASSERT_OK(bh_enc_complex(&b, parts[i], parts[j]));
+      ASSERT_EQ(b.len, 17);
+      ASSERT_RC(check_validate(b.data, b.len, 0), 0);
+      bh_reader r;
+      bh_item it;
+      bh_reader_init(&r, b.data, b.len);
+      ASSERT_OK(bh_dec_next(&r, &it));
+      ASSERT_EQ(it.tag, BH_TAG_COMPLEX);
+      ASSERT_UEQ(dbits(it.u.c.real), dbits(parts[i]));
+      ASSERT_UEQ(dbits(it.u.c.imag), dbits(parts[j]));
+      ASSERT_UEQ(bh_item_children(&it), 0);
+      for (size_t cut = 0; cut < b.len; cut++) ASSERT_RC(check_validate(b.data, cut, 0), -BH_EOVERRUN);
+      bh_buf_free(&b);
+    }
+  static const int64_t ends[] = {0, 1, -1, 10, INT64_MAX, INT64_MIN};
+  static const int64_t steps[] = {1, -1, 3, -7, INT64_MAX, INT64_MIN};
+  for (size_t i = 0; i < 6; i++)
+    for (size_t j = 0; j < 6; j++)
+      for (size_t k = 0; k < 6; k++) {
+        bh_buf b;
+        bh_buf_init(&b);
+        ASSERT_OK(bh_enc_range(&b, ends[i], ends[j], steps[k]));
+        ASSERT_EQ(b.len, 25);
+        ASSERT_RC(check_validate(b.data, b.len, 0), 0);
+        bh_reader r;
+        bh_item it;
+        bh_reader_init(&r, b.data, b.len);
+        ASSERT_OK(bh_dec_next(&r, &it));
+        ASSERT_EQ(it.tag, BH_TAG_RANGE);
+        ASSERT_EQ(it.u.r.start, ends[i]);
+        ASSERT_EQ(it.u.r.stop, ends[j]);
+        ASSERT_EQ(it.u.r.step, steps[k]);
+        for (size_t cut = 0; cut < b.len; cut++) ASSERT_RC(check_validate(b.data, cut, 0), -BH_EOVERRUN);
+        bh_buf_free(&b);
+      }
+  /* The wire layouts, pinned. */
+  bh_buf b;
+  bh_buf_init(&b);
+  ASSERT_OK(bh_enc_complex(&b, 1.5, -2.0));
+  ASSERT_OK(bh_enc_range(&b, 1, -2, 3));
+  static const uint8_t want[] = {0x0e, 0, 0, 0, 0, 0, 0, 0xf8, 0x3f, 0, 0, 0, 0, 0, 0, 0, 0xc0,
+                                 0x0f, 1, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                 0xff, 0xff, 3, 0, 0, 0, 0, 0, 0, 0};
+  ASSERT_EQ(b.len, sizeof want);
+  ASSERT_MEM_EQ(b.data, want, sizeof want);
+  bh_buf_free(&b);
+  /* Step 0: no range has it, refused on both sides. */
+  bh_buf_init(&b);
+  ASSERT_RC(bh_enc_range(&b, 0, 5, 0), -EINVAL);
+  ASSERT_EQ(b.len, 0);
+  ASSERT_OK(b.err);
+  bh_buf_free(&b);
+  uint8_t zero[25] = {BH_TAG_RANGE};
+  put_u64(zero + 1, 1);
+  put_u64(zero + 9, 5);
+  ASSERT_RC(check_validate(zero, sizeof zero, 0), -BH_EBODY);
+  bh_reader r;
+  bh_item it;
+  bh_reader_init(&r, zero, sizeof zero);
+  ASSERT_RC(bh_dec_next(&r, &it), -BH_EBODY);
+  ASSERT_EQ(r.pos, 0);
+  /* Inside a set, after a good item. */
+  uint8_t in_set[5 + 1 + 25] = {BH_TAG_SET, 2, 0, 0, 0, BH_TAG_NIL};
+  memcpy(in_set + 6, zero, sizeof zero);
+  ASSERT_RC(check_validate(in_set, sizeof in_set, 1), -BH_EBODY);
+  return 0;
+}
+
+static const char ply_desc[] = "{\"names\":[\"x\",\"y\",\"z\",\"red\"],\"formats\":[\"<f4\",\"<f4\","
+                               "\"<f4\",\"|u1\"],\"offsets\":[0,4,8,12],\"itemsize\":13}";
+
+/* An ARRAY's encoding: the tag, u16 length, description, then the TENSOR. */
+static size_t raw_array(uint8_t *p, const char *desc, size_t n, const bh_tensor_ref *t, unsigned ndim) {
+  p[0] = BH_TAG_ARRAY;
+  p[1] = (uint8_t)(n & 0xff);
+  p[2] = (uint8_t)(n >> 8);
+  memcpy(p + 3, desc, n);
+  return 3 + n + raw_tensor(p + 3 + n, t, ndim);
+}
+
+TEST_IMPL(codec_roundtrip_array) {
+  static uint8_t bytes[13 * 5];
+  for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (uint8_t)(i * 7);
+  const bh_tensor_ref cases[] = {
+      /* A PLY vertex record array inline, in a block, as a scalar, empty. */
+      {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = BH_BLOCK_INLINE,
+       .nbytes = 65, .shape = {5, 13}, .strides = {13, 1}, .data = bytes},
+      {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 3, .block = 4, .offset = 4096,
+       .nbytes = 13 * 6000, .shape = {2, 3000, 13}, .strides = {3000 * 13, 13, 1}},
+      {.lib = BH_TENSOR_NUMPY_SCALAR, .dtype = BH_DT_UINT8, .ndim = 1, .block = BH_BLOCK_INLINE,
+       .nbytes = 13, .shape = {13}, .strides = {1}, .data = bytes},
+      {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = BH_BLOCK_NONE,
+       .shape = {0, 13}, .strides = {13, 1}},
+      /* Rows in reverse order of storage (a transposed view): only the
+       * last stride must be 1. */
+      {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 3, .block = 9, .nbytes = 78,
+       .shape = {3, 2, 13}, .strides = {13, 39, 1}},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const bh_tensor_ref *t = &cases[k];
+    bh_buf b;
+    bh_buf_init(&b);
+    ASSERT_OK(bh_enc_array(&b, ply_desc, sizeof ply_desc - 1, t));
+    ASSERT_RC(check_validate(b.data, b.len, 0), 0);
+    bh_reader r;
+    bh_item it;
+    bh_reader_init(&r, b.data, b.len);
+    ASSERT_OK(bh_dec_next(&r, &it));
+    ASSERT_EQ(it.tag, BH_TAG_ARRAY);
+    ASSERT_EQ(r.pos, b.len);
+    ASSERT_EQ(it.desc_len, sizeof ply_desc - 1);
+    ASSERT_MEM_EQ(it.desc, ply_desc, sizeof ply_desc - 1);
+    ASSERT(it.desc == (const char *)b.data + 3);
+    expect_tensor_eq(&it.u.t, t);
+    if (t->block == BH_BLOCK_INLINE) ASSERT_MEM_EQ(it.u.t.data, t->data, (size_t)t->nbytes);
+    ASSERT_UEQ(bh_item_children(&it), 0);
+    for (size_t cut = 0; cut < b.len; cut++) ASSERT_RC(check_validate(b.data, cut, 0), -BH_EOVERRUN);
+    bh_buf_free(&b);
+  }
+  /* The wire layout, pinned: a datetime64[ns] scalar. */
+  static const uint8_t ns[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  bh_tensor_ref one = {.lib = BH_TENSOR_NUMPY_SCALAR, .dtype = BH_DT_UINT8, .ndim = 1,
+                       .block = BH_BLOCK_INLINE, .nbytes = 8, .shape = {8}, .strides = {1}, .data = ns};
+  bh_buf b;
+  bh_buf_init(&b);
+  ASSERT_OK(bh_enc_array(&b, "\"<M8\"", 5, &one));
+  static const uint8_t want[] = {0x10, 5, 0, '"', '<', 'M', '8', '"',
+                                 0x09, 2, 3, 1, 0xfe, 0xff, 0xff, 0xff,
+                                 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0,
+                                 8, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                 1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_EQ(b.len, sizeof want);
+  ASSERT_MEM_EQ(b.data, want, sizeof want);
+  bh_buf_free(&b);
+  /* The longest description, then one byte more (refused). */
+  char *longest = malloc(BH_ARRAY_DESC_MAX + 1);
+  ASSERT_NOT_NULL(longest);
+  memset(longest, 'x', BH_ARRAY_DESC_MAX + 1);
+  bh_buf_init(&b);
+  ASSERT_OK(bh_enc_array(&b, longest, BH_ARRAY_DESC_MAX, &cases[0]));
+  ASSERT_RC(check_validate(b.data, b.len, 0), 0);
+  bh_buf_free(&b);
+  bh_buf_init(&b);
+  ASSERT_RC(bh_enc_array(&b, longest, BH_ARRAY_DESC_MAX + 1, &cases[0]), -EINVAL);
+  ASSERT_EQ(b.len, 0);
+  bh_buf_free(&b);
+  free(longest);
+  return 0;
+}
+
+/* Every way an ARRAY can lie, refused with its own code on both sides. */
+TEST_IMPL(codec_array_lies) {
+  const bh_tensor_ref good = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = 1,
+                              .nbytes = 39, .shape = {3, 13}, .strides = {13, 1}};
+  struct lie {
+    const char *what, *desc;
+    size_t desc_len;
+    bh_tensor_ref t;
+    int want;
+  } lies[16];
+  int n = 0;
+#define LIE(about, code, ...)                                    \
+  do {                                                           \
+    lies[n].what = about;                                        \
+    lies[n].desc = ply_desc;                                     \
+    lies[n].desc_len = sizeof ply_desc - 1;                      \
+    lies[n].t = good;                                            \
+    { struct lie *l = &lies[n]; bh_tensor_ref *t = &l->t; (void)t; __VA_ARGS__; } \
+    lies[n].want = code;                                         \
+    n++;                                                         \
+  } while (0)
+  LIE("an empty description", -BH_EBODY, l->desc_len = 0);
+  LIE("a description that is not UTF-8", -BH_EUTF8, l->desc = "\"\xc0\x80\""; l->desc_len = 4);
+  LIE("bytes of another dtype", -BH_EBODY, t->dtype = BH_DT_INT8);
+  LIE("bytes of float32", -BH_EBODY, t->dtype = BH_DT_FLOAT32; t->nbytes = 39 * 4);
+  LIE("a torch tensor", -BH_EBODY, t->lib = BH_TENSOR_TORCH);
+  LIE("no dimension for the itemsize", -BH_EBODY, t->ndim = 0; t->nbytes = 1);
+  LIE("the itemsize axis strided", -BH_EBODY, t->shape[1] = 1; t->strides[0] = 1; t->strides[1] = 2;
+      t->nbytes = 3);
+  LIE("the itemsize axis broadcast", -BH_EBODY, t->strides[1] = 0);
+  LIE("a scalar of two dimensions", -BH_EBODY, t->lib = BH_TENSOR_NUMPY_SCALAR);
+  LIE("its tensor lies", -BH_ETENSOR, t->nbytes = 40);
+  LIE("its tensor's dtype unknown", -BH_EDTYPE, t->dtype = 0);
+#undef LIE
+  uint8_t wire[512];
+  for (int k = 0; k < n; k++) {
+    const struct lie *l = &lies[k];
+    fprintf(stderr, "case: %s\n", l->what);
+    bh_buf b;
+    bh_buf_init(&b);
+    ASSERT_RC(bh_enc_array(&b, l->desc, l->desc_len, &l->t), -EINVAL);
+    ASSERT_EQ(b.len, 0);
+    ASSERT_OK(b.err);
+    bh_buf_free(&b);
+    size_t len = raw_array(wire, l->desc, l->desc_len, &l->t, l->t.ndim);
+    ASSERT_RC(check_validate(wire, len, 0), l->want);
+    bh_reader r;
+    bh_item it;
+    bh_reader_init(&r, wire, len);
+    ASSERT_RC(bh_dec_next(&r, &it), l->want);
+    ASSERT_EQ(r.pos, 0);
+    /* Inside a frozenset, after a good ARRAY. */
+    uint8_t in[5 + 512 + 512];
+    in[0] = BH_TAG_FROZENSET;
+    put_u32(in + 1, 2);
+    size_t glen = raw_array(in + 5, ply_desc, sizeof ply_desc - 1, &good, 2);
+    memcpy(in + 5 + glen, wire, len);
+    ASSERT_RC(check_validate(in, 5 + glen + len, 1), l->want);
+  }
+  /* What follows the description is not a TENSOR: another tag, a nested
+   * ARRAY, nothing at all. */
+  static const uint8_t next_tags[] = {BH_TAG_NIL, BH_TAG_LIST, BH_TAG_ARRAY, BH_TAG_HANDLE, 0xee};
+  for (size_t k = 0; k < sizeof next_tags; k++) {
+    size_t len = raw_array(wire, "\"<M8\"", 5, &good, 2);
+    wire[3 + 5] = next_tags[k];
+    ASSERT_RC(check_validate(wire, len, 0), -BH_EBODY);
+  }
+  static const uint8_t bare[] = {BH_TAG_ARRAY, 2, 0, '"', '"'};
+  ASSERT_RC(check_validate(bare, sizeof bare, 0), -BH_EOVERRUN);
+  /* A length past the end is an overrun. */
+  static const uint8_t past[] = {BH_TAG_ARRAY, 0xff, 0xff, '"'};
+  ASSERT_RC(check_validate(past, sizeof past, 0), -BH_EOVERRUN);
+  return 0;
+}
+
+/* The children a header says follow it: what every walk steps by. */
+TEST_IMPL(codec_item_children) {
+  static const struct {
+    uint8_t tag;
+    uint32_t count;
+    uint64_t want;
+  } cases[] = {{BH_TAG_LIST, 3, 3}, {BH_TAG_TUPLE, 0, 0}, {BH_TAG_SET, 7, 7},
+               {BH_TAG_FROZENSET, UINT32_MAX, UINT32_MAX}, {BH_TAG_MAP, UINT32_MAX, 2ull * UINT32_MAX},
+               {BH_TAG_NIL, 5, 0}, {BH_TAG_STR, 5, 0}, {BH_TAG_TENSOR, 5, 0}, {BH_TAG_ARRAY, 5, 0},
+               {BH_TAG_RANGE, 5, 0}, {BH_TAG_COMPLEX, 5, 0}, {0xee, 5, 0}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    bh_item it;
+    memset(&it, 0, sizeof it);
+    it.tag = cases[k].tag;
+    it.u.count = cases[k].count;
+    ASSERT_UEQ(bh_item_children(&it), cases[k].want);
+  }
+  return 0;
+}
+
 /* ---- names ---- */
 
 TEST_IMPL(codec_error_names) {
@@ -1045,7 +1372,7 @@ TEST_IMPL(codec_error_names) {
   values[n++] = value;
   BH_ERRNO_MAP(CHECK_ERR)
 #undef CHECK_ERR
-  ASSERT_EQ(n, 33);
+  ASSERT_EQ(n, 34);
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j < n; j++) ASSERT_NE(values[i], values[j]);
   /* errno values go through strerror, and the common ones have names. */

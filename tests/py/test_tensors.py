@@ -180,10 +180,11 @@ def test_big_array_both_ways(worker):
 def test_unsupported_dtypes_are_typeerrors(worker):
     with pytest.raises(TypeError, match="object"):
         worker.call("numpy:asarray", np.array([object()]))
-    with pytest.raises(TypeError, match="dtype"):
-        worker.call("numpy:asarray", np.array(["a"]))
-    with pytest.raises(TypeError, match="byte order"):
-        worker.call("numpy:asarray", np.arange(3, dtype=">i4"))
+    # str and byte-swapped arrays cross by their dtype's description
+    # (protocol 8; tests/py/test_values.py has every kind).
+    for a in (np.array(["a"]), np.arange(3, dtype=">i4")):
+        b = worker.call("numpy:asarray", a)
+        assert b.dtype == a.dtype and np.array_equal(a, b)
 
 
 def test_arrays_under_other_interpreters(make_worker):

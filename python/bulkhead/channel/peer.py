@@ -395,10 +395,13 @@ class Peer:
         raise TypeError(
             f"cannot send an object of type {type(obj).__module__}.{type(obj).__qualname__} "
             f"to {self.describe()}: bulkhead carries None, bool, int, float, str, bytes, "
-            "list, tuple, dict, numpy arrays, torch CPU tensors and callables (no pickle)")
+            "list, tuple, dict, set, frozenset, complex, range, numpy arrays, torch CPU tensors "
+            "and callables (no pickle)")
 
-    def decode_tensor(self, lib, code, shape, strides, lease):
-        obj = _tensors.decode(lib, code, shape, strides, lease)
+    def decode_tensor(self, lib, code, shape, strides, lease, desc=None):
+        """Hook (codec.c): a tensor ref (with an ARRAY's dtype description,
+        desc) -> the array or tensor."""
+        obj = _tensors.decode(lib, code, shape, strides, lease, desc)
         rec = self.received
         if rec is not None and lease is not None and not isinstance(lease, bytearray) \
                 and lib != _native.TENSOR_NUMPY_SCALAR:

@@ -16,6 +16,22 @@ bh_arena_take), and the receiver's view of it keeps that block alone.
 Neither library is imported here unless the process already
 has it loaded or a tensor of it arrives.
 
+A numpy array whose dtype no bulkhead code names -- a record (a PLY
+vertex, ``[("x", "<f4"), ..., ("red", "u1")]``), ``datetime64[unit]`` or
+``timedelta64[unit]``, a byte-swapped, bytes or str dtype -- crosses as
+the same array: its bytes as a uint8 tensor of shape (..., itemsize),
+copied, shared or sent back by reference as any other, with its dtype's
+description beside them (an ARRAY value, protocol 8; src/core/codec.c).
+The description is JSON (``dtype_description``): ``dtype.str`` for a
+plain dtype ("<M8[ns]", ">f4", "<U3"), a map of names, formats, offsets,
+itemsize (and titles, alignment) for a record, ``{"sub": ..., "shape":
+...}`` for a subarray.  The receiver builds the dtype from it
+(``dtype_from_description``), refusing anything that holds objects or is
+not one of numpy's own types, and checks that its itemsize is the bytes'
+last dimension; a numpy scalar of such a dtype (``np.datetime64``, a
+record's ``np.void``) comes back a scalar.  Objects (``dtype=object``)
+never cross as data.
+
 A tensor that came from the peer crosses back by reference: if its bytes
 (C-contiguous, at a 64-byte-aligned offset) lie in a block of the peer's
 that a live view here still holds (``chan.peer_lease``), the value names
@@ -69,18 +85,134 @@ _TORCH_NAMES = {
 
 
 def _numpy_code(np, dtype):
+    """The bulkhead code of a plain numpy dtype, or None: one that crosses
+    by its description (an ARRAY)."""
+    if dtype.fields is not None or dtype.subdtype is not None or not dtype.isnative:
+        return None
     if dtype.kind == "f" and dtype.itemsize == 16:
         name = "longdouble"
     elif dtype.kind == "c" and dtype.itemsize == 32:
         name = "clongdouble"
     else:
         name = _NUMPY_NAMES.get(dtype.name)
-    if name is None or not dtype.isnative:
-        raise TypeError(
-            f"cannot send a numpy array of dtype {dtype!s}: bulkhead carries bool, "
-            "int/uint 8-64, float16/32/64, longdouble and complex in native byte order "
-            "(convert with .astype(...))")
-    return _CODES[name]
+    return None if name is None else _CODES[name]
+
+
+# numpy's own type numbers (NPY_BOOL .. NPY_HALF, OBJECT 17 excluded by
+# kind): a dtype of another number is a third party's (ml_dtypes' bfloat16,
+# numpy 2's StringDType), whose bytes may hold pointers or mean nothing
+# without its module.
+_OWN_TYPE_NUMS = 24
+_PLAIN_KINDS = frozenset("biufcmMSUV")
+_DESC_DEPTH = 16     # records in records in subarrays...
+
+
+def dtype_description(dtype, depth=0):
+    """dtype -> the JSON-able description an ARRAY carries (see the
+    module's docstring); TypeError for a dtype that cannot cross as data
+    (objects, a third party's type), naming it."""
+    if depth > _DESC_DEPTH:
+        raise TypeError(f"cannot send a numpy array of dtype {dtype}: its records nest deeper "
+                        f"than {_DESC_DEPTH} levels")
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        return {"sub": dtype_description(base, depth + 1), "shape": list(shape)}
+    if dtype.names is not None:
+        names, formats, offsets, titles = [], [], [], []
+        for name in dtype.names:
+            field = dtype.fields[name]
+            names.append(name)
+            formats.append(dtype_description(field[0], depth + 1))
+            offsets.append(field[1])
+            titles.append(field[2] if len(field) > 2 else None)
+        out = {"names": names, "formats": formats, "offsets": offsets, "itemsize": dtype.itemsize}
+        if any(t is not None for t in titles):
+            if not all(t is None or isinstance(t, str) for t in titles):
+                raise TypeError(f"cannot send a numpy array of dtype {dtype}: a field's title is "
+                                "not a str")
+            out["titles"] = titles
+        if dtype.isalignedstruct:
+            out["aligned"] = True
+        return out
+    if dtype.hasobject or dtype.kind not in _PLAIN_KINDS or dtype.num >= _OWN_TYPE_NUMS:
+        raise TypeError(f"cannot send a numpy array of dtype {dtype} as data: bulkhead carries numpy's "
+                        "own numeric, bool, datetime64/timedelta64, bytes, str and record dtypes, "
+                        "not objects or another library's dtypes (convert with .astype(...))")
+    return dtype.str
+
+
+def dtype_from_description(np, desc, depth=0):
+    """The description an ARRAY carried -> the dtype it names, or
+    ValueError naming what is wrong with it (a peer's malformed value:
+    never what dtype_description writes)."""
+    if depth > _DESC_DEPTH:
+        raise ValueError(f"the description nests deeper than {_DESC_DEPTH} levels")
+    if isinstance(desc, str):
+        if len(desc) > 64:
+            raise ValueError(f"{desc[:64]!r}... is no numpy dtype string")
+        try:
+            dt = np.dtype(desc)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{desc!r} is no numpy dtype ({e})") from None
+        if dt.hasobject or dt.kind not in _PLAIN_KINDS or dt.num >= _OWN_TYPE_NUMS \
+                or dt.fields is not None or dt.subdtype is not None or dt.str != desc:
+            raise ValueError(f"{desc!r} is not a plain dtype bulkhead sends ({dt})")
+        return dt
+    if isinstance(desc, dict) and set(desc) == {"sub", "shape"}:
+        shape = desc["shape"]
+        if not (isinstance(shape, list) and 0 < len(shape) <= 32 and
+                all(type(n) is int and 0 <= n < 2**31 for n in shape)):
+            raise ValueError(f"a subarray's shape {shape!r} is not a list of 1 to 32 sizes")
+        base = dtype_from_description(np, desc["sub"], depth + 1)
+        try:
+            return np.dtype((base, tuple(shape)))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"subarray {base} x {tuple(shape)}: {e}") from None
+    if isinstance(desc, dict) and {"names", "formats", "offsets", "itemsize"} <= set(desc) <= \
+            {"names", "formats", "offsets", "itemsize", "titles", "aligned"}:
+        names, formats, offsets = desc["names"], desc["formats"], desc["offsets"]
+        titles, itemsize, aligned = desc.get("titles"), desc["itemsize"], desc.get("aligned", False)
+        n = len(names) if isinstance(names, list) else -1
+        if not (n >= 0 and all(type(x) is str for x in names) and isinstance(formats, list)
+                and len(formats) == n and isinstance(offsets, list) and len(offsets) == n
+                and all(type(o) is int and o >= 0 for o in offsets) and type(itemsize) is int
+                and itemsize >= 0 and type(aligned) is bool
+                and (titles is None or (isinstance(titles, list) and len(titles) == n and
+                                        all(t is None or type(t) is str for t in titles)))):
+            raise ValueError("a record's names, formats, offsets, titles, itemsize or alignment "
+                             "are not lists of one length, non-negative ints and a bool")
+        spec = {"names": names, "formats": [dtype_from_description(np, f, depth + 1) for f in formats],
+                "offsets": offsets, "itemsize": itemsize}
+        if titles is not None:
+            spec["titles"] = titles
+        try:
+            dt = np.dtype(spec, align=aligned)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"record {names!r}: {e}") from None
+        if dt.hasobject:
+            raise ValueError(f"record {names!r} holds objects")
+        return dt
+    raise ValueError(f"{desc!r:.80} is neither a dtype string, a record nor a subarray")
+
+
+def _array_of_description(np, desc, shape, raw, scalar):
+    """The array (or scalar) an ARRAY carried: raw, a uint8 array of shape
+    (..., itemsize) over its bytes (None: it has none), viewed as the
+    described dtype.  ProtocolError for a description that is not one
+    dtype_description writes, or that does not fit the bytes."""
+    import json
+    try:
+        dtype = dtype_from_description(np, json.loads(desc))
+        if dtype.itemsize != shape[-1]:
+            raise ValueError(f"its itemsize is {dtype.itemsize} bytes, the array's are {shape[-1]}")
+    except (ValueError, RecursionError) as e:
+        raise _native.ProtocolError(f"decode: an array's dtype description is malformed "
+                                    f"(BH_EBODY): {e}") from None
+    if raw is None or dtype.itemsize == 0:
+        out = np.zeros(shape[:-1], dtype=dtype)
+    else:
+        out = raw.view(dtype)[..., 0]   # the last axis is the itemsize, contiguous (codec.c checks)
+    return out[()].copy() if scalar else out
 
 
 _torch_by_code = None
@@ -245,9 +377,9 @@ def encode(chan, obj, cache=None):
         t = encode(chan, np.asarray(obj))
         return t[:1] + (_native.TENSOR_NUMPY_SCALAR,) + t[2:]
     if np is not None and isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject or obj.dtype.fields is not None:
-            raise TypeError(f"cannot send a numpy array of dtype {obj.dtype!s} (objects or records)")
         code = _numpy_code(np, obj.dtype)
+        if code is None:  # a record, datetime64, ...: its bytes and its description
+            return _encode_described(np, chan, obj)
         if 0 < obj.nbytes <= _INLINE_MAX:
             return (0, _native.TENSOR_NUMPY, code, obj.shape, obj.tobytes())  # C order
         lease = None
@@ -296,6 +428,27 @@ def encode(chan, obj, cache=None):
     return None
 
 
+def _encode_described(np, chan, obj):
+    """An array of a dtype no code names: the tuple for its bytes as uint8,
+    shape (..., itemsize), with its description (an ARRAY).  A view of a
+    peer's block stays one (by reference, as any array)."""
+    import json
+    desc = json.dumps(dtype_description(obj.dtype), separators=(",", ":"))
+    if len(desc.encode()) > _native.ARRAY_DESC_MAX:
+        raise TypeError(f"cannot send a numpy array of dtype {obj.dtype}: its description takes "
+                        f"{len(desc.encode())} bytes, over bulkhead's {_native.ARRAY_DESC_MAX}")
+    isz = obj.dtype.itemsize
+    if obj.ndim >= 16:  # the bytes take one dimension more
+        raise TypeError(f"cannot send a numpy array of dtype {obj.dtype} with {obj.ndim} dimensions: "
+                        "bulkhead carries such arrays with at most 15")
+    if isz == 0 or obj.size == 0:
+        raw = np.empty(obj.shape + (isz,), np.uint8)
+    else:
+        c = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj).reshape(obj.shape)
+        raw = c.reshape(-1).view(np.uint8).reshape(obj.shape + (isz,))
+    return encode(chan, raw) + (desc,)
+
+
 def _copy_into(torch, lease, nbytes, t):
     """t's bytes into the leased block.  A contiguous tensor: one memcpy on
     this thread (numpy's copyto over its bytes), as a numpy array crosses;
@@ -318,10 +471,11 @@ def _torch_view(torch, lease, nbytes, dtype, shape):
     return raw.view(dtype).view(shape) if shape else raw.view(dtype).view(())
 
 
-def decode(lib, code, shape, strides, lease):
+def decode(lib, code, shape, strides, lease, desc=None):
     """Wraps a received tensor ref without copying.  lease: a Lease over
     the peer's block, None (an empty tensor) or a bytearray (an inline
-    one: the codec's copy, which the result keeps)."""
+    one: the codec's copy, which the result keeps).  desc: an ARRAY's
+    dtype description (the ref is its uint8 bytes), or None."""
     inline = isinstance(lease, bytearray)
     if lib == _native.TENSOR_TORCH:
         import torch
@@ -338,6 +492,10 @@ def decode(lib, code, shape, strides, lease):
             return t.view(shape)
         return t.as_strided(shape, strides)
     import numpy as np
+    if desc is not None:  # an ARRAY: uint8 bytes, shape (..., itemsize)
+        scalar = lib == _native.TENSOR_NUMPY_SCALAR
+        raw = None if lease is None else decode(_native.TENSOR_NUMPY, code, shape, strides, lease)
+        return _array_of_description(np, desc, shape, raw, scalar)
     name = _native_name(code)
     dtype = np.dtype(name if name not in ("longdouble", "clongdouble") else getattr(np, name))
     if lib == _native.TENSOR_NUMPY_SCALAR:
