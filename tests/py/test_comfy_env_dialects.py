@@ -233,3 +233,78 @@ def test_a_dependency_with_extras_in_its_key_is_installed_with_them(tmp_path):
     out = subprocess.run([st.python, "-I", "-c", "import bhextra, bhplain; print(bhextra.VALUE, bhplain.VALUE)"],
                          stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout.strip()
     assert out == "extra plain"
+
+
+# --- 0.0.x's {var} substitution in requirement strings ---
+
+COMFY_ENV_GIT = "https://github.com/PozzettiAndrea/comfy-env"
+
+
+@pytest.fixture(scope="session")
+def release_0_0_65():
+    """comfy-env 0.0.65's package (no longer on PyPI), taken from the
+    project's git history: $BULKHEAD_COMFY_ENV_GIT (a clone), else a clone
+    kept in build/comfy-env-git; the folder holding its comfy_env."""
+    from test_comfy_env import BUILD
+    root = os.path.dirname(BUILD)
+    site = os.path.join(root, "comfy-env-releases", "0.0.65", "src")
+    if not os.path.isfile(os.path.join(site, "comfy_env", "env", "config_file.py")):
+        repo = os.environ.get("BULKHEAD_COMFY_ENV_GIT") or os.path.join(root, "comfy-env-git")
+        if not os.path.isdir(repo):
+            r = subprocess.run(["git", "clone", "-q", "--bare", COMFY_ENV_GIT, repo], capture_output=True, text=True,
+                               timeout=300)
+            if r.returncode != 0:
+                pytest.skip(f"comfy-env's history could not be fetched ({r.stderr[-300:]}); set BULKHEAD_COMFY_ENV_GIT")
+        commit = subprocess.run(["git", "-C", repo, "log", "--all", "--reverse", "--format=%H", "-S",
+                                 'version = "0.0.65"', "--", "pyproject.toml"], capture_output=True, text=True,
+                                check=True).stdout.split()[0]
+        os.makedirs(os.path.dirname(site), exist_ok=True)
+        archive = subprocess.run(["git", "-C", repo, "archive", commit, "src/comfy_env"], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", os.path.dirname(site)], input=archive, check=True)
+    return site
+
+
+OLD_SIMPLE = '''
+[env]
+name = "geom"
+python = "{mm}"
+[variables]
+scatter = "2.1.2"
+[packages]
+requirements = ["trimesh>=4", "torch-scatter=={{scatter}}+pt{{pytorch_mm}}cu{{cuda_short}}"]
+no_deps = ["torch-cluster==1.6.3+pt{{pytorch_short}}cu{{cuda_version}}"]
+'''
+OLD_CUDA_LIST = 'cuda = ["torch-scatter==2.1.2+pt{pytorch_mm}cu{cuda_short}", "spconv=={pytorch_version}"]\n'
+
+
+@pytest.mark.parametrize("text", [OLD_SIMPLE.format(mm=HOST_MM), OLD_CUDA_LIST])
+def test_old_var_substitution_expands_as_the_release_did(tmp_path, monkeypatch, release_0_0_65, text):
+    """The release's own reader with its CUDA detection answering 12.8 (its
+    torch for that: 2.8.0), and bulkhead's with a host torch 2.8.0+cu128."""
+    p = write(tmp_path / "rel" / "comfy-env.toml", text)
+    want = run_release(tmp_path, release_0_0_65, f"""
+        import comfy_env.env.config_file as cf
+        cf.detect_cuda_version = lambda: "12.8"
+        c = cf.load_config({p!r})
+        envs = list(c.envs.values())
+        reqs = envs[0].requirements + envs[0].no_deps_requirements if envs else \\
+            [k + ("==" + v if v else "") for k, v in c.local.cuda_packages.items()] + c.local.requirements
+        print(json.dumps(reqs))
+    """)
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.8.0+cu128")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "12.8")
+    c = bulkhead_config(tmp_path, text)
+    assert sorted(c.requirements + c.cuda) == sorted(want), (c.requirements, c.cuda, want)
+    assert not any("[variables]" in w for w in c.warnings), c.warnings
+
+
+def test_an_old_var_with_no_value_here_names_file_line_and_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.8.0")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "none")
+    with pytest.raises(PackConfigError) as ei:
+        bulkhead_config(tmp_path, OLD_CUDA_LIST)
+    e = str(ei.value)
+    assert e.startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:1: 'torch-scatter==2.1.2+pt28cu{{cuda_short}}' names "
+                        "{cuda_short}"), e
+    assert "the host's torch has no CUDA" in e and "set it under [variables]" in e, e

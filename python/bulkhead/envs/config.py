@@ -679,6 +679,50 @@ def _d1_cuda(r, table, keypath):
     return out
 
 
+def _d1_expander(r, data):
+    """comfy-env 0.0.13-0.0.65's ``{var}`` substitution in requirement
+    strings (``torch-scatter==2.1.2+pt{pytorch_mm}cu{cuda_short}``), as
+    that release's simple shape did it: ``[variables]`` (popped: read here)
+    first, then ``cuda_version`` ("12.8"), ``cuda_short`` ("128"),
+    ``pytorch_version`` ("2.8.0"), ``pytorch_short`` ("280") and
+    ``pytorch_mm`` ("28"), each ``{name}`` replaced by plain text.  The
+    release took torch and CUDA from what it installed; here they are the
+    host's (``cudawheels.host_torch``), which the environment gets.
+    Returns ``expand(requirement, keypath)``, which raises a
+    PackConfigError at the key's line for a ``{name}`` left with no value."""
+    table = data.pop("variables", None) if isinstance(data.get("variables"), dict) else None
+    variables = {k: str(v) for k, v in (table or {}).items()}
+    tv, read = None, False
+
+    def expand(req, keypath):
+        nonlocal tv, read
+        if "{" not in req:
+            return req
+        if not read:        # the host's torch, read once and only for a file that has a {var}
+            from .cudawheels import host_torch      # envs/cudawheels imports this module: imported when used
+            (tv, cv), read = host_torch(), True
+            if cv:
+                cuda = ".".join(cv.split(".")[:2])
+                variables.setdefault("cuda_version", cuda)
+                variables.setdefault("cuda_short", cuda.replace(".", ""))
+            if tv:
+                tv = tv.split("+", 1)[0]
+                variables.setdefault("pytorch_version", tv)
+                variables.setdefault("pytorch_short", tv.replace(".", ""))
+                variables.setdefault("pytorch_mm", "".join(tv.split(".")[:2]))
+        for k, v in variables.items():
+            req = req.replace("{" + k + "}", v)
+        left = re.search(r"\{(\w+)\}", req)
+        if left:
+            why = ("the host's torch has no CUDA" if left.group(1).startswith("cuda") and tv else
+                   f"the host ({sys.executable}) has no torch" if not tv else "it is no variable comfy-env 0.0.x set")
+            r.error(f"{req!r} names {{{left.group(1)}}}, which comfy-env 0.0.x expanded, and it has no value here "
+                    f"({why}; known: {', '.join(sorted(variables)) or 'none'}); set it under [variables] or write "
+                    "the version out", *keypath)
+        return req
+    return expand
+
+
 def _d1_requirements(r, table, keypath):
     """D1 ``packages``: ``requirements = [...]`` (and ``no_deps``), or a
     bare array."""
@@ -717,12 +761,16 @@ def _older_dialects(data, r, notes):
                 f"to nodes/<subdir>/{CONFIG_NAME} of the nodes it serves", named[1])
     env = dict(data.pop(named[0])) if named else None
     where = named[0] if named else None
+    # 0.0.13-0.0.65's simple shape (no [<env>] table, no [local]) expanded
+    # {var}s in its requirement strings; its other shapes did not.
+    expand = _d1_expander(r, data) if not named and "local" not in data else None
     if env is None and isinstance(data.get("env"), dict):
         env, where = dict(data.pop("env")), "env"
         if "packages" in data:
             env["packages"] = data.pop("packages")
     if env is not None:
         reqs = list(data.get("requirements", []) or [])
+        ours = len(reqs)
         if "packages" in env:
             pk = env.pop("packages")
             if isinstance(pk, dict):
@@ -742,6 +790,8 @@ def _older_dialects(data, r, notes):
                         _d1_cuda(r, plain, (where, "packages"))
             reqs += _d1_requirements(r, {k: v for k, v in pk.items() if k in ("requirements", "no_deps")}
                                      if isinstance(pk, dict) else pk, (where, "packages"))
+        if expand is not None:
+            reqs[ours:] = [expand(q, (where, "packages")) for q in reqs[ours:]]
         if reqs:
             data["requirements"] = reqs
         cu = env.pop("cuda", None)
@@ -791,7 +841,7 @@ def _older_dialects(data, r, notes):
                 data[table] = {"packages": system[osname]}
     cu = data.get("cuda")
     if isinstance(cu, list):            # comfy-env 0.0.x: cuda = ["pkg==1.0", ...]
-        data["cuda"] = {"packages": cu}
+        data["cuda"] = {"packages": [expand(x, ("cuda",)) if expand and isinstance(x, str) else x for x in cu]}
     elif isinstance(cu, dict):
         extra = {k: v for k, v in cu.items() if k != "packages"}
         # A key that is no package = "version" (0.0.x's form), or that reads
