@@ -699,7 +699,7 @@ def _d1_expander(r, data):
         if "{" not in req:
             return req
         if not read:        # the host's torch, read once and only for a file that has a {var}
-            from .cudawheels import host_torch      # envs/cudawheels imports this module: imported when used
+            from .cudawheels import host_torch      # urllib and the rest of a build's: only for a {var}
             (tv, cv), read = host_torch(), True
             if cv:
                 cuda = ".".join(cv.split(".")[:2])

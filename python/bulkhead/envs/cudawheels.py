@@ -48,7 +48,11 @@ import urllib.parse
 import urllib.request
 
 from .errors import EnvBuildError
-from .hostmatch import InvalidVersion, Version
+
+try:
+    from packaging.version import InvalidVersion, Version
+except ImportError:     # bulkhead has no Python dependencies; pip (which builds environments) has packaging
+    from pip._vendor.packaging.version import InvalidVersion, Version
 
 DEFAULT_INDEX = "https://comfy-forge.github.io/cuda-wheels/"
 
