@@ -12,7 +12,8 @@
  * fd count, inline length), bh__section_parse, then bh__section_apply
  * against a real pool, with real sealed memfds standing in for the intro
  * fds, and finally bh_dec_validate on the value that follows the section,
- * as every receiver does, and every tensor ref of the value, in order,
+ * as every receiver does, and every tensor ref of the value (an ARRAY's
+ * bytes too), in order,
  * through bh__lend_claim against the section's lend list (what
  * bh_channel_frame_block checks as the extension decodes: a block the
  * frame lends, an aligned offset, a range within the block, after the
@@ -100,8 +101,9 @@ static void claim_refs(const bh__section *sec, const uint8_t *value, size_t len)
   bh_reader_init(&r, value, len);
   while (r.pos < r.len) {
     FUZZ_CHECK(bh_dec_next(&r, &it) == 0); /* the value validated */
-    if (it.tag != BH_TAG_TENSOR || it.u.t.block == BH_BLOCK_NONE || it.u.t.block == BH_BLOCK_INLINE)
-      continue;
+    if ((it.tag != BH_TAG_TENSOR && it.tag != BH_TAG_ARRAY) || it.u.t.block == BH_BLOCK_NONE ||
+        it.u.t.block == BH_BLOCK_INLINE)
+      continue; /* an ARRAY's bytes are a tensor ref like any other */
     const bh_tensor_ref *t = &it.u.t;
     if (t->block & BH_BLOCK_BACK) { /* a back ref: our own block, lent */
       claim_back(t);
@@ -214,7 +216,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rc = bh_dec_validate(payload + sec.len, payload_len - sec.len, BH_MAX_DEPTH);
   if (rc)
     FUZZ_RC_IN(rc, -BH_EOVERRUN, -BH_EBADTAG, -BH_EUTF8, -BH_ECOUNT, -BH_ETENSOR, -BH_EDTYPE,
-               -BH_EDEPTH, -BH_ETRAILING);
+               -BH_EDEPTH, -BH_ETRAILING, -BH_EBODY);
   else
     claim_refs(&sec, payload + sec.len, payload_len - sec.len);
 out:

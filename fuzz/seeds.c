@@ -415,6 +415,21 @@ static void frame_seeds(void) {
     bh_block_unref(pv);
     send_and_pass(b, rb, ra, a, "return_arena", BH_KIND_PROGRESS, 0, NULL, NULL, 0);
   }
+  /* A described array (an ARRAY: a record's bytes) in an arena block,
+   * beside a plain tensor in the next: its ref is claimed like any. */
+  bh_buf_init(&v);
+  bh_enc_list(&v, 2);
+  bh_tensor_ref rec = {.lib = BH_TENSOR_NUMPY, .dtype = BH_DT_UINT8, .ndim = 2, .block = bh_block_id(ab[0]),
+                       .offset = ao[0], .nbytes = 100, .shape = {4, 25}, .strides = {25, 1}};
+  CHECK(bh_enc_array(&v, "\"|V25\"", 7, &rec) == 0);
+  int64_t shape1[1] = {100}, strides1[1] = {1};
+  tensor(&v, BH_TENSOR_NUMPY, BH_DT_UINT8, 1, shape1, strides1, bh_block_id(ab[1]), ao[1]);
+  send_and_pass(a, ra, rb, b, "arena_array", BH_KIND_RESULT, 20, &v, ab, 2);
+  bh_buf_free(&v);
+  bh_block *pv;
+  CHECK(bh_channel_peer_block(b, bh_block_id(ab[0]), &pv) == 0);
+  bh_block_unref(pv);
+  send_and_pass(b, rb, ra, a, "return_arena", BH_KIND_PROGRESS, 0, NULL, NULL, 0);
   for (int i = 0; i < 4; i++) bh_block_unref(ab[i]);
 
   /* Back refs (protocol 6): b names a block of a's own, as a value a lent

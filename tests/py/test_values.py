@@ -231,3 +231,75 @@ def test_malformed_value_of_a_new_tag(make_worker, what):
     assert "worker 'liar'" in str(ei.value) and "it was killed" in str(ei.value)
     assert liar.call("bh_testmod:pid") != pid
 
+
+
+# --- as a node's values: a pack's node in-process and isolated ----------
+
+PACK_INIT = '''\
+import os
+from bulkhead.host.nodes import load_pack
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = load_pack(
+    os.path.dirname(os.path.abspath(__file__)), os.environ["BH_TEST_PACK_PYTHON"],
+    options={"comfyui": os.environ.get("BH_TEST_COMFYUI")})
+'''
+
+PACK_NODES = '''\
+import numpy as np
+from bh_values import describe
+
+PLY = np.dtype([("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("red", "u1")])
+
+
+class Values:
+    """Returns what it was given, as it saw it, and values of every new kind."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"given": ("*",)}}
+    RETURN_TYPES = ("*", "*", "*", "*", "*", "*", "*")
+    FUNCTION = "run"
+    CATEGORY = "bulkhead/test"
+
+    def run(self, given):
+        ply = np.zeros(3000, PLY)
+        ply["red"] = np.arange(3000) % 256
+        return (describe(given), {1, "a", (2, 3)}, frozenset({frozenset({1})}), 2 - 1j, range(1, 9, 4),
+                ply, np.array(["2024-02-29T12:00"], dtype="datetime64[m]"))
+
+
+NODE_CLASS_MAPPINGS = {"Values": Values}
+'''
+
+
+def test_a_nodes_values_are_as_in_process(tmp_path, monkeypatch, cases):
+    """The same node in ComfyUI's process and isolated under another
+    Python: what it is given and what it returns describe the same (before
+    protocol 8 the isolated node's sets and records came back handles)."""
+    from conftest import other_interpreter
+    from bulkhead.host import nodes
+    import importlib.util
+    monkeypatch.setenv("BULKHEAD_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("COMFYUI_PATH", raising=False)
+    base = tmp_path / "comfyui"
+    base.mkdir()
+    (base / "folder_paths.py").write_text("def get_filename_list(name):\n    return []\n")
+    pack = tmp_path / "valuespack"
+    pack.mkdir()
+    (pack / "__init__.py").write_text(PACK_INIT)
+    (pack / "nodes.py").write_text(PACK_NODES)
+    spec = importlib.util.spec_from_file_location("bh_real_valuespack.nodes", str(pack / "nodes.py"))
+    real = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real)
+    nodes._forget_all()
+    try:
+        mappings, _ = nodes.load_pack(str(pack), other_interpreter(), options={"comfyui": str(base)},
+                                      env={"PYTHONPATH": HELPERS})
+        isolated, in_process = mappings["Values"](), real.Values()
+        for name in ("set", "frozenset", "range", "ply_block", "ply_scalar", "datetime64[ns]",
+                     "in_containers"):
+            got = getattr(isolated, isolated.FUNCTION)(given=cases[name])
+            want = in_process.run(given=cases[name])
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert bh_values.describe(g) == bh_values.describe(w), name
+    finally:
+        nodes._forget_all()

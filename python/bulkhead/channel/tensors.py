@@ -56,6 +56,7 @@ third crossing on (SendCache, below).  Everything else is copied once per
 crossing.
 """
 
+import json
 import sys
 import threading
 import weakref
@@ -200,7 +201,6 @@ def _array_of_description(np, desc, shape, raw, scalar):
     (..., itemsize) over its bytes (None: it has none), viewed as the
     described dtype.  ProtocolError for a description that is not one
     dtype_description writes, or that does not fit the bytes."""
-    import json
     try:
         dtype = dtype_from_description(np, json.loads(desc))
         if dtype.itemsize != shape[-1]:
@@ -432,7 +432,6 @@ def _encode_described(np, chan, obj):
     """An array of a dtype no code names: the tuple for its bytes as uint8,
     shape (..., itemsize), with its description (an ARRAY).  A view of a
     peer's block stays one (by reference, as any array)."""
-    import json
     desc = json.dumps(dtype_description(obj.dtype), separators=(",", ":"))
     if len(desc.encode()) > _native.ARRAY_DESC_MAX:
         raise TypeError(f"cannot send a numpy array of dtype {obj.dtype}: its description takes "
