@@ -462,8 +462,9 @@ static int dec_is_mark(const bh_dec_ctx *d, PyObject *k) {
  * not hash here: a hashable subclass of list or dict, a registered type's
  * object, crosses as its plain data. */
 static void dec_unhashable(uint8_t tag, PyObject *v) {
+  PyErr_Clear(); /* the hash's own TypeError: replaced by one that names the fix */
   PyObject *type = PyObject_GetAttrString((PyObject *)Py_TYPE(v), "__qualname__");
-  PyErr_Clear();
+  if (!type) PyErr_Clear();
   PyErr_Format(PyExc_TypeError,
                "decode: a %s received holds an item of type %S, which is unhashable in this process "
                "(an object that crossed as its plain data, a list or dict, does not hash); send those "
