@@ -224,6 +224,12 @@ def _call_node(cls, name, kwargs, hidden, obj=None):
     return getattr(obj if obj is not None else cls, name)(**kwargs)
 
 
+async def resolve_map_node_over_list_results(results):
+    """Upstream's: a node method's results, each task among them awaited
+    (an async method's, or a task a validator returned)."""
+    return [await x if isinstance(x, asyncio.Task) else x for x in results]
+
+
 async def _awaited(aw):
     return await aw
 
@@ -342,8 +348,9 @@ async def _validate_node(prompt, node_id, validated):
                                    for k, v in inputs.items() if _is_link(v)}
         result = _call_node(cls, "validate_inputs" if is_v3(cls) else "VALIDATE_INPUTS", args,
                             _hidden_inputs(cls, node_id, prompt, {}))
-        if inspect.isawaitable(result):
-            result = await result
+        if inspect.iscoroutine(result):     # an async validator: upstream runs it as a task
+            result = asyncio.create_task(result)
+        [result] = await resolve_map_node_over_list_results([result])
         if result is not True:
             errors.append(_error("custom_validation_failed", "Custom validation failed for node",
                                  f"{', '.join(sorted(args))}: {result}"))

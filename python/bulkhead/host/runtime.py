@@ -57,6 +57,7 @@ PromptServer there too.
 This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
 
+import collections
 import inspect
 import itertools
 import json
@@ -249,6 +250,35 @@ def _host_object_error(e, kwargs, what):
     return TypeError(str(e))
 
 
+def _memo_key(key, kwargs, v3_hidden):
+    """What identifies one validation (node key, inputs, hidden values) for
+    remembering that it passed, or None where its inputs are not plain
+    values (their repr is no identity)."""
+    if v3_hidden is not None or not all(_plain_value(v) for v in kwargs.values()):
+        return None
+    try:
+        return key, repr(sorted(kwargs.items()))
+    except Exception:
+        return None
+
+
+def _plain_value(v, depth=0):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if depth < 8 and isinstance(v, (list, tuple)):
+        return all(_plain_value(x, depth + 1) for x in v)
+    if depth < 8 and isinstance(v, dict):
+        return all(isinstance(k, str) and _plain_value(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def _executor_awaits_tasks():
+    """Whether ComfyUI's executor awaits an asyncio task a node's validator
+    returns (upstream's does since its async nodes:
+    execution.resolve_map_node_over_list_results)."""
+    return callable(getattr(sys.modules.get("execution"), "resolve_map_node_over_list_results", None))
+
+
 def on_server_loop():
     """Whether this thread is running ComfyUI's web server loop (where
     nothing bulkhead does may wait on a worker): the running loop is
@@ -356,7 +386,6 @@ def _resolve(future):
 
 # --- one pack ---
 
-
 class PackRuntime:
     """One isolated pack: its worker, its metadata, its proxy classes."""
 
@@ -393,6 +422,7 @@ class PackRuntime:
         self._handle_gen = {}       # key -> the generation the node's outputs first held handles in
         self._is_changed_fns = {}   # key -> the proxy's IS_CHANGED (see _proxy)
         self._deferred = {}         # key -> VALIDATE_INPUTS kwargs answered "later" (call_class)
+        self._validated = collections.OrderedDict()   # _memo_key -> True: inputs the worker passed (validate_on_loop)
         self._deferred_lock = threading.Lock()
         # The worker's node instances the proxies hold (one per proxy
         # instance): made again on a new generation, so they never keep an
@@ -513,8 +543,6 @@ class PackRuntime:
             def run(self, **kwargs):
                 return rt.run(self, key, kwargs)
         run.__name__ = run.__qualname__ = function
-        ns[function] = run
-
         ns[function] = run
         methods = node.get("methods", {})
         if "VALIDATE_INPUTS" in methods:
@@ -849,38 +877,75 @@ class PackRuntime:
 
     def validate_on_loop(self, key, kwargs, v3_hidden=None):
         """VALIDATE_INPUTS (a V3 node's validate_inputs: v3_hidden, the
-        hidden values of ComfyUI's class clone) without waiting past
-        VALIDATE_WAIT_S: the worker's answer when it is idle and running
-        and answers in time, else True and the check deferred to the node's
-        run (see above)."""
+        hidden values of ComfyUI's class clone) without waiting on the
+        loop past VALIDATE_WAIT_S: the worker's answer when it is idle and
+        running and answers in time.  Where it is not started, or answers
+        later, and ComfyUI's executor awaits a task a validator returns
+        (upstream's since its async nodes: _executor_awaits_tasks), a task
+        that answers off the loop (the worker started on a thread of its
+        own, as a prompt's first node would start it), so the prompt is
+        refused at queue time as in-process; else, and where the worker
+        runs a node, True and the check deferred to the node's run (see
+        above)."""
         w, box, done = self.worker, {}, threading.Event()
+        memo = _memo_key(key, kwargs, v3_hidden)
 
-        def check():
+        def check(start=False):
             try:
                 with w.holding_idle() as held:
-                    if not held or not w.alive or w.busy:
-                        box["why"] = "busy" if not held or w.alive else "not started"
+                    if not held or w.busy or not (w.alive or start):
+                        box["why"] = "busy" if not held or w.busy else "not started"
                         return
+                    if start:
+                        w.poll()
+                        w.start()
                     box["answer"] = self._validate(w, _mm(), key, kwargs, drain=False, v3_hidden=v3_hidden)
+                    if box["answer"] is True and memo is not None:
+                        with self._deferred_lock:
+                            self._validated[memo] = True
+                            while len(self._validated) > self.VALIDATED_MAX:
+                                self._validated.popitem(last=False)
             except BaseException as e:
                 box["error"] = e
             finally:
                 done.set()
 
-        threading.Thread(target=check, name=f"bulkhead-validate-{self.name}", daemon=True).start()
-        if done.wait(self.VALIDATE_WAIT_S) and "why" not in box:
+        def answer():
             if "error" in box:
                 raise box["error"]
-            return box["answer"]
+            return box.get("answer", True)
+
+        threading.Thread(target=check, name=f"bulkhead-validate-{self.name}", daemon=True).start()
+        if done.wait(self.VALIDATE_WAIT_S) and "why" not in box:
+            return answer()
+        if box.get("why") == "not started" and memo is not None and memo in self._validated:
+            return True     # these inputs passed before: a prompt ComfyUI may serve from its cache starts no worker
+        if box.get("why") != "busy" and _executor_awaits_tasks():
+            import asyncio
+
+            def started():
+                if box.get("why") == "not started":
+                    box.clear()
+                    done.clear()
+                    check(start=True)
+                done.wait()
+                if box.get("why"):      # a node took the worker meanwhile
+                    self._defer(key, kwargs, v3_hidden, f"its worker is {box['why']}")
+                return answer()
+            return asyncio.get_running_loop().create_task(_in_thread(started))
+        self._defer(key, kwargs, v3_hidden, f"its worker is {box['why']}" if "why" in box
+                    else f"it did not answer within {self.VALIDATE_WAIT_S:g} s")
+        return True
+
+    VALIDATED_MAX = 256
+
+    def _defer(self, key, kwargs, v3_hidden, why):
         with self._deferred_lock:
             pending = self._deferred.setdefault(key, [])
             pending.append(dict(kwargs))
             del pending[:-self.DEFERRED_MAX]
         log.info("bulkhead: pack %r: %s.%s is checked when the node runs (%s)", self.name, key,
-                 "VALIDATE_INPUTS" if v3_hidden is None else "validate_inputs",
-                 f"its worker is {box['why']}" if "why" in box
-                 else f"it did not answer within {self.VALIDATE_WAIT_S:g} s")
-        return True
+                 "VALIDATE_INPUTS" if v3_hidden is None else "validate_inputs", why)
 
     def _take_deferred(self, key, kwargs):
         """The deferred VALIDATE_INPUTS kwargs of node key that match the
