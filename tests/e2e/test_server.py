@@ -356,6 +356,34 @@ def test_blockers_dynprompt_and_expansions_are_what_they_are_in_process(comfyui)
     assert outputs["7.0.0.3.0.0.2"]["parent"] == ["7.0.0.3"] and outputs["9"]["original"] == sorted(FLOW_PROMPT)
 
 
+def test_a_dropdown_a_pack_lists_itself_shows_a_file_added_since(comfyui):
+    """#35: a list a pack builds with os.listdir (not folder_paths) is read
+    again when the frontend asks for the node definitions, as in ComfyUI's
+    own process, so a file added since is in /object_info's dropdown and a
+    prompt naming it runs (it was served from the description: missing,
+    and the prompt refused "value not in list").  Isolated and in-process,
+    compared."""
+    seen = {}
+    for way, env in (("isolated", {}), ("in_process", {"BH_E2E_IN_PROCESS": "1"})):
+        srv = comfyui(name=way, env=env)
+        listed = os.path.join(srv.base, "custom_nodes", "e2e_pack", "listed")
+        os.makedirs(listed, exist_ok=True)
+        open(os.path.join(listed, "a.txt"), "w").close()
+        options = lambda: srv.http("GET", "/object_info/E2EListed")[1]["E2EListed"]["input"]["required"]["name"][0]
+        before = options()
+        entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EListed", "inputs": {"name": "a.txt"}}}))
+        assert entry["status"]["status_str"] == "success", (way, entry["status"])
+        open(os.path.join(listed, "b.txt"), "w").close()
+        deadline = time.monotonic() + 10    # the worker's answer is asked for at most every second
+        while "b.txt" not in options() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        after = options()
+        entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EListed", "inputs": {"name": "b.txt"}}}))
+        seen[way] = (before, after, entry["status"]["status_str"], entry["outputs"]["1"]["name"])
+        srv.stop()
+    assert seen["isolated"] == seen["in_process"] == (["a.txt"], ["a.txt", "b.txt"], "success", ["b.txt"]), seen
+
+
 def _ram_tree(root, available_kib):
     """A /proc tree for the RAM probe (BULKHEAD_RAM_ROOT): 16 GiB, this
     much available."""

@@ -26,13 +26,15 @@ ON_PROMPT = "bulkhead.worker.nodes:on_prompt"        # the pack's prompt handler
 LOAD = "bulkhead.worker.memory:load"                 # a StandIn's load: more of a model onto its device
 RELEASE_OBJECTS = "bulkhead.worker:release_objects"  # object handles the host no longer holds
 HELD_COUNT = "bulkhead.worker.nodes:held_count"      # how many objects the worker holds for the host
+COMBOS = "bulkhead.worker.nodes:combos"              # every V1 node's dropdowns, INPUT_TYPES run again
 
 # A pack's worker serves these and nothing else (worker/__init__.py, as
 # multiprocessing's managers serve their `exposed` names): the host's
 # ComfyUI never has it run an arbitrary "module:function".  A plain
 # bulkhead.Worker, which is no pack's, serves any target (Worker.call).
 WORKER_TARGETS = (DESCRIBE, RUN, RUN_V3, RUN_ASYNC, RUN_V3_ASYNC, ASYNC_RESULT, ASYNC_CANCEL, ASYNC_PUMP,
-                  CALL_CLASS, WARM, REHEARSE, HANDLE_ROUTE, ON_PROMPT, LOAD, RELEASE_OBJECTS, HELD_COUNT)
+                  CALL_CLASS, WARM, REHEARSE, HANDLE_ROUTE, ON_PROMPT, LOAD, RELEASE_OBJECTS, HELD_COUNT,
+                  COMBOS)
 
 # --- host callables a worker calls (exposed by host/serverproxy.py, host/memory.py) ---
 SERVER = "bulkhead.server"            # the worker's PromptServer asking the host's

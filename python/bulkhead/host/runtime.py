@@ -250,6 +250,25 @@ def _host_object_error(e, kwargs, what):
     return TypeError(str(e))
 
 
+def _live_combos(types, described, fresh):
+    """INPUT_TYPES' decoded types with each dropdown the worker gave
+    again (fresh: {category: {input: [options]}}) in place of the
+    described one; a folder_paths list (read here live) and an input the
+    description has no list for keep theirs."""
+    for category, inputs in (fresh or {}).items():
+        have, raw = types.get(category), described.get(category)
+        if not isinstance(have, dict) or not isinstance(raw, dict):
+            continue
+        for name, options in inputs.items():
+            spec, spec_raw = have.get(name), raw.get(name)
+            if not (isinstance(spec, tuple) and spec and isinstance(spec[0], list) and isinstance(spec_raw, dict)):
+                continue
+            first = (spec_raw.get("items") or [None])[0]
+            if isinstance(first, dict) and first.get("__bh__") == "folder":
+                continue
+            have[name] = (list(options),) + spec[1:]
+
+
 def _memo_key(key, kwargs, v3_hidden):
     """What identifies one validation (node key, inputs, hidden values) for
     remembering that it passed, or None where its inputs are not plain
@@ -423,6 +442,7 @@ class PackRuntime:
         self._is_changed_fns = {}   # key -> the proxy's IS_CHANGED (see _proxy)
         self._deferred = {}         # key -> VALIDATE_INPUTS kwargs answered "later" (call_class)
         self._validated = collections.OrderedDict()   # _memo_key -> True: inputs the worker passed (validate_on_loop)
+        self._combos = None         # (time.monotonic(), live_combos' answer) of the last refresh
         self._deferred_lock = threading.Lock()
         # The worker's node instances the proxies hold (one per proxy
         # instance): made again on a new generation, so they never keep an
@@ -527,7 +547,10 @@ class PackRuntime:
         input_types = node["input_types"]
 
         def INPUT_TYPES(cls):
-            return decode_meta(input_types)
+            types = decode_meta(input_types)
+            if on_server_loop():    # the frontend's node definitions, a prompt's validation: as now
+                _live_combos(types, input_types, rt.live_combos().get(key))
+            return types
         ns["INPUT_TYPES"] = classmethod(INPUT_TYPES)
         for attr, value in node["attrs"].items():
             ns[attr] = decode_meta(value)
@@ -860,6 +883,49 @@ class PackRuntime:
         if real is None:
             return f"bulkhead worker generation {gen}"
         return f"{answer!r} (bulkhead worker generation {gen})"
+
+    # Dropdowns as INPUT_TYPES gives them now.  ComfyUI's own process runs
+    # a node's INPUT_TYPES again each time the frontend asks for the node
+    # definitions (and when a prompt is validated), so a list a pack builds
+    # with os.listdir shows a file added since.  On the server's loop the
+    # proxies ask the worker for every node's dropdowns at once
+    # (targets.COMBOS), at most every COMBOS_FRESH_S, where it runs, idle,
+    # with the pack imported, and answers within COMBOS_WAIT_S; otherwise
+    # (and for folder_paths lists, read here live) the described lists
+    # stand, which the next refresh after the worker ran corrects.  A cold
+    # worker is never started for it.
+    COMBOS_FRESH_S = 1.0
+    COMBOS_WAIT_S = 0.25
+
+    def live_combos(self):
+        """{key: {category: {input: [options]}}} from the worker (see
+        above), or {}."""
+        import time
+        now = time.monotonic()
+        with self._deferred_lock:
+            cached = self._combos
+            if cached is not None and now - cached[0] < self.COMBOS_FRESH_S:
+                return cached[1]
+            self._combos = (now, cached[1] if cached is not None else {})    # one asker at a time
+        w, done = self.worker, threading.Event()
+        if not w.alive or w.busy:
+            return self._combos[1]
+
+        def ask():
+            try:
+                with w.holding_idle() as held:
+                    if held and w.alive and not w.busy:
+                        combos = w.call(targets.COMBOS)
+                        if isinstance(combos, dict):
+                            with self._deferred_lock:
+                                self._combos = (time.monotonic(), combos)
+            except BaseException as e:
+                log.debug("bulkhead: pack %r: its dropdowns could not be read again: %s", self.name, e)
+            finally:
+                done.set()
+        threading.Thread(target=ask, name=f"bulkhead-combos-{self.name}", daemon=True).start()
+        done.wait(self.COMBOS_WAIT_S)   # later, its answer serves the next ask
+        return self._combos[1]
 
     # VALIDATE_INPUTS from ComfyUI's web server.  ComfyUI calls it inline
     # on the event loop when a prompt is queued.  The worker answers it

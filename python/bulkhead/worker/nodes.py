@@ -444,6 +444,37 @@ def _describe_class(key, cls, problems, types):
     return out
 
 
+def combos():
+    """targets.COMBOS: {key: {category: {input: [options]}}}: every V1
+    node's dropdowns (an input whose type is a list of plain values) as
+    its INPUT_TYPES gives them now, as ComfyUI's own process gets them
+    each time the frontend asks for the node definitions (a list a pack
+    builds with os.listdir shows a file added since).  A node whose
+    INPUT_TYPES raises is left out (the host keeps its described lists),
+    and so is every node where the pack is not imported yet (this asks
+    nothing that imports it)."""
+    if _nodes_module is None:
+        return {}
+    out = {}
+    for key, cls in list(_classes.items()):
+        if is_v3(cls):
+            continue
+        try:
+            spec = cls.INPUT_TYPES()
+        except Exception:
+            continue
+        node = {}
+        for category in ("required", "optional"):
+            for name, s in (spec.get(category) or {}).items() if isinstance(spec, dict) else ():
+                if isinstance(s, (tuple, list)) and s and isinstance(s[0], list) and all(
+                        isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in s[0]):
+                    node.setdefault(category, {})[str(name)] = [
+                        str.__str__(x) if isinstance(x, str) else x for x in s[0]]
+        if node:
+            out[str(key)] = node
+    return out
+
+
 # --- what the host's server asks of the pack (worker/server.py serves it) ---
 
 def handle_route(index, method, path, request, timeout_s):

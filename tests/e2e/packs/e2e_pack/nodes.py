@@ -299,3 +299,25 @@ class Background:
 
 
 NODE_CLASS_MAPPINGS["E2EBackground"] = Background
+
+
+class Listed:
+    """A dropdown of the files in the pack's `listed/` folder, built with
+    os.listdir as packs do (not folder_paths): ComfyUI runs INPUT_TYPES
+    again each time the frontend asks for the node definitions."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "listed")
+        return {"required": {"name": (sorted(os.listdir(d)) if os.path.isdir(d) else [],)}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, name):
+        return {"ui": {"name": [name], "pid": [os.getpid()]}}
+
+
+NODE_CLASS_MAPPINGS["E2EListed"] = Listed
