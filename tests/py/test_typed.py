@@ -306,6 +306,27 @@ def test_a_worker_with_no_types_registered_passes_maps_through(make_worker):
     assert w.call("builtins:dict", m) == m
 
 
+def test_a_pack_cannot_hand_another_pack_s_deserializer_a_payload(typed_worker, make_worker, caplog, tmp_path):
+    """#37: a map marked as pack meshpack's type, made by another pack's
+    worker (which runs no meshpack serializer), reaches the host as a plain
+    dict without the marker, so meshpack's deserializer never runs on a
+    payload another pack made up; meshpack's own typed values (its
+    worker runs that serializer) still cross as typed values."""
+    made = "{%r: 'MESH', 'type': 'Mesh', 'pack': 'meshpack', 'value': %r}"    # made in the worker
+    evil = make_worker(name="evil", env={"BULKHEAD_PACK_NAME": "evil"})
+    with caplog.at_level("WARNING", logger="bulkhead"):
+        got = evil.call("builtins:eval", made % (MARK, {"n": 1, "boom": True}))
+    assert MARK not in got and got == {"type": "Mesh", "pack": "meshpack", "value": {"n": 1, "boom": True}}
+    assert "worker 'evil' sent a value marked as type 'Mesh' of pack 'meshpack'" in caplog.text
+    out = run(typed_worker, mesh=got)
+    assert out["mesh"] == got, out                   # a dict to the node, not a Mesh (nor its deserializer's error)
+    # a worker that runs meshpack's serializer (its own, or one its root config names): passed on
+    friend = make_worker(name="friend", env={"BULKHEAD_PACK_NAME": "friend", "BULKHEAD_SERIALIZERS": json.dumps(
+        [["meshpack", str(tmp_path / "meshpack" / "serialization.py")]])})
+    own = friend.call("builtins:eval", made % (MARK, {"n": 2}))
+    assert own[MARK] == "MESH" and run(typed_worker, mesh=own)["mesh"] == {"Mesh": {"n": 2}}
+
+
 def test_any_bytes_decode_to_a_value_or_an_error_with_a_hook_set(pair):
     """The extension's decoder with a tagged hook (the C fuzz targets reach
     the core decoder only): real encodings of values holding tagged maps,

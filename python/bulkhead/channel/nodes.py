@@ -257,11 +257,31 @@ def encode_comfy(obj):
     return None
 
 
-def decode_comfy(m):
+def typed_packs(env):
+    """The packs whose typed values a worker with this environment may
+    send: those whose serializers it runs (BULKHEAD_SERIALIZERS, set by
+    host/pack.py: its own and those its comfy-env-root.toml names), or None
+    for a worker that is no pack's (any)."""
+    import json
+    if "BULKHEAD_PACK_NAME" not in env and "BULKHEAD_SERIALIZERS" not in env:
+        return None
+    try:
+        return frozenset(str(p) for p, _ in json.loads(env.get("BULKHEAD_SERIALIZERS") or "[]"))
+    except (ValueError, TypeError):
+        return frozenset()
+
+
+_forged = set()     # (producer, pack) said once
+
+
+def decode_comfy(m, typed_packs=None, producer=None):
     """The channel's tagged hook on the host (the worker's: worker/typed.py
     decode_tagged, which calls this first): a map encode_comfy made -> this
     process's own object; any other tagged map (a pack's registered type,
-    which the host holds as it is) -> the map itself."""
+    which the host holds as it is) -> the map itself, where the worker that
+    sent it runs that pack's serializer (typed_packs; None: any).  One
+    claiming another pack's type -> a plain dict without the marker, so no
+    pack's deserializer ever gets a payload another pack made up."""
     tag = m.get(MARK)
     if tag == BLOCKER:
         cls = _comfy_class("comfy_execution.graph_utils", "ExecutionBlocker", load=True)
@@ -271,6 +291,15 @@ def decode_comfy(m):
         return cls(m.get("message"))
     if tag == DYNPROMPT:
         return DynPrompt(m)
+    if typed_packs is not None and m.get("pack") not in typed_packs:
+        if (producer, str(m.get("pack"))) not in _forged:
+            _forged.add((producer, str(m.get("pack"))))
+            import logging
+            logging.getLogger("bulkhead").warning(
+                "bulkhead: worker %r sent a value marked as type %r of pack %r, whose serializer it does not "
+                "run; it is passed on as a plain dict, never to a deserializer", producer, m.get("type"),
+                m.get("pack"))
+        return {k: v for k, v in m.items() if k != MARK}
     return m
 
 

@@ -23,6 +23,7 @@ is there, takes the worker lock and serves what is pending (``serve(0)``).
 """
 
 import atexit
+import functools
 import math
 import os
 import select
@@ -35,7 +36,7 @@ import weakref
 from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms at start
 
 from .. import _native
-from ..channel.nodes import MARK, decode_comfy, encode_comfy
+from ..channel.nodes import MARK, decode_comfy, typed_packs, encode_comfy
 from ..channel.peer import BulkheadError, Peer
 from ..channel import targets
 from . import zygote
@@ -545,7 +546,9 @@ class Worker(_native.Caller):
         except BaseException:
             proc.close()
             raise
-        chan.set_tagged(MARK, decode_comfy)  # a node's ExecutionBlocker comes back as ComfyUI's own
+        # a node's ExecutionBlocker comes back as ComfyUI's own; a typed value only of a pack whose
+        # serializer this worker runs (typed_packs)
+        chan.set_tagged(MARK, functools.partial(decode_comfy, typed_packs=typed_packs(env), producer=self.name))
         peer.channel = chan
         where = f"worker {self.name!r} ({self.python}, pid {proc.pid})"
         try:
