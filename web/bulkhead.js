@@ -486,7 +486,8 @@ function renderPacks(doc) {
     if (p.state === "isolated") {
       figure = "isolated";
       meta = `${p.python}${p.pid ? ` · worker ${p.pid}` : " · no worker running"}` +
-        (p.rebuild ? ` · update: ${p.rebuild}` : "");
+        (p.rebuild ? ` · update: ${p.rebuild}` : "") +
+        (p.warning ? ` · ${p.warning.replace(/\.?$/, ".")}${p.fix ? ` Fix: ${p.fix}` : ""}` : "");
     } else if (p.state === "building") {
       figure = "building";
       meta = `${p.reason}${p.phase ? ` · ${p.phase}` : ""}`;
@@ -496,7 +497,7 @@ function renderPacks(doc) {
     }
     section.append(node("div", { class: "bh-row bh-pack", "data-bh-pack": p.name, "data-state": p.state },
       label, node("span", { class: "bh-figure" }, figure),
-      node("div", { class: p.state === "isolated" || p.state === "building" ? "bh-meta" : "bh-meta bh-error" },
+      node("div", { class: (p.state === "isolated" && !p.warning) || p.state === "building" ? "bh-meta" : "bh-meta bh-error" },
         meta)));
   }
   return section;
@@ -589,13 +590,15 @@ async function noticeNotIsolated() {
   } catch (e) {
     return; // the panel shows what went wrong when it is opened
   }
-  const lost = (doc.packs || []).filter((p) => p.state !== "isolated" && p.state !== "building");
+  const lost = (doc.packs || []).filter((p) => (p.state !== "isolated" || p.warning) && p.state !== "building");
   if (!lost.length) return;
-  const lines = lost.map((p) => `${p.name}: ${p.state === "failed" ? "FAILED" : "runs in ComfyUI's process"}` +
-    (p.reason ? ` (${p.reason})` : ""));
+  const lines = lost.map((p) => `${p.name}: ${p.state === "failed" ? "FAILED" : p.state === "isolated" ?
+    "isolated, without torch" : "runs in ComfyUI's process"}` + (p.reason ? ` (${p.reason})` : ""));
+  const partial = lost.every((p) => p.state === "isolated");
   toast.add({
     severity: lost.some((p) => p.state === "failed") ? "error" : "warn",
-    summary: `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} NOT isolated`,
+    summary: partial ? `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} cannot run every node` :
+      `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} NOT isolated`,
     detail: lines.join("\n") + "\nThe bulkhead panel lists each with its fix.",
     life: 20000,
   });

@@ -246,6 +246,23 @@ NODE_CLASS_MAPPINGS = {"NoTorch": NoTorch}
 '''
 
 
+TENSOR_NODE = '''
+
+class Shade:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",)}}
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "go"
+
+    def go(self, image):
+        return (image,)
+
+
+NODE_CLASS_MAPPINGS["Shade"] = Shade
+'''
+
+
 def _other_minor():
     try:
         envs.find_interpreter(OTHER_MM)
@@ -338,7 +355,7 @@ def test_another_minor_without_the_hosts_torch_runs_isolated(tmp_path, home, mon
     monkeypatch.setenv("COMFYUI_PATH", STUB_ROOT)
     pack = make_pack(tmp_path, f'python = "{OTHER_MM}"\nrequirements = ["numpy"]\n', name="notorch")
     with open(os.path.join(pack, "nodes.py"), "w") as f:
-        f.write(NUMPY_NODES)
+        f.write(NUMPY_NODES + TENSOR_NODE)
     lines = []
     [st] = bulkhead.install(pack, progress=lines.append)
     assert st.ok, st
@@ -351,12 +368,25 @@ def test_another_minor_without_the_hosts_torch_runs_isolated(tmp_path, home, mon
     assert list(s["lacking"]) == [f"torch=={HOST_TORCH}"]
     assert bulkhead.env_status(only_config(pack)).ok
     r = run_comfy_script(textwrap.dedent(f"""
-        from bulkhead.host import nodes
+        import torch
+        from bulkhead.host import nodes, states
         m, _ = nodes.load_pack({pack!r}, {st.python!r})
         out = json.loads(m["NoTorch"]().go(n=4)[0])
+        [row] = [r for r in states.pack_states() if r["name"] == "notorch"]
+        try:
+            m["Shade"]().go(image=torch.zeros(1, 2, 2, 3))
+            out["error"] = None
+        except Exception as e:
+            out["error"] = str(e)
         nodes.close_all()
-        emit(out)
+        emit(dict(out, state=row["state"], warning=row.get("warning"), fix=row.get("fix")))
     """), env={"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(home)}, timeout=240)
+    # #35: the pack is isolated, and says that its tensor node cannot run there, with the fix; that
+    # node fails saying so (it was 'No module named torch' in bulkhead's decoder, and every surface
+    # said "isolated")
+    assert r.pop("state") == "isolated" and f"isolated without torch" in r["warning"] and "Shade" in r["warning"]
+    assert "NoTorch" not in r.pop("warning") and "BULKHEAD_TORCH_INDEX" in r.pop("fix")
+    assert "a torch tensor reached this worker" in r["error"] and "has no torch" in r.pop("error")
     assert r == {"sum": 6, "python": OTHER_MM, "torch": False, "prefix": st.env_dir}
     # a pack that needs torch itself fails to build, naming why
     make_pack(tmp_path, f'python = "{OTHER_MM}"\nrequirements = ["torch"]\n', name="needs")

@@ -470,6 +470,17 @@ def _torch_view(torch, lease, nbytes, dtype, shape):
     return raw.view(dtype).view(shape) if shape else raw.view(dtype).view(())
 
 
+# A torch tensor sent to a process without torch: a pack's worker whose
+# environment was built without the host's torch (no index reachable has
+# that build for its Python; envs/build.py warned, and the pack's state says
+# "isolated without torch").
+_NO_TORCH = ("a torch tensor reached this worker, whose Python ({python}, {version}) has no torch ({why}): "
+             "its environment was built without the host's torch, which no index reachable has for this "
+             "Python, so the pack's nodes that take or return tensors cannot run isolated. Fix: give the pack "
+             "the host's Python minor (python = in its comfy-env.toml), or name an index with a torch build "
+             "for this Python (BULKHEAD_TORCH_INDEX), then `bulkhead install <pack>`")
+
+
 def decode(lib, code, shape, strides, lease, desc=None):
     """Wraps a received tensor ref without copying.  lease: a Lease over
     the peer's block, None (an empty tensor) or a bytearray (an inline
@@ -477,7 +488,11 @@ def decode(lib, code, shape, strides, lease, desc=None):
     dtype description (the ref is its uint8 bytes), or None."""
     inline = isinstance(lease, bytearray)
     if lib == _native.TENSOR_TORCH:
-        import torch
+        try:
+            import torch
+        except ImportError as e:
+            raise ModuleNotFoundError(_NO_TORCH.format(python=sys.executable, version=sys.version.split()[0],
+                                                       why=e)) from None
         dtype = _torch_dtypes(torch).get(code)
         if dtype is None:
             raise TypeError(f"this torch has no dtype for bulkhead code {code}")

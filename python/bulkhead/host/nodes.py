@@ -91,8 +91,40 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
         if options.get("prewarm") == "startup":
             prewarm.start(rt)
     set_state(pack_dir, options.get("module", "auto"), name=name, state="isolated", python=rt.python,
-               env=os.path.dirname(os.path.dirname(rt.python)))
+              env=os.path.dirname(os.path.dirname(rt.python)), **_without_torch(rt, name))
     return dict(rt.classes), dict(rt.display)
+
+
+def _without_torch(rt, name):
+    """{"warning", "fix"} for the pack's state where its environment was
+    built without the host's torch (no index reachable has that build for
+    its Python: envs/build.py left it out with one warning) and some of its
+    nodes take or return tensors, which then cannot run (said once in the
+    log too); else {}.  Its other nodes run isolated."""
+    from ..envs import build as envs, hostmatch
+    from .runtime import TENSOR_TYPES, _io_types
+    stamp = envs.read_stamp(os.path.dirname(os.path.dirname(rt.python))) or {}
+    lacking = (stamp.get("host") or {}).get("lacking") or {}
+    torch = [p for p in lacking if hostmatch.pin_name(p) == "torch"]
+    if not torch:
+        return {}
+    tensor_nodes = []
+    for key, cls in rt.classes.items():
+        try:
+            if any(t in TENSOR_TYPES for t in _io_types(cls)):
+                tensor_nodes.append(key)
+        except Exception:   # a type this cannot read: as a tensor node
+            tensor_nodes.append(key)
+    if not tensor_nodes:
+        return {}
+    shown = ", ".join(sorted(tensor_nodes)[:8]) + (f" and {len(tensor_nodes) - 8} more" if len(tensor_nodes) > 8
+                                                   else "")
+    warning = (f"isolated without torch: its environment ({stamp.get('interpreter', {}).get('version', '?')}) "
+               f"has no {torch[0]} ({lacking[torch[0]]}), so {shown}, which take or return tensors, fail")
+    fix = (f"give the pack the host's Python minor (python = in its comfy-env.toml), or name an index with a "
+           f"torch build for that Python ({hostmatch.TORCH_INDEX}), then `bulkhead install {rt.pack_dir}`")
+    log.warning("bulkhead: pack %r: %s. Fix: %s", name, warning, fix)
+    return {"warning": warning, "fix": fix}
 
 
 def close_all():

@@ -149,7 +149,8 @@ def pack_states():
     name.  state: "isolated" (with "python", "env" and the worker's
     "pid", None while none runs; "python" and "env" are its worker's
     own once a rebuild moved it; "rebuild" where its changed config is
-    being rebuilt, or was and failed), "building" (with "phase" and
+    being rebuilt, or was and failed; "warning" and "fix" where some of
+    its nodes cannot run there: isolated without torch), "building" (with "phase" and
     "reason": its environment builds in the background, its nodes come
     when it ends), "in-process" (with "reason" and "fix": it runs in
     ComfyUI's process, not in its environment) or "failed" (with
@@ -199,6 +200,9 @@ def startup_line():
     text = f"bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated"
     if built:
         text += f", {len(built)} building in the background ({', '.join(built)}: their nodes come when built)"
+    partial = [r["name"] for r in iso if r.get("warning")]
+    if partial:
+        text += f" (without torch, so their tensor nodes fail: {', '.join(partial)}; the fix is in their lines above)"
     if lost:
         text += (f", {len(lost)} NOT isolated ("
                  + "; ".join(f"{r['name']}: {r['state']}: {r['reason'].split('. ')[0]}" for r in lost)
