@@ -40,11 +40,11 @@ def arm(phase, sig):
     if phase == "transfer-in":
         decode = _tensors.decode
 
-        def on_decode(lib, code, shape, strides, lease):
+        def on_decode(lib, code, shape, strides, lease, *args, **kw):
             if lease is not None and lease.nbytes >= BIG:
                 _tensors.decode = decode
                 hit(sig)
-            return decode(lib, code, shape, strides, lease)
+            return decode(lib, code, shape, strides, lease, *args, **kw)
         _tensors.decode = on_decode
     elif phase == "transfer-out":
         encode = _tensors.encode
