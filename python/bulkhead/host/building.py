@@ -226,7 +226,7 @@ def _add(config, classes, display, mapping, names):
                         "left out", config.name, key)
             continue
         try:
-            if not hasattr(cls, "RELATIVE_PYTHON_MODULE"):
+            if getattr(cls, "RELATIVE_PYTHON_MODULE", None) is None:   # a V3 ComfyNode has it, None
                 cls.RELATIVE_PYTHON_MODULE = module      # what ComfyUI's loader sets (/object_info's python_module)
         except (AttributeError, TypeError):
             pass
@@ -328,8 +328,10 @@ def install_wait(server=None):
         return False
     if id(server) in _middleware_on:
         return True
+    from .serverproxy import late_routes_middleware
     try:
         app.middlewares.append(wait_middleware())
+        app.middlewares.append(late_routes_middleware())   # the routes of packs built meanwhile
     except (RuntimeError, AttributeError) as e:  # the app already runs: its list is frozen
         log.warning("bulkhead: a prompt queued while packs build is not held for them (%s): it is refused "
                     "until they are built", e)

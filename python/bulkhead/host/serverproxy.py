@@ -46,6 +46,49 @@ PROMPT_HANDLER_TIMEOUT_S = 10.0
 GRACE_S = 10.0  # beyond the worker-side deadline before the worker counts as hung
 
 
+# Routes of packs described after ComfyUI's server started (an environment
+# built in the background: host/building.py): aiohttp's router is frozen by
+# then, so they go into a router of bulkhead's own, which a middleware put
+# on ComfyUI's app while its packs loaded (host/building.install_wait)
+# serves ahead of ComfyUI's router, for those paths only.
+_late = None
+_late_lock = threading.Lock()
+
+
+def _started(srv):
+    """Whether srv's aiohttp app has frozen its router (it serves)."""
+    router = getattr(getattr(srv, "app", None), "router", None)
+    return bool(getattr(router, "frozen", False))
+
+
+def _late_router():
+    global _late
+    with _late_lock:
+        if _late is None:
+            from aiohttp import web
+            _late = web.UrlDispatcher()
+        return _late
+
+
+def late_routes_middleware():
+    """The aiohttp middleware serving the routes of packs described after
+    the server started (see above); every other request goes on as it
+    came."""
+    from aiohttp import web
+
+    @web.middleware
+    async def bulkhead_late_routes(request, handler):
+        router = _late
+        if router is not None:
+            match = await router.resolve(request)
+            if match.http_exception is None:
+                late = request.clone()          # a request whose match_info was never read (it is cached)
+                late._match_info = match        # the pack's handler reads its path's variables there
+                return await match.handler(late)
+        return await handler(request)
+    return bulkhead_late_routes
+
+
 def prompt_server():
     """This process's PromptServer.instance, or None."""
     srv = sys.modules.get("server")
@@ -113,8 +156,15 @@ class ServerProxy:
                         "process has no PromptServer.instance: they are not served", self.rt.name,
                         len(routes), handlers)
             return
+        late = _started(srv)
         for index, r in enumerate(routes):
-            if r.get("static"):
+            if late:    # ComfyUI's router is frozen: bulkhead's own serves it (late_routes_middleware)
+                table = _late_router()
+                if r.get("static"):
+                    table.add_static(r["prefix"], r["path"])
+                else:
+                    table.add_route(r["method"], r["path"], self._handler(index, r["method"], r["path"]))
+            elif r.get("static"):
                 srv.routes.static(r["prefix"], r["path"])
             else:
                 srv.routes.route(r["method"], r["path"])(self._handler(index, r["method"], r["path"]))
