@@ -102,19 +102,12 @@ def _without_torch(rt, name):
     nodes take or return tensors, which then cannot run (said once in the
     log too); else {}.  Its other nodes run isolated."""
     from ..envs import build as envs, hostmatch
-    from .runtime import TENSOR_TYPES, _io_types
     stamp = envs.read_stamp(os.path.dirname(os.path.dirname(rt.python))) or {}
     lacking = (stamp.get("host") or {}).get("lacking") or {}
     torch = [p for p in lacking if hostmatch.pin_name(p) == "torch"]
     if not torch:
         return {}
-    tensor_nodes = []
-    for key, cls in rt.classes.items():
-        try:
-            if any(t in TENSOR_TYPES for t in _io_types(cls)):
-                tensor_nodes.append(key)
-        except Exception:   # a type this cannot read: as a tensor node
-            tensor_nodes.append(key)
+    tensor_nodes = rt.tensor_nodes()
     if not tensor_nodes:
         return {}
     shown = ", ".join(sorted(tensor_nodes)[:8]) + (f" and {len(tensor_nodes) - 8} more" if len(tensor_nodes) > 8

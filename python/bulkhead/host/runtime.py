@@ -455,6 +455,18 @@ class PackRuntime:
         self._tickets = itertools.count(1)
         self.worker.frame_handlers[_native.PROGRESS] = self._on_progress
 
+    def tensor_nodes(self):
+        """The keys of the nodes that take or return one of TENSOR_TYPES
+        (one whose types cannot be read counts as one)."""
+        out = []
+        for key, cls in self.classes.items():
+            try:
+                if any(t in TENSOR_TYPES for t in _io_types(cls)):
+                    out.append(key)
+            except Exception:
+                out.append(key)
+        return out
+
     def _zygote_preload(self):
         """What the zygote forking this pack's worker imports first: the
         worker's modules, and torch where a node takes or returns one of
