@@ -629,6 +629,29 @@ typedef struct bh_spawn_opts {
   const char *stderr_prefix;     /* prefix for each copied line, or NULL */
 } bh_spawn_opts;
 
+/* What a sandboxed worker may touch (sandbox.c): paths beneath which it
+ * may read, list and execute (read), do anything (write), or read, write
+ * and ioctl a device (devices); each NULL-ended, or NULL for none.  A path
+ * that does not exist grants nothing.  network 0 refuses TCP connect and
+ * bind (where the kernel's Landlock has ABI 4). */
+typedef struct bh_sandbox {
+  const char *const *read;
+  const char *const *write;
+  const char *const *devices;
+  int network;
+} bh_sandbox;
+
+/* The kernel's Landlock ABI version: 0 where it has none (or it is
+ * disabled), else 1.. (7 on Linux 6.15). */
+BH_EXTERN int bh_sandbox_abi(void);
+
+/* Restricts the calling thread, and every thread and process it makes
+ * after, to *s (and sets no_new_privs, which a sandbox needs).  It cannot
+ * be undone.  Returns the ABI applied (>0), or -ENOSYS where the kernel
+ * has no Landlock, or another -errno; why (why_n bytes, may be NULL)
+ * names the step and the path that failed. */
+BH_EXTERN int bh_sandbox_apply(const bh_sandbox *s, char *why, size_t why_n);
+
 /* Creates the socketpair, spawns `interpreter` with the child end as fd 3
  * and its stdout/stderr on a pipe that a drain thread copies to
  * stderr_sink and keeps the tail of.  On success *proc and *chan_fd (the
@@ -636,6 +659,7 @@ typedef struct bh_spawn_opts {
  * bh_channel_open.  Fails with -ENOENT / -EACCES when the interpreter
  * cannot be executed, before any child exists. */
 BH_EXTERN int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **proc, int *chan_fd);
+  const struct bh_sandbox *sandbox; /* NULL: none; else the child execs inside it */
 typedef struct bh_fork_opts {
   int zygote_fd;                 /* the zygote's socket (SOCK_SEQPACKET) */
   const void *request;           /* what the zygote is asked (its format is the zygote's) */

@@ -24,6 +24,11 @@
 #endif
 void bh__die(const char *file, int line, const char *what) __attribute__((noreturn));
 
+/* sandbox.c: runs fn(arg) on a thread of its own restricted to *s first
+ * (what fn spawns execs inside the sandbox; the caller's thread is left
+ * as it was).  Returns fn's result, or the sandbox's -errno (why says). */
+int bh__sandbox_run(const bh_sandbox *s, int (*fn)(void *), void *arg, char *why, size_t why_n);
+
 /* close() that keeps errno and refuses stdio fds. */
 void bh__close(int fd);
 

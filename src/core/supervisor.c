@@ -209,6 +209,20 @@ static void bh__proc_run(bh_proc *p, int outp[2], int stopp[2]) {
   if (pthread_create(&p->drain, NULL, bh__drain_main, p) == 0) p->drain_started = 1;
 }
 
+struct bh__spawn_call {
+  pid_t *pid;
+  const bh_spawn_opts *o;
+  const posix_spawn_file_actions_t *fa;
+  const posix_spawnattr_t *attr;
+};
+
+/* posix_spawn's error number (0 spawned). */
+static int bh__spawn_call_run(void *arg) {
+  struct bh__spawn_call *c = arg;
+  return posix_spawn(c->pid, c->o->interpreter, c->fa, c->attr, (char *const *)c->o->argv,
+                     (char *const *)c->o->envp);
+}
+
 int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
   int sv[2] = {-1, -1}, outp[2] = {-1, -1}, stopp[2] = {-1, -1};
   int rc, fa_init = 0, attr_init = 0;
@@ -263,8 +277,18 @@ int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **out, int *chan_fd) {
       (rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
                                                 POSIX_SPAWN_SETPGROUP)))
     goto err_rc;
-  rc = posix_spawn(&p->pid, o->interpreter, &fa, &attr, (char *const *)o->argv,
-                   (char *const *)o->envp);
+  struct bh__spawn_call sc = {&p->pid, o, &fa, &attr};
+  if (o->sandbox) {
+    /* On a thread that restricts itself first: the child execs in the
+     * sandbox, the host's threads stay free (sandbox.c). */
+    char why[256];
+    if ((rc = bh__sandbox_run(o->sandbox, bh__spawn_call_run, &sc, why, sizeof why)) < 0) {
+      rc = -rc;
+      goto err_rc;
+    }
+  } else {
+    rc = bh__spawn_call_run(&sc);
+  }
   if (rc) goto err_rc;
 
   bh__close(sv[1]);

@@ -147,6 +147,8 @@ int64_t bh_py_deadline_of(PyObject *timeout, int *err);
 PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_spawn_via(PyObject *module, PyObject *args, PyObject *kw);
 PyObject *bh_py_relax_ns(PyObject *module, PyObject *unused);
+PyObject *bh_py_sandbox_abi(PyObject *module, PyObject *unused);
+PyObject *bh_py_sandbox_apply(PyObject *module, PyObject *arg);
 PyObject *bh_py_ram(PyObject *module, PyObject *args, PyObject *kw);
 /* probe.c's part of the module's exec, after the types exist. */
 int bh_py_probe_exec(PyObject *module, bh_state *st);

@@ -42,8 +42,17 @@ static PyMethodDef bh_methods[] = {
      "TypeError from the arguments themselves leaves fd to the caller.  forward: keep the\n"
      "peer's large blocks' fds, so a view of one goes to another channel's peer by reference."},
     {"spawn", (PyCFunction)(void (*)(void))bh_py_spawn, METH_VARARGS | METH_KEYWORDS,
-     "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None) -> (Proc, fd)\n"
-     "Starts a worker with the channel's child end as fd 3."},
+     "spawn(interpreter, argv, env, cwd=None, sink=-1, prefix=None, sandbox=None) -> (Proc, fd)\n"
+     "Starts a worker with the channel's child end as fd 3; sandbox (read, write, devices,\n"
+     "network): the child execs inside that Landlock sandbox (see sandbox_apply)."},
+    {"sandbox_abi", bh_py_sandbox_abi, METH_NOARGS,
+     "sandbox_abi() -> int: the kernel's Landlock ABI version, 0 where it has none"},
+    {"sandbox_apply", bh_py_sandbox_apply, METH_O,
+     "sandbox_apply((read, write, devices, network)) -> int: the ABI applied\n"
+     "Restricts this process's calling thread, and what it starts after, for good: read,\n"
+     "list and execute beneath `read`, anything beneath `write`, read/write/ioctl the\n"
+     "devices; no TCP unless network; signals and abstract sockets only inside.  OSError\n"
+     "(ENOSYS: no Landlock) names the step that failed."},
     {"spawn_via", (PyCFunction)(void (*)(void))bh_py_spawn_via, METH_VARARGS | METH_KEYWORDS,
      "spawn_via(zygote_fd, request, sink=-1, prefix=None, timeout_ms=0) -> (Proc, fd)\n"
      "As spawn, the worker forked by a zygote (worker/zygote.py) asked on zygote_fd; an\n"

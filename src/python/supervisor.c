@@ -192,22 +192,47 @@ static PyObject *proc_result(PyObject *module, bh_proc *proc, int fd) {
   return res;
 }
 
+/* A bh_sandbox from (read, write, devices, network): three sequences of
+ * str and a truth value; its arrays are freed by sandbox_free. */
+static int sandbox_from(PyObject *o, bh_sandbox *sb) {
+  PyObject *r, *w, *d, *net;
+  memset(sb, 0, sizeof *sb);
+  if (!PyArg_ParseTuple(o, "OOOO:sandbox", &r, &w, &d, &net)) return -1;
+  int network = PyObject_IsTrue(net);
+  if (network < 0) return -1;
+  sb->network = network;
+  if (!(sb->read = (const char *const *)str_array(r, "sandbox read paths must be a sequence of str")) ||
+      !(sb->write = (const char *const *)str_array(w, "sandbox write paths must be a sequence of str")) ||
+      !(sb->devices = (const char *const *)str_array(d, "sandbox device paths must be a sequence of str")))
+    return -1;
+  return 0;
+}
+
+static void sandbox_free(bh_sandbox *sb) {
+  str_array_free((char **)sb->read);
+  str_array_free((char **)sb->write);
+  str_array_free((char **)sb->devices);
+}
+
 PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"interpreter", "argv", "env", "cwd", "sink", "prefix", NULL};
+  static char *kwlist[] = {"interpreter", "argv", "env", "cwd", "sink", "prefix", "sandbox", NULL};
   const char *interp, *cwd = NULL, *prefix = NULL;
-  PyObject *argv_o, *env_o, *res = NULL;
+  PyObject *argv_o, *env_o, *sandbox_o = Py_None, *res = NULL;
   int sink = -1, rc, fd = -1;
   char **argv = NULL, **envp = NULL;
   bh_proc *proc = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO|ziz:spawn", kwlist, &interp, &argv_o, &env_o,
-                                   &cwd, &sink, &prefix))
+  bh_sandbox sb;
+  memset(&sb, 0, sizeof sb);
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO|zizO:spawn", kwlist, &interp, &argv_o, &env_o,
+                                   &cwd, &sink, &prefix, &sandbox_o))
     return NULL;
   if (!(argv = str_array(argv_o, "argv must be a sequence of str")) ||
-      !(envp = str_array(env_o, "env must be a sequence of 'KEY=value' str")))
+      !(envp = str_array(env_o, "env must be a sequence of 'KEY=value' str")) ||
+      (sandbox_o != Py_None && sandbox_from(sandbox_o, &sb) < 0))
     goto out;
   bh_spawn_opts o = {.interpreter = interp, .argv = (const char *const *)argv,
                      .envp = (const char *const *)envp, .cwd = cwd, .stderr_sink = sink,
-                     .stderr_prefix = prefix};
+                     .stderr_prefix = prefix, .sandbox = sandbox_o != Py_None ? &sb : NULL};
   Py_BEGIN_ALLOW_THREADS
   rc = bh_proc_spawn(&o, &proc, &fd);
   Py_END_ALLOW_THREADS
@@ -221,7 +246,37 @@ PyObject *bh_py_spawn(PyObject *module, PyObject *args, PyObject *kw) {
 out:
   str_array_free(argv);
   str_array_free(envp);
+  sandbox_free(&sb);
   return res;
+}
+
+PyObject *bh_py_sandbox_abi(PyObject *module, PyObject *unused) {
+  (void)module;
+  (void)unused;
+  int abi = bh_sandbox_abi();
+  return PyLong_FromLong(abi < 0 ? 0 : abi);
+}
+
+PyObject *bh_py_sandbox_apply(PyObject *module, PyObject *arg) {
+  (void)module;
+  bh_sandbox sb;
+  char why[512];
+  int rc;
+  if (sandbox_from(arg, &sb) < 0) {
+    sandbox_free(&sb);
+    return NULL;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_sandbox_apply(&sb, why, sizeof why);
+  Py_END_ALLOW_THREADS
+  sandbox_free(&sb);
+  if (rc < 0) {
+    PyObject *e = Py_BuildValue("(is)", -rc, why[0] ? why : bh_strerror(rc));
+    if (e) PyErr_SetObject(PyExc_OSError, e);
+    Py_XDECREF(e);
+    return NULL;
+  }
+  return PyLong_FromLong(rc);
 }
 
 PyObject *bh_py_spawn_via(PyObject *module, PyObject *args, PyObject *kw) {
