@@ -396,3 +396,94 @@ def test_another_minor_without_the_hosts_torch_runs_isolated(tmp_path, home, mon
     assert [e for e in os.listdir(home / "envs") if not e.endswith(".lock") and "needs" in e] == []
     r = cli("env", pack)
     assert r.returncode == 0 and "notorch: ready" in r.stdout
+
+
+RESOLVED_NODE = '''
+import json, sys
+
+
+class Versions:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "go"
+
+    def go(self):
+        import bhgone
+        import numpy
+        return (json.dumps({"numpy": numpy.__version__, "sum": int(numpy.arange(4).sum()), "bhgone": bhgone.V,
+                            "python": "%d.%d" % sys.version_info[:2]}),)
+
+
+NODE_CLASS_MAPPINGS = {"Versions": Versions}
+'''
+
+
+def test_another_minor_resolves_the_host_versions_it_has_none_of(tmp_path, home, monkeypatch):
+    """#36: a host's version that does not exist for the environment's
+    minor is resolved for it, not left out: the host's numpy (its
+    Requires-Python excludes 3.10: numpy 2.3 dropped 3.10) becomes the
+    numpy pip resolves for 3.10 on its own; a host's version that no
+    index has although nothing says so (bhgone 9.9, a distribution of the
+    host's that only 1.0 of is published) is resolved when pip cannot
+    install it alone.  Both said in the build log and the stamp, and the
+    worker under 3.10 imports both, as an in-process pack does.  (PyPI.)"""
+    old_mm = "3.10"
+    try:
+        old = envs.find_interpreter(old_mm)
+    except envs.InterpreterNotFound:
+        pytest.skip(f"no Python {old_mm} here to build under")
+    numpy_dist = importlib.metadata.distribution("numpy")
+    from packaging.specifiers import SpecifierSet
+    if SpecifierSet(numpy_dist.metadata["Requires-Python"] or "").contains(old.version):
+        pytest.skip(f"the host's numpy {numpy_dist.version} runs under {old_mm}: nothing to resolve")
+    # the real answer: what pip picks for numpy under that minor, with nothing of the host's
+    report = subprocess.run([old.path, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                             "--disable-pip-version-check", "--report", "-", "numpy"],
+                            stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
+    [picked] = [i["metadata"]["version"] for i in __import__("json").loads(report)["install"]
+                if i["metadata"]["name"] == "numpy"]
+    # bhgone 9.9 is the host's (a .dist-info on sys.path) and ComfyUI's requirements.txt lists it
+    site = tmp_path / "site"
+    info = site / "bhgone-9.9.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bhgone\nVersion: 9.9\n")
+    (info / "RECORD").write_text("bhgone/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(str(wheels), "bhgone", "1.0", {"bhgone/__init__.py": "V = '1.0'\n"})
+    comfy = tmp_path / "comfyui"
+    shutil.copytree(STUB_ROOT, comfy, symlinks=True)
+    with open(comfy / "requirements.txt", "a") as f:
+        f.write("bhgone\n")
+    monkeypatch.setenv("COMFYUI_PATH", str(comfy))
+    monkeypatch.setenv("BULKHEAD_TORCH_INDEX", "none")      # no torch for it: not what this tests
+    pack = make_pack(tmp_path, f'python = "{old_mm}"\n', name="oldminor")
+    with open(os.path.join(pack, "nodes.py"), "w") as f:
+        f.write(RESOLVED_NODE)
+    lines = []
+    [st] = bulkhead.install(pack, progress=lines.append, pip_args=["--find-links", str(wheels)])
+    assert st.ok, st
+    s = envs.read_stamp(st.env_dir)["host"]
+    assert "numpy" in s["installed"] and s["resolved"]["numpy"] == picked, s
+    assert s["resolved"]["bhgone"] == "1.0" and list(s["lacking"]) == [f"torch=={HOST_TORCH}"], s
+    said = [l for l in lines if l.startswith("resolved for this Python: ")]
+    assert len(said) == 1, lines
+    assert f"numpy {picked} (the host's {numpy_dist.version} requires Python " in said[0]
+    assert "bhgone 1.0 (pip could not install the host's 9.9 here)" in said[0]
+    assert any(f"the host's numpy {numpy_dist.version}" in l and f"do not run under Python {old_mm}" in l
+               for l in lines), lines
+    w = [l for l in lines if l.startswith("warning: this environment lacks")]
+    assert len(w) == 1 and "numpy" not in w[0] and "bhgone" not in w[0], w
+    r = run_comfy_script(textwrap.dedent(f"""
+        from bulkhead.host import nodes
+        m, _ = nodes.load_pack({pack!r}, {st.python!r})
+        out = json.loads(m["Versions"]().go()[0])
+        nodes.close_all()
+        emit(out)
+    """), env={"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(home),
+               "COMFYUI_PATH": str(comfy)}, timeout=240)
+    assert r == {"numpy": picked, "sum": 6, "bhgone": "1.0", "python": old_mm}

@@ -617,7 +617,9 @@ def _install_host_versions(match, args, pip, progress):
     """Installs ``match.install`` (the host's versions, under another
     minor): each of the host's local builds from where it may be
     (``match.sources``, in order), the rest in one pip call, then one at a
-    time if that fails.  What cannot be installed is left out with one
+    time if that fails.  A pin pip cannot install alone is resolved for
+    this minor where it may be (``match.relaxed``: its bare name, added to
+    ``match.resolve``).  What cannot be installed is left out with one
     warning (a pack that never imports it keeps its isolation).  Returns
     {pin: pip's reason} of what is left out."""
     lacking = {}
@@ -642,6 +644,13 @@ def _install_host_versions(match, args, pip, progress):
             progress("installing the host's versions one at a time, to find which ones pip cannot install")
             for p in rest:
                 why = _pip_or_reason(pip, args + [p], f"the host's {p}")
+                bare = match.relaxed(p) if why is not None else None
+                if bare is not None:
+                    progress(f"the host's {p.replace('==', ' ')} cannot be installed under this Python ({why}): "
+                             f"resolving {bare} for it")
+                    if _pip_or_reason(pip, args + [bare], f"{bare}, resolved for this Python") is None:
+                        match.resolve[bare] = f"pip could not install the host's {p[len(bare):].lstrip('=')} here"
+                        why = None
                 if why is not None:
                     lacking[p] = why
     if lacking:
@@ -653,6 +662,13 @@ def _install_host_versions(match, args, pip, progress):
                  f"builds for this Python where pip looks ({hostmatch.TORCH_INDEX}, BULKHEAD_PIP_ARGS), "
                  f"or give the pack the host's Python minor ({sys.version_info[0]}.{sys.version_info[1]})")
     return lacking
+
+
+# A script printing the installed versions of the names put in for %r (of
+# those installed) as one JSON line.
+_VERSIONS_OF = ("import importlib.metadata as m, json\nout = {}\nfor n in %r:\n    try:\n"
+                "        out[n] = m.version(n)\n    except m.PackageNotFoundError:\n        pass\n"
+                "print(json.dumps(out))")
 
 
 def _match_host(match, config, tmp, py, args, pip, progress, uv=None):
@@ -686,6 +702,12 @@ def _match_host(match, config, tmp, py, args, pip, progress, uv=None):
                  f"read-only ({farm})")
     if match.install:
         match.stamp["lacking"] = _install_host_versions(match, args, pip, progress)
+        if match.resolve:
+            # What the resolver picked, said once: the host's versions these stand for are in the notes.
+            got = json.loads(probe(py, _VERSIONS_OF % sorted(match.resolve))[0])
+            match.stamp["resolved"] = got
+            progress("resolved for this Python: " + "; ".join(
+                f"{n} {got.get(n, 'not installed')} ({why})" for n, why in sorted(match.resolve.items())))
     if not match.constraints:
         return []
     cfile = os.path.join(tmp, "bulkhead-host-constraints.txt")

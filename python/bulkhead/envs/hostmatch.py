@@ -30,9 +30,17 @@ minor: installed with pip at the host's versions
 (``torch==2.13.0+cpu``, ...), before the pack's requirements, less what
 only ComfyUI's server uses (SERVER_ONLY: its web assets); a local
 build (``+cpu``, ``+cu128``) is looked for where it came from
-(``local_sources``).  What no index reachable has for that minor is left
-out with one warning naming it (envs/build.py): a pack that never imports
-torch keeps its isolation.
+(``local_sources``).  A host's version that does not exist for that minor
+(numpy 2.4 under 3.10: its Requires-Python says >=3.11; or, found at
+install, one pip cannot install there alone) is resolved for it instead:
+the bare name, the version the resolver picks for that minor among the
+host's other versions, said in the build log and kept in the stamp
+(``resolved``) -- the host's version where it exists, the nearest one
+that runs where it does not.  Only torch, the host's other ALWAYS
+distributions and local builds are held to the host's exact version
+(one torch across the host and its workers).  What no index reachable has
+for that minor at any version is left out with one warning naming it
+(envs/build.py): a pack that never imports torch keeps its isolation.
 
 A pack that pins a torch the host's does not satisfy is refused by name; a
 pack's pin of anything else that the host's version does not satisfy wins
@@ -65,11 +73,13 @@ from typing import Dict, List, Tuple
 try:
     from packaging.markers import default_environment
     from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 except ImportError:     # bulkhead has no Python dependencies; pip (which builds environments) has packaging
     from pip._vendor.packaging.markers import default_environment
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    from pip._vendor.packaging.specifiers import InvalidSpecifier, SpecifierSet
     from pip._vendor.packaging.utils import canonicalize_name
     from pip._vendor.packaging.version import InvalidVersion, Version
 
@@ -284,6 +294,10 @@ class Plan:
     ``requires``   {canonical name: every canonical name it requires,
                    through others too} of what ``install`` holds, as the
                    host has them installed.
+    ``resolve``    {an ``install`` entry that is a bare name: why the
+                   host's version is not pinned} -- the host's version
+                   does not run under that minor (its Requires-Python), so
+                   the resolver picks that minor's.
     """
 
     share: List[str]
@@ -294,6 +308,7 @@ class Plan:
     stamp: Dict[str, object]
     sources: Dict[str, List[Tuple[List[str], str]]] = dataclasses.field(default_factory=dict)
     requires: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    resolve: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def needing(self, lacking):
         """The ``install`` entries that need (directly or through others)
@@ -303,9 +318,35 @@ class Plan:
                 if pin_name(p) in lacking or lacking.intersection(self.requires.get(pin_name(p), ()))]
 
 
+    def relaxed(self, pin):
+        """The bare name to resolve for the environment's minor in place
+        of ``pin`` (an ``install`` entry pip could not install there);
+        None for what must be the host's exact version: torch and the
+        rest of ALWAYS, a local build (``+cpu``), an entry already bare."""
+        req = Requirement(pin)
+        n = canonicalize_name(req.name)
+        if n in ALWAYS or pin in self.resolve or pin in self.sources or not req.specifier:
+            return None
+        return req.name
+
+
 def pin_name(pin):
-    """The canonical name of a ``name==version`` pin."""
+    """The canonical name of a ``name==version`` pin (or a bare name)."""
     return canonicalize_name(Requirement(pin).name)
+
+
+def _runs_under(d, python_version):
+    """False when the installed distribution ``d``'s Requires-Python
+    excludes ``python_version`` ("3.10.13"): that version has no
+    distribution for it on any index; True otherwise (none declared, or
+    unreadable: pip finds out)."""
+    spec = d.metadata.get("Requires-Python") if d.metadata else None
+    if not spec:
+        return True
+    try:
+        return SpecifierSet(spec).contains(python_version, prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return True
 
 
 # Where another minor's build of a host's local build comes from (a
@@ -437,22 +478,41 @@ def plan(config, python_version, comfyui):
     for n, text, host_v in pack_wins:
         notes.append(f"{n}: the pack's {text} wins over the host's {n} {host_v}")
     names = [n for n in names if n not in won]
-    share, install = [], []
+    share, install, resolve = [], [], {}
     for n in names:
-        if same_minor and dists[n].files is not None:
+        d = dists[n]
+        if same_minor and d.files is not None:
             share.append(n)
+        elif (not same_minor and n not in ALWAYS and not _local(d.version)
+              and not _runs_under(d, python_version)):
+            # The host's version has no distribution for this minor: the
+            # resolver picks this minor's (with the host's other versions).
+            install.append(d.metadata["Name"])
+            resolve[d.metadata["Name"]] = f"the host's {d.version} requires Python {d.metadata['Requires-Python']}"
         else:
-            install.append(_pin(dists[n].metadata["Name"], dists[n].version))
+            install.append(_pin(d.metadata["Name"], d.version))
+    if resolve:
+        notes.append(f"the host's {', '.join(f'{n} {dists[canonicalize_name(n)].version}' for n in resolve)} "
+                     f"do not run under Python {'.'.join(python_version.split('.')[:2])} (their "
+                     "Requires-Python): resolved for it instead")
     constraints = [_pin("torch", host_torch)] if host_torch and "torch" not in won else []
     stamp.update({"shared": {n: dists[n].version for n in share}, "installed": install,
                "pack_wins": [list(w) for w in pack_wins]})
-    sources = {p: local_sources(dists[pin_name(p)]) for p in install}
+    sources = {p: local_sources(dists[pin_name(p)]) for p in install if p not in resolve}
     sources = {p: src for p, src in sources.items() if src is not None}
     requires = {}
     for p in install:
         n = pin_name(p)
         requires[n] = _closure(dists, [n])[1:]
-    return Plan(share, install, constraints, pack_wins, notes, stamp, sources, requires)
+    return Plan(share, install, constraints, pack_wins, notes, stamp, sources, requires, resolve)
+
+
+def _local(version):
+    """True when ``version`` has a local segment (a build: 2.13.0+cpu)."""
+    try:
+        return bool(Version(version).local)
+    except InvalidVersion:
+        return False
 
 
 # --- sharing ---
