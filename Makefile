@@ -20,7 +20,7 @@ GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench soak clean worker-venvs comfyui-deps upstream-execution gpu-check wheel \
+.PHONY: all build build-asan demo check check-c check-py check-asan bench bench-compare soak clean worker-venvs comfyui-deps upstream-execution gpu-check wheel \
         chromium fuzz fuzz-long fuzz-seeds fuzz-build fuzz-deps
 
 all: build
@@ -253,6 +253,17 @@ bench: build worker-venvs $(VENV)/.stamp-psutil
 	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) $(VPY) bench/failed_start.py --out $(BUILD)/bench/failed_start.json
 	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) PYTHONPATH=$(REL)/python $(VPY) bench/many_packs.py --out $(BUILD)/bench/many_packs.json
 	PYTHONPATH=$(REL)/python $(VPY) bench/spin.py --out $(BUILD)/bench/spin.json
+
+# Every bench on BASE's build and on the working tree's, alternately over
+# ROUNDS rounds: per figure the two medians, their ratio and the spread
+# (bench/compare.py; BASE is checked out and built under
+# build/bench-compare/trees).  HEAD=<rev> compares a revision instead of
+# the working tree; BENCHES=ipc,first_node,... picks the benches.
+BENCHES ?= ipc,first_node
+ROUNDS ?= 4
+bench-compare: build worker-venvs $(VENV)/.stamp-psutil
+	@[ -n "$(BASE)" ] || { echo "bench-compare: set BASE=<rev> (e.g. the last landing's commit)"; exit 2; }
+	$(VPY) bench/compare.py --base $(BASE) $(if $(HEAD),--head $(HEAD)) --rounds $(ROUNDS) --bench $(BENCHES) $(COMPARE_FLAGS)
 
 # 100,000 mixed calls (small values, 1 MiB and 64 MiB arrays, callbacks)
 # through two workers: RSS, fds and block pools must stay flat after

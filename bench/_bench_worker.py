@@ -57,3 +57,18 @@ def big_torch(nbytes):
 def first(a):
     """The first element of an array or tensor (reads one page of it)."""
     return float(a[0])
+
+
+def sum_torch(t):
+    """The sum of a tensor the host sent (reads every page of it): the
+    worker's own work in the new-tensor crossing's figure."""
+    return float(t.sum())
+
+
+def touch_torch(nbytes):
+    """Changes big_torch's tensor in place (one element, through a view:
+    torch bumps the whole tensor's version), so its next return is a new
+    tensor's crossing, copied, not one sent again unchanged."""
+    t = big_torch(nbytes)
+    t[:1].add_(0.0)
+    return None

@@ -19,6 +19,13 @@ set against them:
   same_h2w_torch_copy_ratio, cached_w2h_torch_copy_ratio
                   the same host tensor again / a worker's cached one
                   returned, / one torch copy_               <= 0.1 (#26)
+  new_h2w_torch_sum_ratio  a 64 MiB torch tensor changed since it last
+                  crossed, host -> worker, summed there
+                  / one torch copy_ and that sum here        <= 1.2 (#40)
+  new_w2h_torch_copy_ratio the same, worker -> host / one copy_ <= 1.2 (#40)
+  loaded_*        those two with one busy process per CPU meanwhile,
+                  limits measured under the same load     <= 1.2 (#40;
+                  --quiet-only leaves them out)
 
 and, with no target, what a 64 MiB tensor crossing again costs
 (crossings_again: the same host array again, a worker's cached one
@@ -74,6 +81,8 @@ def parse_args(argv=None):
                     help="rounds of the round-trip figures, raw and bulkhead in turn (medians reported)")
     ap.add_argument("--small-count", type=int, default=1000,
                     help="arrays in the many-small-arrays calls (h2w_small_ms, w2h_small_ms)")
+    ap.add_argument("--quiet-only", action="store_true",
+                    help="leave out the new-tensor crossings on a loaded machine (loaded_*)")
     ap.add_argument("--small-bytes", type=int, default=70000, help="bytes of each of those arrays")
     return ap.parse_args(argv)
 
@@ -314,6 +323,71 @@ def torch_copy_ms(reps):
     return time_transfer(lambda: dst.copy_(src), reps)
 
 
+def time_changed(change, fn, reps, warm=3):
+    """Median ms of fn(), each call after an untimed change()."""
+    for _ in range(warm):
+        change()
+        fn()
+    ts = [0] * reps
+    clock = time.perf_counter_ns
+    with NoGC():
+        for i in range(reps):
+            change()
+            t0 = clock()
+            fn()
+            ts[i] = clock() - t0
+    return median(ts) / 1e6
+
+
+def new_tensor_crossings(w, reps, prefix=""):
+    """A 64 MiB torch tensor crossing new (changed in place since it last
+    crossed, so copied: #40), each way, with its limit measured alongside:
+
+      new_h2w_torch_sum_ms  the host's tensor to the worker, which sums it
+      copy_sum_64m_ms       one torch copy_ of 64 MiB and that sum, here
+      new_w2h_torch_ms      the worker's tensor returned to the host
+      copy_64m_ms           one torch copy_ of 64 MiB
+
+    Empty where either end lacks torch."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if w.call("_bench_worker:big_torch", BIG) is None:
+        return {}
+    ht = torch.full((BIG // 4,), 1.5, dtype=torch.float32)
+    if w.call("_bench_worker:sum_torch", ht) != float(ht.sum()):
+        raise RuntimeError("the worker's sum of the host's tensor differs from the host's")
+    dst = torch.empty_like(ht)
+    out = {}
+    out[prefix + "new_h2w_torch_sum_ms"] = time_changed(lambda: ht[:1].add_(0.0),
+                                                         lambda: w.call("_bench_worker:sum_torch", ht), reps)
+    out[prefix + "copy_sum_64m_ms"] = time_transfer(lambda: float(dst.copy_(ht).sum()), reps)
+    out[prefix + "new_w2h_torch_ms"] = time_changed(lambda: w.call("_bench_worker:touch_torch", BIG),
+                                                     lambda: w.call("_bench_worker:big_torch", BIG), reps)
+    out[prefix + "copy_64m_ms"] = time_transfer(lambda: dst.copy_(ht), reps)
+    out[prefix + "new_h2w_torch_sum_ratio"] = ratio(out[prefix + "new_h2w_torch_sum_ms"],
+                                                    out[prefix + "copy_sum_64m_ms"])
+    out[prefix + "new_w2h_torch_copy_ratio"] = ratio(out[prefix + "new_w2h_torch_ms"], out[prefix + "copy_64m_ms"])
+    gc.collect()
+    return out
+
+
+def loaded_crossings(w, reps):
+    """new_tensor_crossings on a loaded machine: one busy process per CPU
+    (pure-Python spin loops) runs meanwhile, limits and crossings alike
+    (figures prefixed loaded_)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.2)
+        return new_tensor_crossings(w, reps, prefix="loaded_")
+    finally:
+        for p in hogs:
+            p.kill()
+        for p in hogs:
+            p.wait(10)
+
+
 def pack_to_pack(a, b, reps):
     """64 MiB from one isolated pack's worker to another's through the host
     (#26): worker A returns its cached array (copied into a block of A's:
@@ -471,6 +545,17 @@ def table(r):
         ("copy_64m_ms", r.get("copy_64m_ms"), None),
         ("same_h2w_torch_copy_ratio", r.get("same_h2w_torch_copy_ratio"), 0.1),
         ("cached_w2h_torch_copy_ratio", r.get("cached_w2h_torch_copy_ratio"), 0.1),
+        ("new_h2w_torch_sum_ms", r.get("new_h2w_torch_sum_ms"), None),
+        ("copy_sum_64m_ms", r.get("copy_sum_64m_ms"), None),
+        ("new_h2w_torch_sum_ratio", r.get("new_h2w_torch_sum_ratio"), 1.2),
+        ("new_w2h_torch_ms", r.get("new_w2h_torch_ms"), None),
+        ("new_w2h_torch_copy_ratio", r.get("new_w2h_torch_copy_ratio"), 1.2),
+        ("loaded_new_h2w_torch_sum_ms", r.get("loaded_new_h2w_torch_sum_ms"), None),
+        ("loaded_copy_sum_64m_ms", r.get("loaded_copy_sum_64m_ms"), None),
+        ("loaded_new_h2w_torch_sum_ratio", r.get("loaded_new_h2w_torch_sum_ratio"), 1.2),
+        ("loaded_new_w2h_torch_ms", r.get("loaded_new_w2h_torch_ms"), None),
+        ("loaded_copy_64m_ms", r.get("loaded_copy_64m_ms"), None),
+        ("loaded_new_w2h_torch_copy_ratio", r.get("loaded_new_w2h_torch_copy_ratio"), 1.2),
         ("a2b_64m_ms", r.get("a2b_64m_ms"), None),
         ("a2b_copy_ratio", r.get("a2b_copy_ratio"), 1.2),
         ("a2b_torch_64m_ms", r.get("a2b_torch_64m_ms"), None),
@@ -486,13 +571,13 @@ def table(r):
         ("rss_overhead_mib", r["rss_overhead_mib"], 5.0),
     ]
     unlike = r["pingpong_placement"] != r["call_placement"]
-    lines = [f"{'figure':<24}{'value':>12}{'limit':>12}  result", "-" * 56]
+    lines = [f"{'figure':<34}{'value':>12}{'limit':>12}  result", "-" * 66]
     for name, value, limit in rows:
         lim = "" if limit is None else f"<= {num(limit)}"
         res = "" if limit is None else check(value, limit)
         if name == "call_ratio" and unlike:
             res = "n/a (unlike placements, see note)"
-        lines.append(f"{name:<24}{num(value):>12}{lim:>12}  {res}")
+        lines.append(f"{name:<34}{num(value):>12}{lim:>12}  {res}")
     return "\n".join(lines)
 
 
@@ -559,6 +644,11 @@ def main(argv=None):
         r.update(crossings_again(w, args.reps))
         r.update(small_transfers(w, args.reps, args.small_count, args.small_bytes))
         r["copy_64m_ms"] = torch_copy_ms(args.reps)
+        new = new_tensor_crossings(w, args.reps)
+        new.pop("copy_64m_ms", None)  # the limit measured above stays the one
+        r.update(new)
+        if new and not args.quiet_only:
+            r.update(loaded_crossings(w, args.reps))
         wb = bulkhead.Worker(args.python, name="bench-b", env={"PYTHONPATH": HERE})
         try:
             wb.start()
@@ -608,6 +698,10 @@ def main(argv=None):
         "rss_overhead_mib": r["rss_overhead_mib"] <= 5,
         # #26
         "a2b_copy_ratio": r["a2b_copy_ratio"] <= 1.2,
+        # #40: a new tensor crossing, quiet and loaded
+        **{k: (None if r.get(k) is None else r[k] <= 1.2)
+           for k in ("new_h2w_torch_sum_ratio", "new_w2h_torch_copy_ratio",
+                     "loaded_new_h2w_torch_sum_ratio", "loaded_new_w2h_torch_copy_ratio")},
         "a2b_torch_copy_ratio": (None if r["a2b_torch_copy_ratio"] is None else r["a2b_torch_copy_ratio"] <= 1.2),
         "same_h2w_torch_copy_ratio": (None if r["same_h2w_torch_copy_ratio"] is None
                                       else r["same_h2w_torch_copy_ratio"] <= 0.1),

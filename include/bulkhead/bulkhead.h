@@ -414,6 +414,15 @@ BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);
  * lent stay.  Returns the bytes freed. */
 BH_EXTERN size_t bh_pool_trim(bh_pool *p, size_t keep_bytes);
 
+/* Copies nbytes from src to dst (not overlapping) on `threads` threads:
+ * this one and threads-1 helpers started for the call and joined before it
+ * returns, each copying one contiguous share (at most 16 threads; a helper
+ * that cannot be started leaves its share to this thread).  1: one memcpy
+ * here.  Returns the number of threads that copied (>= 1), or -EINVAL for
+ * NULL pointers with nbytes > 0 or threads 0.  No memory is allocated;
+ * nothing is owned. */
+BH_EXTERN int bh_copy(void *dst, const void *src, size_t nbytes, unsigned threads);
+
 /* ----------------------------------------------------------------- channel */
 
 typedef struct bh_channel bh_channel;
@@ -620,15 +629,6 @@ BH_EXTERN int64_t bh_now_ns(void);
 
 typedef struct bh_proc bh_proc;
 
-typedef struct bh_spawn_opts {
-  const char *interpreter;       /* path to a python executable */
-  const char *const *argv;       /* full argv, argv[0] included; NULL-ended */
-  const char *const *envp;       /* the child's whole environment */
-  const char *cwd;               /* NULL: inherit */
-  int stderr_sink;               /* fd the child's output is copied to, or -1 */
-  const char *stderr_prefix;     /* prefix for each copied line, or NULL */
-} bh_spawn_opts;
-
 /* What a sandboxed worker may touch (sandbox.c): paths beneath which it
  * may read, list and execute (read), do anything (write), or read, write
  * and ioctl a device (devices); each NULL-ended, or NULL for none.  A path
@@ -652,6 +652,16 @@ BH_EXTERN int bh_sandbox_abi(void);
  * names the step and the path that failed. */
 BH_EXTERN int bh_sandbox_apply(const bh_sandbox *s, char *why, size_t why_n);
 
+typedef struct bh_spawn_opts {
+  const char *interpreter;       /* path to a python executable */
+  const char *const *argv;       /* full argv, argv[0] included; NULL-ended */
+  const char *const *envp;       /* the child's whole environment */
+  const char *cwd;               /* NULL: inherit */
+  int stderr_sink;               /* fd the child's output is copied to, or -1 */
+  const char *stderr_prefix;     /* prefix for each copied line, or NULL */
+  const struct bh_sandbox *sandbox; /* NULL: none; else the child execs inside it */
+} bh_spawn_opts;
+
 /* Creates the socketpair, spawns `interpreter` with the child end as fd 3
  * and its stdout/stderr on a pipe that a drain thread copies to
  * stderr_sink and keeps the tail of.  On success *proc and *chan_fd (the
@@ -659,7 +669,6 @@ BH_EXTERN int bh_sandbox_apply(const bh_sandbox *s, char *why, size_t why_n);
  * bh_channel_open.  Fails with -ENOENT / -EACCES when the interpreter
  * cannot be executed, before any child exists. */
 BH_EXTERN int bh_proc_spawn(const bh_spawn_opts *o, bh_proc **proc, int *chan_fd);
-  const struct bh_sandbox *sandbox; /* NULL: none; else the child execs inside it */
 typedef struct bh_fork_opts {
   int zygote_fd;                 /* the zygote's socket (SOCK_SEQPACKET) */
   const void *request;           /* what the zygote is asked (its format is the zygote's) */

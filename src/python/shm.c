@@ -180,6 +180,34 @@ static PyObject *Lease_dlpack(PyObject *self, PyObject *unused) {
   return cap;
 }
 
+/* fill(src_address, nbytes, threads): copies nbytes from src_address into
+ * the leased bytes on that many threads (bh_copy), the GIL released.  The
+ * caller keeps the source alive and says how many threads (the choice is
+ * channel/tensors.py's).  Returns the threads that copied. */
+static PyObject *Lease_fill(PyObject *self, PyObject *args) {
+  bh_lease_obj *l = (bh_lease_obj *)self;
+  unsigned long long src, n;
+  unsigned int threads;
+  if (!PyArg_ParseTuple(args, "KKI:fill", &src, &n, &threads)) return NULL;
+  if (!lease_live(l)) return NULL;
+  if (l->readonly || !bh_block_is_own(l->block)) {
+    PyErr_SetString(PyExc_ValueError, "Lease.fill: only a writable lease of this process's own block is filled");
+    return NULL;
+  }
+  if (n > l->nbytes || (n && !src) || threads == 0) {
+    PyErr_Format(PyExc_ValueError, "Lease.fill: %llu bytes into a lease of %llu (from a non-null address, "
+                 "on one thread or more)", n, (unsigned long long)l->nbytes);
+    return NULL;
+  }
+  char *dst = (char *)bh_block_addr(l->block) + l->offset;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = bh_copy(dst, (const void *)(uintptr_t)src, (size_t)n, threads);
+  Py_END_ALLOW_THREADS
+  if (rc < 0) return bh_py_raise_as(PyExc_ValueError, rc, "bh_copy", NULL);
+  return PyLong_FromLong(rc);
+}
+
 static PyObject *Lease_release(PyObject *self, PyObject *unused) {
   (void)unused;
   Lease_clear(self);
@@ -201,6 +229,8 @@ static PyGetSetDef Lease_getset[] = {
 static PyMethodDef Lease_methods[] = {
     {"dlpack", Lease_dlpack, METH_NOARGS, "a DLPack capsule (uint8, 1-D) over the leased bytes"},
     {"release", Lease_release, METH_NOARGS, "drop the block reference now"},
+    {"fill", Lease_fill, METH_VARARGS,
+     "fill(src_address, nbytes, threads) -> threads that copied nbytes from src_address into the lease"},
     {NULL, NULL, 0, NULL}};
 
 static PyType_Slot Lease_slots[] = {

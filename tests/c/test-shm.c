@@ -467,3 +467,35 @@ TEST_IMPL(shm_threads) {
   ASSERT_FD_COUNT(fds0);
   return 0;
 }
+
+/* bh_copy: every byte lands where one memcpy puts it, for sizes that split
+ * unevenly into cache-line shares and thread counts past the bound; the
+ * bytes around the destination stay untouched. */
+TEST_IMPL(shm_copy_split) {
+  static const size_t sizes[] = {0, 1, 63, 64 * 3 + 5, MiB + 17, 9 * MiB + 4093};
+  static const unsigned threads[] = {1, 2, 3, 4, 16, 17};
+  size_t most = 9 * MiB + 4093;
+  uint8_t *src = malloc(most), *dst = malloc(most + 2), *want = malloc(most + 2);
+  ASSERT_NOT_NULL(src);
+  ASSERT_NOT_NULL(dst);
+  ASSERT_NOT_NULL(want);
+  for (size_t i = 0; i < most; i++) src[i] = (uint8_t)(i * 131 + (i >> 12));
+  for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+    for (size_t t = 0; t < sizeof threads / sizeof *threads; t++) {
+      memset(dst, 0xA5, most + 2);
+      memset(want, 0xA5, most + 2);
+      memcpy(want + 1, src, sizes[s]);
+      int rc = bh_copy(dst + 1, src, sizes[s], threads[t]);
+      ASSERT_GE(rc, 1);
+      ASSERT_LE(rc, 16);
+      ASSERT_EQ(memcmp(dst, want, most + 2), 0);
+    }
+  }
+  ASSERT_RC(bh_copy(NULL, src, 1, 2), -EINVAL);
+  ASSERT_RC(bh_copy(dst, src, 1, 0), -EINVAL);
+  ASSERT_EQ(bh_copy(NULL, NULL, 0, 2), 1);
+  free(want);
+  free(dst);
+  free(src);
+  return 0;
+}

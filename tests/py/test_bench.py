@@ -23,6 +23,9 @@ KEYS = ["call_median_us", "pingpong_median_us", "call_ratio", "h2w_64m_ms", "w2h
         "same_h2w_ratio", "cached_w2h_ratio", "back_h2w_ratio", "back_w2h_ratio",
         # #26: pack A's output into pack B's worker, against one torch copy_
         "copy_64m_ms", "a2b_64m_ms", "a2b_copy_ratio"]
+# #40: a new torch tensor crossing each way, quiet and loaded, with limits
+NEW_TENSOR_KEYS = ["new_h2w_torch_sum_ms", "copy_sum_64m_ms", "new_h2w_torch_sum_ratio", "new_w2h_torch_ms",
+                   "new_w2h_torch_copy_ratio"]
 LAYERS = ["pingpong_same_cpu_us", "pipe_same_cpu_us", "core_same_cpu_us", "binding_same_cpu_us",
           "chan_same_cpu_us", "call_same_cpu_us"]
 
@@ -43,6 +46,16 @@ def test_ipc_bench_writes_every_named_key(tmp_path):
     assert r["back_h2w_ratio"] == pytest.approx(r["back_h2w_64m_ms"] / r["memcpy_64m_ms"])
     assert r["a2b_copy_ratio"] == pytest.approx(r["a2b_64m_ms"] / r["copy_64m_ms"])
     assert r["a2b_host_blocks"] == 0  # the host copied nothing from pack A to pack B
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    if torch is not None:
+        for key in NEW_TENSOR_KEYS + ["loaded_" + k for k in NEW_TENSOR_KEYS] + ["loaded_copy_64m_ms"]:
+            assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r.get(key))
+        assert r["new_h2w_torch_sum_ratio"] == pytest.approx(r["new_h2w_torch_sum_ms"] / r["copy_sum_64m_ms"])
+        assert r["loaded_new_w2h_torch_copy_ratio"] == pytest.approx(r["loaded_new_w2h_torch_ms"]
+                                                                      / r["loaded_copy_64m_ms"])
     assert len(r["rounds"]) == 2 and all("call_ratio_same_cpu" in x for x in r["rounds"])
     assert set(r["targets"]) >= {"call_ratio", "h2w_ratio", "w2h_ratio", "ready_ms", "rss_overhead_mib"}
     assert "call_ratio_same_cpu" in run.stdout  # the table was printed

@@ -231,6 +231,27 @@ def test_torch_roundtrip_every_dtype_and_shape(worker, torch_mod):
 
 
 @pytest.mark.torch
+def test_a_large_tensor_copied_on_several_threads_arrives_as_sent(worker, torch_mod, monkeypatch):
+    """A new tensor's copy into the host's block split over threads
+    (Lease.fill; how many, copy_threads decides by the CPUs idle, so here
+    it is told): what the worker received, sent back by reference, is the
+    host's tensor byte for byte, for torch and numpy, at a size that does
+    not split evenly."""
+    torch = torch_mod
+    from bulkhead.channel import tensors
+    asked = []
+    monkeypatch.setattr(tensors, "copy_threads", lambda n: asked.append(n) or 3)
+    n = (9 << 20) // 4 + 3
+    t = torch.arange(n, dtype=torch.int32).mul_(2654435761 % (1 << 31))
+    r = worker.call("bh_testmod:echo", t)[0][0]
+    assert torch.equal(r, t)
+    a = np.arange(n, dtype=np.int32) * 40503
+    b = worker.call("numpy:asarray", a)
+    assert np.array_equal(b, a)
+    assert asked == [n * 4, n * 4]
+
+
+@pytest.mark.torch
 def test_torch_non_contiguous_and_grad(worker, torch_mod):
     torch = torch_mod
     t = torch.arange(60, dtype=torch.float32).reshape(6, 10).t()[::2]

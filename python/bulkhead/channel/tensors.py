@@ -57,6 +57,7 @@ crossing.
 """
 
 import json
+import os
 import sys
 import threading
 import weakref
@@ -389,9 +390,13 @@ def encode(chan, obj, cache=None):
                 return (0, _native.TENSOR_NUMPY, code, obj.shape, lease)
         if obj.nbytes:
             lease = chan.acquire(obj.nbytes)
-            dst = np.asarray(lease)[: obj.nbytes].view(obj.dtype).reshape(obj.shape)
-            np.copyto(dst, obj, casting="no")
-            del dst
+            threads = copy_threads(obj.nbytes) if obj.flags.c_contiguous else 1
+            if threads > 1:
+                lease.fill(obj.__array_interface__["data"][0], obj.nbytes, threads)
+            else:
+                dst = np.asarray(lease)[: obj.nbytes].view(obj.dtype).reshape(obj.shape)
+                np.copyto(dst, obj, casting="no")
+                del dst
         return (0, _native.TENSOR_NUMPY, code, obj.shape, lease)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
@@ -449,18 +454,46 @@ def _encode_described(np, chan, obj):
 
 
 def _copy_into(torch, lease, nbytes, t):
-    """t's bytes into the leased block.  A contiguous tensor: one memcpy on
-    this thread (numpy's copyto over its bytes), as a numpy array crosses;
-    torch's copy_ splits a copy over its intra-op threads, and on a small,
-    busy machine waits for whichever one is descheduled (a 3 MiB copy_
-    took 4-8 ms in a worker beside the host, against 0.3 ms:
+    """t's bytes into the leased block.  A contiguous tensor: bh_copy on as
+    many threads as copy_threads says (Lease.fill), so a large copy runs
+    at copy_'s speed where CPUs are idle and one memcpy where they are not;
+    torch's copy_ splits every copy over its intra-op threads, and on a
+    small, busy machine waits for whichever one is descheduled (a 3 MiB
+    copy_ took 4-8 ms in a worker beside the host, against 0.3 ms:
     docs/performance.md).  Strided: copy_."""
-    np = sys.modules.get("numpy")
-    if np is not None and t.is_contiguous():
-        np.copyto(np.asarray(lease)[:nbytes], t.reshape(-1).view(torch.uint8).numpy())
+    if t.is_contiguous():
+        lease.fill(t.data_ptr(), nbytes, copy_threads(nbytes))
         return
     dst = _torch_view(torch, lease, nbytes, t.dtype, tuple(t.shape))
     dst.copy_(t)
+
+
+# A copy into a block is split over threads only in shares of at least
+# _COPY_SHARE bytes (below, starting a thread costs more than it saves: a
+# 3 MiB IMAGE is one memcpy) and over at most _COPY_THREADS_MAX threads
+# (two or three cores saturate a machine's memory bandwidth).
+_COPY_SHARE = 4 << 20
+_COPY_THREADS_MAX = 4
+
+
+def copy_threads(nbytes):
+    """How many threads copy nbytes into a block: one per _COPY_SHARE
+    bytes, at most _COPY_THREADS_MAX, and no more than the CPUs idle right
+    now -- those this process may run on, less the tasks the kernel has
+    runnable machine-wide besides this thread (/proc/loadavg's fourth
+    field, read at the moment, not an average).  A split copy is as slow
+    as its slowest share, so on a machine whose CPUs are busy one thread
+    copies faster than two."""
+    most = min(_COPY_THREADS_MAX, nbytes // _COPY_SHARE)
+    if most <= 1:
+        return 1
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            running = int(f.read().split()[3].split(b"/")[0])
+        cpus = min(len(os.sched_getaffinity(0)), os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        return 1
+    return max(1, min(most, cpus - (running - 1)))
 
 
 def _torch_view(torch, lease, nbytes, dtype, shape):
