@@ -94,6 +94,11 @@ ALWAYS = ("torch", "comfy-aimdo", "comfy-kitchen")
 # own they are shared as links, which costs nothing.
 SERVER_ONLY = frozenset({"comfyui-frontend-package", "comfyui-workflow-templates", "comfyui-embedded-docs",
                          "alembic", "sqlalchemy"})
+# The host's distributions that import torch without requiring it in their
+# metadata: under another minor without the host's torch they are left out
+# with it (``Plan.needing``), as no worker there can import them
+# (comfy-kitchen's CUDA kernels alone are ~190 MB).
+TORCH_ONLY = frozenset({"comfy-kitchen"})
 PTH_NAME = "bulkhead-host.pth"
 FINGERPRINT_FORMAT = 1
 
@@ -503,7 +508,7 @@ def plan(config, python_version, comfyui):
     requires = {}
     for p in install:
         n = pin_name(p)
-        requires[n] = _closure(dists, [n])[1:]
+        requires[n] = _closure(dists, [n])[1:] + (["torch"] if n in TORCH_ONLY else [])
     return Plan(share, install, constraints, pack_wins, notes, stamp, sources, requires, resolve)
 
 
