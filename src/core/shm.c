@@ -38,7 +38,12 @@
  *               writable) and B, seeing the seal, maps it copy-on-write
  *               (its writes stay its own) and sends it back by
  *               reference only where it wrote nothing (bh__range_clean,
- *               as for any copy-on-write block).  The forward holds a reference on its source,
+ *               as for any copy-on-write block).  B maps the whole block,
+ *               so only a tensor that fills its block alone is forwarded
+ *               (from offset 0 to the last page, whose tail the owner's
+ *               acquire cleared); a range of a larger block (another array
+ *               of an arena, a reused block's older bytes) is copied, as
+ *               B must read no byte A did not send it.  The forward holds a reference on its source,
  *               so A's pool does not reuse the block while B holds it, and
  *               is destroyed (a retire note: B unmaps) at its last
  *               reference.  A process that dies leaves every mapping of
@@ -362,6 +367,10 @@ static int bh__pool_take(bh_pool *p, size_t nbytes, int fresh, bh_block **out) {
     best->last_used = ++p->clock;
     p->reused++;
     pthread_mutex_unlock(&p->mu);
+    /* The last page's tail past the new bytes holds an earlier message's:
+     * cleared, so a forward of this block shows its receiver only the
+     * tensor (bh__pool_forward; a fresh memfd reads zero already). */
+    if (size > nbytes) memset((char *)best->addr + nbytes, 0, size - nbytes);
     *out = best;
     return 0;
   }
@@ -697,6 +706,13 @@ int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out,
   return 0;
 }
 
+/* Whether n bytes at p are all zero. */
+static int bh__zero(const char *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i]) return 0;
+  return 1;
+}
+
 int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset) {
   uintptr_t a = (uintptr_t)addr;
   bh_block *src = NULL, *f = NULL;
@@ -723,6 +739,14 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
   }
   pthread_mutex_unlock(&bh__pools_mu);
   if (!src) return -ENOENT;
+  /* The receiver maps the whole block, so only a block that holds these
+   * bytes alone goes: from its start, to its last page, whose tail is zero
+   * (bh__pool_take clears it).  A range of a larger one -- another array
+   * of the owner's message (an arena), the rest of the array a view was
+   * cut from, the owner's older bytes past a tensor in a reused block --
+   * would show the receiver bytes never sent to it: copied instead. */
+  if (off != 0 || src->size - n >= BH__PAGE || !bh__zero((const char *)addr + n, src->size - n))
+    goto err;
   /* A copy-on-write one (sealed already) only where nothing was written
    * here: the receiver must get the bytes this process sees. */
   if (src->private_map && bh__range_clean(addr, n) != 1) goto err;

@@ -44,12 +44,12 @@ def test_a_workers_array_goes_to_another_worker_without_a_copy(make_worker):
     host_b, worker_b = b.stats(), b.call("bh_backrefs:stats")
     assert a.stats()["peer_fds"] == 1  # kept, for a forward
 
-    rows, during = b.call("bh_backrefs:inspect", x, x[16:])
-    assert [r["sum"] for r in rows] == [2.0 * N, 2.0 * (N - 16)]
+    rows, during = b.call("bh_backrefs:inspect", x, x)
+    assert [r["sum"] for r in rows] == [2.0 * N, 2.0 * N]
     assert rows[0]["own"] is False and rows[0]["writeable"]  # A's block, mapped in B
     after = b.stats()
-    # the host made no block and copied nothing: one forward, the same
-    # block for both (lent once)
+    # the host made no block and copied nothing: one forward each, the
+    # same block for both (lent once)
     assert after["created"] == host_b["created"] and after["reused"] == host_b["reused"]
     assert after["forwarded"] == host_b["forwarded"] + 2
     assert during["peer_blocks"] == worker_b["peer_blocks"] + 2
@@ -187,3 +187,61 @@ def test_small_blocks_are_copied_and_keep_no_fd(make_worker):
     assert b.stats()["forwarded"] == 0
     del x
     _settle(a, b)
+
+
+def _fresh(b):
+    """The host's pool for B holds no free block: a copy to B takes a new
+    one (zero but for the array), so what B reads past its array is
+    nothing the host sent it before."""
+    _settle(b)
+    b._chan.trim_pool(0)
+    _settle(b)
+
+
+def test_the_receiver_reads_no_byte_of_the_owners_it_was_not_sent(make_worker):
+    """#37: B maps a forwarded block whole, so a forward of a range of a
+    larger block showed B the owner's other bytes: the other arrays of A's
+    message (an arena block of 1 MiB or more), the rest of the array a view
+    was cut from, and A's older bytes past a tensor in a reused block.  As
+    in one process, where a node sees only the array it got, B now reads
+    nothing but its array's bytes and zeros in the mapping that holds it;
+    an array that fills its block alone is still forwarded."""
+    a, b = _pair(make_worker)
+    # one message of eight 200 KB arrays: the arena's third block (1 MiB)
+    # holds the last five
+    xs = a.call("bh_fwdscope:several", [200_000] * 8, list(range(0x11, 0x19)))
+    for x in (xs[5], xs[7], xs[0]):
+        _fresh(b)
+        seen, size = b.call("bh_fwdscope:around", x)
+        assert seen in ([], [0]), (int(x[0]), seen, size)
+    del xs, x
+    # a view that does not span its array
+    y = a.call("bh_fwdscope:one", 2 << 20, 0x5A)
+    for v in (y[4096:], y[:-4096], y[65536:65536 + 300_000]):
+        _fresh(b)
+        assert b.call("bh_fwdscope:around", v)[0] in ([], [0])
+    del y, v
+    _settle(a, b)
+    # A's block of 2 MiB, freed, is reused for 1.5 MiB: its second half
+    # holds the 2 MiB array's bytes
+    a.call("bh_fwdscope:trim")
+    a.call("bh_fwdscope:one", 2 << 20, 0x77)
+    _settle(a)
+    z = a.call("bh_fwdscope:one", 3 << 19, 0x33)
+    _fresh(b)
+    assert b.call("bh_fwdscope:around", z)[0] in ([], [0])
+    del z
+    _settle(a, b)
+    # reused for a size that ends inside its last page: the page's tail
+    # is cleared, and the array, alone in its block, is forwarded
+    a.call("bh_fwdscope:trim")
+    a.call("bh_fwdscope:one", (1 << 20) + 8192, 0x66)
+    _settle(a)
+    forwarded = b.stats()["forwarded"]
+    w = a.call("bh_fwdscope:one", (1 << 20) + 4096 + 100, 0x44)
+    seen, size = b.call("bh_fwdscope:around", w)
+    assert seen in ([], [0]) and size == (1 << 20) + 8192, (seen, size)
+    assert b.stats()["forwarded"] == forwarded + 1
+    del w
+    _settle(a, b)
+    assert b.stats()["forward_blocks"] == 0
