@@ -24,7 +24,10 @@
  * -- so until then neither the pid nor the group can be reused, and the
  * group kill before the reap holds as for a spawned child.  A zygote that
  * dies first leaves its children to init: the host then waits on the
- * pidfd, signals the leader alone through it, and has no status.
+ * pidfd, signals the leader alone through it, and has no status; once
+ * the leader ended, what is left of its group goes member by member,
+ * each through a pidfd (bh__kill_orphan_group): no zombie keeps the
+ * group's number, so kill(-pid) could reach another's.
  *
  * A drain thread copies the child's output to a sink fd (the host's
  * stderr), prefixing each line, and keeps the last BH__TAIL bytes so an
@@ -59,6 +62,7 @@ struct bh_proc {
   int sink;
   int report_fd; /* forked by a zygote (bh_proc_fork_via): its report socket, else -1 */
   int orphaned;  /* the zygote went before reporting: the leader is signalled by pidfd alone */
+  unsigned long long start_ticks; /* forked: its start time (/proc stat), for its group once orphaned */
   int64_t report_due; /* forked: when its report is overdue (the pidfd said it ended), else 0 */
   char prefix[64];
   pthread_t drain;
@@ -381,6 +385,74 @@ static int bh__zygote_ask(const bh_fork_opts *o, const int fds[3], pid_t *pid, c
   return 0;
 }
 
+/* A process's state letter, process group and start time (clock ticks
+ * since boot) from /proc/<pid>/stat; -errno where it is gone.  Any output
+ * may be NULL. */
+static int bh__proc_stat(pid_t pid, char *state, pid_t *pgrp, unsigned long long *start) {
+  char path[32], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  bh__close(fd);
+  if (n <= 0) return -ESRCH;
+  buf[n] = 0;
+  char *at = strrchr(buf, ')'); /* the name may hold anything, ')' too */
+  char st;
+  int pg;
+  unsigned long long t;
+  /* state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+   * utime stime cutime cstime priority nice threads itrealvalue starttime */
+  if (!at || sscanf(at + 1, " %c %*d %d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                    &st, &pg, &t) != 3)
+    return -EPROTO;
+  if (state) *state = st;
+  if (pgrp) *pgrp = pg;
+  if (start) *start = t;
+  return 0;
+}
+
+/* The group of a zygote's child that ended after its zygote: init reaped
+ * it at once, so no zombie holds the group's number and kill(-pid) could
+ * reach a group that reused it.  Its members -- what the worker forked, a
+ * pack's helpers -- are found instead (in its group, started since it
+ * did, not zombies), each pinned by a pidfd and checked again through it
+ * (the same start time: the same process) before it is killed; passes
+ * repeat while any is found (one may fork meanwhile).  A member keeps the
+ * group's number from reuse while it lives; should the leader's pid name
+ * another process by now (another start time), every member went before
+ * and there is nothing to kill.  (The one case this cannot tell: a group
+ * another process made with that number, whose leader exited too, all in
+ * the moment since the worker ended -- a full turn of pid_max.) */
+static void bh__kill_orphan_group(const bh_proc *p) {
+  for (int pass = 0; pass < 64; pass++) {
+    unsigned long long t;
+    if (bh__proc_stat(p->pid, NULL, NULL, &t) == 0 && t != p->start_ticks) return; /* reused */
+    DIR *d = opendir("/proc");
+    if (!d) return;
+    int found = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+      char *end;
+      long q = strtol(e->d_name, &end, 10);
+      char st;
+      pid_t pg;
+      if (*end || end == e->d_name || q <= 0 || q == p->pid) continue;
+      if (bh__proc_stat((pid_t)q, &st, &pg, &t) || pg != p->pid || st == 'Z' || t < p->start_ticks)
+        continue;
+      int fd = bh__pidfd_open((pid_t)q);
+      if (fd < 0) continue;
+      unsigned long long again;
+      if (bh__proc_stat((pid_t)q, &st, &pg, &again) == 0 && again == t && pg == p->pid && st != 'Z' &&
+          bh__pidfd_signal(fd, SIGKILL) == 0)
+        found++;
+      bh__close(fd);
+    }
+    closedir(d);
+    if (!found) return;
+  }
+}
+
 int bh_proc_fork_via(const bh_fork_opts *o, bh_proc **out, int *chan_fd, char *why, size_t why_n) {
   int sv[2] = {-1, -1}, outp[2] = {-1, -1}, rep[2] = {-1, -1}, stopp[2] = {-1, -1};
   int rc;
@@ -409,6 +481,7 @@ int bh_proc_fork_via(const bh_fork_opts *o, bh_proc **out, int *chan_fd, char *w
   /* The child cannot be reaped before the host answers its report, so
    * the pid names it still. */
   p->pid = pid;
+  (void)bh__proc_stat(pid, NULL, NULL, &p->start_ticks);
   p->report_fd = rep[0];
   rep[0] = -1;
   bh__proc_run(p, outp, stopp);
@@ -467,6 +540,7 @@ static int bh__wait_forked(bh_proc *p, int timeout_ms) {
       continue;
     }
     if (p->orphaned) {
+      bh__kill_orphan_group(p);
       p->status = -1;
       p->reaped = 1;
       return 0;

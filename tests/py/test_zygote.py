@@ -174,6 +174,33 @@ def test_a_dead_zygote_leaves_its_workers_serving_and_the_next_start_makes_anoth
     assert w.last_exit is None
 
 
+def test_a_worker_whose_zygote_died_first_takes_its_helpers_with_it(forked, venvs):
+    """#37: the zygote killed, then its worker (orphaned: init reaps it,
+    so no zombie keeps its group's number): the worker's helpers go with
+    it, as with a zygote that lives or a spawned worker.  (They outlived
+    it before, reparented to init.)  Killed by the host's stop, or on its
+    own: both ends."""
+    w = forked(venvs["a"], name="w")
+    first = w.call(PROBE)
+    helpers = [w.call("bulkhead_zyprobe:helper") for _ in range(2)]
+    os.kill(first["ppid"], signal.SIGKILL)
+    assert _gone(first["ppid"])
+    os.kill(first["pid"], signal.SIGKILL)          # the worker dies on its own
+    deadline = time.monotonic() + 10
+    while w.last_exit is None and time.monotonic() < deadline:
+        w.poll()
+        time.sleep(0.02)
+    assert w.last_exit is not None
+    assert all(_gone(h) for h in helpers), [(h, zygote.proc_state(h)) for h in helpers]
+    again = w.call(PROBE)                           # a new zygote forks the next
+    assert again["ppid"] not in (first["ppid"], os.getpid())
+    helper = w.call("bulkhead_zyprobe:helper")
+    os.kill(again["ppid"], signal.SIGKILL)
+    assert _gone(again["ppid"])
+    w.close()                                       # the host stops it
+    assert _gone(helper), (helper, zygote.proc_state(helper))
+
+
 def _bounded(fn, timeout_s=30):
     """fn() on a thread: its result, or a failure naming the hang."""
     import threading
