@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import types
-from typing import Mapping, Tuple
+from typing import Mapping, Optional, Tuple
 
 from .config import (CONFIG_NAME, ROOT_CONFIG_NAME, PackConfigError, Reader, check_packages, did_you_mean,
                      toml_loads, warn_note)
@@ -32,6 +32,13 @@ class RootConfig:
     ``system_packages``  {"apt": (...), "brew": (...)} (older packs put
                     these here).
     ``warnings``    what is not honoured, one line each.
+    ``isolate``     ``[settings] isolate`` as comfy-env 0.2.40-0.4.24 read
+                    it (``bool()`` of the value), or None where the file
+                    does not set it: False runs the pack's nodes in
+                    ComfyUI's process, True isolates them even under the
+                    user's ``COMFY_ENV_ISOLATE=0`` (the pack's setting won).
+    ``isolate_where``  "path:line" of that setting, for the messages that
+                    name it.
     """
 
     path: str
@@ -40,6 +47,8 @@ class RootConfig:
     types: Mapping[str, str] = dataclasses.field(hash=False)
     system_packages: Mapping[str, Tuple[str, ...]] = dataclasses.field(hash=False)
     warnings: Tuple[str, ...] = ()
+    isolate: Optional[bool] = None
+    isolate_where: str = ""
 
 
 ROOT_TABLES = ("node_packs", "node_reqs", "types", "apt", "brew")
@@ -95,6 +104,7 @@ def load_root(pack_dir, *, warn=True):
         if v not in ("custom", "builtin"):
             r.error(f'[types] {k} = {v!r}: must be "custom" (its serializer in <pack>/serialization.py) '
                     'or "builtin"', "types", k)
+    isolate, isolate_where = _read_settings(path, text, data, r, notes)
     system = {}
     for table in ("apt", "brew"):
         if table in data:
@@ -104,8 +114,6 @@ def load_root(pack_dir, *, warn=True):
             continue
         line = _find_line(text, k)
         if k == "settings":
-            notes.append(f"{path}:{line}: table [settings] is not read (comfy-env removed it in 0.4.25; "
-                         "bulkhead's own options go in an environment file's [bulkhead] table)")
             continue
         # comfy-env 0.1.17-0.4.13 read this file with the environment files' parser: their tables
         # were accepted here (with no effect from 0.2.19 on); 0.4.14 refuses them.
@@ -117,7 +125,50 @@ def load_root(pack_dir, *, warn=True):
             warn_note(n, path)
     return RootConfig(path=path, root=pack_dir, node_packs=tuple(packs),
                       types=types.MappingProxyType(dict(typ)),
-                      system_packages=types.MappingProxyType(system), warnings=tuple(notes))
+                      system_packages=types.MappingProxyType(system), warnings=tuple(notes),
+                      isolate=isolate, isolate_where=isolate_where)
+
+
+# comfy-env's [settings] keys (settings.SETTINGS_KEY_MAP of 0.2.40-0.4.24):
+# what each did, and why bulkhead reads only isolate.
+SETTINGS_NOT_READ = {
+    "install_isolated": "comfy-env's choice between its own environments and ComfyUI's Python; bulkhead "
+                        "always builds the pack's environment",
+    "auto_install": "bulkhead builds a missing environment as ComfyUI starts (BULKHEAD_BUILD_AT_START)",
+    "pool_ipc": "comfy-env's tensor transport; bulkhead's is its own shared memory",
+    "worker_vram_budget": "one machine-wide memory budget admits every worker's loads",
+}
+
+
+def _read_settings(path, text, data, r, notes):
+    """``[settings]`` (comfy-env 0.2.40-0.4.24, removed in 0.4.25): its
+    ``isolate`` as comfy-env's ``resolve_bool`` took it -- ``bool()`` of
+    the value, so a quoted ``"false"`` isolated the pack, which a note
+    says -- and one note for each other key.  Returns (isolate or None,
+    "path:line")."""
+    if "settings" not in data:
+        return None, ""
+    t = data["settings"]
+    if not isinstance(t, dict):
+        r.type_error(("settings",), "a table (isolate = false)", t)
+    isolate, where = None, ""
+    for k, v in t.items():
+        line = _find_line(text, "settings", k)
+        if k == "isolate":
+            isolate, where = bool(v), f"{path}:{line}"
+            if not isinstance(v, bool):
+                runs = "isolated" if v else "in ComfyUI's process"
+                other = "false" if v else "true"
+                notes.append(f"{path}:{line}: [settings] isolate = {v!r} is not true or false: comfy-env read it "
+                             f"as {bool(v)} (any non-empty value is true), and so does bulkhead: the pack runs "
+                             f"{runs}; write isolate = {other} (no quotes) if you meant the other")
+        elif k in SETTINGS_NOT_READ:
+            notes.append(f"{path}:{line}: [settings] {k} is not read: {SETTINGS_NOT_READ[k]}")
+        else:
+            known = ("isolate",) + tuple(SETTINGS_NOT_READ)
+            notes.append(f"{path}:{line}: [settings] {k} is not read{did_you_mean(k, known)} "
+                         f"(comfy-env's keys: {', '.join(known)})")
+    return isolate, where
 
 
 def check_system_packages(system_packages, source):

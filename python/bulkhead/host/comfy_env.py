@@ -426,9 +426,16 @@ def _serve(pack_dir, pkg_name, nodes_package):
     from ..envs import config as packconfig, rootconfig
     from . import pack as hpack, states
     announce(pack_dir, "register_nodes")
-    if legacy.off_switch() is not None:
-        return _serve_in_process(pack_dir, pkg_name, nodes_package)
-    root = rootconfig.load_root(pack_dir)
+    try:
+        root = rootconfig.load_root(pack_dir)
+    except packconfig.PackConfigError:
+        if legacy.off_switch() is None:
+            raise
+        root = None         # the user's switch runs the pack in-process: its root file is not needed
+    # [settings] isolate in the root file (comfy-env 0.2.40-0.4.24) decides
+    # for this pack, before the user's switch, as comfy-env's resolve_bool did.
+    if legacy.pack_in_process(pack_dir, root):
+        return _serve_in_process(pack_dir, pkg_name, nodes_package, root)
     if root is not None:
         _load_serializers(pack_dir, root)
     nodes_dir = os.path.join(pack_dir, nodes_package)
@@ -445,7 +452,7 @@ def _serve(pack_dir, pkg_name, nodes_package):
         config = hpack.load_config(config_path, pack_dir)
         if isinstance(config, packconfig.PackConfigError):     # only the nodes it governs run in-process
             c, d = states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(config), module=module,
-                                   name=packconfig.pack_name(config_path, pack_dir))
+                                   name=packconfig.pack_name(config_path, pack_dir), unlike=hpack.UNREADABLE_CONFIG)
         else:
             c, d = hpack.serve_config(config, pack_dir, module, refusal, hm, reuse=ce_env)
         classes.update(c)
@@ -486,10 +493,11 @@ def _serve(pack_dir, pkg_name, nodes_package):
     return classes, display
 
 
-def _serve_in_process(pack_dir, pkg_name, nodes_package):
+def _serve_in_process(pack_dir, pkg_name, nodes_package, root=None):
     """register_nodes under the user's comfy-env off-switch
-    (legacy.off_switch): as comfy-env then did, ``nodes/`` imported here
-    when it holds nodes, else each ``nodes/<subdir>/``, configs or not."""
+    (legacy.off_switch) or the pack's ``[settings] isolate = false``
+    (root): as comfy-env then did, ``nodes/`` imported here when it holds
+    nodes, else each ``nodes/<subdir>/``, configs or not."""
     nodes_dir = os.path.join(pack_dir, nodes_package)
     classes, display = {}, {}
     if os.path.isdir(nodes_dir):
@@ -503,7 +511,7 @@ def _serve_in_process(pack_dir, pkg_name, nodes_package):
                 c, d = _host_import(pkg_name, f"{nodes_package}.{sub}")
                 classes.update(c)
                 display.update(d)
-    legacy.in_process(classes, pack_dir, nodes_package)
+    legacy.in_process(classes, pack_dir, nodes_package, root)
     return classes, display
 
 

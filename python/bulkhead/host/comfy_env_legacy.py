@@ -546,13 +546,43 @@ def switch_notes():
                      "missing environments at start")
 
 
-def in_process(mapping, pack_dir, module):
-    """The pack's own classes, as the off-switch asks; its state says so."""
+def pack_in_process(pack_dir, root):
+    """Whether register_nodes runs the pack's nodes in ComfyUI's process:
+    its root file's ``[settings] isolate`` (root: a RootConfig or None)
+    where it sets one -- comfy-env 0.2.40-0.4.24 let that per-pack setting
+    win over the user's COMFY_ENV_ISOLATE, both ways -- else the user's
+    off-switch.  A pack the setting isolates under a set off-switch is
+    said once."""
+    isolate = getattr(root, "isolate", None)
+    if isolate is None:
+        return off_switch() is not None
+    off = off_switch()
+    if isolate and off is not None and _once(("isolated despite", os.path.realpath(pack_dir))):
+        log.warning("bulkhead: pack %r runs isolated although %s=%s is set: its [settings] isolate = true (%s) "
+                    "wins, as in comfy-env 0.2.40-0.4.24", os.path.basename(pack_dir), off[0], off[1],
+                    root.isolate_where)
+    return not isolate
+
+
+def in_process(mapping, pack_dir, module, root=None):
+    """The pack's own classes, as the off-switch or the pack's
+    ``[settings] isolate = false`` (root) asks: said once, and its state
+    says so."""
     from . import states
+    pack_dir = os.path.realpath(pack_dir)
+    name = os.path.basename(pack_dir)
+    if getattr(root, "isolate", None) is False:
+        if _once(("setting", pack_dir)):
+            log.warning("bulkhead: pack %r runs in ComfyUI's process, NOT isolated, as its %s asks ([settings] "
+                        "isolate = false: comfy-env 0.2.40-0.4.24 ran it so). Remove that line to run it isolated",
+                        name, root.isolate_where)
+        states.set_state(pack_dir, module, name=name, state="in-process",
+                         reason=f"[settings] isolate = false ({root.isolate_where}) asks for it",
+                         fix=f"remove isolate = false from [settings] in {root.path}")
+        return mapping
     var, v = off_switch()
     switch_notes()
-    pack_dir = os.path.realpath(pack_dir)
-    states.set_state(pack_dir, module, name=os.path.basename(pack_dir), state="in-process",
+    states.set_state(pack_dir, module, name=name, state="in-process",
                      reason=f"{var}={v} (comfy-env's off-switch) asks for it", fix=f"unset {var}")
     return mapping
 
