@@ -248,6 +248,35 @@ def test_manager_flow_builds_from_a_clone(tmp_path):
     probe = f"import sys; sys.path.insert(0, {str(tmp_path / 'custom_nodes')!r}); import bulkhead; print(bulkhead.__file__)"
     assert run([py, "-c", probe], cwd=tmp_path).stdout.strip() == os.path.join(site, "bulkhead", "__init__.py")
 
+    # #36: conda packages with no manual step: the same two steps brought py-rattler (under 3.10 and
+    # later), so a pack whose comfy-env.toml declares a conda package builds with this Python alone,
+    # offline, from a local channel the test makes; its worker's prefix runs the package's program
+    from localsources import make_channel
+    channel = make_channel(tmp_path)
+    mm = "3.%d" % minor
+    pack = tmp_path / "ComfyUI-CondaOnly"
+    pack.mkdir()
+    (pack / "comfy-env.toml").write_text(textwrap.dedent(f'''
+        python = "{mm}"
+        [bulkhead]
+        host_packages = "none"
+        [workspace]
+        channels = ["{channel}"]
+        [dependencies]
+        bhtool = "1.2.*"
+    '''))
+    home = tmp_path / "home"
+    p = run([py, "-m", "bulkhead", "install", pack], cwd=tmp_path, check=False, timeout=300,
+            env=clean_env(BULKHEAD_HOME=str(home)))
+    if minor < 10:
+        assert p.returncode != 0 and "need Python 3.10 or later" in p.stderr, (p.stdout, p.stderr)
+        return
+    assert p.returncode == 0 and "ComfyUI-CondaOnly: ready" in p.stdout, (p.stdout, p.stderr[-3000:])
+    [env] = glob.glob(str(home / "envs" / "ComfyUI-CondaOnly-*"))
+    prefix = os.path.join(env, "conda")
+    out = run([os.path.join(prefix, "bin", "bhtool")], env=clean_env(CONDA_PREFIX=prefix)).stdout.strip()
+    assert out == f"bhtool 1.2 {prefix}"
+
 
 def test_manager_flow_takes_the_prebuilt_wheel(wheel, tmp_path):
     """A wheel for this platform in dist/ is installed (no build); one for

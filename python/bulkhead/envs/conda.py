@@ -27,8 +27,13 @@ environment will live after the rename.  Downloads are cached in
 local directory; ``BULKHEAD_CONDA_CHANNELS`` (space separated) replaces a
 pack's channels, for a mirror.
 
+py-rattler comes with bulkhead's install (requirements.txt, the
+``conda`` extra of the wheel) where ComfyUI's Python is 3.10 or later.
+
 Where it cannot be done, ``EnvBuildError`` says why and what to do: py-rattler
-missing (``pip install py-rattler``), a channel that cannot be reached
+missing (``pip install -r requirements.txt`` in bulkhead's folder, or
+``pip install 'py-rattler>=0.28,<0.29'``; under Python 3.9: none that
+works), a channel that cannot be reached
 (the mirror, or building where it can be reached), a package or version
 the channels do not have (the solver's words, naming it).
 """
@@ -55,14 +60,23 @@ def channels_for(config):
     return list(config.channels)
 
 
+RATTLER = "py-rattler>=0.28,<0.29"     # as requirements.txt and pyproject.toml's conda extra say
+
+
 def _rattler():
+    if sys.version_info < (3, 10):
+        raise EnvBuildError(
+            f"conda packages need py-rattler, whose releases that bulkhead can use need Python 3.10 or later; "
+            f"this Python ({sys.executable}) is {sys.version_info[0]}.{sys.version_info[1]}: run ComfyUI under "
+            "Python 3.10 or later, or give the pack no conda [dependencies]")
     try:
         import rattler
         import rattler.exceptions
     except ImportError as e:
         raise EnvBuildError(
             f"conda packages need py-rattler, which is not importable in {sys.executable} ({e}); "
-            f"install it there: {sys.executable} -m pip install py-rattler") from None
+            f"bulkhead's install brings it: run `{sys.executable} -m pip install -r requirements.txt` in "
+            f"bulkhead's folder (custom_nodes/bulkhead), or `{sys.executable} -m pip install '{RATTLER}'`") from None
     return rattler
 
 
