@@ -87,9 +87,9 @@ const STYLE = `
 .bh-error { color: #e07070; }
 .bh-pack { grid-template-columns: minmax(0, 1fr) auto; border-left: 3px solid #5cc07a; padding-left: 6px; }
 .bh-pack[data-state="in-process"] { border-left-color: #e0a040; }
-.bh-pack[data-state="failed"] { border-left-color: #e07070; }
+.bh-pack[data-state="failed"], .bh-pack[data-state="refused"] { border-left-color: #e07070; }
 .bh-pack[data-state="in-process"] .bh-figure { color: #e0a040; }
-.bh-pack[data-state="failed"] .bh-figure { color: #e07070; }
+.bh-pack[data-state="failed"] .bh-figure, .bh-pack[data-state="refused"] .bh-figure { color: #e07070; }
 .bh-pack[data-state="building"] { border-left-color: #6090d0; }
 .bh-pack[data-state="building"] .bh-figure { color: #6090d0; }
 `;
@@ -474,7 +474,9 @@ export function renderFreed(r, onDismiss) {
 // (and its update's rebuild, where its config changed); building, with
 // its phase (its environment builds in the background);
 // in-process (running in ComfyUI's own process, not in its environment),
-// with why and the fix; failed, with why.
+// with why and the fix; refused (its nodes listed, refusing to run: ComfyUI's
+// process is not the same as its environment), with why and the fix;
+// failed, with why.
 function renderPacks(doc) {
   const packs = doc.packs || [];
   if (!packs.length) return null;
@@ -492,7 +494,8 @@ function renderPacks(doc) {
       figure = "building";
       meta = `${p.reason}${p.phase ? ` · ${p.phase}` : ""}`;
     } else {
-      figure = p.state === "failed" ? "FAILED" : "in-process, NOT isolated";
+      figure = p.state === "failed" ? "FAILED" : p.state === "refused" ? "REFUSED: its nodes do not run" :
+        "in-process, NOT isolated";
       meta = p.reason.replace(/\.?$/, ".") + (p.fix ? ` Fix: ${p.fix}` : "");
     }
     section.append(node("div", { class: "bh-row bh-pack", "data-bh-pack": p.name, "data-state": p.state },
@@ -593,10 +596,11 @@ async function noticeNotIsolated() {
   const lost = (doc.packs || []).filter((p) => (p.state !== "isolated" || p.warning) && p.state !== "building");
   if (!lost.length) return;
   const lines = lost.map((p) => `${p.name}: ${p.state === "failed" ? "FAILED" : p.state === "isolated" ?
-    "isolated, without torch" : "runs in ComfyUI's process"}` + (p.reason ? ` (${p.reason})` : ""));
+    "isolated, without torch" : p.state === "refused" ? "REFUSED, its nodes do not run" :
+    "runs in ComfyUI's process"}` + (p.reason ? ` (${p.reason})` : ""));
   const partial = lost.every((p) => p.state === "isolated");
   toast.add({
-    severity: lost.some((p) => p.state === "failed") ? "error" : "warn",
+    severity: lost.some((p) => p.state === "failed" || p.state === "refused") ? "error" : "warn",
     summary: partial ? `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} cannot run every node` :
       `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} NOT isolated`,
     detail: lines.join("\n") + "\nThe bulkhead panel lists each with its fix.",

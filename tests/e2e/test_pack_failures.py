@@ -5,9 +5,12 @@ subdirectories fail in every way a published pack does -- a refused
 config, a build pip cannot do, an import the worker's environment lacks --
 beside one that runs isolated and one without a config.  Each failure
 costs only its own nodes their isolation (one warning each, naming it,
-and its state in /bulkhead/status), the rest runs as configured, the
-prompt through all of them succeeds, and a failed build is not paid again
-at the next start."""
+and its state in /bulkhead/status), the rest runs as configured, and a
+failed build is not paid again at the next start.  Since #36 fails
+closed, the parts whose environment ComfyUI's process is not the same as
+(a config that cannot be read, a requirement the host lacks) are refused
+at their node rather than run in-process; the prompt through the others
+succeeds."""
 
 import os
 import sys
@@ -73,11 +76,22 @@ def _mixed_pack(tmp_path):
     return str(pack), {"BULKHEAD_PIP_ARGS": f"--find-links {wheels}"}
 
 
+# Refused (#36): ComfyUI's process is not the same as their environment.
+REFUSED = ("bad", "unbuildable")
+
+
 def _run_all(srv):
-    prompt = {str(i): {"class_type": "E2EFail" + sub.capitalize(), "inputs": {}} for i, sub in enumerate(SUBDIRS)}
+    runs = [sub for sub in SUBDIRS if sub not in REFUSED]
+    prompt = {str(i): {"class_type": "E2EFail" + sub.capitalize(), "inputs": {}} for i, sub in enumerate(runs)}
     entry = srv.wait_history(srv.queue(prompt), timeout_s=120)
     assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
-    return {sub: entry["outputs"][str(i)] for i, sub in enumerate(SUBDIRS)}
+    out = {sub: entry["outputs"][str(i)] for i, sub in enumerate(runs)}
+    for sub in REFUSED:    # each fails at its node, with the reason and the fix
+        entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EFail" + sub.capitalize(), "inputs": {}}}))
+        [err] = [m for kind, m in entry["status"]["messages"] if kind == "execution_error"]
+        assert entry["status"]["status_str"] == "error" and err["node_id"] == "1", entry
+        out[sub] = err["exception_message"]
+    return out
 
 
 def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
@@ -91,9 +105,8 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     # environments that built in the background are built
     start, line = [l for l in log.splitlines() if "bulkhead " in l and " isolated" in l and "s loading them" in l]
     assert "3 building in the background" in start and "background builds done: " in line, (start, line)
-    assert ": 1 pack isolated, 3 NOT isolated (ComfyUI-Mixed.bad: in-process: its comfy-env.toml is invalid" \
-        in line, line
-    not_isolated = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l]
+    assert ": 1 pack isolated, 3 NOT isolated (ComfyUI-Mixed.bad: refused" in line, line
+    not_isolated = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l or "is NOT run:" in l]
     assert len(not_isolated) == 3, not_isolated
     bad, noimport, unbuildable = (next(l for l in not_isolated if f"ComfyUI-Mixed.{s}'" in l)
                                   for s in ("bad", "noimport", "unbuildable"))
@@ -106,13 +119,16 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     host = srv.proc.pid
     assert out["good"]["pid"][0] != host and out["good"]["saw"] == ["plain wheel aiohttp.web"], out["good"]
     assert out["good"]["prefix"][0].startswith(home)
-    for sub in ("bad", "plain", "noimport", "unbuildable"):
+    for sub in ("plain", "noimport"):
         assert out[sub]["pid"] == [host], (sub, out[sub])
+    assert "comfy-env.toml is invalid" in out["bad"] and "what it requires is not known" in out["bad"], out["bad"]
+    assert "bh-nowhere-to-be-found (not installed in ComfyUI's Python)" in out["unbuildable"], out["unbuildable"]
+    assert all("Fix: " in out[sub] and "bulkhead install" in out[sub] for sub in REFUSED), out
     # where people look: /bulkhead/status lists each part's state, those not isolated first
     status, doc = srv.http("GET", "/bulkhead/status")
     assert status == 200
     states = {p["name"]: p for p in doc["packs"]}
-    assert [p["state"] for p in doc["packs"]] == ["in-process"] * 3 + ["isolated"], doc["packs"]
+    assert [p["state"] for p in doc["packs"]] == ["refused"] * 2 + ["in-process", "isolated"], doc["packs"]
     assert states["ComfyUI-Mixed.good"]["pid"] == out["good"]["pid"][0]
     assert states["ComfyUI-Mixed.good"]["env"] == os.path.dirname(os.path.dirname(states["ComfyUI-Mixed.good"]["python"]))
     assert "No module named 'pytest'" in states["ComfyUI-Mixed.noimport"]["reason"]
@@ -122,10 +138,11 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     srv.start()
     second = srv.log_since_start()
     assert "building it in the background" not in second, second
-    again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "runs in-process" in l)
+    again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "is NOT run" in l)
     assert "is not retried at start" in again and "bulkhead install" in again, again
     out = _run_all(srv)
-    assert out["good"]["pid"][0] != srv.proc.pid and out["unbuildable"]["pid"] == [srv.proc.pid]
+    assert out["good"]["pid"][0] != srv.proc.pid and out["noimport"]["pid"] == [srv.proc.pid]
+    assert "bh-nowhere-to-be-found" in out["unbuildable"], out["unbuildable"]
 
 
 def test_fallback_error_makes_lost_isolation_an_error(comfyui, manager_install, tmp_path):
@@ -146,14 +163,14 @@ def test_fallback_error_makes_lost_isolation_an_error(comfyui, manager_install, 
     srv = comfyui(packs=(), pack_dirs=[str(pack)], installed=manager_install, bulkhead_home=home,
                   env={"BULKHEAD_PIP_ARGS": "--no-index"})
     status, info = srv.http("GET", "/object_info")
-    assert status == 200 and "E2EFailLax" in info and "E2EFailStrict" not in info
+    assert status == 200 and "E2EFailLax" in info and "E2EFailStrict" not in info   # lax: listed, refused
     log = srv.log()
     [line] = [l for l in log.splitlines() if "ComfyUI-Strict.strict'" in l and "is NOT loaded" in l]
     assert 'its [bulkhead] fallback = "error"' in line and "bulkhead install" in line, line
     status, doc = srv.http("GET", "/bulkhead/status")
     states = {p["name"]: p for p in doc["packs"]}
     assert states["ComfyUI-Strict.strict"]["state"] == "failed", states
-    assert states["ComfyUI-Strict.lax"]["state"] == "in-process", states
+    assert states["ComfyUI-Strict.lax"]["state"] == "refused", states   # #36: the host lacks its requirement
     status, answer = srv.http("POST", "/prompt", {"prompt": {"1": {"class_type": "E2EFailStrict", "inputs": {}}}})
     assert status == 400, (status, answer)
     # the machine-wide switch: the lax part too

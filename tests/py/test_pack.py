@@ -109,9 +109,6 @@ def test_isolated_pack_runs_in_a_worker_under_the_memory_budget(tmp_path, built)
 @pytest.mark.parametrize("case, config, edit, expect", [
     ("no config", None, None, "has no comfy-env.toml"),
     ("not built", f'python = "{HOST_VERSION}"\n', None, "environment is not built"),   # BULKHEAD_BUILD_AT_START=0
-    ("not buildable", f'python = "{HOST_VERSION}"\nrequirements = ["bh-no-such-dist==3"]\n', None,
-     "building it at start failed"),   # BULKHEAD_PIP_ARGS=--no-index
-    ("invalid", "python = \n", None, "comfy-env.toml is invalid"),
 ])
 def test_fallbacks_warn_once_and_import_in_process(tmp_path, case, config, edit, expect):
     pack = make_pack(tmp_path, "fb_pack", config)
@@ -134,6 +131,48 @@ def test_fallbacks_warn_once_and_import_in_process(tmp_path, case, config, edit,
     warnings = [l for l in r["log"].splitlines() if "runs in-process, NOT isolated" in l]
     assert len(warnings) == 1, r["log"]
     assert expect in warnings[0] and "bulkhead install" in warnings[0], warnings[0]
+
+
+@pytest.mark.parametrize("case, config, expect, unlike", [
+    ("not buildable", f'python = "{HOST_VERSION}"\nrequirements = ["bh-no-such-dist==3"]\n',
+     "building it at start failed", "bh-no-such-dist==3 (not installed in ComfyUI's Python)"),  # --no-index
+    ("invalid", "python = \n", "comfy-env.toml is invalid", "what it requires is not known"),
+])
+def test_a_pack_unlike_the_host_is_refused_not_run_in_process(tmp_path, case, config, expect, unlike):
+    """#36 fail closed: a pack that cannot run isolated, and whose
+    environment ComfyUI's process is not the same as (a requirement the
+    host lacks; a config that cannot be read), is imported for its node
+    definitions only: its nodes are those in-process would list, and
+    running one raises the reason and the fix, with one warning; the
+    explicit BULKHEAD_FALLBACK=in-process runs it in-process."""
+    pack = make_pack(tmp_path, "fb_pack", config)
+    code = """
+        import io
+        buf = io.StringIO()
+        logging.getLogger().addHandler(logging.StreamHandler(buf))
+        mod = load(PACK)
+        load(PACK)  # a second import warns no more
+        cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
+        try:
+            pid, _ = getattr(cls(), cls.FUNCTION)(x=1)
+            error = None
+        except Exception as e:
+            pid, error = None, f"{type(e).__name__}: {e}"
+        from bulkhead.host import nodes
+        emit(dict(me=os.getpid(), pid=pid, error=error, log=buf.getvalue(), display=mod.NODE_DISPLAY_NAME_MAPPINGS,
+                  inputs=cls.INPUT_TYPES(), states=[s["state"] for s in nodes.pack_states()]))
+    """
+    env = {"BULKHEAD_PIP_ARGS": "--no-index"}
+    r = run_host(tmp_path, pack, code, env=env)
+    warnings = [l for l in r["log"].splitlines() if "is NOT run" in l]
+    assert len(warnings) == 1 and expect in warnings[0] and unlike in warnings[0], r["log"]
+    assert r["pid"] is None and r["error"].startswith("PackRefused: bulkhead: pack 'fb_pack' does not run"), r
+    assert expect in r["error"] and unlike in r["error"] and "Fix: " in r["error"], r["error"]
+    assert 'fallback = "in-process"' in r["error"] and "bulkhead install" in r["error"], r["error"]
+    assert r["states"] == ["refused"], r
+    chosen = run_host(tmp_path, pack, code, env=dict(env, BULKHEAD_FALLBACK="in-process"))
+    assert chosen["pid"] == chosen["me"] and chosen["states"] == ["in-process"], chosen
+    assert (chosen["display"], chosen["inputs"]) == (r["display"], r["inputs"])
 
 
 def test_a_changed_config_keeps_the_environment_built_before(tmp_path):

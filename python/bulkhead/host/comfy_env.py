@@ -452,7 +452,7 @@ def _serve(pack_dir, pkg_name, nodes_package):
         config = hpack.load_config(config_path, pack_dir)
         if isinstance(config, packconfig.PackConfigError):     # only the nodes it governs run in-process
             c, d = states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(config), module=module,
-                                   name=packconfig.pack_name(config_path, pack_dir))
+                                   name=packconfig.pack_name(config_path, pack_dir), unlike=hpack.UNREADABLE_CONFIG)
         else:
             c, d = hpack.serve_config(config, pack_dir, module, refusal, hm, reuse=ce_env)
         classes.update(c)

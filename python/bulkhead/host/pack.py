@@ -16,7 +16,12 @@ running isolated — no config, an environment not built or refused, no
 ComfyUI, a contract refused, bulkhead's custom node deleted from ComfyUI's
 custom_nodes (``packimport.custom_node_missing``) — falls back to an in-process import with ONE
 warning naming the reason and the command that fixes it (``bulkhead
-install <pack dir>``, ``bulkhead doctor``).  An environment that is
+install <pack dir>``, ``bulkhead doctor``), where ComfyUI's process is the
+same as the pack's environment (``host_differs``: every requirement its
+config declares is installed here at a version its pins accept) or the
+user chose in-process (``[bulkhead] fallback``, BULKHEAD_FALLBACK);
+otherwise its nodes are listed but refuse to run, with the reason and the
+fix (host/states.py ``refuse``): fail closed.  An environment that is
 missing (or stale because the host changed) is built: in ComfyUI's server,
 in the background (``_build_in_background``, host/building.py: the pack is
 "building" and its nodes join ComfyUI's when the build ends; ComfyUI's
@@ -117,7 +122,8 @@ def _comfy_pack(pack_dir, module, gone=None):
     try:
         paths = packconfig.find_configs(pack_dir)
     except OSError as e:
-        return states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(e), module=module)
+        return states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(e), module=module,
+                               unlike=UNREADABLE_CONFIG)
     if not paths:
         return states.fallback(pack_dir, states.NO_CONFIG, module=module)
     classes, display = {}, {}
@@ -129,14 +135,16 @@ def _comfy_pack(pack_dir, module, gone=None):
         config = load_config(path, pack_dir)
         if gone is not None and not isinstance(config, packconfig.PackConfigError):
             c, d = states.fallback(config.directory, states.CUSTOM_NODE_GONE, detail=f" ({', '.join(gone)})",
-                                   name=config.name, module=sub_module, policy=config.options.get("fallback"))
+                                   name=config.name, module=sub_module, policy=config.options.get("fallback"),
+                                   unlike=host_differs(config))
         elif isinstance(config, packconfig.PackConfigError):
             # Only the directory this config governs runs in-process; the
             # pack's other configs are served as they are.
             if directory == pack_dir:
-                return states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(config), module=module)
+                return states.fallback(pack_dir, states.CONFIG_REFUSED, detail=str(config), module=module,
+                                       unlike=UNREADABLE_CONFIG)
             c, d = states.fallback(directory, states.CONFIG_REFUSED, detail=str(config), module=sub_module,
-                                   name=packconfig.pack_name(path, pack_dir))
+                                   name=packconfig.pack_name(path, pack_dir), unlike=UNREADABLE_CONFIG)
         else:
             c, d = serve_config(config, config.directory, sub_module, refusal, hm)
         classes.update(c)
@@ -268,7 +276,8 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
     log.info("bulkhead: pack %r: its worker's traceback: %s", config.name, text)
     try:
         return states.fallback(pack_dir, states.WORKER_IMPORT_FAILED, detail=f" ({python}): {last}",
-                               name=config.name, module=module, policy=config.options.get("fallback"))
+                               name=config.name, module=module, policy=config.options.get("fallback"),
+                               unlike=host_differs(config))
     except Exception as host:
         states.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}",
                       module=module)
@@ -316,7 +325,7 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
     from ..envs import build as envs
     if refusal is not None:
         return states.fallback(pack_dir, states.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module,
-                               policy=config.options.get("fallback"))
+                               policy=config.options.get("fallback"), unlike=host_differs(config))
     st = envs.env_status(config)
     why = None
     if not st.ok and reuse is not None:
@@ -347,7 +356,96 @@ def _not_isolated(config, pack_dir, module, st, why=None):
         reason = states.BUILD_FAILED    # "build it" would fail the same way: the fix is what the error names
         detail = st.reason.split("; ", 1)[-1]   # the failure, not "no environment has been built for ..." first
     return states.fallback(pack_dir, reason, detail=detail, name=config.name, module=module,
-                           policy=config.options.get("fallback"))
+                           policy=config.options.get("fallback"), unlike=host_differs(config))
+
+# What a config refused (or not found) leaves unknown: its requirements,
+# so ComfyUI's process cannot be shown to be the same as its environment.
+UNREADABLE_CONFIG = "its comfy-env.toml could not be read, so what it requires is not known"
+
+
+def host_differs(config):
+    """None where ComfyUI's process is the same as config's environment
+    would be: every requirement its config declares (its pip requirements,
+    with their extras' own, its [cuda] packages, its Python) is installed
+    in this process (importlib.metadata, on this sys.path) at a version
+    its pins accept (packaging's specifiers, pre-releases allowed); else
+    one line naming each that differs (a missing one, one at a version the
+    pins refuse, a conda package, which this process cannot hold, or a
+    URL requirement, whose version cannot be told).  Requirements whose
+    markers do not apply here are skipped; the host's own packages (torch,
+    ComfyUI's requirements: ``host_packages = "match"``) are the host's by
+    definition."""
+    import sys
+    from importlib import metadata
+    from ..envs import config as packconfig
+    try:        # bulkhead has no Python dependencies: packaging, else pip's copy (envs/config.py's way)
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.utils import canonicalize_name
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+        from pip._vendor.packaging.utils import canonicalize_name
+        from pip._vendor.packaging.version import InvalidVersion, Version
+    differs = []
+    want, here = config.python, "%d.%d.%d" % sys.version_info[:3]
+    if want and os.path.isabs(want):
+        if os.path.realpath(want) != os.path.realpath(sys.executable):
+            differs.append(f"python {want} (ComfyUI runs {sys.executable}, {here})")
+    elif want:
+        try:
+            ok = packconfig.python_admits(want, here)
+        except ValueError:
+            ok = False
+        if not ok:
+            differs.append(f"python {want} (ComfyUI runs {here})")
+    seen = set()
+
+    def check(text, extra=None):
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            differs.append(f"{text} (not a requirement this check reads)")
+            return
+        if req.marker is not None and not req.marker.evaluate({"extra": extra or ""}):
+            return
+        key = (canonicalize_name(req.name), str(req.specifier), tuple(sorted(req.extras)))
+        if key in seen:
+            return
+        seen.add(key)
+        if extra is not None:     # one an extra brings: without its marker, naming the extra
+            text = f"{req.name}{req.specifier} (of the extra [{extra}])"
+        if req.url:
+            differs.append(f"{text} (from a URL: its version here cannot be told)")
+            return
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            differs.append(f"{text} (not installed in ComfyUI's Python)")
+            return
+        try:
+            ok = req.specifier.contains(Version(dist.version), prereleases=True)
+        except InvalidVersion:
+            ok = not str(req.specifier)
+        if not ok:
+            differs.append(f"{text} (ComfyUI's Python has {dist.metadata['Name'] or req.name} {dist.version})")
+            return
+        for e in sorted(req.extras):
+            for sub in dist.requires or ():
+                try:
+                    r = Requirement(sub)
+                except InvalidRequirement:
+                    continue
+                if r.marker is not None and r.marker.evaluate({"extra": e}) and \
+                        not r.marker.evaluate({"extra": ""}):
+                    check(sub, e)
+
+    for text in config.requirements:
+        check(text)
+    for name in config.cuda:
+        check(name)
+    differs.extend(f"conda package {spec} (ComfyUI's process has no conda environment of the pack's)"
+                   for spec in config.conda)
+    return "; ".join(differs) or None
 
 
 def in_comfyui_server():

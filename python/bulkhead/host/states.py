@@ -9,7 +9,14 @@ nowhere).  ``pack_states`` is what GET /bulkhead/status and the panel's
 Packs section list, and ``startup_line`` the one line logged when
 ComfyUI's server starts.  Where a pack's ``[bulkhead] fallback`` or
 BULKHEAD_FALLBACK (``FALLBACK_SWITCH``) says "error", a pack that cannot
-run isolated is recorded failed instead of imported.
+run isolated is recorded failed instead of imported; where either says
+"in-process", it is imported.  Where neither chooses, it is imported only
+where ComfyUI's process is the same as its environment (the caller says
+what differs, ``unlike``: host/pack.py ``host_differs``); otherwise it is
+"refused" (``refuse``): its nodes are listed as in-process, and each
+raises ``PackRefused`` with the reason and the fix when it would run, so
+a prompt using one fails at that node, never computing in the wrong
+environment.
 """
 
 import logging
@@ -17,6 +24,7 @@ import os
 import threading
 import time
 
+from ..channel.peer import BulkheadError
 from ..packimport import import_nodes
 
 log = logging.getLogger("bulkhead")
@@ -153,7 +161,9 @@ def pack_states():
     its nodes cannot run there: isolated without torch), "building" (with "phase" and
     "reason": its environment builds in the background, its nodes come
     when it ends), "in-process" (with "reason" and "fix": it runs in
-    ComfyUI's process, not in its environment) or "failed" (with
+    ComfyUI's process, not in its environment), "refused" (with "reason"
+    and "fix": its nodes are listed, and refuse to run, since ComfyUI's
+    process is not the same as its environment) or "failed" (with
     "reason": it runs nowhere)."""
     with _states_lock:
         rows = [dict(v) for v in _states.values()]
@@ -166,7 +176,7 @@ def pack_states():
             r["pid"] = w.pid if w is not None else None
             if w is not None and w.python != r["python"]:    # a rebuild moved it (envs.build.current_python)
                 r["python"], r["env"] = w.python, os.path.dirname(os.path.dirname(w.python))
-    order = {"failed": 0, "in-process": 1, "building": 2, "isolated": 3}
+    order = {"failed": 0, "refused": 0, "in-process": 1, "building": 2, "isolated": 3}
     return sorted(rows, key=lambda r: (order.get(r["state"], 3), r["name"]))
 
 
@@ -218,18 +228,42 @@ def failed(pack_dir, name, reason, *, module="auto"):
 
 # BULKHEAD_FALLBACK=error: every pack that cannot run isolated is an
 # error instead of running in ComfyUI's process (as a pack's own
-# ``[bulkhead] fallback = "error"`` makes it for that pack).
+# ``[bulkhead] fallback = "error"`` makes it for that pack);
+# BULKHEAD_FALLBACK=in-process: every such pack runs in ComfyUI's process,
+# the same as its environment or not.  Unset: in-process only where it is
+# the same, else refused.
 FALLBACK_SWITCH = "BULKHEAD_FALLBACK"
+
+
+def fallback_choice(policy=None):
+    """(choice, source) for a pack that cannot run isolated: "error" where
+    its own ``[bulkhead] fallback`` (policy) or the machine's
+    BULKHEAD_FALLBACK says so, else "in-process" where either says that,
+    else (None, None): the default, in-process only where that is the
+    same as its environment.  source names the setting that chose."""
+    switch = os.environ.get(FALLBACK_SWITCH, "").strip().lower()
+    for choice in ("error", "in-process"):
+        if policy == choice:
+            return choice, f'its [bulkhead] fallback = "{choice}"'
+        if switch == choice:
+            return choice, f"{FALLBACK_SWITCH}={choice}"
+    return None, None
 
 
 def fallback_is_error(policy=None):
     """Whether a pack that cannot run isolated is an error rather than run
     in-process: its own ``[bulkhead] fallback`` (policy), or the machine's
     BULKHEAD_FALLBACK, says "error"."""
-    return policy == "error" or os.environ.get(FALLBACK_SWITCH, "").strip().lower() == "error"
+    return fallback_choice(policy)[0] == "error"
 
 
-def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=None):
+class PackRefused(BulkheadError, RuntimeError):
+    """A node of a pack that cannot run isolated and whose environment
+    ComfyUI's process is not the same as: raised where it would run, with
+    the reason and the fix."""
+
+
+def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=None, unlike=None):
     """Imports the pack in this process and returns its own
     (NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS), after ONE warning
     per pack naming the reason (a key of REASONS, or any text) and the
@@ -237,19 +271,24 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=
     Where the pack's ``[bulkhead] fallback`` (policy) or BULKHEAD_FALLBACK
     says "error", nothing is imported: one error line, the pack (its part)
     recorded failed, and no nodes, so a prompt using them fails instead of
-    running in the wrong environment."""
+    running in the wrong environment.  Where neither chooses and unlike
+    (what makes ComfyUI's process not the same as the pack's environment:
+    a requirement it lacks or holds at a version the pack's pins refuse)
+    is given, the pack is refused (``refuse``)."""
     pack_dir = os.path.realpath(os.fspath(pack_dir))
     name = name or os.path.basename(pack_dir)
     what, fix = REASONS.get(reason, (str(reason) + "{detail}", "`bulkhead install {pack}`"))
     detail = f": {detail}" if detail and not detail.startswith((" ", ":")) else (detail or "")
     why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
-    if fallback_is_error(policy):
-        source = ('its [bulkhead] fallback = "error"' if policy == "error" else f'{FALLBACK_SWITCH}=error')
+    choice, source = fallback_choice(policy)
+    if choice == "error":
         log.error("bulkhead: pack %r (%s) is NOT loaded: it cannot run isolated (%s), and %s makes that an "
                   "error instead of running it in ComfyUI's process. Fix: %s", name, pack_dir, why, source, how)
         set_state(pack_dir, module, name=name, state="failed", reason=f"{why} (not run in-process: {source})",
                    fix=how)
         return {}, {}
+    if choice is None and unlike:
+        return refuse(pack_dir, module, name, why, how, unlike)
     with _states_lock:     # once per pack and module: a pack's subdirectories fall back one by one
         first = _states.get((pack_dir, module), {}).get("state") != "in-process"
     if first:
@@ -259,3 +298,49 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=
     set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
     return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
             dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
+
+
+def refuse(pack_dir, module, name, why, how, unlike):
+    """The nodes of a pack that cannot run isolated (why; how: the fix)
+    and whose environment ComfyUI's process is not the same as (unlike):
+    the pack's own classes, read by importing its module in this process
+    as ComfyUI imports any pack (their names, INPUT_TYPES and display
+    names are what in-process would list: nothing else tells them without
+    a worker), each wrapped so that running it raises PackRefused with the
+    reason and the fix.  Its IS_CHANGED is not run either.  Recorded
+    "refused", with one warning.  An import that fails here is the
+    caller's to record, as ``fallback``'s is."""
+    fix = (f"{how}; or, to run it in ComfyUI's process as it is, set [bulkhead] fallback = \"in-process\" in "
+           f"its comfy-env.toml ({FALLBACK_SWITCH}=in-process for every pack)")
+    reason = f"{why}; not run in ComfyUI's process, which is not the same as its environment: {unlike}"
+    with _states_lock:     # once per pack and module, as fallback's warning
+        first = _states.get((pack_dir, module), {}).get("state") != "refused"
+    if first:
+        log.warning("bulkhead: pack %r (%s) is NOT run: it cannot run isolated (%s), and ComfyUI's process is not "
+                    "the same as its environment (%s): its nodes are listed and fail when they would run. Fix: %s",
+                    name, pack_dir, why, unlike, fix)
+    mod = import_nodes(pack_dir, module, unique_name=True)
+    message = f"bulkhead: pack {name!r} does not run: {reason}. Fix: {fix}"
+    classes = {key: _refusing(cls, message) if isinstance(cls, type) else cls
+               for key, cls in dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}).items()}
+    set_state(pack_dir, module, name=name, state="refused", reason=reason, fix=fix)
+    return classes, dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {})
+
+
+def _refusing(cls, message):
+    """A subclass of the node class cls whose run raises PackRefused
+    (message): its FUNCTION (a V1 node) or its ``execute`` (a V3 node),
+    sync or async alike, since the raise comes before anything is
+    awaited.  IS_CHANGED answers "changed" without running the pack's."""
+    def refuse_run(*args, **kwargs):
+        raise PackRefused(message)
+    ns = {"__module__": cls.__module__, "__doc__": cls.__doc__, "__qualname__": cls.__qualname__}
+    if callable(getattr(cls, "GET_SCHEMA", None)):          # V3: comfy_api's ComfyNode
+        ns["execute"] = classmethod(refuse_run)
+    else:
+        function = getattr(cls, "FUNCTION", None)
+        if isinstance(function, str):
+            ns[function] = refuse_run
+        if hasattr(cls, "IS_CHANGED"):
+            ns["IS_CHANGED"] = classmethod(lambda c, *a, **k: float("nan"))
+    return type(cls.__name__, (cls,), ns)
