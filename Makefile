@@ -145,6 +145,19 @@ upstream-execution: build worker-venvs comfyui-deps $(VENV)/.stamp-websocket $(V
 	  COMFYUI_PATH=$(abspath $(COMFYUI_PATH)) $(VPY) -m pytest -q -s --basetemp=$(abspath $(BUILD))/upstream-execution \
 	  tests/upstream $(PYTEST_FLAGS)
 
+# comfy-env as an oracle, opt in and not part of check: every comfy-env
+# release PyPI serves is installed once under build/comfy-env-oracle (one
+# that does not install here is reported with uv's reason), reads a corpus
+# of configs with its own reader, and bulkhead reads the same files; a
+# difference docs/comfy-env-differences.toml does not list fails, and so
+# does a public name of any release that `import comfy_env` under bulkhead
+# does not answer (tests/oracle).  The corpus is the repo's fixtures, plus
+# BULKHEAD_CONFIG_CORPUS=<folder> (public packs' configs, kept outside the
+# repo); the numbers go to build/comfy-env-oracle/report.json.
+comfy-env-oracle: build $(VENV)/.stamp-uv
+	PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) PYTHONPATH=$(REL)/python \
+	  $(VPY) -m pytest -q -s tests/oracle $(PYTEST_FLAGS)
+
 # A venv with numpy per worker interpreter (the tests' and demo's "other
 # interpreters"); one that cannot be made is skipped with a message.
 $(WORKER_VENVS)/.stamp: $(VENV)/.stamp

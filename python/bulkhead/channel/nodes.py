@@ -36,12 +36,14 @@
 """
 
 import importlib
-import logging
 import sys
 
 from .formats import decode_meta
 
-log = logging.getLogger("bulkhead")
+# logging is imported where it is used: a worker imports this module at
+# start, and its own logging is set up only when a pack imports logging
+# (worker/__init__.py _setup_logging), which costs a worker's start the
+# import of logging, traceback and string otherwise.
 
 
 # --- previews ---
@@ -71,7 +73,8 @@ def decode_preview(p):
         image = Image.frombytes(p["mode"], tuple(p["size"]), p["pixels"])
         return (p["format"], image, p.get("max_size"))
     except Exception as e:
-        log.debug("bulkhead: a preview from a worker could not be rebuilt: %r", e)
+        import logging
+        logging.getLogger("bulkhead").debug("bulkhead: a preview from a worker could not be rebuilt: %r", e)
         return None
 
 

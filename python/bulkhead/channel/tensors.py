@@ -56,7 +56,6 @@ third crossing on (SendCache, below).  Everything else is copied once per
 crossing.
 """
 
-import json
 import os
 import sys
 import threading
@@ -203,6 +202,7 @@ def _array_of_description(np, desc, shape, raw, scalar):
     described dtype.  ProtocolError for a description that is not one
     dtype_description writes, or that does not fit the bytes."""
     try:
+        import json  # here, not at the top: a worker's start imports no json (nor re)
         dtype = dtype_from_description(np, json.loads(desc))
         if dtype.itemsize != shape[-1]:
             raise ValueError(f"its itemsize is {dtype.itemsize} bytes, the array's are {shape[-1]}")
@@ -437,6 +437,7 @@ def _encode_described(np, chan, obj):
     """An array of a dtype no code names: the tuple for its bytes as uint8,
     shape (..., itemsize), with its description (an ARRAY).  A view of a
     peer's block stays one (by reference, as any array)."""
+    import json
     desc = json.dumps(dtype_description(obj.dtype), separators=(",", ":"))
     if len(desc.encode()) > _native.ARRAY_DESC_MAX:
         raise TypeError(f"cannot send a numpy array of dtype {obj.dtype}: its description takes "

@@ -39,7 +39,6 @@ the dict it is, never a pack's deserializer (a deserializer written for its
 own serializer's output, using pickle or a path, is not web-reachable).
 """
 
-import json
 import os
 import sys
 import types as _types
@@ -60,6 +59,7 @@ def _load():
     if _loaded:
         return
     _loaded = True
+    import json  # here: a worker's start imports no json (nor re)
     try:
         files = json.loads(os.environ.get("BULKHEAD_SERIALIZERS") or "[]")
     except ValueError:

@@ -36,11 +36,9 @@ has no child, or after LINGER_S without a child.
 
 import importlib
 import importlib.machinery
-import json
 import os
 import select
 import signal
-import socket
 import struct
 import sys
 
@@ -129,6 +127,8 @@ class _Zygote:
                 os.close(fd)
 
     def _request(self, become):
+        import json
+        import socket
         try:
             msg, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 20, 3)
         except OSError:
@@ -248,6 +248,11 @@ def serve():
     preloaded = {n: (m.__file__, _identity(m.__file__)) for n, m in sys.modules.items()
                  if "." not in n and not n.startswith("__")   # (__main__ and its alias __mp_main__: not imported)
                  and not _is_shared(m, stdlib)}
+    # json and socket are imported here, in the zygote, not at the top:
+    # every worker imports this module, and a spawned one needs neither
+    # (socket, selectors, json and re cost its start several ms).
+    import json
+    import socket
     ctl = socket.socket(fileno=fd)
     zygote_pid = os.getpid()
     ctl.send(json.dumps({"ready": True, "failed": failed}).encode())

@@ -1,0 +1,189 @@
+"""comfy-env as an oracle (opt in: ``make comfy-env-oracle``): every
+release PyPI serves, installed under build/comfy-env-oracle
+(comfy_env_releases.py), reads a corpus of configs with its own reader,
+and bulkhead reads the same files; a difference in a use (comfy_env_oracle:
+the release that would have read the file) that docs/comfy-env-differences.toml
+does not list fails.  And every public name a release exports imports
+under bulkhead's routed ``comfy_env`` -- with no comfy-env installed, and
+with that release installed beside bulkhead -- served, or refused by a
+callable naming releases that include this one.
+
+The corpus is the repo's fixtures, plus the folder BULKHEAD_CONFIG_CORPUS
+names (public packs' configs fetched from their histories, kept outside
+the repo).  The numbers (configs, releases, uses the same / different /
+listed, and the whole matrix) are printed and kept in
+build/comfy-env-oracle/report.json.
+"""
+
+import collections
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import comfy_env_oracle as oracle      # noqa: E402
+import comfy_env_releases as rel       # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def releases():
+    """{version: folder} for every release PyPI serves that installs here,
+    and {version: why not} for the others."""
+    try:
+        got = rel.install_all()
+    except (OSError, RuntimeError) as e:
+        pytest.skip(f"comfy-env's releases could not be listed or fetched from PyPI: {e}")
+    ok = {v: d for v, (d, why) in got.items() if d}
+    bad = {v: why for v, (d, why) in got.items() if not d}
+    print(f"\ncomfy-env releases PyPI serves: {len(got)}; installed: {len(ok)}; not installable: {len(bad)}")
+    for v, why in bad.items():
+        print(f"  comfy-env {v}: not installable: {why}")
+    return ok, bad
+
+
+def upload_dates():
+    with open(os.path.join(rel.ROOT, "pypi.json")) as f:
+        data = json.load(f)
+    return {v: min(x["upload_time_iso_8601"] for x in files)[:19] for v, files in data["releases"].items() if files}
+
+
+def _place(tmp, path, i):
+    """The file at path copied where both readers take its role from: a
+    pack's root file, or the environment file of its nodes/."""
+    role = oracle.role_of(path)
+    d = os.path.join(str(tmp), "c%04d" % i, "ComfyUI-Oracle")
+    dest = os.path.join(d, "comfy-env-root.toml") if role == "root" else os.path.join(d, "nodes", "comfy-env.toml")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copyfile(path, dest)
+    return dest, role
+
+
+def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monkeypatch):
+    ok, _bad = releases
+    monkeypatch.setenv("BULKHEAD_HOME", str(tmp_path / "bh-home"))
+    served = sorted(ok, key=rel.version_key)
+    dates = upload_dates()
+    # distinct configs (role and text), each with the uses it has
+    distinct = {}       # digest -> {"path", "role", "sources": [...], "uses": set(), "why_not": [...]}
+    for p in oracle.fixture_configs():
+        digest = hashlib.sha256((oracle.role_of(p) + open(p, "rb").read().decode("utf-8", "replace")).encode()).hexdigest()
+        e = distinct.setdefault(digest, {"src": p, "sources": [], "uses": set(), "why_not": [], "fixture": True})
+        e["sources"].append(os.path.relpath(p, oracle.REPO))
+        e["uses"] |= {"*"}
+    corpus = os.environ.get("BULKHEAD_CONFIG_CORPUS")
+    n_corpus_files = 0
+    if corpus:
+        assert os.path.isdir(corpus), f"BULKHEAD_CONFIG_CORPUS={corpus}: not a folder; name one holding configs"
+        for p, meta in oracle.corpus_configs(corpus):
+            n_corpus_files += 1
+            digest = hashlib.sha256((oracle.role_of(p) + open(p, "rb").read().decode("utf-8", "replace")).encode()).hexdigest()
+            e = distinct.setdefault(digest, {"src": p, "sources": [], "uses": set(), "why_not": [], "fixture": False})
+            e["sources"].append(f"{meta.get('repo', '?')}@{meta.get('commit', '?')[:10]}:{meta.get('path', p)}")
+            v, why = oracle.release_in_use(meta, set(served), dates, rel.version_key)
+            if v:
+                e["uses"].add(v)
+            else:
+                e["why_not"].append(why)
+    placed = {}
+    for i, (digest, e) in enumerate(sorted(distinct.items())):
+        placed[digest] = _place(tmp_path, e["src"], i)
+    paths = [placed[d][0] for d in sorted(distinct)]
+    deps = rel.deps_dir()
+    answers = {}
+    for v in served:
+        answers[v] = oracle.run_release(ok[v], deps, paths)
+    bh = {d: oracle.bulkhead_view(placed[d][0], placed[d][1]) for d in distinct}
+    entries = oracle.load_listed()
+
+    counts = {"fixtures": collections.Counter(), "corpus": collections.Counter()}
+    matrix = collections.Counter()
+    unlisted = []
+    listed_by = collections.Counter()
+    report = []
+    for d, e in sorted(distinct.items()):
+        path, role = placed[d]
+        uses = set(e["uses"])
+        kind = counts["fixtures" if e["fixture"] else "corpus"]
+        kind["configs"] += 1
+        for v in served:
+            rv = oracle.release_view(answers[v][path], role)
+            diffs = oracle.differences(rv, bh[d], role)
+            accepted = rv.get("refused") is None
+            matrix["read" if accepted else "refused by the release"] += 1
+            if accepted:
+                matrix["same" if not diffs else "different"] += 1
+            in_use = v in uses or ("*" in uses and accepted)
+            if not in_use:
+                continue
+            if not accepted and "*" not in uses:
+                kind["refused by the release in use" + (", and by bulkhead" if bh[d].get("refused") else "")] += 1
+                report.append(dict(config=e["sources"][0], release=v, refused_by_release=rv["refused"],
+                                   bulkhead=bh[d]))
+                continue
+            kinds = []
+            for diff in diffs:
+                entry = oracle.listed(diff, v, role, entries)
+                if entry is None:
+                    unlisted.append((e["sources"][0], v, role, diff))
+                    kinds.append("unlisted")
+                else:
+                    listed_by[entry["row"]] += 1
+                    kinds.append("listed")
+            kind["uses"] += 1
+            kind["same" if not diffs else ("different, unlisted" if "unlisted" in kinds else "different, listed")] += 1
+            report.append(dict(config=e["sources"][0], release=v, differences=diffs))
+        if not uses:
+            why = e["why_not"][0] if e["why_not"] else "no release reads it"
+            kind["configs not compared: " + ("pinned a release PyPI does not serve" if why.startswith("pinned")
+                                             else why)] += 1
+    summary = {
+        "releases served": len(served) + len(_bad), "releases installed": len(served),
+        "distinct configs": len(distinct), "fixture configs": sum(1 for e in distinct.values() if e["fixture"]),
+        "corpus files": n_corpus_files, "fixtures": dict(counts["fixtures"]), "corpus": dict(counts["corpus"]), "listed differences by row": dict(listed_by),
+        "matrix (every release x every config)": dict(matrix),
+    }
+    with open(os.path.join(rel.ROOT, "report.json"), "w") as f:
+        json.dump(dict(summary=summary, uses=report), f, indent=1, default=list)
+    print(json.dumps(summary, indent=1))
+    lines = []
+    for src, v, role, diff in unlisted[:40]:
+        lines.append(f"  {src} under comfy-env {v} ({role} file): {diff['field']}: release {diff['release']!r}, "
+                     f"bulkhead {diff['bulkhead']!r}")
+    assert not unlisted, (
+        f"{len(unlisted)} difference(s) between comfy-env's own reader and bulkhead's are not listed in "
+        f"{os.path.relpath(oracle.DIFFERENCES, oracle.REPO)}; fix bulkhead's reader, or list each with the row of "
+        f"docs/comfy-env-dialects.md that gives its reason:\n" + "\n".join(lines))
+
+
+def test_every_name_a_release_exports_imports_under_bulkhead(releases):
+    from bulkhead.host import comfy_env_legacy as legacy
+    ok, _bad = releases
+    by_release = {v: oracle.exported(d) for v, d in ok.items()}
+    signposts = {v: oracle.exported(d, ("_INTERNAL",)) for v, d in ok.items()}
+    everything = set().union(*by_release.values(), *signposts.values())
+    problems = []
+    bare = oracle.routed_names(everything)
+    for v in sorted(ok, key=rel.version_key):
+        beside = oracle.routed_names(by_release[v] | signposts[v], real=[ok[v], rel.deps_dir()])
+        for n in sorted(signposts[v] - by_release[v]):
+            # a name this release no longer exported: a pack of an older one imports it
+            for how, got in (("without comfy-env", bare[n]), (f"with comfy-env {v} installed", beside[n])):
+                if got not in ("served", "refused"):
+                    problems.append(f"comfy-env {v} signposts {n} (exported before); `from comfy_env import {n}` "
+                                    f"{how}: {got}")
+        for n in sorted(by_release[v]):
+            for how, got in (("without comfy-env", bare[n]), (f"with comfy-env {v} installed", beside[n])):
+                if got not in ("served", "refused"):
+                    problems.append(f"comfy-env {v} exports {n}; `from comfy_env import {n}` {how}: {got}")
+            if bare[n] == "refused" and not oracle.covers(legacy.NAMES.get(n, "0.0.0"), v, rel.version_key):
+                problems.append(f"comfy-env {v} exports {n}; bulkhead refuses it naming releases "
+                                f"{legacy.NAMES.get(n)!r}, which leave {v} out (comfy_env_legacy.NAMES)")
+            if n not in legacy.NAMES and n not in ("register_nodes",):
+                problems.append(f"comfy-env {v} exports {n}, which comfy_env_legacy.NAMES does not list")
+    print(f"\npublic names: {len(everything)} over {len(ok)} releases "
+          f"({len(set().union(*by_release.values()))} in an __all__)")
+    assert not problems, "\n".join(sorted(set(problems))[:60])

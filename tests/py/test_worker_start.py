@@ -1,0 +1,36 @@
+"""A worker's start imports only what serving a call needs: modules a
+bare interpreter does not import and that a call does not use (json and
+re, logging and traceback, socket and selectors; together several ms of
+every worker's start, #40) are imported where they are used, not at the
+worker's start.  Judged against a bare interpreter of the same
+environment, not against a list of what a worker may import."""
+
+import subprocess
+import sys
+
+DEFERRED = ["json", "re", "logging", "traceback", "socket", "selectors", "tokenize"]
+
+
+def test_a_started_worker_has_imported_nothing_a_call_does_not_need(make_worker):
+    w = make_worker(name="start")
+    w.start()
+    assert w.call("operator:add", 1, 2) == 3
+    in_worker = w.call("bh_startmods:loaded", DEFERRED)
+    bare = subprocess.run([sys.executable, "-S", "-c", "import sys; print(' '.join(sys.modules))"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    assert [n for n in in_worker if n not in bare] == []
+
+
+def test_what_was_deferred_still_works_in_a_worker(make_worker):
+    """Each deferred import where it is used: a record array's dtype
+    description (json) both ways, and the pack logging a worker sets up
+    when the pack imports logging."""
+    np = __import__("numpy")
+    w = make_worker(name="start-use")
+    w.start()
+    a = np.zeros(3, dtype=[("x", "<f4"), ("red", "u1")])
+    a["x"] = [1.5, 2.5, 3.5]
+    b = w.call("numpy:asarray", a)
+    assert b.dtype == a.dtype and np.array_equal(b, a)
+    assert w.call("bh_startmods:loaded", ["json"]) == ["json"]
+    assert w.call("logging:getLevelName", 30) == "WARNING"
