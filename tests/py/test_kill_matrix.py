@@ -22,6 +22,10 @@ For every row:
     shm block, zombie or temp file is left behind;
   * the next call works, on generation + 1.
 
+The zygote's rows (ZYGOTE_MATRIX) signal the zygote that forked the
+victim instead, at each phase of the victim's life, with the same checks
+beside their own.
+
 Then the HOST is killed: its workers notice and exit, and the next reader
 of the ledger reaps all their records.
 """
@@ -77,6 +81,25 @@ MATRIX = [
 ]
 
 
+# The zygote's rows: the workers are forked by a zygote (host/zygote.py),
+# and the ZYGOTE is signalled, at each phase of its worker's life:
+#   zygote-serving    while its worker serves (the worker serves on), then
+#                     the worker ends on its own: its end is seen, without
+#                     a status (its zygote went, or cannot report: stopped),
+#                     and its helper goes with it;
+#   zygote-close      then the host stops its worker (Worker.close);
+#   zygote-fork       its worker closed, then the next start asks it a fork;
+#   zygote-stop-idle  its worker closed, then /free's stop_idle.
+# For every row nothing waits on a stopped zygote past a bound, the next
+# worker is forked by a new zygote, the signalled one is gone (a stopped one
+# killed), and the rest is as for the worker's rows.
+ZYGOTE_PHASES = ("zygote-serving", "zygote-close", "zygote-fork", "zygote-stop-idle")
+ZYGOTE_MATRIX = [(phase, sig) for phase in ZYGOTE_PHASES for sig in ("SIGKILL", "SIGSTOP")]
+# The report a stopped zygote owes is waited for 3 s (BH__REPORT_GRACE_MS),
+# /free's answer 2 s (zygote.ANSWER_TIMEOUT_S); plus room for the kill.
+ZYGOTE_BOUND_S = 3.0 + 8.0
+
+
 def row_id(phase, sig):
     return f"{phase}-{sig}"
 
@@ -89,11 +112,13 @@ import numpy as np
 import bulkhead
 from bulkhead import _native
 from bulkhead.host import control
+from bulkhead.host import zygote as zygotes
 from bulkhead.host.memory import HostMemory
 
 MiB = 1 << 20
 ROWS = ROWS_
 DEADLINE = DEADLINE_
+ZYGOTE_BOUND = ZYGOTE_BOUND_
 TMP = TMP_
 HELPERS, HOOKS = HELPERS_, HOOKS_
 
@@ -287,9 +312,63 @@ def act_ledger_lock(w, sig, res):
     res["records_after"] = len(hm.ledger.records())
     res["records_after_s"] = time.monotonic() - t
 
+def parent(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+def signal_zygote(w, sig, res):
+    """Signals the zygote that forked w's generation; waits until it took
+    effect."""
+    zpid = res["zygote"] = w._zygote_pid
+    os.kill(zpid, getattr(signal, sig))
+    if sig == "SIGKILL":
+        wait_dead(zpid)          # the host's child: a zombie until the host reaps it
+    else:
+        wait_state(zpid, ("T",))
+
+def bounded(res, what, fn):
+    t = time.monotonic()
+    out = fn()
+    res.setdefault("bounded", {})[what] = time.monotonic() - t
+    return out
+
+def act_zygote_serving(w, sig, res):
+    res["helpers"] = [w.call("bh_killpoints:helper")]
+    signal_zygote(w, sig, res)
+    res["served"] = w.call("bh_testmod:pid") == w.pid      # a worker outlives its zygote
+    os.kill(w.pid, signal.SIGKILL)                          # then ends on its own
+
+    def seen():
+        deadline = time.monotonic() + ZYGOTE_BOUND
+        while w.last_exit is None and time.monotonic() < deadline:
+            w.poll()
+            time.sleep(0.02)
+    bounded(res, "end seen", seen)
+    res["pending"] = [m for m in logs if "while idle" in m]
+
+def act_zygote_close(w, sig, res):
+    res["helpers"] = [w.call("bh_killpoints:helper")]
+    signal_zygote(w, sig, res)
+    bounded(res, "close", w.close)
+
+def act_zygote_fork(w, sig, res):
+    w.close()
+    signal_zygote(w, sig, res)
+    res["forked_by"] = bounded(res, "fork", lambda: parent(w.call("bh_testmod:pid")))
+
+def act_zygote_stop_idle(w, sig, res):
+    w.close()
+    signal_zygote(w, sig, res)
+    res["stopped_idle"] = bounded(res, "stop_idle", zygotes.stop_idle)
+
 ACTS = {"idle": act_idle, "startup": act_startup, "call": act_call,
         "transfer-in": act_transfer_in, "transfer-out": act_transfer_out,
-        "release": act_release, "admission": act_admission, "ledger-lock": act_ledger_lock}
+        "release": act_release, "admission": act_admission, "ledger-lock": act_ledger_lock,
+        "zygote-serving": act_zygote_serving, "zygote-close": act_zygote_close,
+        "zygote-fork": act_zygote_fork, "zygote-stop-idle": act_zygote_stop_idle}
 
 def run(phase, sig):
     res = {}
@@ -297,9 +376,13 @@ def run(phase, sig):
     env = {"PYTHONPATH": os.pathsep.join([HELPERS, HOOKS, os.getcwd()])}
     if phase == "startup":
         env["BH_TEST_HOOK"] = "die-before-hello:%s:%s" % (sig, os.path.join(TMP, "die-" + sig))
-    w = hm.attach(bulkhead.Worker(sys.executable, name="victim-%s-%s" % (phase, sig), env=env,
-                                  release_timeout_s=DEADLINE))
+    w = bulkhead.Worker(sys.executable, name="victim-%s-%s" % (phase, sig), env=env,
+                        release_timeout_s=DEADLINE)
+    if phase.startswith("zygote"):
+        w.zygote_preload = []        # forked by a zygote (of nothing preloaded: each row starts one)
+    hm.attach(w)
     w.call("bh_mempack:load", "UNetV", 32 * MiB)   # imports torch: no deadline yet
+    w._zygote_pid = parent(w.pid)                 # (the host's pid where it was spawned)
     hm.reconcile()
     gen0, pid0 = w.generation, w.pid
     victims.append(pid0)
@@ -328,12 +411,20 @@ def run(phase, sig):
     res["reserve_back"] = mm.EXTRA_RESERVED_VRAM == hm.base_reserve
     res["next"] = w.call("bh_mempack:load", "UNetV", 32 * MiB)
     res["generations"] = [gen0, w.generation]
+    if "zygote" in res:
+        res["host"] = os.getpid()
+        res["next_forked_by"] = parent(w.pid)
+        res["zygote_state"] = proc_state(res["zygote"])
+        res["helpers_state"] = [proc_state(h) for h in res.get("helpers", [])]
+        res["old_pid_parent"] = parent(pid0)
     victims.append(w.pid)
     hm.reconcile()
     res["new_listed"] = listed(hm.standins(w))
     res["logs"] = logs[:]
     hm.detach_worker(w)
     w.close()
+    if "zygote" in res:
+        zygotes.close_all()      # the row's new zygote, lingering with no worker
     res["leaks"] = diff(before, state())
     return res
 
@@ -364,6 +455,7 @@ def matrix(request, tmp_path_factory):
                 wanted.append(row)
     tmp = str(tmp_path_factory.mktemp("kill"))
     code = (HOST.replace("ROWS_", repr(wanted)).replace("DEADLINE_", repr(DEADLINE_S))
+            .replace("ZYGOTE_BOUND_", repr(ZYGOTE_BOUND_S))
             .replace("TMP_", repr(tmp)).replace("HELPERS_", repr(HELPERS)).replace("HOOKS_", repr(HOOKS)))
     env = {"PYTHONPATH": os.pathsep.join([os.path.join(BUILD, "python"), HELPERS])}
     return run_comfy_script(code, timeout=60 + 30 * len(wanted), env=env)
@@ -411,6 +503,50 @@ def test_kill_matrix(matrix, phase, sig, expected):
     assert r["old_listed_after"] == 0 and r["old_retired"] and r["old_resident"] == 0, r
     assert not r["record_left"], r
     assert r["old_pid_state"] is None, r        # reaped: no zombie
+    assert r["reserve_back"], r
+
+    # Nothing left behind, and the next call works on the next generation.
+    assert r["leaks"] == {}, r["leaks"]
+    assert r["next"] == 32 << 20
+    gen0, gen1 = r["generations"]
+    assert gen1 == gen0 + 1, r
+    assert r["new_listed"] == 1, r
+
+
+@pytest.mark.parametrize("phase,sig", ZYGOTE_MATRIX, ids=[row_id(p, s) for p, s in ZYGOTE_MATRIX])
+def test_zygote_kill_matrix(matrix, phase, sig):
+    r = matrix[row_id(phase, sig)]
+    assert "crashed" not in r, r.get("crashed")
+    name = f"victim-{phase}-{sig}"
+    assert r["listed_before"] == 1 and r["record_before"], r
+    assert r["zygote"] not in (None, 1, r["host"]), r        # forked by a zygote
+
+    # Nothing the caller waits on fails, and nothing waits past a bound.
+    assert r["error_type"] is None, r
+    assert r["bounded"] and all(t < ZYGOTE_BOUND_S for t in r["bounded"].values()), r["bounded"]
+    if phase == "zygote-serving":
+        assert r["served"], r                              # the worker served on without it
+        assert len(r["pending"]) == 1, r["logs"]
+        message = r["pending"][0]
+        assert f"worker {name!r}" in message, message
+        why = "the zygote that forked it had gone" if sig == "SIGKILL" else "did not report it"
+        assert why in message, message
+    if phase == "zygote-fork":
+        assert r["forked_by"] not in (r["zygote"], r["host"]), r
+    if phase == "zygote-stop-idle":
+        assert r["stopped_idle"] == 1, r
+    # The worker's helpers went with it, whatever became of its zygote.
+    assert all(s in (None, "Z") for s in r["helpers_state"]), r
+    # The signalled zygote is gone (a stopped one killed), reaped; a new one
+    # forked the next generation.
+    assert r["zygote_state"] is None, r
+    assert r["next_forked_by"] not in (r["zygote"], r["host"], None), r
+
+    # The generation is gone from ComfyUI and from the ledger.
+    assert r["old_listed_after"] == 0 and r["old_retired"] and r["old_resident"] == 0, r
+    assert not r["record_left"], r
+    # no zombie of the host's or its zygote's (an orphan is init's to reap)
+    assert r["old_pid_state"] is None or r["old_pid_parent"] not in (r["host"], r["zygote"]), r
     assert r["reserve_back"], r
 
     # Nothing left behind, and the next call works on the next generation.

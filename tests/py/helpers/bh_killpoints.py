@@ -96,3 +96,10 @@ def hold_ledger_lock(sig, delay=0.0):
         threading.Timer(delay, hit, (sig,)).start()
         return True
     return hit(sig)
+
+
+def helper():
+    """Starts a helper process (in this worker's group, as a pack's
+    subprocess is); returns its pid."""
+    import subprocess
+    return subprocess.Popen(["sleep", "60"]).pid
