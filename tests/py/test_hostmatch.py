@@ -267,6 +267,22 @@ NODE_CLASS_MAPPINGS["Shade"] = Shade
 '''
 
 
+def _du(path, follow=False):
+    """Bytes on disk of the files under path, each once; through symlinks
+    when follow."""
+    seen, total = set(), 0
+    for dp, _, fns in os.walk(path, followlinks=follow):
+        for n in fns:
+            try:
+                st = os.stat(os.path.join(dp, n)) if follow else os.lstat(os.path.join(dp, n))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
 def _other_minor():
     try:
         envs.find_interpreter(OTHER_MM)
@@ -376,6 +392,14 @@ def test_another_minor_without_the_hosts_torch_runs_isolated(tmp_path, home, mon
     if KITCHEN:
         assert "it requires torch" in s["lacking"][KITCHEN[0]] and "comfy-kitchen" in w
         assert env_run(st.python, "import importlib.util as u; print(u.find_spec('comfy_kitchen'))") == "None"
+    # #36's size target: this numpy-only environment (without torch: it has none) is at most 1.5x
+    # what the same pack's worker sees under the host's minor (its environment and the host's files
+    # it shares) less the host's torch.  (bench/env_size.py measures it against a real ComfyUI.)
+    same = make_pack(tmp_path, f'python = "{HOST_MM}"\nrequirements = ["numpy"]\n', name="samenumpy")
+    [st_same] = bulkhead.install(same, progress=lambda l: None, pip_args=["--no-index"])
+    farm = envs.read_stamp(st_same.env_dir)["host"]["farm"]
+    seen = _du(st_same.env_dir) + _du(farm, follow=True) - _du(os.path.join(farm, "torch"), follow=True)
+    assert _du(st.env_dir) <= 1.5 * seen, (_du(st.env_dir), seen)
     r = run_comfy_script(textwrap.dedent(f"""
         import torch
         from bulkhead.host import nodes, states
