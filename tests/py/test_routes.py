@@ -116,11 +116,14 @@ def test_status_document_reads_every_process_from_the_ledger(tmp_path, monkeypat
     w1 = _join(path, "worker", 'pack "b"', host_pid=me, held=64 * MiB, generation=2)
     w0 = _join(path, "worker", "pack-a", host_pid=me, held=32 * MiB)
     orphan = _join(path, "worker", "orphan", host_pid=1, held=MiB)
+    # a host with a pid above the orphan's (started after it), as where pids
+    # wrapped past the orphan's host
+    other = _join(path, "host", "host")
     try:
         doc = comfy_routes.status_document(ledger)
         by_path = comfy_routes.status_document(str(path))
     finally:
-        _leave(w0, w1, orphan)
+        _leave(w0, w1, orphan, other)
         ledger.close()
     assert doc["schema"] == 1 and doc["ledger"] == str(path) and doc["ledger_present"] is True
     assert doc["gpu_error"].startswith("no NVIDIA driver") and doc["ram_error"] is None
@@ -128,11 +131,10 @@ def test_status_document_reads_every_process_from_the_ledger(tmp_path, monkeypat
     assert cpu["device"] == "cpu" and cpu["source"] in ("meminfo", "cgroup")
     assert 0 < cpu["free_bytes"] <= cpu["total_bytes"] and cpu["index"] is None
     procs = doc["processes"]
-    # hosts by pid, each followed by its workers by pid; the orphan (its
-    # host has no record) stands among the roots
-    roots = sorted([me, orphan.pid])
-    mine = [me] + sorted([w0.pid, w1.pid])
-    expected = mine + [orphan.pid] if roots[0] == me else [orphan.pid] + mine
+    # hosts by pid, each followed by its workers by pid, then the orphan (its
+    # host has no record) after every host, whatever the pids (they wrap)
+    hosts = {me: [me] + sorted([w0.pid, w1.pid]), other.pid: [other.pid]}
+    expected = [pid for h in sorted(hosts) for pid in hosts[h]] + [orphan.pid]
     assert [p["pid"] for p in procs] == expected
     host = procs[[p["pid"] for p in procs].index(me)]
     assert host["role"] == "host" and host["host_pid"] is None and host["held_bytes"] == 3 * MiB
