@@ -733,7 +733,17 @@ def test_release_pack_through_a_real_host(env, tmp_path):
         res["release"] = run("release", "pack-a")
         res["after"] = run("status", "--json")
         res["resident_after"] = [sum(m["resident_bytes"] for m in hm.ledger.read(w.pid)["models"]) for w in (a, b)]
-        hm.close(); a.close(); b.close()
+        # a pack's worker without ComfyUI's memory manager, holding 48 MiB
+        # the host had from it (a result ComfyUI's cache dropped since)
+        c = worker("pack-c")
+        x = c.call("bh_testmod:big", 48 * MiB)
+        del x
+        c.call("bh_testmod:pid")          # carries the block's return
+        res["c_pid"] = c.pid
+        res["c_before"] = run("status", "--json")
+        res["c_release"] = run("release", "pack-c", "--json")
+        res["c_after"] = run("status", "--json")
+        hm.close(); a.close(); b.close(); c.close()
         emit(res)
     """)
     r = run_comfy_script(code, timeout=240, env={
@@ -760,6 +770,16 @@ def test_release_pack_through_a_real_host(env, tmp_path):
     after = {p["pid"]: p for p in json.loads(r["after"]["out"])["processes"]}
     assert [m["resident_bytes"] for m in after[a_pid]["models"]] == [0]
     assert after[a_pid]["release_count"] >= 1 and after[a_pid]["released_bytes"] >= 64 * MiB
+
+    # #37: release's figures are the ones `bulkhead status` shows, before
+    # and after, wherever the worker holds them (it said "before 0 B,
+    # freed 0 B" of a worker status showed holding 48 MiB)
+    held = lambda doc: next(p["held_bytes"] for p in json.loads(doc["out"])["processes"] if p["pid"] == r["c_pid"])
+    assert r["c_release"]["rc"] == 0, r["c_release"]
+    got = json.loads(r["c_release"]["out"])
+    assert held(r["c_before"]) >= 48 * MiB
+    assert (got["before_bytes"], got["after_bytes"]) == (held(r["c_before"]), held(r["c_after"])), got
+    assert got["freed_bytes"] == got["before_bytes"] - got["after_bytes"] >= 48 * MiB, got
 
 
 def test_extension_serves_the_same_document(tmp_path):

@@ -15,7 +15,9 @@ frame.  A client sends CALL frames ``(target, args, kwargs)``:
     release(who, nbytes=None, wait_s=None) -> {"worker_pid", "pack",
                         "before_bytes", "after_bytes", "freed_bytes"}
         who: a worker pid or a pack name; nbytes None: the full ladder;
-        the figures are the worker's receipt.
+        the figures are the worker's held bytes in the ledger before and
+        after, as `bulkhead status` shows them (the worker's receipt where
+        the host has no ledger).
     workers() -> [{"pid", "pack", "generation", "busy"}...]
     packs() -> [{"name", "state", "reason", "fix", "pid"}...]
         where each pack the host serves stands (GET /bulkhead/status
@@ -116,10 +118,17 @@ class ControlServer:
             raise LookupError(str(e)) from None  # what clients match on: LookupError by name
         timeout = _release.release_timeout_s(w, self.release_timeout_s)
         wait = timeout if wait_s is None else min(max(0.0, float(wait_s)), timeout)
+        ledger = getattr(self.hm, "ledger", None)
         r = _release.release(_release.Local(w), nbytes, wait_s=wait, hm=self.hm,
-                             ledger=getattr(self.hm, "ledger", None), timeout_s=self.release_timeout_s,
-                             raise_dead=True)
-        return {"worker_pid": w.pid, "pack": w.name, **r["receipt"]}
+                             ledger=ledger, timeout_s=self.release_timeout_s, raise_dead=True)
+        # The ledger's figures, which `bulkhead status` shows: the worker's
+        # receipt counts only ComfyUI's models there, not its blocks (the
+        # results the host had from it) nor a worker without ComfyUI's
+        # memory manager ("before 0 B" of a worker holding 48 MiB).  A host
+        # without a ledger has only the receipt.
+        figures = r["receipt"] if ledger is None else \
+            {k: r[k] for k in ("before_bytes", "after_bytes", "freed_bytes")}
+        return {"worker_pid": w.pid, "pack": w.name, **figures}
 
     def workers(self):
         return [{"pid": w.pid, "pack": w.name, "generation": w.generation, "busy": bool(w.busy)}
