@@ -7,9 +7,11 @@ tests/oracle/corpus), and for a config fetched from a public pack's
 history (a folder named by BULKHEAD_CONFIG_CORPUS, each file with a
 ``<file>.json`` beside it: repo, commit, date, the pack's comfy-env
 requirement then) the release that pack then got -- the version its
-requirement pinned, else the newest PyPI served at the commit's date that
-satisfies it.  A config whose release PyPI no longer serves (0.0.x-0.2.x)
-is counted, not compared.
+requirement pinned, else the newest out at the commit's date that
+satisfies it.  The releases are those PyPI serves (0.3.0+), and where
+BULKHEAD_COMFY_ENV_GIT names a clone of comfy-env's history, its tags
+PyPI no longer serves (0.1.82-0.2.83); a config whose release is in
+neither (0.0.x) is counted, not compared.
 
 Each side's result is put in one *view* (FIELDS): the release's from its
 ``load_config`` (its ``pixi_passthrough`` tables read as pixi reads them:
@@ -41,8 +43,17 @@ FIELDS = {
 }
 ALL_FIELDS = sorted(set(FIELDS["env"]) | set(FIELDS["root"]))
 # The keys an entry of docs/comfy-env-differences.toml may have.
-ENTRY_KEYS = {"field", "role", "releases", "only_release", "only_bulkhead", "release", "bulkhead", "row",
+ENTRY_KEYS = {"field", "role", "shape", "releases", "only_release", "only_bulkhead", "release", "bulkhead", "row",
               "reason"}
+# A config's shape (shape_of): "d1" for comfy-env 0.0.13-0.0.65's, which
+# later releases handed to pixi unread; "current" for the others.
+SHAPES = ("d1", "current")
+# What marks 0.0.x's shape: an environment table named for it, or tables
+# of that dialect only.
+_D1_ENV_KEYS = {"python", "cuda_version", "pytorch_version", "packages", "cuda", "conda", "env"}
+_CURRENT_TABLES = {"cuda", "apt", "brew", "env_vars", "options", "settings", "node_reqs", "node_packs", "types",
+                   "pypi-dependencies", "dependencies", "target", "workspace", "feature", "environments",
+                   "tasks", "activation", "system-requirements", "pypi-options", "bulkhead"}
 PLATFORM = "linux-64"
 
 
@@ -80,6 +91,37 @@ def corpus_configs(folder):
     return sorted(out)
 
 
+def shape_of(path):
+    """"d1" where the file has 0.0.x's shape (an environment table named
+    for it, ``[env]`` + ``[packages]``, ``[system]``, ``[local]``,
+    ``[variables]``, ``cuda = [...]`` or ``[cuda] name = "version"``),
+    else "current"."""
+    try:
+        import tomllib
+    except ImportError:         # Python 3.9/3.10: bulkhead's reader carries one
+        from bulkhead.envs.config import toml_loads as _loads
+    else:
+        def _loads(text, _path):
+            return tomllib.loads(text)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = _loads(f.read(), path)
+    except Exception:
+        return "current"
+    if any(k in data for k in ("system", "local", "variables", "sources", "wheel_sources", "worker", "tools")):
+        return "d1"
+    if "env" in data and "packages" in data:
+        return "d1"
+    cuda = data.get("cuda")
+    if isinstance(cuda, list) or (isinstance(cuda, dict) and "packages" not in cuda and cuda
+                                  and all(isinstance(v, str) for v in cuda.values())):
+        return "d1"
+    for k, v in data.items():
+        if k not in _CURRENT_TABLES and isinstance(v, dict) and _D1_ENV_KEYS & set(v):
+            return "d1"
+    return "current"
+
+
 def release_in_use(meta, served, upload_dates, version_key):
     """The release a pack got at the commit meta names: ``==X`` -> X;
     otherwise the newest served at the commit's date that satisfies its
@@ -88,7 +130,7 @@ def release_in_use(meta, served, upload_dates, version_key):
     pin = (meta.get("comfy_env") or "").strip()
     if pin.startswith("=="):
         v = pin[2:].strip()
-        return (v, None) if v in served else (None, f"pinned {v}, which PyPI does not serve")
+        return (v, None) if v in served else (None, f"pinned {v}, which neither PyPI nor comfy-env's tags have")
     try:
         spec = SpecifierSet(pin) if pin else SpecifierSet()
     except Exception:
@@ -96,7 +138,7 @@ def release_in_use(meta, served, upload_dates, version_key):
     date = meta.get("date", "9999")
     ok = [v for v in served if upload_dates.get(v, "") <= date[:19].replace("T", "T") and spec.contains(v)]
     if not ok:
-        return None, "no release PyPI serves was out at that commit (it used a 0.0.x-0.2.x release)"
+        return None, "no release here was out at that commit (PyPI serves 0.3.0+, comfy-env's tags start at 0.1.82)"
     return max(ok, key=version_key), None
 
 
@@ -318,11 +360,19 @@ def _matches(rx, value):
     return rx is not None and re.search(rx, json.dumps(value) if not isinstance(value, str) else value) is not None
 
 
-def listed(diff, version, role, entries):
-    """The entry of entries that lists this difference, or None."""
+def listed(diff, version, role, entries, shape="current"):
+    """The entry of entries that lists this difference in a file of that
+    role and shape (shape_of), or None.  An entry with ``field = "*"``
+    names a shape: every field of such a file."""
     from packaging.specifiers import SpecifierSet
     for e in entries:
-        if e["field"] != diff["field"] or e.get("role", role) != role:
+        if e["field"] not in ("*", diff["field"]) or e.get("role", role) != role:
+            continue
+        if e.get("shape", shape) != shape:
+            continue
+        if e["field"] == "*":
+            if SpecifierSet(e.get("releases", "")).contains(version, prereleases=True):
+                return e
             continue
         if not SpecifierSet(e.get("releases", "")).contains(version, prereleases=True):
             continue

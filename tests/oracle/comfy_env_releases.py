@@ -123,6 +123,33 @@ def install_all(progress=None):
     return out
 
 
+def git_releases(repo, served):
+    """{version: (folder, tag date)} for the tags of comfy-env's history
+    (repo: a clone, or its git directory) that PyPI no longer serves
+    (v0.1.82-v0.2.83): each tag's ``src/comfy_env`` extracted once under
+    ROOT/git/<version>.  The older 0.0.x releases have no tag."""
+    git = ["git", "--git-dir", repo] if os.path.isfile(os.path.join(repo, "HEAD")) else ["git", "-C", repo]
+    tags = subprocess.run(git + ["tag"], capture_output=True, text=True, check=True).stdout.split()
+    out = {}
+    for tag in tags:
+        v = tag[1:] if tag.startswith("v") else tag
+        if v in served or not v[:1].isdigit():
+            continue
+        d = os.path.join(ROOT, "git", v)
+        date = subprocess.run(git + ["log", "-1", "--format=%cI", tag], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        if not os.path.isfile(os.path.join(d, ".ok")):
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            arch = subprocess.run(git + ["archive", "--format=tar", tag, "src/comfy_env"], capture_output=True)
+            if arch.returncode != 0:
+                continue        # a tag without src/comfy_env
+            subprocess.run(["tar", "-x", "-C", d, "--strip-components=1"], input=arch.stdout, check=True)
+            open(os.path.join(d, ".ok"), "w").close()
+        out[v] = (d, date[:19])
+    return out
+
+
 if __name__ == "__main__":
     deps_dir()
     for v, (d, why) in install_all().items():

@@ -27,8 +27,11 @@ def test_every_listed_difference_names_real_keys_and_its_reason():
         where = f"{oracle.DIFFERENCES}: [[difference]] #{i + 1} ({e.get('field')})"
         assert set(e) <= oracle.ENTRY_KEYS, f"{where}: unknown key(s) {sorted(set(e) - oracle.ENTRY_KEYS)}"
         assert {"field", "releases", "row", "reason"} <= set(e), f"{where}: needs field, releases, row, reason"
-        assert e["field"] in oracle.ALL_FIELDS, f"{where}: field {e['field']!r} is none of {oracle.ALL_FIELDS}"
-        if "role" in e:
+        assert e["field"] in oracle.ALL_FIELDS or (e["field"] == "*" and "shape" in e), \
+            f"{where}: field {e['field']!r} is none of {oracle.ALL_FIELDS} (or \"*\" with a shape)"
+        if "shape" in e:
+            assert e["shape"] in oracle.SHAPES, f"{where}: shape {e['shape']!r} is none of {oracle.SHAPES}"
+        if "role" in e and e["field"] != "*":
             assert e["field"] in oracle.FIELDS[e["role"]], f"{where}: a {e['role']} file has no {e['field']}"
         SpecifierSet(e["releases"])
         for k in ("only_release", "only_bulkhead", "release", "bulkhead"):
