@@ -67,8 +67,7 @@ def _bound_spin():
     if done:
         logging.getLogger("bulkhead").info(
             "bulkhead: ComfyUI's idle OpenMP/BLAS threads spin %s us before they sleep (%s), as the "
-            "workers' do; BULKHEAD_OMP_SPIN_US sets the time, a GOMP_SPINCOUNT or OMP_WAIT_POLICY "
-            "of your own is kept", os.environ.get("BULKHEAD_OMP_SPIN_US") or f"{workers.SPIN_US:g}",
+            "workers' do (BULKHEAD_OMP_SPIN_US sets it)", os.environ.get("BULKHEAD_OMP_SPIN_US") or f"{workers.SPIN_US:g}",
             ", ".join(f"{k}={v}" for k, v in sorted(done.items())))
 
 

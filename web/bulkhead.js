@@ -31,6 +31,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const POLL_MS = 1000;
+const TOAST_LINE = 90;          // the most of one pack's line in the toast
 const TIMELINE_SHOWN = 12;
 const HISTORY_S = 300;          // the ring: the last 5 minutes of polls
 const WINDOW_MIN_S = 30;        // the chart's time axis spans at least this
@@ -92,6 +93,18 @@ const STYLE = `
 .bh-pack[data-state="failed"] .bh-figure, .bh-pack[data-state="refused"] .bh-figure { color: #e07070; }
 .bh-pack[data-state="building"] { border-left-color: #6090d0; }
 .bh-pack[data-state="building"] .bh-figure { color: #6090d0; }
+.bh-pack .bh-meta { overflow-wrap: anywhere; user-select: text; }
+.bh-progress { grid-column: 1 / -1; font-size: 11px; overflow-wrap: anywhere; color: #6090d0; }
+.bh-progress .bh-sub { color: var(--fg-color, #ddd); }
+.bh-pack-actions { grid-column: 1 / -1; display: flex; flex-wrap: wrap; gap: 4px 6px; margin-top: 2px; }
+.bh-pack-actions button { font: inherit; font-size: 11px; padding: 1px 8px; cursor: pointer; border-radius: 4px;
+  color: inherit; background: var(--comfy-input-bg, #333); border: 1px solid var(--border-color, #555); }
+.bh-path { grid-column: 1 / -1; font: 11px/1.3 monospace; opacity: .75; overflow-wrap: anywhere;
+  white-space: pre-wrap; user-select: all; }
+.bh-log { font-size: 11px; padding: 6px 8px; border-radius: 4px; background: var(--comfy-input-bg, #2b2b2b);
+  border-left: 3px solid #6090d0; min-width: 0; }
+.bh-log pre { margin: 4px 0 0; max-height: 40vh; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere;
+  font: 11px/1.3 monospace; user-select: text; }
 `;
 
 export function formatBytes(n) {
@@ -498,12 +511,52 @@ function renderPacks(doc) {
         "in-process, NOT isolated";
       meta = p.reason.replace(/\.?$/, ".") + (p.fix ? ` Fix: ${p.fix}` : "");
     }
-    section.append(node("div", { class: "bh-row bh-pack", "data-bh-pack": p.name, "data-state": p.state },
+    const row = node("div", { class: "bh-row bh-pack", "data-bh-pack": p.name, "data-state": p.state },
       label, node("span", { class: "bh-figure" }, figure),
       node("div", { class: (p.state === "isolated" && !p.warning) || p.state === "building" ? "bh-meta" : "bh-meta bh-error" },
-        meta)));
+        meta));
+    row.append(...packBuild(p));
+    section.append(row);
   }
   return section;
+}
+
+// What a pack's row shows of its builds (GET /bulkhead/status "actions",
+// "log", "phase", "progress": host/building.py annotate): while one runs,
+// its phase and the last line of the command it runs; the fix as a
+// button where one exists (Build, Retry, Rebuild: POST /bulkhead/build)
+// and "Show log" (GET /bulkhead/log) where it has a build log, whose path
+// is shown whole, wrapped and selectable as one piece.
+const ACTION_LABELS = { build: "Build", retry: "Retry", rebuild: "Rebuild" };
+
+export function packBuild(p) {
+  const out = [];
+  if (p.building || (p.state === "building" && p.phase)) {
+    out.push(node("div", { class: "bh-progress", "data-bh-progress": "" },
+      p.building && p.building !== "new" ? `${p.building}: ${p.phase || "queued"}` : p.phase || "queued",
+      p.progress ? node("span", { class: "bh-sub" }, p.progress) : null));
+  }
+  const buttons = (p.actions || []).map((a) => node("button", { type: "button", "data-bh-action": a,
+    "data-pack": p.name, title: `POST /bulkhead/build: ${a} the environment of ${p.name} in the background` },
+  ACTION_LABELS[a] || a));
+  if (p.log) {
+    buttons.push(node("button", { type: "button", "data-bh-action": "log", "data-pack": p.name,
+      title: `GET /bulkhead/log: the whole output of ${p.name}'s newest build` }, "Show log"));
+  }
+  if (buttons.length) out.push(node("div", { class: "bh-pack-actions" }, ...buttons));
+  if (p.log) out.push(node("code", { class: "bh-path", "data-bh-log-path": "", title: "its newest build's log" }, p.log));
+  return out;
+}
+
+// A build log (GET /bulkhead/log) in a box of its own, kept across polls.
+export function renderLog(r, onDismiss) {
+  const dismiss = node("button", { type: "button", title: "hide", "aria-label": "hide" }, "✕");
+  if (onDismiss) dismiss.addEventListener("click", onDismiss);
+  return node("div", { class: "bh-log", "data-bh-log": "", "data-pack": r.pack },
+    node("div", { class: "bh-freed-head" }, node("b", {}, `${r.pack}: build log`), dismiss),
+    node("code", { class: "bh-path", "data-bh-log-path": "" }, r.path),
+    r.truncated ? node("div", { class: "bh-meta" }, "(its end: the whole file is at the path above)") : null,
+    node("pre", { "data-bh-log-text": "" }, r.text));
 }
 
 export function renderStatus(body, doc) {
@@ -522,8 +575,9 @@ function mount(el) {
   const free = node("button", { type: "button", "data-bh-free": "",
     title: "POST /bulkhead/free: every worker of this ComfyUI runs its full release" }, "Free worker memory");
   const freed = node("div", { class: "bh-freed-slot" });
+  const logSlot = node("div", { class: "bh-log-slot" });
   const panel = node("div", { class: "bh-panel", "data-bh-panel": "" },
-    node("div", { class: "bh-actions" }, free, status), freed, body);
+    node("div", { class: "bh-actions" }, free, status), freed, logSlot, body);
   el.replaceChildren(style, panel);
 
   let timer = null;
@@ -573,6 +627,38 @@ function mount(el) {
       tick();
     }
   });
+  // A pack's buttons (packBuild): its build asked, or its log shown.
+  body.addEventListener("click", async (event) => {
+    const button = event.target.closest && event.target.closest("[data-bh-action]");
+    if (!button) return;
+    const pack = button.dataset.pack;
+    const action = button.dataset.bhAction;
+    button.disabled = true;
+    try {
+      if (action === "log") {
+        const res = await api.fetchApi(`/bulkhead/log?pack=${encodeURIComponent(pack)}`);
+        const r = await res.json();
+        if (!res.ok) throw new Error(r.error || `HTTP ${res.status}`);
+        logSlot.replaceChildren(renderLog(r, () => logSlot.replaceChildren()));
+        const pre = logSlot.querySelector("pre");
+        if (pre) pre.scrollTop = pre.scrollHeight;      // its end first: where a build fails
+        status.textContent = "";
+      } else {
+        const res = await api.fetchApi("/bulkhead/build", { method: "POST", body: JSON.stringify({ pack, action }),
+          headers: { "Content-Type": "application/json" } });
+        const r = await res.json();
+        if (!res.ok) throw new Error(r.error || `HTTP ${res.status}`);
+        status.textContent = `${pack}: ${action} started`;
+      }
+      status.classList.remove("bh-error");
+    } catch (e) {
+      status.textContent = String(e.message || e);
+      status.classList.add("bh-error");
+    } finally {
+      button.disabled = false;
+      tick();
+    }
+  });
   tick();
   timer = setInterval(tick, POLL_MS);
   return stop;
@@ -603,7 +689,9 @@ async function noticeNotIsolated() {
     severity: lost.some((p) => p.state === "failed" || p.state === "refused") ? "error" : "warn",
     summary: partial ? `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} cannot run every node` :
       `bulkhead: ${lost.length} pack${lost.length === 1 ? "" : "s"} NOT isolated`,
-    detail: lines.join("\n") + "\nThe bulkhead panel lists each with its fix.",
+    // one short line per pack: the reason and the fix are the panel's (its Packs section)
+    detail: lines.map((l) => (l.length > TOAST_LINE ? l.slice(0, TOAST_LINE - 1) + "…" : l)).join("\n") +
+      "\nThe bulkhead panel (sidebar) has each one's reason, fix and buttons.",
     life: 20000,
   });
 }

@@ -76,7 +76,38 @@ def _install(args):
     statuses = envs.install(args.pack_dir, force=args.force, pip_args=args.pip_args)
     for st in statuses:
         print(f"{st.name}: {st.state}: {st.python}")
+    for line in _tell_running([st.config_path for st in statuses]):
+        print(line)
     return 0
+
+
+def _tell_running(config_paths):
+    """Tells each ComfyUI running bulkhead on this machine (for this user:
+    its control socket) that these configs' environments are built, and
+    returns what each says it does with them (host/building.py
+    ``picked_up``: a pack it serves in-process, refused or failed is
+    served isolated from it now, without a restart)."""
+    import re
+    from .host import controlclient, rundir
+    pids = set()
+    for d in rundir.runtime_dirs():
+        try:
+            pids.update(int(m.group(1)) for m in map(re.compile(r"host-(\d+)\.sock\Z").match, os.listdir(d)) if m)
+        except OSError:
+            pass
+    lines = []
+    for pid in sorted(pids):
+        try:
+            answers = controlclient.request(pid, "built", list(config_paths), timeout_s=10.0)
+        except Exception as e:  # a host that is gone or too old to know "built": it uses it from its next start
+            lines.append(f"ComfyUI (bulkhead host pid {pid}) was not told ({type(e).__name__}: {e}); "
+                         "restart it to use the new environment")
+            continue
+        lines.extend(f"ComfyUI (bulkhead host pid {pid}): {a}" for a in answers)
+    if not lines:
+        lines.append("no running ComfyUI on this machine serves this pack: ComfyUI's next start uses the new "
+                     "environment")
+    return lines
 
 
 def _env(args):
@@ -178,6 +209,8 @@ def main(argv=None):
         return _install(args) if args.command == "install" else _env(args)
     except (packconfig.PackConfigError, envs.EnvBuildError, OSError) as e:
         print(f"python -m bulkhead {args.command}: {e}", file=sys.stderr)
+        if getattr(e, "log_path", None):
+            print(f"python -m bulkhead {args.command}: the whole output is in {e.log_path}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"python -m bulkhead {args.command}: interrupted", file=sys.stderr)

@@ -135,7 +135,7 @@ def workspace():
 # workspace by its name ($BULKHEAD_HOME may be a folder the user keeps other
 # things in).  tests/py/test_cli.py checks that each join(workspace(), name)
 # in the sources is listed here.
-WORKSPACE_ENTRIES = ("envs", "host", "failed", "conda-pkgs")
+WORKSPACE_ENTRIES = ("envs", "host", "failed", "conda-pkgs", "logs")
 
 
 def _safe_name(name):
@@ -415,6 +415,10 @@ def _stream(cmd, progress, what, tail_lines=40, env=None):
     fails.  On any exception (KeyboardInterrupt included) the command is
     killed and reaped before the exception goes on."""
     tail = collections.deque(maxlen=tail_lines)
+    # The command's own lines (pip's stream) go to progress.stream where
+    # it has one: the build's log file and a panel's "what is known", not
+    # ComfyUI's log (build's _Teed, host/building.py).
+    out = getattr(progress, "stream", progress)
     if _stopping.is_set():
         raise BuildStopped(f"{what}: not started: this process is stopping (the build is not remembered as "
                            "failed; the next start or `bulkhead install` builds it)")
@@ -432,7 +436,7 @@ def _stream(cmd, progress, what, tail_lines=40, env=None):
         for line in proc.stdout:
             line = line.rstrip("\n")
             tail.append(line)
-            progress(line)
+            out(line)
         rc = proc.wait()
     finally:
         if proc.poll() is None:
@@ -753,7 +757,7 @@ def _remember_failure(config, error):
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"key": _failure_key(config), "config": config.path,
-                       "error": first_line(error),
+                       "error": first_line(error), "log": getattr(error, "log_path", None),
                        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}, f)
         os.replace(tmp, path)
     except OSError:
@@ -767,6 +771,111 @@ def _forget_failure(config):
         pass
 
 
+# --- each build's log ---
+
+KEEP_LOGS = 5       # the log files kept per environment (the newest)
+
+
+def logs_dir(config):
+    """Where the log files of config's builds are: one per build, named by
+    its start time, the newest ``KEEP_LOGS`` kept."""
+    return os.path.join(workspace(), "logs", os.path.basename(env_dir(config)))
+
+
+def last_log(config):
+    """The path of the log of config's newest build (any process's: a
+    ComfyUI's background build, ``bulkhead install``), or None."""
+    d = logs_dir(config)
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith(".log"))
+    except OSError:
+        return None
+    return os.path.join(d, names[-1]) if names else None
+
+
+class _Teed:
+    """A build's progress: every line (bulkhead's own and, through
+    ``stream``, the output of the commands it runs) written to the build's
+    log file, and handed on: bulkhead's lines to ``progress``, the
+    commands' to ``progress.stream`` where it has one, else to progress
+    too.  The file is made when the build begins (``begin``: an
+    environment found ready makes none, so the newest log is a build's);
+    the lines before are kept for it.  ``progress.log_path``, where it has
+    one, is set to the file's then."""
+
+    def __init__(self, progress, path):
+        self.progress, self.path = progress, path
+        self.file = None
+        self.before = []
+        self.stream_to = getattr(progress, "stream", progress)
+
+    def begin(self):
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.file = open(self.path, "a", encoding="utf-8", errors="replace")
+        except OSError as e:
+            self.progress(f"warning: the build's log cannot be written ({self.path}: {e.strerror}); "
+                          "its output is not kept")
+        if hasattr(self.progress, "log_path"):
+            self.progress.log_path = self.path if self.file is not None else None
+        if self.file is not None:
+            self.progress(f"the whole output goes to {self.path}")
+        for line in self.before:
+            self._write(line)
+        self.before = None
+
+    def _write(self, line):
+        if self.before is not None:
+            self.before.append(line)
+        elif self.file is not None:
+            try:
+                self.file.write(redact(line) + "\n")
+                self.file.flush()
+            except (OSError, ValueError):
+                pass
+
+    def __call__(self, line):
+        self._write(line)
+        self.progress(line)
+
+    def stream(self, line):
+        self._write(line)
+        self.stream_to(line)
+
+    def close(self):
+        if self.file is None:
+            return
+        self.file.close()
+        d = os.path.dirname(self.path)
+        try:
+            old = sorted(n for n in os.listdir(d) if n.endswith(".log"))[:-KEEP_LOGS]
+        except OSError:
+            old = []
+        for n in old:
+            try:
+                os.unlink(os.path.join(d, n))
+            except OSError:
+                pass
+
+
+def brief(error, log_path=None, limit=200):
+    """One line for a failed build in a log a person reads, at most
+    ``limit`` characters where its log's path leaves room: what made it
+    fail (pip's or uv's first error line, else the error's first line),
+    cut to fit, and where the whole output is (its log file, whole: a
+    path is copied, never cut)."""
+    where = log_path or getattr(error, "log_path", None)
+    tail = f" (log: {where})" if where else ""
+    out = getattr(error, "output_tail", "")
+    line = (redact(_last_error(out)) if out and getattr(error, "returncode", None) is not None else "") or \
+        (str(error).splitlines() or [""])[0]
+    line = " ".join(line.split())
+    room = max(40, limit - len(tail))
+    if len(line) > room:
+        line = line[:room - 3] + "..."
+    return line + tail
+
+
 def build(config, progress=None, force=False, *, pip_args=None, lock_timeout_s=None):
     """Builds ``config``'s environment unless it is ready (or rebuilds it
     when ``force``).  ``progress(line)`` gets every line of progress
@@ -777,14 +886,25 @@ def build(config, progress=None, force=False, *, pip_args=None, lock_timeout_s=N
     ``EnvBuildError``, ``PackConfigError``; leaves nothing behind when it
     fails but the failure's record (``failed_before``).  lock_timeout_s:
     how long to wait for another install of the same environment (None:
-    as long as it takes), then ``EnvBusy``."""
+    as long as it takes), then ``EnvBusy``.  Every line of it, the
+    commands' output included, goes to a log file of its own
+    (``logs_dir``, ``last_log``); an error raised carries its path
+    (``log_path``)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    teed = _Teed(progress or _default_progress(config.name),
+                 os.path.join(logs_dir(config), f"{stamp}-{os.getpid()}.log"))
     try:
-        st = _build(config, progress, force, pip_args, lock_timeout_s)
+        st = _build(config, teed, force, pip_args, lock_timeout_s)
     except (EnvBusy, BuildStopped):
         raise           # nothing was tried, or it was stopped: not a failure of the config
     except (EnvBuildError, PackConfigError) as e:
+        if teed.file is not None:
+            e.log_path = teed.path
+        teed._write(f"FAILED: {e}")      # the file's last word; the caller reports it
         _remember_failure(config, e)
         raise
+    finally:
+        teed.close()
     _forget_failure(config)
     return st
 
@@ -805,6 +925,7 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
         for n in os.listdir(envs):
             if n.startswith((f".{base}.tmp-", f".{base}.old-")):
                 _remove(os.path.join(envs, n))
+        getattr(progress, "begin", lambda: None)()     # the build's log file (_Teed)
         progress(f"{config.name}: building {final} ({st.state}: {st.reason})")
         uv = find_uv()
         if os.environ.get("BULKHEAD_INSTALLER") == "uv" and not uv:

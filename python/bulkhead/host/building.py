@@ -44,6 +44,7 @@ log = logging.getLogger("bulkhead")
 # background is ready: {"pack": name, "nodes": [node types]}.
 READY_EVENT = "bulkhead.pack_ready"
 PHASE_LEN = 160          # the most of a progress line a pack's phase shows
+LINE_MAX = 200           # the most of one line of a build's in ComfyUI's log
 
 
 def pool_size():
@@ -53,35 +54,89 @@ def pool_size():
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def short(text, limit):
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _Progress:
+    """envs.build's progress for one Build: bulkhead's own lines are the
+    build's phases (one line each in ComfyUI's log); the output of the
+    commands it runs (pip's, uv's, conda's stream: ``stream``) goes to the
+    build's log file only (envs.build writes every line there, and sets
+    ``log_path``), its last line the phase's "what is known"."""
+
+    def __init__(self, build):
+        self.build = build
+        self.log_path = None
+
+    def __call__(self, line):
+        self.build.phase_line(line)
+
+    def stream(self, line):
+        self.build.stream_line(line)
+
+
 class Build:
     """One background build of one environment.  ``kind``: "new" (a pack
-    with no usable environment: its nodes come when it ends) or "update"
-    (its config changed: the environment built before serves meanwhile).
-    ``phase`` says where it is; ``error`` is the build's error (its first
-    line) once it failed, ``fix`` what to do then; ``node_types`` what the
-    pack registered when it ended."""
+    with no usable environment: its nodes come when it ends), "update"
+    (its config changed: the environment built before serves meanwhile),
+    or an action asked of it (``act``: "build", "retry", "rebuild").
+    ``phase`` says where it is and ``known`` the last line of the command
+    it runs; ``error`` is the build's error (its first line) once it
+    failed, ``fix`` what to do then; ``node_types`` what the pack
+    registered when it ended; ``log_path`` the build's log file."""
 
     def __init__(self, config, kind, directory, module):
         self.config, self.kind = config, kind
         self.name = config.name
         self.directory, self.module = directory, module
         self.phase = "queued"
+        self.known = ""
         self.error = None
         self.fix = ""
         self.node_types = ()
         self.future = None
+        self.progress = _Progress(self)
 
-    def progress(self, line):
-        """envs.build's progress: into ComfyUI's log, and the pack's phase."""
-        log.info("[bulkhead install %s] %s", self.name, line)
+    @property
+    def log_path(self):
+        return self.progress.log_path
+
+    def phase_line(self, line):
+        """One of bulkhead's progress lines: one line in ComfyUI's log
+        (the pack's name first, at most LINE_MAX characters; the whole
+        line is in the build's log file), and the pack's phase."""
+        line = line.strip()
+        if not line:
+            return
+        prefix = f"[bulkhead install {self.name}] "
+        if self.log_path and self.log_path in line:
+            # "the whole output goes to <path>": a path is never cut; where
+            # it does not fit, the panel and the failure line have it
+            states_update(self, log=self.log_path)
+            if len(prefix) + len(line) <= LINE_MAX:
+                log.info("%s%s", prefix, line)
+            return
+        log.info("%s%s", prefix, short(line, max(40, LINE_MAX - len(prefix))))
+        self.phase, self.known = short(line, PHASE_LEN), ""
+        states_update(self, phase=self.phase, progress="", log=self.log_path)
+
+    def stream_line(self, line):
+        """A line of the output of a command the build runs: the log
+        file has it (envs.build); the panel shows it as what is known."""
         line = line.strip()
         if line:
-            self.phase = line if len(line) <= PHASE_LEN else line[:PHASE_LEN - 3] + "..."
-            from . import states  # a cycle: states is imported by everything here
-            states.update(self.directory, self.module, phase=self.phase)
+            self.known = short(line, PHASE_LEN)
+            states_update(self, progress=self.known)
 
     def done(self):
         return self.future is not None and self.future.done()
+
+
+def states_update(b, **fields):
+    from . import states  # a cycle: states is imported by everything here
+    states.update(b.directory, b.module, **fields)
 
 
 # The pool: up to pool_size() daemon threads taking (Build, work, env_dir)
@@ -140,10 +195,13 @@ def _run(b, work, env_dir):
             if _builds.get(env_dir) is b:
                 del _builds[env_dir]
             last = not _builds
+            entry = _served.get((b.directory, b.name))
+            if entry is not None and b.kind != "update":    # what its button says: Retry after a failure
+                entry["failed"] = b.error is not None
         b.future.set_result(None)
         if last:
             from . import states  # a cycle: states is imported by everything here
-            log.info("bulkhead: background builds done: %s", states.startup_line())
+            log.info("%s", states.startup_line("bulkhead: background builds done: "))
 
 
 def _stop():
@@ -177,8 +235,10 @@ def wait(bs, timeout_s=None):
 def register(config, classes, display):
     """Adds a pack's nodes, served after ComfyUI loaded its custom nodes,
     to ComfyUI's own mappings (as ComfyUI's custom node loader does: a
-    node type another pack registered first is kept, with one warning),
-    and tells the frontend (``READY_EVENT``)."""
+    node type another pack registered first is kept, with one warning;
+    one this pack registered itself before, in-process or refusing to
+    run, is replaced: ``_own``), and tells the frontend
+    (``READY_EVENT``)."""
     comfy_nodes = sys.modules.get("nodes")
     mapping = getattr(comfy_nodes, "NODE_CLASS_MAPPINGS", None)
     if mapping is None:
@@ -217,11 +277,26 @@ def register(config, classes, display):
 REGISTER_WAIT_S = 60.0
 
 
+def _own(cls, config):
+    """Whether cls, a node class in ComfyUI's mapping, is config's pack's
+    own: defined in a module under its directory (the pack imported in
+    ComfyUI's process: its in-process fallback, or its nodes refusing to
+    run), or one of its proxies registered before (``_registered``)."""
+    if cls in _registered.get(config.path, ()):
+        return True
+    path = getattr(sys.modules.get(getattr(cls, "__module__", None) or ""), "__file__", None)
+    root = os.path.realpath(config.root)
+    return bool(path) and os.path.realpath(path).startswith(root + os.sep)
+
+
+_registered = {}    # config path -> the classes register added for it last
+
+
 def _add(config, classes, display, mapping, names):
     module = "custom_nodes." + os.path.basename(os.path.realpath(config.root))
     added = []
     for key, cls in classes.items():
-        if key in mapping and mapping[key] is not cls:
+        if key in mapping and mapping[key] is not cls and not _own(mapping[key], config):
             log.warning("bulkhead: pack %r: node type %r is registered already (by another pack); its own is "
                         "left out", config.name, key)
             continue
@@ -234,6 +309,7 @@ def _add(config, classes, display, mapping, names):
         if key in display:
             names[key] = display[key]
         added.append(key)
+    _registered[config.path] = {classes[k] for k in added}
     return added
 
 
@@ -338,3 +414,208 @@ def install_wait(server=None):
         return False
     _middleware_on.add(id(server))
     return True
+
+
+# --- what a person asks: Build, Retry, Rebuild ---
+#
+# The panel's buttons, POST /bulkhead/build (host/routes.py) and `bulkhead
+# install` (through the control socket: ``picked_up``) build a pack's
+# environment again on the pool above, as a background build at start
+# does, under the lock `bulkhead install` takes (envs.build): each
+# environment is built at most once at a time.  The pack keeps serving as
+# it did meanwhile (in-process, refused, or isolated in the environment
+# built before); once built it is served again, isolated, and its nodes
+# replace what it registered before (``register``).
+
+ACTIONS = ("build", "retry", "rebuild")
+_served = {}    # (pack directory, name) -> what the pack's config is and how it is served; under _lock
+
+
+def served(config, pack_dir, module, hm, refusal, serve, load):
+    """host/pack.py's hook: config's nodes (``module`` of the package at
+    pack_dir) are served by this host, so a person may have its
+    environment built again (``act``).  Called each time the pack is
+    served (at start, and after each build).  serve and load are
+    host/pack.py's ``serve_config`` and ``load_config``, handed here (this
+    module does not import pack.py, which imports it)."""
+    key = (os.path.realpath(pack_dir), config.name)
+    with _lock:
+        entry = _served.setdefault(key, {"failed": False})
+        entry.update(path=config.path, root=config.root, name=config.name, directory=key[0], module=module,
+                     hm=hm, refusal=refusal, serve=serve, load=load, env_dir=os.path.basename(_env_dir(config)))
+
+
+def _env_dir(config):
+    from ..envs import build as envs
+    return envs.env_dir(config)
+
+
+def _pending_for(entry):
+    with _lock:
+        return next((b for b in _builds.values() if not b.done() and b.directory == entry["directory"]
+                     and b.name == entry["name"]), None)
+
+
+def _last_log(entry):
+    from ..envs import build as envs
+    d = os.path.join(envs.workspace(), "logs", entry["env_dir"])
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith(".log"))
+    except OSError:
+        return None
+    return os.path.join(d, names[-1]) if names else None
+
+
+def actions(row, entry=None):
+    """The actions a person may ask for the pack of a pack_states row:
+    "rebuild" where it runs isolated ("retry" too where its update's
+    rebuild failed), "retry" where its build failed, "build" where it
+    has no environment for another reason; none while it builds, where
+    bulkhead's contract with this ComfyUI is refused (a build would not
+    change that) or where it has no config bulkhead serves."""
+    if entry is None:
+        with _lock:
+            entry = _served.get((row.get("directory"), row.get("name")))
+    if entry is None or entry["refusal"] is not None or row.get("state") == "building" or _pending_for(entry):
+        return []
+    if row.get("state") == "isolated":
+        return (["retry"] if str(row.get("rebuild", "")).startswith("failed") else []) + ["rebuild"]
+    failed = entry["failed"] or "fail" in str(row.get("reason", "")).lower()
+    return ["retry" if failed else "build"]
+
+
+def annotate(rows):
+    """Adds to each pack_states row what the panel shows of its builds:
+    "actions" (``actions``), "log" (the path of its newest build's log
+    file, where it has one) and, while a build of it runs, "phase" and
+    "progress" (the last line of the command the build runs)."""
+    for row in rows:
+        with _lock:
+            entry = _served.get((row.get("directory"), row.get("name")))
+        if entry is None:
+            continue
+        row["actions"] = actions(row, entry)
+        b = _pending_for(entry)
+        if b is not None:
+            row["phase"], row["progress"] = b.phase, b.known
+            row["building"] = b.kind
+        row["log"] = (b.log_path if b is not None else None) or _last_log(entry)
+    return rows
+
+
+def find(name):
+    """The served entry of the pack called name; LookupError naming the
+    packs there are when none is."""
+    with _lock:
+        found = [e for e in _served.values() if e["name"] == name]
+        names = sorted(e["name"] for e in _served.values())
+    if not found:
+        raise LookupError(f"no pack {name!r} is served by bulkhead here (its packs: {', '.join(names) or 'none'}); "
+                          "name one as GET /bulkhead/status lists it")
+    return found[0]
+
+
+def act(name, action):
+    """Has the pack called name built again (action: "build", "retry" or
+    "rebuild", the last even where its environment is ready) on the pool;
+    returns its Build (one already in progress for that environment, if
+    any).  Raises LookupError (no such pack), ValueError (an action not
+    offered for it now: the message names those that are) or the
+    PackConfigError of its comfy-env.toml, read again now."""
+    from . import states
+    from ..envs import config as packconfig
+    entry = find(name)
+    if action not in ACTIONS:
+        raise ValueError(f"{action!r} is not an action: ask one of {', '.join(ACTIONS)}")
+    b = _pending_for(entry)
+    if b is not None:
+        return b
+    row = next((r for r in states.pack_states() if r["directory"] == entry["directory"] and r["name"] == name), {})
+    offered = actions(row, entry)
+    if action not in offered and not (action in ("build", "retry") and set(offered) & {"build", "retry"}):
+        raise ValueError(f"pack {name!r} is {row.get('state', 'not served')}: {action!r} is not offered for it now "
+                         f"({'it offers ' + ', '.join(offered) if offered else 'nothing is'})")
+    config = entry["load"](entry["path"], entry["root"])
+    if isinstance(config, packconfig.PackConfigError):
+        raise config
+    entry["env_dir"] = os.path.basename(_env_dir(config))
+    prev = {k: v for k, v in row.items() if k not in ("directory", "pid", "actions", "log", "progress", "building")}
+    if prev.get("state") != "isolated":
+        states.set_state(entry["directory"], entry["module"], name=name, state="building", phase="queued",
+                         reason=f"{action} asked; it serves as before ({prev.get('state', 'not served')}) meanwhile")
+    log.info("bulkhead: pack %r: %s asked; its environment builds in the background", name, action)
+    return submit(config, action, _env_dir(config), entry["directory"], entry["module"],
+                  lambda b: _act_work(b, entry, config, action, prev))
+
+
+def _act_work(b, entry, config, action, prev):
+    from ..envs import build as envs
+    from ..envs.config import PackConfigError
+    from . import states
+    name, directory, module = entry["name"], entry["directory"], entry["module"]
+
+    def restore(**fields):
+        if prev.get("state") == "isolated":
+            states.update(directory, module, **fields)
+        elif prev:
+            states.set_state(directory, module, **dict(prev, **fields))
+    try:
+        after = envs.build(config, progress=b.progress, force=action == "rebuild")
+    except envs.BuildStopped:
+        restore()
+        return          # ComfyUI is stopping
+    except (envs.EnvBuildError, PackConfigError, OSError) as e:
+        entry["failed"] = True
+        b.error = envs.first_line(e)
+        b.fix = f"what the error names, then Retry (`bulkhead install {config.root}`)"
+        prefix = f"bulkhead: pack {name!r}: {action} failed: "
+        log.warning("%s%s", prefix, envs.brief(e, b.log_path, LINE_MAX - len(prefix)))
+        if prev.get("state") == "isolated":
+            restore(rebuild=f"failed: {b.error}; the environment built before keeps serving")
+        else:
+            restore(reason=f"its environment could not be built: {b.error}", fix=b.fix)
+        return
+    entry["failed"] = False
+    if prev.get("state") == "isolated" and action == "rebuild":
+        restore(rebuild=f"rebuilt {after.env_dir}; its worker runs there from its next start")
+        log.info("bulkhead: pack %r: rebuilt; its worker runs in it from its next start", name)
+        return
+    with states.serving():
+        classes, display = entry["serve"](config, directory, module, entry["refusal"], entry["hm"])
+    b.node_types = tuple(classes)
+    added = register(config, classes, display)
+    log.info("bulkhead: pack %r is ready: %d node type(s) added (%s)", name, len(added),
+             states.state_of(directory, module))
+
+
+def picked_up(config_paths):
+    """`bulkhead install` built the environments of these configs (their
+    paths): each pack this host serves from one of them and does not run
+    isolated there yet is served again now (``act``: the build finds it
+    ready, under the lock); returns one line per config it serves saying
+    what this ComfyUI does with it (the control socket's "built")."""
+    from . import states
+    out = []
+    for path in config_paths:
+        with _lock:
+            entry = next((e for e in _served.values() if e["path"] == path), None)
+        if entry is None:
+            continue    # not a pack of this ComfyUI: nothing to say
+
+        row = next((r for r in states.pack_states() if r["directory"] == entry["directory"]
+                    and r["name"] == entry["name"]), {})
+        if _pending_for(entry) is not None:
+            out.append(f"{entry['name']}: being built here already; its nodes come when that build ends")
+        elif row.get("state") == "isolated" and os.path.basename(str(row.get("env"))) == entry["env_dir"]:
+            out.append(f"{entry['name']}: isolated in it already; its worker runs in this build from its next start")
+        elif row.get("state") == "isolated":
+            out.append(f"{entry['name']}: isolated; its worker moves to the new environment at its next start")
+        else:
+            try:
+                act(entry["name"], "retry" if "retry" in actions(row, entry) else "build")
+            except (LookupError, ValueError, Exception) as e:  # what the host cannot do is the CLI's to show
+                out.append(f"{entry['name']}: not picked up ({e}); restart ComfyUI to use it")
+                continue
+            out.append(f"{entry['name']}: picked up: served isolated in a moment, its nodes replacing what ran "
+                       "before")
+    return out

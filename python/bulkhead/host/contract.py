@@ -517,9 +517,17 @@ def startup():
             _startup = check(None)
             off = list(_startup.features_off())
             if off:
-                log.warning("bulkhead: on this ComfyUI %d feature%s of isolated packs %s off: %s "
-                            "(`bulkhead doctor` names what this ComfyUI lacks for each)", len(off),
-                            "" if len(off) == 1 else "s", "is" if len(off) == 1 else "are", "; ".join(off))
+                # One line of at most 200 characters: as many names as fit, the doctor has them all
+                head = (f"bulkhead: on this ComfyUI {len(off)} feature{'' if len(off) == 1 else 's'} of isolated "
+                        f"packs {'is' if len(off) == 1 else 'are'} off: ")
+                tail = " (`bulkhead doctor` names what this ComfyUI lacks for each)"
+                shown = []
+                for name in off:
+                    if shown and len(head) + len("; ".join(shown + [name])) + len(tail) + 10 > 200:
+                        break
+                    shown.append(name)
+                more = f"; {len(off) - len(shown)} more" if len(shown) < len(off) else ""
+                log.warning("%s%s%s%s", head, "; ".join(shown), more, tail)
                 for line in _startup.warnings():
                     log.debug("bulkhead: %s", line)
         return _startup

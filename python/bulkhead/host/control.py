@@ -22,6 +22,11 @@ frame.  A client sends CALL frames ``(target, args, kwargs)``:
     packs() -> [{"name", "state", "reason", "fix", "pid"}...]
         where each pack the host serves stands (GET /bulkhead/status
         "packs"); `bulkhead status` shows them.
+    built(config_paths) -> [line...]
+        `bulkhead install` built these configs' environments: each pack
+        the host serves from one and does not run isolated there yet is
+        served again (host/building.py ``picked_up``); one line per
+        config says what the host does with it.
 
         wait_s (optional): how long to wait for a call the worker is in,
         at most (and by default) the worker's release timeout.
@@ -48,7 +53,7 @@ import threading
 
 from .. import _native
 from ..channel.peer import Peer
-from . import release as _release
+from . import release as _release, states
 # The client side (where sockets live, request, sweep) is controlclient's:
 # release.py asks other hosts through it, and this module calls release.
 from .controlclient import ControlUnreachable, control_dir, control_path, request, sweep  # noqa: F401
@@ -102,7 +107,7 @@ class ControlServer:
         self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
         self._clients = set()
         self._clients_lock = threading.Lock()
-        self._calls = {"release": self.release, "workers": self.workers, "packs": self.packs}
+        self._calls = {"release": self.release, "workers": self.workers, "packs": self.packs, "built": self.built}
         self._thread = threading.Thread(target=self._serve, name="bulkhead-control", daemon=True)
         self._thread.start()
 
@@ -135,11 +140,17 @@ class ControlServer:
                 for w in self._workers()]
 
     def packs(self):
-        """Where each pack this host serves stands (host/nodes.py
+        """Where each pack this host serves stands (host/states.py
         pack_states: what GET /bulkhead/status lists as "packs"), for
         `bulkhead status`."""
-        from . import nodes
-        return [{k: r.get(k) for k in ("name", "state", "reason", "fix", "pid")} for r in nodes.pack_states()]
+        return [{**{k: r.get(k) for k in ("name", "state", "reason", "fix", "pid")},
+                 "sandbox": (r.get("sandbox") or {}).get("words")} for r in states.pack_states()]
+
+    def built(self, config_paths):
+        """`bulkhead install` built the environments of these configs
+        (host/building.py ``picked_up``)."""
+        from . import building
+        return building.picked_up([str(p) for p in config_paths])
 
     def _resolve(self, target):
         fn = self._calls.get(target)

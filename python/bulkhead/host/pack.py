@@ -323,6 +323,8 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
     imported in-process with one warning saying why.  comfy_pack serves
     each of its configs through it too."""
     from ..envs import build as envs
+    from . import building
+    building.served(config, pack_dir, module, hm, refusal, serve_config, load_config)  # the panel's Build, Retry, Rebuild
     if refusal is not None:
         return states.fallback(pack_dir, states.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module,
                                policy=config.options.get("fallback"), unlike=host_differs(config))
@@ -492,9 +494,9 @@ def _build_in_background(config, pack_dir, module, hm, st):
     what = ("not built" if st.state == "missing" else
             f"stale because the host changed ({st.reason.split('; run `')[0]})" if st.host_changed else
             f"{st.state} ({st.reason.split('; run `')[0]})")
-    log.info("bulkhead: pack %r: its environment is %s; building it in the background, as `bulkhead install %s` "
-             "would (%s=0 leaves it to that command); its nodes come when it is built", config.name, what,
-             config.root, BUILD_AT_START)
+    # One short line (the path and the command are the panel's and `bulkhead status`'s)
+    log.info("bulkhead: pack %r: its environment is %s; building it in the background",
+             config.name, building.short(what, 120))
     states.building(pack_dir, module, config.name, f"its environment is {what}; it builds in the background",
                     phase=f"queued ({building.pool_size()} build(s) at a time)")
     building.install_wait()
@@ -510,7 +512,8 @@ def _build_in_background(config, pack_dir, module, hm, st):
         except envs.BuildStopped:
             return      # ComfyUI is stopping
         except (envs.EnvBuildError, PackConfigError, OSError) as e:
-            log.warning("bulkhead: pack %r: building its environment failed: %s", config.name, e)
+            log.warning("bulkhead: pack %r: building its environment failed: %s", config.name,
+                        envs.brief(e, limit=building.LINE_MAX - 53 - len(config.name)))
             b.error, b.fix = envs.first_line(e), states.REASONS[states.BUILD_FAILED][1].format(pack=config.root)
             failed = dataclasses.replace(st, reason=f"{st.reason}; building it at start failed: {b.error}")
             serve = lambda: _not_isolated(config, pack_dir, module, failed)  # noqa: E731
@@ -529,10 +532,9 @@ def _build_in_background(config, pack_dir, module, hm, st):
             # IMPORT FAILED of its own says so, this line does.
             lines = [line.strip() for line in str(e).splitlines() if line.strip()]
             what = lines[-1] if len(lines) > 1 else f"{type(e).__name__}: {e}"
-            log.error("bulkhead: pack %r: its nodes are NOT loaded: they could not run isolated (the line before "
-                      "says why) and importing them in ComfyUI's process failed too: %s; the pack's other parts, "
-                      "if any, are served as they are. Fix: what the line before names, so that its environment "
-                      "is built", config.name, what)
+            log.error("bulkhead: pack %r: its nodes are NOT loaded, its other parts served as they are; in "
+                      "ComfyUI's process: %s", config.name,
+                      building.short(what, max(30, building.LINE_MAX - 110 - len(config.name))))
             states.failed(pack_dir, config.name, f"not isolated, and in ComfyUI's process: {what}", module=module)
             b.error = b.error or what
             return
@@ -564,10 +566,9 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
     background = not _build_off() and before is None and in_comfyui_server()
     changed = st.reason.split("; run `")[0]
     if background:
-        log.info("bulkhead: pack %r: %s; rebuilding it in the background into %s, as `bulkhead install %s` "
-                 "would; the environment built before (%s) serves it meanwhile, with its old requirements, and "
-                 "its worker moves to the new one at its next start once it is built", config.name, changed,
-                 st.env_dir, config.root, old.env_dir)
+        from .building import short     # one short line: the paths are the panel's and `bulkhead status`'s
+        log.info("bulkhead: pack %r: %s; rebuilding it in the background, the environment built before serving it "
+                 "meanwhile", config.name, short(changed, 80))
         note = f"rebuilding into {st.env_dir} in the background; {old.env_dir} serves meanwhile"
     else:
         if before is not None:
@@ -602,11 +603,9 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
             return      # ComfyUI is stopping
         except (envs.EnvBuildError, PackConfigError, OSError) as e:
             b.error = envs.first_line(e)
-            log.info("bulkhead: pack %r: the rebuild's whole error: %s", config.name, e)
-            log.warning("bulkhead: pack %r: rebuilding its environment for its changed config failed (%s); the "
-                        "environment built before (%s) keeps serving it, isolated with its old requirements. Fix: "
-                        "what that error names, then `bulkhead install %s`", config.name, b.error, old.env_dir,
-                        config.root)
+            log.warning("bulkhead: pack %r: its rebuild failed: %s; the environment built before keeps serving it, "
+                        "isolated with its old requirements",
+                        config.name, envs.brief(e, limit=building.LINE_MAX - 130 - len(config.name)))
             states.update(pack_dir, module, rebuild=f"failed: {b.error}; {old.env_dir} keeps serving with the old "
                                                     f"requirements; fix: what the error names, then `bulkhead "
                                                     f"install {config.root}`")

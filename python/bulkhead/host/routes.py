@@ -31,9 +31,28 @@ custom nodes load, so upstream's ``add_routes`` also serves each under
                             "before_bytes", "after_bytes", "freed_bytes"};
                             sent only after the bytes moved; errors as above
 
+    POST /bulkhead/build    {"pack": str, "action": "build"|"retry"|"rebuild"}:
+                            the pack's environment is built again in the
+                            background (host/building.py ``act``; the
+                            actions each pack offers are its "actions" in
+                            the status) -> 202 {"pack", "action", "phase",
+                            "log": null}; its progress is in the status;
+                            errors as above, and 403 from a request of
+                            another origin (its Origin is not its Host) or,
+                            without an Origin, from off the machine, 404
+                            (no such pack), 409 (not offered now, or its
+                            comfy-env.toml is invalid)
+    GET  /bulkhead/log?pack=<name>
+                            the newest build log of that pack: {"pack",
+                            "path", "text" (its last MAX_LOG_BYTES),
+                            "truncated": bool}; 404 where it has none
+
 What a web client may do (ComfyUI often listens on 0.0.0.0, with no
 authentication): read the status, release and free this instance's
-workers.  Reaching other instances' workers (all_hosts, a release of
+workers, read a pack's build log, and have a pack built (only a request
+of ComfyUI's own page -- its Origin is its Host, as ComfyUI's own origin
+check has it -- or, without an Origin, a client on this machine: a page
+of another site cannot start builds).  Reaching other instances' workers (all_hosts, a release of
 another host's worker) needs a loopback client or
 $BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1.  Every wait is bounded (wait_s at most
 MAX_WAIT_S, a release by the worker's release timeout), releases run on
@@ -131,6 +150,26 @@ def from_loopback(request):
         return False
     mapped = getattr(addr, "ipv4_mapped", None)
     return (mapped or addr).is_loopback
+
+
+def same_origin_or_loopback(request):
+    """Whether a request may change what bulkhead serves (POST
+    /bulkhead/build): one that carries an Origin (a browser's) only where
+    it is its Host, as ComfyUI's own origin check compares them (ports
+    only where both give one), from anywhere: ComfyUI's own page; one
+    without an Origin (a script) only from this machine (``from_loopback``)
+    or with $BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1."""
+    import urllib.parse
+    headers = getattr(request, "headers", None) or {}
+    origin = headers.get("Origin")
+    if origin is None:
+        return may_reach_other_hosts(request)
+    host = (headers.get("Host") or "").lower()
+    parsed = urllib.parse.urlparse(origin.lower())
+    host_parsed = urllib.parse.urlsplit("//" + host)
+    origin_domain = parsed.netloc if host_parsed.port is not None else parsed.hostname
+    host_domain = host if parsed.port is not None else host_parsed.hostname
+    return bool(host_domain) and origin_domain == host_domain
 
 
 def only_this_host(doc):
@@ -241,6 +280,55 @@ class BulkheadRoutes(BulkheadService):
         except RouteError as e:
             return web.json_response({"error": str(e)}, status=e.status)
 
+    async def post_build(self, request):
+        from aiohttp import web
+        from . import building
+        from ..envs.config import PackConfigError
+        try:
+            body = await self._json_body(request)
+            if not isinstance(body, dict) or not isinstance(body.get("pack"), str) or \
+                    body.get("action") not in building.ACTIONS:
+                raise RouteError(400, 'the body must be a JSON object: {"pack": <a pack\'s name, as GET '
+                                      '/bulkhead/status lists it>, "action": "build", "retry" or "rebuild"}')
+            if not same_origin_or_loopback(request):
+                raise RouteError(403, f"a build is started only from ComfyUI's own page (an Origin that is its "
+                                      f"Host) or a client on this machine; {request.remote or 'this client'} is "
+                                      f"neither. Fix: press the button in ComfyUI's bulkhead panel, or run "
+                                      f"`bulkhead install <pack dir>` on the machine")
+            try:
+                b = await self._run(building.act, body["pack"], body["action"])
+            except LookupError as e:
+                raise RouteError(404, str(e).strip("'\"")) from None
+            except (ValueError, PackConfigError) as e:
+                raise RouteError(409, str(e)) from None
+            return web.json_response({"pack": b.name, "action": body["action"], "phase": b.phase,
+                                      "log": b.log_path}, status=202)
+        except RouteError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
+
+    async def get_log(self, request):
+        from aiohttp import web
+        from . import building
+        try:
+            name = request.query.get("pack")
+            if not name:
+                raise RouteError(400, "name the pack: GET /bulkhead/log?pack=<its name, as GET /bulkhead/status "
+                                      "lists it>")
+            try:
+                path = building.annotate([dict(r) for r in states.pack_states() if r["name"] == name]
+                                         or [{"name": name}])[0].get("log")
+            except LookupError as e:
+                raise RouteError(404, str(e)) from None
+            if not path:
+                raise RouteError(404, f"pack {name!r} has no build log here (none of its builds ran since its "
+                                      "logs were kept); its state in GET /bulkhead/status says why")
+            text, truncated = await self._run(_read_tail, path, MAX_LOG_BYTES)
+            return web.json_response({"pack": name, "path": path, "text": text, "truncated": truncated})
+        except OSError as e:
+            return web.json_response({"error": f"the build log cannot be read: {e}"}, status=404)
+        except RouteError as e:
+            return web.json_response({"error": str(e)}, status=e.status)
+
     def free_observer(self):
         """The aiohttp middleware that follows ComfyUI's POST /free (and
         /api/free): upstream's handler runs first and sets its flags; then,
@@ -287,17 +375,31 @@ class BulkheadRoutes(BulkheadService):
         return bulkhead_free_observer
 
     def add_to(self, routes):
-        """Adds the three routes to an aiohttp RouteTableDef (ComfyUI's
+        """Adds the routes to an aiohttp RouteTableDef (ComfyUI's
         ``PromptServer.instance.routes``) or a router (``app.router``)."""
         table = [("GET", "/bulkhead/status", self.get_status),
                  ("POST", "/bulkhead/release", self.post_release),
-                 ("POST", "/bulkhead/free", self.post_free)]
+                 ("POST", "/bulkhead/free", self.post_free),
+                 ("POST", "/bulkhead/build", self.post_build),
+                 ("GET", "/bulkhead/log", self.get_log)]
         for method, path, handler in table:
             if hasattr(routes, "add_route"):
                 routes.add_route(method, path, handler)
             else:
                 routes.route(method, path)(handler)
 
+
+
+MAX_LOG_BYTES = 1 << 20           # the most of a build log GET /bulkhead/log answers with (its end)
+
+
+def _read_tail(path, limit):
+    """(text, truncated): the last ``limit`` bytes of the file at path."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - limit))
+        return f.read().decode("utf-8", "replace"), size > limit
 
 
 # ----------------------------------------------------------- installing

@@ -63,7 +63,11 @@ GET /bulkhead/status adds this host's "host_pid", "timeline" and "packs":
 and for isolated "python", "env", "pid" (null while no worker runs) and,
 where its changed config is rebuilt, "rebuild"; for building "phase" and
 "reason"; else "reason" and, in-process, "fix"}...], those not isolated
-first (host.states.pack_states).
+first (host.states.pack_states); each pack bulkhead serves from a config
+also has "actions" (what POST /bulkhead/build may ask for it: "build",
+"retry", "rebuild"), "log" (its newest build's log file, or null) and,
+while a build of it runs, "phase", "progress" (the last line of the
+command it runs) and "building" (host.building.annotate).
 
 Processes come host by host (by pid), each followed by its workers (by
 pid); a worker whose host has no live record stands on its own.  idle_s is
@@ -80,6 +84,7 @@ import weakref
 from .. import _native
 from ..channel import targets
 from ..channel.peer import RemoteError
+from . import building
 from . import idle
 from . import release as _release
 from . import serverproxy
@@ -214,7 +219,7 @@ class BulkheadService:
         doc = dict(doc)
         doc["host_pid"] = os.getpid()
         doc["timeline"] = timeline(self.hm)
-        doc["packs"] = states.pack_states()
+        doc["packs"] = building.annotate(states.pack_states())
         doc["prompt_hook"] = self.prompt_hook     # None: workers release at their node boundary and when idle
         return doc
 

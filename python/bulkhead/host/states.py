@@ -195,29 +195,46 @@ class serving:
             _serving_s[0] += time.monotonic() - self.t0
 
 
-def startup_line():
-    """The one line bulkhead logs when ComfyUI's server starts (and again
-    when the last background build ends: host/building.py): its version,
-    how many packs run isolated, which build, which do not and why, and
-    the time spent loading them."""
+def startup_line(lead=""):
+    """The one short line bulkhead logs when ComfyUI's server starts (and
+    again when the last background build ends: host/building.py), at most
+    ``STARTUP_LINE_MAX`` characters with ``lead``: its version, how many packs run
+    isolated, which build, which do not (each one's reason and fix are in
+    its own line, the panel and `bulkhead status`), and the time spent
+    loading them."""
     from .. import __version__
     rows = pack_states()
     iso = [r for r in rows if r["state"] == "isolated"]
-    lost = [r for r in rows if r["state"] not in ("isolated", "building")]
+    lost = [f"{r['name']}: {r['state']}" for r in rows if r["state"] not in ("isolated", "building")]
     built = [r["name"] for r in rows if r["state"] == "building"]
+    partial = [r["name"] for r in iso if r.get("warning")]
     with _states_lock:
         spent = _serving_s[0]
-    text = f"bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated"
-    if built:
-        text += f", {len(built)} building in the background ({', '.join(built)}: their nodes come when built)"
-    partial = [r["name"] for r in iso if r.get("warning")]
+    tail = f"; {spent:.1f} s loading them; the panel and `bulkhead status` say more"
+    parts = [(f"{lead}bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated", [])]
     if partial:
-        text += f" (without torch, so their tensor nodes fail: {', '.join(partial)}; the fix is in their lines above)"
+        parts.append((f", {len(partial)} without torch", partial))
+    if built:
+        parts.append((f", {len(built)} building in the background", built))
     if lost:
-        text += (f", {len(lost)} NOT isolated ("
-                 + "; ".join(f"{r['name']}: {r['state']}: {r['reason'].split('. ')[0]}" for r in lost)
-                 + "; the fix for each is in its line above)")
-    return text + f"; {spent:.1f} s loading them. GET /bulkhead/status and the panel's Packs section list each"
+        parts.append((f", {len(lost)} NOT isolated", lost))
+    # the names, as many as fit: a start with many packs is one line still
+    room = STARTUP_LINE_MAX - len(tail) - sum(len(head) + 3 for head, _ in parts)
+    text = ""
+    for head, names in parts:
+        shown = []
+        for n in names:
+            if len(n) + 2 > room - 12:
+                break
+            shown.append(n)
+            room -= len(n) + 2
+        if len(shown) < len(names):
+            shown.append(f"{len(names) - len(shown)} more")
+        text += head + (f" ({', '.join(shown)})" if shown else "")
+    return text + tail
+
+
+STARTUP_LINE_MAX = 200
 
 
 def failed(pack_dir, name, reason, *, module="auto"):
