@@ -371,9 +371,11 @@ def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, mon
     environment failed to build) and one that failed outright: the Packs
     section tops the panel, the two not isolated first, each with why and
     the fix, as GET /bulkhead/status lists them."""
-    good, lost = tmp_path / "good_pack", tmp_path / "lost_pack"
+    # the lost pack in a folder whose name has no break opportunity (no '/', '-' or space): its
+    # fix's path must wrap anywhere rather than be cut at the panel's edge (#36)
+    good, lost = tmp_path / "good_pack", tmp_path / "my_custom_nodes_folder_with_a_rather_long_name_x" / "lost_pack"
     for d in (good, lost):
-        d.mkdir()
+        d.mkdir(parents=True)
         (d / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
     shot = tmp_path / "packs.png"
     r = routes_scenario(tmp_path, f"""
@@ -394,9 +396,12 @@ def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, mon
     assert r["rc"] == 0 and "data-bh-panel" in r["dom"], r["err"]
     assert [(p["name"], p["state"]) for p in r["packs"]] == [
         ("broken_pack", "failed"), ("lost_pack", "in-process"), ("good_pack", "isolated")], r["packs"]
-    m = Marked("data-bh-pack", "data-bh-packs-first")
+    m = Marked("data-bh-pack", "data-bh-packs-first", "data-cut")
     m.feed(r["dom"])
     rows = m.found["data-bh-pack"]
+    # the reasons and the fix's long path wrap at the sidebar's width: nothing cut, all of it there (#36)
+    assert json.loads(m.found["data-cut"][0]["data-cut"]) == [], m.found["data-cut"][0]["data-cut"]
+    assert f"bulkhead install {os.path.realpath(str(lost))}" in " ".join(rows[1]["text"].split()), rows[1]["text"]
     assert [(e["data-bh-pack"], e["data-state"]) for e in rows] == [
         ("broken_pack", "failed"), ("lost_pack", "in-process"), ("good_pack", "isolated")], rows
     assert "NOT isolated" in rows[1]["text"] and "pip found no bh-nowhere" in rows[1]["text"]
@@ -406,7 +411,6 @@ def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, mon
     assert r["dom"].index("data-bh-pack") < r["dom"].index("bh-devices")
     # and one notice in ComfyUI's toast at load names the two not isolated
     import html
-    import json
     import re
     toasts = json.loads(html.unescape(re.search(r'data-toasts="([^"]*)"', r["dom"]).group(1)))
     assert len(toasts) == 1 and toasts[0]["severity"] == "error", toasts
