@@ -473,6 +473,50 @@ def test_shared_blocks_count_in_the_workers_record_and_the_full_ladder_frees_the
     assert r["shm_kept"] - r["shm_base"] >= block - MiB and r["shm_after"] - r["shm_base"] < MiB, r
 
 
+def test_comfyuis_free_memory_drops_the_blocks_kept_for_tensors_sent_again(tmp_path):
+    """#37 (earlier notes): ComfyUI's own free_memory on the cpu device (RAM
+    pressure) walking a worker's stand-in drops what both sides keep for
+    torch tensors sent again unchanged (tensors.SendCache: the host's for
+    that worker, the worker's for its outputs), as the full ladder (/free)
+    does: in one process there is no such copy to hold on to.  They stayed
+    through it before."""
+    r = scenario(tmp_path, """
+        import gc, torch
+        N = 1 << 18
+        a = worker("pack-a", PYTHONPATH=WORKER_PATH)
+        a.call("bh_mempack:load", "UNetA", 8 * MiB)
+        hm.reconcile()
+        t = torch.full((N,), 1.0)
+
+        def keep_both():
+            for _ in range(2):
+                a.call("bh_backrefs:first", t)
+                a.call("bh_backrefs:cached", N, 2.0)
+            gc.collect()
+            a.call("operator:add", 1, 1)
+
+        def kept():
+            return a.peer.sent.held_bytes, a.call("bh_backrefs:stats")["sealed_blocks"]
+        keep_both()
+        steps = {"kept": kept()}
+        dev = mm.get_torch_device()
+        steps["device"] = str(dev)
+        mm.free_memory(mm.get_free_memory(dev) + (1 << 40), dev)   # every stand-in there goes
+        steps["resident"] = resident(a)
+        steps["after_free_memory"] = kept()
+        a.call("bh_mempack:load", "UNetA", 8 * MiB)
+        keep_both()
+        steps["kept_again"] = kept()
+        a.release("all")                                           # the full ladder: the reference
+        steps["after_full_ladder"] = kept()
+        out(steps)
+        hm.close(); a.close()
+    """)
+    assert r["device"] == "cpu" and r["resident"] == 0, r
+    assert r["kept"] == r["kept_again"] == [MiB, 1], r              # one tensor each side
+    assert r["after_free_memory"] == r["after_full_ladder"] == [0, 0], r
+
+
 def test_two_instances_arbitrate_through_the_ledger(tmp_path):
     """Host B's admission asks host A's idle worker to release, through A's
     control socket, because both see each other's workers in the ledger."""

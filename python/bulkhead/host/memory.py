@@ -84,6 +84,13 @@ class _Owner:
 
     def standin_release(self, model_id, nbytes):
         receipt = None
+        s = self.standins.get(model_id)
+        peer = self.worker.peer
+        if s is not None and str(s.load_device) == "cpu" and peer is not None and peer.sent is not None:
+            # RAM asked for (upstream's free_memory on the cpu device): the
+            # host's blocks kept for tensors sent to this worker again go, as
+            # on the full ladder (Worker.release); the worker drops its own.
+            peer.sent.clear()
         try:
             receipt = self.worker.release(targets.RELEASE_MODEL, model_id, nbytes,
                                           timeout_s=release_timeout_s(self.worker))

@@ -422,6 +422,12 @@ class WorkerMemory:
                         self._drop_entries([lm])
                     elif lm.model_unload(memory_to_free=nbytes):
                         self._drop_entries([lm])
+                    # RAM asked for (upstream's free_memory on the cpu device,
+                    # through the stand-in): the blocks kept for outputs sent
+                    # again go too, as on the full ladder; the host drops its
+                    # own (host/memory.py standin_release).
+                    if str(lm.device) == "cpu":
+                        shm_freed = _trim_shm()
             elif op == targets.RELEASE_BYTES:
                 self._release_bytes(int(nbytes or 0))
             elif op == targets.RELEASE_ALL:
