@@ -9,10 +9,10 @@
  *
  *   codec   one value of every tag (edge integers and floats, UTF-8 of
  *           each width, a tensor of every dtype, empty and strided
- *           tensors, handles; sets, frozensets, complex numbers, ranges
- *           and described arrays: a PLY vertex record inline and in a
- *           block, datetime64, a record scalar, an empty one), nested
- *           containers, a deep list.
+ *           tensors, torch tensors' flags, handles; sets, frozensets,
+ *           complex numbers, ranges and described arrays: a PLY vertex
+ *           record inline and in a block, datetime64, a record scalar,
+ *           an empty one), nested containers, a deep list.
  *   frame   frames bh_channel_send really writes, taken off the socket
  *           between two real channels (a relay in the middle passes each
  *           on, so the sections carry real intros, return and retire
@@ -157,6 +157,17 @@ static void codec_seeds(void) {
     tensor(&b, BH_TENSOR_TORCH, (uint8_t)dt, 1, shape, strides, 1, 0);
     snprintf(name, sizeof name, "tensor_%s", bh_dtype_name(dt));
     seed_buf(name, &b);
+  }
+  /* A torch tensor's flags (protocol 9): requires_grad, inference. */
+  {
+    int64_t shape[1] = {3}, strides[1] = {1};
+    bh_buf_init(&b);
+    tensor(&b, BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD, BH_DT_FLOAT32, 1, shape, strides, 1, 0);
+    seed_buf("tensor_requires_grad", &b);
+    bh_buf_init(&b);
+    tensor(&b, BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD | BH_TENSOR_INFERENCE, BH_DT_BFLOAT16, 1, shape,
+           strides, 1, 0);
+    seed_buf("tensor_inference_requires_grad", &b);
   }
   int64_t s2[2] = {4, 8}, st2[2] = {8, 1}, st2t[2] = {1, 4};
   bh_buf_init(&b), tensor(&b, BH_TENSOR_NUMPY, BH_DT_FLOAT32, 2, s2, st2, 3, 4096),

@@ -8,7 +8,9 @@
  *   STR BYTES                      u32 length, bytes (STR is UTF-8)
  *   LIST TUPLE                     u32 count, count values
  *   MAP                            u32 count, count (key, value) pairs
- *   TENSOR                         u8 lib, u8 dtype, u8 ndim, u32 block,
+ *   TENSOR                         u8 lib (low 4 bits; a torch tensor's
+ *                                  flags in the high 4: protocol 9),
+ *                                  u8 dtype, u8 ndim, u32 block,
  *                                  u64 offset, u64 nbytes,
  *                                  ndim x i64 shape, ndim x i64 strides,
  *                                  and for block BH_BLOCK_INLINE the
@@ -251,7 +253,13 @@ int bh_enc_handle(bh_buf *b, const bh_handle_ref *h) {
 int bh_tensor_ref_check(const bh_tensor_ref *t) {
   unsigned isz = bh_dtype_itemsize(t->dtype);
   if (!isz) return -BH_EDTYPE;
-  if (t->lib > BH_TENSOR_NUMPY_SCALAR || t->ndim > BH_MAX_DIMS) return -BH_ETENSOR;
+  unsigned lib = t->lib & BH_TENSOR_LIB_MASK, flags = t->lib & ~BH_TENSOR_LIB_MASK;
+  if (lib > BH_TENSOR_NUMPY_SCALAR || t->ndim > BH_MAX_DIMS) return -BH_ETENSOR;
+  /* flags: known ones, on a torch tensor; requires_grad on a dtype autograd takes */
+  if (flags & ~(BH_TENSOR_REQUIRES_GRAD | BH_TENSOR_INFERENCE)) return -BH_ETENSOR;
+  if (flags && lib != BH_TENSOR_TORCH) return -BH_ETENSOR;
+  if ((flags & BH_TENSOR_REQUIRES_GRAD) && (t->dtype < BH_DT_FLOAT16 || t->dtype > BH_DT_FLOAT8_E5M2FNUZ))
+    return -BH_ETENSOR;
   /* count = product(shape); extent = 1 + sum((shape-1) * stride), elements */
   uint64_t count = 1, extent = 1;
   int empty = 0;

@@ -413,6 +413,20 @@ TEST_IMPL(codec_roundtrip_tensor) {
   bh_tensor_ref e = {.lib = BH_TENSOR_TORCH, .dtype = BH_DT_FLOAT32, .ndim = 2,
                      .block = BH_BLOCK_NONE, .shape = {0, 5}, .strides = {5, 1}};
   tensor_roundtrip(&e);
+  /* A torch tensor's flags (protocol 9) cross in the lib byte's high bits:
+   * requires_grad on every floating-point and complex dtype, inference on
+   * any dtype, both at once. */
+  for (unsigned dt = BH_DT_FLOAT16; dt <= BH_DT_FLOAT8_E5M2FNUZ; dt++) {
+    bh_tensor_ref g = {.lib = BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD, .dtype = (uint8_t)dt, .ndim = 1,
+                       .block = 2, .shape = {3}};
+    contiguous(&g);
+    tensor_roundtrip(&g);
+    g.lib |= BH_TENSOR_INFERENCE;
+    tensor_roundtrip(&g);
+  }
+  e.lib = BH_TENSOR_TORCH | BH_TENSOR_INFERENCE;
+  e.dtype = BH_DT_INT64;
+  tensor_roundtrip(&e);
   /* Broadcast (stride 0) and a transposed view stay within nbytes. */
   bh_tensor_ref bc = {.dtype = BH_DT_INT64, .ndim = 2, .block = 3, .nbytes = 12 * 8,
                       .shape = {4, 3}, .strides = {0, 1}};
@@ -797,6 +811,13 @@ TEST_IMPL(codec_tensor_lies) {
   LIE("inline past BH_TENSOR_INLINE_MAX", -BH_ETENSOR, t->block = BH_BLOCK_INLINE;
       t->shape[0] = 4097; t->nbytes = 4097 * 4 * 4);
   LIE("unknown library", -BH_ETENSOR, t->lib = 200);
+  LIE("unknown library under a known flag", -BH_ETENSOR, t->lib = BH_TENSOR_INFERENCE | 3);
+  LIE("an unknown flag", -BH_ETENSOR, t->lib = BH_TENSOR_TORCH | 0x40);
+  LIE("a torch flag on a numpy tensor", -BH_ETENSOR, t->lib = BH_TENSOR_NUMPY | BH_TENSOR_INFERENCE);
+  LIE("requires_grad on an integer dtype", -BH_ETENSOR, t->lib = BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD;
+      t->dtype = BH_DT_INT32);
+  LIE("requires_grad on bool", -BH_ETENSOR, t->lib = BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD;
+      t->dtype = BH_DT_BOOL; t->nbytes = 12; t->strides[0] = 4);
   LIE("ndim 17", -BH_ETENSOR, t->ndim = 17);
   LIE("ndim 255", -BH_ETENSOR, t->ndim = 255);
   LIE("dtype 0", -BH_EDTYPE, t->dtype = 0);

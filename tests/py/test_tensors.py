@@ -265,6 +265,38 @@ def test_torch_non_contiguous_and_grad(worker, torch_mod):
 
 
 @pytest.mark.torch
+def test_torch_flags_cross_as_they_are(worker, torch_mod):
+    """A torch tensor's requires_grad, and whether it is an inference
+    tensor, arrive as they were sent, both ways, small (inline) and large
+    (a block), whatever mode the receiving thread is in: the next node
+    sees what it would in one process (protocol 9).  The graph stays
+    behind: what arrives is a leaf."""
+    torch = torch_mod
+
+    def made(n, grad, inference):
+        with torch.inference_mode(inference):
+            t = torch.linspace(0, 1, n)
+            return t.requires_grad_() if grad else t
+    for n in (12, 1 << 17):
+        for grad in (False, True):
+            for inference in (False, True):
+                t = made(n, grad, inference)
+                for host_mode in (False, True):   # the host's thread in inference mode (a node's) or not
+                    with torch.inference_mode(host_mode):
+                        flags, back = worker.call("bh_testmod:torch_flags", t)
+                    want = {"requires_grad": grad, "inference": inference, "leaf": True}
+                    assert flags == want, (n, host_mode, flags, want)
+                    assert (back.requires_grad, back.is_inference(), back.is_leaf) == (grad, inference, True)
+                    assert torch.equal(back.detach(), t.detach())
+    # a result of autograd arrives a leaf that requires grad; an integer tensor never requires it
+    with torch.inference_mode(False):
+        y = made(8, True, False) * 2
+    assert not y.is_leaf
+    assert worker.call("bh_testmod:torch_flags", y)[0] == {"requires_grad": True, "inference": False, "leaf": True}
+    assert worker.call("bh_testmod:torch_flags", torch.arange(4))[0]["requires_grad"] is False
+
+
+@pytest.mark.torch
 def test_torch_received_without_copy(worker, torch_mod):
     torch = torch_mod
     d = worker.call("bh_testmod:describe", torch.zeros(3, 3, dtype=torch.bfloat16))

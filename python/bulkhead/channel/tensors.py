@@ -54,6 +54,16 @@ sends no tensor at all: the host takes back its own input object
 process would pass the same object on.  A torch tensor sent again unchanged goes by reference from its
 third crossing on (SendCache, below).  Everything else is copied once per
 crossing.
+
+A torch tensor's flags cross with it (protocol 9, in the ref's lib byte):
+whether it requires grad, and whether it is an inference tensor.  The
+receiver makes its tensor under ``torch.inference_mode()`` where the
+sender's was an inference tensor and out of it where not, whichever mode
+its own thread is in, and sets requires_grad where the sender's had it:
+the next node sees what it would have seen in one ComfyUI process (whose
+executor runs every node under inference mode; a node may still return a
+tensor made outside it, a leaf that requires grad).  The autograd graph
+stays behind: what arrives is a leaf.
 """
 
 import os
@@ -407,6 +417,7 @@ def encode(chan, obj, cache=None):
         if obj.layout != torch.strided:
             raise TypeError(f"cannot send a torch tensor with layout {obj.layout}; call .to_dense()")
         code = _torch_code(torch, obj.dtype)
+        lib = _native.TENSOR_TORCH | _torch_flags(obj)
         t = obj.detach()
         if t.is_conj():
             t = t.resolve_conj()
@@ -416,21 +427,28 @@ def encode(chan, obj, cache=None):
         np = sys.modules.get("numpy")  # torch's .numpy() needs it
         if 0 < nbytes <= _INLINE_MAX and np is not None:
             data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            return (0, _native.TENSOR_TORCH, code, tuple(t.shape), data)
+            return (0, lib, code, tuple(t.shape), data)
         lease = None
         if nbytes and t.is_contiguous():  # maybe a view of a peer's block
             lease = chan.peer_lease(t.data_ptr(), nbytes)
             if lease is not None:
-                return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)
+                return (0, lib, code, tuple(t.shape), lease)
         if cache is not None and nbytes and t.data_ptr() == obj.data_ptr():  # not resolved (a copy)
             lease = cache.take(chan, obj, t, nbytes, torch)  # sent before, unchanged
             if lease is not None:
-                return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)
+                return (0, lib, code, tuple(t.shape), lease)
         if nbytes:
             lease = chan.acquire(nbytes)
             _copy_into(torch, lease, nbytes, t)
-        return (0, _native.TENSOR_TORCH, code, tuple(t.shape), lease)
+        return (0, lib, code, tuple(t.shape), lease)
     return None
+
+
+def _torch_flags(obj):
+    """A torch tensor's flags on the wire: TENSOR_REQUIRES_GRAD,
+    TENSOR_INFERENCE."""
+    return ((_native.TENSOR_REQUIRES_GRAD if obj.requires_grad else 0) |
+            (_native.TENSOR_INFERENCE if obj.is_inference() else 0))
 
 
 def _encode_described(np, chan, obj):
@@ -521,7 +539,7 @@ def decode(lib, code, shape, strides, lease, desc=None):
     one: the codec's copy, which the result keeps).  desc: an ARRAY's
     dtype description (the ref is its uint8 bytes), or None."""
     inline = isinstance(lease, bytearray)
-    if lib == _native.TENSOR_TORCH:
+    if lib & _native.TENSOR_LIB_MASK == _native.TENSOR_TORCH:
         try:
             import torch
         except ImportError as e:
@@ -530,15 +548,15 @@ def decode(lib, code, shape, strides, lease, desc=None):
         dtype = _torch_dtypes(torch).get(code)
         if dtype is None:
             raise TypeError(f"this torch has no dtype for bulkhead code {code}")
-        if lease is None:
-            return torch.empty(shape, dtype=dtype)
-        if inline:
-            t = torch.frombuffer(lease, dtype=torch.uint8).view(dtype)
-        else:
-            t = _torch_view(torch, lease, lease.nbytes, dtype, (-1,))
-        if tuple(strides) == _contiguous(shape):
-            return t.view(shape)
-        return t.as_strided(shape, strides)
+        # The sender's kind of tensor (an inference tensor or not), whatever
+        # mode this thread is in; requires_grad set in the same mode (an
+        # inference tensor's may be set only inside it).  The codec let
+        # REQUIRES_GRAD through on floating-point and complex dtypes only.
+        with torch.inference_mode(bool(lib & _native.TENSOR_INFERENCE)):
+            t = _torch_of(torch, dtype, shape, strides, lease, inline)
+            if lib & _native.TENSOR_REQUIRES_GRAD:
+                t.requires_grad_()
+        return t
     import numpy as np
     if desc is not None:  # an ARRAY: uint8 bytes, shape (..., itemsize)
         scalar = lib == _native.TENSOR_NUMPY_SCALAR
@@ -558,6 +576,18 @@ def decode(lib, code, shape, strides, lease, desc=None):
         return flat.reshape(shape)
     isz = dtype.itemsize
     return np.lib.stride_tricks.as_strided(flat, shape, tuple(s * isz for s in strides))
+
+
+def _torch_of(torch, dtype, shape, strides, lease, inline):
+    if lease is None:
+        return torch.empty(shape, dtype=dtype)
+    if inline:
+        t = torch.frombuffer(lease, dtype=torch.uint8).view(dtype)
+    else:
+        t = _torch_view(torch, lease, lease.nbytes, dtype, (-1,))
+    if tuple(strides) == _contiguous(shape):
+        return t.view(shape)
+    return t.as_strided(shape, strides)
 
 
 def layout(obj):

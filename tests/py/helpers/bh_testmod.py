@@ -150,6 +150,18 @@ def big(nbytes):
     return a
 
 
+def torch_flags(t):
+    """What the worker received of a torch tensor's flags, and the tensor
+    made here as the sender's kind: a leaf that requires grad where it
+    did (made outside inference mode), an inference tensor where it was
+    one."""
+    import torch
+    flags = {"requires_grad": t.requires_grad, "inference": t.is_inference(), "leaf": t.is_leaf}
+    with torch.inference_mode(t.is_inference()):
+        back = t.detach().clone().requires_grad_(t.requires_grad)
+    return flags, back
+
+
 def describe(a):
     """What the worker received: type, dtype, shape, sum, and whether it
     was wrapped without a copy (its memory is a bulkhead Lease)."""
