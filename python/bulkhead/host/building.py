@@ -26,6 +26,16 @@ that request waits), with one log line; then it is validated and runs as
 any other.  Where a build it waited for failed, it is refused at the
 nodes that build's pack would have served, with the build's error and the
 fix, never run in ComfyUI's process.
+
+What a person reads and does: each build's progress is one line per
+phase in ComfyUI's log (``Build.phase_line``: at most LINE_MAX
+characters, the pack's name first); the output of the commands it runs
+goes to the build's log file (envs.build), its last line the panel's
+"what is known"; a failure is one line, its first error line and the
+log's path.  The panel's buttons, POST /bulkhead/build and `bulkhead
+install` (through the control socket) have a pack built again
+(``act``, ``picked_up``; GET /bulkhead/status lists what each pack
+offers: ``annotate``).
 """
 
 import asyncio
