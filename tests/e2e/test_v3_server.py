@@ -6,10 +6,10 @@ messages and binary frames (previews, progress text) of one prompt, its
 /history, and the file it wrote to the output folder.  Then the stop
 button on a node that never checks the flag."""
 
-import io
 import json
-import struct
 import time
+
+from . import differential as diff
 
 PROMPT = {
     "1": {"class_type": "E2EV3Gen", "inputs": {"steps": 3, "size": 16}},
@@ -21,63 +21,11 @@ PROMPT = {
     "7": {"class_type": "E2EV3Pick", "inputs": {"first": False, "a": ["3", 0], "b": ["4", 0]}},
     "8": {"class_type": "E2EV3Show", "inputs": {"value": ["7", 0]}},
 }
-PREVIEW_IMAGE, TEXT = 1, 3
+PREVIEW_IMAGE, TEXT = diff.PREVIEW_IMAGE, 3
 
 
-def _frame(data):
-    """A binary websocket frame as something comparable: its event type
-    and, for a preview, the image's format, size and pixels."""
-    event = struct.unpack(">I", data[:4])[0]
-    if event == PREVIEW_IMAGE:
-        from PIL import Image
-        image_type = struct.unpack(">I", data[4:8])[0]
-        im = Image.open(io.BytesIO(data[8:]))
-        return {"event": event, "image_type": image_type, "format": im.format, "size": list(im.size),
-                "center": list(im.convert("RGB").getpixel((im.size[0] // 2, im.size[1] // 2)))}
-    return {"event": event, "bytes": data[4:].decode("latin-1")}
-
-
-def _normal(value, prompt_id):
-    """A message or history entry with what must differ between two runs
-    taken out: the prompt id and timestamps."""
-    text = json.dumps(value, sort_keys=True).replace(prompt_id, "PROMPT")
-    value = json.loads(text)
-
-    def strip(v):
-        if isinstance(v, dict):
-            return {k: strip(x) for k, x in v.items() if k != "timestamp"}
-        if isinstance(v, list):
-            return [strip(x) for x in v]
-        return v
-    return strip(value)
-
-
-def _by_node(messages):
-    """The websocket messages of one prompt, node by node: each node's own
-    messages in order (a binary frame belongs to the node executing when it
-    came), each node's progress states (from `progress_state`, which real
-    ComfyUI sends: consecutive repeats dropped), and the prompt's own
-    messages.  The order between nodes is left out: ComfyUI's own order
-    depends on set iteration (hash seeds differ between processes) and an
-    async node may finish after later nodes."""
-    nodes, states, prompt, current = {}, {}, [], None
-    for m in messages:
-        if "event" in m:
-            nodes.setdefault(str(current), []).append(m)
-            continue
-        kind, data = m["type"], m["data"]
-        if kind == "progress_state":
-            for nid, st in data["nodes"].items():
-                seq = states.setdefault(nid, [])
-                if not seq or seq[-1] != [st["state"], st["value"], st["max"]]:
-                    seq.append([st["state"], st["value"], st["max"]])
-        elif isinstance(data, dict) and "node" in data:
-            if kind == "executing":
-                current = data["node"]
-            nodes.setdefault(str(data["node"]), []).append(m)
-        else:
-            prompt.append(m)
-    return {"nodes": nodes, "states": states, "prompt": prompt}
+# What the UI sees of a prompt, as the differential harness records it.
+_frame, _by_node, _normal = diff.frame, diff.by_node, diff.normal
 
 
 def _drive(srv):

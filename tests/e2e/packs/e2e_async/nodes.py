@@ -1,6 +1,7 @@
 """Nodes of the e2e async pack: async nodes (V1 and V3) that sleep and say
 when they ran, and nodes that say which grad mode their code runs under
-(sync and async).  The same file runs isolated and in ComfyUI's own process
+(sync and async), and what a tensor's grad flags are when they reach
+the next node.  The same file runs isolated and in ComfyUI's own process
 (tests/e2e/test_async_nodes.py)."""
 import asyncio
 import os
@@ -87,7 +88,50 @@ class AsyncGradMode(GradMode):
         return {"ui": _grad_mode(), "result": (tag,)}
 
 
+class GradLeaf:
+    """Tensors made outside the executor's inference mode, as a pack's
+    optimisation or training code makes them: a leaf that requires grad
+    (under torch.inference_mode(False) and torch.enable_grad()), a plain
+    tensor made there too, and one made under the executor's own mode (an
+    inference tensor).  The node that gets them sees those flags
+    in-process."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"tag": ("STRING", {"default": "a"})}}
+
+    RETURN_TYPES = ("IMAGE", "IMAGE", "IMAGE")
+    RETURN_NAMES = ("leaf", "plain", "inference")
+    FUNCTION = "make"
+    CATEGORY = "bulkhead e2e"
+
+    def make(self, tag):
+        with torch.inference_mode(False), torch.enable_grad():
+            leaf = torch.linspace(0, 1, 12).reshape(1, 2, 2, 3).requires_grad_()
+            plain = torch.full((1, 2, 2, 3), 0.25)
+        return (leaf, plain, torch.zeros(1, 2, 2, 3))
+
+
+class GradSee:
+    """What a node gets of a tensor's flags: requires_grad, and whether it
+    is an inference tensor (one that autograd, and an in-place change
+    outside inference mode, refuse); passes the tensor on."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",)}}
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "see"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def see(self, image):
+        return {"ui": {"requires_grad": [image.requires_grad], "inference": [image.is_inference()]},
+                "result": (image,)}
+
+
 NODE_CLASS_MAPPINGS = {"E2EAsyncSleep": AsyncSleep, "E2EV3AsyncSleep": V3AsyncSleep, "E2EGradMode": GradMode,
-                       "E2EAsyncGradMode": AsyncGradMode}
+                       "E2EAsyncGradMode": AsyncGradMode, "E2EGradLeaf": GradLeaf, "E2EGradSee": GradSee}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EAsyncSleep": "Async sleep (e2e)", "E2EV3AsyncSleep": "Async V3 sleep (e2e)",
                               "E2EGradMode": "Grad mode (e2e)", "E2EAsyncGradMode": "Async grad mode (e2e)"}
