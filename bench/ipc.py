@@ -396,6 +396,9 @@ def pack_to_pack(a, b, reps):
 
       a2b_64m_ms        numpy
       a2b_torch_64m_ms  torch, where both ends have it
+      a2b_torch_sum_ms  torch, B summing it (reads every page: what B's
+                        mapping costs), against sum_64m_ms, that sum alone
+                        (a2b_torch_sum_ratio <= 1.5, #40)
       a2b_host_blocks   blocks the host took for B in all the timed calls
                         (0: it copied nothing)
     """
@@ -422,6 +425,16 @@ def pack_to_pack(a, b, reps):
             b.call("builtins:len", t)
             del t
         out["a2b_torch_64m_ms"] = time_transfer(a2b_torch, reps)
+
+        def a2b_torch_sum():
+            t = a.call("_bench_worker:big_torch", BIG)
+            b.call("_bench_worker:sum_torch", t)
+            del t
+        # #40: B reads every page of what it got; the limit, that sum alone
+        out["a2b_torch_sum_ms"] = time_transfer(a2b_torch_sum, reps)
+        own = torch.ones(BIG // 4, dtype=torch.float32)
+        out["sum_64m_ms"] = time_transfer(lambda: float(own.sum()), reps)
+        out["a2b_torch_sum_ratio"] = ratio(out["a2b_torch_sum_ms"], out["sum_64m_ms"])
     after = b.stats()
     out["a2b_host_blocks"] = after["created"] + after["reused"] - before["created"] - before["reused"]
     gc.collect()
@@ -560,6 +573,9 @@ def table(r):
         ("a2b_copy_ratio", r.get("a2b_copy_ratio"), 1.2),
         ("a2b_torch_64m_ms", r.get("a2b_torch_64m_ms"), None),
         ("a2b_torch_copy_ratio", r.get("a2b_torch_copy_ratio"), 1.2),
+        ("a2b_torch_sum_ms", r.get("a2b_torch_sum_ms"), None),
+        ("sum_64m_ms", r.get("sum_64m_ms"), None),
+        ("a2b_torch_sum_ratio", r.get("a2b_torch_sum_ratio"), 1.5),
         ("a2b_host_blocks", r.get("a2b_host_blocks"), None),
         ("h2w_small_ms", r.get("h2w_small_ms"), None),
         ("w2h_small_ms", r.get("w2h_small_ms"), None),

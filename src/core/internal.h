@@ -65,8 +65,10 @@ struct bh_block {
   int lent;            /* own: 1 while the peer holds it (one loan at a time) */
   uint64_t last_used;  /* own: reuse order for trimming */
   /* own, a forward: the block of ANOTHER channel's peer this one shows
-   * (one reference held; addr, size and the fd to introduce are its),
-   * destroyed when its last reference goes.  NULL otherwise. */
+   * (one reference held; addr, size and the fd to introduce are its); at
+   * its last reference it is destroyed, or kept dormant for the next
+   * forward of the same source, holding no reference (shm.c).  NULL
+   * otherwise. */
   bh_block *src;
   /* peer: the peer sealed it against writes (a block it forwards, or one
    * it keeps for a tensor it sends again): mapped copy-on-write here,

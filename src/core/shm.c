@@ -45,8 +45,19 @@
  *               of an arena, a reused block's older bytes) is copied, as
  *               B must read no byte A did not send it.  The forward holds a reference on its source,
  *               so A's pool does not reuse the block while B holds it, and
- *               is destroyed (a retire note: B unmaps) at its last
- *               reference.  A process that dies leaves every mapping of
+ *               goes at its last reference.  It is not retired then
+ *               (B would unmap A's block and fault every page in again
+ *               at the next forward of it, 1,024 faults for 64 MiB):
+ *               it is kept dormant (at most BH__DORMANT_MAX per pool,
+ *               holding no reference on its source, so A reuses the
+ *               block as ever) and the next forward of the same source
+ *               block on this channel lends it again, B's mapping and
+ *               page tables as they were (B dropped what it wrote
+ *               there before it returned it, as for any copy-on-write
+ *               block, so it reads A's new bytes).  The source retires
+ *               its dormant forwards when it goes (a retire note: B
+ *               unmaps; bh__forwards_forget), as does a pool that
+ *               closes.  A process that dies leaves every mapping of
  *               its block, and so its pages, to the others.
  *
  * Free own blocks beyond keep_bytes, or beyond BH__KEEP_FREE_BLOCKS of
@@ -107,7 +118,18 @@ struct bh_pool {
   int forward;       /* keep large peer blocks' memfds, for forwards */
   uint64_t forwarded; /* forwards made here, ever */
   bh_pool *next;     /* the process's open pools (bh__pools), for forwards */
+  /* Forwards the peer returned and still maps, kept for the next forward
+   * of the same source (their src is not referenced: it is only compared,
+   * and bh__forwards_forget drops them before their source is freed). */
+  bh_block **dormant;
+  size_t n_dormant, cap_dormant;
+  /* Set before this pool closes (no lock): a forward of one of its peer
+   * blocks is not kept dormant from then on. */
+  atomic_int closing;
 };
+
+/* Dormant forwards a pool keeps at most (each a mapping in the peer). */
+#define BH__DORMANT_MAX 16
 
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; an older kernel refuses it: no forwards */
@@ -251,6 +273,7 @@ static void bh__remove_at(bh_block **arr, size_t *n, size_t i) {
 
 static void bh__pool_free(bh_pool *p) {
   pthread_mutex_destroy(&p->mu);
+  free(p->dormant);
   free(p->own);
   free(p->peer);
   free(p->returns);
@@ -258,14 +281,51 @@ static void bh__pool_free(bh_pool *p) {
   free(p);
 }
 
+/* Drops the dormant forwards, in every open pool, of the n source blocks
+ * in srcs (n 0: of every source), each with a retire note (its peer
+ * unmaps it): called before those sources are freed, or once they are
+ * (the pointers are compared, never followed).  No pool lock held. */
+static void bh__forwards_forget(bh_block *const *srcs, size_t n) {
+  pthread_mutex_lock(&bh__pools_mu);
+  for (bh_pool *q = bh__pools; q; q = q->next) {
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = q->n_dormant; i-- > 0;) {
+      bh_block *f = q->dormant[i];
+      int match = n == 0;
+      for (size_t k = 0; k < n && !match; k++) match = f->src == srcs[k];
+      if (!match) continue;
+      bh__remove_at(q->dormant, &q->n_dormant, i);
+      /* Without memory for the note the peer keeps a mapping of an id
+       * never lent again, until the channel closes (as for any retire). */
+      (void)bh__push_id(&q->retires, &q->n_retires, &q->cap_retires, f->id);
+      bh__block_destroy(f);
+    }
+    pthread_mutex_unlock(&q->mu);
+  }
+  pthread_mutex_unlock(&bh__pools_mu);
+}
+
 /* Called with the lock held when the pool is closed: is anything left? */
 static int bh__pool_empty(bh_pool *p) { return p->n_own == 0 && p->n_peer == 0; }
 
 void bh__pool_close(bh_pool *p) {
   if (!p) return;
+  atomic_store(&p->closing, 1); /* no forward of its blocks goes dormant from here */
   bh__pools_remove(p);
   pthread_mutex_lock(&p->mu);
   p->closed = 1;
+  /* Its dormant forwards go with the peer they were lent to. */
+  for (size_t i = 0; i < p->n_dormant; i++) bh__block_destroy(p->dormant[i]);
+  p->n_dormant = 0;
+  /* Its peer blocks kept for forwards (those freed here and those their
+   * last reference frees later): other channels' dormant forwards of them
+   * are dropped once the lock is (on no memory for the list, every
+   * dormant forward is). */
+  size_t n_gone = 0, n_fwd = 0;
+  for (size_t i = 0; i < p->n_peer; i++) n_fwd += p->peer[i]->fd >= 0;
+  bh_block **gone = n_fwd ? malloc(sizeof *gone * n_fwd) : NULL;
+  for (size_t i = 0; gone && i < p->n_peer; i++)
+    if (p->peer[i]->fd >= 0) gone[n_gone++] = p->peer[i];
   /* Forwards' sources, unreferenced once the lock is dropped (on no
    * memory for the list, a forward stays: its source stays mapped). */
   bh_block **srcs = p->n_own ? malloc(sizeof *srcs * p->n_own) : NULL;
@@ -290,6 +350,8 @@ void bh__pool_close(bh_pool *p) {
   }
   int empty = bh__pool_empty(p);
   pthread_mutex_unlock(&p->mu);
+  if (n_fwd) bh__forwards_forget(gone, gone ? n_gone : 0);
+  free(gone);
   for (size_t i = 0; i < n_srcs; i++) bh_block_unref(srcs[i]);
   free(srcs);
   if (empty) bh__pool_free(p);
@@ -501,15 +563,21 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
     return bh__pool_empty(p);
   }
   if (b->src) {
-    /* A forward is not reused: its source goes back to that channel's
-     * peer, and the peer here unmaps it (without memory for the note it
+    /* A forward: its source goes back to that channel's peer.  The peer
+     * here keeps its mapping while the forward is dormant (one per
+     * source, BH__DORMANT_MAX at most; not where the source's pool is
+     * closing: nothing would retire it), for the next forward of that
+     * source; otherwise it unmaps it (without memory for the note it
      * keeps a mapping of an id never lent again, until the channel
      * closes: memory held longer, never reused too early).  A sealed
      * block is reused as any: the peer dropped what it wrote there
      * before it returned it. */
     if (bh__find(p->own, p->n_own, b->id, &at) == b) bh__remove_at(p->own, &p->n_own, at);
-    if (b->peer_mapped) (void)bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id);
     *src = b->src;
+    int keep = b->peer_mapped && p->n_dormant < BH__DORMANT_MAX && !atomic_load(&b->src->pool->closing);
+    for (size_t i = 0; keep && i < p->n_dormant; i++) keep = p->dormant[i]->src != b->src;
+    if (keep && bh__push_ptr(&p->dormant, &p->n_dormant, &p->cap_dormant, b) == 0) return 0;
+    if (b->peer_mapped) (void)bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id);
     bh__block_destroy(b);
     return 0;
   }
@@ -618,6 +686,7 @@ int bh__pool_retire_peer(bh_pool *p, uint32_t id) {
   bh__remove_at(p->peer, &p->n_peer, at);
   p->peer_bytes -= b->size;
   pthread_mutex_unlock(&p->mu);
+  if (b->fd >= 0) bh__forwards_forget(&b, 1); /* kept for forwards: those dormant go first */
   bh__block_destroy(b);
   return 0;
 }
@@ -756,6 +825,23 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
   if (seals >= 0 && !(seals & BH__WRITE_SEALS) && fcntl(src->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0)
     seals = fcntl(src->fd, F_GET_SEALS);
   if (seals < 0 || !(seals & BH__WRITE_SEALS)) goto err; /* an old kernel, or F_SEAL_SEAL: copy */
+  /* A dormant forward of this source: lent again as it is (the peer maps
+   * it still), holding the reference just taken. */
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; !p->closed && i < p->n_dormant; i++) {
+    bh_block *d = p->dormant[i];
+    if (d->src != src) continue;
+    if (bh__push_ptr(&p->own, &p->n_own, &p->cap_own, d)) break;
+    bh__remove_at(p->dormant, &p->n_dormant, i);
+    atomic_store(&d->refs, 1);
+    d->last_used = ++p->clock;
+    p->forwarded++;
+    pthread_mutex_unlock(&p->mu);
+    *out = d;
+    *offset = off;
+    return 0;
+  }
+  pthread_mutex_unlock(&p->mu);
   f = calloc(1, sizeof *f);
   if (!f) {
     rc = -ENOMEM;

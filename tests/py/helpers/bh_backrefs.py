@@ -102,3 +102,28 @@ def cached(n, fill=1.0):
 def cached_add(n, value):
     """Changes the cached tensor in place."""
     cached(n).add_(value)
+
+
+def trim():
+    """Destroys this end's free blocks (each the peer mapped is retired
+    there with the next frame)."""
+    from bulkhead import worker
+    return worker._peer.channel.trim_pool(0)
+
+
+def sum_faults(a):
+    """(sum, page faults this process took computing it): what reading
+    every page of a costs here."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    s = float(a.sum())
+    return s, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def own_sum_faults(n):
+    """sum_faults of an array of n float32 made and read here once before:
+    what reading pages already mapped costs."""
+    import numpy as np
+    a = np.full(n, 1.0, dtype=np.float32)
+    float(a.sum())
+    return sum_faults(a)
