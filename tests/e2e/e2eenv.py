@@ -59,8 +59,7 @@ from bulkhead.host import nodes, pack
 _hm = pack.host_memory()
 NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
     os.path.dirname(os.path.abspath(__file__)), sys.executable,
-    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
-             "ledger": getattr(_hm, "ledger", None)})
+    options={"cache": False}, memory=_hm)
 '''
 
 

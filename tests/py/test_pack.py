@@ -223,8 +223,8 @@ def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
     assert r["after"]["python"] == r["new"], r["after"]
 
 
-def test_the_drain_runs_only_off_the_server_loop(monkeypatch):
-    # after_call reconciles current_loaded_models, which ComfyUI's execution
+def test_the_drain_runs_only_off_the_server_loop(monkeypatch, tmp_path):
+    # PackRuntime.drain reconciles current_loaded_models, which ComfyUI's execution
     # thread walks: never from the web server's loop (VALIDATE_INPUTS runs
     # there); the execution thread's own loop (upstream wraps each prompt in
     # asyncio.run) is not the server's.
@@ -232,11 +232,13 @@ def test_the_drain_runs_only_off_the_server_loop(monkeypatch):
     import sys
     import threading
     import types
-    from bulkhead.host import nodes, pack
+    from bulkhead.host import nodes
+    from bulkhead.host.runtime import PackRuntime
 
     calls = []
-    hm = types.SimpleNamespace(reconcile=lambda called: calls.append((threading.current_thread().name, called)))
-    drain = pack._drain(hm)
+    hm = types.SimpleNamespace(reconcile=lambda called: calls.append((threading.current_thread().name, called)),
+                               attach=lambda worker: None)
+    drain = PackRuntime(str(tmp_path), sys.executable, "drain-pack", {}, {}, str(tmp_path), memory=hm).drain
     w = object()  # the worker whose call ended: the drain reconciles it in full
 
     async def on_loop():

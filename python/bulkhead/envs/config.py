@@ -100,6 +100,7 @@ import warnings
 from typing import Mapping, Optional, Tuple
 
 from .. import _native
+from ..channel import spec
 from ..channel.peer import BulkheadError
 from .tomlpos import find_line as _find_line
 
@@ -113,31 +114,14 @@ MIN_PYTHON = (3, 9)
 # normalisation changes, so every environment is seen as stale once.
 HASH_FORMAT = 1
 
-# [bulkhead] keys: name -> (what it is, smallest value allowed, whether
-# the smallest value itself is allowed).  All are seconds.
-OPTIONS = {
-    "idle_release_s": ("seconds a worker may sit idle before a full release (0: never)", 0.0, True),
-    "idle_exit_s": ("seconds a worker may sit idle before it exits, holding nothing ComfyUI still references "
-                    "(0: never; default BULKHEAD_IDLE_EXIT_S, else 600)", 0.0, True),
-    "call_timeout_s": ("seconds one node call may take before the worker is killed", 0.0, False),
-    "release_timeout_s": ("seconds a release ask may take before the worker is counted as stuck", 0.0, False),
-    "start_timeout_s": ("seconds a worker may take to start (import the pack and say HELLO)", 0.0, False),
-    "interrupt_grace_s": ("seconds a node may run on after the stop button before its worker is stopped "
-                          "(0: never)", 0.0, True),
-}
+# [bulkhead] keys that take seconds: name -> (what it is, smallest value
+# allowed, whether the smallest value itself is allowed); their rows,
+# defaults and units are channel/spec.py's.
+OPTIONS = spec.seconds_table()
 
 # [bulkhead] keys that take one of a few words: name -> (what it is, the words).
 CHOICES = {
-    "prewarm": ("when the worker starts ahead of its first node: when a queued prompt uses the pack, "
-                "when ComfyUI loads the pack, or only when a node runs", ("prompt", "startup", "off")),
-    # Read by envs/hostmatch.py; the stamp records it (a change marks the
-    # environment stale there, not through the config hash).
-    "fallback": ("what happens when the pack cannot run isolated (its environment not built, refused, or its "
-                 "worker cannot import it): run it in ComfyUI's process with one warning (in-process), or load "
-                 "none of its nodes, with one error (error)", ("in-process", "error")),
-    "host_packages": ("what the environment gets from the host: torch, comfy-aimdo, comfy-kitchen and every "
-                      "requirement of ComfyUI's requirements.txt, at the host's versions (match), or nothing "
-                      "(none: for a pack that never imports comfy or torch)", ("match", "none")),
+    **spec.choices_table(),     # prewarm, fallback, host_packages: channel/spec.py
 }
 
 # Tables bulkhead knows it does not implement, with what that means.

@@ -79,10 +79,10 @@ def limit_s(options):
 
 
 def watch(rt):
-    """Puts a PackRuntime under the idle exit (its options name the
-    ledger that stamps its worker's idle time); starts the sweeper once."""
+    """Puts a PackRuntime under the idle exit (its HostMemory's ledger
+    stamps its worker's idle time: ``rt.ledger``); starts the sweeper once."""
     global _thread
-    if rt.options.get("ledger") is None or limit_s(rt.options) <= 0:
+    if rt.ledger is None or limit_s(rt.options) <= 0:
         return
     with _lock:
         if rt not in _watched:
@@ -112,7 +112,7 @@ def idle_for(rt):
     if not w.alive or w.busy:
         return None
     try:
-        rec = rt.options["ledger"].read(w.pid)
+        rec = rt.ledger.read(w.pid)
     except Exception:
         return None
     if not rec or rec.get("run") != "idle" or not rec.get("last_used_ns"):
@@ -168,7 +168,7 @@ def working(rt):
     w = rt.worker
     pid = w.pid
     try:
-        rec = rt.options["ledger"].read(pid) if rt.options.get("ledger") is not None else None
+        rec = rt.ledger.read(pid) if rt.ledger is not None else None
     except Exception:
         rec = None
     if rec and rec.get("run") == "working":

@@ -14,13 +14,16 @@ import os
 import threading
 import time
 
+from ..channel import spec
+
 log = logging.getLogger("bulkhead")
 
 # Seconds a worker node may run on after the stop button before its worker
 # is stopped (``interrupt_grace_s`` in a pack's [bulkhead] table).  A node
 # that checks ComfyUI's flag stops within milliseconds; one that never
 # checks (a long native call, a sleep) would otherwise run to its end.
-INTERRUPT_GRACE_S = 3.0
+# The default is its row's in channel/spec.py.
+INTERRUPT_GRACE_S = spec.BY_NAME["interrupt_grace_s"].default
 
 
 class _Watch:

@@ -19,6 +19,7 @@ This module only reads ComfyUI's state; it never assigns to a comfy module.
 import logging
 import os
 
+from ..channel import spec
 from ..packimport import import_nodes, in_worker
 from . import idle, prewarm, states
 from .runtime import PackRuntime, find_comfyui
@@ -37,35 +38,37 @@ from .metadata import cache_dir  # noqa: F401
 log = logging.getLogger("bulkhead")
 
 
-def load_pack(pack_dir, python, *, name=None, env=None, options=None):
+def load_pack(pack_dir, python, *, name=None, env=None, options=None, memory=None):
     """NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS of an isolated pack.
 
     pack_dir: the pack's directory (its node classes in ``nodes.py`` /
     ``nodes/``, or options['module'], or None for the package's own
     ``__init__``); python: the pack environment's interpreter; name: the
     pack's name in logs and handles (default: the directory's name); env:
-    variables set in the worker only.  options: 'stamp' (the environment's
-    identity for the metadata cache; default from the interpreter's and
-    site-packages' mtimes), 'comfyui' (the ComfyUI directory; default
-    found), 'module', 'cache' (False: no cache), 'cache_dir',
-    'attach' (called with the Worker before it starts, e.g.
-    HostMemory.attach), 'after_call' (called with the Worker after every
-    proxied call, on ComfyUI's execution thread), 'start_timeout_s',
-    'call_timeout_s', 'release_timeout_s' (seconds: Worker's), 'route_timeout_s',
+    variables set in the worker only.  options: the pack's settings, a
+    channel/spec.py Settings record (a mapping is made into one, each row's
+    default where it gives none): its [bulkhead] options --
+    'start_timeout_s', 'call_timeout_s', 'release_timeout_s' (seconds:
+    Worker's), 'interrupt_grace_s' (seconds a node may run on after the stop
+    button before its worker is stopped; 0: never), 'prewarm' ('prompt':
+    start the worker when a prompt whose nodes of the pack will execute
+    starts, ComfyUI's cache deciding (host/prewarm.py), the default;
+    'startup': now, in the background; 'off'), 'idle_exit_s' -- and what
+    the caller adds: 'stamp' (the environment's identity for the metadata
+    cache; default from the interpreter's and site-packages' mtimes),
+    'comfyui' (the ComfyUI directory; default found), 'module', 'cache'
+    (False: no cache), 'cache_dir', 'route_timeout_s',
     'prompt_handler_timeout_s' (seconds: the pack's routes and prompt
-    handlers on the host's server, host/serverproxy.py),
-    'interrupt_grace_s' (seconds a node may run on after the stop button
-    before its worker is stopped; 0: never; default INTERRUPT_GRACE_S),
-    'prewarm' ('prompt': start the worker when a prompt whose nodes of the
-    pack will execute starts, ComfyUI's cache deciding (host/prewarm.py), the
-    default; 'startup': now, in the background; 'off').
+    handlers on the host's server, host/serverproxy.py).  memory: the
+    HostMemory the worker stands in (attached before it starts, drained
+    after every node on ComfyUI's execution thread), or None.
 
     With a warm cache no worker starts here.  Falls back to ``fallback``
     (in-process) when no ComfyUI is found or the interpreter does not
     exist; raises PackLoadError when the pack fails to import in its
     worker.  Inside a worker (a pack importing another) the pack is
     imported in-process."""
-    options = dict(options or {})
+    options = options if isinstance(options, spec.Settings) else spec.settings(options)
     pack_dir = os.path.realpath(os.fspath(pack_dir))
     name = name or os.path.basename(pack_dir)
     if in_worker():
@@ -80,7 +83,7 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None):
         return fallback(pack_dir, ENV_NOT_BUILT, name=name, module=options.get("module", "auto"),
                         detail=f" (no interpreter at {python})" if python else "", policy=options.get("fallback"))
     rt = states.runtime_for(pack_dir, os.fspath(python),
-                            lambda: PackRuntime(pack_dir, python, name, env, options, comfyui))
+                            lambda: PackRuntime(pack_dir, python, name, env, options, comfyui, memory))
     if rt.meta is None:
         rt.load_metadata()
         rt.build()

@@ -32,7 +32,6 @@ the background (``_serve_while_rebuilding``): never in-process.
 """
 
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -83,23 +82,6 @@ def contract_refusal():
         return None
     from . import contract
     return contract.startup().refusal()
-
-
-def _attach(hm):
-    def attach(worker):
-        hm.attach(worker)
-    return attach
-
-
-def _drain(hm):
-    def after_call(worker):
-        # Only on ComfyUI's execution thread: reconcile edits
-        # current_loaded_models, which that thread walks.  A call from the
-        # web server's event loop (VALIDATE_INPUTS) leaves it to the next
-        # node's drain.
-        if not nodes.on_server_loop():
-            hm.reconcile(called=worker)
-    return after_call
 
 
 def comfy_pack(init_file, *, module="auto"):
@@ -228,37 +210,27 @@ def build_at_start(config, st):
 def _load(config, pack_dir, python, stamp, module, hm):
     """load_pack for one config's environment, with its [bulkhead] options
     and [env_vars]."""
-    opts = {"module": module}
+    from ..channel import spec
+    o = config.options
+    # One record of the pack's settings (channel/spec.py): what the pack
+    # gave, 0 included, else each row's default (None where the reader
+    # has its own rule: idle_exit_s's host-wide variable, Worker's own
+    # call and release deadlines); PackRuntime takes it as it is, and the
+    # HostMemory it stands in and is drained by (hm) beside it.
+    opts = spec.settings(o)
+    opts["module"] = module
     if stamp:
         opts["stamp"] = stamp
-    o = config.options
-    if o.get("call_timeout_s"):
-        opts["call_timeout_s"] = float(o["call_timeout_s"])
-    if o.get("start_timeout_s"):
-        opts["start_timeout_s"] = float(o["start_timeout_s"])
-    if o.get("release_timeout_s"):
-        opts["release_timeout_s"] = float(o["release_timeout_s"])
-    if "interrupt_grace_s" in o:
-        opts["interrupt_grace_s"] = float(o["interrupt_grace_s"])
-    if "prewarm" in o:
-        opts["prewarm"] = o["prewarm"]
-    if o.get("fallback"):
-        opts["fallback"] = o["fallback"]
-    if "idle_exit_s" in o:
-        opts["idle_exit_s"] = float(o["idle_exit_s"])
     from ..envs import conda
     env = conda.worker_env(os.path.dirname(os.path.dirname(python)))
     env.update(config.env_vars)
     ser = serializer_files(config.root)
     if ser:
-        env["BULKHEAD_SERIALIZERS"] = json.dumps(ser)
-    if o.get("idle_release_s"):
-        env.setdefault("BULKHEAD_IDLE_RELEASE_S", str(o["idle_release_s"]))
-    if hm is not None:
-        opts["attach"] = _attach(hm)
-        opts["after_call"] = _drain(hm)
-        opts["ledger"] = hm.ledger      # the idle exit reads the worker's idle stamp there (host/idle.py)
-    return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts)
+        env[spec.SERIALIZERS] = spec.to_env(spec.SERIALIZERS, ser)
+    # the pack's own value wins over a host-wide variable the worker would inherit, and over its
+    # [env_vars]: a 0 ("never") too, which `if o.get(...)` dropped before
+    env.update(spec.worker_env(opts))
+    return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts, memory=hm)
 
 
 def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):

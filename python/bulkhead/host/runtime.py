@@ -72,10 +72,10 @@ from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decod
                                link_types, remote_name, types_to_worker)
 from ..channel.nodes import decode_schema, graph_prefix, put_back
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
-from ..channel import targets
+from ..channel import spec, targets
 from ..packimport import default_module
 from ..envs import hostmatch
-from .interrupt import INTERRUPT_GRACE_S, watcher
+from .interrupt import watcher
 from .metadata import MetadataCache, comfyui_version_hash, default_stamp, source_hash
 from .progress import Progress
 from .serverproxy import ServerProxy
@@ -408,30 +408,35 @@ def _resolve(future):
 class PackRuntime:
     """One isolated pack: its worker, its metadata, its proxy classes."""
 
-    def __init__(self, pack_dir, python, name, env, options, comfyui):
+    def __init__(self, pack_dir, python, name, env, options, comfyui, memory=None):
         # The worker generation that is warm (prewarmed, or a node ran
         # there); a worker alive from describing the pack is not.
         self.warm_generation = None
         self.pack_dir = pack_dir
         self.python = os.fspath(python)
         self.name = name
-        self.options = options
+        # The pack's settings (channel/spec.py's record: every option,
+        # the pack's value or the row's default) and what load_pack adds.
+        self.options = options if isinstance(options, spec.Settings) else spec.settings(options)
+        options = self.options
         self.comfyui = comfyui
+        # The HostMemory the worker stands in and is drained by after every
+        # node (host/memory.py), or None: outside the one budget.
+        self.memory = memory
         module = options.get("module", "auto")
         if module == "auto":
             module = default_module(pack_dir)
         self.module = module
         self.worker = Worker(self.python, name=name, env=env, cwd=comfyui,
-                             start_timeout_s=options.get("start_timeout_s", 120.0),
+                             start_timeout_s=options["start_timeout_s"],
                              call_timeout_s=options.get("call_timeout_s"),
                              release_timeout_s=options.get("release_timeout_s"))
         self.worker.env_hooks.append(self._worker_env)
         self.worker.zygote_preload = self._zygote_preload
         from ..envs.build import current_python
         self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
-        attach = options.get("attach")
-        if attach is not None:
-            attach(self.worker)
+        if memory is not None:
+            memory.attach(self.worker)
         self.meta = None
         self.last_interrupt_at = None
         self.from_cache = False
@@ -454,6 +459,21 @@ class PackRuntime:
         self._async = {}            # ticket -> _AsyncCall
         self._tickets = itertools.count(1)
         self.worker.frame_handlers[_native.PROGRESS] = self._on_progress
+
+    def drain(self, worker):
+        """The memory layer's drain after a call of worker's (stand-ins
+        made to match the ledger), only on ComfyUI's execution thread:
+        reconcile edits current_loaded_models, which that thread walks.
+        A call from the server's event loop (VALIDATE_INPUTS) leaves it to
+        the next node's drain."""
+        if self.memory is not None and not on_server_loop():
+            self.memory.reconcile(called=worker)
+
+    @property
+    def ledger(self):
+        """The shared ledger the worker stamps its idle time in (the idle
+        exit reads it: host/idle.py), or None outside the one budget."""
+        return getattr(self.memory, "ledger", None)
 
     def tensor_nodes(self):
         """The keys of the nodes that take or return one of TENSOR_TYPES
@@ -811,7 +831,7 @@ class PackRuntime:
         import asyncio  # start-up cost, as run_async
         watch = None
         if mm is not None and hasattr(mm, "processing_interrupted"):
-            watch = watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
+            watch = watcher.begin(w, mm, self.options["interrupt_grace_s"])
         try:
             while True:
                 done, _ = await asyncio.wait((call.done,), timeout=ASYNC_POLL_S)
@@ -1114,7 +1134,7 @@ class PackRuntime:
         outer, self._progress = self._progress, Progress(mm).on_frame
         watch = None
         if mm is not None and hasattr(mm, "processing_interrupted"):
-            watch = watcher.begin(w, mm, self.options.get("interrupt_grace_s", INTERRUPT_GRACE_S))
+            watch = watcher.begin(w, mm, self.options["interrupt_grace_s"])
         w.park_reader()
         try:
             out = w.call(target, *args)
@@ -1136,9 +1156,8 @@ class PackRuntime:
                 watcher.end(watch)
                 self.last_interrupt_at = watch.fired_at
             self._progress = outer
-            after = self.options.get("after_call") if drain else None
-            if after is not None:
-                after(w)  # the memory layer's drain: stand-ins made to match the ledger
+            if drain:
+                self.drain(w)
 
     def _translate(self, e, mm):
         kind = e.remote_type

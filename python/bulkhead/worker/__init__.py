@@ -183,10 +183,11 @@ def _attach_memory(peer, ack, host_pid):
     to the release ladders, every call ends with the node-boundary census
     (but a load, targets.LOAD: the memory runtime's own work, which
     publishes its own census, as a release does)."""
+    from ..channel import spec
     from .memory import WorkerMemory
     memory = WorkerMemory(os.environ.get("BULKHEAD_LEDGER"), str(ack.get("name", "")),
                           int(ack.get("generation", 0)), host_pid, call_host,
-                          float(os.environ.get("BULKHEAD_IDLE_RELEASE_S", "0") or 0))
+                          spec.from_env(spec.IDLE_RELEASE_S))
     peer.request_handlers[_native.RELEASE] = memory.release
     resolve = peer._resolve
 

@@ -9,5 +9,4 @@ from bulkhead.host import nodes, pack
 _hm = pack.host_memory()
 NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
     os.path.dirname(os.path.abspath(__file__)), sys.executable,
-    options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
-             "route_timeout_s": 1.5})
+    options={"cache": False, "route_timeout_s": 1.5}, memory=_hm)

@@ -19,7 +19,6 @@ else:
     NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
         os.path.dirname(os.path.abspath(__file__)), sys.executable,
         env={"BH_E2E_HELPERS": os.environ.get("BH_E2E_HELPERS", "")},  # workers get an allow-listed environment
-        options={"attach": pack._attach(_hm), "after_call": pack._drain(_hm), "cache": False,
-                 "prewarm": os.environ.get("BH_E2E_PREWARM", "prompt"), "ledger": getattr(_hm, "ledger", None),
+        options={"cache": False, "prewarm": os.environ.get("BH_E2E_PREWARM", "prompt"),
                  **({"idle_exit_s": float(os.environ["BH_E2E_IDLE_EXIT"])} if os.environ.get("BH_E2E_IDLE_EXIT")
-                    else {})})
+                    else {})}, memory=_hm)

@@ -1,0 +1,186 @@
+"""A pack's settings, and the environment names a worker reads: one row each.
+
+In the spirit of Redis's ``static_configs[]``: every ``[bulkhead]`` option
+of a ``comfy-env.toml`` is one ``Option`` row here -- its name, unit,
+bounds, default, the kind of value it takes (how it is read) and, where
+the worker reads it, the environment name that carries it -- and every
+environment name a worker reads is one ``Env`` row, with both halves of
+its crossing: ``to_env`` on the host (the text the worker's environment
+gets) and ``from_env`` in the worker (the value read back).  Nothing else
+knows a default: envs/config.py checks a config's options against these
+rows, and host/pack.py builds a pack's ``Settings`` record from them
+(``settings``), where a value the pack gives, 0 included, wins over the
+default and over a host-wide variable of the same name
+(``worker_env``).
+
+This module is imported by the host and by every worker, under any
+Python bulkhead runs on: standard library only.
+"""
+
+import json
+import os
+from typing import Any, NamedTuple, Optional, Tuple
+
+
+class Option(NamedTuple):
+    """One ``[bulkhead]`` key.  kind: "seconds" (a number of seconds,
+    at least ``low``; ``low`` itself allowed where ``low_ok``) or
+    "choice" (one of ``choices``).  default: its value where the pack
+    gives none (None: the reader's own rule, said in ``what``).  env: the
+    worker environment name that carries it, where the worker reads it."""
+    name: str
+    kind: str
+    what: str
+    default: Any = None
+    low: float = 0.0
+    low_ok: bool = True
+    choices: Tuple[str, ...] = ()
+    env: Optional[str] = None
+
+    @property
+    def unit(self):
+        return "s" if self.kind == "seconds" else None
+
+
+OPTIONS = (
+    Option("idle_release_s", "seconds", "seconds a worker may sit idle before a full release (0: never)",
+           default=0.0, env="BULKHEAD_IDLE_RELEASE_S"),   # spec.IDLE_RELEASE_S
+    Option("idle_exit_s", "seconds", "seconds a worker may sit idle before it exits, holding nothing ComfyUI "
+           "still references (0: never; default BULKHEAD_IDLE_EXIT_S, else 600)"),
+    Option("call_timeout_s", "seconds", "seconds one node call may take before the worker is killed",
+           low_ok=False),
+    Option("release_timeout_s", "seconds", "seconds a release ask may take before the worker is counted as stuck",
+           low_ok=False),
+    Option("start_timeout_s", "seconds", "seconds a worker may take to start (import the pack and say HELLO)",
+           default=120.0, low_ok=False),
+    Option("interrupt_grace_s", "seconds", "seconds a node may run on after the stop button before its worker is "
+           "stopped (0: never)", default=3.0),
+    Option("prewarm", "choice", "when the worker starts ahead of its first node: when a queued prompt uses the "
+           "pack, when ComfyUI loads the pack, or only when a node runs", default="prompt",
+           choices=("prompt", "startup", "off")),
+    # Read by envs/hostmatch.py too; the stamp records it (a change marks
+    # the environment stale there, not through the config hash).
+    Option("fallback", "choice", "what happens when the pack cannot run isolated (its environment not built, "
+           "refused, or its worker cannot import it): run it in ComfyUI's process with one warning (in-process), "
+           "or load none of its nodes, with one error (error); unset: in-process only where ComfyUI's process is "
+           "the same as its environment, else its nodes refuse to run", choices=("in-process", "error")),
+    Option("host_packages", "choice", "what the environment gets from the host: torch, comfy-aimdo, comfy-kitchen "
+           "and every requirement of ComfyUI's requirements.txt, at the host's versions (match), or nothing "
+           "(none: for a pack that never imports comfy or torch)", default="match", choices=("match", "none")),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def seconds_table():
+    """{name: (what, low, low_ok)} of the "seconds" options: the shape
+    envs/config.py checks a config against."""
+    return {o.name: (o.what, o.low, o.low_ok) for o in OPTIONS if o.kind == "seconds"}
+
+
+def choices_table():
+    """{name: (what, choices)} of the "choice" options."""
+    return {o.name: (o.what, o.choices) for o in OPTIONS if o.kind == "choice"}
+
+
+class Settings(dict):
+    """One pack's settings: every option of ``OPTIONS`` by name, the
+    pack's own value where its config gives one (0 included), else the
+    row's default; ``given`` is the set of names the pack gave."""
+
+    def __init__(self, values, given):
+        super().__init__(values)
+        self.given = frozenset(given)
+
+
+def settings(options):
+    """The Settings of a config's ``[bulkhead]`` options (a mapping, as
+    envs/config.py read it); keys no row has are kept as they are (the
+    options other tables of envs/config.py read)."""
+    values = {o.name: o.default for o in OPTIONS}
+    given = set()
+    for k, v in (options or {}).items():
+        o = BY_NAME.get(k)
+        values[k] = float(v) if o is not None and o.kind == "seconds" else v
+        given.add(k)
+    return Settings(values, given)
+
+
+# --- the worker's environment names ---
+
+class Env(NamedTuple):
+    """One environment name a worker reads.  kind: "seconds" (a number),
+    "json" (a JSON document), "text", or "flag" ("1" or unset)."""
+    name: str
+    kind: str
+    what: str
+    default: Any = None
+
+
+# The names, for the code on either side that sets or reads one: no other
+# module spells a "BULKHEAD_" name (tests/py/test_spec.py).
+IDLE_RELEASE_S = "BULKHEAD_IDLE_RELEASE_S"
+SERIALIZERS = "BULKHEAD_SERIALIZERS"
+
+ENV = (
+    Env(IDLE_RELEASE_S, "seconds", "seconds idle before the worker's full release (0: never)", 0.0),
+    Env(SERIALIZERS, "json", "[[pack, serialization.py], ...] the worker loads (worker/typed.py)", []),
+    Env("BULKHEAD_LEDGER", "text", "the shared ledger's path"),
+    Env("BULKHEAD_PACK_NAME", "text", "the pack's name, in logs and the ledger"),
+    Env("BULKHEAD_PACK_DIR", "text", "the pack's directory"),
+    Env("BULKHEAD_PACK_MODULE", "text", "the module of the pack's node classes", "auto"),
+    Env("BULKHEAD_COMFYUI", "text", "the host's ComfyUI directory"),
+    Env("BULKHEAD_MEMORY", "text", "the host's memory settings the worker follows"),
+    Env("BULKHEAD_VRAM_STATE", "text", "ComfyUI's VRAM state in the host"),
+    Env("BULKHEAD_RAM_ROOT", "text", "where the worker's RAM accounting is rooted"),
+    Env("BULKHEAD_LOG_LEVEL", "text", "the worker's log level"),
+    Env("BULKHEAD_WORKER_PAGER", "text", "the worker's pager setting"),
+    Env("BULKHEAD_PAGER_HEADROOM", "text", "the pager's headroom"),
+    Env("BULKHEAD_AS_ZYGOTE", "flag", "the process is a zygote that forks workers"),
+    Env("BULKHEAD_ZYGOTE_LINGER_S", "seconds", "seconds a zygote lingers with no worker to fork"),
+    Env("BULKHEAD_SANDBOXED", "flag", "the worker runs sandboxed"),
+)
+ENV_BY_NAME = {e.name: e for e in ENV}
+
+
+def to_env(name, value):
+    """The text the worker's environment gets for name (a row of ENV) and
+    value: on the host."""
+    e = ENV_BY_NAME[name]
+    if e.kind == "json":
+        return json.dumps(value)
+    if e.kind == "seconds":
+        return repr(float(value))
+    if e.kind == "flag":
+        return "1" if value else ""
+    return str(value)
+
+
+def from_env(name, environ=None):
+    """The value of name (a row of ENV) in the worker's environment
+    (environ, default os.environ), or the row's default where it is unset
+    or empty: in the worker.  A number that does not parse is an error
+    naming the variable, not a silent default."""
+    e = ENV_BY_NAME[name]
+    text = (os.environ if environ is None else environ).get(name)
+    if not text:
+        return e.default
+    if e.kind == "json":
+        return json.loads(text)
+    if e.kind == "seconds":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{name}={text!r} is not a number of seconds; set it to one (e.g. 30) or unset it") \
+                from None
+    if e.kind == "flag":
+        return text == "1"
+    return text
+
+
+def worker_env(s):
+    """{name: text} of the options of Settings s that the worker reads
+    (rows with ``env``): where the pack gave one (0 included), it goes
+    in, so it wins over a host-wide variable of that name the worker
+    would inherit; where it gave none, nothing does, and the host-wide
+    variable (or the worker's default) stands."""
+    return {o.env: to_env(o.env, s[o.name]) for o in OPTIONS if o.env and o.name in s.given}
