@@ -29,7 +29,8 @@ and its workers can never disagree about bulkhead's version.
 Building (``build``, ``install``): under an fcntl lock on the lock file (a
 second install of the same environment waits, then finds it built), in a
 temporary directory next to the target: find the interpreter, ``python -m
-venv`` (``uv venv`` when uv is on PATH), install the requirements with pip
+venv`` (``uv venv`` where uv is found: on PATH or beside this Python, as
+requirements.txt installs it; ``find_uv``), install the requirements with pip
 (``uv pip``), rewrite the temporary path in ``bin/`` scripts to the final
 one, write the stamp (tmp + rename), and rename the directory into place.
 A config with conda packages gets them first, in a conda prefix
@@ -929,7 +930,9 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
         progress(f"{config.name}: building {final} ({st.state}: {st.reason})")
         uv = find_uv()
         if os.environ.get("BULKHEAD_INSTALLER") == "uv" and not uv:
-            raise EnvBuildError("BULKHEAD_INSTALLER=uv but uv is not on PATH")
+            raise EnvBuildError("BULKHEAD_INSTALLER=uv but no uv was found, neither on PATH nor beside this "
+                                "Python: pip install uv into it (bulkhead's requirements.txt does), or unset "
+                                "BULKHEAD_INSTALLER to build with pip")
         interp = find_interpreter(config.python, installer_uv=uv,
                                   where=packconfig.key_where(config.path, "python") if config.python else None)
         progress(f"interpreter: {interp.path} (Python {interp.version}): {interp.why}")

@@ -88,9 +88,27 @@ def _pyenv_versions():
 
 
 def find_uv():
+    """The uv binary environments are built with, or None (pip then): one
+    on PATH, else the one installed beside this Python (bulkhead's
+    requirements.txt brings it: a ComfyUI started as venv/bin/python
+    main.py has no venv/bin on PATH), else the uv package's own.
+    BULKHEAD_INSTALLER=pip: None.  (#40: a numpy-only environment built in
+    0.6-0.8 s with uv, 15-45 s with pip, from the same local caches.)"""
     if os.environ.get("BULKHEAD_INSTALLER", "auto") == "pip":
         return None
-    return shutil.which("uv")
+    found = shutil.which("uv")
+    if found:
+        return found
+    import sysconfig
+    beside = os.path.join(sysconfig.get_path("scripts"), "uv")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    try:
+        import uv
+        found = uv.find_uv_bin()
+    except (ImportError, FileNotFoundError, AttributeError):
+        return None
+    return found if found and os.access(found, os.X_OK) else None
 
 
 def _accept(path, want, source, why, rejected, need_ensurepip):
