@@ -158,12 +158,16 @@ static void codec_seeds(void) {
     snprintf(name, sizeof name, "tensor_%s", bh_dtype_name(dt));
     seed_buf(name, &b);
   }
-  /* A torch tensor's flags (protocol 9): requires_grad, inference. */
+  /* A torch tensor's flags (protocol 9): requires_grad, inference, Parameter. */
   {
     int64_t shape[1] = {3}, strides[1] = {1};
     bh_buf_init(&b);
     tensor(&b, BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD, BH_DT_FLOAT32, 1, shape, strides, 1, 0);
     seed_buf("tensor_requires_grad", &b);
+    bh_buf_init(&b);
+    tensor(&b, BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD | BH_TENSOR_PARAMETER, BH_DT_FLOAT16, 1, shape,
+           strides, 1, 0);
+    seed_buf("tensor_parameter", &b);
     bh_buf_init(&b);
     tensor(&b, BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD | BH_TENSOR_INFERENCE, BH_DT_BFLOAT16, 1, shape,
            strides, 1, 0);

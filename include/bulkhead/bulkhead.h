@@ -179,17 +179,19 @@ enum { BH_TENSOR_NUMPY = 0, BH_TENSOR_TORCH = 1, BH_TENSOR_NUMPY_SCALAR = 2 };
  * dtype only; the receiver's is a leaf: the graph stays behind).
  * INFERENCE: an inference tensor (made under torch.inference_mode()); the
  * receiver makes its tensor under inference mode, or out of it where
- * this flag is not set, whatever mode its own thread is in.  Never on a
- * numpy tensor. */
+ * this flag is not set, whatever mode its own thread is in.  PARAMETER:
+ * a torch.nn.Parameter (the receiver's is one too).  Never on a numpy
+ * tensor. */
 #define BH_TENSOR_LIB_MASK 0x0fu
 #define BH_TENSOR_REQUIRES_GRAD 0x10u
 #define BH_TENSOR_INFERENCE 0x20u
+#define BH_TENSOR_PARAMETER 0x40u
 
 /* A tensor living in a shared-memory block of the sender's pool, or (block
  * BH_BLOCK_INLINE) inline in the value.  Strides are in elements and
  * non-negative; shape * strides stays within nbytes. */
 typedef struct bh_tensor_ref {
-  uint8_t lib;    /* BH_TENSOR_*, a torch tensor's | its BH_TENSOR_REQUIRES_GRAD, BH_TENSOR_INFERENCE */
+  uint8_t lib;    /* BH_TENSOR_*, a torch tensor's | its flags (BH_TENSOR_REQUIRES_GRAD, ...) */
   uint8_t dtype;  /* BH_DT_* */
   uint8_t ndim;   /* <= BH_MAX_DIMS */
   uint32_t block; /* sender's block id (or BH_BLOCK_BACK | receiver's), BH_BLOCK_NONE when nbytes == 0 */
@@ -336,7 +338,7 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
  * (a numpy array of a dtype no BH_DT_* code names, by its description);
  * error BH_EBODY.
  * 9: a TENSOR's lib byte carries a torch tensor's flags in its high bits
- * (BH_TENSOR_REQUIRES_GRAD, BH_TENSOR_INFERENCE). */
+ * (BH_TENSOR_REQUIRES_GRAD, BH_TENSOR_INFERENCE, BH_TENSOR_PARAMETER). */
 #define BH_PROTOCOL_VERSION 9
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */

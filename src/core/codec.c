@@ -256,7 +256,7 @@ int bh_tensor_ref_check(const bh_tensor_ref *t) {
   unsigned lib = t->lib & BH_TENSOR_LIB_MASK, flags = t->lib & ~BH_TENSOR_LIB_MASK;
   if (lib > BH_TENSOR_NUMPY_SCALAR || t->ndim > BH_MAX_DIMS) return -BH_ETENSOR;
   /* flags: known ones, on a torch tensor; requires_grad on a dtype autograd takes */
-  if (flags & ~(BH_TENSOR_REQUIRES_GRAD | BH_TENSOR_INFERENCE)) return -BH_ETENSOR;
+  if (flags & ~(BH_TENSOR_REQUIRES_GRAD | BH_TENSOR_INFERENCE | BH_TENSOR_PARAMETER)) return -BH_ETENSOR;
   if (flags && lib != BH_TENSOR_TORCH) return -BH_ETENSOR;
   if ((flags & BH_TENSOR_REQUIRES_GRAD) && (t->dtype < BH_DT_FLOAT16 || t->dtype > BH_DT_FLOAT8_E5M2FNUZ))
     return -BH_ETENSOR;

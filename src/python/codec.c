@@ -9,7 +9,8 @@
  * to the channel's encode_other hook (Peer.encode_other), which answers
  * with a tuple:
  * (lib: TENSOR_NUMPY, _TORCH or _NUMPY_SCALAR, a torch tensor's | its
- * TENSOR_REQUIRES_GRAD, TENSOR_INFERENCE flags, as the decode hook gets it)
+ * TENSOR_REQUIRES_GRAD, _INFERENCE, _PARAMETER flags, as the decode hook
+ * gets it)
  *   (0, lib, dtype, shape, lease-or-None)  a C-contiguous tensor, copied
  *                                          into the shm block of the Lease
  *                                          (Channel.acquire: a small one's

@@ -180,6 +180,7 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_LIB_MASK", BH_TENSOR_LIB_MASK) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_REQUIRES_GRAD", BH_TENSOR_REQUIRES_GRAD) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_INFERENCE", BH_TENSOR_INFERENCE) < 0 ||
+      PyModule_AddIntConstant(m, "TENSOR_PARAMETER", BH_TENSOR_PARAMETER) < 0 ||
       PyModule_AddIntConstant(m, "TENSOR_INLINE_MAX", BH_TENSOR_INLINE_MAX) < 0 ||
       PyModule_AddIntConstant(m, "ARENA_ITEM_MAX", BH_ARENA_ITEM_MAX) < 0 ||
       PyModule_AddIntConstant(m, "ARENA_ALIGN", BH_ARENA_ALIGN) < 0 ||

@@ -424,8 +424,11 @@ TEST_IMPL(codec_roundtrip_tensor) {
     g.lib |= BH_TENSOR_INFERENCE;
     tensor_roundtrip(&g);
   }
-  e.lib = BH_TENSOR_TORCH | BH_TENSOR_INFERENCE;
+  e.lib = BH_TENSOR_TORCH | BH_TENSOR_INFERENCE | BH_TENSOR_PARAMETER; /* a Parameter not requiring grad */
   e.dtype = BH_DT_INT64;
+  tensor_roundtrip(&e);
+  e.lib = BH_TENSOR_TORCH | BH_TENSOR_PARAMETER | BH_TENSOR_REQUIRES_GRAD;
+  e.dtype = BH_DT_BFLOAT16;
   tensor_roundtrip(&e);
   /* Broadcast (stride 0) and a transposed view stay within nbytes. */
   bh_tensor_ref bc = {.dtype = BH_DT_INT64, .ndim = 2, .block = 3, .nbytes = 12 * 8,
@@ -812,7 +815,8 @@ TEST_IMPL(codec_tensor_lies) {
       t->shape[0] = 4097; t->nbytes = 4097 * 4 * 4);
   LIE("unknown library", -BH_ETENSOR, t->lib = 200);
   LIE("unknown library under a known flag", -BH_ETENSOR, t->lib = BH_TENSOR_INFERENCE | 3);
-  LIE("an unknown flag", -BH_ETENSOR, t->lib = BH_TENSOR_TORCH | 0x40);
+  LIE("an unknown flag", -BH_ETENSOR, t->lib = BH_TENSOR_TORCH | 0x80);
+  LIE("a Parameter in numpy", -BH_ETENSOR, t->lib = BH_TENSOR_NUMPY | BH_TENSOR_PARAMETER);
   LIE("a torch flag on a numpy tensor", -BH_ETENSOR, t->lib = BH_TENSOR_NUMPY | BH_TENSOR_INFERENCE);
   LIE("requires_grad on an integer dtype", -BH_ETENSOR, t->lib = BH_TENSOR_TORCH | BH_TENSOR_REQUIRES_GRAD;
       t->dtype = BH_DT_INT32);

@@ -61,7 +61,7 @@ VOLATILE_UI = frozenset({"pid", "made_in", "start", "end", "ran_s"})
 
 # The source's outputs by type (bh_diff_tools' BHDiffSource).
 SOURCE_SLOTS = {"IMAGE": 0, "MASK": 1, "LATENT": 2, "INT": 3, "FLOAT": 4, "STRING": 5, "BOOLEAN": 6,
-                "GRAD_LEAF": 7, "PLAIN": 8}
+                "GRAD_LEAF": 7, "PLAIN": 8, "PARAMETER": 9}
 PRIMITIVES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 
 
@@ -109,8 +109,9 @@ SPECIAL = {
     "E2EEcho": {"variants": [{}, {"text": "two\nlines", "alone": True}]},
     "E2ESlowCheck": {"variants": [{}, {"text": "no", "alone": True}]},
     "E2EGradSee": {"variants": [{"image": src("GRAD_LEAF")}, {"image": src("PLAIN")}, {"image": src("IMAGE")},
-                                {"image": out("E2EGradLeaf", 0)}, {"image": out("E2EGradLeaf", 1)},
-                                {"image": out("E2EGradLeaf", 2)}]},
+                                {"image": src("PARAMETER")}, {"image": out("E2EGradLeaf", 0)},
+                                {"image": out("E2EGradLeaf", 1)}, {"image": out("E2EGradLeaf", 2)},
+                                {"image": out("E2EGradLeaf", 3)}]},
 }
 
 DIFF_INIT = '''"""Every fixture pack's nodes as one pack (nodes.py), for the differential
@@ -169,8 +170,9 @@ class BHDiffSource:
     def INPUT_TYPES(cls):
         return {"required": {}}
 
-    RETURN_TYPES = ("IMAGE", "MASK", "LATENT", "INT", "FLOAT", "STRING", "BOOLEAN", "IMAGE", "IMAGE")
-    RETURN_NAMES = ("image", "mask", "latent", "int", "float", "string", "boolean", "grad_leaf", "plain")
+    RETURN_TYPES = ("IMAGE", "MASK", "LATENT", "INT", "FLOAT", "STRING", "BOOLEAN", "IMAGE", "IMAGE", "IMAGE")
+    RETURN_NAMES = ("image", "mask", "latent", "int", "float", "string", "boolean", "grad_leaf", "plain",
+                    "parameter")
     FUNCTION = "make"
     CATEGORY = "bulkhead differential"
 
@@ -180,7 +182,8 @@ class BHDiffSource:
         with torch.inference_mode(False), torch.enable_grad():
             leaf = (torch.arange(12, dtype=torch.float32).reshape(1, 2, 2, 3) / 12).requires_grad_()
             plain = torch.full((1, 2, 2, 3), 0.75)
-        return (image, image[..., 0].clone(), latent, 3, 0.5, "text", True, leaf, plain)
+            parameter = torch.nn.Parameter(torch.full((1, 2, 2, 3), 0.125))
+        return (image, image[..., 0].clone(), latent, 3, 0.5, "text", True, leaf, plain, parameter)
 
 
 def digest(v, depth=0):

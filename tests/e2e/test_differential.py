@@ -71,7 +71,9 @@ def test_every_fixture_node_runs_as_in_process(pair, prompts):
     seen = first["history"]["outputs"]
     assert seen["sink-E2EGradLeaf-0"]["seen"][0]["requires_grad"] is True, seen["sink-E2EGradLeaf-0"]
     assert seen["sink-E2EGradLeaf-1"]["seen"][0]["inference"] is False
-    assert seen["E2EGradSee"] == {"requires_grad": [True], "inference": [False]}, seen["E2EGradSee"]
+    assert seen["E2EGradSee"] == {"requires_grad": [True], "inference": [False], "class": ["Tensor"]}, \
+        seen["E2EGradSee"]
+    assert seen["sink-E2EGradLeaf-3"]["seen"][0]["tensor"] == "Parameter"
 
 
 def test_the_nodes_that_fail_fail_as_in_process(pair, prompts):

@@ -268,7 +268,8 @@ def test_torch_non_contiguous_and_grad(worker, torch_mod):
 def test_torch_flags_cross_as_they_are(worker, torch_mod):
     """A torch tensor's requires_grad, and whether it is an inference
     tensor, arrive as they were sent, both ways, small (inline) and large
-    (a block), whatever mode the receiving thread is in: the next node
+    (a block), whatever mode the receiving thread is in, and a
+    torch.nn.Parameter arrives one: the next node
     sees what it would in one process (protocol 9).  The graph stays
     behind: what arrives is a leaf."""
     torch = torch_mod
@@ -284,7 +285,7 @@ def test_torch_flags_cross_as_they_are(worker, torch_mod):
                 for host_mode in (False, True):   # the host's thread in inference mode (a node's) or not
                     with torch.inference_mode(host_mode):
                         flags, back = worker.call("bh_testmod:torch_flags", t)
-                    want = {"requires_grad": grad, "inference": inference, "leaf": True}
+                    want = {"requires_grad": grad, "inference": inference, "leaf": True, "parameter": False}
                     assert flags == want, (n, host_mode, flags, want)
                     assert (back.requires_grad, back.is_inference(), back.is_leaf) == (grad, inference, True)
                     assert torch.equal(back.detach(), t.detach())
@@ -292,8 +293,15 @@ def test_torch_flags_cross_as_they_are(worker, torch_mod):
     with torch.inference_mode(False):
         y = made(8, True, False) * 2
     assert not y.is_leaf
-    assert worker.call("bh_testmod:torch_flags", y)[0] == {"requires_grad": True, "inference": False, "leaf": True}
+    assert worker.call("bh_testmod:torch_flags", y)[0] == {"requires_grad": True, "inference": False, "leaf": True,
+                                                          "parameter": False}
     assert worker.call("bh_testmod:torch_flags", torch.arange(4))[0]["requires_grad"] is False
+    # a torch.nn.Parameter arrives one, over the bytes it arrived in, both ways
+    for p in (torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.arange(1 << 17), requires_grad=False)):
+        flags, back = worker.call("bh_testmod:torch_flags", p)
+        assert flags["parameter"] is True and type(back) is torch.nn.Parameter
+        assert back.requires_grad == p.requires_grad and torch.equal(back.detach(), p.detach())
+    assert worker.call("bh_testmod:torch_flags", torch.ones(3))[0]["parameter"] is False
 
 
 @pytest.mark.torch

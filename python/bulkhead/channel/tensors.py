@@ -56,10 +56,12 @@ third crossing on (SendCache, below).  Everything else is copied once per
 crossing.
 
 A torch tensor's flags cross with it (protocol 9, in the ref's lib byte):
-whether it requires grad, and whether it is an inference tensor.  The
-receiver makes its tensor under ``torch.inference_mode()`` where the
-sender's was an inference tensor and out of it where not, whichever mode
-its own thread is in, and sets requires_grad where the sender's had it:
+whether it requires grad, whether it is an inference tensor, and whether
+it is a ``torch.nn.Parameter``.  The receiver makes its tensor under
+``torch.inference_mode()`` where the sender's was an inference tensor and
+out of it where not, whichever mode its own thread is in, sets
+requires_grad where the sender's had it, and makes it a Parameter (over
+the same bytes) where it was one:
 the next node sees what it would have seen in one ComfyUI process (whose
 executor runs every node under inference mode; a node may still return a
 tensor made outside it, a leaf that requires grad).  The autograd graph
@@ -446,9 +448,12 @@ def encode(chan, obj, cache=None):
 
 def _torch_flags(obj):
     """A torch tensor's flags on the wire: TENSOR_REQUIRES_GRAD,
-    TENSOR_INFERENCE."""
+    TENSOR_INFERENCE, TENSOR_PARAMETER (torch.nn.Parameter itself, not a
+    subclass: an UninitializedParameter has no data to send)."""
+    torch = sys.modules["torch"]
     return ((_native.TENSOR_REQUIRES_GRAD if obj.requires_grad else 0) |
-            (_native.TENSOR_INFERENCE if obj.is_inference() else 0))
+            (_native.TENSOR_INFERENCE if obj.is_inference() else 0) |
+            (_native.TENSOR_PARAMETER if type(obj) is torch.nn.Parameter else 0))
 
 
 def _encode_described(np, chan, obj):
@@ -554,7 +559,10 @@ def decode(lib, code, shape, strides, lease, desc=None):
         # REQUIRES_GRAD through on floating-point and complex dtypes only.
         with torch.inference_mode(bool(lib & _native.TENSOR_INFERENCE)):
             t = _torch_of(torch, dtype, shape, strides, lease, inline)
-            if lib & _native.TENSOR_REQUIRES_GRAD:
+            grad = bool(lib & _native.TENSOR_REQUIRES_GRAD)
+            if lib & _native.TENSOR_PARAMETER:
+                t = torch.nn.Parameter(t, requires_grad=grad)
+            elif grad:
                 t.requires_grad_()
         return t
     import numpy as np

@@ -154,11 +154,15 @@ def torch_flags(t):
     """What the worker received of a torch tensor's flags, and the tensor
     made here as the sender's kind: a leaf that requires grad where it
     did (made outside inference mode), an inference tensor where it was
-    one."""
+    one, a Parameter where it was one."""
     import torch
     flags = {"requires_grad": t.requires_grad, "inference": t.is_inference(), "leaf": t.is_leaf}
     with torch.inference_mode(t.is_inference()):
         back = t.detach().clone().requires_grad_(t.requires_grad)
+        if isinstance(t, torch.nn.Parameter):
+            flags["parameter"], back = True, torch.nn.Parameter(back.detach(), requires_grad=t.requires_grad)
+        else:
+            flags["parameter"] = False
     return flags, back
 
 

@@ -92,16 +92,16 @@ class GradLeaf:
     """Tensors made outside the executor's inference mode, as a pack's
     optimisation or training code makes them: a leaf that requires grad
     (under torch.inference_mode(False) and torch.enable_grad()), a plain
-    tensor made there too, and one made under the executor's own mode (an
-    inference tensor).  The node that gets them sees those flags
+    tensor made there too, a torch.nn.Parameter, and one made under the
+    executor's own mode (an inference tensor).  The node that gets them sees those flags
     in-process."""
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"tag": ("STRING", {"default": "a"})}}
 
-    RETURN_TYPES = ("IMAGE", "IMAGE", "IMAGE")
-    RETURN_NAMES = ("leaf", "plain", "inference")
+    RETURN_TYPES = ("IMAGE", "IMAGE", "IMAGE", "IMAGE")
+    RETURN_NAMES = ("leaf", "plain", "inference", "parameter")
     FUNCTION = "make"
     CATEGORY = "bulkhead e2e"
 
@@ -109,13 +109,15 @@ class GradLeaf:
         with torch.inference_mode(False), torch.enable_grad():
             leaf = torch.linspace(0, 1, 12).reshape(1, 2, 2, 3).requires_grad_()
             plain = torch.full((1, 2, 2, 3), 0.25)
-        return (leaf, plain, torch.zeros(1, 2, 2, 3))
+            parameter = torch.nn.Parameter(torch.full((1, 2, 2, 3), 0.5))
+        return (leaf, plain, torch.zeros(1, 2, 2, 3), parameter)
 
 
 class GradSee:
-    """What a node gets of a tensor's flags: requires_grad, and whether it
-    is an inference tensor (one that autograd, and an in-place change
-    outside inference mode, refuse); passes the tensor on."""
+    """What a node gets of a tensor's flags: requires_grad, whether it is
+    an inference tensor (one that autograd, and an in-place change outside
+    inference mode, refuse), its class (a Parameter); passes the tensor
+    on."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -127,8 +129,8 @@ class GradSee:
     OUTPUT_NODE = True
 
     def see(self, image):
-        return {"ui": {"requires_grad": [image.requires_grad], "inference": [image.is_inference()]},
-                "result": (image,)}
+        return {"ui": {"requires_grad": [image.requires_grad], "inference": [image.is_inference()],
+                       "class": [type(image).__name__]}, "result": (image,)}
 
 
 NODE_CLASS_MAPPINGS = {"E2EAsyncSleep": AsyncSleep, "E2EV3AsyncSleep": V3AsyncSleep, "E2EGradMode": GradMode,
