@@ -1,13 +1,15 @@
 """#36: the panel drives the builds, and the log says one line per phase,
-seen from the user's side.  One server with three packs whose builds fail
+seen from the user's side.  One server with four packs whose builds fail
 (their requirement is a local source tree whose build backend raises),
 then are fixed (their comfy-env.toml names a source that builds): Retry
 over HTTP, from the panel in Chromium and `bulkhead install` each build
 one again, and its nodes join /object_info and run in its worker without
 a restart; "Show log" (GET /bulkhead/log, the panel's box) shows pip's
 output, which ComfyUI's log does not carry; Rebuild on a built pack makes
-a new build and log; and no line bulkhead writes about a build in that
-start's log is longer than 200 characters."""
+a new build and log; a Retry and `bulkhead install` at once build the
+pack once (the lock they share; a gate file holds the first, no timing);
+and no line bulkhead writes about a build in that start's log is longer
+than 200 characters."""
 
 import os
 import re
@@ -22,7 +24,8 @@ from .test_background_builds import ENV, _config, _pack, _pack_state, _source
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
-NODE = {"ComfyUI-RetryHttp": "E2ERetryHttp", "ComfyUI-RetryPanel": "E2ERetryPanel", "ComfyUI-RetryCli": "E2ERetryCli"}
+NODE = {"ComfyUI-RetryHttp": "E2ERetryHttp", "ComfyUI-RetryPanel": "E2ERetryPanel", "ComfyUI-RetryCli": "E2ERetryCli",
+        "ComfyUI-RetryLock": "E2ERetryLock"}
 
 # The node imports its requirement when its module loads: without its
 # environment it cannot be imported in ComfyUI's process either, so a
@@ -100,9 +103,9 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
             and "NOT run" not in line and "runs in-process, NOT isolated" not in line]
     assert not long, "\n".join(long)
     phases = [line for line in start_log.splitlines() if line.startswith("[bulkhead install ")]
-    assert phases and all(re.match(r"\[bulkhead install ComfyUI-Retry(Http|Panel|Cli)\] ", line) for line in phases)
+    assert phases and all(re.match(r"\[bulkhead install ComfyUI-Retry(Http|Panel|Cli|Lock)\] ", line) for line in phases)
     failures = [line for line in start_log.splitlines() if "building its environment failed" in line]
-    assert len(failures) == 3 and all(" (log: " in line and ".log)" in line for line in failures), failures
+    assert len(failures) == len(NODE) and all(" (log: " in line and ".log)" in line for line in failures), failures
 
     # A request of another origin may not start a build (ComfyUI's own
     # origin check's rule); one without an Origin from this machine may.
@@ -150,6 +153,38 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     _wait_state(srv, "ComfyUI-RetryCli", lambda s: s["state"] == "isolated")
     pid, value = _run(srv, "ComfyUI-RetryCli", 3)
     assert pid != srv.proc.pid and value == "bhgate 2.0"
+
+    # A Retry in ComfyUI and `bulkhead install` of the same pack at once
+    # build it once: the command waits for the lock the background build
+    # holds (held by a gate in the requirement's build), then finds it
+    # built, and says the running ComfyUI serves it already.
+    gate2 = tmp_path / "gate2"
+    _fix(srv, "ComfyUI-RetryLock", _source(tmp_path / "gated", "3.0", gate2))
+    assert srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-RetryLock", "action": "retry"})[0] == 202
+    state = _wait_state(srv, "ComfyUI-RetryLock", lambda s: str(s.get("phase")).startswith("installing "))
+    logs = os.path.dirname(state["log"])
+    err_path = tmp_path / "install-lock.err"
+    with open(err_path, "w") as err:
+        cli = subprocess.Popen([CLI, "install", os.path.join(srv.base, "custom_nodes", "ComfyUI-RetryLock")],
+                               env=srv.env, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while "waiting for another install of ComfyUI-RetryLock" not in err_path.read_text():
+                assert cli.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.1)
+            gate2.write_text("open")
+            out, _ = cli.communicate(timeout=600)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait()
+    assert cli.returncode == 0 and "ComfyUI-RetryLock: ready" in out, (out, err_path.read_text()[-3000:])
+    # (the host may still be serving it, its build done, when the command asks)
+    assert "ComfyUI-RetryLock: isolated in it already" in out or "ComfyUI-RetryLock: being built here" in out, out
+    _wait_state(srv, "ComfyUI-RetryLock", lambda s: s["state"] == "isolated")
+    assert os.listdir(logs) == [os.path.basename(state["log"])], os.listdir(logs)   # one build, the host's
+    pid, value = _run(srv, "ComfyUI-RetryLock", 5)
+    assert pid != srv.proc.pid and value == "bhgate 3.0"
 
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (`make chromium`): the panel's buttons are not driven")
