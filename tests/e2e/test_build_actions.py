@@ -71,6 +71,18 @@ def short_home():
     shutil.rmtree(home, ignore_errors=True)
 
 
+def _panel(srv, tmp_path, query=""):
+    """The panel's DOM as Chromium renders it from the server (the
+    e2e_frontend pack's page), 4 s of virtual time after it loads."""
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             "--disable-extensions", "--user-data-dir=" + str(tmp_path / "chromium"), "--virtual-time-budget=4000",
+             "--window-size=400,900"]
+    dom = subprocess.run(flags + ["--dump-dom", srv.url + "/e2e/panel" + query], capture_output=True, text=True,
+                         timeout=120)
+    assert dom.returncode == 0 and "data-bh-panel" in dom.stdout, dom.stderr[-3000:]
+    return dom.stdout
+
+
 def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     gate = tmp_path / "gate"
     gate.write_text("open")
@@ -172,6 +184,10 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
             while "waiting for another install of ComfyUI-RetryLock" not in err_path.read_text():
                 assert cli.poll() is None and time.monotonic() < deadline, err_path.read_text()
                 time.sleep(0.1)
+            if CHROMIUM is not None:    # the panel shows the build's phase while it runs
+                row = _panel(srv, tmp_path).split('data-bh-pack="ComfyUI-RetryLock"', 1)[1]
+                row = row.split("data-bh-pack=", 1)[0]      # up to the next pack's row
+                assert "data-bh-progress" in row and "installing 1 requirement" in row, row[:3000]
             gate2.write_text("open")
             out, _ = cli.communicate(timeout=600)
         finally:
@@ -190,21 +206,16 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
         pytest.skip("chromium is not installed (`make chromium`): the panel's buttons are not driven")
     # The panel: Retry pressed in Chromium builds it; Show log shows pip's output.
     _fix(srv, "ComfyUI-RetryPanel", good)
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--disable-extensions", "--user-data-dir=" + str(tmp_path / "chromium"), "--virtual-time-budget=4000",
-             "--window-size=400,900"]
-    dom = subprocess.run(flags + ["--dump-dom", srv.url + "/e2e/panel?act=ComfyUI-RetryPanel:retry:1500"],
-                         capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0 and 'data-acted="yes"' in dom.stdout, dom.stdout[-3000:]
+    dom = _panel(srv, tmp_path, "?act=ComfyUI-RetryPanel:retry:1500")
+    assert 'data-acted="yes"' in dom, dom[-3000:]
     _wait_state(srv, "ComfyUI-RetryPanel", lambda s: s["state"] == "isolated")
     assert "E2ERetryPanel" in srv.http("GET", "/object_info")[1]
     pid, value = _run(srv, "ComfyUI-RetryPanel", 4)
     assert pid != srv.proc.pid and value == "bhgate 2.0"
-    dom = subprocess.run(flags + ["--dump-dom", srv.url + "/e2e/panel?act=ComfyUI-RetryPanel:log:1500"],
-                         capture_output=True, text=True, timeout=120)
-    assert dom.returncode == 0 and 'data-acted="yes"' in dom.stdout, dom.stdout[-3000:]
-    box = dom.stdout[dom.stdout.index("data-bh-log="):]
+    dom = _panel(srv, tmp_path, "?act=ComfyUI-RetryPanel:log:1500")
+    assert 'data-acted="yes"' in dom, dom[-3000:]
+    box = dom[dom.index("data-bh-log="):]
     log_path = _pack_state(srv, "ComfyUI-RetryPanel")["log"]
     assert log_path in box and "bhgate" in box[box.index("data-bh-log-text"):], box[:3000]
     # its path is shown whole, and every pack's row offers its fix as a button
-    assert 'data-bh-action="rebuild" data-pack="ComfyUI-RetryPanel"' in dom.stdout
+    assert 'data-bh-action="rebuild" data-pack="ComfyUI-RetryPanel"' in dom
