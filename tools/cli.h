@@ -75,6 +75,7 @@ int bh_cli_answer_read(const uint8_t *p, size_t n, bh_cli_answer *a);
  * serves stands); strings clipped, NUL-terminated; pid -1 when absent. */
 typedef struct bh_cli_pack {
   char name[128], state[16], reason[512], fix[256];
+  char sandbox[160]; /* "sandboxed", or "not sandboxed (why)" (host/sandbox.py), or "" */
   int64_t pid;
 } bh_cli_pack;
 

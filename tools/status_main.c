@@ -79,6 +79,10 @@ static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned 
       bh_text_appendf(b, "  %s %s", name, iso ? "isolated" : strcmp(p->state, "failed") == 0
                                               ? "FAILED" : "NOT isolated (in ComfyUI's process)");
       if (iso && p->pid > 0) bh_text_appendf(b, ", worker pid %lld", (long long)p->pid);
+      if (iso && p->sandbox[0]) {
+        bh_text_fit(text, sizeof text, p->sandbox, (unsigned)sizeof p->sandbox, 0);
+        bh_text_appendf(b, ", %s", text);
+      }
       bh_text_line_clip(b, start, cols);
       bh_text_appendf(b, "\n");
       const char *lines[2] = {p->reason, p->fix};
@@ -112,6 +116,8 @@ static void bh__packs_json(bh_buf *b, const bh__host_packs *hp, int n) {
       bh_text_json_str(b, p->reason, strlen(p->reason));
       bh_text_appendf(b, ",\"fix\":");
       bh_text_json_str(b, p->fix, strlen(p->fix));
+      bh_text_appendf(b, ",\"sandbox\":");
+      bh_text_json_str(b, p->sandbox, strlen(p->sandbox));
       if (p->pid > 0) bh_text_appendf(b, ",\"pid\":%lld}", (long long)p->pid);
       else bh_text_appendf(b, ",\"pid\":null}");
       first = 0;

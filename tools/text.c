@@ -152,6 +152,7 @@ static void bh__take_pack(const char *k, size_t kn, const bh_item *val, void *ct
     else if (BH__KEY("state")) bh__answer_str(out->state, sizeof out->state, val);
     else if (BH__KEY("reason")) bh__answer_str(out->reason, sizeof out->reason, val);
     else if (BH__KEY("fix")) bh__answer_str(out->fix, sizeof out->fix, val);
+    else if (BH__KEY("sandbox")) bh__answer_str(out->sandbox, sizeof out->sandbox, val);
   }
 }
 

@@ -501,6 +501,7 @@ function renderPacks(doc) {
     if (p.state === "isolated") {
       figure = "isolated";
       meta = `${p.python}${p.pid ? ` · worker ${p.pid}` : " · no worker running"}` +
+        (p.sandbox ? ` · ${p.sandbox.words}` : "") +
         (p.rebuild ? ` · update: ${p.rebuild}` : "") +
         (p.warning ? ` · ${p.warning.replace(/\.?$/, ".")}${p.fix ? ` Fix: ${p.fix}` : ""}` : "");
     } else if (p.state === "building") {

@@ -36,6 +36,8 @@ def comfyui(tmp_path):
             full.pop("BULKHEAD_BUILD", None)
         full.update({"PYTHONPATH": os.pathsep.join(path), "BULKHEAD_LEDGER": ledger,
                      "BH_E2E_HELPERS": HELPERS, "PYTHONUNBUFFERED": "1",
+                     # the test packs import helpers from there (e2e_pack's HoldRam): their sandboxes may read it
+                     "BULKHEAD_SANDBOX_READ": HELPERS,
                      "BULKHEAD_HOME": bulkhead_home or str(tmp_path / "bulkhead-home")})
         full.update(env or {})
         s = Server(base, full, ledger, python=python)

@@ -205,7 +205,7 @@ def test_a_worker_that_dies_ends_its_async_calls_with_worker_died(tmp_path):
 
 @pytest.mark.torch
 def test_a_prompt_that_ends_first_cancels_the_task_in_the_worker(tmp_path):
-    marker = tmp_path / "cancelled"
+    marker = tmp_path / "asyncpack" / "cancelled"   # in the pack's own folder, which its sandbox lets it write
     r = scenario(tmp_path, f"""
         fn = m["Marked"]().go
         async def main():

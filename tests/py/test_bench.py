@@ -97,3 +97,17 @@ def test_spin_bench_writes_its_figures(tmp_path):
         assert m["per_node_ms"] == pytest.approx((m["chain_ms"] - r["in_process_chain_ms"]) / 2)
         assert m["h2w_over_copy"] == pytest.approx(m["h2w_64m_ms"] / r["copy_64m_ms"])
         assert m["compute_over_default"]["conv"] == pytest.approx(m["conv"] / r["modes"]["default"]["conv"])
+
+
+def test_sandbox_bench_writes_its_figures(tmp_path):
+    """bench/sandbox.py (#38), a few rounds: the plan, the restriction in
+    a forked child and a sandboxed spawn's extra, each a time."""
+    out = tmp_path / "sandbox.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sandbox.py"), "--out", str(out),
+                          "--rounds", "5"], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    r = json.loads(out.read_text())
+    assert r["plan_ms"] > 0 and r["rules"] > 0 and r["target_ms"] == 1.0
+    if r["abi"] > 0:
+        assert r["apply_ms"] > 0 and isinstance(r["spawn_extra_ms"], float)

@@ -228,6 +228,26 @@ def test_interrupt_grace_and_prewarm(tmp_path):
     assert "known keys:" in w and "(did you mean 'prewarm'?)" in w and "interrupt_grace_s" in w
 
 
+def test_sandbox_keys(tmp_path):
+    """The sandbox's keys (host/sandbox.py): a mode word, a flag, path
+    arrays; a wrong type names the key and what it takes."""
+    c = load_text(tmp_path, """
+        [bulkhead]
+        sandbox = "required"
+        network = false
+        sandbox_read = ["~/datasets"]
+        sandbox_write = ["cache", "/mnt/models"]
+    """)
+    assert c.options == {"sandbox": "required", "network": False, "sandbox_read": ("~/datasets",),
+                         "sandbox_write": ("cache", "/mnt/models")}
+    e = error_of(tmp_path, "[bulkhead]\nnetwork = 0\n")
+    assert e.line == 2 and e.key == "bulkhead.network" and "true or false" in str(e), str(e)
+    e = error_of(tmp_path, "[bulkhead]\nsandbox_write = \"/tmp\"\n")
+    assert e.line == 2 and "an array of paths" in str(e), str(e)
+    e = error_of(tmp_path, "[bulkhead]\nsandbox = \"strict\"\n")
+    assert "must be one of 'on', 'off', 'required'" in str(e), str(e)
+
+
 def test_bulkhead_key_as_dotted_and_inline(tmp_path):
     [w] = load_text(tmp_path, 'python = "3.12"\nbulkhead.nope = 1\n').warnings
     assert ":2: [bulkhead] unknown key 'nope'" in w

@@ -78,8 +78,15 @@ def remote_error_class(builtin_name):
     return cls
 
 
+# Called with each exception that crosses (a sandboxed worker sets it:
+# worker/sandbox.py names what its sandbox refused); None elsewhere.
+on_error = None
+
+
 def format_exception(exc):
     """The ERROR payload for an exception."""
+    if on_error is not None:
+        on_error(exc)
     t = type(exc)
     mod = t.__module__
     name = t.__qualname__ if mod in ("builtins", None) else f"{mod}.{t.__qualname__}"

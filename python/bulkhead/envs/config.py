@@ -119,9 +119,23 @@ HASH_FORMAT = 1
 # defaults and units are channel/spec.py's.
 OPTIONS = spec.seconds_table()
 
+# [bulkhead] keys that take true or false: name -> what it is.
+FLAGS = {
+    "network": "whether the pack's sandboxed worker may make TCP connections (default true)",
+}
+
+# [bulkhead] keys that take an array of paths (~ expanded, relative to the
+# pack's folder): name -> what it is.
+PATH_LISTS = {
+    "sandbox_read": "paths the pack's sandboxed worker may read beyond its own",
+    "sandbox_write": "paths the pack's sandboxed worker may write beyond its own",
+}
+
 # [bulkhead] keys that take one of a few words: name -> (what it is, the words).
 CHOICES = {
     **spec.choices_table(),     # prewarm, fallback, host_packages: channel/spec.py
+    "sandbox": ("whether the pack's worker runs sandboxed (host/sandbox.py): where the kernel has Landlock (on), "
+                "never (off), or refusing to start where the kernel cannot (required)", ("on", "off", "required")),
 }
 
 # Tables bulkhead knows it does not implement, with what that means.
@@ -1009,9 +1023,19 @@ def load(path, root=None, *, warn=True):
                         "bulkhead", k)
             options[k] = v
             continue
+        if k in FLAGS:
+            if not isinstance(v, bool):
+                r.type_error(("bulkhead", k), f"true or false ({FLAGS[k]})", v)
+            options[k] = v
+            continue
+        if k in PATH_LISTS:
+            if not isinstance(v, list) or not all(isinstance(p, str) and p for p in v):
+                r.type_error(("bulkhead", k), f"an array of paths ({PATH_LISTS[k]})", v)
+            options[k] = tuple(v)
+            continue
         if k not in OPTIONS:
             # A tuning key: its default is kept, and so is the isolation.
-            known = list(OPTIONS) + list(CHOICES)
+            known = list(OPTIONS) + list(CHOICES) + list(FLAGS) + list(PATH_LISTS)
             line = _find_line(text, "bulkhead", k)
             notes.append(f"{path}:{line}: [bulkhead] unknown key {k!r}{did_you_mean(k, known)}: ignored, its "
                          f"default kept; known keys: {', '.join(known)}")

@@ -21,7 +21,7 @@ import os
 
 from ..channel import spec
 from ..packimport import import_nodes, in_worker
-from . import idle, prewarm, states
+from . import idle, prewarm, sandbox, states
 from .runtime import PackRuntime, find_comfyui
 from .states import ENV_NOT_BUILT, NO_COMFYUI, fallback, runtime, runtimes, set_state  # noqa: F401
 
@@ -88,8 +88,8 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None, memory=Non
         rt.load_metadata()
         rt.build()
         idle.watch(rt)
-        log.info("bulkhead: pack %r: %d node%s, %s, metadata %s", name, len(rt.classes),
-                 "" if len(rt.classes) == 1 else "s", rt.python,
+        log.info("bulkhead: pack %r: %d node%s, %s, %s, metadata %s", name, len(rt.classes),
+                 "" if len(rt.classes) == 1 else "s", rt.python, sandbox.state_of(rt).words(),
                  "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
         if options.get("prewarm") == "startup":
             prewarm.start(rt)

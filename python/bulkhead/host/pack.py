@@ -242,6 +242,9 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
     try:
         return _load(config, pack_dir, python, stamp, module, hm)
     except nodes.PackLoadError as e:
+        if getattr(e, "sandbox_refused", False):   # sandbox = "required": never in ComfyUI's process instead
+            states.failed(pack_dir, config.name, str(e), module=module)
+            raise
         err = e
     text = str(err)
     last = ([l.strip() for l in text.splitlines() if l.strip()] or [text])[-1]

@@ -433,6 +433,8 @@ class PackRuntime:
                              release_timeout_s=options.get("release_timeout_s"))
         self.worker.env_hooks.append(self._worker_env)
         self.worker.zygote_preload = self._zygote_preload
+        self.sandbox = None         # this start's sandbox.Plan (_worker_env makes it)
+        self.worker.sandbox = lambda: self.sandbox.spec() if self.sandbox is not None else None
         from ..envs.build import current_python
         self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
         if memory is not None:
@@ -512,10 +514,30 @@ class PackRuntime:
         folders = host_folders()
         if folders is not None:
             env["BULKHEAD_COMFY_FOLDERS"] = json.dumps(folders)
+        plan = self._sandbox_plan(folders)
+        if plan.active:
+            env["TMPDIR"] = plan.tmp
+            env["BULKHEAD_SANDBOXED"] = "1"
         alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         if alloc:
             env["PYTORCH_CUDA_ALLOC_CONF"] = alloc
         return env
+
+    def _sandbox_plan(self, folders):
+        """This start's sandbox (host/sandbox.py), made at each start: the
+        options and ComfyUI's folders may have changed.  Raises
+        WorkerStartError where it is required and the kernel cannot."""
+        from . import sandbox, workers
+        pp = [workers.worker_pythonpath()] + [p for p in str(self.worker.env.get("PYTHONPATH", "")).split(os.pathsep)
+                                              if p]
+        plan = sandbox.plan(self.name, self.pack_dir, self.worker.python, self.options, self.comfyui, folders, pp)
+        self.sandbox = plan
+        if plan.state == "refused":
+            raise workers.WorkerStartError(
+                f"cannot start worker {self.name!r}: {plan.why}, so it is not started: run it on a kernel with "
+                f"Landlock (Linux 5.13+), or set [bulkhead] sandbox = \"on\" in its comfy-env.toml to let it run "
+                "unsandboxed where the kernel cannot")
+        return plan
 
     # metadata
 
@@ -555,7 +577,10 @@ class PackRuntime:
             raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}) failed to import in its worker "
                                 f"({self.python}): {e}") from None
         except BulkheadError as e:
-            raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}): {e}") from None
+            err = PackLoadError(f"pack {self.name!r} ({self.pack_dir}): {e}")
+            # Its sandbox is required and the kernel cannot: no fallback runs it unsandboxed (host/pack.py).
+            err.sandbox_refused = self.sandbox is not None and self.sandbox.state == "refused"
+            raise err from None
 
     def build(self):
         self.classes = {}

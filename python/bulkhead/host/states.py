@@ -174,6 +174,9 @@ def pack_states():
             rt = by_key.get((r["directory"], r["python"]))      # one pack directory, one runtime per environment
             w = getattr(rt, "worker", None)
             r["pid"] = w.pid if w is not None else None
+            if rt is not None:     # sandboxed or not, and why (host/sandbox.py)
+                from . import sandbox
+                r["sandbox"] = sandbox.state_of(rt).describe()
             if w is not None and w.python != r["python"]:    # a rebuild moved it (envs.build.current_python)
                 r["python"], r["env"] = w.python, os.path.dirname(os.path.dirname(w.python))
     order = {"failed": 0, "refused": 0, "in-process": 1, "building": 2, "isolated": 3}

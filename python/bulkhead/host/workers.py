@@ -460,6 +460,9 @@ class Worker(_native.Caller):
         # a list of module names, or a callable returning one at each start;
         # None: the worker is spawned.
         self.zygote_preload = None
+        # What the worker may touch (host/sandbox.py's Plan.spec()), or a
+        # callable returning it at each start; None: unsandboxed.
+        self.sandbox = None
         self.busy = 0               # requests in flight (nested ones count)
         self.last_exit = None       # how the last generation ended, when it died unasked
         self._death = None          # (generation, words, status, output) of the last death a call saw
@@ -527,7 +530,8 @@ class Worker(_native.Caller):
                 sink = 2
         try:
             preload = self.zygote_preload() if callable(self.zygote_preload) else self.zygote_preload
-            proc, fd = zygote.spawn(self.python, argv, env, self.cwd, sink, f"[{self.name}] ", preload)
+            sandbox = self.sandbox() if callable(self.sandbox) else self.sandbox
+            proc, fd = zygote.spawn(self.python, argv, env, self.cwd, sink, f"[{self.name}] ", preload, sandbox)
         except OSError as e:
             what = "not found" if e.errno == 2 else e.strerror
             raise WorkerStartError(

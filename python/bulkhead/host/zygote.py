@@ -68,7 +68,7 @@ def enabled():
 def _key(python, env, preload):
     """What a zygote must share with the worker it forks."""
     shared = tuple(sorted((k, v) for k, v in env.items()
-                          if k != "PYTHONPATH" and not k.startswith("BULKHEAD_")))
+                          if k not in ("PYTHONPATH", "TMPDIR") and not k.startswith("BULKHEAD_")))
     return os.path.realpath(python), shared, tuple(preload)
 
 
@@ -108,9 +108,10 @@ class Zygote:
                               + (f": {tail.splitlines()[-1]}" if tail else ""))
         return ready
 
-    def fork(self, python, argv, env, cwd, sink, prefix):
+    def fork(self, python, argv, env, cwd, sink, prefix, sandbox=None):
         req = json.dumps({"op": "fork", "python": python, "argv": list(argv), "env": env,
-                          "cwd": cwd or os.getcwd()}).encode()   # None: the host's, as a spawn inherits
+                          "cwd": cwd or os.getcwd(),   # None: the host's, as a spawn inherits
+                          "sandbox": sandbox}).encode()   # the child restricts itself first (host/sandbox.py)
         with self._lock:
             return _native.spawn_via(self.fd, req, sink, prefix, FORK_TIMEOUT_MS)
 
@@ -194,21 +195,22 @@ def _get(key, python, env, preload, sink):
         return z
 
 
-def spawn(python, argv, env, cwd, sink, prefix, preload=None):
+def spawn(python, argv, env, cwd, sink, prefix, preload=None, sandbox=None):
     """(Proc, channel fd) as ``_native.spawn``: the worker forked by the
     zygote for (python, env, preload) where zygotes are on and it serves,
     else spawned (always where preload is None).  env: the worker's whole
-    environment (a dict)."""
+    environment (a dict); sandbox: what the worker may touch
+    (host/sandbox.py's Plan.spec()), or None."""
     envlist = [f"{k}={v}" for k, v in env.items()]
     if preload is None or not enabled():
-        return _native.spawn(python, argv, envlist, cwd, sink, prefix)
+        return _native.spawn(python, argv, envlist, cwd, sink, prefix, sandbox)
     key = _key(python, env, preload)
     for _attempt in range(2):
         z = _get(key, python, env, preload, sink)
         if z is None:
             break
         try:
-            return z.fork(python, argv, env, cwd, sink, prefix)
+            return z.fork(python, argv, env, cwd, sink, prefix, sandbox)
         except OSError as e:
             with _lock:
                 if _zygotes.get(key) is z:
@@ -216,7 +218,7 @@ def spawn(python, argv, env, cwd, sink, prefix, preload=None):
             z.close()
             _log().info("bulkhead: zygote for %s did not fork (%s); %s", python, e.strerror or e,
                      "starting another" if _attempt == 0 else "the worker is spawned")
-    return _native.spawn(python, argv, envlist, cwd, sink, prefix)
+    return _native.spawn(python, argv, envlist, cwd, sink, prefix, sandbox)
 
 
 def stop_idle():

@@ -121,6 +121,10 @@ def main():
               f"{parent}", file=sys.stderr)
         return 2
     envlock.hold(sys.prefix)    # while this worker lives, its environment is in use (a rebuild keeps it)
+    if os.environ.get("BULKHEAD_SANDBOXED") == "1":
+        from . import sandbox
+        from ..channel import peer as _peer_mod
+        _peer_mod.on_error = sandbox.note   # a refusal that crosses is named in the log, with the fix
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.
     signal.signal(signal.SIGUSR1, _interrupted)

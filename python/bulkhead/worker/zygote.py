@@ -283,6 +283,13 @@ def _become(req, fds, base_path, preloaded, zygote_pid):
         env["BULKHEAD_PARENT_PID"] = str(zygote_pid)
         os.environ.clear()
         os.environ.update(env)
+        if req.get("sandbox"):
+            # Before the environment's site runs (its .pth lines are its
+            # code) or the pack is imported: a failure ends the child.
+            from .. import _native
+            _native.sandbox_apply(tuple(req["sandbox"]))
+            if "tempfile" in sys.modules:
+                sys.modules["tempfile"].tempdir = None   # the zygote's TMPDIR is not the pack's
         stale = _take_environment(python, env, base_path, preloaded)
         if stale:
             level = env.get("BULKHEAD_LOG_LEVEL", "20").strip()
