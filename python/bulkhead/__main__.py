@@ -99,7 +99,9 @@ def _tell_running(config_paths):
     for pid in sorted(pids):
         try:
             answers = controlclient.request(pid, "built", list(config_paths), timeout_s=10.0)
-        except Exception as e:  # a host that is gone or too old to know "built": it uses it from its next start
+        except (controlclient.ControlUnreachable, OSError):
+            continue    # a host that is gone (its socket left behind): nothing to tell
+        except Exception as e:  # a host too old to know "built", or stuck: it uses it from its next start
             lines.append(f"ComfyUI (bulkhead host pid {pid}) was not told ({type(e).__name__}: {e}); "
                          "restart it to use the new environment")
             continue

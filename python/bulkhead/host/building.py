@@ -479,8 +479,9 @@ def _last_log(entry):
 def actions(row, entry=None):
     """The actions a person may ask for the pack of a pack_states row:
     "rebuild" where it runs isolated ("retry" too where its update's
-    rebuild failed), "retry" where its build failed, "build" where it
-    has no environment for another reason; none while it builds, where
+    rebuild failed) or where it is built but failed to import in its
+    worker, "retry" where its build failed, "build" where it has no
+    environment for another reason; none while it builds, where
     bulkhead's contract with this ComfyUI is refused (a build would not
     change that) or where it has no config bulkhead serves."""
     if entry is None:
@@ -490,6 +491,9 @@ def actions(row, entry=None):
         return []
     if row.get("state") == "isolated":
         return (["retry"] if str(row.get("rebuild", "")).startswith("failed") else []) + ["rebuild"]
+    from . import states
+    if states.REASONS[states.WORKER_IMPORT_FAILED][0].split("{")[0] in str(row.get("reason", "")):
+        return ["rebuild"]      # built, but the pack does not import there: built again from scratch
     failed = entry["failed"] or "fail" in str(row.get("reason", "")).lower()
     return ["retry" if failed else "build"]
 
@@ -565,8 +569,8 @@ def _act_work(b, entry, config, action, prev):
     name, directory, module = entry["name"], entry["directory"], entry["module"]
 
     def restore(**fields):
-        if prev.get("state") == "isolated":
-            states.update(directory, module, **fields)
+        if prev.get("state") == "isolated":     # the build's phase and progress are gone with it
+            states.update(directory, module, phase=None, progress=None, **fields)
         elif prev:
             states.set_state(directory, module, **dict(prev, **fields))
     try:
