@@ -701,7 +701,9 @@ typedef struct bh_fork_opts {
  * request at a time.  The zygote reports the child's wait status on the
  * report socket and reaps it only when bh_proc_wait answers, so wait,
  * kill, stop and close hold as for a spawned child; if the zygote dies
- * first, the child's end is seen by its pidfd and its status is -1; if
+ * first, the child's end is seen by its pidfd and its status is -1 (what
+ * is left of its process group is killed member by member, each through
+ * a pidfd: no zombie keeps the group's number then); if
  * the zygote is stopped or hung, so that it does not report an ended
  * child within 3 s, the status is BH_STATUS_UNREPORTED. */
 #define BH_STATUS_UNREPORTED (-2)
