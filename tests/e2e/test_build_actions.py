@@ -101,7 +101,8 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and not set(NODE.values()) & set(info)
     for name in NODE:
-        state = _pack_state(srv, name)
+        # (its actions once the build's thread has let it go, just after its state says failed)
+        state = _wait_state(srv, name, lambda s: s.get("actions"))
         assert state["state"] != "isolated" and state["actions"] == ["retry"], state
         assert state["log"].startswith(os.path.join(srv.env["BULKHEAD_HOME"], "logs")), state
     status, shown = srv.http("GET", "/bulkhead/log?pack=ComfyUI-RetryHttp")
@@ -137,7 +138,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     _fix(srv, "ComfyUI-RetryHttp", good)
     status, body = srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-RetryHttp", "action": "retry"})
     assert status == 202 and body["pack"] == "ComfyUI-RetryHttp", body
-    state = _wait_state(srv, "ComfyUI-RetryHttp", lambda s: s["state"] == "isolated")
+    state = _wait_state(srv, "ComfyUI-RetryHttp", lambda s: s["state"] == "isolated" and s.get("actions"))
     assert state["actions"] == ["rebuild"], state
     status, info = srv.http("GET", "/object_info")
     assert "E2ERetryHttp" in info
