@@ -529,9 +529,10 @@ def find(name):
     return found[0]
 
 
-def act(name, action):
+def act(name, action, force=None):
     """Has the pack called name built again (action: "build", "retry" or
-    "rebuild", the last even where its environment is ready) on the pool;
+    "rebuild", the last even where its environment is ready, unless force
+    says otherwise) on the pool;
     returns its Build (one already in progress for that environment, if
     any).  Raises LookupError (no such pack), ValueError (an action not
     offered for it now: the message names those that are) or the
@@ -559,10 +560,10 @@ def act(name, action):
                          reason=f"{action} asked; it serves as before ({prev.get('state', 'not served')}) meanwhile")
     log.info("bulkhead: pack %r: %s asked; its environment builds in the background", name, action)
     return submit(config, action, _env_dir(config), entry["directory"], entry["module"],
-                  lambda b: _act_work(b, entry, config, action, prev))
+                  lambda b: _act_work(b, entry, config, action, prev, action == "rebuild" if force is None else force))
 
 
-def _act_work(b, entry, config, action, prev):
+def _act_work(b, entry, config, action, prev, force):
     from ..envs import build as envs
     from ..envs.config import PackConfigError
     from . import states
@@ -574,7 +575,7 @@ def _act_work(b, entry, config, action, prev):
         elif prev:
             states.set_state(directory, module, **dict(prev, **fields))
     try:
-        after = envs.build(config, progress=b.progress, force=action == "rebuild")
+        after = envs.build(config, progress=b.progress, force=force)
     except envs.BuildStopped:
         restore()
         return          # ComfyUI is stopping
@@ -615,19 +616,19 @@ def picked_up(config_paths):
             entry = next((e for e in _served.values() if e["path"] == path), None)
         if entry is None:
             continue    # not a pack of this ComfyUI: nothing to say
-
         row = next((r for r in states.pack_states() if r["directory"] == entry["directory"]
                     and r["name"] == entry["name"]), {})
         if _pending_for(entry) is not None:
             out.append(f"{entry['name']}: being built here already; its nodes come when that build ends")
         elif row.get("state") == "isolated" and os.path.basename(str(row.get("env"))) == entry["env_dir"]:
-            out.append(f"{entry['name']}: isolated in it already; its worker runs in this build from its next start")
+            out.append(f"{entry['name']}: isolated in it already")
         elif row.get("state") == "isolated":
             out.append(f"{entry['name']}: isolated; its worker moves to the new environment at its next start")
         else:
-            try:
-                act(entry["name"], "retry" if "retry" in actions(row, entry) else "build")
-            except (LookupError, ValueError, Exception) as e:  # what the host cannot do is the CLI's to show
+            offered = actions(row, entry)
+            try:    # built already: served from it, not built again (force=False, whatever the action)
+                act(entry["name"], offered[0] if offered else "build", force=False)
+            except Exception as e:  # what the host cannot do is the CLI's to show
                 out.append(f"{entry['name']}: not picked up ({e}); restart ComfyUI to use it")
                 continue
             out.append(f"{entry['name']}: picked up: served isolated in a moment, its nodes replacing what ran "
