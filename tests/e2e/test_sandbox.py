@@ -15,10 +15,11 @@ start the worker, naming why."""
 import json
 import os
 import socket
+import subprocess
 
 import pytest
 
-from .e2eenv import BUILD_PY
+from .e2eenv import BUILD_PY, CLI
 
 ESCAPES = ("write ~/.bashrc", "read ~/.ssh/id_ed25519", "write ComfyUI's code", "write another pack's folder",
            "write another pack's env", "read another pack's env", "write bulkhead's package",
@@ -110,6 +111,11 @@ def test_a_refusal_is_named_with_the_line_that_allows_it(comfyui, home):
     status, doc = srv.http("GET", "/bulkhead/status")
     pack = [p for p in doc["packs"] if p["name"] == "e2e_sandbox"][0]
     assert pack["sandbox"]["state"] == "sandboxed", pack
+    # `bulkhead status` says so too, from the host's control socket
+    r = subprocess.run([CLI, "status", "--ledger", srv.ledger], env=srv.env, capture_output=True, text=True,
+                       timeout=30)
+    line = [l for l in r.stdout.splitlines() if l.strip().startswith("e2e_sandbox")]
+    assert line and line[0].rstrip().endswith(", sandboxed"), r.stdout + r.stderr
 
 
 def test_required_refuses_where_the_kernel_cannot(comfyui, home):
