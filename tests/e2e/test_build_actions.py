@@ -131,6 +131,8 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
         urllib.request.urlopen(req, timeout=30)
     assert refused.value.code == 403
     assert srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-Nowhere", "action": "retry"})[0] == 404
+    status, answer = srv.http("GET", "/bulkhead/log?pack=ComfyUI-Nowhere")
+    assert status == 404 and "no pack 'ComfyUI-Nowhere'" in answer["error"], answer
 
     # Retry over HTTP, once its config is fixed: built, its nodes join
     # /object_info and run in its worker, without a restart.

@@ -314,11 +314,11 @@ class BulkheadRoutes(BulkheadService):
             if not name:
                 raise RouteError(400, "name the pack: GET /bulkhead/log?pack=<its name, as GET /bulkhead/status "
                                       "lists it>")
-            try:
-                path = building.annotate([dict(r) for r in states.pack_states() if r["name"] == name]
-                                         or [{"name": name}])[0].get("log")
-            except LookupError as e:
-                raise RouteError(404, str(e)) from None
+            rows = [dict(r) for r in states.pack_states() if r["name"] == name]
+            if not rows:
+                raise RouteError(404, f"no pack {name!r} is served by bulkhead here; name one as GET "
+                                      "/bulkhead/status lists it")
+            path = building.annotate(rows)[0].get("log")
             if not path:
                 raise RouteError(404, f"pack {name!r} has no build log here (none of its builds ran since its "
                                       "logs were kept); its state in GET /bulkhead/status says why")
