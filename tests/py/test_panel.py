@@ -407,6 +407,8 @@ def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, mon
     assert "NOT isolated" in rows[1]["text"] and "pip found no bh-nowhere" in rows[1]["text"]
     assert "bulkhead install" in rows[1]["text"] and "FAILED" in rows[0]["text"]
     assert "isolated" in rows[2]["text"] and sys_python_name() in rows[2]["text"]
+    # and whether its worker is sandboxed (#38), as GET /bulkhead/status says
+    assert r["packs"][2]["sandbox"]["words"] in rows[2]["text"], (r["packs"][2], rows[2]["text"])
     # the section comes first in the panel
     assert r["dom"].index("data-bh-pack") < r["dom"].index("bh-devices")
     # and one notice in ComfyUI's toast at load names the two not isolated
