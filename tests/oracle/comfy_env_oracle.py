@@ -3,12 +3,14 @@ config, beside what bulkhead's reader makes of it, field by field.
 
 A *use* is a config put to a release that would have read it: every
 release that accepts a fixture config (the repo's own, and
-tests/oracle/corpus), and for a config fetched from a public pack's
+tests/oracle/corpus) and reads its shape (shape_of), and for a config
+fetched from a public pack's
 history (a folder named by BULKHEAD_CONFIG_CORPUS, each file with a
 ``<file>.json`` beside it: repo, commit, date, the pack's comfy-env
 requirement then) the release that pack then got -- the version its
 requirement pinned, else the newest out at the commit's date that
-satisfies it.  The releases are those PyPI serves (0.3.0+), and where
+satisfies it, and for a 0.0.x file the last 0.0.x release out then
+too.  The releases are those PyPI serves (0.3.0+), and where
 BULKHEAD_COMFY_ENV_GIT names a clone of comfy-env's history, its tags
 PyPI no longer serves (0.1.82-0.2.83); a config whose release is in
 neither (0.0.x) is counted, not compared.
@@ -38,12 +40,12 @@ DIALECTS = os.path.join(REPO, "docs", "comfy-env-dialects.md")
 # The fields of a view, by the file's role; "refused" is the reader's
 # error (None when it read the file).
 FIELDS = {
-    "env": ("refused", "python", "requirements", "conda", "cuda", "env_vars", "apt", "brew"),
+    "env": ("refused", "python", "requirements", "conda", "cuda", "env_vars", "apt", "brew", "local"),
     "root": ("refused", "node_packs", "types", "apt", "brew", "isolate"),
 }
 ALL_FIELDS = sorted(set(FIELDS["env"]) | set(FIELDS["root"]))
 # The keys an entry of docs/comfy-env-differences.toml may have.
-ENTRY_KEYS = {"field", "role", "shape", "releases", "only_release", "only_bulkhead", "release", "bulkhead", "row",
+ENTRY_KEYS = {"field", "role", "shape", "config", "releases", "only_release", "only_bulkhead", "release", "bulkhead", "row",
               "reason"}
 # A config's shape (shape_of): "d1" for comfy-env 0.0.13-0.0.65's, which
 # later releases handed to pixi unread; "current" for the others.
@@ -110,6 +112,8 @@ def shape_of(path):
         return "current"
     if any(k in data for k in ("system", "local", "variables", "sources", "wheel_sources", "worker", "tools")):
         return "d1"
+    if any(k in data for k in ("python", "pypi-dependencies", "dependencies")) and "env" not in data:
+        return "current"       # 0.0.66+'s top level, whatever else the file carries
     if "env" in data and "packages" in data:
         return "d1"
     cuda = data.get("cuda")
@@ -152,7 +156,14 @@ release, paths = sys.argv[1], json.loads(sys.stdin.read())
 pkg = types.ModuleType("comfy_env")
 pkg.__path__ = [release + "/comfy_env"]
 sys.modules["comfy_env"] = pkg
-from comfy_env.config import load_config
+try:
+    from comfy_env.config import load_config
+except ImportError:
+    # 0.0.13-0.0.65: env/config_file.py, its CUDA detection answering
+    # 12.8 (the torch it then picked: 2.8.0), as bulkhead's side is told
+    import comfy_env.env.config_file as cf
+    cf.detect_cuda_version = lambda: "12.8"
+    load_config = cf.load_config
 
 def plain(x):
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -222,8 +233,11 @@ def _pixi_req(key, spec):
 
 
 def _bulkhead_req(req):
-    from packaging.requirements import Requirement
-    r = Requirement(req)
+    from packaging.requirements import InvalidRequirement, Requirement
+    try:
+        r = Requirement(req)
+    except InvalidRequirement:      # kept as written ({var}s left, a pip option): compared as text
+        return req.strip(), ([], "")
     if r.url:
         kind = "git" if r.url.startswith("git+") else ("path" if r.url.startswith("file:") else "url")
         return _canon(r.name), (sorted({_canon(e) for e in r.extras}), "@" + kind)
@@ -242,11 +256,63 @@ def _listify(v):
     return [str(v)] if v else []
 
 
+D1_RELEASES = ">=0.0.13,<0.0.66"
+
+
+def d1_view(c, role):
+    """A 0.0.13-0.0.65 release's answer (its EnvManagerConfig) as a view:
+    its one environment's python, requirements (its ``[<env>.cuda]``
+    wheels among them, as that release resolved them: merged_view puts
+    bulkhead's CUDA wheels there too), conda packages and variables;
+    ``[system] linux`` as apt; with no environment, what ``[local]`` put
+    into ComfyUI's own Python, as the requirements."""
+    envs = list((c.get("envs") or {}).values())
+    system = c.get("system") or {}
+    view = {"refused": None, "apt": sorted(_listify(system.get("linux"))),
+            "brew": sorted(_listify(system.get("darwin"))), "cuda": []}
+    if role == "root":
+        view.update(node_packs=sorted(r.get("name") for r in c.get("node_reqs") or []), types={}, isolate=None)
+        return view
+    if len(envs) > 1:
+        view["environments"] = len(envs)
+    if envs:
+        e = envs[0]
+        reqs = list(e.get("requirements") or []) + list(e.get("no_deps_requirements") or []) + \
+            list(e.get("linux_requirements") or [])
+        view["python"] = e.get("python")
+        view["env_vars"] = {str(k): str(v) for k, v in (e.get("env_vars") or {}).items()}
+        conda = (e.get("conda") or {}).get("packages") or []
+    else:
+        local = c.get("local") or {}
+        into = [k + ("==" + v if v and v != "*" else "") for k, v in (local.get("cuda_packages") or {}).items()]
+        into += list(local.get("requirements") or [])
+        view["python"], view["env_vars"], conda, reqs = None, {}, [], []
+        # what that release installed into ComfyUI's own Python
+        view["local"] = _reqs(dict(_bulkhead_req(q) for q in into if q.strip()).items())
+    view.setdefault("local", [])
+    view["requirements"] = _reqs(dict(_bulkhead_req(q) for q in reqs if q.strip()).items())
+    view["conda"] = sorted(_canon(re.split(r"[\s=<>!~]", str(x).split("::")[-1], 1)[0]) for x in conda)
+    return view
+
+
+def merged_view(view):
+    """view with its CUDA wheels among its requirements: how a 0.0.x
+    release's answer is compared."""
+    v = dict(view)
+    if v.get("refused") is None and "requirements" in v:
+        extra = dict(_bulkhead_req(q) for q in v.get("cuda") or [])
+        v["requirements"] = sorted(set(v["requirements"]) | set(_reqs(extra.items())))
+        v["cuda"] = []
+    return v
+
+
 def release_view(result, role):
     """The release's answer as a view (FIELDS[role])."""
     if "error" in result:
         return {"refused": result["error"]}
     c = result["config"]
+    if "envs" in c and "local" in c:
+        return d1_view(c, role)
     pp = c.get("pixi_passthrough") or {}
     target = ((pp.get("target") or {}).get(PLATFORM) or {}) if isinstance(pp.get("target"), dict) else {}
     view = {"refused": None}
@@ -274,6 +340,7 @@ def release_view(result, role):
     conda = dict(pp.get("dependencies") or {})
     conda.update(target.get("dependencies") or {})
     view["conda"] = sorted(_canon(k) for k in conda if _canon(k) != "python")
+    view["local"] = []
     return view
 
 
@@ -296,7 +363,8 @@ def bulkhead_view(path, role):
     return {"refused": None, "python": python, "cuda": sorted(c.cuda), "env_vars": dict(c.env_vars),
             "requirements": _reqs(dict(_bulkhead_req(q) for q in c.requirements).items()),
             "conda": sorted(_canon(re.split(r"[\s=<>!~]", s.split("::")[-1], 1)[0]) for s in c.conda),
-            "apt": sorted(c.system_packages.get("apt", ())), "brew": sorted(c.system_packages.get("brew", ()))}
+            "apt": sorted(c.system_packages.get("apt", ())), "brew": sorted(c.system_packages.get("brew", ())),
+            "local": []}      # bulkhead installs nothing into ComfyUI's own Python
 
 
 def _same_python(a, b):
@@ -360,15 +428,18 @@ def _matches(rx, value):
     return rx is not None and re.search(rx, json.dumps(value) if not isinstance(value, str) else value) is not None
 
 
-def listed(diff, version, role, entries, shape="current"):
+def listed(diff, version, role, entries, shape="current", text=""):
     """The entry of entries that lists this difference in a file of that
-    role and shape (shape_of), or None.  An entry with ``field = "*"``
-    names a shape: every field of such a file."""
+    role, shape (shape_of) and text, or None.  An entry with ``field =
+    "*"`` names a shape: every field of such a file; one with ``config``
+    only files whose text that pattern finds."""
     from packaging.specifiers import SpecifierSet
     for e in entries:
         if e["field"] not in ("*", diff["field"]) or e.get("role", role) != role:
             continue
         if e.get("shape", shape) != shape:
+            continue
+        if "config" in e and not re.search(e["config"], text):
             continue
         if e["field"] == "*":
             if SpecifierSet(e.get("releases", "")).contains(version, prereleases=True):

@@ -13,6 +13,7 @@ is missing and prints one line per release; the oracle test
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,30 +125,42 @@ def install_all(progress=None):
 
 
 def git_releases(repo, served):
-    """{version: (folder, tag date)} for the tags of comfy-env's history
-    (repo: a clone, or its git directory) that PyPI no longer serves
-    (v0.1.82-v0.2.83): each tag's ``src/comfy_env`` extracted once under
-    ROOT/git/<version>.  The older 0.0.x releases have no tag."""
+    """{version: (folder, date)} for the releases of comfy-env's history
+    (repo: a clone, or its git directory) that PyPI does not serve: each
+    version its pyproject.toml named (0.0.1-0.2.83), at its tag where it
+    has one (v0.1.82 on), else at the commit that set that version; its
+    ``src/comfy_env`` extracted once under ROOT/git/<version>.  A version
+    whose tree has no ``src/comfy_env`` is left out."""
     git = ["git", "--git-dir", repo] if os.path.isfile(os.path.join(repo, "HEAD")) else ["git", "-C", repo]
-    tags = subprocess.run(git + ["tag"], capture_output=True, text=True, check=True).stdout.split()
-    out = {}
-    for tag in tags:
+
+    def out(*a):
+        return subprocess.run(git + list(a), capture_output=True, text=True, check=True).stdout
+    at = {}
+    for line in out("log", "--all", "--reverse", "--format=%H %cI", "--", "pyproject.toml").splitlines():
+        commit, date = line.split()
+        m = re.search(r'(?m)^version\s*=\s*"([^"]+)"', subprocess.run(
+            git + ["show", f"{commit}:pyproject.toml"], capture_output=True, text=True).stdout)
+        if m and m.group(1) not in at:
+            at[m.group(1)] = (commit, date)
+    for tag in out("tag").split():
         v = tag[1:] if tag.startswith("v") else tag
-        if v in served or not v[:1].isdigit():
+        if v in at:
+            at[v] = (tag, out("log", "-1", "--format=%cI", tag).strip())
+    found = {}
+    for v, (ref, date) in at.items():
+        if v in served or not re.match(r"\d+(\.\d+)*$", v):
             continue
         d = os.path.join(ROOT, "git", v)
-        date = subprocess.run(git + ["log", "-1", "--format=%cI", tag], capture_output=True, text=True,
-                              check=True).stdout.strip()
         if not os.path.isfile(os.path.join(d, ".ok")):
             shutil.rmtree(d, ignore_errors=True)
-            os.makedirs(d)
-            arch = subprocess.run(git + ["archive", "--format=tar", tag, "src/comfy_env"], capture_output=True)
+            arch = subprocess.run(git + ["archive", "--format=tar", ref, "src/comfy_env"], capture_output=True)
             if arch.returncode != 0:
-                continue        # a tag without src/comfy_env
+                continue
+            os.makedirs(d)
             subprocess.run(["tar", "-x", "-C", d, "--strip-components=1"], input=arch.stdout, check=True)
             open(os.path.join(d, ".ok"), "w").close()
-        out[v] = (d, date[:19])
-    return out
+        found[v] = (d, date[:19])
+    return found
 
 
 if __name__ == "__main__":

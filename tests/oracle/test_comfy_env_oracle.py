@@ -8,9 +8,13 @@ under bulkhead's routed ``comfy_env`` -- with no comfy-env installed, and
 with that release installed beside bulkhead -- served, or refused by a
 callable naming releases that include this one.
 
-The corpus is the repo's fixtures, plus the folder BULKHEAD_CONFIG_CORPUS
-names (public packs' configs fetched from their histories, kept outside
-the repo).  The numbers (configs, releases, uses the same / different /
+Where BULKHEAD_COMFY_ENV_GIT names a clone of comfy-env's history, the
+releases PyPI no longer serves are read too (0.0.1-0.2.83, from their
+tags or the commits that set their versions).  The corpus is the repo's
+fixtures (each compared with every release that reads its shape: 0.0.x's
+for a 0.0.x file, the others for the rest), plus the folder
+BULKHEAD_CONFIG_CORPUS names (public packs' configs fetched from their
+histories, kept outside the repo).  The numbers (configs, releases, uses the same / different /
 listed, and the whole matrix) are printed and kept in
 build/comfy-env-oracle/report.json.
 """
@@ -23,6 +27,7 @@ import shutil
 import sys
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import comfy_env_oracle as oracle      # noqa: E402
@@ -66,6 +71,9 @@ def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monke
     ok, _bad = releases
     ok = dict(ok)
     monkeypatch.setenv("BULKHEAD_HOME", str(tmp_path / "bh-home"))
+    # 0.0.x's {var}s: the torch and CUDA its reader is told it detected
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.8.0+cu128")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "12.8")
     dates = upload_dates()
     history = os.environ.get("BULKHEAD_COMFY_ENV_GIT")
     from_git = {}
@@ -96,6 +104,12 @@ def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monke
                 e["uses"].add(v)
             else:
                 e["why_not"].append(why)
+            if oracle.shape_of(p) == "d1":
+                # and the last release that read its shape, at that commit
+                d1 = {x for x in served if SpecifierSet(oracle.D1_RELEASES).contains(x, prereleases=True)}
+                v, _ = oracle.release_in_use(dict(meta, comfy_env=""), d1, dates, rel.version_key)
+                if v:
+                    e["uses"].add(v)
     placed = {}
     for i, (digest, e) in enumerate(sorted(distinct.items())):
         placed[digest] = _place(tmp_path, e["src"], i)
@@ -111,6 +125,10 @@ def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monke
             served.remove(v)
     bh = {d: oracle.bulkhead_view(placed[d][0], placed[d][1]) for d in distinct}
     shapes = {d: oracle.shape_of(placed[d][0]) for d in distinct}
+    texts = {}
+    for d in distinct:
+        with open(placed[d][0], encoding="utf-8", errors="replace") as f:
+            texts[d] = f.read()
     entries = oracle.load_listed()
 
     counts = {"fixtures": collections.Counter(), "corpus": collections.Counter()}
@@ -125,12 +143,14 @@ def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monke
         kind["configs"] += 1
         for v in served:
             rv = oracle.release_view(answers[v][path], role)
-            diffs = oracle.differences(rv, bh[d], role)
+            d1 = SpecifierSet(oracle.D1_RELEASES).contains(v, prereleases=True)
+            diffs = oracle.differences(rv, oracle.merged_view(bh[d]) if d1 else bh[d], role)
             accepted = rv.get("refused") is None
             matrix["read" if accepted else "refused by the release"] += 1
             if accepted:
                 matrix["same" if not diffs else "different"] += 1
-            in_use = v in uses or ("*" in uses and accepted)
+            # a fixture: every release that reads its shape
+            in_use = v in uses or ("*" in uses and accepted and d1 == (shapes[d] == "d1"))
             if not in_use:
                 continue
             if not accepted and "*" not in uses:
@@ -140,7 +160,7 @@ def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monke
                 continue
             kinds = []
             for diff in diffs:
-                entry = oracle.listed(diff, v, role, entries, shapes[d])
+                entry = oracle.listed(diff, v, role, entries, shapes[d], texts[d])
                 if entry is None:
                     unlisted.append((e["sources"][0], v, role, diff))
                     kinds.append("unlisted")
@@ -156,7 +176,7 @@ def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monke
                                              else why)] += 1
     summary = {
         "releases served": len(served) - len(from_git) + len(_bad), "releases installed": len(served) - len(from_git),
-        "releases from comfy-env's git tags (not on PyPI)": len(from_git),
+        "releases from comfy-env's git history (not on PyPI)": len(from_git),
         "distinct configs": len(distinct), "fixture configs": sum(1 for e in distinct.values() if e["fixture"]),
         "corpus files": n_corpus_files, "fixtures": dict(counts["fixtures"]), "corpus": dict(counts["corpus"]), "listed differences by row": dict(listed_by),
         "matrix (every release x every config)": dict(matrix),
@@ -178,6 +198,11 @@ def test_configs_resolve_as_the_release_that_read_them(tmp_path, releases, monke
 def test_every_name_a_release_exports_imports_under_bulkhead(releases):
     from bulkhead.host import comfy_env_legacy as legacy
     ok, _bad = releases
+    ok = dict(ok)
+    history = os.environ.get("BULKHEAD_COMFY_ENV_GIT")
+    if history:
+        ok.update({v: d for v, (d, _) in rel.git_releases(history, set(ok)).items()
+                   if os.path.isfile(os.path.join(d, "comfy_env", "__init__.py"))})
     by_release = {v: oracle.exported(d) for v, d in ok.items()}
     signposts = {v: oracle.exported(d, ("_INTERNAL",)) for v, d in ok.items()}
     everything = set().union(*by_release.values(), *signposts.values())

@@ -34,7 +34,7 @@ def test_every_listed_difference_names_real_keys_and_its_reason():
         if "role" in e and e["field"] != "*":
             assert e["field"] in oracle.FIELDS[e["role"]], f"{where}: a {e['role']} file has no {e['field']}"
         SpecifierSet(e["releases"])
-        for k in ("only_release", "only_bulkhead", "release", "bulkhead"):
+        for k in ("only_release", "only_bulkhead", "release", "bulkhead", "config"):
             if k in e:
                 re.compile(e[k])
         assert e["reason"].strip(), where

@@ -111,8 +111,8 @@ NAMES = {
     "register_worker": "0.0.6-0.0.x",
     "shutdown_workers": "0.0.6-0.0.x",
     "Worker": "0.0.6-0.4.22",
-    "MPWorker": "0.1.x",
-    "SubprocessWorker": "0.1.x-0.4.22",
+    "MPWorker": "0.0.66-0.1.x",
+    "SubprocessWorker": "0.0.66-0.4.22",
     "TensorKeeper": "0.1.x-0.4.22",
     "release_tensor": "0.1.89-0.4.22",
     "release_tensors_recursive": "0.1.89-0.4.22",
@@ -159,6 +159,9 @@ NAMES = {
     "get_env_name": "0.3.54-0.4.22",
     "get_workspace_dir": "0.3.54-0.4.22",
     "input_files": "0.4.34-0.4.42",
+    "setup_isolated_imports": "0.0.50-0.0.65",
+    "cleanup_stubs": "0.0.50-0.0.65",
+    "PACKAGE_REGISTRY": "0.0.66",
 }
 
 # Why each refused name is not served, by kind, and what to do.
@@ -174,6 +177,11 @@ _NO_PROBE = ("bulkhead matches an environment to the host's torch and CUDA itsel
              "bulkhead serves")
 _NO_CONFIG_CLASS = ("bulkhead reads comfy-env.toml itself. Fix: comfy_env.load_config(path) / "
                     "discover_config(dir), which bulkhead serves, give the file as a ComfyEnvConfig")
+_NO_STUBS = ("comfy-env 0.0.50-0.0.65 put stand-in modules into ComfyUI's process for the packages only the "
+             "pack's environment has, so that the pack's nodes module imported there; bulkhead imports a pack's "
+             "nodes in its worker, where those packages are. Fix: let bulkhead isolate the nodes "
+             "(`NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = comfy_env.register_nodes()` with a "
+             "comfy-env.toml beside them) and drop the call")
 _WHY = {n: _USE_NODES for n in (
     "isolated", "shutdown_all_processes", "WorkerBridge", "BaseWorker", "register", "TorchBridge", "TorchWorker",
     "PersistentVenvWorker", "TorchMPWorker", "VenvWorker", "WorkerPool", "get_worker", "register_worker",
@@ -182,7 +190,9 @@ _WHY = {n: _USE_NODES for n in (
 _WHY.update({n: _NO_PIXI for n in (
     "PIXI", "ensure_pixi", "get_pixi_path", "get_pixi_python", "pixi_run", "pixi_install", "pixi_clean",
     "create_pixi_toml", "get_cache_dir", "cleanup_orphaned_envs", "resolve_env_path", "CACHE_DIR", "MARKER_FILE",
-    "get_env_name", "get_workspace_dir", "IsolatedEnvManager", "RuntimeEnv", "WheelResolver", "detect_runtime")})
+    "get_env_name", "get_workspace_dir", "IsolatedEnvManager", "RuntimeEnv", "WheelResolver", "detect_runtime",
+    "PACKAGE_REGISTRY")})
+_WHY.update({n: _NO_STUBS for n in ("setup_isolated_imports", "cleanup_stubs")})
 _WHY.update({n: _NO_PROBE for n in (
     "detect_platform", "get_platform_tag", "detect_gpu_info", "detect_gpus", "detect_gpu", "detect_cuda_environment",
     "get_gpu_summary", "get_recommended_cuda_version", "GPUInfo", "CUDAEnvironment")})
