@@ -134,11 +134,14 @@ def _interpreter_dirs(python):
 
 def _caches():
     """The model caches packs use, made if missing (a rule needs a path
-    that exists): Hugging Face's and torch hub's, and triton's kernels."""
+    that exists): Hugging Face's and torch hub's, and the compiled kernels
+    of torch extensions, triton and CUDA's JIT (which, refused, would
+    compile again at every start)."""
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     out = [os.environ.get("HF_HOME") or os.path.join(xdg, "huggingface"),
            os.environ.get("TORCH_HOME") or os.path.join(xdg, "torch"),
            os.path.join(xdg, "torch_extensions"), os.path.join(os.path.expanduser("~"), ".triton")]
+    out.append(os.environ.get("CUDA_CACHE_PATH") or os.path.join(os.path.expanduser("~"), ".nv", "ComputeCache"))
     out += [os.environ[k] for k in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")
             if os.environ.get(k)]
     for d in out:
