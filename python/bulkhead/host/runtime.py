@@ -533,10 +533,11 @@ class PackRuntime:
         plan = sandbox.plan(self.name, self.pack_dir, self.worker.python, self.options, self.comfyui, folders, pp)
         self.sandbox = plan
         if plan.state == "refused":
+            let = ("set BULKHEAD_SANDBOX=on" if "BULKHEAD_SANDBOX" in plan.why
+                   else 'set [bulkhead] sandbox = "on" in its comfy-env.toml')
             raise workers.WorkerStartError(
                 f"cannot start worker {self.name!r}: {plan.why}, so it is not started: run it on a kernel with "
-                f"Landlock (Linux 5.13+), or set [bulkhead] sandbox = \"on\" in its comfy-env.toml to let it run "
-                "unsandboxed where the kernel cannot")
+                f"Landlock (Linux 5.13+), or {let} to let it run unsandboxed where the kernel cannot")
         return plan
 
     # metadata
