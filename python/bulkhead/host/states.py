@@ -219,6 +219,8 @@ def startup_line(lead=""):
         parts.append((f", {len(partial)} without torch", partial))
     if built:
         parts.append((f", {len(built)} building in the background", built))
+    if bare:    # isolated, its worker not sandboxed (host/sandbox.py): why is in its own line
+        parts.append((f", {len(bare)} not sandboxed", bare))
     if lost:
         parts.append((f", {len(lost)} NOT isolated", lost))
     # the names, as many as fit: a start with many packs is one line still
