@@ -142,7 +142,8 @@ def release_in_use(meta, served, upload_dates, version_key):
     date = meta.get("date", "9999")
     ok = [v for v in served if upload_dates.get(v, "") <= date[:19].replace("T", "T") and spec.contains(v)]
     if not ok:
-        return None, "no release here was out at that commit (PyPI serves 0.3.0+, comfy-env's tags start at 0.1.82)"
+        return None, ("no release here was out at that commit (PyPI serves 0.3.0+; BULKHEAD_COMFY_ENV_GIT adds "
+                      "the older ones from comfy-env's history)")
     return max(ok, key=version_key), None
 
 
@@ -504,9 +505,13 @@ def routed_names(names, real=(), python=sys.executable):
     """{name: "served" | "refused" | the error} for ``from comfy_env
     import name`` under bulkhead's routing, with the folders real (a
     release and its dependencies) first on sys.path, or none."""
+    import bulkhead
     env = dict(os.environ)
     for v in ("COMFY_ENV_ROOT", "BULKHEAD_COMFY_ENV", "COMFY_ENV_ISOLATE", "USE_COMFY_ENV"):
         env.pop(v, None)
+    # the child runs elsewhere: the bulkhead this process imported, by its absolute path
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(bulkhead.__file__)))] +
+                                        [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     r = subprocess.run([python, "-c", NAMES_PROBE, *real], input=json.dumps(sorted(names)), capture_output=True,
                        text=True, env=env, timeout=300, cwd=tempfile.gettempdir())
     if r.returncode != 0:
