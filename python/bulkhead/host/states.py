@@ -211,8 +211,8 @@ def startup_line(lead=""):
     lost = [f"{r['name']}: {r['state']}" for r in rows if r["state"] not in ("isolated", "building")]
     built = [r["name"] for r in rows if r["state"] == "building"]
     partial = [r["name"] for r in iso if r.get("warning")]
-    with _states_lock:
     bare = [r["name"] for r in iso if (r.get("sandbox") or {}).get("state") not in (None, "sandboxed")]
+    with _states_lock:
         spent = _serving_s[0]
     tail = f"; {spent:.1f} s loading them; the panel and `bulkhead status` say more"
     parts = [(f"{lead}bulkhead {__version__}: {len(iso)} pack{'' if len(iso) == 1 else 's'} isolated", [])]
