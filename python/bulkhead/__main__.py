@@ -8,7 +8,9 @@
 
 ``install`` builds the environment of every ``comfy-env.toml`` in the pack
 that is not ready (all of them with ``--force``), showing progress on
-stderr.  ``env`` prints where each stands.  ``doctor`` imports a ComfyUI
+stderr (every line is in the build's log file too), then tells each
+ComfyUI running on the machine and prints what it does with the result:
+one that serves the pack without it serves it isolated from it at once.  ``env`` prints where each stands.  ``doctor`` imports a ComfyUI
 (as under ``--cpu``) and prints bulkhead's contract with it
 (``bulkhead.contract``): every name bulkhead reads or calls there, its tier
 and whether this ComfyUI offers it.  Exit status: 0 done / all ready /
