@@ -19,6 +19,8 @@ package where it imports and with a module of their own otherwise.
 import inspect
 import sys
 
+from .channel.spec import WORKER_PAGER
+
 INIT_KEYWORDS = ("simple_vram_headroom", "nvml_pressure")
 
 
@@ -54,7 +56,7 @@ def decide(env_value, device_type, control):
     torch device type; control: comfy_aimdo.control or None."""
     if env_value not in ("1", "true", "yes"):
         return False, ("the host runs the legacy ledger" if env_value is None or env_value == "0"
-                       else f"BULKHEAD_WORKER_PAGER={env_value!r} is not 1")
+                       else f"{WORKER_PAGER}={env_value!r} is not 1")
     if device_type != "cuda":
         return False, f"the pager has no {device_type} path"
     if control is None:

@@ -27,10 +27,12 @@ import json
 import os
 import struct
 
+from .spec import PACK_NAME
+
 def pack_name():
     """In a worker: its pack, for messages (read when said: a zygote's
     child imported this module before it had a pack)."""
-    return os.environ.get("BULKHEAD_PACK_NAME", "?")
+    return os.environ.get(PACK_NAME, "?")
 
 
 OP_SEND = "send_sync"     # (event, data, sid): the host's PromptServer.send_sync

@@ -39,6 +39,7 @@ import importlib
 import sys
 
 from .formats import decode_meta
+from .spec import PACK_NAME, SERIALIZERS
 
 # logging is imported where it is used: a worker imports this module at
 # start, and its own logging is set up only when a pack imports logging
@@ -266,10 +267,10 @@ def typed_packs(env):
     host/pack.py: its own and those its comfy-env-root.toml names), or None
     for a worker that is no pack's (any)."""
     import json
-    if "BULKHEAD_PACK_NAME" not in env and "BULKHEAD_SERIALIZERS" not in env:
+    if PACK_NAME not in env and SERIALIZERS not in env:
         return None
     try:
-        return frozenset(str(p) for p, _ in json.loads(env.get("BULKHEAD_SERIALIZERS") or "[]"))
+        return frozenset(str(p) for p, _ in json.loads(env.get(SERIALIZERS) or "[]"))
     except (ValueError, TypeError):
         return frozenset()
 

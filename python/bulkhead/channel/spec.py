@@ -14,28 +14,23 @@ default and over a host-wide variable of the same name
 (``worker_env``).
 
 This module is imported by the host and by every worker, under any
-Python bulkhead runs on: standard library only.
+Python bulkhead runs on: standard library only, and at a worker's start
+nothing a call does not need (json where a JSON value is read or
+written; no typing, which imports re: tests/py/test_worker_start.py).
 """
 
-import json
+import collections
 import os
-from typing import Any, NamedTuple, Optional, Tuple
 
 
-class Option(NamedTuple):
+class Option(collections.namedtuple("Option", "name kind what default low low_ok choices env",
+                                    defaults=(None, 0.0, True, (), None))):
     """One ``[bulkhead]`` key.  kind: "seconds" (a number of seconds,
     at least ``low``; ``low`` itself allowed where ``low_ok``) or
     "choice" (one of ``choices``).  default: its value where the pack
     gives none (None: the reader's own rule, said in ``what``).  env: the
     worker environment name that carries it, where the worker reads it."""
-    name: str
-    kind: str
-    what: str
-    default: Any = None
-    low: float = 0.0
-    low_ok: bool = True
-    choices: Tuple[str, ...] = ()
-    env: Optional[str] = None
+    __slots__ = ()
 
     @property
     def unit(self):
@@ -44,7 +39,7 @@ class Option(NamedTuple):
 
 OPTIONS = (
     Option("idle_release_s", "seconds", "seconds a worker may sit idle before a full release (0: never)",
-           default=0.0, env="BULKHEAD_IDLE_RELEASE_S"),   # spec.IDLE_RELEASE_S
+           default=0.0, env="BULKHEAD_IDLE_RELEASE_S"),   # IDLE_RELEASE_S below
     Option("idle_exit_s", "seconds", "seconds a worker may sit idle before it exits, holding nothing ComfyUI "
            "still references (0: never; default BULKHEAD_IDLE_EXIT_S, else 600)"),
     Option("call_timeout_s", "seconds", "seconds one node call may take before the worker is killed",
@@ -107,38 +102,102 @@ def settings(options):
 
 # --- the worker's environment names ---
 
-class Env(NamedTuple):
+class Env(collections.namedtuple("Env", "name kind what default", defaults=(None,))):
     """One environment name a worker reads.  kind: "seconds" (a number),
     "json" (a JSON document), "text", or "flag" ("1" or unset)."""
-    name: str
-    kind: str
-    what: str
-    default: Any = None
+    __slots__ = ()
 
 
 # The names, for the code on either side that sets or reads one: no other
 # module spells a "BULKHEAD_" name (tests/py/test_spec.py).
+PREFIX = "BULKHEAD_"      # every name's: a pack's [env_vars] may set none (envs/config.py)
+# -- read by the worker (ENV) --
+FD = "BULKHEAD_FD"
+HOST_PID = "BULKHEAD_HOST_PID"
+PARENT_PID = "BULKHEAD_PARENT_PID"
 IDLE_RELEASE_S = "BULKHEAD_IDLE_RELEASE_S"
 SERIALIZERS = "BULKHEAD_SERIALIZERS"
+LEDGER = "BULKHEAD_LEDGER"
+PACK_NAME = "BULKHEAD_PACK_NAME"
+PACK_DIR = "BULKHEAD_PACK_DIR"
+PACK_MODULE = "BULKHEAD_PACK_MODULE"
+COMFYUI = "BULKHEAD_COMFYUI"
+COMFY_ARGS = "BULKHEAD_COMFY_ARGS"
+COMFY_FOLDERS = "BULKHEAD_COMFY_FOLDERS"
+MEMORY = "BULKHEAD_MEMORY"
+VRAM_STATE = "BULKHEAD_VRAM_STATE"
+RAM_ROOT = "BULKHEAD_RAM_ROOT"
+LOG_LEVEL = "BULKHEAD_LOG_LEVEL"
+WORKER_PAGER = "BULKHEAD_WORKER_PAGER"
+PAGER_HEADROOM = "BULKHEAD_PAGER_HEADROOM"
+AS_ZYGOTE = "BULKHEAD_AS_ZYGOTE"
+ZYGOTE_LINGER_S = "BULKHEAD_ZYGOTE_LINGER_S"
+SANDBOXED = "BULKHEAD_SANDBOXED"
+# -- read by the host and the command line only (HOST_ENV) --
+HOME = "BULKHEAD_HOME"
+PLATFORM = "BULKHEAD_PLATFORM"
+CONDA_CHANNELS = "BULKHEAD_CONDA_CHANNELS"
+CUDA_INDEX = "BULKHEAD_CUDA_INDEX"
+TORCH_VERSION = "BULKHEAD_TORCH_VERSION"
+CUDA_VERSION = "BULKHEAD_CUDA_VERSION"
+TORCH_INDEX = "BULKHEAD_TORCH_INDEX"
+PIP_ARGS = "BULKHEAD_PIP_ARGS"
+COMFY_ENV = "BULKHEAD_COMFY_ENV"
+BUILD_AT_START = "BULKHEAD_BUILD_AT_START"
+IDLE_EXIT_S = "BULKHEAD_IDLE_EXIT_S"
+IDLE_PRESSURE_PCT = "BULKHEAD_IDLE_PRESSURE_PCT"
+RELEASE_TIMEOUT = "BULKHEAD_RELEASE_TIMEOUT"
+FREE_WAIT = "BULKHEAD_FREE_WAIT"
+ALLOW_REMOTE_ALL_HOSTS = "BULKHEAD_ALLOW_REMOTE_ALL_HOSTS"
+FALLBACK = "BULKHEAD_FALLBACK"
 
 ENV = (
+    Env(FD, "text", "the channel's file descriptor in the worker", "3"),
+    Env(HOST_PID, "text", "the host's pid"),
+    Env(PARENT_PID, "text", "the parent's pid: a zygote's, where it forked the worker"),
     Env(IDLE_RELEASE_S, "seconds", "seconds idle before the worker's full release (0: never)", 0.0),
     Env(SERIALIZERS, "json", "[[pack, serialization.py], ...] the worker loads (worker/typed.py)", []),
-    Env("BULKHEAD_LEDGER", "text", "the shared ledger's path"),
-    Env("BULKHEAD_PACK_NAME", "text", "the pack's name, in logs and the ledger"),
-    Env("BULKHEAD_PACK_DIR", "text", "the pack's directory"),
-    Env("BULKHEAD_PACK_MODULE", "text", "the module of the pack's node classes", "auto"),
-    Env("BULKHEAD_COMFYUI", "text", "the host's ComfyUI directory"),
-    Env("BULKHEAD_MEMORY", "text", "the host's memory settings the worker follows"),
-    Env("BULKHEAD_VRAM_STATE", "text", "ComfyUI's VRAM state in the host"),
-    Env("BULKHEAD_RAM_ROOT", "text", "where the worker's RAM accounting is rooted"),
-    Env("BULKHEAD_LOG_LEVEL", "text", "the worker's log level"),
-    Env("BULKHEAD_WORKER_PAGER", "text", "the worker's pager setting"),
-    Env("BULKHEAD_PAGER_HEADROOM", "text", "the pager's headroom"),
-    Env("BULKHEAD_AS_ZYGOTE", "flag", "the process is a zygote that forks workers"),
-    Env("BULKHEAD_ZYGOTE_LINGER_S", "seconds", "seconds a zygote lingers with no worker to fork"),
-    Env("BULKHEAD_SANDBOXED", "flag", "the worker runs sandboxed"),
+    Env(LEDGER, "text", "the shared ledger's path"),
+    Env(PACK_NAME, "text", "the pack's name, in logs and the ledger"),
+    Env(PACK_DIR, "text", "the pack's directory"),
+    Env(PACK_MODULE, "text", "the module of the pack's node classes", "auto"),
+    Env(COMFYUI, "text", "the host's ComfyUI directory"),
+    Env(COMFY_ARGS, "json", "the host's ComfyUI arguments the worker mirrors"),
+    Env(COMFY_FOLDERS, "json", "the host's folder_paths the worker mirrors"),
+    Env(MEMORY, "flag", "the worker is under the host's one memory budget"),
+    Env(VRAM_STATE, "text", "ComfyUI's VRAM state in the host"),
+    Env(RAM_ROOT, "text", "where the worker's RAM accounting is rooted (tests)"),
+    Env(LOG_LEVEL, "text", "the worker's log level"),
+    Env(WORKER_PAGER, "text", "whether the worker runs comfy-aimdo's pager ('1', '0')"),
+    Env(PAGER_HEADROOM, "text", "the pager's headroom in bytes"),
+    Env(AS_ZYGOTE, "flag", "the process is a zygote that forks workers"),
+    Env(ZYGOTE_LINGER_S, "seconds", "seconds a zygote lingers with no worker to fork"),
+    Env(SANDBOXED, "flag", "the worker runs sandboxed"),
 )
+
+# The switches only the host (ComfyUI's process) and the `bulkhead`
+# command read: name -> what it is.  Their defaults stay with their one
+# reader, which names the variable through the constant above.
+HOST_ENV = {
+    HOME: "bulkhead's home: environments, caches, logs",
+    PLATFORM: "the pixi platform configs are read for, in place of this machine's",
+    CONDA_CHANNELS: "conda channels every conda build uses instead of a config's",
+    CUDA_INDEX: "the CUDA wheel index [cuda] packages come from",
+    TORCH_VERSION: "the torch version [cuda] wheels are resolved for",
+    CUDA_VERSION: "the CUDA version [cuda] wheels are resolved for",
+    TORCH_INDEX: "the index a torch build for another Python comes from",
+    PIP_ARGS: "arguments every environment build gives pip",
+    COMFY_ENV: "whether bulkhead serves comfy_env's register_nodes (off: hands it back)",
+    BUILD_AT_START: "0: ComfyUI's start builds no environment, `bulkhead install` does",
+    IDLE_EXIT_S: "seconds an idle worker lives before it exits, where its pack says nothing",
+    IDLE_PRESSURE_PCT: "below this % of RAM available, idle workers exit",
+    RELEASE_TIMEOUT: "seconds a release ask may take",
+    FREE_WAIT: "seconds POST /free waits for workers' releases",
+    ALLOW_REMOTE_ALL_HOSTS: "lets a non-local client drive every host's workers",
+    FALLBACK: "what a pack that cannot run isolated does: error, in-process (unset: in-process only where the "
+              "same)",
+}
+
 ENV_BY_NAME = {e.name: e for e in ENV}
 
 
@@ -147,6 +206,7 @@ def to_env(name, value):
     value: on the host."""
     e = ENV_BY_NAME[name]
     if e.kind == "json":
+        import json     # only here: a worker's start does not import it
         return json.dumps(value)
     if e.kind == "seconds":
         return repr(float(value))
@@ -165,6 +225,7 @@ def from_env(name, environ=None):
     if not text:
         return e.default
     if e.kind == "json":
+        import json
         return json.loads(text)
     if e.kind == "seconds":
         try:

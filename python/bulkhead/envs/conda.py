@@ -45,6 +45,7 @@ import os
 import shlex
 import sys
 
+from ..channel.spec import CONDA_CHANNELS
 from .errors import EnvBuildError
 
 PREFIX = "conda"            # the prefix's name inside an environment
@@ -54,7 +55,7 @@ PTH = "bulkhead-conda.pth"  # the venv's path file naming its site-packages
 def channels_for(config):
     """The channels config's conda packages come from:
     ``$BULKHEAD_CONDA_CHANNELS`` when set, else the config's."""
-    forced = os.environ.get("BULKHEAD_CONDA_CHANNELS", "").strip()
+    forced = os.environ.get(CONDA_CHANNELS, "").strip()
     if forced:
         return [c if "://" in c or not c.startswith("/") else "file://" + c for c in shlex.split(forced)]
     return list(config.channels)

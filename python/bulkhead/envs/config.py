@@ -588,7 +588,7 @@ SELECTORS = ("unix", "linux", "osx", "win")
 def current_platform():
     """This machine's pixi platform name (``linux-64``, ``osx-arm64``, ...),
     as comfy-env names it; ``$BULKHEAD_PLATFORM`` overrides it."""
-    forced = os.environ.get("BULKHEAD_PLATFORM")
+    forced = os.environ.get(spec.PLATFORM)
     if forced:
         return forced
     import platform as _platform
@@ -914,7 +914,7 @@ def load(path, root=None, *, warn=True):
     for k, v in ev.items():
         if not _ENV_NAME.match(k):
             r.error(f"[env_vars] {k!r} is not a valid environment variable name", "env_vars", k)
-        if k.startswith("BULKHEAD_") or k in ("PYTHONHOME", "PYTHONNOUSERSITE"):
+        if k.startswith(spec.PREFIX) or k in ("PYTHONHOME", "PYTHONNOUSERSITE"):
             r.error(f"[env_vars] {k} is set by bulkhead itself and cannot be set here", "env_vars", k)
         if isinstance(v, (list, dict)):
             r.error(f"env_vars.{_q(k)} must be a string, not {_toml_type(v)} ({v!r}); any TOML scalar "

@@ -47,6 +47,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from ..channel.spec import CUDA_INDEX, CUDA_VERSION, TORCH_VERSION
 from .errors import EnvBuildError
 
 try:
@@ -60,7 +61,7 @@ _LINK = re.compile(r'href="([^"]+\.whl(?:#[^"]*)?)"[^>]*>([^<]+)</a>', re.IGNORE
 
 
 def indexes():
-    raw = os.environ.get("BULKHEAD_CUDA_INDEX", "").strip() or \
+    raw = os.environ.get(CUDA_INDEX, "").strip() or \
         os.environ.get("COMFY_ENV_CUDA_WHEELS_INDEX", "").strip() or DEFAULT_INDEX
     out = []
     for i in raw.split():
@@ -73,8 +74,8 @@ def indexes():
 def host_torch():
     """(torch version, CUDA version or None) of the host's torch, read from
     torch/version.py; (None, None) when the host has no torch."""
-    tv = os.environ.get("BULKHEAD_TORCH_VERSION", "").strip() or None
-    cv = os.environ.get("BULKHEAD_CUDA_VERSION")
+    tv = os.environ.get(TORCH_VERSION, "").strip() or None
+    cv = os.environ.get(CUDA_VERSION)
     if tv is None or cv is None:
         spec = importlib.util.find_spec("torch")
         text = ""

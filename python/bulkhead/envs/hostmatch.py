@@ -83,6 +83,7 @@ except ImportError:     # bulkhead has no Python dependencies; pip (which builds
     from pip._vendor.packaging.utils import canonicalize_name
     from pip._vendor.packaging.version import InvalidVersion, Version
 
+from ..channel.spec import PIP_ARGS, TORCH_INDEX  # noqa: F401 (TORCH_INDEX: hostmatch.TORCH_INDEX)
 from .config import PackConfigError
 
 # Distributions every environment gets at the host's versions (where the
@@ -359,8 +360,8 @@ def _runs_under(d, python_version):
 # 2.13.0+cu128 from the PyTorch index): $BULKHEAD_TORCH_INDEX (a URL, or a
 # directory of wheels; "{local}" in it becomes the local segment; "none":
 # nowhere but BULKHEAD_PIP_ARGS and pip's own configuration), else the
-# PyTorch index that build implies (+cpu, +cuXYZ, +rocmX.Y, +xpu).
-TORCH_INDEX = "BULKHEAD_TORCH_INDEX"
+# PyTorch index that build implies (+cpu, +cuXYZ, +rocmX.Y, +xpu).  The
+# variable's name is TORCH_INDEX, from channel/spec.py.
 PYTORCH_INDEX = "https://download.pytorch.org/whl/{local}"
 _PYTORCH_LOCAL = re.compile(r"(cpu|cu\d+|rocm\d+(\.\d+)*|xpu)\Z")
 
@@ -403,7 +404,7 @@ def local_sources(d):
     beside = _direct_dir(d)
     if beside and os.path.isdir(beside):
         out.append((["--find-links", beside], f"beside the host's own wheel ({beside})"))
-    out.append(([], "BULKHEAD_PIP_ARGS and pip's configuration"))
+    out.append(([], f"{PIP_ARGS} and pip's configuration"))
     return out
 
 

@@ -71,11 +71,12 @@ import sys
 import threading
 import traceback
 
+from ..channel.spec import COMFY_ENV
 from . import comfy_env_legacy as legacy
 
 log = logging.getLogger("bulkhead")
 
-SWITCH = "BULKHEAD_COMFY_ENV"
+SWITCH = COMFY_ENV
 _OFF = ("off", "0", "false", "no", "comfy-env")
 PUBLIC = ("register_nodes", "install", "setup_env", "copy_files", "register_serializer")
 OLDER = ("wrap_isolated_nodes", "wrap_nodes", "enable_isolation")     # served here too, not in __all__

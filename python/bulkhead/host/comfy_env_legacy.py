@@ -41,9 +41,11 @@ import os
 import sys
 import threading
 
+from ..channel.spec import BUILD_AT_START, COMFY_ENV
+
 log = logging.getLogger("bulkhead")
 
-SWITCH = "BULKHEAD_COMFY_ENV"
+SWITCH = COMFY_ENV
 
 
 class NameRefused(RuntimeError):
@@ -542,11 +544,11 @@ def switch_notes():
                     "run them isolated", var, v, OFF_SWITCHES[var], var)
     v = os.environ.get(AUTO_INSTALL)
     if v is not None and _once("auto"):
-        own = os.environ.get("BULKHEAD_BUILD_AT_START", "1").strip().lower() not in _OFF
+        own = os.environ.get(BUILD_AT_START, "1").strip().lower() not in _OFF
         if v.strip().lower() in _OFF:
             log.info("bulkhead: %s=%s is not read: comfy-env 0.4.1-0.4.24 then left a missing environment "
                      "unbuilt; bulkhead builds a pack's missing environment as ComfyUI starts unless "
-                     "BULKHEAD_BUILD_AT_START=0, its own switch%s", AUTO_INSTALL, v,
+                     "%s=0, its own switch%s", AUTO_INSTALL, v, BUILD_AT_START,
                      " (set: it does not)" if not own else "")
         else:
             log.info("bulkhead: %s=%s (comfy-env 0.4.1-0.4.24: build a missing environment at start): %s",

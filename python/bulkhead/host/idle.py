@@ -43,15 +43,15 @@ import threading
 import time
 
 from .. import _native
-from ..channel import targets
+from ..channel import spec, targets
 from . import zygote
 
 log = logging.getLogger("bulkhead")
 
-SWITCH = "BULKHEAD_IDLE_EXIT_S"
+SWITCH = spec.IDLE_EXIT_S
 IDLE_EXIT_S = 600.0
 SWEEP_S = 5.0
-PRESSURE_SWITCH = "BULKHEAD_IDLE_PRESSURE_PCT"
+PRESSURE_SWITCH = spec.IDLE_PRESSURE_PCT
 PRESSURE_PCT = 10.0          # below this % of RAM available, idle workers exit (LRU first)
 BRIEF_S = 0.25              # the longest an asked exit (/free) waits for a worker's lock
 PRESSURE_MIN_IDLE_S = 10.0   # ... once idle this long (not between two nodes, or two prompts in a row)
@@ -242,7 +242,7 @@ def ram_short_bytes():
     if pct <= 0:
         return 0
     try:
-        ram = _native.ram(os.environ.get("BULKHEAD_RAM_ROOT") or None)
+        ram = _native.ram(os.environ.get(spec.RAM_ROOT) or None)
     except (_native.Error, OSError):
         return 0
     return max(0, int(ram["total_bytes"] * pct / 100) - ram["available_bytes"])

@@ -28,7 +28,7 @@ import weakref
 
 from .. import _native, pager
 from ..channel.peer import RemoteError
-from ..channel import targets
+from ..channel import spec, targets
 from . import release as _release
 # The release deadline (RELEASE_TIMEOUT_S; a worker's own outranks it) and
 # every release that waits or posts live in release.py.
@@ -220,15 +220,15 @@ class HostMemory:
     def attach(self, worker):
         """Puts a worker under this budget: it publishes into this ledger
         and asks for admission before it loads.  Call before it starts."""
-        worker.env["BULKHEAD_LEDGER"] = self.ledger.path
-        worker.env["BULKHEAD_MEMORY"] = "1"
+        worker.env[spec.LEDGER] = self.ledger.path
+        worker.env[spec.MEMORY] = "1"
         # The worker follows the host's pager and VRAM state; a pack's own
         # env_vars (already in worker.env) outrank these.
-        worker.env.setdefault("BULKHEAD_WORKER_PAGER", "1" if pager.host_pager_enabled() else "0")
-        worker.env.setdefault("BULKHEAD_PAGER_HEADROOM", str(self.base_reserve))
+        worker.env.setdefault(spec.WORKER_PAGER, "1" if pager.host_pager_enabled() else "0")
+        worker.env.setdefault(spec.PAGER_HEADROOM, str(self.base_reserve))
         state = getattr(getattr(self.mm, "vram_state", None), "name", None)
         if state:
-            worker.env.setdefault("BULKHEAD_VRAM_STATE", state)
+            worker.env.setdefault(spec.VRAM_STATE, state)
         worker.expose(targets.ADMIT, functools.partial(self._worker_admit, worker))
         worker.expose(targets.LOADS_DONE, functools.partial(self._worker_loads_done, worker))
         self.owners[worker] = _Owner(self, worker)

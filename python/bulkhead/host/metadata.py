@@ -16,6 +16,8 @@ import logging
 import os
 import threading
 
+from ..channel.spec import HOME
+
 log = logging.getLogger("bulkhead")
 
 
@@ -24,7 +26,7 @@ log = logging.getLogger("bulkhead")
 def cache_dir():
     """$BULKHEAD_HOME/cache/nodes, else $XDG_CACHE_HOME/bulkhead/nodes, else
     ~/.cache/bulkhead/nodes."""
-    home = os.environ.get("BULKHEAD_HOME")
+    home = os.environ.get(HOME)
     if home:
         return os.path.join(home, "cache", "nodes")
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

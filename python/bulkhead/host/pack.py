@@ -37,6 +37,7 @@ import os
 import threading
 
 from .. import packimport
+from ..channel import spec
 from . import nodes, states
 
 log = logging.getLogger("bulkhead")
@@ -145,7 +146,7 @@ def load_config(path, pack_dir):
         return e
 
 
-BUILD_AT_START = "BULKHEAD_BUILD_AT_START"
+BUILD_AT_START = spec.BUILD_AT_START
 # How long build_at_start waits for another install of the same
 # environment (a `bulkhead install` running, or stuck) before the pack is
 # reported not built: an import is never held by a lock for long.  A
@@ -210,7 +211,6 @@ def build_at_start(config, st):
 def _load(config, pack_dir, python, stamp, module, hm):
     """load_pack for one config's environment, with its [bulkhead] options
     and [env_vars]."""
-    from ..channel import spec
     o = config.options
     # One record of the pack's settings (channel/spec.py): what the pack
     # gave, 0 included, else each row's default (None where the reader
@@ -334,6 +334,7 @@ def _not_isolated(config, pack_dir, module, st, why=None):
         detail = st.reason.split("; ", 1)[-1]   # the failure, not "no environment has been built for ..." first
     return states.fallback(pack_dir, reason, detail=detail, name=config.name, module=module,
                            policy=config.options.get("fallback"), unlike=host_differs(config))
+
 
 # What a config refused (or not found) leaves unknown: its requirements,
 # so ComfyUI's process cannot be shown to be the same as its environment.

@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple, Optional
 
 from .. import _native
 from ..channel import targets
+from ..channel.spec import RELEASE_TIMEOUT
 from .controlclient import request as _ask_host
 from .workers import CallTimeout, ProtocolError, WorkerBusy, WorkerDied
 
@@ -32,7 +33,7 @@ from .workers import CallTimeout, ProtocolError, WorkerBusy, WorkerDied
 # killed (a hung worker must never block ComfyUI's eviction loop).  A
 # worker's own ``release_timeout_s`` (a pack's ``release_timeout_s``)
 # outranks it.
-RELEASE_TIMEOUT_S = float(os.environ.get("BULKHEAD_RELEASE_TIMEOUT", "30"))
+RELEASE_TIMEOUT_S = float(os.environ.get(RELEASE_TIMEOUT, "30"))
 EVENTS_KEPT = 256   # HostMemory.events keeps as many
 
 DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)

@@ -505,15 +505,15 @@ class PackRuntime:
 
     def _worker_env(self):
         env = {
-            "BULKHEAD_COMFYUI": self.comfyui,
-            "BULKHEAD_PACK_DIR": self.pack_dir,
-            "BULKHEAD_PACK_MODULE": self.module or "",
-            "BULKHEAD_PACK_NAME": self.name,
-            "BULKHEAD_COMFY_ARGS": json.dumps(host_args()),
+            spec.COMFYUI: self.comfyui,
+            spec.PACK_DIR: self.pack_dir,
+            spec.PACK_MODULE: self.module or "",
+            spec.PACK_NAME: self.name,
+            spec.COMFY_ARGS: spec.to_env(spec.COMFY_ARGS, host_args()),
         }
         folders = host_folders()
         if folders is not None:
-            env["BULKHEAD_COMFY_FOLDERS"] = json.dumps(folders)
+            env[spec.COMFY_FOLDERS] = spec.to_env(spec.COMFY_FOLDERS, folders)
         plan = self._sandbox_plan(folders)
         if plan.active:
             env["TMPDIR"] = plan.tmp

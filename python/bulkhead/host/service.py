@@ -82,7 +82,7 @@ import time
 import weakref
 
 from .. import _native
-from ..channel import targets
+from ..channel import spec, targets
 from ..channel.peer import RemoteError
 from . import building
 from . import idle
@@ -97,14 +97,14 @@ log = logging.getLogger("bulkhead")
 SCHEMA = 1
 TIMELINE_LEN = 40                 # events the status route returns
 # How long /free and /bulkhead/free wait for a worker that is in a call.
-FREE_WAIT_S = float(os.environ.get("BULKHEAD_FREE_WAIT", "10"))
+FREE_WAIT_S = float(os.environ.get(spec.FREE_WAIT, "10"))
 # How long ComfyUI's /free waits for ComfyUI's prompt thread to drop its
 # output cache before the workers release (comfyui_settled).
 FREE_SETTLE_S = 5.0
 # A web client off this machine may reach other ComfyUI instances' workers
 # ({"all_hosts": true}, a release of another host's worker) only with this
 # set to 1; a loopback client always may.
-ALLOW_REMOTE_ENV = "BULKHEAD_ALLOW_REMOTE_ALL_HOSTS"
+ALLOW_REMOTE_ENV = spec.ALLOW_REMOTE_ALL_HOSTS
 # The HostMemory of services made without one (routes.use_host_memory).
 default_host_memory = [None]
 

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 
+from ..channel import spec
 from ..channel.peer import BulkheadError
 from ..packimport import import_nodes
 
@@ -255,7 +256,7 @@ def failed(pack_dir, name, reason, *, module="auto"):
 # BULKHEAD_FALLBACK=in-process: every such pack runs in ComfyUI's process,
 # the same as its environment or not.  Unset: in-process only where it is
 # the same, else refused.
-FALLBACK_SWITCH = "BULKHEAD_FALLBACK"
+FALLBACK_SWITCH = spec.FALLBACK
 
 
 def fallback_choice(policy=None):

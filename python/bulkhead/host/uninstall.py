@@ -33,6 +33,8 @@ import os
 import shutil
 import sys
 
+from ..channel.spec import HOME, LEDGER
+
 
 def _size(path):
     total = 0
@@ -69,7 +71,7 @@ def _made():
     whats = {"envs": "pack environments", "host": "the host link farm", "failed": "remembered build failures",
              "conda-pkgs": "the conda package cache"}
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    ledger = os.environ.get("BULKHEAD_LEDGER") or _native.ledger_default_path()
+    ledger = os.environ.get(LEDGER) or _native.ledger_default_path()
     made = [*[(os.path.join(ws, n), whats.get(n, "bulkhead's")) for n in envs.WORKSPACE_ENTRIES],
             (metadata.cache_dir(), "the node metadata cache"),
             (os.path.join(xdg, "bulkhead", "nodes"), "the node metadata cache"),  # made when BULKHEAD_HOME was unset
@@ -77,7 +79,7 @@ def _made():
             *[(d, "control sockets of ComfyUI hosts") for d in rundir.runtime_dirs()]]
     shm = f"/dev/shm/bulkhead-{os.geteuid()}"
     holders = [os.path.join(xdg, "bulkhead"), os.path.dirname(metadata.cache_dir())]
-    if not os.environ.get("BULKHEAD_HOME"):
+    if not os.environ.get(HOME):
         holders.append(ws)
     if os.path.dirname(os.path.abspath(ledger)) == shm:
         holders.append(shm)

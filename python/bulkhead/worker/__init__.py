@@ -25,7 +25,7 @@ import sys
 import threading
 
 from .. import _native, envlock
-from ..channel import targets
+from ..channel import spec, targets
 from ..channel.nodes import encode_comfy
 from ..channel.peer import Peer, interpreter_info, resolve_target
 from . import typed, zygote
@@ -57,7 +57,7 @@ def _setup_logging(logging):
     """Python logging to stderr (the host prefixes it) at the host's level;
     run when the pack first imports logging."""
     try:
-        level = int(os.environ.get("BULKHEAD_LOG_LEVEL", logging.INFO))
+        level = int(os.environ.get(spec.LOG_LEVEL, logging.INFO))
     except ValueError:
         level = logging.INFO
     root = logging.getLogger()
@@ -111,11 +111,11 @@ def _pack_target(target):
 
 def main():
     global _peer
-    if os.environ.get("BULKHEAD_AS_ZYGOTE") == "1":
+    if os.environ.get(spec.AS_ZYGOTE) == "1":
         zygote.serve()   # returns in a worker it forked (the zygote itself ends in it)
-    fd = int(os.environ.pop("BULKHEAD_FD", "3"))
-    host_pid = int(os.environ.pop("BULKHEAD_HOST_PID", os.getppid()))
-    parent = int(os.environ.pop("BULKHEAD_PARENT_PID", host_pid))   # a zygote's, where it forked this one
+    fd = int(os.environ.pop(spec.FD, "3"))
+    host_pid = int(os.environ.pop(spec.HOST_PID, os.getppid()))
+    parent = int(os.environ.pop(spec.PARENT_PID, host_pid))   # a zygote's, where it forked this one
     if parent != os.getppid():
         print(f"bulkhead.worker: started by pid {os.getppid()}, expected {'host' if parent == host_pid else 'zygote'} "
               f"{parent}", file=sys.stderr)
@@ -130,7 +130,7 @@ def main():
     signal.signal(signal.SIGUSR1, _interrupted)
     from .._importwatch import when_imported
     when_imported("logging", _setup_logging)
-    resolve = _pack_target if os.environ.get("BULKHEAD_PACK_DIR") else resolve_target
+    resolve = _pack_target if os.environ.get(spec.PACK_DIR) else resolve_target
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve, cache_sends=True)
     peer.frame_handlers[_native.INTERRUPT] = _interrupted
     peer.holds_for_nodes = True  # a node's output that cannot cross stays here, as a handle
@@ -153,7 +153,7 @@ def main():
     peer.generation = int(ack.get("generation", 0))
     global memory_runtime
     memory = None
-    if os.environ.get("BULKHEAD_MEMORY") == "1":
+    if os.environ.get(spec.MEMORY) == "1":
         try:
             memory = memory_runtime = _attach_memory(peer, ack, host_pid)
         except Exception as e:  # the worker still serves calls; the host sees no record
@@ -187,9 +187,8 @@ def _attach_memory(peer, ack, host_pid):
     to the release ladders, every call ends with the node-boundary census
     (but a load, targets.LOAD: the memory runtime's own work, which
     publishes its own census, as a release does)."""
-    from ..channel import spec
     from .memory import WorkerMemory
-    memory = WorkerMemory(os.environ.get("BULKHEAD_LEDGER"), str(ack.get("name", "")),
+    memory = WorkerMemory(os.environ.get(spec.LEDGER), str(ack.get("name", "")),
                           int(ack.get("generation", 0)), host_pid, call_host,
                           spec.from_env(spec.IDLE_RELEASE_S))
     peer.request_handlers[_native.RELEASE] = memory.release

@@ -40,7 +40,7 @@ import weakref
 from .. import _native, pager
 from .. import worker as _worker
 from .._importwatch import when_imported
-from ..channel import targets
+from ..channel import spec, targets
 
 _libc = None
 
@@ -182,17 +182,17 @@ class WorkerMemory:
     def _follow_host(self):
         """vram_state and the pager follow the host's (seed 004)."""
         mm = self.mm
-        state = os.environ.get("BULKHEAD_VRAM_STATE")
+        state = os.environ.get(spec.VRAM_STATE)
         if state and hasattr(mm, "VRAMState") and state in mm.VRAMState.__members__:
             if mm.vram_state != mm.VRAMState.DISABLED:  # a cpu worker stays on cpu
                 mm.vram_state = mm.VRAMState[state]  # worker-side
-        env = os.environ.get("BULKHEAD_WORKER_PAGER")
+        env = os.environ.get(spec.WORKER_PAGER)
         device = mm.get_torch_device()
         control = pager.import_control() if env == "1" else None
         enabled, reason = pager.decide(env, device.type, control)
         if enabled:
             try:
-                pager.bring_up(control, int(os.environ.get("BULKHEAD_PAGER_HEADROOM", "0") or 0),
+                pager.bring_up(control, int(os.environ.get(spec.PAGER_HEADROOM, "0") or 0),
                                [device.index or 0])
                 self.pager = control
             except Exception as e:  # the host's choice could not be followed: say so, go on
@@ -218,7 +218,7 @@ class WorkerMemory:
         current = getattr(mm, "MAX_PINNED_MEMORY", None)
         if not isinstance(current, (int, float)) or current <= 0:
             return None
-        ram = _native.ram(os.environ.get("BULKHEAD_RAM_ROOT") or None)
+        ram = _native.ram(os.environ.get(spec.RAM_ROOT) or None)
         windows = sys.platform == "win32"
         ceiling = _native.policy_pin_ceiling(ram["total_bytes"], ram["swap_total_bytes"], windows)
         host = self.host_pid

@@ -50,6 +50,7 @@ from ..channel.formats import (FORMAT, Meta, NodeInterrupted, TypeTable, WorkerO
                                decode_arg, own_type, own_type_name, types_from_host)
 from ..channel.nodes import decode_hidden, encode_io, encode_preview, passed_through, plain_str, set_graph_prefix
 from ..channel.peer import NodeValue, type_name
+from ..channel.spec import COMFY_ARGS, COMFY_FOLDERS, COMFYUI, PACK_DIR, PACK_MODULE, PACK_NAME
 from ..packimport import import_nodes
 from . import server
 
@@ -173,13 +174,13 @@ def ready():
     with _lock:
         if _ready_done:
             return
-        base = os.environ.get("BULKHEAD_COMFYUI")
+        base = os.environ.get(COMFYUI)
         if base and base not in sys.path:
             sys.path.insert(0, base)
-        mirrored = _env_json("BULKHEAD_COMFY_ARGS")
+        mirrored = _env_json(COMFY_ARGS)
         if mirrored:
             when_imported("comfy.cli_args", lambda m: apply_host_args(m, mirrored))
-        folders = _env_json("BULKHEAD_COMFY_FOLDERS")
+        folders = _env_json(COMFY_FOLDERS)
         if folders:
             when_imported("folder_paths", lambda m: apply_host_folders(m, folders))
         when_imported("comfy.utils", _install_progress)
@@ -221,10 +222,10 @@ def _load():
         ready()
         if _nodes_module is not None:
             return _nodes_module
-        pack_dir = os.environ.get("BULKHEAD_PACK_DIR")
+        pack_dir = os.environ.get(PACK_DIR)
         if not pack_dir:
             raise RuntimeError("this worker serves no node pack (BULKHEAD_PACK_DIR is not set)")
-        module = os.environ.get("BULKHEAD_PACK_MODULE", "auto") or None
+        module = os.environ.get(PACK_MODULE, "auto") or None
         mod = import_nodes(pack_dir, module)
         mappings = getattr(mod, "NODE_CLASS_MAPPINGS", None)
         display = getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", None) or {}
@@ -287,7 +288,7 @@ def _class(key):
     try:
         return _classes[key]
     except KeyError:
-        raise LookupError(f"pack {os.environ.get('BULKHEAD_PACK_NAME', '?')!r} has no node {key!r} "
+        raise LookupError(f"pack {os.environ.get(PACK_NAME, '?')!r} has no node {key!r} "
                           "(its metadata cache is stale? it is rebuilt when the sources change)") from None
 
 
@@ -491,7 +492,7 @@ def on_prompt(json_data, timeout_s):
     restarted): its handlers are not registered yet, and an empty answer
     would skip them silently."""
     if _nodes_module is None:
-        raise RuntimeError(f"pack {os.environ.get('BULKHEAD_PACK_NAME', '?')!r} is not imported in this worker "
+        raise RuntimeError(f"pack {os.environ.get(PACK_NAME, '?')!r} is not imported in this worker "
                            "yet: its prompt handlers are not registered")
     return server.run_prompt_handlers(json_data, timeout_s)
 

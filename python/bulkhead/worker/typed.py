@@ -43,6 +43,7 @@ import os
 import sys
 import types as _types
 
+from ..channel.spec import SERIALIZERS
 from ..channel.nodes import COMFY_TAGS, MARK, decode_comfy  # MARK: bytes, no prompt literal can carry it
 
 _registry = {}      # type_name -> (tag, serialize, deserialize, pack, where)
@@ -61,7 +62,7 @@ def _load():
     _loaded = True
     import json  # here: a worker's start imports no json (nor re)
     try:
-        files = json.loads(os.environ.get("BULKHEAD_SERIALIZERS") or "[]")
+        files = json.loads(os.environ.get(SERIALIZERS) or "[]")
     except ValueError:
         files = []
     for pack, path in files:
