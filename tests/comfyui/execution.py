@@ -54,12 +54,18 @@ an execution_error event ("Execution Blocked: ...") and passed on
 silently.  A V1 node's hidden inputs are its UNIQUE_ID, PROMPT,
 DYNPROMPT (the DynamicPrompt, expansions' nodes included) and
 EXTRA_PNGINFO; before a node's FUNCTION runs the GraphBuilder's default
-prefix is set to the node's id (call index 0: no list inputs here), as
-upstream's pre_execute_cb sets it.  The websocket hears execution_start,
+prefix is set to the node's id and call index, as upstream's
+pre_execute_cb sets it.  Lists, as upstream's _map_node_over_list: an
+output a V1 node's OUTPUT_IS_LIST marks is a list (ListOutput) handed on
+item by item: a node getting one is called once per item (the shorter
+lists' last item repeated), its outputs of all calls lists in turn (an
+OUTPUT_IS_LIST one's lists joined) and its ui's lists joined; an
+INPUT_IS_LIST node is called once with every input a list (a widget's
+and a hidden value a list of one).  The websocket hears execution_start,
 execution_cached, executing, executed (a node's ui), execution_success,
 execution_error or execution_interrupted, with upstream's fields.  Not
-here: list inputs/outputs (INPUT_IS_LIST, OUTPUT_IS_LIST), the V3 node
-info, upstream's execution list (nodes run depth first), the LRU/RAM
+here: a V3 node's lists (is_input_list, is_output_list), lists under
+async nodes, blockers or expansions, the V3 node info, upstream's execution list (nodes run depth first), the LRU/RAM
 caches (the classic one's is: outputs no node of the prompt would read
 are dropped as it starts).  `reset()` drops the
 output cache and the node objects (what /free's free_memory does).
@@ -232,6 +238,51 @@ async def resolve_map_node_over_list_results(results):
 
 async def _awaited(aw):
     return await aw
+
+
+class ListOutput(list):
+    """An output that is a list of values, handed on item by item (see the
+    module's docstring)."""
+
+
+def _over_lists(cls, kwargs):
+    """The calls a node's FUNCTION gets for these inputs, as upstream's
+    _map_node_over_list: one with every input a list (INPUT_IS_LIST), one
+    per item where an input is a ListOutput (a list of one: its item),
+    else the one call as it is."""
+    if getattr(cls, "INPUT_IS_LIST", False) is True and not is_v3(cls):
+        return [{k: (list(v) if isinstance(v, ListOutput) else [v]) for k, v in kwargs.items()}]
+    n = max((len(v) for v in kwargs.values() if isinstance(v, ListOutput)), default=0)
+    if not n:
+        return [kwargs]
+    if n == 1:
+        return [{k: (v[0] if isinstance(v, ListOutput) else v) for k, v in kwargs.items()}]
+    return [{k: (v[min(i, len(v) - 1)] if isinstance(v, ListOutput) else v) for k, v in kwargs.items()}
+            for i in range(n)]
+
+
+def _merge_list_calls(cls, values):
+    """One ui and result from a list-mapped node's calls' answers (each a
+    tuple or a {"ui", "result"} dict): each output a ListOutput (an
+    OUTPUT_IS_LIST one's lists joined), the ui's lists joined."""
+    is_list = getattr(cls, "OUTPUT_IS_LIST", None) or ()
+    ui, results = None, []
+    for value in values:
+        if isinstance(value, dict):
+            if value.get("ui") is not None:
+                ui = ui or {}
+                for k, v in value["ui"].items():
+                    ui.setdefault(k, []).extend(v)
+            value = value.get("result", ())
+        results.append(tuple(value))
+    out = []
+    for i in range(len(getattr(cls, "RETURN_TYPES", ()))):
+        items = ListOutput()
+        for r in results:
+            if i < len(r):
+                items.extend(r[i]) if i < len(is_list) and is_list[i] else items.append(r[i])
+        out.append(items)
+    return {"ui": ui, "result": tuple(out)}
 
 
 def _is_link(value):
@@ -608,10 +659,18 @@ class PromptExecutor:
                         kwargs = gather()
                     kwargs.update(self._hidden(cls, node_id, prompt, extra_data, dynprompt))
                     task = tasks.pop(node_id, None)
-                    if task is None:
+                    calls = _over_lists(cls, kwargs) if task is None else [kwargs]
+                    if len(calls) > 1:
+                        values = []
+                        for i, call in enumerate(calls):
+                            GraphBuilder.set_default_prefix(node_id, i, 0)
+                            values.append(_call_node(cls, cls.FUNCTION, call, hidden, obj))
+                        value = _merge_list_calls(cls, values)
+                    elif task is None:
+                        kwargs = calls[0]   # an INPUT_IS_LIST node's lists, a list of one's item
                         # upstream's pre_execute_cb: the nodes a GraphBuilder
                         # makes in this call get ids "<node id>.<call
-                        # index>.<graph>." (one call a node here: no lists)
+                        # index>.<graph>."
                         GraphBuilder.set_default_prefix(node_id, 0, 0)
                         value = _call_node(cls, cls.FUNCTION, kwargs, hidden, obj)
                         if inspect.isawaitable(value):
@@ -649,6 +708,10 @@ class PromptExecutor:
                 if isinstance(value, ExecutionBlocker):   # a blocker for every output
                     value = (value,) * len(getattr(cls, "RETURN_TYPES", ()))
                 value = tuple(value) if value is not None else ()
+                if len(calls) == 1:   # one call: an OUTPUT_IS_LIST output is its list
+                    is_list = (getattr(cls, "OUTPUT_IS_LIST", None) or ()) if not is_v3(cls) else ()
+                    value = tuple(ListOutput(v) if i < len(is_list) and is_list[i] else v
+                                  for i, v in enumerate(value))
                 if block is not None:
                     value = tuple([ExecutionBlocker(block)] * len(getattr(cls, "RETURN_TYPES", ())))
                 if expand is not None:

@@ -38,8 +38,7 @@ compares the two servers' records node by node.
 
 `make check` runs it against tests/comfyui (about 25 s); against a real
 checkout: COMFYUI_PATH=<checkout> pytest tests/e2e/test_differential.py
-(about 50 s).  Not covered yet: INPUT_IS_LIST / OUTPUT_IS_LIST (no
-fixture node has them, and tests/comfyui does not run them).
+(about 50 s).
 """
 
 import io
@@ -108,6 +107,10 @@ SPECIAL = {
     "E2EV3Count": {"variants": [{"n": 2}, {"n": 7, "alone": True}]},
     "E2EEcho": {"variants": [{}, {"text": "two\nlines", "alone": True}]},
     "E2ESlowCheck": {"variants": [{}, {"text": "no", "alone": True}]},
+    # lists: E2EListJoin gets E2EListMake's lists whole (and a source's value as a list of one); the
+    # sinks of E2EListMake's outputs, and E2EEcho fed its texts, run once per item
+    "E2EListJoin": {"variants": [{"texts": out("E2EListMake", 0), "images": out("E2EListMake", 1)},
+                                 {"texts": src("STRING"), "images": src("IMAGE")}]},
     "E2EGradSee": {"variants": [{"image": src("GRAD_LEAF")}, {"image": src("PLAIN")}, {"image": src("IMAGE")},
                                 {"image": src("PARAMETER")}, {"image": out("E2EGradLeaf", 0)},
                                 {"image": out("E2EGradLeaf", 1)}, {"image": out("E2EGradLeaf", 2)},
@@ -458,9 +461,7 @@ def by_node(messages):
             if kind == "executing":
                 current = data["node"]
             nodes.setdefault(str(data["node"]), []).append(m)
-        elif isinstance(data, dict) and data.get("node_id") is not None:   # execution_error and the like
-            nodes.setdefault(str(data["node_id"]), []).append(m)
-        else:
+        else:   # execution_error (its node_id in it) among them
             prompt.append(m)
     return {"nodes": nodes, "states": states, "prompt": prompt}
 

@@ -74,6 +74,9 @@ def test_every_fixture_node_runs_as_in_process(pair, prompts):
     assert seen["E2EGradSee"] == {"requires_grad": [True], "inference": [False], "class": ["Tensor"]}, \
         seen["E2EGradSee"]
     assert seen["sink-E2EGradLeaf-3"]["seen"][0]["tensor"] == "Parameter"
+    # lists: a whole list to an INPUT_IS_LIST node, item by item to a sink
+    assert seen["E2EListJoin"] == {"text": ["item0+item1+item2"], "images": [3], "sep": ["+"]}, seen["E2EListJoin"]
+    assert seen["E2EListJoin-v1"]["text"] == ["text"] and len(seen["sink-E2EListMake-1"]["seen"]) == 3
 
 
 def test_the_nodes_that_fail_fail_as_in_process(pair, prompts):

@@ -27,7 +27,8 @@ def _in_process_info():
         types = cls.INPUT_TYPES()
         out[name] = {
             "input": types, "input_order": {k: list(v) for k, v in types.items()},
-            "output": list(cls.RETURN_TYPES), "output_is_list": [False] * len(cls.RETURN_TYPES),
+            "output": list(cls.RETURN_TYPES),
+            "output_is_list": list(getattr(cls, "OUTPUT_IS_LIST", [False] * len(cls.RETURN_TYPES))),
             "output_name": list(getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)), "name": name,
             "display_name": mod.NODE_DISPLAY_NAME_MAPPINGS.get(name, name),
             "description": getattr(cls, "DESCRIPTION", ""), "python_module": "custom_nodes.e2e_pack",

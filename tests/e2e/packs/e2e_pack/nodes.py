@@ -321,3 +321,45 @@ class Listed:
 
 
 NODE_CLASS_MAPPINGS["E2EListed"] = Listed
+
+
+class ListMake:
+    """OUTPUT_IS_LIST: `count` texts and `count` small images, each output
+    a list ComfyUI hands on item by item (or whole, to an INPUT_IS_LIST
+    node)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"count": ("INT", {"default": 3, "min": 1, "max": 8})}}
+
+    RETURN_TYPES = ("STRING", "IMAGE")
+    OUTPUT_IS_LIST = (True, True)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, count):
+        import torch
+        return ([f"item{i}" for i in range(count)], [torch.full((1, 2, 2, 3), i / 8) for i in range(count)])
+
+
+class ListJoin:
+    """INPUT_IS_LIST: every input a list (a widget's value a list of one);
+    joins the texts, counts the images."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"texts": ("STRING", {"forceInput": True}), "images": ("IMAGE",),
+                             "sep": ("STRING", {"default": "+"})}}
+
+    INPUT_IS_LIST = True
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, texts, images, sep):
+        joined = sep[0].join(texts)
+        return {"ui": {"text": [joined], "images": [len(images)], "sep": sep}, "result": (joined,)}
+
+
+NODE_CLASS_MAPPINGS.update({"E2EListMake": ListMake, "E2EListJoin": ListJoin})
