@@ -20,7 +20,7 @@ GPU_CHECK_FLAGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all build build-asan demo check check-c check-py check-asan bench bench-compare soak clean worker-venvs comfyui-deps upstream-execution gpu-check wheel \
+.PHONY: all build build-asan demo check check-c check-py check-asan bench bench-compare bench-save bench-tables soak clean worker-venvs comfyui-deps upstream-execution gpu-check wheel \
         chromium fuzz fuzz-long fuzz-seeds fuzz-build fuzz-deps
 
 all: build
@@ -278,6 +278,17 @@ ROUNDS ?= 4
 bench-compare: build worker-venvs $(VENV)/.stamp-psutil
 	@[ -n "$(BASE)" ] || { echo "bench-compare: set BASE=<rev> (e.g. the last landing's commit)"; exit 2; }
 	$(VPY) bench/compare.py --base $(BASE) $(if $(HEAD),--head $(HEAD)) --rounds $(ROUNDS) --bench $(BENCHES) $(COMPARE_FLAGS)
+
+# The tables of measured figures in README.md and docs/performance.md are
+# written from the bench JSON committed under bench/results (bench/tables.py;
+# tests/py/test_bench_tables.py checks them): bench-save copies `make
+# bench`'s build/bench/*.json there (with the date, commit and machine) and
+# rewrites them; bench-tables rewrites them from what is committed.
+bench-save:
+	$(VPY) bench/tables.py --save $(BUILD)/bench
+
+bench-tables:
+	$(VPY) bench/tables.py
 
 # 100,000 mixed calls (small values, 1 MiB and 64 MiB arrays, callbacks)
 # through two workers: RSS, fds and block pools must stay flat after

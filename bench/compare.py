@@ -13,7 +13,8 @@ head is the working tree as it stands (build/rel, built first) unless
 --head names a revision, which is checked out and built like the base.
 
 Each tree runs its own bench scripts (a figure a tree's bench does not
-write is shown for the other alone).  In a round every bench runs for both
+write is shown for the other alone), or with --scripts head both run the
+head's, so a figure added with the change is measured on the base too.  In a round every bench runs for both
 trees back to back, the order of the trees swapped every round, so a figure
 is never compared with one taken minutes apart on a machine whose speed
 drifts.  Per figure it prints the median over the rounds for each tree,
@@ -57,7 +58,7 @@ BENCHES = {
 }
 DEFAULT_BENCHES = "ipc,first_node"
 # Keys that are not figures.
-NOT_FIGURES = {"rounds", "targets", "cpus", "cpus_allowed", "date", "bench_seconds", "small_count", "small_bytes"}
+NOT_FIGURES = {"rounds", "targets", "worker_pool", "samples", "spin_env", "cpus", "cpus_allowed", "date", "bench_seconds", "small_count", "small_bytes"}
 
 
 def parse_args(argv=None):
@@ -68,6 +69,9 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=4, help="rounds, each running every bench for both trees")
     ap.add_argument("--bench", default=DEFAULT_BENCHES,
                     help=f"comma-separated, of {', '.join(BENCHES)} (default {DEFAULT_BENCHES})")
+    ap.add_argument("--scripts", choices=("own", "head"), default="own",
+                    help="own: each tree runs its own bench scripts; head: both run the head's (a figure "
+                         "the base's scripts do not measure yet, measured on the base's build too)")
     ap.add_argument("--full", action="store_true", help="the benches' own default sizes, not the quick ones")
     ap.add_argument("--out", help="the summary JSON (default build/bench-compare/<base>-<head>.json)")
     args = ap.parse_args(argv)
@@ -106,9 +110,9 @@ def working_tree():
     return git("rev-parse", "HEAD") + ("+dirty" if dirty else ""), ROOT, build
 
 
-def run_bench(name, tree, build, out, full):
+def run_bench(name, tree, build, out, full, scripts=None):
     args, quick = BENCHES[name]
-    argv = [VPY, os.path.join(tree, "bench", name + ".py")] + [a.format(build=build) for a in args]
+    argv = [VPY, os.path.join(scripts or tree, "bench", name + ".py")] + [a.format(build=build) for a in args]
     argv += ([] if full else quick) + ["--out", out]
     env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"), BULKHEAD_BUILD=build,
                PATH=os.path.join(VENV, "bin") + os.pathsep + os.environ.get("PATH", ""))
@@ -193,7 +197,7 @@ def main(argv=None):
             for t in order:
                 _, tree, build = trees[t]
                 report, secs = run_bench(bench, tree, build, os.path.join(runs_dir, f"{bench}-{t}-{rnd}.json"),
-                                         args.full)
+                                         args.full, head[1] if args.scripts == "head" else None)
                 print(f"  {bench} {t}: {secs:.0f} s", flush=True)
                 for fig, v in figures(report).items():
                     samples[bench].setdefault(fig, {"base": [], "head": []})[t].append(v)
@@ -204,6 +208,7 @@ def main(argv=None):
     print(f"\nmedians over {args.rounds} rounds; load average at each round's start: "
           + ", ".join(f"{x:.2f}" for x in loads))
     summary = {"base": base[0], "head": head[0], "benches": args.bench, "rounds": args.rounds,
+               "scripts": args.scripts,
                "full": args.full, "loadavg_at_rounds": loads, "figures": rows,
                "cpus": os.cpu_count(), "machine": platform.machine(), "host_python": platform.python_version(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -1,0 +1,42 @@
+"""The tables of measured figures in README.md and docs/performance.md are
+bench/tables.py's rendering of the bench JSON committed in bench/results,
+not typed: each marked table must be exactly what the script writes from
+that JSON (a bench not committed shows as "not measured"), run.json must
+describe the JSON that is there, and a figure changed in the JSON must
+change the table (so the table is read from it)."""
+
+import copy
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "bench", "tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_and_performance_tables_are_the_committed_json_rendered():
+    tables = _tables()
+    results = tables.load_results()
+    assert "run" in results, "bench/results/run.json is missing: run `make bench` then `make bench-save`"
+    for name, path in tables.DOCS.items():
+        with open(path) as f:
+            parts = tables.between(f.read(), name)
+        assert parts is not None, f"{path} lost its bench-table:{name} markers"
+        assert parts[1] == "\n" + tables.render(name, results) + "\n", (
+            f"{path}'s table differs from bench/results: run `make bench-tables` (never edit it by hand)")
+    # the run named above the table is the run of the JSON committed
+    saved = {b for b in tables.BENCHES if b in results}
+    assert saved == set(results["run"]["benches"]), "bench/results/run.json names other runs than the JSON there"
+
+
+def test_a_figure_changed_in_the_json_changes_the_table():
+    tables = _tables()
+    results = tables.load_results()
+    changed = copy.deepcopy(results)
+    changed["ipc"]["h2w_64m_ms"] = results["ipc"]["h2w_64m_ms"] * 3 + 1
+    assert tables.render("readme", changed) != tables.render("readme", results)
