@@ -1,8 +1,8 @@
 """One pack spec (#39): channel/spec.py is the one home of a pack's
 [bulkhead] settings (a row each, with its default) and of the environment
 names a worker reads, both halves of each crossing there.  Checked: no
-other product module spells a "BULKHEAD_" name (a ratchet: the modules
-not moved yet are listed, and the list only shrinks); envs/config.py
+other product module spells a "BULKHEAD_" name (channel/formats.py's one
+such string is a type name, listed with why); envs/config.py
 checks the rows spec.py has; and a pack's 0 for a setting reaches its
 worker as 0, winning over the host-wide variable of the same name (it
 was dropped by `if o.get(...)`: the host-wide value won)."""
@@ -18,11 +18,9 @@ from test_pack import INIT, HOST_VERSION, run_host
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRODUCT = os.path.join(HERE, "..", "..", "python", "bulkhead")
 
-# Modules that still spell "BULKHEAD_" names of their own: each is to move
-# its names into channel/spec.py (#39); none may be added to this list.
+# Modules that still spell a "BULKHEAD_" string of their own, and why: none
+# may be added to this list.
 NOT_MOVED_YET = {
-    "envs/build.py", "envs/interpreters.py", "host/runtime.py", "host/sandbox.py", "host/workers.py",
-    "host/zygote.py", "worker/__init__.py", "worker/sandbox.py", "worker/zygote.py",
     # not an environment name: the type name no pack uses (a wire word)
     "channel/formats.py",
 }

@@ -133,6 +133,7 @@ PAGER_HEADROOM = "BULKHEAD_PAGER_HEADROOM"
 AS_ZYGOTE = "BULKHEAD_AS_ZYGOTE"
 ZYGOTE_LINGER_S = "BULKHEAD_ZYGOTE_LINGER_S"
 SANDBOXED = "BULKHEAD_SANDBOXED"
+ZYGOTE_PRELOAD = "BULKHEAD_ZYGOTE_PRELOAD"
 # -- read by the host and the command line only (HOST_ENV) --
 HOME = "BULKHEAD_HOME"
 PLATFORM = "BULKHEAD_PLATFORM"
@@ -150,6 +151,15 @@ RELEASE_TIMEOUT = "BULKHEAD_RELEASE_TIMEOUT"
 FREE_WAIT = "BULKHEAD_FREE_WAIT"
 ALLOW_REMOTE_ALL_HOSTS = "BULKHEAD_ALLOW_REMOTE_ALL_HOSTS"
 FALLBACK = "BULKHEAD_FALLBACK"
+INSTALLER = "BULKHEAD_INSTALLER"
+SANDBOX = "BULKHEAD_SANDBOX"
+SANDBOX_NO_LANDLOCK = "BULKHEAD_SANDBOX_NO_LANDLOCK"
+SANDBOX_READ = "BULKHEAD_SANDBOX_READ"
+SANDBOX_WRITE = "BULKHEAD_SANDBOX_WRITE"
+NETWORK = "BULKHEAD_NETWORK"
+OMP_SPIN_US = "BULKHEAD_OMP_SPIN_US"
+ZYGOTE = "BULKHEAD_ZYGOTE"
+ZYGOTE_RETRY_S = "BULKHEAD_ZYGOTE_RETRY_S"
 
 ENV = (
     Env(FD, "text", "the channel's file descriptor in the worker", "3"),
@@ -173,6 +183,7 @@ ENV = (
     Env(AS_ZYGOTE, "flag", "the process is a zygote that forks workers"),
     Env(ZYGOTE_LINGER_S, "seconds", "seconds a zygote lingers with no worker to fork"),
     Env(SANDBOXED, "flag", "the worker runs sandboxed"),
+    Env(ZYGOTE_PRELOAD, "text", "the modules a zygote imports before it forks (comma-separated)"),
 )
 
 # The switches only the host (ComfyUI's process) and the `bulkhead`
@@ -196,6 +207,15 @@ HOST_ENV = {
     ALLOW_REMOTE_ALL_HOSTS: "lets a non-local client drive every host's workers",
     FALLBACK: "what a pack that cannot run isolated does: error, in-process (unset: in-process only where the "
               "same)",
+    INSTALLER: "what builds environments: uv, pip (default: uv where found)",
+    SANDBOX: "every pack's sandbox: on, off, required (a pack's own [bulkhead] sandbox otherwise)",
+    SANDBOX_NO_LANDLOCK: "1: act as if the kernel had no Landlock (tests)",
+    SANDBOX_READ: "paths every sandboxed worker may read beyond its own",
+    SANDBOX_WRITE: "paths every sandboxed worker may write beyond its own",
+    NETWORK: "0: no sandboxed worker makes TCP connections",
+    OMP_SPIN_US: "microseconds ComfyUI's idle OpenMP/BLAS threads spin before they sleep",
+    ZYGOTE: "0: workers start without a zygote",
+    ZYGOTE_RETRY_S: "seconds before a zygote that failed is tried again",
 }
 
 ENV_BY_NAME = {e.name: e for e in ENV}

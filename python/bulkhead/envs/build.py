@@ -79,6 +79,7 @@ from .errors import EnvBuildError, InterpreterNotFound  # noqa: F401  (build's n
 from .interpreters import PROBE_ENV, clean_env, find_interpreter, find_uv, probe
 from .interpreters import Interpreter, list_interpreters  # noqa: F401  (build's names for its callers too)
 from .config import PackConfigError
+from ..channel.spec import HOME, INSTALLER, PIP_ARGS
 from ..envlock import STAMP, holders as _lock_holders   # STAMP: the name a worker looks for too
 
 STAMP_FORMAT = 1
@@ -122,7 +123,7 @@ class EnvStatus:
 
 def workspace():
     """The per-user workspace directory (it may not exist yet)."""
-    home = os.environ.get("BULKHEAD_HOME")
+    home = os.environ.get(HOME)
     if home:
         return os.path.abspath(os.path.expanduser(home))
     data = os.environ.get("XDG_DATA_HOME")
@@ -384,7 +385,7 @@ def _default_progress(name):
 
 def _pip_args(pip_args):
     if pip_args is None:
-        return shlex.split(os.environ.get("BULKHEAD_PIP_ARGS", ""))
+        return shlex.split(os.environ.get(PIP_ARGS, ""))
     if isinstance(pip_args, str):
         return shlex.split(pip_args)
     return [os.fspath(a) for a in pip_args]
@@ -929,10 +930,10 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
         getattr(progress, "begin", lambda: None)()     # the build's log file (_Teed)
         progress(f"{config.name}: building {final} ({st.state}: {st.reason})")
         uv = find_uv()
-        if os.environ.get("BULKHEAD_INSTALLER") == "uv" and not uv:
-            raise EnvBuildError("BULKHEAD_INSTALLER=uv but no uv was found, neither on PATH nor beside this "
+        if os.environ.get(INSTALLER) == "uv" and not uv:
+            raise EnvBuildError(f"{INSTALLER}=uv but no uv was found, neither on PATH nor beside this "
                                 "Python: pip install uv into it (bulkhead's requirements.txt does), or unset "
-                                "BULKHEAD_INSTALLER to build with pip")
+                                f"{INSTALLER} to build with pip")
         interp = find_interpreter(config.python, installer_uv=uv,
                                   where=packconfig.key_where(config.path, "python") if config.python else None)
         progress(f"interpreter: {interp.path} (Python {interp.version}): {interp.why}")

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 
+from ..channel.spec import INSTALLER
 from . import config as packconfig
 from .errors import InterpreterNotFound
 
@@ -94,7 +95,7 @@ def find_uv():
     main.py has no venv/bin on PATH), else the uv package's own.
     BULKHEAD_INSTALLER=pip: None.  (#40: a numpy-only environment built in
     0.6-0.8 s with uv, 15-45 s with pip, from the same local caches.)"""
-    if os.environ.get("BULKHEAD_INSTALLER", "auto") == "pip":
+    if os.environ.get(INSTALLER, "auto") == "pip":
         return None
     found = shutil.which("uv")
     if found:

@@ -517,7 +517,7 @@ class PackRuntime:
         plan = self._sandbox_plan(folders)
         if plan.active:
             env["TMPDIR"] = plan.tmp
-            env["BULKHEAD_SANDBOXED"] = "1"
+            env[spec.SANDBOXED] = "1"
         alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         if alloc:
             env["PYTORCH_CUDA_ALLOC_CONF"] = alloc
@@ -533,7 +533,7 @@ class PackRuntime:
         plan = sandbox.plan(self.name, self.pack_dir, self.worker.python, self.options, self.comfyui, folders, pp)
         self.sandbox = plan
         if plan.state == "refused":
-            let = ("set BULKHEAD_SANDBOX=on" if "BULKHEAD_SANDBOX" in plan.why
+            let = (f"set {spec.SANDBOX}=on" if spec.SANDBOX in plan.why
                    else 'set [bulkhead] sandbox = "on" in its comfy-env.toml')
             raise workers.WorkerStartError(
                 f"cannot start worker {self.name!r}: {plan.why}, so it is not started: run it on a kernel with "

@@ -50,6 +50,7 @@ import tempfile
 import threading
 
 from .. import _native
+from ..channel.spec import LEDGER, NETWORK, SANDBOX, SANDBOX_NO_LANDLOCK, SANDBOX_READ, SANDBOX_WRITE
 
 log = logging.getLogger("bulkhead")
 
@@ -82,7 +83,7 @@ def say_once(key, level, msg, *args):
 def abi():
     """The kernel's Landlock ABI (0: none, or the test suite's switch
     says so)."""
-    if os.environ.get("BULKHEAD_SANDBOX_NO_LANDLOCK") == "1":
+    if os.environ.get(SANDBOX_NO_LANDLOCK) == "1":
         return 0
     return _native.sandbox_abi()
 
@@ -204,21 +205,21 @@ class Plan:
 def mode_for(options):
     """(mode, where it was said): the pack's ``[bulkhead] sandbox``, else
     BULKHEAD_SANDBOX, else on."""
-    env = os.environ.get("BULKHEAD_SANDBOX", "").strip().lower()
+    env = os.environ.get(SANDBOX, "").strip().lower()
     pack = (options or {}).get("sandbox")
     if env == "off":
-        return "off", "BULKHEAD_SANDBOX=off"
+        return "off", f"{SANDBOX}=off"
     if pack in MODES:
         if env == "required" and pack == "on":
-            return "required", "BULKHEAD_SANDBOX=required"
+            return "required", f"{SANDBOX}=required"
         return pack, f'[bulkhead] sandbox = "{pack}"'
     if env in MODES:
-        return env, f"BULKHEAD_SANDBOX={env}"
+        return env, f"{SANDBOX}={env}"
     return "on", "the default"
 
 
 def network_for(options):
-    if os.environ.get("BULKHEAD_NETWORK", "").strip().lower() in ("0", "off", "false", "no"):
+    if os.environ.get(NETWORK, "").strip().lower() in ("0", "off", "false", "no"):
         return False
     return (options or {}).get("network", True) is not False
 
@@ -308,15 +309,15 @@ def plan(name, pack_dir, python, options, comfyui, folders=None, pythonpath=()):
     tmp = private_tmp(name)
     write.append(tmp)
     write.append("/dev/shm")
-    ledger = os.environ.get("BULKHEAD_LEDGER")
+    ledger = os.environ.get(LEDGER)
     if ledger:
         write += computed([os.path.dirname(os.path.abspath(ledger))])
     elif os.environ.get("XDG_RUNTIME_DIR"):
         write.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], "bulkhead-ledger"))
 
     o = options or {}
-    read += [_user_path(p, None) for p in _paths(os.environ.get("BULKHEAD_SANDBOX_READ"))]
-    write += [_user_path(p, None) for p in _paths(os.environ.get("BULKHEAD_SANDBOX_WRITE"))]
+    read += [_user_path(p, None) for p in _paths(os.environ.get(SANDBOX_READ))]
+    write += [_user_path(p, None) for p in _paths(os.environ.get(SANDBOX_WRITE))]
     read += [_user_path(p, pack_dir) for p in o.get("sandbox_read", ())]
     write += [_user_path(p, pack_dir) for p in o.get("sandbox_write", ())]
 

@@ -38,7 +38,7 @@ from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms
 from .. import _native
 from ..channel.nodes import MARK, decode_comfy, typed_packs, encode_comfy
 from ..channel.peer import BulkheadError, Peer
-from ..channel import targets
+from ..channel import spec, targets
 from . import zygote
 
 ProtocolError = _native.ProtocolError
@@ -89,11 +89,11 @@ LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
 XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
 """.split())
-_PASS_PREFIXES = ("LC_", "BULKHEAD_", "OMP_", "GOMP_", "KMP_")
+_PASS_PREFIXES = ("LC_", spec.PREFIX, "OMP_", "GOMP_", "KMP_")
 # ...except these: the environment builder's pip options may hold an index's
 # credentials (--index-url https://user:token@...), and a worker never
 # builds an environment.
-_NEVER_PASS = frozenset({"BULKHEAD_PIP_ARGS", "BULKHEAD_AS_ZYGOTE"})
+_NEVER_PASS = frozenset({spec.PIP_ARGS, spec.AS_ZYGOTE})
 
 
 def describe_status(status):
@@ -212,13 +212,13 @@ def spin_env():
     it (GOMP_SPINCOUNT or OMP_WAIT_POLICY; OPENBLAS_THREAD_TIMEOUT)."""
     global _spin
     if _spin is None:
-        raw = os.environ.get("BULKHEAD_OMP_SPIN_US", "")
+        raw = os.environ.get(spec.OMP_SPIN_US, "")
         try:
             us = float(raw) if raw else SPIN_US
             if not 0 <= us < math.inf:      # nan and inf too: no count of steps
                 raise ValueError(raw)
         except ValueError:
-            raise BulkheadError(f"BULKHEAD_OMP_SPIN_US={raw!r} is not a number of microseconds (0 or more); "
+            raise BulkheadError(f"{spec.OMP_SPIN_US}={raw!r} is not a number of microseconds (0 or more); "
                                 f"unset it for the default ({SPIN_US:g})") from None
         steps = min(300_000, round(us * 1000 / max(_native.relax_ns(), 0.1)))
         ticks_log2 = max(4, min(28, round(math.log2(max(us * 3000, 1)))))
@@ -273,11 +273,11 @@ def build_env(extra=None, inherit=True):
     env["PYTHONPATH"] = path + (os.pathsep + user_pp if user_pp else "")
     env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
-    env["BULKHEAD_FD"] = "3"
-    env["BULKHEAD_HOST_PID"] = str(os.getpid())
+    env[spec.FD] = "3"
+    env[spec.HOST_PID] = str(os.getpid())
     env.update(_spin_untuned(env))
     import logging  # host side only: a worker imports this module too, and logging costs it ms
-    env.setdefault("BULKHEAD_LOG_LEVEL", str(logging.getLogger().getEffectiveLevel()))
+    env.setdefault(spec.LOG_LEVEL, str(logging.getLogger().getEffectiveLevel()))
     return env
 
 

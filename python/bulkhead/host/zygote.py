@@ -29,6 +29,7 @@ import threading
 import time
 
 from .. import _native
+from ..channel import spec
 
 
 def _log():
@@ -56,19 +57,19 @@ def proc_state(pid):
 
 def _retry_s():
     try:
-        return float(os.environ.get("BULKHEAD_ZYGOTE_RETRY_S", RETRY_S))
+        return float(os.environ.get(spec.ZYGOTE_RETRY_S, RETRY_S))
     except ValueError:
         return RETRY_S
 
 
 def enabled():
-    return os.environ.get("BULKHEAD_ZYGOTE", "1") != "0"
+    return os.environ.get(spec.ZYGOTE, "1") != "0"
 
 
 def _key(python, env, preload):
     """What a zygote must share with the worker it forks."""
     shared = tuple(sorted((k, v) for k, v in env.items()
-                          if k not in ("PYTHONPATH", "TMPDIR") and not k.startswith("BULKHEAD_")))
+                          if k not in ("PYTHONPATH", "TMPDIR") and not k.startswith(spec.PREFIX)))
     return os.path.realpath(python), shared, tuple(preload)
 
 
@@ -80,7 +81,7 @@ class Zygote:
     """One zygote process and its socket; forks are asked one at a time."""
 
     def __init__(self, python, env, preload, sink):
-        zenv = dict(env, BULKHEAD_AS_ZYGOTE="1", BULKHEAD_ZYGOTE_PRELOAD=",".join(preload))
+        zenv = dict(env, **{spec.AS_ZYGOTE: "1", spec.ZYGOTE_PRELOAD: ",".join(preload)})
         self._lock = threading.Lock()
         self.proc, self.fd = _native.spawn(python, [python, "-S", "-m", "bulkhead.worker"],
                                            [f"{k}={v}" for k, v in zenv.items()], "/", sink, "[bulkhead zygote] ")

@@ -121,7 +121,7 @@ def main():
               f"{parent}", file=sys.stderr)
         return 2
     envlock.hold(sys.prefix)    # while this worker lives, its environment is in use (a rebuild keeps it)
-    if os.environ.get("BULKHEAD_SANDBOXED") == "1":
+    if os.environ.get(spec.SANDBOXED) == "1":
         from . import sandbox
         from ..channel import peer as _peer_mod
         _peer_mod.on_error = sandbox.note   # a refusal that crosses is named in the log, with the fix

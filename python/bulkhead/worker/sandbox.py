@@ -14,6 +14,8 @@ import errno
 import os
 import sys
 
+from ..channel.spec import PACK_DIR, PACK_NAME
+
 _said = set()
 
 
@@ -49,8 +51,8 @@ def note(exc):
             write = _was_write(path)
             key = "sandbox_write" if write else "sandbox_read"
             allow = os.path.dirname(path) if write else path
-            name = os.environ.get("BULKHEAD_PACK_NAME", "?")
-            config = os.path.join(os.environ.get("BULKHEAD_PACK_DIR", "."), "comfy-env.toml")
+            name = os.environ.get(PACK_NAME, "?")
+            config = os.path.join(os.environ.get(PACK_DIR, "."), "comfy-env.toml")
             print(f"bulkhead: pack {name!r} was refused {'writing' if write else 'reading'} {path} by its "
                   f"sandbox; if it needs that, add {key} = [\"{allow}\"] under [bulkhead] in {config} "
                   f"(BULKHEAD_SANDBOX_{'WRITE' if write else 'READ'} for every pack), or sandbox = \"off\" there",

@@ -42,6 +42,8 @@ import signal
 import struct
 import sys
 
+from ..channel.spec import AS_ZYGOTE, FD, LOG_LEVEL, PARENT_PID, ZYGOTE_LINGER_S, ZYGOTE_PRELOAD
+
 LINGER_S = 30.0
 _INT = struct.Struct("=i")
 
@@ -89,7 +91,7 @@ class _Zygote:
 
     def loop(self, become):
         """Serves requests; returns (in a forked child) what become returns."""
-        linger = float(os.environ.get("BULKHEAD_ZYGOTE_LINGER_S", LINGER_S) or LINGER_S)
+        linger = float(os.environ.get(ZYGOTE_LINGER_S, LINGER_S) or LINGER_S)
         while True:
             busy = self.children or self.reported
             fds = [self.ctl.fileno(), self.wake_r, *self.reported.values()]
@@ -233,9 +235,9 @@ def serve():
     ready on fd 3, then forks a worker per request.  Returns only in a
     forked child, set up as its worker (see the module's doc), with the
     pid that is its parent (this zygote's)."""
-    os.environ.pop("BULKHEAD_AS_ZYGOTE", None)
-    preload = [n for n in os.environ.pop("BULKHEAD_ZYGOTE_PRELOAD", "").split(",") if n]
-    fd = int(os.environ.pop("BULKHEAD_FD", "3"))
+    os.environ.pop(AS_ZYGOTE, None)
+    preload = [n for n in os.environ.pop(ZYGOTE_PRELOAD, "").split(",") if n]
+    fd = int(os.environ.pop(FD, "3"))
     stdlib = _stdlib_dirs()
     base_path = [p for p in sys.path if os.path.realpath(p).startswith(stdlib)
                  and "site-packages" not in p and "dist-packages" not in p]
@@ -280,7 +282,7 @@ def _become(req, fds, base_path, preloaded, zygote_pid):
         python, argv, env = req["python"], req["argv"], req["env"]
         if req.get("cwd"):
             os.chdir(req["cwd"])
-        env["BULKHEAD_PARENT_PID"] = str(zygote_pid)
+        env[PARENT_PID] = str(zygote_pid)
         os.environ.clear()
         os.environ.update(env)
         if req.get("sandbox"):
@@ -292,7 +294,7 @@ def _become(req, fds, base_path, preloaded, zygote_pid):
                 sys.modules["tempfile"].tempdir = None   # the zygote's TMPDIR is not the pack's
         stale = _take_environment(python, env, base_path, preloaded)
         if stale:
-            level = env.get("BULKHEAD_LOG_LEVEL", "20").strip()
+            level = env.get(LOG_LEVEL, "20").strip()
             if level.isdigit() and int(level) <= 10:
                 print(f"bulkhead zygote: this environment imports its own {', '.join(sorted(stale))}: "
                       f"started afresh", file=sys.stderr)
