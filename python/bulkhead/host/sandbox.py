@@ -130,6 +130,28 @@ def _interpreter_dirs(python):
                     out.append(os.path.dirname(os.path.dirname(os.path.realpath(os.path.join(home, "python3")))))
     except OSError:
         pass
+    out += _pth_dirs(env)
+    return out
+
+
+def _pth_dirs(env):
+    """The directories an environment's ``.pth`` files add to its path
+    (the host's shared packages, envs/hostmatch.py's farm): its site
+    reads them as the worker starts, so they are its own to read."""
+    out = []
+    for sp in glob.glob(os.path.join(env, "lib", "python*", "site-packages")):
+        for pth in glob.glob(os.path.join(sp, "*.pth")):
+            try:
+                with open(pth, encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            for line in lines:
+                line = line.strip()
+                if line and not line.startswith(("#", "import ", "import\t")):
+                    d = os.path.join(sp, line)
+                    if os.path.isdir(d):
+                        out.append(d)
     return out
 
 
