@@ -52,15 +52,32 @@ def test_no_bulkhead_name_is_spelled_outside_the_spec():
 def test_the_config_reader_checks_the_spec_rows():
     from bulkhead.channel import spec
     from bulkhead.envs import config
+    tables = {"seconds": config.OPTIONS, "choice": config.CHOICES, "flag": config.FLAGS, "paths": config.PATH_LISTS}
     for o in spec.OPTIONS:
-        table = config.OPTIONS if o.kind == "seconds" else config.CHOICES
-        assert o.name in table, o
+        assert o.name in tables[o.kind], o
     for name in config.OPTIONS:
         assert spec.BY_NAME[name].kind == "seconds"
     for e in spec.ENV:
         value = e.default if e.default is not None else {"text": "x", "flag": True, "seconds": 0.0, "json": {"a": [1]}}[e.kind]
         assert spec.from_env(e.name, {e.name: spec.to_env(e.name, value)}) == value, e
         assert spec.from_env(e.name, {}) == e.default, e
+
+
+@pytest.mark.parametrize("name", [o.name for o in __import__("bulkhead.channel.spec").channel.spec.OPTIONS
+                                  if o.kind == "seconds" and o.low_ok])
+def test_a_packs_zero_is_kept_for_every_setting_that_allows_it(monkeypatch, name):
+    """0 ("never") for each setting that allows it is the record's value,
+    not the default, and the one the worker or the host-wide reader gets:
+    the idle exit's host-wide BULKHEAD_IDLE_EXIT_S does not win over it."""
+    from bulkhead.channel import spec
+    from bulkhead.host import idle
+    s = spec.settings({name: 0})
+    assert s[name] == 0.0 and name in s.given
+    row = spec.BY_NAME[name]
+    if row.env:
+        assert spec.from_env(row.env, spec.worker_env(s)) == 0.0
+    monkeypatch.setenv(spec.IDLE_EXIT_S, "7")
+    assert idle.limit_s(s) == (0.0 if name == "idle_exit_s" else 7.0)
 
 
 NODES = '''

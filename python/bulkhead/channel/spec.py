@@ -26,8 +26,9 @@ import os
 class Option(collections.namedtuple("Option", "name kind what default low low_ok choices env",
                                     defaults=(None, 0.0, True, (), None))):
     """One ``[bulkhead]`` key.  kind: "seconds" (a number of seconds,
-    at least ``low``; ``low`` itself allowed where ``low_ok``) or
-    "choice" (one of ``choices``).  default: its value where the pack
+    at least ``low``; ``low`` itself allowed where ``low_ok``), "choice"
+    (one of ``choices``), "flag" (true or false) or "paths" (an array of
+    paths, ~ expanded, relative to the pack's folder: a tuple once read).  default: its value where the pack
     gives none (None: the reader's own rule, said in ``what``).  env: the
     worker environment name that carries it, where the worker reads it."""
     __slots__ = ()
@@ -62,6 +63,14 @@ OPTIONS = (
     Option("host_packages", "choice", "what the environment gets from the host: torch, comfy-aimdo, comfy-kitchen "
            "and every requirement of ComfyUI's requirements.txt, at the host's versions (match), or nothing "
            "(none: for a pack that never imports comfy or torch)", default="match", choices=("match", "none")),
+    # Read by host/sandbox.py (its default: BULKHEAD_SANDBOX, else on).
+    Option("sandbox", "choice", "whether the pack's worker runs sandboxed (host/sandbox.py): where the kernel has "
+           "Landlock (on), never (off), or refusing to start where the kernel cannot (required)",
+           choices=("on", "off", "required")),
+    Option("network", "flag", "whether the pack's sandboxed worker may make TCP connections (default true)",
+           default=True),
+    Option("sandbox_read", "paths", "paths the pack's sandboxed worker may read beyond its own", default=()),
+    Option("sandbox_write", "paths", "paths the pack's sandboxed worker may write beyond its own", default=()),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -75,6 +84,16 @@ def seconds_table():
 def choices_table():
     """{name: (what, choices)} of the "choice" options."""
     return {o.name: (o.what, o.choices) for o in OPTIONS if o.kind == "choice"}
+
+
+def flags_table():
+    """{name: what} of the "flag" options."""
+    return {o.name: o.what for o in OPTIONS if o.kind == "flag"}
+
+
+def paths_table():
+    """{name: what} of the "paths" options."""
+    return {o.name: o.what for o in OPTIONS if o.kind == "paths"}
 
 
 class Settings(dict):

@@ -120,23 +120,14 @@ HASH_FORMAT = 1
 OPTIONS = spec.seconds_table()
 
 # [bulkhead] keys that take true or false: name -> what it is.
-FLAGS = {
-    "network": "whether the pack's sandboxed worker may make TCP connections (default true)",
-}
+FLAGS = spec.flags_table()
 
 # [bulkhead] keys that take an array of paths (~ expanded, relative to the
 # pack's folder): name -> what it is.
-PATH_LISTS = {
-    "sandbox_read": "paths the pack's sandboxed worker may read beyond its own",
-    "sandbox_write": "paths the pack's sandboxed worker may write beyond its own",
-}
+PATH_LISTS = spec.paths_table()
 
 # [bulkhead] keys that take one of a few words: name -> (what it is, the words).
-CHOICES = {
-    **spec.choices_table(),     # prewarm, fallback, host_packages: channel/spec.py
-    "sandbox": ("whether the pack's worker runs sandboxed (host/sandbox.py): where the kernel has Landlock (on), "
-                "never (off), or refusing to start where the kernel cannot (required)", ("on", "off", "required")),
-}
+CHOICES = spec.choices_table()
 
 # Tables bulkhead knows it does not implement, with what that means.
 _UNIMPLEMENTED = {
