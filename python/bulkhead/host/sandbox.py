@@ -309,6 +309,12 @@ def plan(name, pack_dir, python, options, comfyui, folders=None, pythonpath=()):
     write = [pack_dir]
     data = []
     folders = folders or {}
+    # A part of a pack (a sub-folder with its own config) writes into the
+    # pack's whole folder, as the pack does: the folder custom_nodes holds.
+    for nodes_dir in ((folders.get("folders") or {}).get("custom_nodes") or [[]])[0]:
+        rel = os.path.relpath(os.path.realpath(pack_dir), os.path.realpath(str(nodes_dir)))
+        if rel != "." and not rel.startswith(".."):
+            write.append(os.path.join(os.path.realpath(str(nodes_dir)), rel.split(os.sep)[0]))
     for key, entry in (folders.get("folders") or {}).items():
         if key in NOT_DATA:
             continue
