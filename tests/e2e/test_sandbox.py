@@ -1,7 +1,8 @@
 """An isolated pack's sandbox from the user's side (host/sandbox.py): the
 probe pack (packs/e2e_sandbox) tries each escape -- ~/.bashrc, ~/.ssh,
 ComfyUI's code, another pack's folder and environment, bulkhead's
-installation, signals and ptrace to ComfyUI and to another worker, TCP
+installation, signals and ptrace to ComfyUI and to another worker, an
+abstract Unix socket outside the sandbox, TCP
 with the network off -- and each action a pack needs (its own folder,
 models, output, temp, a model cache, the network), in its worker and in a
 grandchild the worker starts.  The real answer is the same probe where
@@ -24,7 +25,7 @@ from .e2eenv import BUILD_PY, CLI
 ESCAPES = ("write ~/.bashrc", "read ~/.ssh/id_ed25519", "write ComfyUI's code", "write another pack's folder",
            "write another pack's env", "read another pack's env", "write bulkhead's package",
            "write bulkhead's custom node", "kill ComfyUI", "kill another worker", "ptrace ComfyUI",
-           "ptrace another worker")
+           "ptrace another worker", "connect an abstract socket outside")
 ALLOWED = ("write own folder", "write models", "write output", "write ComfyUI's temp", "write tmp",
            "write a model cache", "read ComfyUI's code")
 
@@ -43,7 +44,7 @@ def home(tmp_path):
     return h, other_env
 
 
-def _probe(srv, home, other_env, port):
+def _probe(srv, home, other_env, port, abstract):
     """Starts e2e_pack's worker (another worker), writes the probe's
     targets and runs it: {"worker": {...}, "grandchild": {...}}."""
     entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "x", "times": 1}}}))
@@ -55,7 +56,7 @@ def _probe(srv, home, other_env, port):
                "bulkhead_node": os.path.join(custom, "bulkhead"), "host_pid": srv.proc.pid, "other_pid": other_pid,
                "own_dir": os.path.join(custom, "e2e_sandbox"), "models": os.path.join(srv.base, "models"),
                "output": os.path.join(srv.base, "output"), "comfy_temp": os.path.join(srv.base, "temp"),
-               "port": port}
+               "port": port, "abstract": abstract}
     with open(os.path.join(custom, "e2e_sandbox", "targets.json"), "w") as f:
         json.dump(targets, f)
     entry = srv.wait_history(srv.queue({"1": {"class_type": "E2ESandboxProbe", "inputs": {"run": 1}}}))
@@ -67,24 +68,29 @@ def test_an_isolated_pack_is_sandboxed(comfyui, home, tmp_path):
     fake_home, other_env = home
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
+    abstract = f"bh-e2e-sandbox-{os.getpid()}-{port}"      # an abstract Unix socket of this process's
+    outside = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    outside.bind("\0" + abstract)
+    outside.listen(8)
     base_env = {"HOME": str(fake_home), "XDG_CACHE_HOME": "", "HF_HOME": "", "TORCH_HOME": "",
                 "BULKHEAD_SANDBOX": "", "BULKHEAD_NETWORK": ""}
     try:
         # The real answer: the same probe where the kernel has no Landlock.
         bare = comfyui(packs=("e2e_pack", "e2e_sandbox"), name="bare",
                        env=dict(base_env, BULKHEAD_SANDBOX_NO_LANDLOCK="1"))
-        unsandboxed = _probe(bare, fake_home, other_env, port)
+        unsandboxed = _probe(bare, fake_home, other_env, port, abstract)
         assert "this kernel has no Landlock" in bare.log(), bare.log()
         assert "2 packs isolated, 2 not sandboxed (e2e_pack, e2e_sandbox)" in bare.log(), bare.log()
         bare.stop()
         zygote = comfyui(packs=("e2e_pack", "e2e_sandbox"), name="zygote", env=dict(base_env, BULKHEAD_NETWORK="0"))
-        forked = _probe(zygote, fake_home, other_env, port)
+        forked = _probe(zygote, fake_home, other_env, port, abstract)
         assert "not sandboxed" not in zygote.log() and "e2e_sandbox': 2 nodes" in zygote.log(), zygote.log()
         zygote.stop()
         spawn = comfyui(packs=("e2e_pack", "e2e_sandbox"), name="spawn", env=dict(base_env, BULKHEAD_ZYGOTE="0"))
-        spawned = _probe(spawn, fake_home, other_env, port)
+        spawned = _probe(spawn, fake_home, other_env, port, abstract)
     finally:
         listener.close()
+        outside.close()
     for where in ("worker", "grandchild"):
         bare_side = unsandboxed[where]
         assert {k: v for k, v in bare_side.items() if v != "ok"} == {}, bare_side   # the probe can tell

@@ -75,6 +75,14 @@ def _connect(port):
     return attempt
 
 
+def _abstract(name):
+    def attempt():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect("\0" + name)
+    return attempt
+
+
 def _tmp():
     fd, path = tempfile.mkstemp()
     os.close(fd)
@@ -98,6 +106,7 @@ def run(t, trace=True):
         "kill another worker": _kill(t["other_pid"]),
         "ptrace ComfyUI": (_ptrace if trace else _proc_mem)(t["host_pid"]),
         "ptrace another worker": (_ptrace if trace else _proc_mem)(t["other_pid"]),
+        "connect an abstract socket outside": _abstract(t["abstract"]),
         # allowed
         "write own folder": _write_new(t["own_dir"]),
         "write models": _write_new(t["models"]),
