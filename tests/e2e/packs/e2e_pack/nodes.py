@@ -363,3 +363,24 @@ class ListJoin:
 
 
 NODE_CLASS_MAPPINGS.update({"E2EListMake": ListMake, "E2EListJoin": ListJoin})
+
+
+class Raise:
+    """Raises `kind` (a builtin exception class's name) with `message`:
+    the error ComfyUI reports for the node, its class and message."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"kind": (["ValueError", "RuntimeError", "KeyError"],),
+                             "message": ("STRING", {"default": "the node failed"})}}
+
+    RETURN_TYPES = ("STRING",)
+    FUNCTION = "run"
+    CATEGORY = "bulkhead e2e"
+    OUTPUT_NODE = True
+
+    def run(self, kind, message):
+        raise {"ValueError": ValueError, "RuntimeError": RuntimeError, "KeyError": KeyError}[kind](message)
+
+
+NODE_CLASS_MAPPINGS["E2ERaise"] = Raise
