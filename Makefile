@@ -21,7 +21,7 @@ GPU_CHECK_FLAGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: all build build-asan demo check check-c check-py check-asan bench bench-compare bench-save bench-tables soak clean worker-venvs comfyui-deps upstream-execution gpu-check wheel \
-        chromium fuzz fuzz-long fuzz-seeds fuzz-build fuzz-deps
+        chromium fuzz fuzz-long fuzz-seeds fuzz-build fuzz-deps comfy-env-oracle
 
 all: build
 
