@@ -2010,16 +2010,16 @@ TEST_IMPL(channel_forward_lends_another_channels_block) {
   bh_block_unref(held);
   carry_notes(ha, wa);
   ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
-  /* B drops its view: the forward ends and A gets its block; B keeps its
-   * mapping, dormant for the next forward of that block (471c5c9), until
-   * A's block goes. */
+  /* B drops its view: the forward ends and A gets its block.  Nothing
+   * else here holds A's block, so the forward is not kept dormant (A may
+   * now reuse the block for bytes B is never sent): B unmaps it. */
   bh_block_unref(seen);
   carry_notes(wb, hb);
   s = stats_of(hb);
   ASSERT_UEQ(s.forward_blocks, 0);
   ASSERT_UEQ(s.lent_blocks, 0);
   carry_notes(hb, wb);
-  ASSERT_UEQ(stats_of(wb).peer_blocks, 1);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
   carry_notes(ha, wa);
   s = stats_of(wa);
   ASSERT_UEQ(s.lent_blocks, 0);
@@ -2073,6 +2073,79 @@ TEST_IMPL(channel_forward_outlives_its_owner) {
   ASSERT_UEQ(stats_of(hb).forward_blocks, 0);
   carry_notes(hb, wb);
   ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
+  bh_channel_close(hb);
+  bh_channel_close(wb);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* A forward B returned while the host still holds A's block is kept for
+ * the next forward of that block (B keeps its mapping), and holds A's block
+ * lent meanwhile: A cannot reuse it for bytes B is never sent.  When the
+ * host drops its view, B is told to unmap it before A gets its block back
+ * (471c5c9 kept B's mapping while A reused the block). */
+TEST_IMPL(channel_forward_kept_holds_its_source) {
+  const size_t S = 2 * MiB;
+  int fds0 = bh_test_fd_count();
+  bh_channel *ha, *wa, *hb, *wb;
+  forward_pair(&ha, &wa, 1);
+  forward_pair(&hb, &wb, 1);
+  bh_block *x, *fw, *seen;
+  bh_frame f;
+  int rc;
+  uint64_t off, len = S;
+  bh_block *held = forward_source(wa, ha, S, 0x11, &x);
+  bh_block_unref(x); /* the loan keeps it */
+  uint8_t *at = bh_block_addr(held);
+  ASSERT_OK(bh_channel_peer_find(hb, at, len, &fw, &off));
+  bh_buf v = refs_value(&fw, &off, &len, 1);
+  ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 2, v.data, v.len, &fw, 1));
+  bh_buf_free(&v);
+  bh_block_unref(fw);
+  ASSERT_OK(bh_test_recv(wb, &f, 5000));
+  ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(wb, &f);
+  ASSERT_EQ(((uint8_t *)bh_block_addr(seen))[S - 1], 0x11);
+
+  /* B returns it while the host holds A's block: kept, B still maps it,
+   * A's block stays lent. */
+  bh_block_unref(seen);
+  carry_notes(wb, hb);
+  ASSERT_UEQ(stats_of(hb).forward_blocks, 0);
+  carry_notes(hb, wb);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 1);
+  carry_notes(ha, wa);
+  ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
+  /* The next forward of it lends the kept one: no fd to introduce. */
+  ASSERT_OK(bh_channel_peer_find(hb, at, len, &fw, &off));
+  ASSERT_UEQ(stats_of(hb).forwarded, 2);
+  v = refs_value(&fw, &off, &len, 1);
+  ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 3, v.data, v.len, &fw, 1));
+  bh_buf_free(&v);
+  bh_block_unref(fw);
+  ASSERT_OK(bh_test_recv(wb, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 0);
+  ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(wb, &f);
+  ASSERT_EQ(((uint8_t *)bh_block_addr(seen))[0], 0x11);
+  bh_block_unref(seen);
+  carry_notes(wb, hb);
+  carry_notes(ha, wa);
+  ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
+
+  /* The host drops its view: B unmaps, and only then is A's block free. */
+  bh_block_unref(held);
+  carry_notes(hb, wb);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
+  carry_notes(ha, wa);
+  bh_pool_stats s = stats_of(wa);
+  ASSERT_UEQ(s.lent_blocks, 0);
+  ASSERT_UEQ(s.free_blocks, 1);
+
+  bh_channel_close(ha);
+  bh_channel_close(wa);
   bh_channel_close(hb);
   bh_channel_close(wb);
   ASSERT_FD_COUNT(fds0);

@@ -270,3 +270,23 @@ def test_the_receiver_reads_no_byte_of_the_owners_it_was_not_sent(make_worker):
     del w
     _settle(a, b)
     assert b.stats()["forward_blocks"] == 0
+
+
+def test_a_kept_forward_shows_the_receiver_none_of_the_owners_new_bytes(make_worker):
+    """B returned a forward of A's block and the host dropped A's array: A
+    gets its block back and reuses it for an array B is never sent.  The
+    mapping B kept of the block (#40, for the next forward of it) is
+    retired before A can reuse the block (the dormant forward holds it
+    lent till then), so B reads nothing of A's new bytes there: without,
+    B read them (0x99) through the kept mapping."""
+    a, b = _pair(make_worker)
+    x = a.call("bh_fwdscope:one", 4 * N, 0x11)  # uint8: 1 MiB, forwarded
+    assert b.call("bh_fwdpeek:note", x) == 4 * N
+    del x
+    _settle(a, b, a, b)
+    y = a.call("bh_fwdscope:one", 4 * N, 0x99)  # A's block again, for bytes B never gets
+    assert a.call("bh_backrefs:stats")["created"] == 1  # the same block: the test's premise
+    seen = b.call("bh_fwdpeek:peek")
+    assert seen is None or set(seen) <= {0, 0x11}, f"B read {seen} of A's"
+    del y
+    _settle(a, b)
