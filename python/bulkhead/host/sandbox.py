@@ -42,6 +42,7 @@ simulates such a kernel with ``BULKHEAD_SANDBOX_NO_LANDLOCK=1``.
 
 import atexit
 import glob
+import json
 import logging
 import os
 import shutil
@@ -50,7 +51,7 @@ import tempfile
 import threading
 
 from .. import _native
-from ..channel.spec import LEDGER, NETWORK, SANDBOX, SANDBOX_NO_LANDLOCK, SANDBOX_READ, SANDBOX_WRITE
+from ..channel.spec import LEDGER, NETWORK, SANDBOX, SANDBOX_NO_LANDLOCK, SANDBOX_READ, SANDBOX_WRITE, SERIALIZERS
 
 log = logging.getLogger("bulkhead")
 
@@ -270,10 +271,12 @@ def state_of(rt):
     return got if got is not None else outline(rt.name, rt.options)
 
 
-def plan(name, pack_dir, python, options, comfyui, folders=None, pythonpath=()):
+def plan(name, pack_dir, python, options, comfyui, folders=None, pythonpath=(), worker_env=None):
     """The sandbox of pack `name` (its folder, its worker's interpreter,
     its [bulkhead] options, ComfyUI's base, folder_paths as
-    channel.formats.host_folders() gives it, the worker's PYTHONPATH)."""
+    channel.formats.host_folders() gives it, the worker's PYTHONPATH and
+    the environment the host gives it: its ledger, the other packs'
+    serializers it loads)."""
     first = outline(name, options)
     mode, network, level = first.mode, first.network, first.abi
     if first.state == "off":
@@ -293,6 +296,10 @@ def plan(name, pack_dir, python, options, comfyui, folders=None, pythonpath=()):
     read += computed([sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix])
     read += computed([p for p in sys.path if p and os.path.isdir(p)])
     read += computed(list(pythonpath))
+    try:   # [[pack, serialization.py], ...]: another pack's serializer is read (worker/typed.py)
+        read += [str(f) for _, f in json.loads((worker_env or {}).get(SERIALIZERS) or "[]")]
+    except (ValueError, TypeError):
+        pass
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # host/ -> bulkhead/
     read += computed([pkg, os.path.realpath(pkg)])
     if comfyui:
@@ -337,9 +344,10 @@ def plan(name, pack_dir, python, options, comfyui, folders=None, pythonpath=()):
     tmp = private_tmp(name)
     write.append(tmp)
     write.append("/dev/shm")
-    ledger = os.environ.get(LEDGER)
-    if ledger:
-        write += computed([os.path.dirname(os.path.abspath(ledger))])
+    ledger = (worker_env or {}).get(LEDGER) or os.environ.get(LEDGER)
+    if ledger:   # the file itself (it exists: the host made it), and its folder where not too wide
+        ledger = os.path.abspath(ledger)
+        write += [ledger] + computed([os.path.dirname(ledger)])
     elif os.environ.get("XDG_RUNTIME_DIR"):
         write.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], "bulkhead-ledger"))
 
