@@ -530,7 +530,8 @@ class PackRuntime:
         from . import sandbox, workers
         pp = [workers.worker_pythonpath()] + [p for p in str(self.worker.env.get("PYTHONPATH", "")).split(os.pathsep)
                                               if p]
-        plan = sandbox.plan(self.name, self.pack_dir, self.worker.python, self.options, self.comfyui, folders, pp)
+        plan = sandbox.plan(self.name, self.pack_dir, self.worker.python, self.options, self.comfyui, folders, pp,
+                            self.worker.env)
         self.sandbox = plan
         if plan.state == "refused":
             let = (f"set {spec.SANDBOX}=on" if spec.SANDBOX in plan.why
