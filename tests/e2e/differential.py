@@ -34,9 +34,7 @@ progress text as binary frames; execution_error with its class, message
 and node), the prompt's own messages (execution_cached's nodes) and the
 /history entry, with what must differ between two runs taken out (the
 prompt id, timestamps, tracebacks, and the ui keys in VOLATILE_UI), and
-compares the two servers' records node by node.  One divergence found
-and not fixed yet is taken out (_known_divergence: how an isolated node's
-error is named).
+compares the two servers' records node by node.
 
 `make check` runs it against tests/comfyui (about 25 s); against a real
 checkout: COMFYUI_PATH=<checkout> pytest tests/e2e/test_differential.py
@@ -46,7 +44,6 @@ checkout: COMFYUI_PATH=<checkout> pytest tests/e2e/test_differential.py
 import io
 import json
 import os
-import re
 import shutil
 import struct
 import threading
@@ -426,31 +423,6 @@ def frame(data):
     return {"event": event, "bytes": data[4:].decode("latin-1")}
 
 
-# A divergence found and not fixed yet, taken out of the comparison here so
-# that the rest stays strict: an isolated node's error reaches ComfyUI as
-# bulkhead.channel.peer.Remote<Class> (a subclass of the pack's builtin
-# class), its message "<Class>: <message> [in worker ...]" followed by the
-# worker's traceback, where in-process ComfyUI shows <Class> and
-# <message>.  Remove this when the error dialog shows what it shows
-# in-process.
-_REMOTE_TYPE = re.compile(r"^bulkhead\.channel\.peer\.Remote")
-_REMOTE_MESSAGE = re.compile(r'^"?(?:[\w.]+: )?(.*?) \[in worker .*', re.DOTALL)
-
-
-def _known_divergence(error):
-    """An execution_error's type and message with bulkhead's naming taken
-    out; the message's trailing newline too (real ComfyUI ends it with
-    one and any tips, after the worker's traceback here)."""
-    if _REMOTE_TYPE.match(error.get("exception_type") or ""):
-        error["exception_type"] = _REMOTE_TYPE.sub("", error["exception_type"])
-        m = _REMOTE_MESSAGE.match(error.get("exception_message") or "")
-        if m:
-            error["exception_message"] = m.group(1)
-    if isinstance(error.get("exception_message"), str):
-        error["exception_message"] = error["exception_message"].rstrip("\n")
-    return error
-
-
 def normal(value, prompt_id):
     """A message or history entry with what must differ between two runs
     taken out: the prompt id, timestamps, tracebacks, VOLATILE_UI values."""
@@ -459,8 +431,6 @@ def normal(value, prompt_id):
 
     def strip(v):
         if isinstance(v, dict):
-            if "exception_type" in v:
-                v = _known_divergence(dict(v))
             return {k: ("volatile" if k in VOLATILE_UI else strip(x)) for k, x in v.items()
                     if k not in ("timestamp", "traceback", "current_inputs", "current_outputs")}
         if isinstance(v, list):

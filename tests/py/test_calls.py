@@ -134,7 +134,77 @@ def test_custom_exception_carries_type_and_traceback(worker):
     assert isinstance(e, RuntimeError)  # nearest builtin base
     assert "inner()" in e.remote_message
     assert "in inner" in e.remote_traceback
-    assert "worker 'test'" in str(e)
+    assert str(e) == "the pack failed in inner()"
+    assert "worker 'test'" in e.detail and "in inner" in e.detail
+
+
+def _testmod():
+    """bh_testmod loaded here, under its own name (as the worker has it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bh_testmod", os.path.join(HELPERS, "bh_testmod.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _raised_here(fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:
+        return e
+    raise AssertionError(f"{fn} did not raise")
+
+
+def _full_type_name(klass):
+    """How ComfyUI's executor names an exception's class (execution.py
+    full_type_name): module.qualname, the bare qualname for a builtin."""
+    return klass.__qualname__ if klass.__module__ == "builtins" else f"{klass.__module__}.{klass.__qualname__}"
+
+
+@pytest.mark.parametrize("target, args", [
+    ("raise_builtin", ("ValueError", "msg")),
+    ("raise_builtin", ("KeyError", "missing-thing")),              # str() quotes it
+    ("raise_builtin", ("OSError", 2, "No such file", "/no/where")),  # FileNotFoundError, errno, filename
+    ("raise_builtin", ("RuntimeError", "first line\nsecond line\n\nafter a blank line\n")),
+    ("raise_builtin", ("ValueError",)),                               # no message at all
+    ("raise_pack", ("a pack's own class\nover two lines", 3)),
+    ("custom_boom", ()),
+])
+def test_exception_is_named_and_said_as_in_process(worker, target, args):
+    """What the host raises for a worker's exception is, to ComfyUI's
+    executor (its exception_type and exception_message) and to code that
+    catches it, what the same call raises in-process; the worker's
+    traceback is its __cause__, in a logged traceback, not in its message."""
+    import traceback
+    bh_testmod = _testmod()
+    want = _raised_here(getattr(bh_testmod, target), *args)
+    with pytest.raises(Exception) as ei:
+        worker.call(f"bh_testmod:{target}", *args)
+    got = ei.value
+    assert _full_type_name(type(got)) == _full_type_name(type(want))
+    assert type(got).__name__ == type(want).__name__
+    assert str(got) == str(want) and got.args == want.args and repr(got) == repr(want)
+    for base in type(want).__mro__:
+        if base.__module__ == "builtins":
+            assert isinstance(got, base), base
+    assert isinstance(got, bulkhead.RemoteError) and got.remote_type == _full_type_name(type(want))
+    if isinstance(want, OSError):
+        assert (got.errno, got.strerror, got.filename) == (want.errno, want.strerror, want.filename)
+    logged = "".join(traceback.format_exception(got))
+    assert "worker 'test'" in logged and f", in {target}" in logged and "bh_testmod.py" in logged
+    assert "worker" not in str(got)
+
+
+def test_exception_args_that_cannot_cross_leave_the_message(worker):
+    """An argument the channel does not carry as a plain value (here a
+    list) stays in the worker: args is the message, str() still the
+    original's."""
+    bh_testmod = _testmod()
+    want = _raised_here(bh_testmod.raise_builtin, "ValueError", "bad", [1, 2])
+    with pytest.raises(ValueError) as ei:
+        worker.call("bh_testmod:raise_builtin", "ValueError", "bad", [1, 2])
+    assert str(ei.value) == str(want) == "('bad', [1, 2])"
+    assert ei.value.args == (str(want),)
 
 
 def test_unknown_target_is_a_clear_error(worker):

@@ -292,7 +292,8 @@ def test_a_deserializer_that_raises_is_that_calls_error(typed_worker):
     with pytest.raises(RemoteError) as e:
         run(w, mesh=mesh("geo", n=1, inner=mesh("geo", boom=True)), other=np.ones(BIG, np.uint8))
     msg = str(e.value)
-    assert "SerializerError" in msg and "the deserializer of type 'Mesh' (pack 'meshpack'" in msg, msg
+    assert type(e.value).__qualname__ == "SerializerError" and e.value.remote_type.endswith(".SerializerError")
+    assert msg.startswith("the deserializer of type 'Mesh' (pack 'meshpack'"), msg
     assert "ValueError: no mesh today" in msg and "made by pack 'geo'" in msg, msg
     # the worker serves on, the same process, and holds none of the host's blocks
     assert run(w, mesh=mesh("geo", n=2))["mesh"] == {"Mesh": {"n": 2}}

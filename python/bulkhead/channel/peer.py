@@ -40,41 +40,87 @@ class BulkheadError(Exception):
 
 
 class RemoteError(BulkheadError):
-    """An exception raised in the peer.  ``remote_type`` is its qualified
-    type name, ``remote_message`` its message and ``remote_traceback`` the
-    peer's formatted traceback.  For a builtin type the raised object is
-    also an instance of that builtin (``except ValueError`` works)."""
+    """An exception raised in the peer, raised here as it was there.
+    ``remote_type`` is its qualified type name, ``remote_message`` its
+    message (``str()`` of it, exactly) and ``remote_traceback`` the peer's
+    formatted traceback; ``detail`` says all three and where, for bulkhead's
+    own logs.  What make_error raises is an instance of a class named as the
+    original (its ``__module__`` and ``__qualname__``: ComfyUI's executor
+    reports an isolated node's error as it does in-process) and, where the
+    original is or derives from a builtin exception type, an instance of
+    that builtin too (``except ValueError`` works); its ``args`` are the
+    original's where they crossed.  The peer's traceback is its
+    ``__cause__`` (a ``RemoteTraceback``), so that a log of the traceback
+    (``traceback.format_exc()``) shows it above this process's own."""
 
-    def __init__(self, remote_type, message, remote_traceback="", worker=None):
-        super().__init__(f"{remote_type}: {message}" + (f" [in {worker}]" if worker else ""))
+    def __init__(self, remote_type, message, remote_traceback="", worker=None, args=None):
+        super().__init__(*(args if args is not None else (message,)))
         self.remote_type = remote_type
         self.remote_message = message
         self.remote_traceback = remote_traceback
         self.worker = worker
+        if remote_traceback:
+            self.__cause__ = RemoteTraceback(remote_traceback, worker)
 
     def __str__(self):
-        text = super().__str__()
+        return self.remote_message
+
+    @property
+    def detail(self):
+        """The type, the message, where it was raised and the peer's
+        traceback: what bulkhead's own logs and errors say of it."""
+        text = f"{self.remote_type}: {self.remote_message}" + (f" [in {self.worker}]" if self.worker else "")
         if self.remote_traceback:
             text += "\n--- remote traceback ---\n" + self.remote_traceback.rstrip()
         return text
 
 
-_remote_subclasses = {}
+class RemoteTraceback(Exception):
+    """The peer's formatted traceback, as the ``__cause__`` of the
+    RemoteError raised for it (as concurrent.futures does for a process
+    pool's)."""
+
+    def __init__(self, text, worker=None):
+        super().__init__(text)
+        self.worker = worker
+
+    def __str__(self):
+        where = f" in {self.worker}" if self.worker else ""
+        return f"raised{where}:\n{self.args[0].rstrip()}"
 
 
-def remote_error_class(builtin_name):
-    """RemoteError mixed with a builtin exception type, cached."""
+def error_detail(e):
+    """``e.detail`` for a RemoteError, else ``str(e)``: what a log of
+    bulkhead's says of an error that may have come from the peer."""
+    return e.detail if isinstance(e, RemoteError) else str(e)
+
+
+_remote_classes = {}
+
+
+def remote_error_class(builtin_name, module=None, qualname=None):
+    """The class raised for a peer's exception: RemoteError mixed with the
+    builtin exception type `builtin_name` (where it is one and its layout
+    allows), named `module`.`qualname` (None: the builtin's own name).
+    Cached."""
     base = getattr(builtins, builtin_name, None) if builtin_name else None
     if not (isinstance(base, type) and issubclass(base, Exception)) or base is Exception:
-        return RemoteError
-    cls = _remote_subclasses.get(base)
+        base = None
+    if qualname is None:
+        if base is None:
+            return RemoteError
+        module, qualname = "builtins", base.__qualname__
+    key = (base, module, qualname)
+    cls = _remote_classes.get(key)
     if cls is None:
+        name = qualname.rpartition(".")[2] or qualname
+        attrs = {"__module__": module, "__qualname__": qualname, "__doc__": RemoteError.__doc__,
+                 "__init__": RemoteError.__init__, "__str__": RemoteError.__str__}
         try:
-            cls = type(f"Remote{base.__name__}", (RemoteError, base), {
-                "__init__": RemoteError.__init__, "__str__": RemoteError.__str__})
+            cls = type(name, (RemoteError, base) if base is not None else (RemoteError,), attrs)
         except TypeError:  # a builtin with an incompatible layout
-            cls = RemoteError
-        _remote_subclasses[base] = cls
+            cls = type(name, (RemoteError,), attrs)
+        _remote_classes[key] = cls
     return cls
 
 
@@ -82,9 +128,30 @@ def remote_error_class(builtin_name):
 # worker/sandbox.py names what its sandbox refused); None elsewhere.
 on_error = None
 
+_INT64 = range(-2**63, 2**63)
+
+
+def _plain_arg(a):
+    """Whether an exception's argument crosses in its ERROR payload: a
+    scalar the codec carries as it is (anything else stays behind, and
+    the receiver's args are the message)."""
+    if a is None or type(a) in (bool, float, bytes):
+        return True
+    if type(a) is int:
+        return a in _INT64
+    if type(a) is str:
+        try:
+            a.encode("utf-8")
+        except UnicodeError:
+            return False
+        return True
+    return False
+
 
 def format_exception(exc):
-    """The ERROR payload for an exception."""
+    """The ERROR payload for an exception: its type (qualified name, and
+    module and qualname apart), message, traceback, nearest builtin type
+    and, where every one is a plain scalar, its args."""
     if on_error is not None:
         on_error(exc)
     t = type(exc)
@@ -105,7 +172,15 @@ def format_exception(exc):
         message = str(exc)
     except Exception:
         message = "<unprintable>"
-    return {"type": name, "message": message, "traceback": tb, "builtin": builtin}
+    payload = {"type": name, "message": message, "traceback": tb, "builtin": builtin,
+               "module": mod if isinstance(mod, str) else "builtins", "qualname": t.__qualname__}
+    args = getattr(exc, "args", None)
+    if isinstance(args, tuple) and all(_plain_arg(a) for a in args):
+        payload["args"] = list(args)
+    if isinstance(exc, OSError):  # what str() says of it beside its args
+        names = [n for n in ("filename", "filename2") if _plain_arg(getattr(exc, n, None))]
+        payload["attrs"] = {n: getattr(exc, n) for n in names}
+    return payload
 
 
 class HandleError(BulkheadError, TypeError):
@@ -484,9 +559,26 @@ class Peer:
     def make_error(self, payload):
         if not isinstance(payload, dict):
             return RemoteError("bulkhead.ProtocolError", f"malformed error payload {payload!r}", "", self.describe())
-        cls = remote_error_class(payload.get("builtin"))
-        return cls(str(payload.get("type")), str(payload.get("message")),
-                   str(payload.get("traceback") or ""), self.describe())
+        name = str(payload.get("type"))
+        module, qualname = payload.get("module"), payload.get("qualname")
+        if not (isinstance(module, str) and isinstance(qualname, str) and qualname):
+            # A peer of a protocol before module and qualname crossed apart.
+            module, _, qualname = name.rpartition(".")
+            module = module or "builtins"
+        cls = remote_error_class(payload.get("builtin"), module, qualname)
+        args = payload.get("args")
+        args = tuple(args) if isinstance(args, list) else None
+        message = str(payload.get("message"))
+        try:
+            exc = cls(name, message, str(payload.get("traceback") or ""), self.describe(), args=args)
+        except Exception:  # args the builtin's own __init__ refuses (it took others)
+            exc = cls(name, message, str(payload.get("traceback") or ""), self.describe())
+        attrs = payload.get("attrs")
+        if isinstance(attrs, dict) and isinstance(exc, OSError):
+            for n in ("filename", "filename2"):
+                if n in attrs:
+                    setattr(exc, n, attrs[n])
+        return exc
 
     def on_frame(self, kind, value):
         handler = self.frame_handlers.get(kind)

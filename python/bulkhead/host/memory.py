@@ -27,7 +27,7 @@ import uuid
 import weakref
 
 from .. import _native, pager
-from ..channel.peer import RemoteError
+from ..channel.peer import RemoteError, error_detail
 from ..channel import spec, targets
 from . import release as _release
 # The release deadline (RELEASE_TIMEOUT_S; a worker's own outranks it) and
@@ -108,7 +108,7 @@ class _Owner:
             # (the stand-in reports what was actually freed, and the rest is
             # posted to idle siblings).
             log.warning("bulkhead: %s could not release model %s: %s",
-                        self.worker.describe(), model_id, e)
+                        self.worker.describe(), model_id, e.detail)
         self.host.note_release(self.worker, (receipt or {}).get("freed_bytes", 0))
 
     def standin_load(self, model_id, nbytes):
@@ -489,7 +489,8 @@ class HostMemory:
                     try:
                         freed = cand.release(n)   # records the admission event
                     except (_DEAD + (WorkerBusy, RemoteError, ConnectionError, _native.Error)) as e:
-                        log.warning("bulkhead: %s could not release for an admission: %s", cand.label, e)
+                        log.warning("bulkhead: %s could not release for an admission: %s", cand.label,
+                                    error_detail(e))
                         _release.note(self, "admission", cand.label, 0)
                         freed = 0
                     released += freed

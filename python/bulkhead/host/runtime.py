@@ -577,7 +577,7 @@ class PackRuntime:
         except RemoteError as e:
             self.worker.close()
             raise PackLoadError(f"pack {self.name!r} ({self.pack_dir}) failed to import in its worker "
-                                f"({self.python}): {e}") from None
+                                f"({self.python}): {e.detail}") from None
         except BulkheadError as e:
             err = PackLoadError(f"pack {self.name!r} ({self.pack_dir}): {e}")
             # Its sandbox is required and the kernel cannot: no fallback runs it unsandboxed (host/pack.py).
@@ -1168,7 +1168,10 @@ class PackRuntime:
             self.warm_generation = w.generation     # a node ran here: nothing left to prewarm
             return out
         except RemoteError as e:
-            raise self._translate(e, mm) from None
+            # Raised with the worker's traceback as its cause (peer.make_error),
+            # not this frame's context: ComfyUI's log shows the worker's frames.
+            err = self._translate(e, mm)
+            raise err from err.__cause__
         except WorkerDied:
             if watch is None or not watch.stopped_worker:
                 raise
@@ -1193,15 +1196,23 @@ class PackRuntime:
                 return mm.InterruptProcessingException()
             return NodeInterrupted(f"a node of pack {self.name!r} was interrupted")
         if kind == remote_name(WorkerOutOfMemory):
-            text = (f"{e.remote_message} [in {e.worker}]\n--- worker traceback ---\n"
-                    f"{e.remote_traceback.rstrip()}")
             cls = getattr(mm, "OOM_EXCEPTION", None) if mm is not None else None
             if not (isinstance(cls, type) and issubclass(cls, BaseException)):
                 cls = MemoryError
+            # The worker's message is "<type>: <message>" of what ran out
+            # (worker/nodes.py).  Where that type is ComfyUI's OOM class the
+            # message is the original's, as in-process; another (a RAM
+            # MemoryError raised as ComfyUI's OOM) keeps its type's name.
+            text = e.remote_message
+            raised, sep, message = text.partition(": ")
+            if sep and raised.rpartition(".")[2] == cls.__qualname__:   # torch.cuda. or torch.: by version
+                text = message
             try:
-                return cls(text)
+                err = cls(text)
             except Exception:
-                return MemoryError(text)
+                err = MemoryError(text)
+            err.__cause__ = e.__cause__
+            return err
         return e
 
     def prewarm(self):

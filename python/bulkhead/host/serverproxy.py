@@ -269,7 +269,7 @@ class ServerProxy:
             if e.remote_type.endswith("RouteTimeout"):
                 raise RouteFailed(504, f"bulkhead: {what} did not answer within {timeout_s:g} s "
                                        "(the worker goes on serving)") from None
-            log.warning("bulkhead: %s failed: %s", what, e)
+            log.warning("bulkhead: %s failed: %s", what, e.detail)
             raise RouteFailed(500, f"bulkhead: {what} raised {e.remote_type}: {e.remote_message}") from None
         except BulkheadError as e:
             log.warning("bulkhead: %s: %s", what, e)

@@ -83,7 +83,7 @@ import weakref
 
 from .. import _native
 from ..channel import spec, targets
-from ..channel.peer import RemoteError
+from ..channel.peer import RemoteError, error_detail
 from . import building
 from . import idle
 from . import release as _release
@@ -274,7 +274,7 @@ class BulkheadService:
             if e.remote_type.endswith("WorkerBusy"):
                 raise RouteError(409, e.remote_message) from None
             raise RouteError(502, f"host {host_pid} failed to release {pack!r} (pid {pid}): "
-                                  f"{str(e).splitlines()[0]}") from None
+                                  f"{e.detail.splitlines()[0]}") from None
         except (ConnectionError, OSError, _native.Error) as e:
             raise RouteError(502, f"host {host_pid} failed to release {pack!r} (pid {pid}): "
                                   f"{str(e).splitlines()[0]}") from None
@@ -403,7 +403,7 @@ class BulkheadService:
                 continue    # a call began: it is not at a boundary
             except _DEAD + (RemoteError,) as e:
                 log.warning("bulkhead: %s: soft release at the end of prompt %s failed: %s",
-                            w.describe(), prompt_id, str(e).splitlines()[0])
+                            w.describe(), prompt_id, error_detail(e).splitlines()[0])
         hm.reconcile()
         if freed:
             self._note("prompt_end", f"prompt {prompt_id}", freed)

@@ -40,6 +40,21 @@ def custom_boom():
     inner()
 
 
+def raise_builtin(name, *args):
+    """Raises the builtin exception type `name` made with `args`."""
+    import builtins
+    raise getattr(builtins, name)(*args)
+
+
+class Outer:
+    class NestedError(ValueError):
+        """A pack's exception class nested in a class: a dotted qualname."""
+
+
+def raise_pack(*args):
+    raise Outer.NestedError(*args)
+
+
 def call_back(fn, *args):
     return fn(*args)
 
