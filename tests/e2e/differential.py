@@ -103,7 +103,9 @@ SPECIAL = {
     "E2EAnyNumber": {"inputs": {"value": out("E2EAnyImage", 1)}},   # its VALIDATE_INPUTS wants the pack's type
     "E2EAnyTake": {"inputs": {"value": src("INT"), "anything": src("IMAGE")}},
     "E2EBlock": {"variants": [{"block": True}, {"block": False}, {"block": True, "verbose": True, "alone": True}]},
-    "E2ERaise": {"variants": [{"kind": k, "alone": True} for k in ("ValueError", "RuntimeError", "KeyError")]},
+    "E2ERaise": {"variants": [{"kind": k, "alone": True} for k in ("ValueError", "RuntimeError", "KeyError",
+                                                                   "E2EPackError")]
+                 + [{"kind": "ValueError", "message": "first line\nsecond line\n", "alone": True}]},
     "E2EV3Pick": {"variants": [{"first": True}, {"first": False}]},
     "E2EV3Count": {"variants": [{"n": 2}, {"n": 7, "alone": True}]},
     "E2EEcho": {"variants": [{}, {"text": "two\nlines", "alone": True}]},
@@ -423,10 +425,14 @@ def frame(data):
     return {"event": event, "bytes": data[4:].decode("latin-1")}
 
 
-def normal(value, prompt_id):
+def normal(value, prompt_id, base=None):
     """A message or history entry with what must differ between two runs
-    taken out: the prompt id, timestamps, tracebacks, VOLATILE_UI values."""
+    taken out: the prompt id, the server's folder (`base`: ComfyUI names a
+    pack's modules by its path, and so a pack's exception class),
+    timestamps, tracebacks, VOLATILE_UI values."""
     text = json.dumps(value, sort_keys=True)
+    if base:
+        text = text.replace(base.rstrip("/") + "/", "SERVER/")
     value = json.loads(text.replace(prompt_id, "PROMPT") if prompt_id else text)
 
     def strip(v):
@@ -506,12 +512,12 @@ def run(srv, prompt):
     except TimeoutError:
         raise AssertionError(f"the prompt did not end; got {record}:\n{srv.log()}") from None
     if prompt_id is None:
-        return normal(record, None)
+        return normal(record, None, srv.base)
     record.update(by_node(messages))
     entry = srv.wait_history(prompt_id)
     record["history"] = {"outputs": entry["outputs"], "status": entry["status"]["status_str"],
                          "messages": [m[0] for m in entry["status"]["messages"]]}
-    record = normal(record, prompt_id)
+    record = normal(record, prompt_id, srv.base)
     for m in record["prompt"]:
         if m["type"] == "execution_cached":
             m["data"]["nodes"] = sorted(m["data"]["nodes"])

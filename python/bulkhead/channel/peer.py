@@ -124,6 +124,23 @@ def remote_error_class(builtin_name, module=None, qualname=None):
     return cls
 
 
+def renamed(exc, module):
+    """A RemoteError as `exc` (its message, args, traceback, bases) whose
+    class is named `module`.`qualname`: the host names a pack's class by
+    the module ComfyUI imported the pack under (host/runtime.py)."""
+    t = type(exc)
+    builtin = next((b.__name__ for b in t.__mro__ if b.__module__ == "builtins" and issubclass(b, Exception)
+                    and b is not Exception), None)
+    cls = remote_error_class(builtin, module, t.__qualname__)
+    try:
+        new = cls(f"{module}.{t.__qualname__}", exc.remote_message, exc.remote_traceback, exc.worker, args=exc.args)
+    except Exception:  # args the builtin's own __init__ refuses
+        new = cls(f"{module}.{t.__qualname__}", exc.remote_message, exc.remote_traceback, exc.worker)
+    if isinstance(exc, OSError) and isinstance(new, OSError):
+        new.filename, new.filename2 = exc.filename, exc.filename2
+    return new
+
+
 # Called with each exception that crosses (a sandboxed worker sets it:
 # worker/sandbox.py names what its sandbox refused); None elsewhere.
 on_error = None

@@ -71,9 +71,9 @@ from .. import _native
 from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decode_meta, encode_arg, host_folders,
                                link_types, remote_name, types_to_worker)
 from ..channel.nodes import decode_schema, graph_prefix, put_back
-from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject
+from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject, renamed
 from ..channel import spec, targets
-from ..packimport import default_module
+from ..packimport import _package_for, default_module, package_name
 from ..envs import hostmatch
 from .interrupt import watcher
 from .metadata import MetadataCache, comfyui_version_hash, default_stamp, source_hash
@@ -1213,7 +1213,30 @@ class PackRuntime:
                 err = MemoryError(text)
             err.__cause__ = e.__cause__
             return err
-        return e
+        return self._as_in_process(e)
+
+    def _as_in_process(self, e):
+        """e, its class named as in ComfyUI's process where it is the
+        pack's own: the worker imports the pack under its folder's name,
+        ComfyUI under its path (the package ComfyUI imported, found by its
+        folder), so a pack's exception class is
+        <the name ComfyUI gave the pack>.<module>.<qualname> in ComfyUI's
+        error, as in-process."""
+        module = type(e).__module__
+        worker_pkg = None
+        nodes_module = (self.meta or {}).get("module") or ""
+        for name in (package_name(self.pack_dir), self.pack_dir.replace(".", "_x_")):
+            if nodes_module == name or nodes_module.startswith(name + "."):
+                worker_pkg = name
+        if worker_pkg is None or not (module == worker_pkg or module.startswith(worker_pkg + ".")):
+            return e
+        host_pkg = _package_for(os.path.realpath(self.pack_dir))
+        host_name = getattr(host_pkg, "__name__", None)
+        if not isinstance(host_name, str) or host_name == worker_pkg:
+            return e
+        err = renamed(e, host_name + module[len(worker_pkg):])
+        err.__cause__ = e.__cause__
+        return err
 
     def prewarm(self):
         """Starts the worker and imports the pack there: what the pack's

@@ -365,13 +365,18 @@ class ListJoin:
 NODE_CLASS_MAPPINGS.update({"E2EListMake": ListMake, "E2EListJoin": ListJoin})
 
 
+class E2EPackError(ValueError):
+    """A pack's own exception class (E2ERaise's kind "E2EPackError")."""
+
+
 class Raise:
-    """Raises `kind` (a builtin exception class's name) with `message`:
-    the error ComfyUI reports for the node, its class and message."""
+    """Raises `kind` (a builtin exception class's name, or the pack's own
+    E2EPackError) with `message`: the error ComfyUI reports for the node,
+    its class and message."""
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"kind": (["ValueError", "RuntimeError", "KeyError"],),
+        return {"required": {"kind": (["ValueError", "RuntimeError", "KeyError", "E2EPackError"],),
                              "message": ("STRING", {"default": "the node failed"})}}
 
     RETURN_TYPES = ("STRING",)
@@ -380,7 +385,8 @@ class Raise:
     OUTPUT_NODE = True
 
     def run(self, kind, message):
-        raise {"ValueError": ValueError, "RuntimeError": RuntimeError, "KeyError": KeyError}[kind](message)
+        raise {"ValueError": ValueError, "RuntimeError": RuntimeError, "KeyError": KeyError,
+               "E2EPackError": E2EPackError}[kind](message)
 
 
 NODE_CLASS_MAPPINGS["E2ERaise"] = Raise
