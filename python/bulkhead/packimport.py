@@ -90,7 +90,7 @@ def default_module(pack_dir):
     return None
 
 
-def _package_for(pack_dir):
+def package_for(pack_dir):
     """An already imported package made from pack_dir (ComfyUI imports a
     pack under its path), or None."""
     for name, mod in list(sys.modules.items()):
@@ -117,7 +117,7 @@ def import_nodes(pack_dir, module="auto", *, unique_name=False):
         module = default_module(pack_dir)
     if not os.path.isdir(pack_dir):
         raise ImportError(f"node pack directory {pack_dir} does not exist")
-    pkg = _package_for(pack_dir)
+    pkg = package_for(pack_dir)
     if pkg is None:
         name = pack_dir.replace(".", "_x_") if unique_name else package_name(pack_dir)
         if name in sys.modules:

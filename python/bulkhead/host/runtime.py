@@ -73,7 +73,7 @@ from ..channel.formats import (FORMAT, NodeInterrupted, WorkerOutOfMemory, decod
 from ..channel.nodes import decode_schema, graph_prefix, put_back
 from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, RemoteError, RemoteObject, renamed
 from ..channel import spec, targets
-from ..packimport import _package_for, default_module, package_name
+from ..packimport import package_for, default_module, package_name
 from ..envs import hostmatch
 from .interrupt import watcher
 from .metadata import MetadataCache, comfyui_version_hash, default_stamp, source_hash
@@ -1230,7 +1230,7 @@ class PackRuntime:
                 worker_pkg = name
         if worker_pkg is None or not (module == worker_pkg or module.startswith(worker_pkg + ".")):
             return e
-        host_pkg = _package_for(os.path.realpath(self.pack_dir))
+        host_pkg = package_for(os.path.realpath(self.pack_dir))
         host_name = getattr(host_pkg, "__name__", None)
         if not isinstance(host_name, str) or host_name == worker_pkg:
             return e
