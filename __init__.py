@@ -95,8 +95,9 @@ def _stand_in(reason):
         pack_dir = os.path.dirname(os.path.realpath(os.fspath(init_file)))
         if pack_dir not in warned:
             warned.add(pack_dir)
-            _log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s",
-                         os.path.basename(pack_dir), pack_dir, reason, _FIX)
+            # one short line per pack (#36): the reason and the fix are the "not loaded" line's
+            _log.warning("bulkhead: pack %r runs in-process, NOT isolated: bulkhead is not loaded (why and the "
+                         "fix: the line before, \"not loaded\")", os.path.basename(pack_dir))
         mod = packimport.import_nodes(pack_dir, module, unique_name=True)
         return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
                 dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))

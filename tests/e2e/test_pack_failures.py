@@ -106,13 +106,14 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     start, line = [l for l in log.splitlines() if "bulkhead " in l and " isolated" in l and "s loading them" in l]
     assert "3 building in the background" in start and "background builds done: " in line, (start, line)
     assert ": 1 pack isolated, 3 NOT isolated (ComfyUI-Mixed.bad: refused" in line, line
-    not_isolated = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l or "is NOT run:" in l]
-    assert len(not_isolated) == 3, not_isolated
-    bad, noimport, unbuildable = (next(l for l in not_isolated if f"ComfyUI-Mixed.{s}'" in l)
+    # one short line each (#36), the name first; the whole reason and the fix in /bulkhead/status (below)
+    not_isolated = [l for l in log.splitlines() if "runs in-process, NOT isolated" in l or "is refused, NOT run" in l]
+    assert len(not_isolated) == 3 and all(len(l) <= 200 and "`bulkhead status`" in l for l in not_isolated), \
+        not_isolated
+    bad, noimport, unbuildable = (next(l for l in not_isolated if l.startswith(f"bulkhead: pack 'ComfyUI-Mixed.{s}'"))
                                   for s in ("bad", "noimport", "unbuildable"))
-    assert "comfy-env.toml is invalid" in bad and "nodes/bad/comfy-env.toml:1" in bad, bad
-    assert "failed to import in its worker" in noimport and "No module named 'pytest'" in noimport, noimport
-    assert "bh-nowhere-to-be-found" in log and "building it at start failed" in unbuildable, unbuildable
+    assert "comfy-env.toml is invalid" in bad and "failed to import in its worker" in noimport, (bad, noimport)
+    assert "bh-nowhere-to-be-found" in log and "its environment could not be built" in unbuildable, unbuildable
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and all("E2EFail" + s.capitalize() in info for s in SUBDIRS)
     out = _run_all(srv)
@@ -132,14 +133,17 @@ def test_each_subdirectory_fails_alone(comfyui, manager_install, tmp_path):
     assert states["ComfyUI-Mixed.good"]["pid"] == out["good"]["pid"][0]
     assert states["ComfyUI-Mixed.good"]["env"] == os.path.dirname(os.path.dirname(states["ComfyUI-Mixed.good"]["python"]))
     assert "No module named 'pytest'" in states["ComfyUI-Mixed.noimport"]["reason"]
+    assert "nodes/bad/comfy-env.toml:1" in states["ComfyUI-Mixed.bad"]["reason"], states["ComfyUI-Mixed.bad"]
+    assert "building it at start failed" in states["ComfyUI-Mixed.unbuildable"]["reason"]
     assert "bulkhead install" in states["ComfyUI-Mixed.unbuildable"]["fix"]
     # the next start does not pay for the failed build again, and says how to retry
     srv.stop()
     srv.start()
     second = srv.log_since_start()
     assert "building it in the background" not in second, second
-    again = next(l for l in second.splitlines() if "ComfyUI-Mixed.unbuildable'" in l and "is NOT run" in l)
-    assert "is not retried at start" in again and "bulkhead install" in again, again
+    assert any("ComfyUI-Mixed.unbuildable'" in l and "is refused, NOT run" in l for l in second.splitlines()), second
+    again = {p["name"]: p for p in srv.http("GET", "/bulkhead/status")[1]["packs"]}["ComfyUI-Mixed.unbuildable"]
+    assert "is not retried at start" in again["reason"] and "bulkhead install" in again["reason"], again
     out = _run_all(srv)
     assert out["good"]["pid"][0] != srv.proc.pid and out["noimport"]["pid"] == [srv.proc.pid]
     assert "bh-nowhere-to-be-found" in out["unbuildable"], out["unbuildable"]
@@ -166,9 +170,10 @@ def test_fallback_error_makes_lost_isolation_an_error(comfyui, manager_install, 
     assert status == 200 and "E2EFailLax" in info and "E2EFailStrict" not in info   # lax: listed, refused
     log = srv.log()
     [line] = [l for l in log.splitlines() if "ComfyUI-Strict.strict'" in l and "is NOT loaded" in l]
-    assert 'its [bulkhead] fallback = "error"' in line and "bulkhead install" in line, line
+    assert 'its [bulkhead] fallback = "error"' in line and len(line) <= 200, line
     status, doc = srv.http("GET", "/bulkhead/status")
     states = {p["name"]: p for p in doc["packs"]}
+    assert "bulkhead install" in states["ComfyUI-Strict.strict"]["fix"], states
     assert states["ComfyUI-Strict.strict"]["state"] == "failed", states
     assert states["ComfyUI-Strict.lax"]["state"] == "refused", states   # #36: the host lacks its requirement
     status, answer = srv.http("POST", "/prompt", {"prompt": {"1": {"class_type": "E2EFailStrict", "inputs": {}}}})

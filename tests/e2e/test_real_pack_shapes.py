@@ -94,10 +94,10 @@ def test_a_lost_subdirectory_costs_only_its_nodes(comfyui, manager_install, tmp_
     assert "No module named 'bh_bpy_nowhere'" in whole, whole
     # blender: its build failed, so it is refused (#36: the host lacks its requirement), and reading its
     # nodes in ComfyUI's process fails, `bpy` not being there either
-    failed = [l for l in log.splitlines() if "is NOT run: it cannot run isolated" in l and "ShapesPack" in l]
-    assert len(failed) == 1 and "ComfyUI-ShapesPack.blender'" in failed[0], failed
-    assert "its environment could not be built" in failed[0] and "bh-nowhere-to-be-found" in failed[0], failed
-    assert "Fix: what that build error names" in failed[0], failed[0]
+    # (one short line, #36: the whole reason and the fix in its state, below)
+    failed = [l for l in log.splitlines() if "is refused, NOT run" in l and "ShapesPack" in l]
+    assert len(failed) == 1 and "ComfyUI-ShapesPack.blender'" in failed[0] and len(failed[0]) <= 200, failed
+    assert "its environment could not be built" in failed[0] and "`bulkhead status`" in failed[0], failed
     [lost] = [l for l in log.splitlines() if "its nodes are NOT loaded" in l and "ShapesPack" in l]
     assert "ComfyUI-ShapesPack.blender'" in lost and "No module named 'bh_bpy_nowhere'" in lost, lost
     assert "its other parts served as they are" in lost, lost
@@ -116,7 +116,11 @@ def test_a_lost_subdirectory_costs_only_its_nodes(comfyui, manager_install, tmp_
     assert utils["pid"] == [host] and utils["saw"] == ["utils"], utils
     status, doc = srv.http("GET", "/bulkhead/status")
     states = {p["name"]: p for p in doc["packs"]}
-    assert states["ComfyUI-ShapesPack.blender"]["state"] == "failed", doc["packs"]
+    blender = states["ComfyUI-ShapesPack.blender"]
+    assert blender["state"] == "failed", doc["packs"]
+    assert "its environment could not be built" in blender["reason"] and "bh-nowhere-to-be-found" in \
+        blender["reason"] and "No module named 'bh_bpy_nowhere'" in blender["reason"], blender
+    assert blender["fix"].startswith("what that build error names"), blender
     assert states["ComfyUI-ShapesPack.gpu"]["state"] == "isolated", doc["packs"]
     assert states["ComfyUI-WholeLost"]["state"] == "failed", doc["packs"]
     assert "No module named 'bh_bpy_nowhere'" in states["ComfyUI-WholeLost"]["reason"], doc["packs"]

@@ -174,8 +174,9 @@ def test_real_packs_run_isolated(comfyui, manager_install, monkeypatch, tmp_path
             if p["state"] == "isolated":
                 report.append(f"{p['name']}: isolated ({p['env']})")
                 continue
-            line = next((line for line in log.splitlines() if f"'{p['name']}'" in line and
-                         ("NOT isolated" in line or "NOT loaded" in line)), p.get("reason", ""))
+            # the log's line is one short line (#36): the whole reason is the state's
+            line = p.get("reason") or next((line for line in log.splitlines() if f"'{p['name']}'" in line and
+                                            ("NOT isolated" in line or "NOT loaded" in line)), "")
             if any(u in line for u in UNREACHABLE):
                 unreachable += 1
                 elsewhere.add(p["name"])

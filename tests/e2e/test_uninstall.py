@@ -76,10 +76,10 @@ def test_deleting_the_custom_node_turns_bulkhead_off(comfyui, tmp_path):
     # one line for the pack: why, and the fix
     [line] = [l for l in log.splitlines() if "pack 'lax_pack'" in l]
     assert "runs in-process, NOT isolated: bulkhead's custom node is not in ComfyUI's custom_nodes" in line, line
-    assert custom in line and "reinstall bulkhead's custom node" in line, line
+    assert len(line) <= 200 and "reinstall bulkhead's custom node" in line, line   # one short line (#36)
     # its fallback = "error": no nodes, one error line
     [err] = [l for l in log.splitlines() if "pack 'strict_pack'" in l]
-    assert "is NOT loaded" in err and 'its [bulkhead] fallback = "error"' in err, err
+    assert "is NOT loaded" in err and 'its [bulkhead] fallback = "error"' in err and len(err) <= 200, err
     assert "reinstall bulkhead's custom node" in err, err
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and "E2EUninstLax" in info and "E2EUninstStrict" not in info

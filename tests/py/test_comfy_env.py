@@ -356,14 +356,18 @@ def test_an_environment_comfy_env_built_is_reused_and_a_stale_one_reported(tmp_p
     stale_dir = tmp_path / "user-home" / ".ce" / "envs" / f"reuse-stale_{ce.ce_abi_tag()}"
     write(stale_dir / "env.stamp.json", '{"abi_tag": "py39-torch1.0-cpu"}')
     r = host(tmp_path, [pack], """
+        from bulkhead.host import states
         emit(dict(me=os.getpid(), good=run("ComfyUI-Reuse", "GoodNode"), stale=run("ComfyUI-Reuse", "StaleNode"),
-                  log=buf.getvalue()))
+                  log=buf.getvalue(), states={p["name"]: p for p in states.pack_states()}))
     """)
     assert r["good"][0] != r["me"] and r["good"][1] == str(good / ".pixi" / "envs" / "default")
     assert r["stale"][0] == r["me"]
     warn = [l for l in r["log"].splitlines() if "NOT isolated" in l]
-    assert len(warn) == 1 and "py39-torch1.0-cpu" in warn[0] and "comfy-env install --dir" in warn[0], r["log"]
-    assert "bulkhead install" in warn[0]
+    # one short line (#36); the whole reason and the fix in the pack's state
+    assert len(warn) == 1 and "'ComfyUI-Reuse.stale'" in warn[0] and len(warn[0]) <= 200, r["log"]
+    stale = r["states"]["ComfyUI-Reuse.stale"]
+    assert "py39-torch1.0-cpu" in stale["reason"] and "comfy-env install --dir" in stale["reason"], stale
+    assert "bulkhead install" in stale["fix"], stale
 
 
 @pytest.mark.torch

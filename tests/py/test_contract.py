@@ -554,7 +554,7 @@ for pack in PACKS:
 first = contract._startup
 load_custom_node(PACKS[0])
 emit(dict(me=os.getpid(), pids=pids, log=buf.getvalue(), once=contract._startup is first,
-          memory=bulkhead.host.pack._memory is not None))
+          memory=bulkhead.host.pack._memory is not None, states=bulkhead.host.states.pack_states()))
 '''
 
 
@@ -572,10 +572,13 @@ def test_comfy_pack_refuses_isolation_when_a_fatal_name_is_missing(tmp_path):
     assert r["pids"] == [r["me"], r["me"]]  # both in-process
     lines = [l for l in r["log"].splitlines() if l.startswith("LOG ")]
     assert len(lines) == 2, r["log"]   # one message per pack, nothing else
-    for line, pack in zip(lines, packs):
-        assert f"pack {os.path.basename(pack)!r} ({pack}) runs in-process, NOT isolated: bulkhead refuses " \
-               f"isolation: this ComfyUI at {os.path.realpath(root)} lacks what bulkhead cannot work without: " \
-               "comfy.model_management.processing_interrupted missing. Fix: run `bulkhead doctor`" in line, line
+    for line, pack in zip(lines, packs):     # one short line (#36); the whole reason and fix in its state
+        assert line.startswith(f"LOG bulkhead: pack {os.path.basename(pack)!r} runs in-process, NOT isolated: "
+                               "bulkhead refuses isolation: this ComfyUI at ") and len(line) <= 4 + 200, line
+    for state in r["states"]:
+        assert state["reason"] == f"bulkhead refuses isolation: this ComfyUI at {os.path.realpath(root)} lacks " \
+               "what bulkhead cannot work without: comfy.model_management.processing_interrupted missing", state
+        assert state["fix"].startswith("run `bulkhead doctor`"), state
     assert r["once"] and not r["memory"]   # checked once; no memory runtime on a refused ComfyUI
 
 

@@ -124,13 +124,18 @@ def test_fallbacks_warn_once_and_import_in_process(tmp_path, case, config, edit,
         load(PACK)  # a second import warns no more
         cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
         pid, _ = getattr(cls(), cls.FUNCTION)(x=1)
-        emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue()))
+        from bulkhead.host import nodes
+        emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue(), states=nodes.pack_states()))
     """, env={"not built": {"BULKHEAD_BUILD_AT_START": "0"},
               "not buildable": {"BULKHEAD_PIP_ARGS": "--no-index"}}.get(case))
     assert r["pid"] == r["me"]  # in-process
     warnings = [l for l in r["log"].splitlines() if "runs in-process, NOT isolated" in l]
     assert len(warnings) == 1, r["log"]
-    assert expect in warnings[0] and "bulkhead install" in warnings[0], warnings[0]
+    # one line (#36): the name first, the short reason, where the whole reason and the fix are
+    assert warnings[0].startswith("bulkhead: pack 'fb_pack' ") and len(warnings[0]) <= 200, warnings[0]
+    assert expect in warnings[0] and "`bulkhead status`" in warnings[0], warnings[0]
+    [state] = r["states"]
+    assert expect in state["reason"] and "bulkhead install" in state["fix"], state
 
 
 @pytest.mark.parametrize("case, config, expect, unlike", [
@@ -164,8 +169,9 @@ def test_a_pack_unlike_the_host_is_refused_not_run_in_process(tmp_path, case, co
     """
     env = {"BULKHEAD_PIP_ARGS": "--no-index"}
     r = run_host(tmp_path, pack, code, env=env)
-    warnings = [l for l in r["log"].splitlines() if "is NOT run" in l]
-    assert len(warnings) == 1 and expect in warnings[0] and unlike in warnings[0], r["log"]
+    warnings = [l for l in r["log"].splitlines() if "is refused, NOT run" in l]
+    assert len(warnings) == 1 and expect in warnings[0] and len(warnings[0]) <= 200, r["log"]
+    assert unlike in r["error"], r["error"]     # the whole reason: the node's error, the pack's state
     assert r["pid"] is None and r["error"].startswith("PackRefused: bulkhead: pack 'fb_pack' does not run"), r
     assert expect in r["error"] and unlike in r["error"] and "Fix: " in r["error"], r["error"]
     assert 'fallback = "in-process"' in r["error"] and "bulkhead install" in r["error"], r["error"]
@@ -215,8 +221,8 @@ def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
     assert r["pid"] != r["me"], r["log"]        # isolated, in the environment built before
     assert r["state"]["state"] == "isolated" and r["state"]["python"] == r["built"], r["state"]
     assert "bulkhead install" in r["state"]["rebuild"], r["state"]
-    [line] = [l for l in r["log"].splitlines() if "serves it, isolated with its old requirements" in l]
-    assert "changed since" in line and "Fix: `bulkhead install" in line, line
+    [line] = [l for l in r["log"].splitlines() if "is isolated with its old requirements, NOT rebuilt" in l]
+    assert "changed since" in line and len(line) <= 200, line
     assert "runs in-process" not in r["log"], r["log"]
     assert r["new"] != r["built"] and r["pid2"] not in (r["me"], r["pid"]), r
     assert r["old_removed"], r     # no process ran there: the install removed it

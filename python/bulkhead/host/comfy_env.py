@@ -37,9 +37,10 @@ starts.
 
 ``install()`` builds the calling pack's environments (envs.build.install),
 ``setup_env()`` reports them, ``copy_files`` copies as comfy-env's does,
-``register_serializer`` validates and records a serializer: the typed-value
-transport that will use the record is not built yet (until then a custom
-object made in a worker stays a handle there).
+``register_serializer`` validates and records a serializer: the host's
+check of the ``serialization.py`` each worker of the pack registers from
+itself (worker/typed.py), by which a custom object made in one worker
+crosses to another as a value.
 
 Every other name a comfy-env release exported (``wrap_isolated_nodes``,
 ``wrap_nodes``, ``load_config``, ``SubprocessWorker``, ...) is an attribute
@@ -520,11 +521,10 @@ def _lost_subdir(pack_dir, name, module, error, others=True):
     from . import states
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     what = lines[-1] if len(lines) > 1 else f"{type(error).__name__}: {error}"
-    log.error("bulkhead: pack %r: its nodes are NOT loaded: they could not run isolated (the line before says "
-              "why) and importing them in ComfyUI's process failed too: %s; %s. Fix: what the line before "
-              "names, so that its environment is built", name, what,
-              "the pack's other nodes load" if others else "ComfyUI lists the pack as IMPORT FAILED")
-    states.failed(pack_dir, name, f"not isolated, and in ComfyUI's process: {what}", module=module)
+    log.error("%s", states.pack_line(name, "is NOT loaded, in ComfyUI's process neither", what))
+    states.failed(pack_dir, name, f"not isolated (why: the line before), and in ComfyUI's process: {what}; " +
+                  ("the pack's other nodes load" if others else "ComfyUI lists the pack as IMPORT FAILED"),
+                  module=module)
 
 
 # --- the older ways to isolate a pack's nodes (comfy-env 0.0.x-0.2.18) ---
@@ -579,16 +579,14 @@ def _serve_dir(mapping, directory, pack_dir, what):
     module = _module_for(directory, pack_dir)
     config_path = os.path.join(directory, legacy.CONFIG_FILE_NAME)
     if not os.path.isfile(config_path):
-        log.warning("bulkhead: pack %r: comfy_env.%s(%s): no comfy-env.toml there, so its %d node(s) run in "
-                    "ComfyUI's process, as comfy-env ran them. Fix: put the comfy-env.toml of their environment "
-                    "in %s, then `bulkhead install %s`", os.path.basename(pack_dir), what, directory, len(mapping),
-                    directory, pack_dir)
+        log.warning("bulkhead: pack %r: %d node(s) run in ComfyUI's process, as comfy-env ran them: no "
+                    "comfy-env.toml in %s. Fix: put theirs there, then `bulkhead install`", os.path.basename(pack_dir),
+                    len(mapping), os.path.relpath(directory, pack_dir))
         return 0
     config = hpack.load_config(config_path, pack_dir)
     if isinstance(config, packconfig.PackConfigError):
-        log.warning("bulkhead: pack %r runs in-process, NOT isolated: its comfy-env.toml is invalid: %s. Fix: "
-                    "correct the file named, then `bulkhead install %s`", os.path.basename(pack_dir), config,
-                    pack_dir)
+        log.warning("%s", states.pack_line(packconfig.pack_name(config_path, pack_dir), "runs in-process, NOT isolated",
+                                           f"its comfy-env.toml is invalid: {config}"))
         states.set_state(pack_dir, module, name=packconfig.pack_name(config_path, pack_dir), state="in-process",
                          reason=f"its comfy-env.toml is invalid: {config}", fix=f"`bulkhead install {pack_dir}`")
         return 0
@@ -643,9 +641,9 @@ def _by_source(mapping, pack_dir, what):
                 groups.setdefault(d, {})[key] = cls
                 break
     if not dirs:
-        log.warning("bulkhead: pack %r: comfy_env.%s(): no comfy-env.toml in %s, so its nodes run in ComfyUI's "
-                    "process, as comfy-env ran them. Fix: add the comfy-env.toml of their environment, then "
-                    "`bulkhead install %s`", os.path.basename(pack_dir), what, pack_dir, pack_dir)
+        log.warning("bulkhead: pack %r: its nodes run in ComfyUI's process, as comfy-env ran them: comfy_env.%s() "
+                    "found no comfy-env.toml. Fix: add theirs, then `bulkhead install`", os.path.basename(pack_dir),
+                    what)
     for d, group in groups.items():
         keys = set(group)
         _serve_dir(group, d, pack_dir, what)
@@ -720,7 +718,9 @@ def setup_env(node_dir=None):
         if py:
             log.info("bulkhead: %s: comfy-env's environment, reused (%s)", c.name, py)
         else:
-            log.warning("bulkhead: %s: %s: %s%s", c.name, st.state, st.reason, f"; {why}" if why else f"; {st.fix}")
+            from . import states
+            log.warning("%s", states.pack_line(c.name, f"environment {st.state}",
+                                               f"{st.reason}; {why}" if why else st.reason))
 
 
 def copy_files(src, dst, pattern="*", overwrite=False):

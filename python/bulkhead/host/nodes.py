@@ -119,7 +119,8 @@ def _without_torch(rt, name):
                f"has no {torch[0]} ({lacking[torch[0]]}), so {shown}, which take or return tensors, fail")
     fix = (f"give the pack the host's Python minor (python = in its comfy-env.toml), or name an index with a "
            f"torch build for that Python ({hostmatch.TORCH_INDEX}), then `bulkhead install {rt.pack_dir}`")
-    log.warning("bulkhead: pack %r: %s. Fix: %s", name, warning, fix)
+    log.warning("%s", states.pack_line(name, "is isolated without torch", warning.split(": ", 1)[1],
+                                       whole="which nodes fail and the fix: the panel's Packs, /bulkhead/status"))
     return {"warning": warning, "fix": fix}
 
 

@@ -200,8 +200,9 @@ def build_at_start(config, st):
         after = envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line),
                            lock_timeout_s=START_LOCK_WAIT_S)
     except (envs.EnvBuildError, PackConfigError, OSError) as e:
-        log.warning("bulkhead: pack %r: building its environment failed: %s", config.name, e)
-        # the whole output is in the warning above
+        # one line (#36): the whole output is in the build's log file, which it names
+        log.warning("bulkhead: pack %r: building its environment failed: %s", config.name,
+                    envs.brief(e, limit=states.LINE_MAX - 53 - len(config.name)))
         return dataclasses.replace(st, reason=f"{st.reason}; building it at start failed: {envs.first_line(e)}")
     log.info("bulkhead: pack %r: environment built in %.1f s (%s)", config.name, time.monotonic() - t0,
              after.env_dir)
@@ -554,10 +555,9 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
             why = f"{BUILD_AT_START}=0 leaves building to that command"
         else:
             why = "only ComfyUI's server rebuilds it by itself"
-        log.warning("bulkhead: pack %r: %s; %s: the environment built before (%s) serves it, isolated with its "
-                    "old requirements. Fix: `bulkhead install %s` builds the new one (a running ComfyUI moves "
-                    "the pack's worker there at its next start)", config.name, changed, why, old.env_dir,
-                    config.root)
+        log.warning("%s", states.pack_line(config.name, "is isolated with its old requirements, NOT rebuilt",
+                                           f"{changed.replace(config.root + os.sep, '')}; {why}",
+                                           whole="the fix: the panel's Packs, /bulkhead/status"))
         note = f"not rebuilt: {why}; {old.env_dir} serves with the old requirements; fix: `bulkhead install " \
                f"{config.root}`"
     stamp = f"{os.path.basename(old.env_dir)}:{old.version}"

@@ -4,7 +4,8 @@ Every pack (or part of one) bulkhead serves in this process is recorded
 here: isolated (host/nodes.py ``load_pack``), building (``building``: its
 environment builds in the background, host/building.py), in-process (``fallback``: the
 pack imported in ComfyUI's process, with one warning per pack naming the
-reason, a key of ``REASONS``, and the fix) or failed (``failed``: it runs
+reason, a key of ``REASONS``: ``pack_line``, one short line, the whole
+reason and the fix in its state) or failed (``failed``: it runs
 nowhere).  ``pack_states`` is what GET /bulkhead/status and the panel's
 Packs section list, and ``startup_line`` the one line logged when
 ComfyUI's server starts.  Where a pack's ``[bulkhead] fallback`` or
@@ -243,11 +244,37 @@ def startup_line(lead=""):
 
 STARTUP_LINE_MAX = 200
 
+# One line of ComfyUI's log per pack and phase (#36): the pack's name
+# first, its state and the reason cut to fit in LINE_MAX characters, and
+# where the whole reason and the fix are (``WHOLE``: set_state's record).
+LINE_MAX = 200
+WHOLE = "whole reason and fix: `bulkhead status`, panel's Packs"
+# Where bulkhead's custom node is gone, neither is served: the fix itself
+WHOLE_WITHOUT = {CUSTOM_NODE_GONE: "fix: reinstall bulkhead's custom node, restart ComfyUI"}
+
+
+def pack_line(name, state, why, whole=WHOLE):
+    """"bulkhead: pack <name> <state>: <why> (<whole>)" in at most LINE_MAX
+    characters, why cut where it does not fit (never below 20 of its own,
+    so a name that long makes the line longer)."""
+    head, tail = f"bulkhead: pack {name!r} {state}: ", f" ({whole})" if whole else ""
+    why = " ".join(str(why).split())
+    room = max(20, LINE_MAX - len(head) - len(tail))
+    return head + (why if len(why) <= room else why[:room - 3] + "...") + tail
+
 
 def failed(pack_dir, name, reason, *, module="auto"):
     """Records a pack (its ``module``, as fallback names it) that could be
-    served neither isolated nor in-process."""
-    set_state(os.path.realpath(os.fspath(pack_dir)), module, name=name, state="failed", reason=reason)
+    served neither isolated nor in-process.  What its row said before
+    (why it is not isolated, and the fix: ``fallback``'s, ``refuse``'s)
+    stays in front of reason, where the log's one line points."""
+    pack_dir = os.path.realpath(os.fspath(pack_dir))
+    with _states_lock:
+        before = dict(_states.get((pack_dir, module), {}))
+    fix = {"fix": before["fix"]} if before.get("fix") else {}
+    if before.get("reason") and before.get("state") in ("in-process", "refused"):
+        reason = f"{before['reason']}; {reason}"
+    set_state(pack_dir, module, name=name, state="failed", reason=reason, **fix)
 
 
 # BULKHEAD_FALLBACK=error: every pack that cannot run isolated is an
@@ -290,8 +317,9 @@ class PackRefused(BulkheadError, RuntimeError):
 def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=None, unlike=None):
     """Imports the pack in this process and returns its own
     (NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS), after ONE warning
-    per pack naming the reason (a key of REASONS, or any text) and the
-    fix.  detail is added to the reason (e.g. what the stamp check said).
+    per pack naming the reason (a key of REASONS, or any text), one line
+    (``pack_line``) pointing at its state, which holds the whole reason and
+    the fix.  detail is added to the reason (e.g. what the stamp check said).
     Where the pack's ``[bulkhead] fallback`` (policy) or BULKHEAD_FALLBACK
     says "error", nothing is imported: one error line, the pack (its part)
     recorded failed, and no nodes, so a prompt using them fails instead of
@@ -306,25 +334,24 @@ def fallback(pack_dir, reason, *, detail=None, name=None, module="auto", policy=
     why, how = what.format(detail=detail, pack=pack_dir), fix.format(pack=pack_dir, detail=detail)
     choice, source = fallback_choice(policy)
     if choice == "error":
-        log.error("bulkhead: pack %r (%s) is NOT loaded: it cannot run isolated (%s), and %s makes that an "
-                  "error instead of running it in ComfyUI's process. Fix: %s", name, pack_dir, why, source, how)
+        log.error("%s", pack_line(name, f"is NOT loaded ({source})", why, WHOLE_WITHOUT.get(reason, WHOLE)))
         set_state(pack_dir, module, name=name, state="failed", reason=f"{why} (not run in-process: {source})",
                    fix=how)
         return {}, {}
     if choice is None and unlike:
-        return refuse(pack_dir, module, name, why, how, unlike)
+        return refuse(pack_dir, module, name, why, how, unlike, WHOLE_WITHOUT.get(reason, WHOLE))
     with _states_lock:     # once per pack and module: a pack's subdirectories fall back one by one
         first = _states.get((pack_dir, module), {}).get("state") != "in-process"
     if first:
-        log.warning("bulkhead: pack %r (%s) runs in-process, NOT isolated: %s. Fix: %s", name, pack_dir, why, how)
-    mod = import_nodes(pack_dir, module, unique_name=True)
+        log.warning("%s", pack_line(name, "runs in-process, NOT isolated", why, WHOLE_WITHOUT.get(reason, WHOLE)))
+    mod = _import(pack_dir, module, name, "in-process", why, how)
     # in-process once imported: one that fails here too is the caller's to record (``failed``)
     set_state(pack_dir, module, name=name, state="in-process", reason=why, fix=how)
     return (dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}),
             dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {}))
 
 
-def refuse(pack_dir, module, name, why, how, unlike):
+def refuse(pack_dir, module, name, why, how, unlike, whole=WHOLE):
     """The nodes of a pack that cannot run isolated (why; how: the fix)
     and whose environment ComfyUI's process is not the same as (unlike):
     the pack's own classes, read by importing its module in this process
@@ -332,7 +359,7 @@ def refuse(pack_dir, module, name, why, how, unlike):
     names are what in-process would list: nothing else tells them without
     a worker), each wrapped so that running it raises PackRefused with the
     reason and the fix.  Its IS_CHANGED is not run either.  Recorded
-    "refused", with one warning.  An import that fails here is the
+    "refused", with one warning (its end: whole).  An import that fails here is the
     caller's to record, as ``fallback``'s is."""
     fix = (f"{how}; or, to run it in ComfyUI's process as it is, set [bulkhead] fallback = \"in-process\" in "
            f"its comfy-env.toml ({FALLBACK_SWITCH}=in-process for every pack)")
@@ -340,15 +367,24 @@ def refuse(pack_dir, module, name, why, how, unlike):
     with _states_lock:     # once per pack and module, as fallback's warning
         first = _states.get((pack_dir, module), {}).get("state") != "refused"
     if first:
-        log.warning("bulkhead: pack %r (%s) is NOT run: it cannot run isolated (%s), and ComfyUI's process is not "
-                    "the same as its environment (%s): its nodes are listed and fail when they would run. Fix: %s",
-                    name, pack_dir, why, unlike, fix)
-    mod = import_nodes(pack_dir, module, unique_name=True)
+        log.warning("%s", pack_line(name, "is refused, NOT run", why, whole))
+    mod = _import(pack_dir, module, name, "refused", reason, fix)
     message = f"bulkhead: pack {name!r} does not run: {reason}. Fix: {fix}"
     classes = {key: _refusing(cls, message) if isinstance(cls, type) else cls
                for key, cls in dict(getattr(mod, "NODE_CLASS_MAPPINGS", {}) or {}).items()}
     set_state(pack_dir, module, name=name, state="refused", reason=reason, fix=fix)
     return classes, dict(getattr(mod, "NODE_DISPLAY_NAME_MAPPINGS", {}) or {})
+
+
+def _import(pack_dir, module, name, state, reason, fix):
+    """The pack's module imported in this process; where that raises, its
+    row says state, reason and fix first, for the caller's ``failed``
+    to keep (the log's one line pointed there)."""
+    try:
+        return import_nodes(pack_dir, module, unique_name=True)
+    except BaseException:
+        set_state(pack_dir, module, name=name, state=state, reason=reason, fix=fix)
+        raise
 
 
 def _refusing(cls, message):
