@@ -8,8 +8,10 @@
 
 ``install`` builds the environment of every ``comfy-env.toml`` in the pack
 that is not ready (all of them with ``--force``), showing progress on
-stderr (every line is in the build's log file too), then tells each
-ComfyUI running on the machine and prints what it does with the result:
+stderr (every line is in the build's log file too), describes each
+one's nodes in a worker into the node metadata cache ComfyUI's next start
+reads (host/pack.py ``describe_ahead``: that start starts no worker to
+describe them), then tells each ComfyUI running on the machine and prints what it does with the result:
 one that serves the pack without it serves it isolated from it at once.  ``env`` prints where each stands.  ``doctor`` imports a ComfyUI
 (as under ``--cpu``) and prints bulkhead's contract with it
 (``bulkhead.contract``): every name bulkhead reads or calls there, its tier
@@ -78,9 +80,29 @@ def _install(args):
     statuses = envs.install(args.pack_dir, force=args.force, pip_args=args.pip_args)
     for st in statuses:
         print(f"{st.name}: {st.state}: {st.python}")
+    for line in _describe_ahead(args.pack_dir):
+        print(line)
     for line in _tell_running([st.config_path for st in statuses]):
         print(line)
     return 0
+
+
+def _describe_ahead(pack_dir):
+    """Each built config's nodes described now, into the node metadata
+    cache ComfyUI's next start reads (host/pack.py ``describe_ahead``):
+    that start registers them without a worker.  One line each."""
+    from .host import pack, zygote
+    lines = []
+    try:
+        for config in packconfig.load_configs(os.path.abspath(pack_dir), warn=False):
+            try:
+                lines.append(pack.describe_ahead(config))
+            except Exception as e:     # built all the same: ComfyUI's start describes it
+                lines.append(f"{config.name}: not described now ({type(e).__name__}: {e}): ComfyUI's start "
+                             "describes its nodes")
+    finally:
+        zygote.close_all()
+    return lines
 
 
 def _tell_running(config_paths):

@@ -212,6 +212,12 @@ def build_at_start(config, st):
 def _load(config, pack_dir, python, stamp, module, hm):
     """load_pack for one config's environment, with its [bulkhead] options
     and [env_vars]."""
+    env, opts = _worker_args(config, python, stamp, module)
+    return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts, memory=hm)
+
+
+def _worker_args(config, python, stamp, module):
+    """(env, options) of load_pack for one config's environment."""
     o = config.options
     # One record of the pack's settings (channel/spec.py): what the pack
     # gave, 0 included, else each row's default (None where the reader
@@ -231,7 +237,61 @@ def _load(config, pack_dir, python, stamp, module, hm):
     # the pack's own value wins over a host-wide variable the worker would inherit, and over its
     # [env_vars]: a 0 ("never") too, which `if o.get(...)` dropped before
     env.update(spec.worker_env(opts))
-    return nodes.load_pack(pack_dir, python, name=config.name, env=env, options=opts, memory=hm)
+    return env, opts
+
+
+def describe_ahead(config):
+    """What ``bulkhead install`` does once config's environment is built:
+    the node metadata cache (host/metadata.py) filled as ComfyUI's next
+    start reads it (the same key: the pack's directory and module, the
+    environment and its stamp, the sources, the ComfyUI), its nodes
+    described in a worker now, so that start registers them from the cache
+    and starts no worker to describe them.  Returns one line for the
+    user.  Only where the start's key can be told: a pack served by
+    ``comfy_pack`` (its ``__init__.py`` calls it with no module), in a
+    ComfyUI's custom_nodes/ (or $COMFYUI_PATH), and a description with no
+    type strings of the pack's own (those are compared with the type
+    names of the nodes ComfyUI has registered at start, which this process
+    has not)."""
+    import json
+    from ..envs import build as envs, hostmatch
+    from .metadata import MetadataCache
+    from .runtime import PackRuntime
+    st = envs.env_status(config)
+    root = os.path.realpath(config.root)
+    comfyui = hostmatch.comfyui_for(config)
+    if not st.ok or comfyui is None:
+        return f"{config.name}: not described now (no ComfyUI found for it): ComfyUI's start describes its nodes"
+    # the directory its folder_paths comes from, as the start's find_comfyui reads it
+    fp = os.path.join(comfyui, "folder_paths.py")
+    comfyui = os.path.dirname(os.path.realpath(fp)) if os.path.isfile(fp) else os.path.realpath(comfyui)
+    try:
+        with open(os.path.join(root, "__init__.py"), encoding="utf-8") as f:
+            init = f.read()
+    except OSError:
+        init = ""
+    if "comfy_pack(" not in init or "module=" in init:
+        return f"{config.name}: not described now (not a comfy_pack layout): ComfyUI's start describes its nodes"
+    directory = os.path.realpath(config.directory)
+    env, opts = _worker_args(config, st.python, f"{config.config_hash}:{st.version}", "auto")
+    rt = PackRuntime(directory, st.python, config.name, env, opts, comfyui)
+    cache = MetadataCache(opts.get("cache_dir"))
+    key = rt.cache_key()
+    if cache.load(directory, key) is not None:
+        return f"{config.name}: its nodes were described before: ComfyUI's next start registers them from the cache"
+    try:
+        text = rt.describe()
+    except Exception as e:
+        return f"{config.name}: not described now ({type(e).__name__}: {e}): ComfyUI's start describes its nodes"
+    finally:
+        rt.close()
+    meta = json.loads(text)
+    if meta.get("types"):
+        return (f"{config.name}: not described now (its own type strings are compared with ComfyUI's at start): "
+                "ComfyUI's start describes its nodes")
+    cache.store(directory, key, text)
+    return (f"{config.name}: {len(meta.get('nodes') or {})} node(s) described: ComfyUI's next start registers them "
+            "from the cache, without a worker")
 
 
 def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):

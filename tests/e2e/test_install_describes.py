@@ -1,0 +1,81 @@
+"""#36: `bulkhead install <pack>` describes the pack's nodes into the node
+metadata cache that ComfyUI's next start reads, so that start registers
+them from the cache and starts no worker to describe them (the first
+start after an install spent ~11 s there, past upstream's connect window
+in some tests), and /object_info lists them exactly as a start that
+described them in a worker does."""
+
+import os
+import shutil
+import subprocess
+
+from .e2eenv import CLI
+from .test_background_builds import HOST_MM, INIT, write
+
+NODES = '''
+import os
+
+
+class E2EDescribed:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"n": ("INT", {"default": 3, "min": 0}), "text": ("STRING", {"multiline": True})},
+                "optional": {"mode": (["a", "b"],)}}
+    RETURN_TYPES = ("INT",)
+    RETURN_NAMES = ("twice",)
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "e2e/described"
+
+    def run(self, n, text="", mode="a"):
+        return {"ui": {"pid": [os.getpid()]}, "result": (2 * n,)}
+
+
+NODE_CLASS_MAPPINGS = {"E2EDescribed": E2EDescribed}
+NODE_DISPLAY_NAME_MAPPINGS = {"E2EDescribed": "E2E described at install"}
+'''
+
+
+def _described(log, name):
+    """The start's line for the pack: 'metadata cached' or 'from worker pid N'."""
+    [line] = [l for l in log.splitlines() if f"bulkhead: pack {name!r}: 1 node, " in l]
+    return line
+
+
+def test_install_fills_the_metadata_cache_the_next_start_reads(comfyui, tmp_path):
+    pack = tmp_path / "repos" / "ComfyUI-Described"
+    write(pack / "__init__.py", INIT)
+    write(pack / "nodes.py", NODES)
+    write(pack / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    # a start that builds nothing: the pack is not isolated, nothing is described
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"})
+    assert "metadata " not in srv.log_since_start()
+    srv.stop()
+    cli = subprocess.run([CLI, "install", os.path.join(srv.base, "custom_nodes", "ComfyUI-Described")],
+                         env=srv.env, capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert "ComfyUI-Described: 1 node(s) described: ComfyUI's next start registers them from the cache" in \
+        cli.stdout, cli.stdout
+
+    # the next start: isolated, its nodes from the cache, no worker started to describe them
+    srv.start()
+    line = _described(srv.log_since_start(), "ComfyUI-Described")
+    assert line.endswith("metadata cached"), line
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and "E2EDescribed" in info
+    cached = info["E2EDescribed"]
+    status, doc = srv.http("GET", "/bulkhead/status")
+    [row] = [p for p in doc["packs"] if p["name"] == "ComfyUI-Described"]
+    assert row["state"] == "isolated" and not row.get("pid"), row     # no worker runs yet
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EDescribed", "inputs": {"n": 1, "text": "x"}}}), timeout_s=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
+    assert entry["outputs"]["1"]["pid"][0] != srv.proc.pid
+
+    # a start that describes them in a worker (no cache) lists the same
+    srv.stop()
+    shutil.rmtree(os.path.join(srv.env["BULKHEAD_HOME"], "cache", "nodes"))
+    srv.start()
+    line = _described(srv.log_since_start(), "ComfyUI-Described")
+    assert " metadata from worker pid " in line, line
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and info["E2EDescribed"] == cached
