@@ -372,7 +372,7 @@ def _wait_for(cond, timeout=10.0):
 @pytest.mark.parametrize("garbage, named", [
     (b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", "BH_EMAGIC"),
     (b"\x00" * 7, "BH_ESHORT"),
-    (struct.pack("<IHHQIIII", 0x4B484C42, 9, 2, 1, 0, 0, 0, 0), "BH_EVERSION"),
+    (struct.pack("<IHHQIIII", 0x4B484C42, _native.PROTOCOL_VERSION + 1, 2, 1, 0, 0, 0, 0), "BH_EVERSION"),
     (struct.pack("<IHHQIIII", 0x4B484C42, _native.PROTOCOL_VERSION, 2, 1, 0, 17, 0, 0) + struct.pack("<IIII", 0, 0, 0, 0) + b"\xee",
      "BH_EBADTAG"),
 ], ids=["http", "short", "version", "badvalue"])
