@@ -943,86 +943,10 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
         old = None
         try:
             os.chmod(tmp, 0o755)
-            if uv:
-                _stream([uv, "venv", "--prompt", config.name, "--python", interp.path, tmp], progress, "uv venv")
-            else:
-                _stream([interp.path, "-m", "venv", "--prompt", config.name, tmp], progress,
-                        f"{interp.path} -m venv")
-            py = env_python(tmp)
-            conda_records = []
-            if config.conda:
-                from . import conda
-                conda_records = conda.install(config, tmp, final, interp.version, progress, stream=_stream,
-                                              env=clean_env(), cache=os.path.join(workspace(), "conda-pkgs"))
-            reqs = list(config.requirements)
-            cuda_reqs = []
-            if config.cuda:
-                from . import cudawheels
-                cuda_reqs = cudawheels.resolve(config, interp.version, progress, rebuild=rebuild_command(config))
-                reqs += cuda_reqs
-            tool = "uv pip" if uv else "pip"
-
-            def pip(extra, what):
-                if uv:
-                    cmd = [uv, "pip", "install", "--python", py] + extra
-                else:
-                    cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"] + extra
-                try:
-                    _stream(cmd, progress, f"{tool} install for {config.name}")
-                except EnvBuildError as e:
-                    if e.returncode is None:
-                        raise
-                    raise EnvBuildError(
-                        f"{tool} install for {config.name} ({config.path}) failed with exit status "
-                        f"{e.returncode} ({what}); no environment was made\n--- last lines of {tool}'s "
-                        f"output ---\n{e.output_tail}", e.output_tail, e.returncode) from None
-
-            keep_torch = _match_host(match, config, tmp, py, args, pip, progress, uv)
-            # An entry pinned to an index comes from that index alone (no
-            # dependencies: they come from the default indexes next).
-            for index, pinned in config.indexes:
-                progress(f"installing {' '.join(pinned)} from its index {index}")
-                pip(["--no-deps", "--index-url", index] + _without_index_args(args) + list(pinned),
-                    f"from the index {index}")
-            if reqs:
-                progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
-                lacking = match.stamp.get("lacking") or {}
-                pip(args + keep_torch + reqs, "the requirements" + (
-                    f"; if one of them needs {', '.join(lacking)}, which this Python has no build of here "
-                    "(the warning above), give the pack the host's Python minor" if lacking else ""))
-            if config.conda:
-                conda.finish(tmp, final, interp.version)
+            stamp = _install(config, tmp, final, interp, uv, match, args, progress)
             _relocate(tmp, final)
-            from .. import __version__
-            now = time.time()
-            _write_stamp(tmp, {
-                "format": STAMP_FORMAT,
-                "pack": config.name,
-                "config": config.path,
-                "root": config.root,
-                "config_hash": config.config_hash,
-                "protocol": _native.PROTOCOL_VERSION,
-                "bulkhead_version": __version__,
-                "interpreter": {"path": interp.path, "version": interp.version,
-                                "source": interp.source, "why": interp.why},
-                "installer": "uv" if uv else "pip",
-                "host": match.stamp,
-                "requirements": reqs,
-                "indexes": [[i, list(rs)] for i, rs in config.indexes],
-                "pip_args": args,
-                **({"cuda": {"wheels": cuda_reqs, "torch": list(cudawheels.host_torch())}} if config.cuda else {}),
-                **({"conda": {"channels": conda.channels_for(config), "specs": list(config.conda),
-                              "installed": [list(r) for r in conda_records]}} if config.conda else {}),
-                "created": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
-                "created_unix": now,
-            })
-            if os.path.lexists(final):
-                live = users(final)
-                if live:
-                    progress(f"worker pid(s) {', '.join(map(str, live))} run on {final}: they keep what they "
-                             "loaded until they restart, and a restart picks up the new build")
-                old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=envs)
-                os.rename(final, os.path.join(old, "env"))
+            _write_stamp(tmp, stamp)
+            old = _set_aside(final, envs, progress)
             os.rename(tmp, final)
             tmp = None
         finally:
@@ -1037,6 +961,101 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
         if not st.ok:
             raise EnvBuildError(f"the environment just built for {config.name} is {st.state}: {st.reason}")
         return st
+
+
+def _install(config, tmp, final, interp, uv, match, args, progress):
+    """Makes the environment in ``tmp`` (to live at ``final``): the venv
+    on ``interp``, its conda packages, the host's matched packages, the
+    index-pinned entries, the requirements.  Returns its stamp (what
+    ``_write_stamp`` writes); an ``EnvBuildError`` names the step that
+    failed."""
+    if uv:
+        _stream([uv, "venv", "--prompt", config.name, "--python", interp.path, tmp], progress, "uv venv")
+    else:
+        _stream([interp.path, "-m", "venv", "--prompt", config.name, tmp], progress,
+                f"{interp.path} -m venv")
+    py = env_python(tmp)
+    conda_records = []
+    if config.conda:
+        from . import conda
+        conda_records = conda.install(config, tmp, final, interp.version, progress, stream=_stream,
+                                      env=clean_env(), cache=os.path.join(workspace(), "conda-pkgs"))
+    reqs = list(config.requirements)
+    cuda_reqs = []
+    if config.cuda:
+        from . import cudawheels
+        cuda_reqs = cudawheels.resolve(config, interp.version, progress, rebuild=rebuild_command(config))
+        reqs += cuda_reqs
+    tool = "uv pip" if uv else "pip"
+
+    def pip(extra, what):
+        if uv:
+            cmd = [uv, "pip", "install", "--python", py] + extra
+        else:
+            cmd = [py, "-m", "pip", "install", "--no-input", "--progress-bar", "off"] + extra
+        try:
+            _stream(cmd, progress, f"{tool} install for {config.name}")
+        except EnvBuildError as e:
+            if e.returncode is None:
+                raise
+            raise EnvBuildError(
+                f"{tool} install for {config.name} ({config.path}) failed with exit status "
+                f"{e.returncode} ({what}); no environment was made\n--- last lines of {tool}'s "
+                f"output ---\n{e.output_tail}", e.output_tail, e.returncode) from None
+
+    keep_torch = _match_host(match, config, tmp, py, args, pip, progress, uv)
+    # An entry pinned to an index comes from that index alone (no
+    # dependencies: they come from the default indexes next).
+    for index, pinned in config.indexes:
+        progress(f"installing {' '.join(pinned)} from its index {index}")
+        pip(["--no-deps", "--index-url", index] + _without_index_args(args) + list(pinned),
+            f"from the index {index}")
+    if reqs:
+        progress(f"installing {len(reqs)} requirement(s): {' '.join(reqs)}")
+        lacking = match.stamp.get("lacking") or {}
+        pip(args + keep_torch + reqs, "the requirements" + (
+            f"; if one of them needs {', '.join(lacking)}, which this Python has no build of here "
+            "(the warning above), give the pack the host's Python minor" if lacking else ""))
+    if config.conda:
+        conda.finish(tmp, final, interp.version)
+    from .. import __version__
+    now = time.time()
+    return {
+        "format": STAMP_FORMAT,
+        "pack": config.name,
+        "config": config.path,
+        "root": config.root,
+        "config_hash": config.config_hash,
+        "protocol": _native.PROTOCOL_VERSION,
+        "bulkhead_version": __version__,
+        "interpreter": {"path": interp.path, "version": interp.version,
+                        "source": interp.source, "why": interp.why},
+        "installer": "uv" if uv else "pip",
+        "host": match.stamp,
+        "requirements": reqs,
+        "indexes": [[i, list(rs)] for i, rs in config.indexes],
+        "pip_args": args,
+        **({"cuda": {"wheels": cuda_reqs, "torch": list(cudawheels.host_torch())}} if config.cuda else {}),
+        **({"conda": {"channels": conda.channels_for(config), "specs": list(config.conda),
+                      "installed": [list(r) for r in conda_records]}} if config.conda else {}),
+        "created": datetime.datetime.fromtimestamp(now).astimezone().isoformat(timespec="seconds"),
+        "created_unix": now,
+    }
+
+
+def _set_aside(final, envs, progress):
+    """Moves the environment at ``final``, which a new build replaces, into
+    a directory of ``envs`` returned for the caller to remove (None when
+    there is none); a worker still running on it keeps what it loaded."""
+    if not os.path.lexists(final):
+        return None
+    live = users(final)
+    if live:
+        progress(f"worker pid(s) {', '.join(map(str, live))} run on {final}: they keep what they "
+                 "loaded until they restart, and a restart picks up the new build")
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.old-", dir=envs)
+    os.rename(final, os.path.join(old, "env"))
+    return old
 
 
 def install(pack_dir, progress=None, force=False, *, pip_args=None):

@@ -758,67 +758,7 @@ def _older_dialects(data, r, notes):
         if "packages" in data:
             env["packages"] = data.pop("packages")
     if env is not None:
-        reqs = list(data.get("requirements", []) or [])
-        ours = len(reqs)
-        if "packages" in env:
-            pk = env.pop("packages")
-            if isinstance(pk, dict):
-                here = _OS_NAME.get(sys.platform, sys.platform)
-                for osname in ("windows", "linux", "darwin"):
-                    sub = pk.pop(osname, None)
-                    if sub is not None and osname == here:
-                        reqs += _d1_requirements(r, sub, (where, "packages", osname))
-                if "requirements_file" in pk:
-                    note(f"[{where}.packages] requirements_file is not read: list its requirements under "
-                         "requirements", where, "packages")
-                    pk.pop("requirements_file")
-                plain = {k: v for k, v in pk.items() if k not in ("requirements", "no_deps")}
-                if plain:       # package = "version": CUDA wheels, as comfy-env 0.0.x read them
-                    data.setdefault("cuda", {"packages": []})
-                    data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + \
-                        _d1_cuda(r, plain, (where, "packages"))
-            reqs += _d1_requirements(r, {k: v for k, v in pk.items() if k in ("requirements", "no_deps")}
-                                     if isinstance(pk, dict) else pk, (where, "packages"))
-        if expand is not None:
-            reqs[ours:] = [expand(q, (where, "packages")) for q in reqs[ours:]]
-        if reqs:
-            data["requirements"] = reqs
-        cu = env.pop("cuda", None)
-        if isinstance(cu, dict):
-            data.setdefault("cuda", {"packages": []})
-            data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + _d1_cuda(r, cu, (where, "cuda"))
-        elif cu is not None:
-            note(f"[{where}] cuda = {cu!r}: the CUDA build is the host's torch's (bulkhead matches it)",
-                 where, "cuda")
-        for k in ("cuda_version", "pytorch", "pytorch_version"):
-            if k in env:
-                note(f"[{where}] {k} = {env.pop(k)!r}: torch and its CUDA build are the host's (bulkhead "
-                     "matches them), not chosen here", where, k)
-        if "python" in env:
-            data["python"] = env.pop("python")
-        conda = env.pop("conda", None)
-        if conda is not None:
-            if not isinstance(conda, dict):
-                r.type_error((where, "conda"), "a table with channels and packages", conda)
-            specs = conda.get("packages", [])
-            if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
-                r.type_error((where, "conda", "packages"), "an array of conda package specs", specs)
-            deps = dict(data.get("dependencies", {}) or {})
-            for spec in specs:
-                m = _REQ_NAME.match(spec)
-                if not m:
-                    r.error(f"[{where}.conda] packages: {spec!r} is not a conda package spec", where, "conda")
-                deps[m.group(1)] = m.group(2).strip() or "*"
-            data["dependencies"] = deps
-            if conda.get("channels"):
-                data["workspace"] = dict(data.get("workspace", {}) or {}, channels=conda["channels"])
-        ev = env.pop("env", None)
-        if ev is not None:
-            data["env_vars"] = dict(data.get("env_vars", {}) or {}, **(ev if isinstance(ev, dict) else {}))
-        env.pop("isolated", None)
-        env.pop("name", None)
-        for k in env:
-            note(f"[{where}] {k} is not read by bulkhead and has no effect", where, k)
+        _d1_environment(data, r, note, env, where, expand)
     local = data.pop("local", None)
     if local is not None:
         note("[local] asks to install into ComfyUI's own Python (comfy-env 0.0.x): bulkhead installs nothing "
@@ -828,6 +768,103 @@ def _older_dialects(data, r, notes):
         for osname, table in (("linux", "apt"), ("darwin", "brew")):
             if osname in system:
                 data[table] = {"packages": system[osname]}
+    _older_cuda(data, r, note, expand)
+    py = data.get("python")
+    if isinstance(py, (int, float)) and not isinstance(py, bool):
+        # comfy-env 0.0.66-0.4.13 took str(): 3.11 -> "3.11".  But TOML reads 3.10 as 3.1.
+        if str(py) in ("3.1", "3.2", "3.3"):
+            r.error(f"python = {py!r}: a TOML number, which reads 3.10 as {py!r}; write the version as a "
+                    'string: python = "3.10"', "python")
+        data["python"] = str(py)
+    return data
+
+
+def _d1_environment(data, r, note, env, where, expand):
+    """comfy-env 0.0.13-0.0.65's environment table ``env`` (``[<name>]``
+    or ``[env]``, named ``where``) moved into ``data``'s current keys:
+    its packages into requirements (and [cuda]), python, conda into
+    [dependencies] and [workspace] channels, env into [env_vars]; torch's
+    and CUDA's versions are noted (the host's are used)."""
+    reqs = list(data.get("requirements", []) or [])
+    ours = len(reqs)
+    if "packages" in env:
+        reqs += _d1_packages(data, r, note, env.pop("packages"), where)
+    if expand is not None:
+        reqs[ours:] = [expand(q, (where, "packages")) for q in reqs[ours:]]
+    if reqs:
+        data["requirements"] = reqs
+    cu = env.pop("cuda", None)
+    if isinstance(cu, dict):
+        data.setdefault("cuda", {"packages": []})
+        data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + _d1_cuda(r, cu, (where, "cuda"))
+    elif cu is not None:
+        note(f"[{where}] cuda = {cu!r}: the CUDA build is the host's torch's (bulkhead matches it)",
+             where, "cuda")
+    for k in ("cuda_version", "pytorch", "pytorch_version"):
+        if k in env:
+            note(f"[{where}] {k} = {env.pop(k)!r}: torch and its CUDA build are the host's (bulkhead "
+                 "matches them), not chosen here", where, k)
+    if "python" in env:
+        data["python"] = env.pop("python")
+    conda = env.pop("conda", None)
+    if conda is not None:
+        _d1_conda(data, r, conda, where)
+    ev = env.pop("env", None)
+    if ev is not None:
+        data["env_vars"] = dict(data.get("env_vars", {}) or {}, **(ev if isinstance(ev, dict) else {}))
+    env.pop("isolated", None)
+    env.pop("name", None)
+    for k in env:
+        note(f"[{where}] {k} is not read by bulkhead and has no effect", where, k)
+
+
+def _d1_packages(data, r, note, pk, where):
+    """A D1 environment's ``packages``: its requirements (this OS's
+    sub-table's too) returned; its ``package = "version"`` entries, CUDA
+    wheels as comfy-env 0.0.x read them, added to ``data``'s [cuda]."""
+    reqs = []
+    if isinstance(pk, dict):
+        here = _OS_NAME.get(sys.platform, sys.platform)
+        for osname in ("windows", "linux", "darwin"):
+            sub = pk.pop(osname, None)
+            if sub is not None and osname == here:
+                reqs += _d1_requirements(r, sub, (where, "packages", osname))
+        if "requirements_file" in pk:
+            note(f"[{where}.packages] requirements_file is not read: list its requirements under "
+                 "requirements", where, "packages")
+            pk.pop("requirements_file")
+        plain = {k: v for k, v in pk.items() if k not in ("requirements", "no_deps")}
+        if plain:       # package = "version": CUDA wheels, as comfy-env 0.0.x read them
+            data.setdefault("cuda", {"packages": []})
+            data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + \
+                _d1_cuda(r, plain, (where, "packages"))
+    return reqs + _d1_requirements(r, {k: v for k, v in pk.items() if k in ("requirements", "no_deps")}
+                                   if isinstance(pk, dict) else pk, (where, "packages"))
+
+
+def _d1_conda(data, r, conda, where):
+    """A D1 environment's ``conda`` table (``channels``, ``packages`` as
+    match specs) into ``data``'s [dependencies] and [workspace] channels."""
+    if not isinstance(conda, dict):
+        r.type_error((where, "conda"), "a table with channels and packages", conda)
+    specs = conda.get("packages", [])
+    if not isinstance(specs, list) or not all(isinstance(x, str) for x in specs):
+        r.type_error((where, "conda", "packages"), "an array of conda package specs", specs)
+    deps = dict(data.get("dependencies", {}) or {})
+    for spec in specs:
+        m = _REQ_NAME.match(spec)
+        if not m:
+            r.error(f"[{where}.conda] packages: {spec!r} is not a conda package spec", where, "conda")
+        deps[m.group(1)] = m.group(2).strip() or "*"
+    data["dependencies"] = deps
+    if conda.get("channels"):
+        data["workspace"] = dict(data.get("workspace", {}) or {}, channels=conda["channels"])
+
+
+def _older_cuda(data, r, note, expand):
+    """``[cuda]`` in comfy-env 0.0.x's shapes (a top-level array, or
+    ``package = "version"`` keys) as ``packages = [...]``; a key that
+    is neither is a typo, noted and left out."""
     cu = data.get("cuda")
     if isinstance(cu, list):            # comfy-env 0.0.x: cuda = ["pkg==1.0", ...]
         data["cuda"] = {"packages": [expand(x, ("cuda",)) if expand and isinstance(x, str) else x for x in cu]}
@@ -845,14 +882,6 @@ def _older_dialects(data, r, notes):
             data["cuda"] = {"packages": list(cu.get("packages", []) if isinstance(cu.get("packages"), list)
                                              else [cu["packages"]] if "packages" in cu else [])
                             + _d1_cuda(r, {k: v for k, v in extra.items() if k not in typos}, ("cuda",))}
-    py = data.get("python")
-    if isinstance(py, (int, float)) and not isinstance(py, bool):
-        # comfy-env 0.0.66-0.4.13 took str(): 3.11 -> "3.11".  But TOML reads 3.10 as 3.1.
-        if str(py) in ("3.1", "3.2", "3.3"):
-            r.error(f"python = {py!r}: a TOML number, which reads 3.10 as {py!r}; write the version as a "
-                    'string: python = "3.10"', "python")
-        data["python"] = str(py)
-    return data
 
 
 def load(path, root=None, *, warn=True):
@@ -863,43 +892,113 @@ def load(path, root=None, *, warn=True):
     ``PackConfigError``; ``OSError`` when the file cannot be read."""
     path = os.path.abspath(os.fspath(path))
     root = os.path.abspath(os.fspath(root)) if root is not None else _pack_root(path)
+    text = _read_text(path)
+    r = Reader(path, text)
+    d = _Doc(r)
+    data = _older_dialects(toml_loads(text, path), r, d.notes)
+    for key, read in _READERS.items():
+        if key in data:
+            read(d, key, data[key])
+    _note_unread(d, data)
+    if warn:
+        for n in d.notes:
+            warn_note(n, path)
+    return d.config(root)
+
+
+def _read_text(path):
+    """The config file's text; a PackConfigError at the first line that is
+    not UTF-8."""
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise PackConfigError(path, "not UTF-8 text (TOML files must be UTF-8)", line) from None
-    data = toml_loads(text, path)
-    r = Reader(path, text)
-    notes = []
-    data = _older_dialects(data, r, notes)
 
-    python = data.get("python")
-    if python is not None:
-        if not isinstance(python, str):
-            r.type_error(("python",), 'a string (a version like "3.12" or an interpreter path)', python)
-        python = python.strip()
-        if re.fullmatch(r"(==?)?\s*\d+(\.\d+)*(\.\*)?", python):  # "3.11.*", "==3.11", "=3.11": conda's spellings
-            python = python.lstrip("=").strip().rstrip("*").rstrip(".")
-        if "/" in python or (python.startswith("~") and not python.startswith("~=")):
-            p = os.path.expanduser(python)
-            if not os.path.isabs(p):
-                p = os.path.join(os.path.dirname(path), p)
-            python = os.path.normpath(p)
-        elif is_specifier(python):
-            python = _read_specifier(r, python)
-        else:
-            m = _PY_VERSION.match(python)
-            if not m:
-                r.error(f'python = {python!r}: expected a version like "3.12" or "3.12.1", a specifier like '
-                        '">=3.10", or a path to an interpreter', "python")
-            if (int(m.group(1)), int(m.group(2))) < MIN_PYTHON:
-                r.error(f"python = {python!r}: a bulkhead worker needs Python "
-                        f"{'.'.join(map(str, MIN_PYTHON))} or newer", "python")
 
-    env_vars = {}
-    ev = data.get("env_vars", {})
+class _Doc:
+    """What ``load`` has read of one config so far: each key reader of
+    ``_READERS`` adds to it, and ``config`` makes the ``PackConfig``."""
+
+    def __init__(self, r):
+        self.r = r
+        self.path = r.path
+        self.text = r.text
+        self.notes = []
+        self.platform = current_platform()
+        self.python = None
+        self.env_vars = {}
+        self.pypi = {}              # {normalised name: (requirement, index or None)}
+        self.conda = {}             # {name: match spec}
+        self.system = {}
+        self.cuda = ()
+        self.channels = ()
+        self.requirements = []      # the requirements array's, normalised
+        self.options = {}
+
+    def config(self, root):
+        """The ``PackConfig`` of what was read, with its hash."""
+        reqs = [req for req, _ in self.pypi.values()] + self.requirements
+        requirements = tuple(sorted(set(reqs)))
+        by_index = {}
+        for req, index in self.pypi.values():
+            if index:
+                by_index.setdefault(index, []).append(req)
+        indexes = tuple((i, tuple(sorted(rs))) for i, rs in sorted(by_index.items()))
+        # python in [dependencies] is the interpreter: the venv's, pinned in the solve (envs/conda.py)
+        conda = dict(self.conda)
+        conda.pop("python", None)
+        channels = self.channels
+        if conda and not channels:
+            channels = ("conda-forge",)     # pixi's default, which comfy-env writes
+        digest = hashlib.sha256(json.dumps({
+            "format": HASH_FORMAT,
+            "protocol": _native.PROTOCOL_VERSION,
+            "python": self.python,
+            "requirements": list(requirements),
+            **({"indexes": [[i, list(rs)] for i, rs in indexes]} if indexes else {}),
+            **({"conda": sorted(conda.values()), "channels": list(channels)} if conda else {}),
+            **({"cuda": list(self.cuda)} if self.cuda else {}),
+        }, sort_keys=True).encode()).hexdigest()
+        return PackConfig(
+            path=self.path, root=root, name=pack_name(self.path, root), python=self.python,
+            env_vars=types.MappingProxyType(self.env_vars), requirements=requirements,
+            options=types.MappingProxyType(self.options), warnings=tuple(self.notes), config_hash=digest,
+            indexes=indexes, system_packages=types.MappingProxyType(self.system), platform=self.platform,
+            conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=self.cuda)
+
+
+# --- the key readers: one per top-level key load reads, each reader(doc, key, value) ---
+
+def _read_python(d, key, python):
+    r = d.r
+    if not isinstance(python, str):
+        r.type_error(("python",), 'a string (a version like "3.12" or an interpreter path)', python)
+    python = python.strip()
+    if re.fullmatch(r"(==?)?\s*\d+(\.\d+)*(\.\*)?", python):  # "3.11.*", "==3.11", "=3.11": conda's spellings
+        python = python.lstrip("=").strip().rstrip("*").rstrip(".")
+    if "/" in python or (python.startswith("~") and not python.startswith("~=")):
+        p = os.path.expanduser(python)
+        if not os.path.isabs(p):
+            p = os.path.join(os.path.dirname(d.path), p)
+        python = os.path.normpath(p)
+    elif is_specifier(python):
+        python = _read_specifier(r, python)
+    else:
+        m = _PY_VERSION.match(python)
+        if not m:
+            r.error(f'python = {python!r}: expected a version like "3.12" or "3.12.1", a specifier like '
+                    '">=3.10", or a path to an interpreter', "python")
+        if (int(m.group(1)), int(m.group(2))) < MIN_PYTHON:
+            r.error(f"python = {python!r}: a bulkhead worker needs Python "
+                    f"{'.'.join(map(str, MIN_PYTHON))} or newer", "python")
+    d.python = python
+
+
+def _read_env_vars(d, key, ev):
+    r = d.r
     if not isinstance(ev, dict):
         r.type_error(("env_vars",), "a table of NAME = \"value\"", ev)
     for k, v in ev.items():
@@ -911,17 +1010,24 @@ def load(path, root=None, *, warn=True):
             r.error(f"env_vars.{_q(k)} must be a string, not {_toml_type(v)} ({v!r}); any TOML scalar "
                     "(string, number, boolean, date) is taken and turned into text, as comfy-env does",
                     "env_vars", k)
-        env_vars[k] = str(v)     # as comfy-env: 3 -> "3", true -> "True", 0.5 -> "0.5"
+        d.env_vars[k] = str(v)     # as comfy-env: 3 -> "3", true -> "True", 0.5 -> "0.5"
 
-    platform = current_platform()
-    pypi = _read_pypi(r, data.get("pypi-dependencies", {}), ("pypi-dependencies",))
-    conda = {}
-    if "dependencies" in data:
-        conda = _check_conda(r, data["dependencies"], ("dependencies",))
-    tgt = data.get("target", {})
+
+def _read_pypi_dependencies(d, key, deps):
+    d.pypi = _read_pypi(d.r, deps, (key,))
+
+
+def _read_dependencies(d, key, deps):
+    d.conda = _check_conda(d.r, deps, (key,))
+
+
+def _read_target(d, key, tgt):
+    """``[target.<platform>]``: this machine's tables applied over the
+    top level's (the more specific wins), every other one checked."""
+    r = d.r
     if not isinstance(tgt, dict):
         r.type_error(("target",), "a table of [target.<platform>] tables", tgt)
-    applies = _selectors_for(platform)
+    applies = _selectors_for(d.platform)
     for plat in sorted(tgt, key=lambda p: applies.index(p) if p in applies else -1):
         body = tgt[plat]
         if plat not in PLATFORMS and plat not in SELECTORS:
@@ -935,60 +1041,56 @@ def load(path, root=None, *, warn=True):
             if sub == "pypi-dependencies":
                 got = _read_pypi(r, v, kp)
                 if here:
-                    pypi.update(got)    # the more specific target wins over the top level
+                    d.pypi.update(got)    # the more specific target wins over the top level
             elif sub == "dependencies":
                 got = _check_conda(r, v, kp)
                 if here:
-                    conda.update(got)   # the more specific target wins
+                    d.conda.update(got)   # the more specific target wins
             elif here:
-                line = _find_line(text, *kp)
-                notes.append(f"{path}:{line}: table [target.{plat}.{sub}] is not implemented by bulkhead: "
-                             + _UNIMPLEMENTED.get(sub, "nothing in it is read").replace("{pixi}", ""))
-    reqs = [req for req, _ in pypi.values()]
-    by_index = {}
-    for req, index in pypi.values():
-        if index:
-            by_index.setdefault(index, []).append(req)
-    indexes = tuple((i, tuple(sorted(rs))) for i, rs in sorted(by_index.items()))
-    system = {}
-    for table in ("apt", "brew"):
-        if table in data:
-            system[table] = check_packages(r, table, data[table], allow_scalar=True)
-    cuda = ()
-    if "cuda" in data:
-        cuda = check_packages(r, "cuda", data["cuda"], allow_scalar=True)
-        # comfy-env before 0.3.0 read torch and its family there as "the
-        # CUDA build of torch", matched to the machine (packs in the field
-        # still list them); 0.3.0 and later refuse them.  The environment
-        # has the host's torch either way: read, with one note.
-        family = [n for n in cuda if _norm_name(n.partition("==")[0]) in ("torch", "torchvision", "torchaudio")]
-        if family:
-            cuda = tuple(n for n in cuda if n not in family)
-            line = _find_line(text, "cuda", "packages")
-            notes.append(f"{path}:{line}: [cuda] packages lists {', '.join(family)}: the environment gets the "
-                         "host's torch and its family, as every other environment does (comfy-env before 0.3.0 "
-                         "matched them to the machine's CUDA; later releases refuse them there), not a wheel "
-                         "from the CUDA index")
-    channels = ()
-    ws = data.get("workspace")
-    if ws is not None:
-        if not isinstance(ws, dict):
-            r.type_error(("workspace",), "a table", ws)
-        ch = ws.get("channels", [])
-        if not isinstance(ch, list) or not all(isinstance(c, str) or (isinstance(c, dict) and
-                                                                      isinstance(c.get("channel"), str))
-                                               for c in ch):
-            r.type_error(("workspace", "channels"), 'an array of channel names or URLs', ch)
-        channels = tuple(_channel_name(c if isinstance(c, str) else c["channel"], path) for c in ch)
-        for k in ws:
-            if k not in ("channels", "name", "platforms", "version", "description", "authors"):
-                line = _find_line(text, "workspace", k)
-                notes.append(f"{path}:{line}: [workspace] {k} is not read by bulkhead and has no effect")
-    # python in [dependencies] is the interpreter: the venv's, pinned in the solve (envs/conda.py)
-    conda.pop("python", None)
-    if conda and not channels:
-        channels = ("conda-forge",)     # pixi's default, which comfy-env writes
-    rl = data.get("requirements", [])
+                line = _find_line(d.text, *kp)
+                d.notes.append(f"{d.path}:{line}: table [target.{plat}.{sub}] is not implemented by bulkhead: "
+                               + _UNIMPLEMENTED.get(sub, "nothing in it is read").replace("{pixi}", ""))
+
+
+def _read_system(d, key, value):
+    d.system[key] = check_packages(d.r, key, value, allow_scalar=True)
+
+
+def _read_cuda(d, key, value):
+    cuda = check_packages(d.r, "cuda", value, allow_scalar=True)
+    # comfy-env before 0.3.0 read torch and its family there as "the
+    # CUDA build of torch", matched to the machine (packs in the field
+    # still list them); 0.3.0 and later refuse them.  The environment
+    # has the host's torch either way: read, with one note.
+    family = [n for n in cuda if _norm_name(n.partition("==")[0]) in ("torch", "torchvision", "torchaudio")]
+    if family:
+        cuda = tuple(n for n in cuda if n not in family)
+        line = _find_line(d.text, "cuda", "packages")
+        d.notes.append(f"{d.path}:{line}: [cuda] packages lists {', '.join(family)}: the environment gets the "
+                       "host's torch and its family, as every other environment does (comfy-env before 0.3.0 "
+                       "matched them to the machine's CUDA; later releases refuse them there), not a wheel "
+                       "from the CUDA index")
+    d.cuda = cuda
+
+
+def _read_workspace(d, key, ws):
+    r = d.r
+    if not isinstance(ws, dict):
+        r.type_error(("workspace",), "a table", ws)
+    ch = ws.get("channels", [])
+    if not isinstance(ch, list) or not all(isinstance(c, str) or (isinstance(c, dict) and
+                                                                  isinstance(c.get("channel"), str))
+                                           for c in ch):
+        r.type_error(("workspace", "channels"), 'an array of channel names or URLs', ch)
+    d.channels = tuple(_channel_name(c if isinstance(c, str) else c["channel"], d.path) for c in ch)
+    for k in ws:
+        if k not in ("channels", "name", "platforms", "version", "description", "authors"):
+            line = _find_line(d.text, "workspace", k)
+            d.notes.append(f"{d.path}:{line}: [workspace] {k} is not read by bulkhead and has no effect")
+
+
+def _read_requirements(d, key, rl):
+    r = d.r
     if not isinstance(rl, list):
         r.type_error(("requirements",), "an array of pip requirement strings", rl)
     for i, req in enumerate(rl):
@@ -999,53 +1101,90 @@ def load(path, root=None, *, warn=True):
         if req.strip().startswith("-") or "\n" in req:
             r.error(f"requirements item {i} ({req!r}): only requirement strings are accepted, not pip "
                     "options (pass index options through BULKHEAD_PIP_ARGS)", "requirements")
-        reqs.append(_norm_req(req))
-    requirements = tuple(sorted(set(reqs)))
+        d.requirements.append(_norm_req(req))
 
-    options = {}
-    bh = data.get("bulkhead", {})
+
+def _read_bulkhead(d, key, bh):
+    """``[bulkhead]``: each key's row of channel/spec.py (``lookupConfig``'s
+    part) and the reader of its kind (``_OPTION_READERS``); an unknown key
+    is a note, its default kept."""
     if not isinstance(bh, dict):
-        r.type_error(("bulkhead",), "a table", bh)
+        d.r.type_error(("bulkhead",), "a table", bh)
     for k, v in bh.items():
-        if k in CHOICES:
-            what, words = CHOICES[k]
-            if not isinstance(v, str) or v not in words:
-                r.error(f"[bulkhead] {k} = {v!r}: must be one of {', '.join(map(repr, words))} ({what})",
-                        "bulkhead", k)
-            options[k] = v
-            continue
-        if k in FLAGS:
-            if not isinstance(v, bool):
-                r.type_error(("bulkhead", k), f"true or false ({FLAGS[k]})", v)
-            options[k] = v
-            continue
-        if k in PATH_LISTS:
-            if not isinstance(v, list) or not all(isinstance(p, str) and p for p in v):
-                r.type_error(("bulkhead", k), f"an array of paths ({PATH_LISTS[k]})", v)
-            options[k] = tuple(v)
-            continue
-        if k not in OPTIONS:
+        o = spec.BY_NAME.get(k)
+        read = _OPTION_READERS.get(o.kind) if o is not None else None
+        if read is None:
             # A tuning key: its default is kept, and so is the isolation.
             known = list(OPTIONS) + list(CHOICES) + list(FLAGS) + list(PATH_LISTS)
-            line = _find_line(text, "bulkhead", k)
-            notes.append(f"{path}:{line}: [bulkhead] unknown key {k!r}{did_you_mean(k, known)}: ignored, its "
-                         f"default kept; known keys: {', '.join(known)}")
+            line = _find_line(d.text, "bulkhead", k)
+            d.notes.append(f"{d.path}:{line}: [bulkhead] unknown key {k!r}{did_you_mean(k, known)}: ignored, "
+                           f"its default kept; known keys: {', '.join(known)}")
             continue
-        what, low, closed = OPTIONS[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            r.type_error(("bulkhead", k), "a number of seconds", v)
-        if v < low or (v == low and not closed) or v != v:
-            r.error(f"[bulkhead] {k} = {v!r}: must be {'>=' if closed else '>'} {low:g} ({what})", "bulkhead", k)
-        options[k] = float(v)
+        d.options[k] = read(d.r, o, v)
 
+
+# The [bulkhead] readers, one per kind of row: reader(Reader, row, value)
+# -> the value the record holds, or a PackConfigError at the key's line.
+
+def _read_choice(r, o, v):
+    if not isinstance(v, str) or v not in o.choices:
+        r.error(f"[bulkhead] {o.name} = {v!r}: must be one of {', '.join(map(repr, o.choices))} ({o.what})",
+                "bulkhead", o.name)
+    return v
+
+
+def _read_flag(r, o, v):
+    if not isinstance(v, bool):
+        r.type_error(("bulkhead", o.name), f"true or false ({o.what})", v)
+    return v
+
+
+def _read_paths(r, o, v):
+    if not isinstance(v, list) or not all(isinstance(p, str) and p for p in v):
+        r.type_error(("bulkhead", o.name), f"an array of paths ({o.what})", v)
+    return tuple(v)
+
+
+def _read_seconds(r, o, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        r.type_error(("bulkhead", o.name), "a number of seconds", v)
+    if v < o.low or (v == o.low and not o.low_ok) or v != v:
+        r.error(f"[bulkhead] {o.name} = {v!r}: must be {'>=' if o.low_ok else '>'} {o.low:g} ({o.what})",
+                "bulkhead", o.name)
+    return float(v)
+
+
+_OPTION_READERS = {"choice": _read_choice, "flag": _read_flag, "paths": _read_paths, "seconds": _read_seconds}
+
+# What load reads of a config: top-level key -> its reader, called in this
+# order for each key the file has (so of two faults the same one is named
+# first every time; [target] after the top-level tables it applies over).
+_READERS = {
+    "python": _read_python,
+    "env_vars": _read_env_vars,
+    "pypi-dependencies": _read_pypi_dependencies,
+    "dependencies": _read_dependencies,
+    "target": _read_target,
+    "apt": _read_system,
+    "brew": _read_system,
+    "cuda": _read_cuda,
+    "workspace": _read_workspace,
+    "requirements": _read_requirements,
+    "bulkhead": _read_bulkhead,
+}
+# Keys read and noted all the same: their packages are checked, never installed.
+_NOTED = ("apt", "brew")
+
+
+def _note_unread(d, data):
+    """A note for each top-level key no reader takes (an error for a
+    likely misspelling of one that carries what the environment holds)."""
+    path = d.path
     for k, v in data.items():
-        if k in ("python", "requirements", "env_vars", "pypi-dependencies", "bulkhead", "dependencies", "cuda",
-                 "workspace"):
+        if k in _READERS and k not in _NOTED:
             continue
-        line = _find_line(text, k)
+        line = _find_line(d.text, k)
         loc = f"{path}:{line}" if line else path
-        if k == "target":
-            continue        # read above: the machine's tables applied, each other table warned
         if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(e, dict) for e in v)):
             close = None if k in _UNIMPLEMENTED else _closest(k, _KNOWN_TOP)
             if close in _CARRIERS:
@@ -1055,33 +1194,13 @@ def load(path, root=None, *, warn=True):
             if "{pixi}" in why:
                 why = why.format(pixi="; pixi is on this machine, but bulkhead does not drive it"
                                  if shutil.which("pixi") else " and pixi is not on this machine")
-            notes.append(f"{loc}: table [{k}] is not implemented by bulkhead: {why}")
+            d.notes.append(f"{loc}: table [{k}] is not implemented by bulkhead: {why}")
         else:
             close = _closest(k, _KNOWN_TOP)
             if close in _CARRIERS:
                 raise PackConfigError(path, f"unknown key {k!r}{_hint(close)}: the environment would be built without "
                                             "what it lists; correct the key", line, key=k)
-            notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect{_hint(close)}")
-    if warn:
-        for n in notes:
-            warn_note(n, path)
-
-    digest = hashlib.sha256(json.dumps({
-        "format": HASH_FORMAT,
-        "protocol": _native.PROTOCOL_VERSION,
-        "python": python,
-        "requirements": list(requirements),
-        **({"indexes": [[i, list(rs)] for i, rs in indexes]} if indexes else {}),
-        **({"conda": sorted(conda.values()), "channels": list(channels)} if conda else {}),
-        **({"cuda": list(cuda)} if cuda else {}),
-    }, sort_keys=True).encode()).hexdigest()
-
-    return PackConfig(
-        path=path, root=root, name=pack_name(path, root), python=python,
-        env_vars=types.MappingProxyType(env_vars), requirements=requirements,
-        options=types.MappingProxyType(options), warnings=tuple(notes), config_hash=digest,
-        indexes=indexes, system_packages=types.MappingProxyType(system), platform=platform,
-        conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=cuda)
+            d.notes.append(f"{loc}: key {k!r} is not read by bulkhead and has no effect{_hint(close)}")
 
 
 def key_where(path, *keypath):
