@@ -7,7 +7,7 @@
  * in the ledger (by pid, or by pack name: a pack with several workers is
  * an error that lists their pids), takes its host from the record
  * (host_pid) and talks to that host's control socket, served by
- * python/bulkhead/control.py:
+ * python/bulkhead/host/control.py:
  *
  *   path   $XDG_RUNTIME_DIR/bulkhead/host-<pid>.sock when XDG_RUNTIME_DIR
  *          is a private directory of ours, else

@@ -6,7 +6,7 @@
 // ComfyUI serves this directory (WEB_DIRECTORY in bulkhead/__init__.py) as
 // /extensions/<package>/ and imports every .js file in it as a module.  The
 // panel is a "custom" sidebar tab: render(el) builds plain DOM into el.  It
-// polls GET /bulkhead/status (comfy_routes.py; the same document as
+// polls GET /bulkhead/status (host/routes.py; the same document as
 // `bulkhead status --json`) once a second while the tab is shown, and
 // stops when ComfyUI unmounts it.  No build step, no external assets.
 //

@@ -82,7 +82,7 @@ def package_name(pack_dir):
 
 
 def default_module(pack_dir):
-    """'nodes' when the pack has nodes.py or nodes/__init__.py, else None
+    """'nodes' when pack_dir holds the pack's nodes.py or nodes/__init__.py, else None
     (the package's __init__ holds the nodes)."""
     if os.path.isfile(os.path.join(pack_dir, "nodes.py")) or \
             os.path.isfile(os.path.join(pack_dir, "nodes", "__init__.py")):

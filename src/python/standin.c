@@ -16,7 +16,7 @@
  * the shared ledger (a seqlock read, no IPC, no GIL release), so it is
  * right after the worker released on its own (idle sweep, another host's
  * ask) and not the last receipt.  Actions go to the owner, the host-side
- * runtime of the worker (python/bulkhead/memory.py):
+ * runtime of the worker (python/bulkhead/host/memory.py):
  *     owner.standin_release(model_id, nbytes or None)   RELEASE partial/full
  *     owner.standin_load(model_id, nbytes) -> int       load more
  *     owner.standin_pressure(model_id, nbytes)          async ask to idle siblings

@@ -75,7 +75,7 @@ def install_bulkhead(custom_nodes_dir):
     """Puts bulkhead into a ComfyUI's custom_nodes/ and returns the
     PYTHONPATH entries the server needs for it.  For now: the built package
     stays in the build tree (on the server's PYTHONPATH) and
-    custom_nodes/bulkhead/__init__.py is a loader importing it once and
+    ComfyUI's custom_nodes/bulkhead/__init__.py is a loader importing it once and
     re-exporting what ComfyUI reads, beside the repository's
     prestartup_script.py and a link python/ -> the build
     tree's python/, as a clone has the package at python/bulkhead/ (which

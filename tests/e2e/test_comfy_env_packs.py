@@ -5,7 +5,7 @@ dependencies of every kind (index, git, url, path, plain), a target
 table, an integer env var, a conda dependency from a local channel and a
 `[cuda]` package from a local CUDA-wheel index, and a custom type made by
 one pack and consumed by the other (comfy-env-root.toml `[types]`,
-serialization.py).  The packs are copied into custom_nodes/ as `git
+a pack's serialization.py).  The packs are copied into custom_nodes/ as `git
 clone` puts them there, no install step: their environments are built
 in the background as ComfyUI starts (pack._build_in_background), from local
 sources only."""

@@ -160,7 +160,7 @@ sys.modules["comfy_env"] = pkg
 try:
     from comfy_env.config import load_config
 except ImportError:
-    # 0.0.13-0.0.65: env/config_file.py, its CUDA detection answering
+    # 0.0.13-0.0.65: comfy-env's env/config_file.py, its CUDA detection answering
     # 12.8 (the torch it then picked: 2.8.0), as bulkhead's side is told
     import comfy_env.env.config_file as cf
     cf.detect_cuda_version = lambda: "12.8"

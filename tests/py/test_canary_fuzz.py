@@ -1,8 +1,8 @@
 """The canary's analyzer (python/bulkhead/host/canary.py) on any source text,
 by Hypothesis: a report (status 0 or 1, both renderings, valid JSON) or a
 CanaryError, the one documented error, never anything else.  This replaces
-the libFuzzer target the C analyzer had (fuzz/fuzz_canary.c); its seeds are
-the examples below.
+the libFuzzer target the C analyzer had (gone with it); its seeds are the
+examples below.
 """
 
 import textwrap

@@ -4,7 +4,7 @@ The ledger it reads is populated here by real processes: this test process
 joins as a host, and small Python members (subprocesses) join as its
 workers through _native.Ledger, each publishing devices, models, a run
 state and releases, then waiting until told to leave.  `release` talks to
-a real ControlServer (python/bulkhead/control.py) in this process, serving
+a real ControlServer (python/bulkhead/host/control.py) in this process, serving
 a stand-in HostMemory whose workers record what they were asked; the
 torch test runs it all against a real host with real workers holding real
 RAM.  `top` runs under a pseudo-terminal (os.openpty) of a chosen size.

@@ -1,4 +1,4 @@
-"""bulkhead's routes on ComfyUI's server (python/bulkhead/comfy_routes.py):
+"""bulkhead's routes on ComfyUI's server (python/bulkhead/host/routes.py):
 the status document, POST /bulkhead/release and /bulkhead/free with
 before/after bytes measured from the ledger, ComfyUI's own /free reaching
 the workers, and the prompt boundary.

@@ -1,9 +1,14 @@
-"""The product source's shape, checked over its text: no Python function
-longer than a screenful or two (issue #39: envs/config.py's load was 215
-lines of one block per key)."""
+"""The product source's shape and words, checked over its text: no Python
+function longer than a screenful or two (issue #39: envs/config.py's load
+was 215 lines of one block per key), and no comment, docstring or doc
+naming a file the repository does not hold (comments that sent the reader
+to files that had moved)."""
 
 import ast
+import io
 import os
+import re
+import tokenize
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -42,3 +47,119 @@ def test_the_length_scan_sees_one(tmp_path):
     body = "".join(f"        x{i} = {i}\n" for i in range(100))
     (tmp_path / "m.py").write_text(f"def short():\n    pass\n\nclass C:\n    def long(self):\n{body}")
     assert long_functions(str(tmp_path)) == ["m.py:5: long is 101 lines"]
+
+
+# --- words that match the code ---
+
+# Folders of the working tree that are no part of the repository's text.
+SKIP_DIRS = {".git", ".venv", "build", "dist", "node_modules", "__pycache__"}
+# A file name as a comment or doc writes it: "host/comfy_env.py", "STYLE.md".
+FILE_NAME = re.compile(r"(?<![\w./<>$-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*\.(?:py|c|h|js|md))(?![\w/])")
+# A name right after one of these words (or in a list that follows one:
+# "libuv test/runner.c, test/runner-unix.c") is another project's file,
+# not the repository's: ComfyUI's, comfy-env's, torch's and libuv's
+# sources, and a node pack's own files.
+OTHERS = re.compile(r"\b(ComfyUI's|comfy-env's|upstream(?:'s)?|torch's|libuv(?:'s)?|pack's)")
+
+
+def _others(before):
+    """Whether the text before a name ends in one of OTHERS and then only
+    names, paths and a list's commas, quotes, parentheses, "and", "or"."""
+    found = list(OTHERS.finditer(before))
+    if not found:
+        return False
+    return all(not w or w in ("and", "or") or "/" in w or FILE_NAME.fullmatch(w)
+               for w in re.split(r"[\s`'\"(),*]+", before[found[-1].end():]))
+
+
+# Names of files that are not the repository's, each with why: the
+# project's design and house-style documents, kept beside the repository;
+# the file a pack's comfy-env-root.toml [types] names its serializers in.
+ELSEWHERE = {
+    "DESIGN.md": "the project's design document, beside the repository",
+    "STYLE.md": "the project's house style, beside the repository",
+    "serialization.py": "a node pack's serializer file (comfy-env-root.toml [types])",
+}
+
+
+def _tree_files(root):
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in SKIP_DIRS and not x.startswith(".")]
+        for f in files:
+            yield os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+
+
+def _python_words(text):
+    """(line, text) of every comment and docstring of a Python source."""
+    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+           if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                out.append((first.lineno, first.value.value))
+    return out
+
+
+def _c_words(text):
+    """(line, text) of every comment of a C or JavaScript source."""
+    return [(text.count("\n", 0, m.start()) + 1, m.group())
+            for m in re.finditer(r"/\*.*?\*/|//[^\n]*", text, re.S)]
+
+
+def stale_names(root):
+    """'path:line: name' for every file name a comment, docstring or doc
+    (docs/, README.md) under root writes that no file of root's ends with,
+    unless it is another project's (OTHERS, ELSEWHERE) or a placeholder's
+    (COMFYUI_DIR/comfy/..., <pack>/...)."""
+    files = sorted(_tree_files(root))
+    tails = set()
+    for f in files:
+        parts = f.split("/")
+        tails.update("/".join(parts[i:]) for i in range(len(parts)))
+    out = []
+    for f in files:
+        if f.endswith(".py"):
+            read = _python_words
+        elif f.endswith((".c", ".h", ".js")):
+            read = _c_words
+        elif f.endswith(".md") and (f.startswith("docs/") or f == "README.md"):
+            read = lambda text: [(1, text)]     # noqa: E731
+        else:
+            continue
+        with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        for line, words in read(text):
+            for m in FILE_NAME.finditer(words):
+                name = m.group(1)
+                if name.lstrip("./") in tails or name.rsplit("/", 1)[-1] in ELSEWHERE:
+                    continue
+                if re.match(r"[A-Z][A-Z0-9_]*/", name) or _others(words[max(0, m.start() - 200):m.start()]):
+                    continue
+                out.append(f"{f}:{line + words.count(chr(10), 0, m.start())}: {name}")
+    return out
+
+
+def test_every_file_a_comment_or_doc_names_is_there():
+    assert stale_names(ROOT) == []
+
+
+def test_the_name_scan_sees_a_stale_one(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text(
+        '"""Reads pkg/b.py and gone/b.py."""\n'
+        "x = 'gone/c.py'   # a string is no word; this comment names gone/d.py\n"
+        "# ComfyUI's execution.py, libuv test/runner.c, test/task.h; DESIGN.md; COMFYUI_DIR/comfy/x.py\n")
+    (tmp_path / "pkg" / "b.py").write_text("")
+    (tmp_path / "pkg" / "c.c").write_text("/* see a.py and gone/e.c */\nint x; // and gone/f.h\n")
+    (tmp_path / "docs" / "x.md").write_text("Text.\n\n`pkg/a.py`, `gone/g.js`, the pack's `nodes/h.py`\n")
+    (tmp_path / "notes.md").write_text("gone/i.py: not a doc\n")
+    assert sorted(stale_names(str(tmp_path))) == [
+        "docs/x.md:3: gone/g.js",
+        "pkg/a.py:1: gone/b.py",
+        "pkg/a.py:2: gone/d.py",
+        "pkg/c.c:1: gone/e.c",
+        "pkg/c.c:2: gone/f.h",
+    ]

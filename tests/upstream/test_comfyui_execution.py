@@ -2,7 +2,7 @@
 bulkhead (opt in: COMFYUI_PATH names a ComfyUI checkout; `make
 upstream-execution`).
 
-A checkout's tests/execution (test_execution.py, test_async_nodes.py,
+ComfyUI's tests/execution (test_execution.py, test_async_nodes.py,
 test_progress_isolation.py) start real `main.py` servers that load
 tests/execution/testing_nodes/testing-pack through
 tests/execution/extra_model_paths.yaml, and judge what its nodes do over

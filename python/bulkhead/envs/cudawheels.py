@@ -23,7 +23,7 @@ wheel of the same version; comfy-env took the first
 that fit in the page's order (docs/comfy-env-dialects.md).  The build log
 says which was picked, over which others, and why.  A host whose torch has
 no CUDA (a CPU build) matches only CPU builds (``+cputorch2.8``,
-``+pt2.8cpu``).  The host's torch is read from its ``torch/version.py``
+``+pt2.8cpu``).  The host's torch is read from torch's ``torch/version.py``
 without importing torch; ``$BULKHEAD_TORCH_VERSION`` and
 ``$BULKHEAD_CUDA_VERSION`` ("none" for no CUDA) override it.
 
@@ -73,7 +73,7 @@ def indexes():
 
 def host_torch():
     """(torch version, CUDA version or None) of the host's torch, read from
-    torch/version.py; (None, None) when the host has no torch."""
+    torch's torch/version.py; (None, None) when the host has no torch."""
     tv = os.environ.get(TORCH_VERSION, "").strip() or None
     cv = os.environ.get(CUDA_VERSION)
     if tv is None or cv is None:

@@ -190,8 +190,8 @@ def _host_dists():
 
 
 def _torch_cuda(d):
-    """torch.version.cuda of an installed torch, read from torch/version.py
-    without importing it; None for a CPU build or when unreadable."""
+    """torch.version.cuda of an installed torch, read from torch's
+    torch/version.py without importing it; None for a CPU build or when unreadable."""
     try:
         path = d.locate_file("torch/version.py")
         with open(path, encoding="utf-8") as f:
@@ -228,8 +228,8 @@ def _closure(dists, roots):
 
 def fingerprint(comfyui, mode="match"):
     """What an environment's match to the host depends on, as the stamp
-    records it; cheap (no RECORD or source read beyond torch/version.py
-    and requirements.txt)."""
+    records it; cheap (no RECORD or source read beyond torch's
+    torch/version.py and ComfyUI's requirements.txt)."""
     if mode == "none":
         return {"format": FINGERPRINT_FORMAT, "mode": "none"}
     found = {}

@@ -24,16 +24,19 @@ is there, takes the worker lock and serves what is pending (``serve(0)``).
 
 import atexit
 import functools
+import logging
 import math
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import weakref
 
-from _queue import Empty, SimpleQueue  # the C queue: queue.py costs a worker ms at start
+from queue import Empty, SimpleQueue
 
 from .. import _native
 from ..channel.nodes import MARK, decode_comfy, typed_packs, encode_comfy
@@ -143,7 +146,6 @@ def worker_pythonpath():
         if not others:
             _root = parent
             return _root
-        import tempfile
         from . import rundir
         base = rundir.runtime_dir()
         _sweep_roots(base)
@@ -173,7 +175,6 @@ def _link_tree(src, dst):
 def _remove_root(root, pid=None):
     if pid is not None and pid != os.getpid():
         return  # a forked child exiting: the root is its parent's
-    import shutil  # host side only: a worker imports this module too
     shutil.rmtree(root, ignore_errors=True)   # directories and links: no link is followed
 
 
@@ -276,7 +277,6 @@ def build_env(extra=None, inherit=True):
     env[spec.FD] = "3"
     env[spec.HOST_PID] = str(os.getpid())
     env.update(_spin_untuned(env))
-    import logging  # host side only: a worker imports this module too, and logging costs it ms
     env.setdefault(spec.LOG_LEVEL, str(logging.getLogger().getEffectiveLevel()))
     return env
 
@@ -508,7 +508,6 @@ class Worker(_native.Caller):
         if self.resolve_python is not None:
             python = self.resolve_python(self.python)
             if python != self.python:
-                import logging
                 logging.getLogger("bulkhead").warning(
                     "bulkhead: worker %r: its environment was rebuilt; generation %d runs %s (was %s)",
                     self.name, gen, python, self.python)
@@ -648,7 +647,6 @@ class Worker(_native.Caller):
                f"the next call starts generation {self.generation + 1}")
         self._teardown()
         self.last_exit = msg
-        import logging
         logging.getLogger("bulkhead").warning(
             "bulkhead: %s%s", msg, "\n--- last worker output ---\n" + tail.rstrip() if tail else "")
         return msg
