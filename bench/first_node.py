@@ -64,7 +64,7 @@ NODE_CLASS_MAPPINGS = {"Work": Work}
 
 SCENARIO = '''
 import time
-from bulkhead.host import nodes, prewarm
+from bulkhead.host import nodes, prewarm, states
 PACK, MODE = {pack!r}, {mode!r}
 if MODE == "in_process":
     m, _ = nodes.fallback(PACK, "the bench's in-process baseline")
@@ -72,7 +72,7 @@ else:
     nodes.load_pack(PACK, sys.executable)          # fills the metadata cache
     nodes._forget_all()                            # a new ComfyUI start: cached, no worker
     m, _ = nodes.load_pack(PACK, sys.executable)
-    assert nodes.runtime(PACK).worker.pid is None
+    assert states.runtime(PACK).worker.pid is None
     if MODE == "prewarmed":
         prewarm.on_prompt({{"prompt": {{"1": {{"class_type": "Work", "inputs": {{"n": 256}}}}}}}})
         prewarm.wait(120)                          # the host's earlier nodes ran meanwhile

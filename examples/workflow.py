@@ -60,13 +60,13 @@ def main():
 
     print(f"host: pid {os.getpid()}, Python {sys.version.split()[0]}, numpy {np.__version__}, "
           f"ComfyUI from {comfy_root()}")
-    from bulkhead.host import nodes
+    from bulkhead.host import nodes, states
     mappings = {}
     for pack in ("old_numpy_pack", "new_numpy_pack"):
         t0 = time.perf_counter()
         mod = import_custom_node(os.path.join(PACKS, pack))
         mappings.update(mod.NODE_CLASS_MAPPINGS)
-        rt = nodes.runtime(os.path.join(PACKS, pack))
+        rt = states.runtime(os.path.join(PACKS, pack))
         how = ("node metadata from the cache, no worker started" if rt.from_cache
                else "node metadata from a worker started for it")
         print(f"loaded {pack} in {(time.perf_counter() - t0) * 1e3:.0f} ms ({how}): "

@@ -108,10 +108,10 @@ NODE_CLASS_MAPPINGS = {"Sleep": Sleep, "Marked": Marked, "AskHost": AskHost, "Gr
 SCENARIO = '''
 import asyncio, contextvars, inspect, threading, time
 import comfy.utils
-from bulkhead.host import nodes
+from bulkhead.host import nodes, states
 PACK = {pack!r}
 m, _ = nodes.load_pack(PACK, sys.executable)
-rt = nodes.runtime(PACK)
+rt = states.runtime(PACK)
 node = contextvars.ContextVar("node", default=None)   # stands for ComfyUI's executing context
 seen = []
 comfy.utils.set_progress_bar_global_hook(lambda v, t, p, node_id=None, **kw: seen.append([node.get(), v, t]))

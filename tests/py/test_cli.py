@@ -375,14 +375,14 @@ def test_status_lists_where_each_hosts_packs_stand(env, ledger, host, member, co
     """#25: `bulkhead status` asks each host's control socket where its
     packs stand: one that fell back in-process with why and the fix, one
     that failed; --json carries them as "packs" with their host's pid."""
-    from bulkhead.host import nodes
+    from bulkhead.host import nodes, states
     lost = tmp_path / "lost_pack"
     lost.mkdir()
     (lost / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
     try:
         nodes.fallback(str(lost), nodes.ENV_NOT_BUILT, detail=": pip found no bh-nowhere")
-        nodes.failed("/nowhere/broken_pack", "broken_pack", "No module named 'bh_missing'")
-        nodes.failed("/nowhere/zz", "zz\x1b[2J", "a \x1b[31mred\x1b[0m message")   # never moves the cursor
+        states.failed("/nowhere/broken_pack", "broken_pack", "No module named 'bh_missing'")
+        states.failed("/nowhere/zz", "zz\x1b[2J", "a \x1b[31mred\x1b[0m message")   # never moves the cursor
         control([])
         r = cli("status", "--ledger", ledger, env=env)
         assert r.returncode == 0, r.stderr

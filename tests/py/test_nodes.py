@@ -24,7 +24,7 @@ import pytest
 
 import bulkhead
 from bulkhead.channel import targets
-from bulkhead.host import nodes
+from bulkhead.host import metadata, nodes, runtime, states
 from comfyenv import run_comfy_script
 from conftest import WORKER_VENVS, other_interpreter
 
@@ -303,7 +303,7 @@ def test_proxies_carry_the_real_nodes_metadata(tmp_path, base, host):
     u = U()
     assert u.check_lazy_status(model=model, add=None) == ["add"]
     size, pid, python = getattr(u, U.FUNCTION)(model=model, add=1)
-    rt = nodes.runtime(pack)
+    rt = states.runtime(pack)
     assert (size, pid) == (6, rt.worker.pid) and pid != os.getpid()
     assert python != "%d.%d" % sys.version_info[:2]  # really another interpreter
     c = mappings["Counter"]()
@@ -337,18 +337,18 @@ def test_folder_lists_are_read_from_the_host_every_time(tmp_path, base, host, mo
     (extra / "early.safetensors").write_bytes(b"")
     pack = write_pack(tmp_path, "listpack", FULL_PACK)
     mappings, _ = nodes.load_pack(pack, other_interpreter())  # ComfyUI base found from folder_paths
-    assert nodes.runtime(pack).comfyui == os.path.realpath(base)
+    assert states.runtime(pack).comfyui == os.path.realpath(base)
     lists = mappings["Lists"]
     assert lists.INPUT_TYPES()["required"]["ckpt"] == (["early.safetensors"],)  # the worker saw it
     nodes.close_all()
     (extra / "late.safetensors").write_bytes(b"")
     assert lists.INPUT_TYPES()["required"] == {"ckpt": (["early.safetensors", "late.safetensors"],),
                                                "fixed": (["one", "two"],)}
-    assert nodes.runtime(pack).worker.pid is None  # no worker was asked
+    assert states.runtime(pack).worker.pid is None  # no worker was asked
 
 
 def _held(pack):
-    return nodes.runtime(pack).worker.call(targets.HELD_COUNT)
+    return states.runtime(pack).worker.call(targets.HELD_COUNT)
 
 
 def _wait_held(pack, n, timeout=5.0):
@@ -381,7 +381,7 @@ def test_handles_resolve_in_their_own_worker_only(tmp_path, base, host):
     with pytest.raises(bulkhead.HandleError, match=r"packa\.nodes\.Model made by pack 'packa'.*"
                                                    r"cannot be passed to pack 'packb'"):
         mb["Version"]().run(model=model)
-    wa = nodes.runtime(a).worker
+    wa = states.runtime(a).worker
     wa.kill()
     # Killed while idle: once the death is seen, the next call runs on
     # generation 2, where generation 1's handle is refused by name (before
@@ -420,7 +420,7 @@ def test_a_pack_worker_serves_only_the_words_of_the_crossing(tmp_path, base, hos
     (a plain bulkhead.Worker, which is no pack's, still serves any)."""
     pack = write_pack(tmp_path, "verbpack", FULL_PACK)
     nodes.load_pack(pack, other_interpreter(), options={"comfyui": base})
-    w = nodes.runtime(pack).worker
+    w = states.runtime(pack).worker
     assert w.call(targets.HELD_COUNT) == 0
     for target in ("os:getpid", "builtins:eval", "bulkhead.worker.nodes:_load"):
         with pytest.raises(PermissionError, match=f"serves only bulkhead's own calls .*{target}"):
@@ -432,13 +432,13 @@ def test_warm_cache_starts_no_worker(tmp_path, base, host):
     py = other_interpreter()
     pack = write_pack(tmp_path, "cachepack", FULL_PACK)
     first, _ = nodes.load_pack(pack, py, options={"comfyui": base})
-    rt = nodes.runtime(pack)
+    rt = states.runtime(pack)
     assert not rt.from_cache and rt.worker.pid is not None
-    files = os.listdir(nodes.cache_dir())
+    files = os.listdir(metadata.cache_dir())
     assert len(files) == 1
     nodes._forget_all()  # a new ComfyUI start
     again, _ = nodes.load_pack(pack, py, options={"comfyui": base})
-    rt = nodes.runtime(pack)
+    rt = states.runtime(pack)
     assert rt.from_cache and rt.worker.pid is None
     assert again["MakeModel"].INPUT_TYPES() == first["MakeModel"].INPUT_TYPES()
     assert rt.worker.pid is None
@@ -449,11 +449,11 @@ def test_warm_cache_starts_no_worker(tmp_path, base, host):
         f.write("\n# changed\n")
     nodes._forget_all()
     nodes.load_pack(pack, py, options={"comfyui": base})
-    assert not nodes.runtime(pack).from_cache
+    assert not states.runtime(pack).from_cache
     nodes._forget_all()
     nodes.load_pack(pack, py, options={"comfyui": base, "stamp": "rebuilt"})
-    assert not nodes.runtime(pack).from_cache
-    assert len(os.listdir(nodes.cache_dir())) == 1  # older entries replaced
+    assert not states.runtime(pack).from_cache
+    assert len(os.listdir(metadata.cache_dir())) == 1  # older entries replaced
 
 
 def test_pack_loaded_the_way_ComfyUI_loads_it(tmp_path, base, host, monkeypatch):
@@ -473,10 +473,10 @@ def test_pack_loaded_the_way_ComfyUI_loads_it(tmp_path, base, host, monkeypatch)
 
 def test_a_pack_that_fails_to_import_is_a_clear_error(tmp_path, base, host):
     pack = write_pack(tmp_path, "badpack", {"__init__.py": INIT, "nodes.py": "import no_such_module_xyz\n"})
-    with pytest.raises(nodes.PackLoadError, match=r"(?s)pack 'badpack' .* failed to import in its worker.*"
+    with pytest.raises(runtime.PackLoadError, match=r"(?s)pack 'badpack' .* failed to import in its worker.*"
                                                   r"No module named 'no_such_module_xyz'"):
         nodes.load_pack(pack, other_interpreter(), options={"comfyui": base})
-    assert nodes.runtime(pack).worker.pid is None
+    assert states.runtime(pack).worker.pid is None
 
 
 def test_two_packs_under_different_interpreters_side_by_side(tmp_path, base, host):
@@ -489,11 +489,11 @@ def test_two_packs_under_different_interpreters_side_by_side(tmp_path, base, hos
     m2, _ = nodes.load_pack(two, venvs[-1], options={"comfyui": base})
     v1, v2 = m1["Version"]().run(), m2["Version"]().run()
     assert v1[0] != v2[0]
-    assert nodes.runtime(one).worker.pid != nodes.runtime(two).worker.pid
+    assert states.runtime(one).worker.pid != states.runtime(two).worker.pid
     print(f"pack one: Python {v1[0]}, numpy {v1[1]}; pack two: Python {v2[0]}, numpy {v2[1]}")
 
 
-@pytest.mark.parametrize("reason", sorted(nodes.REASONS))
+@pytest.mark.parametrize("reason", sorted(states.REASONS))
 def test_each_fallback_warns_once_and_imports_in_process(tmp_path, host, caplog, reason):
     pack = write_pack(tmp_path, "fb_" + reason.replace("-", "_"), FULL_PACK)
     with caplog.at_level(logging.WARNING, logger="bulkhead"):
@@ -502,9 +502,9 @@ def test_each_fallback_warns_once_and_imports_in_process(tmp_path, host, caplog,
     warnings = [r for r in caplog.records if "runs in-process" in r.getMessage()]
     assert len(warnings) == 1
     text = warnings[0].getMessage()
-    what = nodes.REASONS[reason][0].split("{")[0].split("(")[0].strip()
+    what = states.REASONS[reason][0].split("{")[0].split("(")[0].strip()
     assert what in text and "the detail" in text
-    if reason == nodes.states.CUSTOM_NODE_GONE:   # bulkhead is off: the fix is its custom node
+    if reason == states.CUSTOM_NODE_GONE:   # bulkhead is off: the fix is its custom node
         assert "reinstall bulkhead's custom node" in text
     else:
         assert f"`bulkhead install {os.path.realpath(pack)}`" in text
@@ -519,10 +519,10 @@ def test_a_pack_that_fails_in_process_too_is_one_failed_row(tmp_path, host):
     (it runs nowhere); recorded as failed, it is one row, not two."""
     pack = write_pack(tmp_path, "fb_broken", {"__init__.py": "", "nodes.py": "import no_such_module_xyz\n"})
     with pytest.raises(ImportError):
-        nodes.fallback(pack, nodes.WORKER_IMPORT_FAILED, detail="x")
-    assert [r for r in nodes.pack_states() if r["name"] == "fb_broken"] == []
-    nodes.failed(pack, "fb_broken", "No module named 'no_such_module_xyz'")
-    assert [(r["name"], r["state"]) for r in nodes.pack_states() if r["name"] == "fb_broken"] == [
+        nodes.fallback(pack, states.WORKER_IMPORT_FAILED, detail="x")
+    assert [r for r in states.pack_states() if r["name"] == "fb_broken"] == []
+    states.failed(pack, "fb_broken", "No module named 'no_such_module_xyz'")
+    assert [(r["name"], r["state"]) for r in states.pack_states() if r["name"] == "fb_broken"] == [
         ("fb_broken", "failed")]
 
 
@@ -540,7 +540,7 @@ def test_load_pack_falls_back_without_ComfyUI_or_environment(tmp_path, base, hos
     assert "no ComfyUI base was found" in texts[0]
     assert "its environment is not built (no interpreter at" in texts[1]
     assert "bulkhead" not in m["UseModel"].__module__ and "bulkhead" not in m2["UseModel"].__module__
-    assert nodes.runtime(nocomfy) is None
+    assert states.runtime(nocomfy) is None
 
 
 # --- inside ComfyUI (torch) ---
@@ -644,7 +644,7 @@ SCENARIO = '''
 import logging, threading, time
 import comfy.utils
 from bulkhead.channel import targets
-from bulkhead.host import nodes
+from bulkhead.host import nodes, states
 PACK = {pack!r}
 '''
 
@@ -691,7 +691,7 @@ def test_interrupt_stops_a_worker_node_and_leaves_the_hosts_flag_set(tmp_path):
             raised = type(e).__module__ + "." + type(e).__name__
         stopped = time.perf_counter()
         flag_after = mm.processing_interrupted()
-        rt = nodes.runtime(PACK)
+        rt = states.runtime(PACK)
         # set before the next node: it does not even start, and stays set
         try:
             loop.go(seconds=30.0)
@@ -770,7 +770,7 @@ def test_a_node_that_never_checks_the_flag_is_stopped_after_its_grace(tmp_path):
         logging.getLogger("bulkhead").addHandler(type("H", (logging.Handler,), {
             "emit": lambda self, rec: log.append(rec.getMessage())})())
         m, _ = nodes.load_pack(PACK, sys.executable, options={"interrupt_grace_s": 0.5})
-        rt = nodes.runtime(PACK)
+        rt = states.runtime(PACK)
         m["Loop"]().go(seconds=0.05)  # the worker is up
         first_pid = rt.worker.pid
         set_at = []
@@ -798,7 +798,7 @@ def test_a_node_that_never_checks_the_flag_is_stopped_after_its_grace(tmp_path):
         threading.Thread(target=lambda: (time.sleep(0.2), mm.interrupt_current_processing(True))).start()
         out["ran_on"] = m["Stubborn"]().go(seconds=1.0)[0]
         mm.interrupt_current_processing(False)
-        out["generation_0"] = nodes.runtime(PACK).worker.generation
+        out["generation_0"] = states.runtime(PACK).worker.generation
         nodes.close_all()
         emit(out)
     """)
@@ -849,7 +849,7 @@ def test_flags_folders_and_logging_are_mirrored(tmp_path):
         comfy.cli_args.args.lowvram = True   # a VRAM-state flag: not mirrored
         m, _ = nodes.load_pack(PACK, sys.executable)
         state = json.loads(m["State"]().go()[0])
-        rt = nodes.runtime(PACK)
+        rt = states.runtime(PACK)
         deadline = time.monotonic() + 10  # the supervisor drains the worker's output as it comes
         while "pack log done" not in rt.worker._proc.output_tail() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -885,7 +885,7 @@ def _cold_packs(tmp_path, base, *packs):
     out = []
     for d, (_name, options) in zip(dirs, packs):
         mappings, _ = nodes.load_pack(d, py, options=dict({"comfyui": base}, **(options or {})))
-        rt = nodes.runtime(d)
+        rt = states.runtime(d)
         assert rt.from_cache and rt.worker.pid is None
         out.append((rt, mappings))
     return out
@@ -921,7 +921,7 @@ def test_a_worker_alive_from_describing_its_pack_is_prewarmed_too(tmp_path, base
     from bulkhead.host import prewarm
     d = write_pack(tmp_path, "missedpack", FULL_PACK)
     mappings, _ = nodes.load_pack(d, other_interpreter(), options={"comfyui": base, "cache": False})
-    rt = nodes.runtime(d)
+    rt = states.runtime(d)
     assert not rt.from_cache and rt.worker.alive and rt.warm_generation is None
     comfy_nodes = type(sys)("nodes")
     comfy_nodes.NODE_CLASS_MAPPINGS = dict(mappings)

@@ -124,8 +124,8 @@ def test_fallbacks_warn_once_and_import_in_process(tmp_path, case, config, edit,
         load(PACK)  # a second import warns no more
         cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
         pid, _ = getattr(cls(), cls.FUNCTION)(x=1)
-        from bulkhead.host import nodes
-        emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue(), states=nodes.pack_states()))
+        from bulkhead.host import states
+        emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue(), states=states.pack_states()))
     """, env={"not built": {"BULKHEAD_BUILD_AT_START": "0"},
               "not buildable": {"BULKHEAD_PIP_ARGS": "--no-index"}}.get(case))
     assert r["pid"] == r["me"]  # in-process
@@ -163,9 +163,9 @@ def test_a_pack_unlike_the_host_is_refused_not_run_in_process(tmp_path, case, co
             error = None
         except Exception as e:
             pid, error = None, f"{type(e).__name__}: {e}"
-        from bulkhead.host import nodes
+        from bulkhead.host import states
         emit(dict(me=os.getpid(), pid=pid, error=error, log=buf.getvalue(), display=mod.NODE_DISPLAY_NAME_MAPPINGS,
-                  inputs=cls.INPUT_TYPES(), states=[s["state"] for s in nodes.pack_states()]))
+                  inputs=cls.INPUT_TYPES(), states=[s["state"] for s in states.pack_states()]))
     """
     env = {"BULKHEAD_PIP_ARGS": "--no-index"}
     r = run_host(tmp_path, pack, code, env=env)
@@ -202,8 +202,8 @@ def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
         mod = load(PACK)
         cls = mod.NODE_CLASS_MAPPINGS["WhereAmI"]
         pid, _ = getattr(cls(), cls.FUNCTION)(x=1)
-        from bulkhead.host import nodes
-        [state] = nodes.pack_states()
+        from bulkhead.host import nodes, states
+        [state] = states.pack_states()
         # `bulkhead install` builds the new one while this host serves the
         # old one (its worker stopped: the old one may then be removed);
         # the worker's next start runs in the new one
@@ -213,7 +213,7 @@ def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
         [new] = bulkhead.install(PACK, progress=lambda line: None, pip_args=["--no-index"])
         old_removed = not os.path.exists(built.python)
         pid2, _ = getattr(cls(), cls.FUNCTION)(x=2)
-        [after] = nodes.pack_states()
+        [after] = states.pack_states()
         emit(dict(me=os.getpid(), pid=pid, log=buf.getvalue(), state=state, built=built.python,
                   new=new.python, pid2=pid2, after=after, old_removed=old_removed))
         nodes.close_all()
@@ -238,7 +238,7 @@ def test_the_drain_runs_only_off_the_server_loop(monkeypatch, tmp_path):
     import sys
     import threading
     import types
-    from bulkhead.host import nodes
+    from bulkhead.host import runtime
     from bulkhead.host.runtime import PackRuntime
 
     calls = []
@@ -263,6 +263,6 @@ def test_the_drain_runs_only_off_the_server_loop(monkeypatch, tmp_path):
         assert calls == [("prompt_worker", w), (threading.current_thread().name, w)]
         monkeypatch.delitem(sys.modules, "server")     # no PromptServer: the main thread's loop is the server's
         asyncio.run(on_loop())
-        assert len(calls) == 2 and not nodes.on_server_loop()
+        assert len(calls) == 2 and not runtime.on_server_loop()
     finally:
         server_loop.close()

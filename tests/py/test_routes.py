@@ -120,8 +120,8 @@ def test_status_document_reads_every_process_from_the_ledger(tmp_path, monkeypat
     # wrapped past the orphan's host
     other = _join(path, "host", "host")
     try:
-        doc = comfy_routes.status_document(ledger)
-        by_path = comfy_routes.status_document(str(path))
+        doc = comfy_service.status_document(ledger)
+        by_path = comfy_service.status_document(str(path))
     finally:
         _leave(w0, w1, orphan, other)
         ledger.close()
@@ -156,7 +156,7 @@ def test_status_document_reads_every_process_from_the_ledger(tmp_path, monkeypat
 def test_status_document_without_a_ledger_file_creates_none(tmp_path, monkeypatch):
     monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", "/nonexistent/x.so")
     path = tmp_path / "never"
-    doc = comfy_routes.status_document(str(path))
+    doc = comfy_service.status_document(str(path))
     assert doc["ledger_present"] is False and doc["processes"] == [] and doc["devices"]
     assert not path.exists()
 
@@ -169,7 +169,7 @@ def test_status_document_lists_every_nvml_device(tmp_path, monkeypatch):
                      'free=80000000000 used=0\n')
     monkeypatch.setenv("BH_FAKE_NVML", str(state))
     monkeypatch.setenv("BULKHEAD_NVML_LIBRARY", FAKE_NVML)
-    doc = comfy_routes.status_document(str(tmp_path / "none"))
+    doc = comfy_service.status_document(str(tmp_path / "none"))
     assert doc["gpu_error"] is None
     gpus = [d for d in doc["devices"] if d["source"] == "nvml"]
     assert gpus == [
@@ -305,7 +305,7 @@ def test_status_json_refuses_what_is_not_a_handle(tmp_path):
     ({"pid": 2 ** 63}, '"pid" must be a positive integer'),
 ])
 def test_release_bodies_that_are_refused(body, message):
-    with pytest.raises(comfy_routes.RouteError) as e:
+    with pytest.raises(comfy_service.RouteError) as e:
         comfy_routes._parse_release(body)
     assert e.value.status == 400 and message in str(e.value)
 
@@ -330,7 +330,7 @@ def test_release_bodies_that_are_accepted():
     ({"wait_s": "5"}, '"wait_s" must be a number of seconds from 0 to 60'),
 ])
 def test_free_bodies_that_are_refused(body, message):
-    with pytest.raises(comfy_routes.RouteError) as e:
+    with pytest.raises(comfy_service.RouteError) as e:
         comfy_routes._parse_free(body)
     assert e.value.status == 400 and message in str(e.value)
 

@@ -125,7 +125,7 @@ import asyncio, io, json, struct, threading, time, urllib.request, urllib.error
 import comfy.utils
 from aiohttp import web
 import server as comfy_server
-from bulkhead.host import nodes
+from bulkhead.host import nodes, states
 PACK = {pack!r}
 
 {http_helpers}
@@ -180,7 +180,7 @@ def test_events_previews_and_routes_reach_the_hosts_server(tmp_path):
         out["echo_events"] = events("shimpack.echo")
         out["listed"] = http("GET", "/shimpack/listed")
         out["prompt"] = srv.trigger_on_prompt({"prompt": {"1": {}}})
-        out["pid"] = nodes.runtime(PACK).worker.pid
+        out["pid"] = states.runtime(PACK).worker.pid
         serve.close()
         nodes.close_all()
         emit(out)
@@ -213,7 +213,7 @@ def test_failing_hanging_and_busy_routes_and_unsendable_events(tmp_path):
         runner.join()
         out["after_busy"] = http("GET", "/shimpack/hello/idle")
         out["talk"] = m["Talk"]().go(text="still")
-        out["generation"] = nodes.runtime(PACK).worker.generation
+        out["generation"] = states.runtime(PACK).worker.generation
         serve.close()
         nodes.close_all()
         emit(out)
@@ -253,7 +253,7 @@ def test_prompt_handlers_never_wait_on_the_event_loop(tmp_path):
         out["busy"] = srv.trigger_on_prompt({"prompt": {"2": {}}})
         out["node_still_running"] = node.is_alive()         # the handler did not wait for the node
         node.join()
-        w = nodes.runtime(PACK).worker
+        w = states.runtime(PACK).worker
         nodes.close_all()
         out["stopped"] = srv.trigger_on_prompt({"prompt": {"3": {}}})
         out["started_one"] = w.alive

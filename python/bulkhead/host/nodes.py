@@ -23,17 +23,7 @@ from ..channel import spec
 from ..packimport import import_nodes, in_worker
 from . import idle, prewarm, sandbox, states
 from .runtime import PackRuntime, find_comfyui
-from .states import ENV_NOT_BUILT, NO_COMFYUI, fallback, runtime, runtimes, set_state  # noqa: F401
-
-# Moved out of this module, and still nodes.<name> for the code and tests that use them:
-# the runtime and the call path: host/runtime.py
-from .runtime import MIRRORED_ARGS, PLAIN_TYPES, PackLoadError, host_args, on_server_loop  # noqa: F401
-# where each pack stands and the in-process fallback: host/states.py
-from .states import (CONFIG_REFUSED, CONTRACT_REFUSED, DIR_WITHOUT_CONFIG, FALLBACK_SWITCH, NO_CONFIG,  # noqa: F401
-                     REASONS, STAMP_REFUSED, WORKER_IMPORT_FAILED, failed, fallback_is_error, pack_states, serving,
-                     startup_line)
-# the node metadata cache: host/metadata.py
-from .metadata import cache_dir  # noqa: F401
+from .states import ENV_NOT_BUILT, NO_COMFYUI, fallback, runtimes, set_state
 
 log = logging.getLogger("bulkhead")
 

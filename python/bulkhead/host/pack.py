@@ -39,6 +39,7 @@ import threading
 from .. import packimport
 from ..channel import spec
 from . import nodes, states
+from .runtime import PackLoadError
 
 log = logging.getLogger("bulkhead")
 
@@ -302,7 +303,7 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
     the host's): ComfyUI lists the pack as IMPORT FAILED."""
     try:
         return _load(config, pack_dir, python, stamp, module, hm)
-    except nodes.PackLoadError as e:
+    except PackLoadError as e:
         if getattr(e, "sandbox_refused", False):   # sandbox = "required": never in ComfyUI's process instead
             states.failed(pack_dir, config.name, str(e), module=module)
             raise
@@ -317,7 +318,7 @@ def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
     except Exception as host:
         states.failed(pack_dir, config.name, f"{last}; in ComfyUI's process too: {type(host).__name__}: {host}",
                       module=module)
-        raise nodes.PackLoadError(f"{text}\n(in ComfyUI's process it fails too: {type(host).__name__}: "
+        raise PackLoadError(f"{text}\n(in ComfyUI's process it fails too: {type(host).__name__}: "
                                   f"{host})") from None
 
 

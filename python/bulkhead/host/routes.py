@@ -73,9 +73,7 @@ import os
 import weakref
 
 from . import prewarm, states
-from .service import (ALLOW_REMOTE_ENV, FREE_SETTLE_S, FREE_WAIT_S, SCHEMA, TIMELINE_LEN,  # noqa: F401
-                      BulkheadService, RouteError, refuse_other_hosts, comfyui_settled, default_host_memory,
-                      status_document, timeline)
+from .service import ALLOW_REMOTE_ENV, BulkheadService, RouteError, refuse_other_hosts, default_host_memory
 
 log = logging.getLogger("bulkhead")
 

@@ -129,10 +129,10 @@ def _host_dir_in_use(path):
 def running():
     """Lines naming the bulkhead processes of this user that run now."""
     from ..envs import build as envs
-    from . import routes
+    from . import service
     seen = {}           # pid -> what it is
     try:
-        for p in routes.status_document().get("processes", []):
+        for p in service.status_document().get("processes", []):
             seen[p["pid"]] = f"{p['role']} {p['pack']}"
     except Exception:
         pass
