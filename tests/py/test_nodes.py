@@ -498,16 +498,19 @@ def test_each_fallback_warns_once_and_imports_in_process(tmp_path, host, caplog,
     pack = write_pack(tmp_path, "fb_" + reason.replace("-", "_"), FULL_PACK)
     with caplog.at_level(logging.WARNING, logger="bulkhead"):
         m1, d1 = nodes.fallback(pack, reason, detail="the detail")
+        [row] = [r for r in states.pack_states() if r["name"] == os.path.basename(pack)]
         m2, _ = nodes.fallback(pack, reason)
     warnings = [r for r in caplog.records if "runs in-process" in r.getMessage()]
     assert len(warnings) == 1
     text = warnings[0].getMessage()
     what = states.REASONS[reason][0].split("{")[0].split("(")[0].strip()
-    assert what in text and "the detail" in text
-    if reason == states.CUSTOM_NODE_GONE:   # bulkhead is off: the fix is its custom node
+    # one line of at most 200 characters: the reason, cut to fit; the whole of it in the pack's state
+    assert what in text and len(text) <= states.LINE_MAX and "the detail" in row["reason"]
+    if reason == states.CUSTOM_NODE_GONE:   # bulkhead is off: the fix is its custom node, in the line
         assert "reinstall bulkhead's custom node" in text
-    else:
-        assert f"`bulkhead install {os.path.realpath(pack)}`" in text
+    else:   # the line points at the pack's state, which holds the fix
+        assert "`bulkhead status`" in text
+        assert f"`bulkhead install {os.path.realpath(pack)}`" in row["fix"]
     assert m1["MakeModel"] is m2["MakeModel"]
     assert m1["MakeModel"].__module__.endswith(".nodes") and "bulkhead" not in m1["MakeModel"].__module__
     assert m1["MakeModel"]().make(size=3)[1] == 6  # the real class, in this process
@@ -520,10 +523,12 @@ def test_a_pack_that_fails_in_process_too_is_one_failed_row(tmp_path, host):
     pack = write_pack(tmp_path, "fb_broken", {"__init__.py": "", "nodes.py": "import no_such_module_xyz\n"})
     with pytest.raises(ImportError):
         nodes.fallback(pack, states.WORKER_IMPORT_FAILED, detail="x")
-    assert [r for r in states.pack_states() if r["name"] == "fb_broken"] == []
+    assert [r["state"] for r in states.pack_states() if r["name"] == "fb_broken"] == ["failed"]
     states.failed(pack, "fb_broken", "No module named 'no_such_module_xyz'")
-    assert [(r["name"], r["state"]) for r in states.pack_states() if r["name"] == "fb_broken"] == [
-        ("fb_broken", "failed")]
+    [row] = [r for r in states.pack_states() if r["name"] == "fb_broken"]
+    assert row["state"] == "failed"
+    # why it was not isolated first, then why not in-process either: once each
+    assert row["reason"].count("import in its worker: x") == 1 and row["reason"].endswith("'no_such_module_xyz'")
 
 
 def test_load_pack_falls_back_without_ComfyUI_or_environment(tmp_path, base, host, caplog, monkeypatch):

@@ -272,7 +272,8 @@ def failed(pack_dir, name, reason, *, module="auto"):
     with _states_lock:
         before = dict(_states.get((pack_dir, module), {}))
     fix = {"fix": before["fix"]} if before.get("fix") else {}
-    if before.get("reason") and before.get("state") in ("in-process", "refused"):
+    if before.get("reason") and before.get("state") in ("in-process", "refused", "failed") \
+            and not before["reason"].startswith(reason) and not before["reason"].endswith(f"; {reason}"):
         reason = f"{before['reason']}; {reason}"
     set_state(pack_dir, module, name=name, state="failed", reason=reason, **fix)
 
@@ -378,12 +379,14 @@ def refuse(pack_dir, module, name, why, how, unlike, whole=WHOLE):
 
 def _import(pack_dir, module, name, state, reason, fix):
     """The pack's module imported in this process; where that raises, its
-    row says state, reason and fix first, for the caller's ``failed``
-    to keep (the log's one line pointed there)."""
+    row says "failed" (it runs nowhere: never listed as state, which it
+    did not reach) with the reason and the fix, for the caller's ``failed`` to
+    keep in front of the import's error (the log's one line pointed
+    there)."""
     try:
         return import_nodes(pack_dir, module, unique_name=True)
     except BaseException:
-        set_state(pack_dir, module, name=name, state=state, reason=reason, fix=fix)
+        set_state(pack_dir, module, name=name, state="failed", reason=reason, fix=fix)
         raise
 
 
