@@ -257,9 +257,10 @@ def _write_packs(root):
                         ignore=shutil.ignore_patterns("__pycache__"))
         with open(os.path.join(diff, "packs", name, "__init__.py"), "w") as f:   # the loader: bulkhead's part
             f.write(f'"""tests/e2e/packs/{name}, its nodes served by bh_differential."""\n')
-    os.makedirs(os.path.join(diff, "packs", "e2e_pack", "listed"), exist_ok=True)
-    with open(os.path.join(diff, "packs", "e2e_pack", "listed", "a.txt"), "w") as f:   # E2EListed's choice
-        f.write("a\n")
+    for name in ("e2e_pack", "e2e_v3"):     # E2EListed's and E2EV3Listed's choice
+        os.makedirs(os.path.join(diff, "packs", name, "listed"), exist_ok=True)
+        with open(os.path.join(diff, "packs", name, "listed", "a.txt"), "w") as f:
+            f.write("a\n")
     for name, text in (("__init__.py", DIFF_INIT), ("nodes.py", DIFF_NODES % sorted(skipped())), ("comfy-env.toml", DIFF_CONFIG)):
         with open(os.path.join(diff, name), "w") as f:
             f.write(text)

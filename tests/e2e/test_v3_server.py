@@ -7,6 +7,7 @@ messages and binary frames (previews, progress text) of one prompt, its
 button on a node that never checks the flag."""
 
 import json
+import os
 import time
 
 from . import differential as diff
@@ -96,7 +97,7 @@ def test_an_isolated_v3_server_pack_serves_what_it_serves_in_process(comfyui):
         assert isolated[key] == in_process[key], (f"{key} differs:\nisolated   {json.dumps(isolated[key])}\n"
                                                   f"in-process {json.dumps(in_process[key])}")
     # and what they both serve is what the pack does
-    assert len(in_process["object_info"]) == 7
+    assert len(in_process["object_info"]) == 8
     assert in_process["hello"] == (200, {"hello": "bob", "q": "1"})
     assert in_process["refused"][0] == 400
     assert "seven is not allowed" in json.dumps(in_process["refused"][1])
@@ -151,3 +152,34 @@ def test_the_stop_button_stops_an_isolated_node_that_never_checks(comfyui):
                          "2": {"class_type": "E2EV3Show", "inputs": {"value": ["1", 0]}}})
     entry = srv.wait_history(next_id)
     assert entry["status"]["status_str"] == "success" and entry["outputs"]["2"] == {"value": [10]}, entry
+
+
+def test_a_v3_dropdown_a_pack_lists_itself_shows_a_file_added_since(comfyui):
+    """#35: a V3 node's options a pack builds with os.listdir (not
+    folder_paths) are read again when the frontend asks for the node
+    definitions, as in ComfyUI's own process, which runs define_schema
+    each time, so a file added since is in /object_info's dropdown and a
+    prompt naming it runs (the schema was served from the description:
+    the file missing).  Isolated and in-process, compared."""
+    seen = {}
+    for way, env in (("isolated", {}), ("in_process", {"BH_E2E_IN_PROCESS": "1"})):
+        srv = comfyui(packs=("e2e_v3",), name=way, env=env)
+        listed = os.path.join(srv.base, "custom_nodes", "e2e_v3", "listed")
+        os.makedirs(listed, exist_ok=True)
+        open(os.path.join(listed, "a.txt"), "w").close()
+
+        def options():
+            info = srv.http("GET", "/object_info/E2EV3Listed")[1]["E2EV3Listed"]
+            return info["input"]["required"]["name"][1]["options"]
+        before = options()
+        entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EV3Listed", "inputs": {"name": "a.txt"}}}))
+        assert entry["status"]["status_str"] == "success", (way, entry["status"])
+        open(os.path.join(listed, "b.txt"), "w").close()
+        deadline = time.monotonic() + 10    # the worker's answer is asked for at most every second
+        while "b.txt" not in options() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        after = options()
+        entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EV3Listed", "inputs": {"name": "b.txt"}}}))
+        seen[way] = (before, after, entry["status"]["status_str"], entry["outputs"]["1"]["name"])
+        srv.stop()
+    assert seen["isolated"] == seen["in_process"] == (["a.txt"], ["a.txt", "b.txt"], "success", ["b.txt"]), seen

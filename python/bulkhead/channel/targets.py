@@ -26,7 +26,7 @@ ON_PROMPT = "bulkhead.worker.nodes:on_prompt"        # the pack's prompt handler
 LOAD = "bulkhead.worker.memory:load"                 # a StandIn's load: more of a model onto its device
 RELEASE_OBJECTS = "bulkhead.worker:release_objects"  # object handles the host no longer holds
 HELD_COUNT = "bulkhead.worker.nodes:held_count"      # how many objects the worker holds for the host
-COMBOS = "bulkhead.worker.nodes:combos"              # every V1 node's dropdowns, INPUT_TYPES run again
+COMBOS = "bulkhead.worker.nodes:combos"              # every node's dropdowns, INPUT_TYPES / define_schema run again
 
 # A pack's worker serves these and nothing else (worker/__init__.py, as
 # multiprocessing's managers serve their `exposed` names): the host's

@@ -269,6 +269,28 @@ def _live_combos(types, described, fresh):
             have[name] = (list(options),) + spec[1:]
 
 
+def _live_v3_combos(schema, node, fresh):
+    """A V3 proxy's rebuilt schema with each dropdown the worker gave
+    again (fresh: {category: {input id: [options]}}) in place of the
+    described one, in the input's options and in what its as_dict
+    answers (GET_NODE_INFO_V1 reads that); a folder_paths list (read
+    here live), a dynamic input and an input the description has no list
+    for keep theirs."""
+    options = {name: opts for inputs in (fresh or {}).values() for name, opts in inputs.items()}
+    for x, d in zip(schema.inputs or (), node["inputs"]):
+        opts, described = options.get(getattr(x, "id", None)), d.get("as_dict")
+        if opts is None or "dynamic" in d or not isinstance(described, dict) \
+                or not isinstance(described.get("options"), list):
+            continue
+        x.options = list(opts)
+        x.as_dict = _with_options(x.as_dict, opts)
+
+
+def _with_options(as_dict, options):
+    """as_dict (a rebuilt input's) answering these options."""
+    return lambda: {**as_dict(), "options": list(options)}
+
+
 def _memo_key(key, kwargs, v3_hidden):
     """What identifies one validation (node key, inputs, hidden values) for
     remembering that it passed, or None where its inputs are not plain
@@ -672,7 +694,10 @@ class PackRuntime:
               "_bulkhead_pack": self.name}
 
         def define_schema(cls):
-            return decode_schema(io, node)
+            schema = decode_schema(io, node)
+            if on_server_loop():    # the frontend's node definitions, a prompt's validation: as now
+                _live_v3_combos(schema, node, rt.live_combos().get(key))
+            return schema
         ns["define_schema"] = classmethod(define_schema)
         if node.get("execute_async"):   # a task, as run_async runs a V1 node's (the prefix read first)
             async def execute(cls, **kwargs):
@@ -943,16 +968,17 @@ class PackRuntime:
             return f"bulkhead worker generation {gen}"
         return f"{answer!r} (bulkhead worker generation {gen})"
 
-    # Dropdowns as INPUT_TYPES gives them now.  ComfyUI's own process runs
-    # a node's INPUT_TYPES again each time the frontend asks for the node
-    # definitions (and when a prompt is validated), so a list a pack builds
-    # with os.listdir shows a file added since.  On the server's loop the
-    # proxies ask the worker for every node's dropdowns at once
-    # (targets.COMBOS), at most every COMBOS_FRESH_S, where it runs, idle,
-    # with the pack imported, and answers within COMBOS_WAIT_S; otherwise
-    # (and for folder_paths lists, read here live) the described lists
-    # stand, which the next refresh after the worker ran corrects.  A cold
-    # worker is never started for it.
+    # Dropdowns as INPUT_TYPES (a V3 node's define_schema) gives them now.
+    # ComfyUI's own process runs a node's INPUT_TYPES or define_schema
+    # again each time the frontend asks for the node definitions (and when
+    # a prompt is validated), so a list a pack builds with os.listdir shows
+    # a file added since.  On the server's loop the proxies ask the worker
+    # for every node's dropdowns at once (targets.COMBOS), at most every
+    # COMBOS_FRESH_S, where it runs, idle, with the pack imported, and
+    # answers within COMBOS_WAIT_S; otherwise (and for folder_paths lists,
+    # read here live) the described lists stand, which the next refresh
+    # after the worker ran corrects.  A cold worker is never started for
+    # it.
     COMBOS_FRESH_S = 1.0
     COMBOS_WAIT_S = 0.25
 

@@ -445,32 +445,56 @@ def _describe_class(key, cls, problems, types):
     return out
 
 
+def _plain_options(options):
+    """A dropdown's options as they cross (plain strings and numbers), or
+    None where they are not such a list."""
+    if isinstance(options, list) and all(
+            isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in options):
+        return [str.__str__(x) if isinstance(x, str) else x for x in options]
+    return None
+
+
+def _v3_combos(cls):
+    """A V3 node's dropdowns, {category: {input id: [options]}}: each
+    input's options as its define_schema gives them now (ComfyUI's own
+    process runs it again for each node definition asked, as INPUT_TYPES);
+    a dynamic input's are left out (the host keeps its described ones)."""
+    io = sys.modules["comfy_api.latest"].io
+    dynamic = getattr(io, "DynamicInput", None)
+    node = {}
+    for x in cls.GET_SCHEMA().inputs or ():
+        options = _plain_options(getattr(x, "options", None))
+        if options is not None and not (dynamic is not None and isinstance(x, dynamic)):
+            node.setdefault("optional" if getattr(x, "optional", False) else "required", {})[str(x.id)] = options
+    return node
+
+
 def combos():
-    """targets.COMBOS: {key: {category: {input: [options]}}}: every V1
-    node's dropdowns (an input whose type is a list of plain values) as
-    its INPUT_TYPES gives them now, as ComfyUI's own process gets them
-    each time the frontend asks for the node definitions (a list a pack
-    builds with os.listdir shows a file added since).  A node whose
-    INPUT_TYPES raises is left out (the host keeps its described lists),
-    and so is every node where the pack is not imported yet (this asks
-    nothing that imports it)."""
+    """targets.COMBOS: {key: {category: {input: [options]}}}: every node's
+    dropdowns (a V1 input whose type is a list of plain values, a V3
+    input with such options) as its INPUT_TYPES or define_schema gives
+    them now, as ComfyUI's own process gets them each time the frontend
+    asks for the node definitions (a list a pack builds with os.listdir
+    shows a file added since).  A node whose INPUT_TYPES or
+    define_schema raises is left out (the host keeps its described
+    lists), and so is every node where the pack is not imported yet
+    (this asks nothing that imports it)."""
     if _nodes_module is None:
         return {}
     out = {}
     for key, cls in list(_classes.items()):
-        if is_v3(cls):
-            continue
         try:
-            spec = cls.INPUT_TYPES()
+            if is_v3(cls):
+                node = _v3_combos(cls)
+            else:
+                spec, node = cls.INPUT_TYPES(), {}
+                for category in ("required", "optional"):
+                    for name, s in (spec.get(category) or {}).items() if isinstance(spec, dict) else ():
+                        options = _plain_options(s[0]) if isinstance(s, (tuple, list)) and s else None
+                        if options is not None:
+                            node.setdefault(category, {})[str(name)] = options
         except Exception:
             continue
-        node = {}
-        for category in ("required", "optional"):
-            for name, s in (spec.get(category) or {}).items() if isinstance(spec, dict) else ():
-                if isinstance(s, (tuple, list)) and s and isinstance(s[0], list) and all(
-                        isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in s[0]):
-                    node.setdefault(category, {})[str(name)] = [
-                        str.__str__(x) if isinstance(x, str) else x for x in s[0]]
         if node:
             out[str(key)] = node
     return out

@@ -3,7 +3,8 @@ at import, `send_sync` from
 the node and from the pack's own thread, progress text, progress-bar
 previews, a file written to the output folder and shown through `ui`, an
 async execute, hidden inputs, an expansion, validate / fingerprint / lazy,
-and a node that never checks the interrupt flag."""
+a node that never checks the interrupt flag and a dropdown the pack lists
+itself."""
 import os
 import threading
 import time
@@ -167,5 +168,22 @@ class Stubborn(io.ComfyNode):
         return io.NodeOutput(ui={"ran": [seconds]})
 
 
-NODE_CLASS_MAPPINGS = {n.define_schema().node_id: n for n in (Gen, Save, Count, Pick, Twice, Show, Stubborn)}
+class Listed(io.ComfyNode):
+    """A dropdown of the files in the pack's `listed/` folder, built with
+    os.listdir as packs do (not folder_paths): ComfyUI runs define_schema
+    again each time the frontend asks for the node definitions."""
+
+    @classmethod
+    def define_schema(cls):
+        d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "listed")
+        return io.Schema(node_id="E2EV3Listed", category="e2e/v3", is_output_node=True,
+                         inputs=[io.Combo.Input("name", options=sorted(os.listdir(d)) if os.path.isdir(d) else [])],
+                         outputs=[])
+
+    @classmethod
+    def execute(cls, name):
+        return io.NodeOutput(ui={"name": [name]})
+
+
+NODE_CLASS_MAPPINGS = {n.define_schema().node_id: n for n in (Gen, Save, Count, Pick, Twice, Show, Stubborn, Listed)}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EV3Gen": "E2E V3 Gen"}
