@@ -25,7 +25,7 @@ if __name__ == "bulkhead":
 _LAZY = {
     "CallTimeout": "host.workers", "Worker": "host.workers", "WorkerDied": "host.workers",
     "WorkerStartError": "host.workers", "describe_status": "host.workers",
-    "install": "envs.build", "env_status": "envs.build", "EnvStatus": "envs.build", "EnvBuildError": "envs.build",
+    "install": "host.pack", "env_status": "envs.build", "EnvStatus": "envs.build", "EnvBuildError": "envs.build",
     "PackConfig": "envs.config", "PackConfigError": "envs.config", "PackConfigWarning": "envs.config",
     "comfy_pack": "host.pack", "host_memory": "host.pack", "load_pack": "host.nodes",
 }

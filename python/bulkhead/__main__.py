@@ -89,20 +89,10 @@ def _install(args):
 
 def _describe_ahead(pack_dir):
     """Each built config's nodes described now, into the node metadata
-    cache ComfyUI's next start reads (host/pack.py ``describe_ahead``):
+    cache ComfyUI's next start reads (host/pack.py ``describe_pack``):
     that start registers them without a worker.  One line each."""
-    from .host import pack, zygote
-    lines = []
-    try:
-        for config in packconfig.load_configs(os.path.abspath(pack_dir), warn=False):
-            try:
-                lines.append(pack.describe_ahead(config))
-            except Exception as e:     # built all the same: ComfyUI's start describes it
-                lines.append(f"{config.name}: not described now ({type(e).__name__}: {e}): ComfyUI's start "
-                             "describes its nodes")
-    finally:
-        zygote.close_all()
-    return lines
+    from .host import pack
+    return pack.describe_pack(pack_dir)
 
 
 def _tell_running(config_paths):

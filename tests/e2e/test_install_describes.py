@@ -3,9 +3,12 @@ metadata cache that ComfyUI's next start reads, so that start registers
 them from the cache and starts no worker to describe them (the first
 start after an install spent ~11 s there, past upstream's connect window
 in some tests), and /object_info lists them exactly as a start that
-described them in a worker does."""
+described them in a worker does.  So does a pack's install.py that calls
+bulkhead.install(), which ComfyUI-Manager runs with ComfyUI's Python when
+it installs the pack."""
 
 import os
+import pathlib
 import shutil
 import subprocess
 
@@ -33,6 +36,14 @@ class E2EDescribed:
 
 NODE_CLASS_MAPPINGS = {"E2EDescribed": E2EDescribed}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EDescribed": "E2E described at install"}
+'''
+
+
+# A pack's install.py, as the Manager runs it: its own directory, ComfyUI's Python.
+INSTALL_PY = '''
+import os
+import bulkhead
+bulkhead.install(os.path.dirname(os.path.abspath(__file__)))
 '''
 
 
@@ -79,3 +90,51 @@ def test_install_fills_the_metadata_cache_the_next_start_reads(comfyui, tmp_path
     assert " metadata from worker pid " in line, line
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and info["E2EDescribed"] == cached
+
+
+def test_a_packs_install_py_fills_the_cache_as_the_manager_runs_it(comfyui, tmp_path):
+    pack = tmp_path / "repos" / "ComfyUI-ManagerDescribed"
+    write(pack / "__init__.py", INIT)
+    write(pack / "nodes.py", NODES)
+    write(pack / "install.py", INSTALL_PY)
+    write(pack / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"})
+    srv.stop()
+    # what the Manager does after it cloned the pack: `python install.py` in its directory
+    here = os.path.join(srv.base, "custom_nodes", "ComfyUI-ManagerDescribed")
+    run = subprocess.run([srv.python, "install.py"], cwd=here, env=srv.env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ComfyUI-ManagerDescribed: 1 node(s) described: ComfyUI's next start registers them from the " \
+        "cache" in run.stderr, run.stderr[-3000:]
+
+    srv.start()
+    line = _described(srv.log_since_start(), "ComfyUI-ManagerDescribed")
+    assert line.endswith("metadata cached"), line
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and "E2EDescribed" in info
+    cached = info["E2EDescribed"]
+    status, doc = srv.http("GET", "/bulkhead/status")
+    [row] = [p for p in doc["packs"] if p["name"] == "ComfyUI-ManagerDescribed"]
+    assert row["state"] == "isolated" and not row.get("pid"), row     # no worker runs yet
+
+    # a start that describes them in a worker (no cache) lists the same
+    srv.stop()
+    shutil.rmtree(os.path.join(srv.env["BULKHEAD_HOME"], "cache", "nodes"))
+    srv.start()
+    line = _described(srv.log_since_start(), "ComfyUI-ManagerDescribed")
+    assert " metadata from worker pid " in line, line
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and info["E2EDescribed"] == cached
+
+    # a pack whose nodes fail to import in its worker: installed all the same, one line says why
+    broken = os.path.join(srv.base, "custom_nodes", "ComfyUI-ManagerBroken")
+    write(pathlib.Path(broken) / "__init__.py", INIT)
+    write(pathlib.Path(broken) / "nodes.py", "raise ImportError('e2e: no such module here')\n")
+    write(pathlib.Path(broken) / "install.py", INSTALL_PY)
+    write(pathlib.Path(broken) / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    run = subprocess.run([srv.python, "install.py"], cwd=broken, env=srv.env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [said] = [l for l in run.stderr.splitlines() if l.startswith("ComfyUI-ManagerBroken: not described now (")]
+    assert "e2e: no such module here" in said and said.endswith("ComfyUI's start describes its nodes"), said

@@ -1061,10 +1061,9 @@ def _set_aside(final, envs, progress):
 def install(pack_dir, progress=None, force=False, *, pip_args=None):
     """Builds the environment of every ``comfy-env.toml`` in a pack (see
     packconfig.find_configs) that is not ready -- or every one, when
-    ``force``.  What a pack's ``install.py`` calls::
-
-        import bulkhead
-        bulkhead.install(os.path.dirname(os.path.abspath(__file__)))
+    ``force``.  What ``bulkhead.install`` (host/pack.py ``install``, which
+    a pack's ``install.py`` calls) and ``bulkhead install`` build with,
+    before they describe the pack's nodes.
 
     ``progress(line)`` receives progress and the configs' warnings
     (default: stderr, prefixed ``[bulkhead install <name>]``).  Returns one

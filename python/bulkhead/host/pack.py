@@ -34,6 +34,7 @@ the background (``_serve_while_rebuilding``): never in-process.
 import dataclasses
 import logging
 import os
+import sys
 import threading
 
 from .. import packimport
@@ -283,7 +284,7 @@ def describe_ahead(config):
     try:
         text = rt.describe()
     except Exception as e:
-        return f"{config.name}: not described now ({type(e).__name__}: {e}): ComfyUI's start describes its nodes"
+        return f"{config.name}: not described now ({_first_line(e)}): ComfyUI's start describes its nodes"
     finally:
         rt.close()
     meta = json.loads(text)
@@ -293,6 +294,63 @@ def describe_ahead(config):
     cache.store(directory, key, text)
     return (f"{config.name}: {len(meta.get('nodes') or {})} node(s) described: ComfyUI's next start registers them "
             "from the cache, without a worker")
+
+
+def _first_line(error):
+    """An error in one line, its type's name first: a worker's import error
+    carries the remote traceback on the lines after its first."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
+def describe_pack(pack_dir):
+    """describe_ahead for each config of the pack at ``pack_dir``: one line
+    each, for the user.  Never raises: a config it cannot describe is its
+    line (the pack is built all the same, and ComfyUI's start describes
+    its nodes).  Outside ComfyUI's process (``bulkhead install``, a pack's
+    ``install.py``) the zygotes its workers came from are ended after; in
+    it they are the host's, which its exit ends."""
+    from ..envs import config as packconfig
+    from . import zygote
+    lines = []
+    try:
+        for config in packconfig.load_configs(os.path.abspath(os.fspath(pack_dir)), warn=False):
+            try:
+                lines.append(describe_ahead(config))
+            except Exception as e:     # built all the same: ComfyUI's start describes it
+                lines.append(f"{config.name}: not described now ({_first_line(e)}): ComfyUI's start "
+                             "describes its nodes")
+    except Exception as e:             # the configs the build just read: the same, unless changed since
+        lines.append(f"{os.path.basename(os.fspath(pack_dir))}: not described now ({_first_line(e)}): "
+                     "ComfyUI's start describes its nodes")
+    finally:
+        if "comfy.model_management" not in sys.modules:
+            zygote.close_all()
+    return lines
+
+
+def install(pack_dir, progress=None, force=False, *, pip_args=None):
+    """``bulkhead.install``, what a pack's ``install.py`` calls (and what
+    ComfyUI-Manager runs, with ComfyUI's Python, when it installs or
+    updates the pack)::
+
+        import bulkhead
+        bulkhead.install(os.path.dirname(os.path.abspath(__file__)))
+
+    Builds the pack's environments (envs/build.py ``install``: its
+    arguments, its return value and its errors), then, as ``bulkhead
+    install <pack>`` does, describes each one's nodes into the node
+    metadata cache ComfyUI's next start reads (describe_pack), so that
+    start registers them without a worker.  Each describing line goes to
+    ``progress`` (default: stderr); a description that fails is one such
+    line, never the install's failure."""
+    from ..envs import build as envs
+    statuses = envs.install(pack_dir, progress, force, pip_args=pip_args)
+    for line in describe_pack(pack_dir):
+        if progress is not None:
+            progress(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+    return statuses
 
 
 def _load_or_fall_back(config, pack_dir, python, stamp, module, hm):
