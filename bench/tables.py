@@ -31,7 +31,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-BENCHES = ("ipc", "first_node", "spin", "memory", "failed_start", "many_packs")
+BENCHES = ("ipc", "first_node", "spin", "memory", "failed_start", "many_packs", "six_packs")
 DOCS = {"readme": os.path.join(ROOT, "README.md"), "performance": os.path.join(ROOT, "docs", "performance.md")}
 
 
@@ -85,6 +85,14 @@ ROWS = [
         "modes.default.per_node_ms", "ms", "copy_3m_ms", "torch `copy_` of 3 MiB", "/"),
     row("a later start with two packs whose builds failed", "failed_start", "median_s.failed", "s",
         "median_s.without", "without them", "-", "< +1 s"),
+    row("six packs needing builds: ComfyUI's start to its first `/system_stats`", "six_packs", "start_with_s", "s",
+        "start_without_s", "without them", "-", "≤ +2 s"),
+    row("the same start until every pack's node is in `/object_info` (`make bench-six`)", "six_packs", "ready_s",
+        "s", "serial_build_s", "the six built one after another", "/", "side by side"),
+    row("the same against the slowest pack alone (its server start to its node) plus the download", "six_packs",
+        "ready_s", "s", "slowest_plus_download_s", "slowest alone + download", "/", "about 1"),
+    row("the same against six builds in waves of the build pool (the CPUs, at most 4)", "six_packs", "ready_s", "s",
+        "waves_s", "waves of the slowest", "/", "about 1"),
     row("20 isolated numpy-only packs: cold first prompt", "many_packs", "rows.20.cold_first_prompt_ms", "ms",
         "rows.20.single_cold_max_ms", "the slowest single pack's", "rows.20.cold_ratio", "≤ 1.5"),
     row("20 packs cold: the last worker ready, from the queue", "many_packs", "rows.20.cold_workers_ready_ms", "ms",
