@@ -265,8 +265,8 @@ def d1_view(c, role):
     its one environment's python, requirements (its ``[<env>.cuda]``
     wheels among them, as that release resolved them: merged_view puts
     bulkhead's CUDA wheels there too), conda packages and variables;
-    ``[system] linux`` as apt; with no environment, what ``[local]`` put
-    into ComfyUI's own Python, as the requirements."""
+    ``[system] linux`` as apt; what ``[local]`` (and, with no environment,
+    the simple shape) put into ComfyUI's own Python, as local."""
     envs = list((c.get("envs") or {}).values())
     system = c.get("system") or {}
     view = {"refused": None, "apt": sorted(_listify(system.get("linux"))),
@@ -276,6 +276,11 @@ def d1_view(c, role):
         return view
     if len(envs) > 1:
         view["environments"] = len(envs)
+    local = c.get("local") or {}
+    into = [k + ("==" + v if v and v != "*" else "") for k, v in (local.get("cuda_packages") or {}).items()]
+    into += list(local.get("requirements") or [])
+    # what that release installed into ComfyUI's own Python
+    view["local"] = _reqs(dict(_bulkhead_req(q) for q in into if q.strip()).items())
     if envs:
         e = envs[0]
         reqs = list(e.get("requirements") or []) + list(e.get("no_deps_requirements") or []) + \
@@ -284,13 +289,7 @@ def d1_view(c, role):
         view["env_vars"] = {str(k): str(v) for k, v in (e.get("env_vars") or {}).items()}
         conda = (e.get("conda") or {}).get("packages") or []
     else:
-        local = c.get("local") or {}
-        into = [k + ("==" + v if v and v != "*" else "") for k, v in (local.get("cuda_packages") or {}).items()]
-        into += list(local.get("requirements") or [])
         view["python"], view["env_vars"], conda, reqs = None, {}, [], []
-        # what that release installed into ComfyUI's own Python
-        view["local"] = _reqs(dict(_bulkhead_req(q) for q in into if q.strip()).items())
-    view.setdefault("local", [])
     view["requirements"] = _reqs(dict(_bulkhead_req(q) for q in reqs if q.strip()).items())
     view["conda"] = sorted(_canon(re.split(r"[\s=<>!~]", str(x).split("::")[-1], 1)[0]) for x in conda)
     return view
@@ -365,7 +364,7 @@ def bulkhead_view(path, role):
             "requirements": _reqs(dict(_bulkhead_req(q) for q in c.requirements).items()),
             "conda": sorted(_canon(re.split(r"[\s=<>!~]", s.split("::")[-1], 1)[0]) for s in c.conda),
             "apt": sorted(c.system_packages.get("apt", ())), "brew": sorted(c.system_packages.get("brew", ())),
-            "local": []}      # bulkhead installs nothing into ComfyUI's own Python
+            "local": _reqs(dict(_bulkhead_req(q) for q in c.local).items())}   # `bulkhead install` installs
 
 
 def _same_python(a, b):

@@ -861,7 +861,7 @@ cc_torch = "*"
     # comfy-env 0.0.13-0.0.65: an environment named by its table
     (D1_NAMED, {"python": "3.11", "requirements": ("pymeshlab", "trimesh>=4"), "cuda": ("cumesh", "torch-scatter==2.1.2"),
                 "conda": ("cgal >=5",), "channels": ("conda-forge",), "env_vars": {"OMP_NUM_THREADS": "1"},
-                "apt": ("libgl1",)}, ("ComfyUI's own Python", "torch and its CUDA build are the host's")),
+                "apt": ("libgl1",), "local": ("cc_torch",)}, ("torch and its CUDA build are the host's",)),
     # 0.0.x's simple form: [env] + [packages]
     ('[env]\nname = "x"\npython = "3.10"\n[packages]\nrequirements = ["numpy<2"]\nno_deps = ["bhplain"]\n',
      {"python": "3.10", "requirements": ("bhplain", "numpy<2")}, ()),
@@ -874,7 +874,7 @@ cc_torch = "*"
 def test_older_dialects_read_with_their_meaning(tmp_path, text, want, warned):
     c = load_text(tmp_path, text)
     got = {"python": c.python, "requirements": c.requirements, "cuda": c.cuda, "conda": c.conda,
-           "channels": c.channels, "env_vars": dict(c.env_vars), "apt": c.system_packages.get("apt")}
+           "channels": c.channels, "env_vars": dict(c.env_vars), "apt": c.system_packages.get("apt"), "local": c.local}
     for k, v in want.items():
         assert got[k] == v, (k, got)
     for w in warned:

@@ -308,3 +308,80 @@ def test_an_old_var_with_no_value_here_names_file_line_and_fix(tmp_path, monkeyp
     assert e.startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:1: 'torch-scatter==2.1.2+pt28cu{{cuda_short}}' names "
                         "{cuda_short}"), e
     assert "the host's torch has no CUDA" in e and "set it under [variables]" in e, e
+
+
+def release_0_0_65_reqs(tmp_path, site, p):
+    """0.0.65's load_config over the file at p: its environment's
+    requirements and no_deps ones, and what [local] (or the simple shape
+    with no environment) put into ComfyUI's own Python."""
+    return run_release(tmp_path, site, f"""
+        import comfy_env.env.config_file as cf
+        cf.detect_cuda_version = lambda: "12.8"
+        c = cf.load_config({p!r})
+        envs = list(c.envs.values())
+        reqs = envs[0].requirements + envs[0].no_deps_requirements if envs else []
+        local = [k + ("==" + v if v else "") for k, v in c.local.cuda_packages.items()] + c.local.requirements
+        print(json.dumps(dict(reqs=reqs, local=local)))
+    """)
+
+
+# --- 0.0.x's [cuda] winning over [packages] in the simple shape ---
+
+@pytest.mark.parametrize("cuda", ['[cuda]\nnvdiffrast = "0.3.3"\n', 'cuda = ["nvdiffrast==0.3.3"]\n'])
+def test_cuda_wins_over_packages_in_the_simple_shape_as_the_release_read_it(tmp_path, release_0_0_65, cuda):
+    text = (cuda + f'[env]\nname = "geom"\npython = "{HOST_MM}"\n'
+            '[packages]\nrequirements = ["trimesh>=4"]\nno_deps = ["bhplain"]\n')
+    want = release_0_0_65_reqs(tmp_path, release_0_0_65, write(tmp_path / "rel" / "comfy-env.toml", text))
+    c = bulkhead_config(tmp_path, text)
+    assert sorted(c.requirements + c.cuda) == sorted(want["reqs"]) == ["nvdiffrast==0.3.3"], (c, want)
+    [n] = [w for w in c.warnings if "[packages] is not read beside [cuda]" in w]
+    assert n.startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:{cuda.count(chr(10)) + 4}: "), n
+
+
+# --- 0.0.x's [local]: into the host's Python, by an install only ---
+
+OLD_LOCAL = '[local.cuda]\nnvdiffrast = "0.4.0"\n[local.packages]\nrequirements = ["trimesh>=4"]\n'
+
+
+def test_local_packages_are_read_as_the_release_read_them(tmp_path, release_0_0_65):
+    want = release_0_0_65_reqs(tmp_path, release_0_0_65, write(tmp_path / "rel" / "comfy-env.toml", OLD_LOCAL))
+    c = bulkhead_config(tmp_path, OLD_LOCAL)
+    assert list(c.local) == want["local"] == ["nvdiffrast==0.4.0", "trimesh>=4"], (c.local, want)
+    assert c.requirements == () and c.cuda == (), c
+
+
+def test_install_puts_local_packages_into_the_host_and_the_start_names_the_command(tmp_path, monkeypatch, caplog):
+    """The install (envs/build.py install, what ``bulkhead install`` and
+    ``bulkhead.install()`` run) puts a [local] package, a wheel from a
+    local folder, into the host's Python: here a throwaway venv standing
+    for ComfyUI's; the environment's own build is stubbed.  A start where
+    it is missing says the commands in one line and installs nothing."""
+    from localsources import make_wheel
+    from bulkhead.envs import build as envs
+    from bulkhead.host import pack as hostpack
+    wheels = tmp_path / "wheels"
+    make_wheel(str(wheels), "bhlocalpkg", "1.0", {"bhlocalpkg/__init__.py": "VALUE = 'from [local]'\n"})
+    pack = tmp_path / "ComfyUI-Local"
+    write(pack / "nodes" / "comfy-env.toml", '[local.packages]\nrequirements = ["bhlocalpkg==1.0"]\n')
+    [c] = packconfig.load_configs(str(pack), warn=False)
+
+    with caplog.at_level("WARNING", logger="bulkhead"):
+        hostpack.tell_local(str(pack), [c])
+    [line] = [r.getMessage() for r in caplog.records if "[local]" in r.getMessage()]
+    assert f"`{sys.executable} -m pip install 'bhlocalpkg==1.0'` or `bulkhead install {pack}`" in line, line
+
+    host = tmp_path / "host"
+    uv = interpreters.find_uv()
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(host)] if uv else
+                   [sys.executable, "-m", "venv", str(host)], check=True, env=interpreters.clean_env())
+    host_py = str(host / "bin" / "python")
+    monkeypatch.setattr(envs, "build", lambda config, progress, force, pip_args=None: config.name)
+    lines = []
+    assert envs.install(str(pack), lines.append, pip_args=["--no-index", "--find-links", str(wheels)],
+                        host_python=host_py) == [c.name]
+    said = [l for l in lines if l.startswith("[local]: installing")]
+    assert said == [f"[local]: installing bhlocalpkg==1.0 into the host's Python ({host_py}) with "
+                    f"{'uv pip' if uv else 'pip'}, as comfy-env 0.0.x installed them into ComfyUI's"], lines
+    out = subprocess.run([host_py, "-c", "import bhlocalpkg; print(bhlocalpkg.VALUE)"], capture_output=True,
+                         text=True, env=interpreters.clean_env())
+    assert out.stdout.strip() == "from [local]", (out, lines)

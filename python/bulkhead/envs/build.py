@@ -1058,7 +1058,7 @@ def _set_aside(final, envs, progress):
     return old
 
 
-def install(pack_dir, progress=None, force=False, *, pip_args=None):
+def install(pack_dir, progress=None, force=False, *, pip_args=None, host_python=None):
     """Builds the environment of every ``comfy-env.toml`` in a pack (see
     packconfig.find_configs) that is not ready -- or every one, when
     ``force``.  What ``bulkhead.install`` (host/pack.py ``install``, which
@@ -1069,7 +1069,8 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
     (default: stderr, prefixed ``[bulkhead install <name>]``).  Returns one
     ``EnvStatus`` per config.  A config whose build fails does not stop
     the others; after them, one verdict line per failed one, and the first
-    failure is raised.  Raises ``PackConfigError`` (including for a
+    failure is raised.  The configs' ``[local]`` requirements go into
+    ``host_python`` (default this process's: ``install_local``).  Raises ``PackConfigError`` (including for a
     pack without a config), ``InterpreterNotFound``, ``EnvBuildError``."""
     pack_dir = os.path.abspath(os.fspath(pack_dir))
     try:
@@ -1105,10 +1106,101 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
         except (EnvBuildError, PackConfigError) as e:
             # One config's failure is its own: the pack's other configs are built all the same.
             failed.append((c, e))
+    p = progress or _default_progress(os.path.basename(pack_dir))
+    local_failed = None
+    try:
+        install_local(configs, p, pip_args=pip_args, python=host_python)
+    except EnvBuildError as e:      # the environments' verdicts first: a failed build is the error raised
+        local_failed = e
+        p(f"[local]: FAILED: {first_line(e)} (the whole output is above)")
     for c, e in failed:
         p = progress or _default_progress(c.name)
         p(f"{c.name}: FAILED, no environment was made: {first_line(e)} (the whole "
           f"output is above; `{rebuild_command(c)}` tries again)")
     if failed:
         raise failed[0][1]
+    if local_failed is not None:
+        raise local_failed
     return out
+
+
+def _local_requirements(configs):
+    """The ``[local]`` requirements (PackConfig ``local``) of ``configs``,
+    each once, in the files' order."""
+    out = []
+    for c in configs:
+        out += [q for q in c.local if q not in out]
+    return out
+
+
+def install_local(configs, progress, *, pip_args=None, python=None):
+    """Installs the ``[local]`` requirements of ``configs`` (a comfy-env
+    0.0.x table: that release installed them into ComfyUI's own Python)
+    into the host's Python -- ``python``, default this process's, which is
+    ComfyUI's when ``bulkhead.install`` runs from a pack's install.py --
+    with uv where builds use it, else pip, with ``pip_args`` (default
+    ``$BULKHEAD_PIP_ARGS``); said in one line first.  Only an install
+    does this: ComfyUI's start names the command instead
+    (``local_missing_line``).  Raises EnvBuildError when it fails."""
+    reqs = _local_requirements(configs)
+    if not reqs:
+        return
+    python = python or sys.executable
+    uv = find_uv()
+    tool = "uv pip" if uv else "pip"
+    progress(f"[local]: installing {' '.join(reqs)} into the host's Python ({python}) with {tool}, as "
+             "comfy-env 0.0.x installed them into ComfyUI's")
+    args = _pip_args(pip_args)
+    cmd = ([uv, "pip", "install", "--python", python] if uv else
+           [python, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]) + args + reqs
+    try:
+        _stream(cmd, progress, f"{tool} install of [local] into {python}")
+    except EnvBuildError as e:
+        if e.returncode is None:
+            raise
+        raise EnvBuildError(f"{tool} install of [local] ({' '.join(reqs)}) into {python} failed with exit "
+                            f"status {e.returncode}\n--- last lines of {tool}'s output ---\n{e.output_tail}",
+                            e.output_tail, e.returncode) from None
+
+
+def local_missing(requirements):
+    """Those of ``requirements`` this process's Python (the host's) does
+    not satisfy: not installed, or at a version outside the specifier;
+    one whose marker excludes this platform is never missing."""
+    from importlib import metadata
+    try:        # packaging, else pip's copy: bulkhead has no Python dependencies
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:
+        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    missing = []
+    for q in requirements:
+        try:
+            req = Requirement(q)
+        except InvalidRequirement:
+            missing.append(q)       # a URL or path: pip knows, this cannot tell
+            continue
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            version = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(q)
+            continue
+        if req.specifier and not req.specifier.contains(version, prereleases=True):
+            missing.append(q)
+    return missing
+
+
+def local_missing_line(pack_dir, configs):
+    """One line for ComfyUI's start when the ``[local]`` requirements of a
+    pack's ``configs`` are missing from the host's Python (this process's):
+    which, and the exact commands that install them; None when none is
+    missing.  The start installs nothing into ComfyUI's Python."""
+    missing = local_missing(_local_requirements(configs))
+    if not missing:
+        return None
+    quoted = " ".join(shlex.quote(q) if "'" in q else f"'{q}'" for q in missing)
+    return (f"bulkhead: {os.path.basename(os.fspath(pack_dir))}: its [local] packages (comfy-env 0.0.x: for "
+            f"ComfyUI's own Python) are missing from {sys.executable}: {', '.join(missing)}; install them "
+            f"with `{sys.executable} -m pip install {quoted}` or `bulkhead install {os.fspath(pack_dir)}`, "
+            "and restart ComfyUI")

@@ -227,6 +227,11 @@ class PackConfig:
     ``cuda``          ``[cuda] packages``: wheels resolved at install from
                       the CUDA wheel indexes for the env's torch, CUDA,
                       Python and platform (``envs.cudawheels``).
+    ``local``         requirement strings of a comfy-env 0.0.x ``[local]``
+                      table, for the host's own Python (ComfyUI's), where
+                      that release installed them: installed there only by
+                      ``bulkhead install`` (envs/build.py ``install_local``),
+                      never part of the environment or its hash.
     """
 
     path: str
@@ -244,6 +249,7 @@ class PackConfig:
     conda: Tuple[str, ...] = ()
     channels: Tuple[str, ...] = ()
     cuda: Tuple[str, ...] = ()
+    local: Tuple[str, ...] = ()
 
     @property
     def directory(self):
@@ -756,13 +762,20 @@ def _older_dialects(data, r, notes):
     if env is None and isinstance(data.get("env"), dict):
         env, where = dict(data.pop("env")), "env"
         if "packages" in data:
-            env["packages"] = data.pop("packages")
+            packages = data.pop("packages")
+            # That shape's reader took [cuda] (or cuda = [...]) instead of
+            # [packages] when the file had both: [packages] was not installed.
+            if data.get("cuda") and "local" not in data:
+                note("[packages] is not read beside [cuda] (or cuda = [...]), as comfy-env 0.0.x read this "
+                     "shape: move its requirements into [cuda] or requirements = [...] to install them",
+                     "packages")
+            else:
+                env["packages"] = packages
     if env is not None:
         _d1_environment(data, r, note, env, where, expand)
     local = data.pop("local", None)
     if local is not None:
-        note("[local] asks to install into ComfyUI's own Python (comfy-env 0.0.x): bulkhead installs nothing "
-             "there; install those packages into ComfyUI's Python yourself if its nodes need them", "local")
+        data["local"] = _d1_local(r, local)
     system = data.pop("system", None)
     if isinstance(system, dict):
         for osname, table in (("linux", "apt"), ("darwin", "brew")):
@@ -777,6 +790,31 @@ def _older_dialects(data, r, notes):
                     'string: python = "3.10"', "python")
         data["python"] = str(py)
     return data
+
+
+def _d1_local(r, local):
+    """comfy-env 0.0.13-0.0.65's ``[local]``: ``[local.cuda]`` as
+    ``package = "version"`` and ``[local.packages]`` (``requirements =
+    [...]`` or an array), which that release installed into ComfyUI's own
+    Python, as one list of requirement strings (PackConfig ``local``)."""
+    if not isinstance(local, dict):
+        r.type_error(("local",), "a table with cuda and packages", local)
+    out = []
+    cu = local.get("cuda", {})
+    if isinstance(cu, dict):
+        out += _d1_cuda(r, cu, ("local", "cuda"))
+    pk = local.get("packages", {})
+    reqs = pk.get("requirements", []) if isinstance(pk, dict) else pk
+    if not isinstance(reqs, list) or not all(isinstance(x, str) for x in reqs):
+        r.type_error(("local", "packages"), "an array of pip requirement strings", reqs)
+    for req in reqs:
+        if not req.strip() or req.strip().startswith("-") or "\n" in req:
+            r.error(f"[local.packages] {req!r}: only requirement strings are accepted", "local", "packages")
+    return out + [_norm_req(q) for q in reqs]
+
+
+def _read_local(d, key, local):
+    d.local = tuple(local)
 
 
 def _d1_environment(data, r, note, env, where, expand):
@@ -934,6 +972,7 @@ class _Doc:
         self.conda = {}             # {name: match spec}
         self.system = {}
         self.cuda = ()
+        self.local = ()
         self.channels = ()
         self.requirements = []      # the requirements array's, normalised
         self.options = {}
@@ -967,7 +1006,8 @@ class _Doc:
             env_vars=types.MappingProxyType(self.env_vars), requirements=requirements,
             options=types.MappingProxyType(self.options), warnings=tuple(self.notes), config_hash=digest,
             indexes=indexes, system_packages=types.MappingProxyType(self.system), platform=self.platform,
-            conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=self.cuda)
+            conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=self.cuda,
+            local=self.local)
 
 
 # --- the key readers: one per top-level key load reads, each reader(doc, key, value) ---
@@ -1171,6 +1211,7 @@ _READERS = {
     "workspace": _read_workspace,
     "requirements": _read_requirements,
     "bulkhead": _read_bulkhead,
+    "local": _read_local,
 }
 # Keys read and noted all the same: their packages are checked, never installed.
 _NOTED = ("apt", "brew")

@@ -114,6 +114,7 @@ def _comfy_pack(pack_dir, module, gone=None):
     classes, display = {}, {}
     refusal = contract_refusal() if gone is None else None
     hm = host_memory() if refusal is None and gone is None else None
+    loaded = []
     for path in paths:
         directory = os.path.dirname(path)
         sub_module = module if directory == pack_dir else "auto"
@@ -132,9 +133,24 @@ def _comfy_pack(pack_dir, module, gone=None):
                                    name=packconfig.pack_name(path, pack_dir), unlike=UNREADABLE_CONFIG)
         else:
             c, d = serve_config(config, config.directory, sub_module, refusal, hm)
+        if not isinstance(config, packconfig.PackConfigError):
+            loaded.append(config)
         classes.update(c)
         display.update(d)
+    tell_local(pack_dir, loaded)
     return classes, display
+
+
+def tell_local(pack_dir, configs):
+    """One log line when the pack's ``[local]`` packages (comfy-env 0.0.x's,
+    for ComfyUI's own Python) are missing from it, naming the command that
+    installs them: only ``bulkhead install`` installs into ComfyUI's Python,
+    never its start."""
+    from ..envs import build as envs
+    if any(c.local for c in configs):
+        line = envs.local_missing_line(pack_dir, configs)
+        if line:
+            log.warning("%s", line)
 
 
 def load_config(path, pack_dir):
