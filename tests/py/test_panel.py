@@ -380,11 +380,11 @@ def test_panel_shows_each_packs_isolation_first_those_not_isolated(tmp_path, mon
     shot = tmp_path / "packs.png"
     r = routes_scenario(tmp_path, f"""
         import subprocess
-        from bulkhead.host import nodes as bh
+        from bulkhead.host import nodes as bh, states
         bh.load_pack({str(good)!r}, sys.executable, options={{"cache": False}})
-        bh.fallback({str(lost)!r}, bh.ENV_NOT_BUILT,
-                       detail="missing: building it at start failed: pip found no bh-nowhere")
-        bh.failed("/nowhere/broken_pack", "broken_pack", "No module named 'bh_missing'")
+        states.fallback({str(lost)!r}, states.ENV_NOT_BUILT,
+                        detail="missing: building it at start failed: pip found no bh-nowhere")
+        states.failed("/nowhere/broken_pack", "broken_pack", "No module named 'bh_missing'")
         doc = routes.status()
         url = "http://127.0.0.1:%d/" % port
         flags = {chromium_flags(tmp_path, 2500, "400,700")}
