@@ -189,7 +189,7 @@ _serving_s = [0.0]      # seconds spent serving packs (builds at start included)
 
 
 class serving:
-    """``with nodes.serving():`` around one pack's load: its time counts in
+    """``with states.serving():`` around one pack's load: its time counts in
     the start-up line (``startup_line``)."""
 
     def __enter__(self):
