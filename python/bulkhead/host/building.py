@@ -48,13 +48,16 @@ import queue
 import sys
 import threading
 
+from . import states
+
 log = logging.getLogger("bulkhead")
 
 # The bulkhead event (PromptServer.send_sync) saying a pack built in the
 # background is ready: {"pack": name, "nodes": [node types]}.
 READY_EVENT = "bulkhead.pack_ready"
 PHASE_LEN = 160          # the most of a progress line a pack's phase shows
-LINE_MAX = 200           # the most of one line of a build's in ComfyUI's log
+LINE_MAX = states.LINE_MAX   # the most of one line of a build's in ComfyUI's log, as of every pack's line
+short = states.short
 
 
 def pool_size():
@@ -62,11 +65,6 @@ def pool_size():
     at most 4 (a build is pip's or uv's work: downloads and unpacking,
     several CPUs each at times)."""
     return max(1, min(4, os.cpu_count() or 1))
-
-
-def short(text, limit):
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class _Progress:
@@ -145,7 +143,6 @@ class Build:
 
 
 def states_update(b, **fields):
-    from . import states  # a cycle: states is imported by everything here
     states.update(b.directory, b.module, **fields)
 
 
@@ -197,7 +194,6 @@ def _run(b, work, env_dir):
         log.exception("bulkhead: pack %r: its background build ended with an error", b.name)
         if b.error is None:
             b.error = f"{type(e).__name__}: {e} (bulkhead's own error: the traceback is in ComfyUI's log)"
-        from . import states  # a cycle: states is imported by everything here
         if states.state_of(b.directory, b.module) == "building":     # not left "building" for ever
             states.failed(b.directory, b.name, b.error, module=b.module)
     finally:
@@ -210,7 +206,6 @@ def _run(b, work, env_dir):
                 entry["failed"] = b.error is not None
         b.future.set_result(None)
         if last:
-            from . import states  # a cycle: states is imported by everything here
             log.info("%s", states.startup_line("bulkhead: background builds done: "))
 
 
@@ -491,7 +486,6 @@ def actions(row, entry=None):
         return []
     if row.get("state") == "isolated":
         return (["retry"] if str(row.get("rebuild", "")).startswith("failed") else []) + ["rebuild"]
-    from . import states
     if states.REASONS[states.WORKER_IMPORT_FAILED][0].split("{")[0] in str(row.get("reason", "")):
         return ["rebuild"]      # built, but the pack does not import there: built again from scratch
     failed = entry["failed"] or "fail" in str(row.get("reason", "")).lower()
@@ -537,7 +531,6 @@ def act(name, action, force=None):
     any).  Raises LookupError (no such pack), ValueError (an action not
     offered for it now: the message names those that are) or the
     PackConfigError of its comfy-env.toml, read again now."""
-    from . import states
     from ..envs import config as packconfig
     entry = find(name)
     if action not in ACTIONS:
@@ -566,7 +559,6 @@ def act(name, action, force=None):
 def _act_work(b, entry, config, action, prev, force):
     from ..envs import build as envs
     from ..envs.config import PackConfigError
-    from . import states
     name, directory, module = entry["name"], entry["directory"], entry["module"]
 
     def restore(**fields):
@@ -609,7 +601,6 @@ def picked_up(config_paths):
     isolated there yet is served again now (``act``: the build finds it
     ready, under the lock); returns one line per config it serves saying
     what this ComfyUI does with it (the control socket's "built")."""
-    from . import states
     out = []
     for path in config_paths:
         with _lock:

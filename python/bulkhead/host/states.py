@@ -258,9 +258,14 @@ def pack_line(name, state, why, whole=WHOLE):
     characters, why cut where it does not fit (never below 20 of its own,
     so a name that long makes the line longer)."""
     head, tail = f"bulkhead: pack {name!r} {state}: ", f" ({whole})" if whole else ""
-    why = " ".join(str(why).split())
-    room = max(20, LINE_MAX - len(head) - len(tail))
-    return head + (why if len(why) <= room else why[:room - 3] + "...") + tail
+    return head + short(str(why), max(20, LINE_MAX - len(head) - len(tail))) + tail
+
+
+def short(text, limit):
+    """text on one line (its whitespace runs one space), cut to at most
+    limit characters with "..." where it is longer."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def failed(pack_dir, name, reason, *, module="auto"):
