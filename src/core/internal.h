@@ -231,6 +231,13 @@ void bh__ledger_unlock(bh_ledger *l);
 /* For tests: makes slot a LIVE record of (pid, start_time), as a crashed
  * process or one whose pid was reused would have left it. */
 int bh__ledger_forge(bh_ledger *l, int slot, pid_t pid, uint64_t start_time);
+#ifdef BH_TESTING
+/* Test builds only: the most milliseconds a caller waits for the segment's
+ * mutex and its file locks (2000, the product's wait).  A test of a
+ * stopped holder sets it lower in its own forked process, so the bounded
+ * wait it checks ends sooner; the paths it takes are the product's. */
+extern int bh__ledger_lock_wait_ms;
+#endif
 /* For the fuzzer and tests: a handle over a ledger file's image in memory
  * (len bytes at image, writable), validated exactly as bh_ledger_open
  * validates a file: -BH_ELEDGER / -BH_ELEDGERVER for one it refuses, and

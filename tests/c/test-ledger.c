@@ -813,13 +813,16 @@ TEST_IMPL(ledger_robust_mutex) {
 
 /* A holder that is stopped, not dead: nobody waits on it for long.  A
  * snapshot leaves the dead out without reaping, join fails -ETIMEDOUT,
- * and once the holder is killed everything works again. */
+ * and once the holder is killed everything works again.  The waits are
+ * the product's, shortened (bh__ledger_lock_wait_ms, this test's process
+ * only): without a bound they would never end. */
 TEST_IMPL(ledger_stopped_holder) {
   char p[128];
   tpath(p, sizeof p, "stopped");
   int ready[2];
   bh_ledger *l;
   bh_ledger_record recs[4];
+  bh__ledger_lock_wait_ms = 50;
   ASSERT_OK(bh_ledger_open(&l, p));
   ASSERT_GE(bh_ledger_join(l, BH_ROLE_HOST, "host", "", 1, 0), 0);
   /* A dead process's record, for the snapshot to leave out. */
@@ -1014,6 +1017,7 @@ TEST_IMPL(ledger_open_lock_wait_is_bounded) {
   char p[128];
   tpath(p, sizeof p, "lockwait");
   bh_ledger *l, *l2 = NULL;
+  bh__ledger_lock_wait_ms = 50; /* the bounded wait, shortened (this process only) */
   ASSERT_OK(bh_ledger_open(&l, p));
   int fd = open(p, O_RDWR | O_CLOEXEC);
   ASSERT_SYS(fd);
