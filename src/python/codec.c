@@ -7,11 +7,14 @@
  * (a subclass of set, frozenset or complex, a numpy complex among them,
  * goes to the hook).  Anything else goes
  * to the channel's encode_other hook (Peer.encode_other), which answers
- * with a tuple:
+ * with a tuple whose first item names its shape (common.h's BH_PY_ENC_*,
+ * exported as _native.ENCODE_TENSOR, ENCODE_HANDLE and ENCODE_VALUE; any
+ * other is a TypeError naming them):
  * (lib: TENSOR_NUMPY, _TORCH or _NUMPY_SCALAR, a torch tensor's | its
  * TENSOR_REQUIRES_GRAD, _INFERENCE, _PARAMETER flags, as the decode hook
  * gets it)
- *   (0, lib, dtype, shape, lease-or-None)  a C-contiguous tensor, copied
+ *   (ENCODE_TENSOR, lib, dtype, shape, lease-or-None)
+ *                                          a C-contiguous tensor, copied
  *                                          into the shm block of the Lease
  *                                          (Channel.acquire: a small one's
  *                                          is a range of a block the
@@ -20,12 +23,13 @@
  *                                          the Lease is over
  *                                          (Channel.peer_lease): sent back
  *                                          by reference, no copy;
- *   (0, lib, dtype, shape, bytes)          a small one (at most
+ *   (ENCODE_TENSOR, lib, dtype, shape, bytes)
+ *                                          a small one (at most
  *                                          TENSOR_INLINE_MAX bytes), its
  *                                          bytes inline in the value; the
  *                                          decode hook gets a bytearray of
  *                                          them (it owns its memory);
- *   (0, lib, dtype, shape, lease-or-bytes, desc)
+ *   (ENCODE_TENSOR, lib, dtype, shape, lease-or-bytes, desc)
  *                                          either of those, dtype uint8
  *                                          and shape (..., itemsize): the
  *                                          bytes of a numpy array whose
@@ -33,9 +37,9 @@
  *                                          describing it, sent as an
  *                                          ARRAY; the decode hook gets
  *                                          desc as a sixth argument;
- *   (1, space, id, type_name)              a handle (type_name: str, '' for
+ *   (ENCODE_HANDLE, space, id, type_name)  a handle (type_name: str, '' for
  *                                          none said);
- *   (2, value)                             encode value in obj's place, as
+ *   (ENCODE_VALUE, value)                  encode value in obj's place, as
  *                                          a node's value: inside it the
  *                                          hook is called encode_other(o,
  *                                          True), and an int over int64 goes
@@ -92,7 +96,8 @@ static int enc_count(bh_enc_ctx *e, Py_ssize_t n, int (*hdr)(bh_buf *, uint32_t)
 
 static int enc_value(bh_enc_ctx *e, PyObject *o, int depth);
 
-/* Seconds of a (kind, ...) tuple from encode_other. */
+/* Encodes what encode_other answers for o: a (kind, ...) tuple, kind one
+ * of BH_PY_ENC_* (see the opener). */
 static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
   if (!e->encode_other) {
     PyErr_Format(PyExc_TypeError, "cannot send an object of type %R", (PyObject *)Py_TYPE(o));
@@ -107,7 +112,14 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "encode_other must return a tuple");
     goto out;
   }
-  if (kind == 1) { /* (1, space, id, type_name): a handle */
+  if (kind != BH_PY_ENC_TENSOR && kind != BH_PY_ENC_HANDLE && kind != BH_PY_ENC_VALUE) {
+    PyErr_Format(PyExc_TypeError,
+                 "encode_other answered a tuple tagged %ld for an object of type %R; its first item "
+                 "must be _native.ENCODE_TENSOR (%d), ENCODE_HANDLE (%d) or ENCODE_VALUE (%d)",
+                 kind, (PyObject *)Py_TYPE(o), BH_PY_ENC_TENSOR, BH_PY_ENC_HANDLE, BH_PY_ENC_VALUE);
+    goto out;
+  }
+  if (kind == BH_PY_ENC_HANDLE) { /* (ENCODE_HANDLE, space, id, type_name): a handle */
     bh_handle_ref h;
     unsigned char space;
     unsigned long long id;
@@ -121,7 +133,7 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
     rc = bh_enc_handle(&e->buf, &h) ? enc_fail(e) : 0;
     goto out;
   }
-  if (kind == 2) { /* (2, value): value in o's place, as a node's */
+  if (kind == BH_PY_ENC_VALUE) { /* (ENCODE_VALUE, value): value in o's place, as a node's */
     PyObject *k, *v;
     if (!PyArg_ParseTuple(r, "OO", &k, &v)) goto out;
     int was = e->node;
@@ -130,7 +142,7 @@ static int enc_other(bh_enc_ctx *e, PyObject *o, int depth) {
     e->node = was;
     goto out;
   }
-  /* (0, lib, dtype, shape, lease-or-None): a C-contiguous tensor */
+  /* (ENCODE_TENSOR, lib, dtype, shape, lease-or-None): a C-contiguous tensor */
   bh_tensor_ref t;
   memset(&t, 0, sizeof t);
   unsigned char lib, dtype;

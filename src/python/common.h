@@ -64,6 +64,17 @@ static inline PyObject *bh_py_newref(PyObject *o) {
 
 /* ---- codec.c: Python values <-> bulkhead's encoding ---- */
 
+/* The first item of the tuple the encode hook (Peer.encode_other) answers
+ * with: what the rest of the tuple is (codec.c's opener has each shape).
+ * _native exports them as ENCODE_TENSOR, ENCODE_HANDLE and ENCODE_VALUE,
+ * the names the Python side returns (channel/peer.py, channel/tensors.py);
+ * any other first item is a TypeError naming these. */
+enum {
+  BH_PY_ENC_TENSOR = 0, /* (ENCODE_TENSOR, lib, dtype, shape, lease-or-bytes[, desc]) */
+  BH_PY_ENC_HANDLE = 1, /* (ENCODE_HANDLE, space, id, type_name) */
+  BH_PY_ENC_VALUE = 2,  /* (ENCODE_VALUE, value): value in the object's place, as a node's */
+};
+
 typedef struct bh_enc_ctx {
   bh_state *st;
   PyObject *encode_other; /* hook for what is not a plain value (borrowed) */

@@ -184,6 +184,9 @@ static int bh_exec(PyObject *m) {
       PyModule_AddIntConstant(m, "TENSOR_INLINE_MAX", BH_TENSOR_INLINE_MAX) < 0 ||
       PyModule_AddIntConstant(m, "ARENA_ITEM_MAX", BH_ARENA_ITEM_MAX) < 0 ||
       PyModule_AddIntConstant(m, "ARENA_ALIGN", BH_ARENA_ALIGN) < 0 ||
+      PyModule_AddIntConstant(m, "ENCODE_TENSOR", BH_PY_ENC_TENSOR) < 0 ||
+      PyModule_AddIntConstant(m, "ENCODE_HANDLE", BH_PY_ENC_HANDLE) < 0 ||
+      PyModule_AddIntConstant(m, "ENCODE_VALUE", BH_PY_ENC_VALUE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_CALLABLE", BH_HANDLE_CALLABLE) < 0 ||
       PyModule_AddIntConstant(m, "HANDLE_OBJECT", BH_HANDLE_OBJECT) < 0 ||
       PyModule_AddIntConstant(m, "TYPE_NAME_MAX", BH_TYPE_NAME_MAX) < 0 ||

@@ -87,3 +87,82 @@ def test_worker_venvs_cover_other_interpreters():
         pytest.skip("no worker venvs built (run `make worker-venvs`)")
     host = "%d.%d." % sys.version_info[:2]
     assert any(host not in name for name in WORKER_VENVS), WORKER_VENVS
+
+
+# --- the encode hook's tags (src/python/codec.c, Peer.encode_other) -----
+
+class _Tagging:
+    """Stands for what a pack sends that is not plain data: the test's
+    encode hook answers for it with the tuple it carries."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+
+def _pair_with_hook():
+    """(sender, receiver) of one channel in this process; the sender's
+    encode hook answers _Tagging's tuple as it is."""
+    import socket
+    from bulkhead.channel.peer import Peer
+
+    class Answering(Peer):
+        def encode_other(self, obj, node=False):
+            return obj.answer if isinstance(obj, _Tagging) else super().encode_other(obj, node)
+
+    ends = []
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for s, name, cls in ((a, "a", Answering), (b, "b", Peer)):
+        peer = cls(describe=name)
+        peer.channel = _native.channel_open(s.detach(), peer, os.getuid(), 0, first_id=1 if name == "a" else 2)
+        ends.append(peer.channel)
+    return ends
+
+
+def test_the_encode_hooks_tags_are_named_and_a_stray_one_is_refused():
+    """The tuple the encode hook answers starts with one of _native's
+    ENCODE_* names, not an unnamed 0/1/2: each crosses as its shape says,
+    and any other first item is a TypeError naming the three (it was read
+    as a tensor's tuple)."""
+    assert len({_native.ENCODE_TENSOR, _native.ENCODE_HANDLE, _native.ENCODE_VALUE}) == 3
+    tx, rx = _pair_with_hook()
+    try:
+        value = [_Tagging((_native.ENCODE_VALUE, {"k": (1, 2)})),
+                 _Tagging((_native.ENCODE_TENSOR, _native.TENSOR_NUMPY, _native.dtypes()["uint8"][0], (3,),
+                           b"abc"))]
+        tx.notify(_native.CALL, value, 0)
+        kind, _req, out = rx.recv(5.0)
+        assert kind == _native.CALL
+        assert out[0] == {"k": (1, 2)}
+        assert out[1].tolist() == list(b"abc")
+        stray = max(_native.ENCODE_TENSOR, _native.ENCODE_HANDLE, _native.ENCODE_VALUE) + 1
+        with pytest.raises(TypeError) as e:
+            tx.notify(_native.CALL, _Tagging((stray, _native.TENSOR_NUMPY, 0, (0,), None)), 0)
+        for name in ("ENCODE_TENSOR", "ENCODE_HANDLE", "ENCODE_VALUE", "_Tagging"):
+            assert name in str(e.value), str(e.value)
+    finally:
+        tx.close()
+        rx.close()
+
+
+def test_the_python_side_answers_the_encode_hook_with_named_tags():
+    """No tuple the Python side returns starts with an int literal: the
+    hook's answers (channel/peer.py, channel/tensors.py) name their tag, so
+    a renamed tag fails at import, never first at run time."""
+    import ast
+    root = os.path.dirname(bulkhead.__file__)
+    unnamed = []
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and node.name in ("encode_other", "encode"):
+                    for r in ast.walk(node):
+                        if (isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple) and r.value.elts
+                                and isinstance(r.value.elts[0], ast.Constant)
+                                and type(r.value.elts[0].value) is int):
+                            unnamed.append(f"{os.path.relpath(path, root)}:{r.lineno}")
+    assert unnamed == [], unnamed

@@ -30,6 +30,7 @@ import threading
 import weakref
 
 from .. import _native
+from .._native import ENCODE_HANDLE, ENCODE_VALUE  # encode_other's tags (codec.c); a rename fails here
 from . import tensors as _tensors
 
 OWNED_BY_RECEIVER = 0x80
@@ -430,11 +431,13 @@ class Peer:
 
     def encode_other(self, obj, node=False):
         """Hook (src/python/codec.c calls it for what is not a plain value,
-        node=True inside a NodeValue): answers a tensor (0, ...), a handle
-        (1, space, id, type_name) or a value to encode in obj's place
-        (2, value), or raises TypeError."""
+        node=True inside a NodeValue): answers a tensor (ENCODE_TENSOR,
+        ...: channel/tensors.py encode), a handle (ENCODE_HANDLE, space, id,
+        type_name) or a value to encode in obj's place (ENCODE_VALUE,
+        value), or raises TypeError.  The tags are _native's, named in
+        codec.c's opener with each tuple's shape."""
         if type(obj) is NodeValue:
-            return (2, obj.value)
+            return (ENCODE_VALUE, obj.value)
         if node:
             torch = sys.modules.get("torch")
             if (torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu"
@@ -454,7 +457,7 @@ class Peer:
             if entry is None:
                 raise HandleError(f"object #{obj.ident} is no longer held by {self.describe()}")
             entry[1] += 1
-            return (1, _native.HANDLE_OBJECT, obj.ident, entry[2])
+            return (ENCODE_HANDLE, _native.HANDLE_OBJECT, obj.ident, entry[2])
         if isinstance(obj, RemoteObject):
             mine = obj._peer
             if mine is not self:
@@ -466,23 +469,23 @@ class Peer:
                            "holds stays in that worker")
                 raise HandleError(f"the {obj.remote_type} made by pack {mine.name!r} is held by "
                                   f"worker generation {mine.generation}; {why}")
-            return (1, _native.HANDLE_OBJECT | OWNED_BY_RECEIVER, obj._id, "")
+            return (ENCODE_HANDLE, _native.HANDLE_OBJECT | OWNED_BY_RECEIVER, obj._id, "")
         if node:
             comfy = self.execution_values(obj) if self.execution_values is not None else None
             if comfy is not None:  # ComfyUI's execution values (a blocker): data, either way
-                return (2, comfy)
+                return (ENCODE_VALUE, comfy)
             if not self.holds_for_nodes:
                 raise HostObject(obj)
             if self.node_serializer is not None:
                 typed = self.node_serializer(obj)
                 if typed is not None:  # a registered class: its payload, walked as a node's value
-                    return (2, typed)
+                    return (ENCODE_VALUE, typed)
             held = self.hold(obj)
             return self.encode_other(held)
         if isinstance(obj, RemoteCallable):
             if obj._peer is not self:
                 raise TypeError(f"{obj!r} belongs to another worker; it cannot be sent to {self.describe()}")
-            return (1, _native.HANDLE_CALLABLE | OWNED_BY_RECEIVER, obj._id, "")
+            return (ENCODE_HANDLE, _native.HANDLE_CALLABLE | OWNED_BY_RECEIVER, obj._id, "")
         if callable(obj) and not isinstance(obj, type):
             key = id(obj)
             ident = self._export_ids.get(key)
@@ -490,7 +493,7 @@ class Peer:
                 ident = next(self._ids)
                 self._export_ids[key] = ident
                 self.exports[ident] = obj
-            return (1, _native.HANDLE_CALLABLE, ident, "")
+            return (ENCODE_HANDLE, _native.HANDLE_CALLABLE, ident, "")
         raise TypeError(
             f"cannot send an object of type {type(obj).__module__}.{type(obj).__qualname__} "
             f"to {self.describe()}: bulkhead carries None, bool, int, float, str, bytes, "

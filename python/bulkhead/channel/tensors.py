@@ -74,6 +74,7 @@ import threading
 import weakref
 
 from .. import _native
+from .._native import ENCODE_TENSOR  # encode_other's tag for a tensor (codec.c); a rename fails here
 
 _CODES = {name: code for name, (code, _size) in _native.dtypes().items()}
 _INLINE_MAX = _native.TENSOR_INLINE_MAX
@@ -383,8 +384,9 @@ def _forget_later(cache_ref, key):
 def encode(chan, obj, cache=None):
     """Copies obj into a block of chan's pool (or names a block it is in
     already, or, given a SendCache, the block kept for it).  Returns the
-    tuple the C encoder expects, or None if obj is neither a numpy array
-    nor a torch tensor."""
+    tuple the C encoder expects, (ENCODE_TENSOR, lib, dtype, shape,
+    lease-or-bytes) (src/python/codec.c's opener), or None if obj is
+    neither a numpy array nor a torch tensor."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.generic):
         t = encode(chan, np.asarray(obj))
@@ -394,12 +396,12 @@ def encode(chan, obj, cache=None):
         if code is None:  # a record, datetime64, ...: its bytes and its description
             return _encode_described(np, chan, obj)
         if 0 < obj.nbytes <= _INLINE_MAX:
-            return (0, _native.TENSOR_NUMPY, code, obj.shape, obj.tobytes())  # C order
+            return (ENCODE_TENSOR, _native.TENSOR_NUMPY, code, obj.shape, obj.tobytes())  # C order
         lease = None
         if obj.base is not None and obj.flags.c_contiguous:  # a view: maybe of a peer's block
             lease = chan.peer_lease(obj.__array_interface__["data"][0], obj.nbytes)
             if lease is not None:
-                return (0, _native.TENSOR_NUMPY, code, obj.shape, lease)
+                return (ENCODE_TENSOR, _native.TENSOR_NUMPY, code, obj.shape, lease)
         if obj.nbytes:
             lease = chan.acquire(obj.nbytes)
             threads = copy_threads(obj.nbytes) if obj.flags.c_contiguous else 1
@@ -409,7 +411,7 @@ def encode(chan, obj, cache=None):
                 dst = np.asarray(lease)[: obj.nbytes].view(obj.dtype).reshape(obj.shape)
                 np.copyto(dst, obj, casting="no")
                 del dst
-        return (0, _native.TENSOR_NUMPY, code, obj.shape, lease)
+        return (ENCODE_TENSOR, _native.TENSOR_NUMPY, code, obj.shape, lease)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if obj.device.type != "cpu":
@@ -429,20 +431,20 @@ def encode(chan, obj, cache=None):
         np = sys.modules.get("numpy")  # torch's .numpy() needs it
         if 0 < nbytes <= _INLINE_MAX and np is not None:
             data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            return (0, lib, code, tuple(t.shape), data)
+            return (ENCODE_TENSOR, lib, code, tuple(t.shape), data)
         lease = None
         if nbytes and t.is_contiguous():  # maybe a view of a peer's block
             lease = chan.peer_lease(t.data_ptr(), nbytes)
             if lease is not None:
-                return (0, lib, code, tuple(t.shape), lease)
+                return (ENCODE_TENSOR, lib, code, tuple(t.shape), lease)
         if cache is not None and nbytes and t.data_ptr() == obj.data_ptr():  # not resolved (a copy)
             lease = cache.take(chan, obj, t, nbytes, torch)  # sent before, unchanged
             if lease is not None:
-                return (0, lib, code, tuple(t.shape), lease)
+                return (ENCODE_TENSOR, lib, code, tuple(t.shape), lease)
         if nbytes:
             lease = chan.acquire(nbytes)
             _copy_into(torch, lease, nbytes, t)
-        return (0, lib, code, tuple(t.shape), lease)
+        return (ENCODE_TENSOR, lib, code, tuple(t.shape), lease)
     return None
 
 
