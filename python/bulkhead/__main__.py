@@ -19,10 +19,10 @@ and whether this ComfyUI offers it.  Exit status: 0 done / all ready /
 nothing FATAL fails, 1 failed / not ready / something FATAL fails, 2 usage
 (for doctor also: no ComfyUI in the directory).  ``canary`` checks the
 StandIn against what a ComfyUI's model_management.py reads off its ledger
-entries (``bulkhead.host.canary``, which parses its own arguments and documents
+entries (``bulkhead.cli.canary``, which parses its own arguments and documents
 its exit status).  ``uninstall``
 lists what bulkhead left for this user and removes it after asking
-(``bulkhead.host.uninstall``).  (The C ``bulkhead`` command execs this for
+(``bulkhead.cli.uninstall``).  (The C ``bulkhead`` command execs this for
 ``install``, ``env``, ``doctor``, ``canary`` and ``uninstall``.)
 """
 
@@ -70,7 +70,7 @@ def _parser():
                                    "and remove it after asking; refused while a bulkhead process runs.")
     u.add_argument("--yes", action="store_true", help="remove without asking")
     u.add_argument("--dry-run", action="store_true", help="only list")
-    # Listed for --help only: main() hands canary's arguments to bulkhead.host.canary.
+    # Listed for --help only: main() hands canary's arguments to bulkhead.cli.canary.
     sub.add_parser("canary", add_help=False, help="check the StandIn against what a ComfyUI checkout "
                    "reads off its ledger entries (canary --help)")
     return p
@@ -213,13 +213,13 @@ def _doctor(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["canary"]:
-        from .host import canary
+        from .cli import canary
         return canary.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "uninstall":
-        from .host import uninstall
+        from .cli import uninstall
         return uninstall.main(yes=args.yes, dry_run=args.dry_run)
     try:
         return _install(args) if args.command == "install" else _env(args)

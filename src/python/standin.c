@@ -494,7 +494,7 @@ static PyGetSetDef StandIn_getset[] = {
 
 /* Each docstring opens with its __text_signature__ ("name($self, ...)\n--\n\n"):
  * inspect.signature reads it, and so does the canary (python/bulkhead/
- * canary.py), which checks upstream's calls against exactly these
+ * cli/canary.py), which checks upstream's calls against exactly these
  * parameters.  Keep each in step with the method's argument parsing
  * (tests/py/test_standin.py calls every method as its signature says). */
 #define SIG(name, params, doc) name "($self" params ")\n--\n\n" doc

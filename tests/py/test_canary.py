@@ -1,5 +1,5 @@
 """`bulkhead canary COMFYUI_DIR` (a verb of the bulkhead command, which execs
-`<python> -m bulkhead canary`: python/bulkhead/host/canary.py), run as a program.
+`<python> -m bulkhead canary`: python/bulkhead/cli/canary.py), run as a program.
 
 Each test writes a small model_management-like source into a ComfyUI-shaped
 directory (<tmp>/comfy/model_management.py) and checks the exit status (0

@@ -1,4 +1,4 @@
-"""The canary's analyzer (python/bulkhead/host/canary.py) in process: the
+"""The canary's analyzer (python/bulkhead/cli/canary.py) in process: the
 interface it derives from small model_management-like sources written here
 (one per pattern upstream uses to read a ledger entry's patcher), the
 is_dynamic() gating, call shapes against the StandIn's surface as the type
@@ -18,8 +18,8 @@ import textwrap
 import pytest
 
 from bulkhead import _native
-from bulkhead.host import canary
-from bulkhead.host.canary import ANSWERED, CALL, GATED, LACKING, NOT_MEMBER, PROBE, PROBED, READ
+from bulkhead.cli import canary
+from bulkhead.cli.canary import ANSWERED, CALL, GATED, LACKING, NOT_MEMBER, PROBE, PROBED, READ
 
 STANDIN = canary.standin_surface()
 

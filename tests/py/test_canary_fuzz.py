@@ -1,4 +1,4 @@
-"""The canary's analyzer (python/bulkhead/host/canary.py) on any source text,
+"""The canary's analyzer (python/bulkhead/cli/canary.py) on any source text,
 by Hypothesis: a report (status 0 or 1, both renderings, valid JSON) or a
 CanaryError, the one documented error, never anything else.  This replaces
 the libFuzzer target the C analyzer had (gone with it); its seeds are the

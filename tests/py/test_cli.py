@@ -941,7 +941,7 @@ def test_uninstall_removes_only_what_bulkhead_made(tmp_path, monkeypatch):
     (uninstall removed $BULKHEAD_HOME and the ledger's parent whole.)"""
     from bulkhead import _native
     from bulkhead.envs import build as envs
-    from bulkhead.host import uninstall
+    from bulkhead.cli import uninstall
     env, paths = _bulkhead_leftovers(tmp_path)
     home, cache, run = tmp_path / "home", tmp_path / "xdg-cache", tmp_path / "xdg-run"
     for k in ("BULKHEAD_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR"):

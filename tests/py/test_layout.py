@@ -5,6 +5,7 @@ worker never imports host code (STYLE.md, "The Python glue").
   host/     the ComfyUI (host) process
   worker/   the worker process
   envs/     pack configs and environments (host, CLI, install.py)
+  cli/      what runs only from the command line (python -m bulkhead)
   *.py      the top level: used by both processes
 
 Checked twice: statically (every import statement of every worker-side
@@ -23,7 +24,7 @@ from bulkhead.channel import targets
 
 from test_memory import PY_SRC, package_sources
 
-FOLDERS = {"channel", "host", "worker", "envs"}
+FOLDERS = {"channel", "host", "worker", "envs", "cli"}
 # What each side may import of the package's folders.
 MAY_IMPORT = {
     "worker": {"channel", "worker", "top"},
@@ -31,9 +32,11 @@ MAY_IMPORT = {
     "top": {"channel", "top"},        # the shared top-level modules
     "envs": {"channel", "envs", "top"},
     "host": {"channel", "host", "envs", "top"},
+    "cli": {"channel", "host", "envs", "cli", "top"},
 }
 # Top-level modules that are not shared by both processes but are entry
-# points of their own: `python -m bulkhead` (install, env, doctor) and the
+# points of their own: `python -m bulkhead` (install, env, doctor; it
+# imports cli/ for canary and uninstall) and the
 # package face, whose host names are imported lazily (__getattr__).
 ENTRY_POINTS = {"__main__.py"}
 

@@ -133,7 +133,7 @@ def workspace():
 
 
 # Every entry bulkhead makes in the workspace, and nothing else:
-# `bulkhead uninstall` removes these (host/uninstall.py), never the
+# `bulkhead uninstall` removes these (cli/uninstall.py), never the
 # workspace by its name ($BULKHEAD_HOME may be a folder the user keeps other
 # things in).  tests/py/test_cli.py checks that each join(workspace(), name)
 # in the sources is listed here.

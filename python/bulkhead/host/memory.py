@@ -49,7 +49,7 @@ def standin_identity():
     model.  Upstream compares it across patchers (newest upstream's
     unload_model_and_clones unloads every model that shares it), so None
     for all would match every worker's model.  The canary checks each
-    name upstream compares against what this gives (host/canary.py)."""
+    name upstream compares against what this gives (cli/canary.py)."""
     return {"clone_base_uuid": uuid.uuid4()}
 
 

@@ -14,7 +14,7 @@ its argument parsing obeys), any other name an attribute.  So the guard and
 the type cannot disagree: change a signature in standin.c and the verdict
 changes with it.
 
-How it reads the source is host/canarywalk.py's (its module doc): one
+How it reads the source is cli/canarywalk.py's (its module doc): one
 pass of Python's ``ast`` in source order, the kinds of patcher values, the
 is_dynamic() heuristic that gates a use.
 
@@ -278,7 +278,7 @@ def _check_identities(report, compared, identity):
 
 
 def _host_identity():
-    from .memory import standin_identity
+    from ..host.memory import standin_identity
     return standin_identity()
 
 

@@ -66,7 +66,7 @@ def _made():
     them, removed once empty (see the module's doc)."""
     from .. import _native
     from ..envs import build as envs
-    from . import metadata, rundir
+    from ..host import metadata, rundir
     ws = envs.workspace()
     whats = {"envs": "pack environments", "host": "the host link farm", "failed": "remembered build failures",
              "conda-pkgs": "the conda package cache"}
@@ -121,7 +121,7 @@ def _host_dir_in_use(path):
     """Whether path is a host's own directory under /tmp
     (``bulkhead-<uid>-<pid>-*``) whose process still runs: never a
     leftover, whatever else the user asks removed."""
-    from . import rundir
+    from ..host import rundir
     name, prefix = os.path.basename(path), rundir.tmp_prefix()
     return name.startswith(prefix) and not rundir.owner_gone(name, prefix)
 
@@ -129,7 +129,7 @@ def _host_dir_in_use(path):
 def running():
     """Lines naming the bulkhead processes of this user that run now."""
     from ..envs import build as envs
-    from . import service
+    from ..host import service
     seen = {}           # pid -> what it is
     try:
         for p in service.status_document().get("processes", []):

@@ -1,4 +1,4 @@
-"""The canary's reading of upstream's comfy/model_management.py (host/canary.py
+"""The canary's reading of upstream's comfy/model_management.py (cli/canary.py
 is the verdict and the command): what the memory manager reads off a
 ledger entry's patcher, and whether each read is gated behind
 is_dynamic().
