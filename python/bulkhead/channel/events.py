@@ -75,7 +75,7 @@ def _pil_image(event, image):
 def _contain(image, max_size):
     if max_size is None:
         return image
-    from PIL import Image, ImageOps
+    from PIL import Image, ImageOps  # optional: PIL
     resampling = Image.Resampling.BILINEAR if hasattr(Image, "Resampling") else Image.LANCZOS
     return ImageOps.contain(image, (max_size, max_size), resampling)
 

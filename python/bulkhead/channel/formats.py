@@ -25,6 +25,7 @@ Everything here is imported by both processes (the host's proxies in
 a change here invalidates cached metadata.
 """
 
+import enum
 import operator
 import sys
 
@@ -55,7 +56,6 @@ def remote_name(cls):
 # --- the flag tags ---
 
 def encode_arg(v):
-    import enum
     if isinstance(v, enum.Enum):
         return {"enum": type(v).__name__, "value": v.value}
     if isinstance(v, (set, frozenset)):
@@ -436,7 +436,6 @@ _NO = object()
 
 
 def _enum_value(v):
-    import enum
     if isinstance(v, enum.Enum):
         return v.value
     return _NO

@@ -70,11 +70,11 @@ def decode_preview(p):
     if not isinstance(p, dict):
         return None
     try:
-        from PIL import Image
+        from PIL import Image  # optional: PIL
         image = Image.frombytes(p["mode"], tuple(p["size"]), p["pixels"])
         return (p["format"], image, p.get("max_size"))
     except Exception as e:
-        import logging
+        import logging  # lazy: worker start
         logging.getLogger("bulkhead").debug("bulkhead: a preview from a worker could not be rebuilt: %r", e)
         return None
 
@@ -130,7 +130,7 @@ def decode_schema(io, node):
     the real one answered (as_dict, its type, a dynamic input's
     expansion); the schema's fields as they were (a field this ComfyUI's
     Schema lacks is an error naming it)."""
-    import dataclasses
+    import dataclasses  # lazy: worker start
     known = {f.name for f in dataclasses.fields(io.Schema)}
     fields = {}
     for k, v in node["schema"].items():
@@ -266,7 +266,7 @@ def typed_packs(env):
     send: those whose serializers it runs (BULKHEAD_SERIALIZERS, set by
     host/pack.py: its own and those its comfy-env-root.toml names), or None
     for a worker that is no pack's (any)."""
-    import json
+    import json  # lazy: worker start
     if PACK_NAME not in env and SERIALIZERS not in env:
         return None
     try:
@@ -298,7 +298,7 @@ def decode_comfy(m, typed_packs=None, producer=None):
     if typed_packs is not None and m.get("pack") not in typed_packs:
         if (producer, str(m.get("pack"))) not in _forged:
             _forged.add((producer, str(m.get("pack"))))
-            import logging
+            import logging  # lazy: worker start
             logging.getLogger("bulkhead").warning(
                 "bulkhead: worker %r sent a value marked as type %r of pack %r, whose serializer it does not "
                 "run; it is passed on as a plain dict, never to a deserializer", producer, m.get("type"),

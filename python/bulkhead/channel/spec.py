@@ -245,7 +245,7 @@ def to_env(name, value):
     value: on the host."""
     e = ENV_BY_NAME[name]
     if e.kind == "json":
-        import json     # only here: a worker's start does not import it
+        import json  # lazy: worker start
         return json.dumps(value)
     if e.kind == "seconds":
         return repr(float(value))
@@ -264,7 +264,7 @@ def from_env(name, environ=None):
     if not text:
         return e.default
     if e.kind == "json":
-        import json
+        import json  # lazy: worker start
         return json.loads(text)
     if e.kind == "seconds":
         try:

@@ -215,7 +215,7 @@ def _array_of_description(np, desc, shape, raw, scalar):
     described dtype.  ProtocolError for a description that is not one
     dtype_description writes, or that does not fit the bytes."""
     try:
-        import json  # here, not at the top: a worker's start imports no json (nor re)
+        import json  # lazy: worker start
         dtype = dtype_from_description(np, json.loads(desc))
         if dtype.itemsize != shape[-1]:
             raise ValueError(f"its itemsize is {dtype.itemsize} bytes, the array's are {shape[-1]}")
@@ -462,7 +462,7 @@ def _encode_described(np, chan, obj):
     """An array of a dtype no code names: the tuple for its bytes as uint8,
     shape (..., itemsize), with its description (an ARRAY).  A view of a
     peer's block stays one (by reference, as any array)."""
-    import json
+    import json  # lazy: worker start
     desc = json.dumps(dtype_description(obj.dtype), separators=(",", ":"))
     if len(desc.encode()) > _native.ARRAY_DESC_MAX:
         raise TypeError(f"cannot send a numpy array of dtype {obj.dtype}: its description takes "
@@ -548,7 +548,7 @@ def decode(lib, code, shape, strides, lease, desc=None):
     inline = isinstance(lease, bytearray)
     if lib & _native.TENSOR_LIB_MASK == _native.TENSOR_TORCH:
         try:
-            import torch
+            import torch  # optional: torch
         except ImportError as e:
             raise ModuleNotFoundError(_NO_TORCH.format(python=sys.executable, version=sys.version.split()[0],
                                                        why=e)) from None
@@ -567,7 +567,7 @@ def decode(lib, code, shape, strides, lease, desc=None):
             elif grad:
                 t.requires_grad_()
         return t
-    import numpy as np
+    import numpy as np  # optional: numpy
     if desc is not None:  # an ARRAY: uint8 bytes, shape (..., itemsize)
         scalar = lib == _native.TENSOR_NUMPY_SCALAR
         raw = None if lease is None else decode(_native.TENSOR_NUMPY, code, shape, strides, lease)
