@@ -17,12 +17,14 @@ SIGKILL after a grace period, and checks that no process of that session
 import asyncio
 import json
 import os
+import pathlib
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import textwrap
 import urllib.error
 import urllib.request
 
@@ -40,6 +42,10 @@ BUILD_PY = os.path.join(BUILD, "python")
 CLI = os.path.join(BUILD, "tools", "bulkhead")
 START_TIMEOUT_S = 90
 BUILD_TIMEOUT_S = 600      # a pack's environment built in the background (uv, local sources)
+
+if os.path.join(REPO, "tests", "py") not in sys.path:
+    sys.path.insert(0, os.path.join(REPO, "tests", "py"))
+from localsources import BACKEND, HOST_MM, write  # noqa: E402  (tests/py's local package sources)
 
 # What a base directory gets of its own rather than the tree's.
 OWN = {"custom_nodes", "models", "input", "output", "temp", "user", "__pycache__"}
@@ -61,6 +67,139 @@ NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = nodes.load_pack(
     os.path.dirname(os.path.abspath(__file__)), sys.executable,
     options={"cache": False}, memory=_hm)
 '''
+
+
+# A pack's __init__.py as a user writes it (README): one call.
+PACK_INIT = '''
+import bulkhead
+NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
+'''
+
+_OUTPUT_NODE = '''{imports}
+
+
+class {cls}:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {{"required": {inputs!r}}}
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = {category!r}
+
+    def run(self, {args}):
+{body}
+
+
+NODE_CLASS_MAPPINGS = {{{cls!r}: {cls}}}
+'''
+
+
+def output_node(cls, inputs, run, imports="import os", category="e2e", display=None):
+    """The nodes.py of a pack with one node class, ``cls``: an output node
+    (no outputs) whose required inputs are ``inputs`` (name -> ComfyUI's
+    input spec) and whose run method, taking them by name, has the body
+    ``run`` (source, ending with its return); ``imports`` are the
+    module's, ``display`` the display name where the pack gives one."""
+    body = textwrap.indent(textwrap.dedent(run).strip("\n"), " " * 8)
+    text = _OUTPUT_NODE.format(imports=imports, cls=cls, inputs=inputs, category=category,
+                               args=", ".join(inputs), body=body)
+    if display is not None:
+        text += f"NODE_DISPLAY_NAME_MAPPINGS = {{{cls!r}: {display!r}}}\n"
+    return text
+
+
+def write_pack(path, nodes, config, init=PACK_INIT):
+    """A pack at ``path`` as a user lays one out: __init__.py (``init``),
+    nodes.py (``nodes``) and comfy-env.toml (``config``); returns the path
+    as a str."""
+    path = str(path)
+    os.makedirs(path, exist_ok=True)
+    for name, text in (("__init__.py", init), ("nodes.py", nodes), ("comfy-env.toml", config)):
+        with open(os.path.join(path, name), "w") as f:
+            f.write(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+def host_config(rest=""):
+    """A comfy-env.toml naming ComfyUI's own Python version (this test's),
+    then ``rest``."""
+    return f'python = "{HOST_MM}"\n' + rest
+
+
+def env_config(requirement):
+    """host_config with one PyPI requirement line (``name = "spec"``)."""
+    return host_config(f"[pypi-dependencies]\n{requirement}\n")
+
+
+# BACKEND's build_wheel, first waiting for the gate file (at most 300 s):
+# a build the test holds until it creates that file (no timing).
+_BUILD_WHEEL = "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n"
+GATED_BACKEND = BACKEND.replace(_BUILD_WHEEL, '''
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    import time
+    deadline = time.monotonic() + 300
+    while not os.path.exists(GATE) and time.monotonic() < deadline:
+        time.sleep(0.05)
+''')
+assert GATED_BACKEND != BACKEND
+
+
+def gated_source(root, version, gate, fail=False):
+    """bhgate <version> as a source tree whose build waits for ``gate``
+    (then fails, where ``fail``)."""
+    d = os.path.join(str(root), f"bhgate-{version}")
+    write(os.path.join(d, "NAME"), f"bhgate {version}\n")
+    backend = GATED_BACKEND.replace("        time.sleep(0.05)\n", "        time.sleep(0.05)\n" + (
+        "    raise RuntimeError('bhgate: this build fails on purpose')\n" if fail else ""), 1)
+    write(os.path.join(d, "bhbackend.py"), f"GATE = {str(gate)!r}\n" + backend)
+    write(os.path.join(d, "pyproject.toml"), '''
+        [build-system]
+        requires = []
+        build-backend = "bhbackend"
+        backend-path = ["."]
+    ''')
+    write(os.path.join(d, "bhgate", "__init__.py"), f"VALUE = 'bhgate {version}'\n")
+    return d
+
+
+def gated_pack(tmp_path, name, requirement, cls="E2EGateWhere"):
+    """A pack under tmp_path/repos whose one node, ``cls`` (input n),
+    answers its pid, sys.prefix and bhgate.VALUE: where it runs and which
+    bhgate its environment has; ``requirement`` its comfy-env.toml's."""
+    nodes = output_node(cls, {"n": ("INT", {"default": 0})}, '''
+        import bhgate
+        return {"ui": {"pid": [os.getpid()], "prefix": [sys.prefix], "value": [bhgate.VALUE]}}
+    ''', imports="import os, sys", category="e2e/builds")
+    return pathlib.Path(write_pack(tmp_path / "repos" / name, nodes, env_config(requirement)))
+
+
+# pip finds nothing on an index: a build gets only the local sources a test names.
+NO_INDEX = {"BULKHEAD_PIP_ARGS": "--no-index"}
+
+
+def pack_state(srv, name):
+    """The pack's row of the server's GET /bulkhead/status."""
+    status, doc = srv.http("GET", "/bulkhead/status")
+    assert status == 200, doc
+    return next(p for p in doc["packs"] if p["name"] == name)
+
+
+def worker_pids(srv):
+    """The server's workers in GET /bulkhead/status, by pid."""
+    status, doc = srv.http("GET", "/bulkhead/status")
+    assert status == 200, doc
+    return {p["pid"]: p for p in doc["processes"] if p.get("role") == "worker" and p.get("host_pid") ==
+            srv.proc.pid}
+
+
+def rss(pid):
+    """A process's resident bytes (/proc/<pid>/status VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def comfy_root():

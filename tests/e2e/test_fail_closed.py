@@ -10,39 +10,9 @@ says "refused".  BULKHEAD_FALLBACK=in-process, the user's explicit
 choice, runs it in ComfyUI's process, listed the same."""
 
 import json
-import os
-import sys
 from importlib import metadata
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
-from localsources import HOST_MM, write  # noqa: E402
-
-INIT = '''
-import bulkhead
-NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
-'''
-
-NODES = '''
-import os
-import numpy
-
-
-class {cls}:
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {{"required": {{"scale": ("FLOAT", {{"default": 1.5, "min": 0.0}})}}}}
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "e2e/fail-closed"
-
-    def run(self, scale):
-        return {{"ui": {{"pid": [os.getpid()], "numpy": [numpy.__version__]}}}}
-
-
-NODE_CLASS_MAPPINGS = {{"{cls}": {cls}}}
-NODE_DISPLAY_NAME_MAPPINGS = {{"{cls}": "{cls} (e2e)"}}
-'''
+from .e2eenv import host_config, output_node, write_pack
 
 PACKS = {
     "ComfyUI-OldNumpy": ("E2EOldNumpy", 'numpy = "<2"\n'),
@@ -54,11 +24,10 @@ PACKS = {
 def _packs(tmp_path):
     dirs = []
     for name, (cls, deps) in PACKS.items():
-        pack = tmp_path / "repos" / name
-        write(pack / "__init__.py", INIT)
-        write(pack / "nodes.py", NODES.format(cls=cls))
-        write(pack / "comfy-env.toml", f'python = "{HOST_MM}"\n[pypi-dependencies]\n{deps}')
-        dirs.append(str(pack))
+        nodes = output_node(cls, {"scale": ("FLOAT", {"default": 1.5, "min": 0.0})},
+                            'return {"ui": {"pid": [os.getpid()], "numpy": [numpy.__version__]}}',
+                            imports="import os\nimport numpy", category="e2e/fail-closed", display=f"{cls} (e2e)")
+        dirs.append(write_pack(tmp_path / "repos" / name, nodes, host_config("[pypi-dependencies]\n" + deps)))
     return dirs
 
 

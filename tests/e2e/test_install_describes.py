@@ -12,8 +12,7 @@ import pathlib
 import shutil
 import subprocess
 
-from .e2eenv import CLI
-from .test_background_builds import HOST_MM, INIT, write
+from .e2eenv import CLI, host_config, write_pack
 
 NODES = '''
 import os
@@ -54,10 +53,7 @@ def _described(log, name):
 
 
 def test_install_fills_the_metadata_cache_the_next_start_reads(comfyui, tmp_path):
-    pack = tmp_path / "repos" / "ComfyUI-Described"
-    write(pack / "__init__.py", INIT)
-    write(pack / "nodes.py", NODES)
-    write(pack / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    pack = write_pack(tmp_path / "repos" / "ComfyUI-Described", NODES, host_config())
     # a start that builds nothing: the pack is not isolated, nothing is described
     srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"})
     assert "metadata " not in srv.log_since_start()
@@ -93,11 +89,8 @@ def test_install_fills_the_metadata_cache_the_next_start_reads(comfyui, tmp_path
 
 
 def test_a_packs_install_py_fills_the_cache_as_the_manager_runs_it(comfyui, tmp_path):
-    pack = tmp_path / "repos" / "ComfyUI-ManagerDescribed"
-    write(pack / "__init__.py", INIT)
-    write(pack / "nodes.py", NODES)
-    write(pack / "install.py", INSTALL_PY)
-    write(pack / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    pack = write_pack(tmp_path / "repos" / "ComfyUI-ManagerDescribed", NODES, host_config())
+    (pathlib.Path(pack) / "install.py").write_text(INSTALL_PY.lstrip("\n"))
     srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"})
     srv.stop()
     # what the Manager does after it cloned the pack: `python install.py` in its directory
@@ -128,11 +121,9 @@ def test_a_packs_install_py_fills_the_cache_as_the_manager_runs_it(comfyui, tmp_
     assert status == 200 and info["E2EDescribed"] == cached
 
     # a pack whose nodes fail to import in its worker: installed all the same, one line says why
-    broken = os.path.join(srv.base, "custom_nodes", "ComfyUI-ManagerBroken")
-    write(pathlib.Path(broken) / "__init__.py", INIT)
-    write(pathlib.Path(broken) / "nodes.py", "raise ImportError('e2e: no such module here')\n")
-    write(pathlib.Path(broken) / "install.py", INSTALL_PY)
-    write(pathlib.Path(broken) / "comfy-env.toml", f'python = "{HOST_MM}"\n')
+    broken = write_pack(os.path.join(srv.base, "custom_nodes", "ComfyUI-ManagerBroken"),
+                        "raise ImportError('e2e: no such module here')\n", host_config())
+    (pathlib.Path(broken) / "install.py").write_text(INSTALL_PY.lstrip("\n"))
     run = subprocess.run([srv.python, "install.py"], cwd=broken, env=srv.env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -7,45 +7,16 @@ goes on ComfyUI's server and no worker starts.  Driven over HTTP."""
 
 import os
 import shutil
-import sys
 
 import psutil
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
-from localsources import HOST_MM, write  # noqa: E402
-
-INIT = '''
-import bulkhead
-NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
-'''
-
-NODES = '''
-import os
-
-
-class {cls}:
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {{"required": {{"n": ("INT", {{"default": 1}})}}}}
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "e2e/uninstall"
-
-    def run(self, n):
-        return {{"ui": {{"pid": [os.getpid()]}}}}
-
-
-NODE_CLASS_MAPPINGS = {{"{cls}": {cls}}}
-'''
+from .e2eenv import host_config, output_node, write_pack
 
 
 def _pack(root, name, cls, extra=""):
-    d = root / name
-    write(d / "__init__.py", INIT)
-    write(d / "nodes.py", NODES.format(cls=cls))
-    write(d / "comfy-env.toml", f'python = "{HOST_MM}"\n' + extra)
-    return str(d)
+    nodes = output_node(cls, {"n": ("INT", {"default": 1})}, 'return {"ui": {"pid": [os.getpid()]}}',
+                        category="e2e/uninstall")
+    return write_pack(root / name, nodes, host_config(extra))
 
 
 def _pid_of(srv, cls):
