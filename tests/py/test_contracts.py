@@ -166,3 +166,58 @@ def test_the_python_side_answers_the_encode_hook_with_named_tags():
                                 and type(r.value.elts[0].value) is int):
                             unnamed.append(f"{os.path.relpath(path, root)}:{r.lineno}")
     assert unnamed == [], unnamed
+
+
+# --- python/bulkhead/_native.pyi: the extension's types ------------------
+
+# Annotated in the stub, set on each instance where C raises it (common.c
+# bh_py_raise), so no class holds them.
+_PER_INSTANCE = {("ProtocolError", "code"), ("ProtocolError", "errname"), ("LedgerError", "code"),
+                 ("LedgerError", "errname"), ("ProbeError", "code"), ("ProbeError", "errname")}
+
+
+def _stub_names(body, top):
+    """Names a stub's body (a module's or a class's) defines; with top, a
+    module's private helpers (_Hooks, _EncodeAnswer, ...) left out."""
+    import ast
+    out = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = node
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = node
+    return {n: v for n, v in out.items()
+            if not (top and n.startswith("_")) and (not n.startswith("__") or n in ("__enter__", "__exit__"))}
+
+
+def test_the_native_stub_names_every_export_and_nothing_else():
+    """python/bulkhead/_native.pyi lies beside the extension in the built
+    package (meson copies and installs it) and names exactly what
+    dir(_native) has: every function, constant and class, and each class's
+    methods and attributes; the encode hook's tags with their values."""
+    import ast
+    path = os.path.join(os.path.dirname(_native.__file__), "_native.pyi")
+    assert os.path.isfile(path), f"{path} is missing: list _native.pyi in python/bulkhead/meson.build's top_files"
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    stub = _stub_names(tree.body, top=True)
+    exported = {n for n in dir(_native) if not n.startswith("__")}
+    assert sorted(exported - set(stub)) == [], "exported by _native, missing from _native.pyi"
+    assert sorted(set(stub) - exported) == [], "in _native.pyi, not exported by _native"
+    for name in ("ENCODE_TENSOR", "ENCODE_HANDLE", "ENCODE_VALUE"):
+        assert ast.literal_eval(stub[name].value) == getattr(_native, name), name
+    for name, node in stub.items():
+        cls = getattr(_native, name)
+        assert isinstance(node, ast.ClassDef) == isinstance(cls, type), name
+        if not isinstance(cls, type):
+            continue
+        has = {n for n in vars(cls) if not n.startswith("__") or n in ("__enter__", "__exit__")}
+        said = set(_stub_names(node.body, top=False)) - {m for c, m in _PER_INSTANCE if c == name}
+        assert sorted(has - said) == [], f"_native.{name}'s members missing from _native.pyi"
+        assert sorted(said - has) == [], f"_native.pyi's {name} names members the class lacks"
+        bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+        assert [c.__name__ for c in cls.__bases__ if c is not object] == bases, name
