@@ -2,6 +2,10 @@
 memory budget.  This package is the thin Python glue over the C core in
 ``bulkhead._native``."""
 
+import importlib
+import os
+import sys
+
 __version__ = "0.1.0"
 
 if __name__ == "bulkhead":
@@ -37,7 +41,6 @@ def __getattr__(name):
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
     value = getattr(importlib.import_module(f".{mod}", __name__), name)
     globals()[name] = value
     return value
@@ -54,8 +57,7 @@ def working():
         with bulkhead.working():
             fetch_weights()
     """
-    import contextlib
-    import sys
+    import contextlib  # lazy: worker start
     memory = getattr(sys.modules.get("bulkhead.worker"), "memory_runtime", None)   # a worker's WorkerMemory
     return memory.working() if memory is not None else contextlib.nullcontext()
 
@@ -85,19 +87,18 @@ def _comfyui_server():
     bulkhead's custom node is not in ComfyUI's custom_nodes (deleted: the
     Manager's Uninstall; packimport.custom_node_missing).  Never fails the
     import."""
-    import sys
     server = sys.modules.get("server")
     if getattr(getattr(server, "PromptServer", None), "instance", None) is None:
         return
-    from .packimport import custom_node_missing
+    from .packimport import custom_node_missing  # lazy: worker start
     if custom_node_missing() is not None:
         # bulkhead's custom node was deleted (the Manager's Uninstall): off.
         # Packs that import the package run in-process (host/pack.py says
         # so once for each); nothing goes on ComfyUI's server.
         return
     try:
-        from .host import pack
-        from .host.routes import install
+        from .host import pack  # host-only: host.pack
+        from .host.routes import install  # host-only: host.routes
         # Made now, where this ComfyUI can host isolated packs: its control
         # socket then answers other instances, and the routes' releases go
         # to the same workers comfy_pack attaches later.
@@ -106,7 +107,7 @@ def _comfyui_server():
             memory()
         install(host_memory=memory)
     except Exception as e:  # the routes are a convenience; the nodes must load
-        import logging
+        import logging  # lazy: worker start
         logging.getLogger("bulkhead").warning("bulkhead: routes not installed on ComfyUI's server: %s", e)
 
 
@@ -118,10 +119,7 @@ def _one_package(init_file):
     imported by path only imports ``bulkhead`` -- found on sys.path, else
     this directory's parent (a clone or symlink in custom_nodes/) -- which
     installs itself on the server.  Returns that package, or None (logged)."""
-    import importlib
-    import logging
-    import os
-    import sys
+    import logging  # lazy: worker start
     here = os.path.dirname(os.path.realpath(init_file))
     try:
         try:

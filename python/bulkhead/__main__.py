@@ -27,10 +27,14 @@ lists what bulkhead left for this user and removes it after asking
 """
 
 import argparse
+import contextlib
+import json
 import os
+import re
 import sys
 
 from .envs import build as envs, config as packconfig
+from .host import contract, controlclient, rundir
 
 
 def _parser():
@@ -91,7 +95,7 @@ def _describe_ahead(pack_dir):
     """Each built config's nodes described now, into the node metadata
     cache ComfyUI's next start reads (host/pack.py ``describe_pack``):
     that start registers them without a worker.  One line each."""
-    from .host import pack
+    from .host import pack  # lazy: CLI start (its nodes, runtime, ...: only an install describes)
     return pack.describe_pack(pack_dir)
 
 
@@ -101,8 +105,6 @@ def _tell_running(config_paths):
     returns what each says it does with them (host/building.py
     ``picked_up``: a pack it serves in-process, refused or failed is
     served isolated from it now, without a restart)."""
-    import re
-    from .host import controlclient, rundir
     pids = set()
     for d in rundir.runtime_dirs():
         try:
@@ -166,7 +168,6 @@ def _picked(c, st):
 
 
 def _comfyui_version(base):
-    import re
     try:
         with open(os.path.join(base, "comfyui_version.py"), encoding="utf-8") as f:
             m = re.search(r"""__version__\s*=\s*["']([^"']+)""", f.read())
@@ -176,22 +177,18 @@ def _comfyui_version(base):
 
 
 def _doctor(args):
-    import contextlib
-    import json
-
     base = args.comfyui or os.environ.get("COMFYUI_PATH") or os.getcwd()
     base = os.path.realpath(base)
     if not os.path.isfile(os.path.join(base, "comfy", "model_management.py")):
         print(f"python -m bulkhead doctor: no ComfyUI in {base} (no comfy/model_management.py); "
               "name its directory, or set COMFYUI_PATH", file=sys.stderr)
         return 2
-    from .host import contract
     sys.path.insert(0, base)
     sys.argv = ["main.py", "--cpu"]
     # ComfyUI prints while it imports: keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            import comfy.options
+            import comfy.options  # comfyui: comfy.options
             getattr(comfy.options, "enable_args_parsing", lambda: None)()
         except Exception as e:
             print(f"python -m bulkhead doctor: comfy.options: {e}", file=sys.stderr)
@@ -213,13 +210,13 @@ def _doctor(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["canary"]:
-        from .cli import canary
+        from .cli import canary  # lazy: CLI start (one command's module)
         return canary.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "uninstall":
-        from .cli import uninstall
+        from .cli import uninstall  # lazy: CLI start (one command's module)
         return uninstall.main(yes=args.yes, dry_run=args.dry_run)
     try:
         return _install(args) if args.command == "install" else _env(args)

@@ -26,7 +26,7 @@ def hold(prefix):
     global _held
     if _held is not None or not os.path.exists(os.path.join(prefix, STAMP)):
         return _held is not None
-    import fcntl
+    import fcntl  # lazy: worker start (one in an environment not bulkhead's)
     try:
         fd = os.open(os.path.join(prefix, IN_USE), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:

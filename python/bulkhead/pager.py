@@ -69,7 +69,7 @@ def decide(env_value, device_type, control):
 
 def import_control():
     try:
-        import comfy_aimdo.control as control
+        import comfy_aimdo.control as control  # optional: comfy_aimdo
     except Exception:
         return None
     return control
