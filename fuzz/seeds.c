@@ -472,6 +472,21 @@ static void frame_seeds(void) {
     bh_buf_free(&v);
   }
 
+  /* A return of a block b forwarded to a third process (protocol 10: the
+   * note's id carries BH__RETURN_SPENT): a retires the block at its last
+   * reference instead of reusing it, and b gets the retire note. */
+  bh_block *b4;
+  CHECK(bh_channel_block_acquire(a, 4096, &b4) == 0);
+  v = tensor_in(b4, 4096);
+  send_and_pass(a, ra, rb, b, "intro_forwarded", BH_KIND_RESULT, 30, &v, &b4, 1);
+  bh_buf_free(&v);
+  CHECK(bh_channel_peer_block(b, bh_block_id(b4), &peer) == 0);
+  peer->spent = 1; /* what a forward of it marks (bh__pool_forward) */
+  bh_block_unref(peer);
+  send_and_pass(b, rb, ra, a, "return_spent_note", BH_KIND_PROGRESS, 0, NULL, NULL, 0);
+  bh_block_unref(b4);
+  send_and_pass(a, ra, rb, b, "retire_spent", BH_KIND_RELEASE, 31, NULL, NULL, 0);
+
   /* A payload over BH_FRAME_INLINE_MAX spills: the message is the header. */
   bh_buf_init(&v);
   char *big = calloc(1, 70000);

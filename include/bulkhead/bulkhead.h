@@ -338,8 +338,12 @@ BH_EXTERN int bh_dec_validate(const void *p, size_t len, unsigned max_depth);
  * (a numpy array of a dtype no BH_DT_* code names, by its description);
  * error BH_EBODY.
  * 9: a TENSOR's lib byte carries a torch tensor's flags in its high bits
- * (BH_TENSOR_REQUIRES_GRAD, BH_TENSOR_INFERENCE, BH_TENSOR_PARAMETER). */
-#define BH_PROTOCOL_VERSION 9
+ * (BH_TENSOR_REQUIRES_GRAD, BH_TENSOR_INFERENCE, BH_TENSOR_PARAMETER).
+ * 10: a return note's id may carry the top bit (BH__RETURN_SPENT): the
+ * block was forwarded, a third process holds its memfd, and its owner
+ * destroys it at its last reference (a retire note) instead of reusing it
+ * for bytes that process was never sent. */
+#define BH_PROTOCOL_VERSION 10
 #define BH_FRAME_MAGIC 0x4b484c42u /* "BLHK" little-endian */
 #define BH_FRAME_INLINE_MAX (60u * 1024u) /* larger payloads spill to a memfd */
 #define BH_FRAME_FDS_MAX 64u
@@ -420,6 +424,9 @@ typedef struct bh_pool_stats {
   uint64_t forward_blocks, forward_bytes, forwarded; /* forwarded: ever made */
   uint64_t peer_fds;
   uint64_t sealed_blocks; /* own blocks sealed against writes (counted in own_*) */
+  /* own blocks the peer forwarded to a third process, destroyed at their
+   * last reference instead of reused (protocol 10), ever */
+  uint64_t spent;
 } bh_pool_stats;
 
 BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);

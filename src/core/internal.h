@@ -85,7 +85,19 @@ struct bh_block {
    * it copy-on-write and drops what it wrote there before each return, so
    * it is reused as any block, by bh__pool_acquire_sealed first). */
   uint8_t sealed;
+  /* A third process may hold this block's memfd (protocol 10).  peer: a
+   * forward of it was made here, so its return note carries
+   * BH__RETURN_SPENT.  own: the peer's return said so: the block is never
+   * reused for other bytes (whoever kept that fd would read them), but
+   * destroyed at its last reference with a retire note (shm.c). */
+  uint8_t spent;
 };
+
+/* Set on a return note's id (own ids stay below BH_BLOCK_BACK, this bit):
+ * the block was forwarded to a third process, which got its memfd; the
+ * owner retires it instead of reusing it (protocol 10). */
+#define BH__RETURN_SPENT 0x80000000u
+_Static_assert(BH__RETURN_SPENT == BH_BLOCK_BACK, "own ids stay below the spent bit");
 
 /* Peer blocks of at least this size keep their memfd in a pool that
  * forwards (bh_channel_opts.forward), so another channel can introduce
@@ -113,7 +125,9 @@ void bh__pool_introduced(bh_pool *p, bh_block *const *intro, uint32_t n);
 size_t bh__block_fds_open(void);
 size_t bh__block_fds_max(void);
 /* The peer returned own block `id` (drop the lent reference); a return
- * for a block not lent is a harmless duplicate.  -BH_EBLOCK if unknown. */
+ * for a block not lent is a harmless duplicate.  -BH_EBLOCK if unknown.
+ * With BH__RETURN_SPENT set in id the block was forwarded: it is marked
+ * spent, never reused, destroyed at its last reference. */
 int bh__pool_returned(bh_pool *p, uint32_t id);
 /* Maps a peer block introduced by a frame; consumes fd. */
 int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size);

@@ -120,6 +120,7 @@ struct bh_pool {
   uint32_t *retires; /* own ids the peer must unmap */
   size_t n_retires, cap_retires;
   uint64_t created, reused;
+  uint64_t spent;    /* own blocks retired at their last reference, forwarded */
   int forward;       /* keep large peer blocks' memfds, for forwards */
   uint64_t forwarded; /* forwards made here, ever */
   bh_pool *next;     /* the process's open pools (bh__pools), for forwards */
@@ -441,7 +442,7 @@ static int bh__pool_take(bh_pool *p, size_t nbytes, int fresh, bh_block **out) {
     bh_block *b = p->own[i];
     /* best fit, but never more than twice the need */
     if (atomic_load(&b->refs) == 0 && b->size >= size && b->size / 2 <= size &&
-        (!fresh || !b->peer_mapped || b->sealed) && (!best || b->size < best->size))
+        !b->spent && (!fresh || !b->peer_mapped || b->sealed) && (!best || b->size < best->size))
       best = b;
   }
   if (best) {
@@ -624,6 +625,16 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src, int *forget
   }
   if (b->own) {
     b->last_used = ++p->clock;
+    /* Forwarded by the peer: another process may have kept its memfd and
+     * would read whatever went there next.  Destroyed now, with a retire
+     * note (the peer unmaps it too); without memory for the note it stays,
+     * free but never taken (bh__pool_take), till a trim retires it. */
+    if (b->spent && bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id) == 0) {
+      if (bh__find(p->own, p->n_own, b->id, &at) == b) bh__remove_at(p->own, &p->n_own, at);
+      p->spent++;
+      bh__block_destroy(b);
+      return 0;
+    }
     bh__pool_trim(p);
     return 0;
   }
@@ -632,7 +643,9 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src, int *forget
    * reads the owner's bytes; an unwritten one keeps its pages mapped. */
   if (b->private_map && bh__range_clean(b->addr, b->size) != 1)
     (void)madvise(b->addr, b->size, MADV_DONTNEED);
-  if (bh__push_id(&p->returns, &p->n_returns, &p->cap_returns, b->id)) {
+  /* Forwarded from here (b->spent): a third process got its memfd, so the
+   * owner must retire it rather than reuse it; the note says so. */
+  if (bh__push_id(&p->returns, &p->n_returns, &p->cap_returns, b->id | (b->spent ? BH__RETURN_SPENT : 0))) {
     /* Out of memory for the note: the peer keeps the block lent.  It is
      * only memory held longer, never memory reused too early. */
   }
@@ -640,6 +653,8 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src, int *forget
 }
 
 int bh__pool_returned(bh_pool *p, uint32_t id) {
+  int spent = (id & BH__RETURN_SPENT) != 0;
+  id &= ~BH__RETURN_SPENT;
   pthread_mutex_lock(&p->mu);
   bh_block *b = bh__find(p->own, p->n_own, id, NULL);
   if (!b) {
@@ -651,6 +666,9 @@ int bh__pool_returned(bh_pool *p, uint32_t id) {
     return 0;
   }
   b->lent--;
+  /* Forwarded (a forward's own return never says so: its source is
+   * another's, and it is never reused anyway). */
+  if (spent && !b->src) b->spent = 1;
   bh_block *src;
   int forget;
   int free_pool = bh__unref_locked(p, b, &src, &forget); /* an own block: no forget */
@@ -866,6 +884,13 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
   if (seals >= 0 && !(seals & BH__WRITE_SEALS) && fcntl(src->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0)
     seals = fcntl(src->fd, F_GET_SEALS);
   if (seals < 0 || !(seals & BH__WRITE_SEALS)) goto err; /* an old kernel, or F_SEAL_SEAL: copy */
+  /* The receiver will hold its memfd for good: its owner must never
+   * reuse the block for other bytes, which its return note will say.
+   * Marked before the block can be forwarded, and kept where this forward
+   * then fails (a block retired for nothing, never one reused too early). */
+  pthread_mutex_lock(&src->pool->mu);
+  src->spent = 1;
+  pthread_mutex_unlock(&src->pool->mu);
   /* A dormant forward of this source: lent again as it is (the peer maps
    * it still), with the reference on src it kept. */
   pthread_mutex_lock(&p->mu);
@@ -1044,6 +1069,7 @@ int bh_pool_stats_get(bh_pool *p, bh_pool_stats *s) {
   s->created = p->created;
   s->reused = p->reused;
   s->forwarded = p->forwarded;
+  s->spent = p->spent;
   pthread_mutex_unlock(&p->mu);
   return 0;
 }

@@ -2021,9 +2021,16 @@ TEST_IMPL(channel_forward_lends_another_channels_block) {
   carry_notes(hb, wb);
   ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
   carry_notes(ha, wa);
+  /* A's block comes back marked forwarded (protocol 10): A retires it
+   * rather than keep it for reuse, and the host unmaps it. */
   s = stats_of(wa);
   ASSERT_UEQ(s.lent_blocks, 0);
-  ASSERT_UEQ(s.free_blocks, 1);
+  ASSERT_UEQ(s.own_blocks, 0);
+  ASSERT_UEQ(s.spent, 1);
+  carry_notes(wa, ha);
+  s = stats_of(ha);
+  ASSERT_UEQ(s.peer_blocks, 0);
+  ASSERT_UEQ(s.peer_fds, 0);
 
   bh_channel_close(ha);
   bh_channel_close(wa);
@@ -2135,14 +2142,113 @@ TEST_IMPL(channel_forward_kept_holds_its_source) {
   carry_notes(ha, wa);
   ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
 
-  /* The host drops its view: B unmaps, and only then is A's block free. */
+  /* The host drops its view: B unmaps, and only then does A get its
+   * block back, to retire it (it was forwarded: never reused). */
   bh_block_unref(held);
   carry_notes(hb, wb);
   ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
   carry_notes(ha, wa);
   bh_pool_stats s = stats_of(wa);
   ASSERT_UEQ(s.lent_blocks, 0);
-  ASSERT_UEQ(s.free_blocks, 1);
+  ASSERT_UEQ(s.own_blocks, 0);
+  ASSERT_UEQ(s.spent, 1);
+
+  bh_channel_close(ha);
+  bh_channel_close(wa);
+  bh_channel_close(hb);
+  bh_channel_close(wb);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
+/* Takes, as a receiver whose code keeps what it is given would, a copy of
+ * every fd the next frame waiting on c carries (MSG_PEEK: the frame stays
+ * for the channel, which closes its own copies as ever); returns how many,
+ * up to max, into fds. */
+static int peek_fds(bh_channel *c, int *fds, int max) {
+  char byte;
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * BH_FRAME_FDS_MAX)];
+    struct cmsghdr align;
+  } u;
+  struct iovec iov = {&byte, 1};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                      .msg_controllen = sizeof u.buf};
+  ASSERT_SYS(recvmsg(bh_channel_fd(c), &mh, MSG_PEEK | MSG_TRUNC | MSG_CMSG_CLOEXEC));
+  int n = 0;
+  for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    for (int i = 0; i < k; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+      if (n < max) fds[n++] = fd;
+      else close(fd);
+    }
+  }
+  return n;
+}
+
+/* A receiver that keeps the fd of a forward it was sent (B's code dups it,
+ * or ignores the note to unmap) reads through it nothing A writes later:
+ * once the host has forwarded A's block, A never reuses it (the return note
+ * says the block was forwarded, protocol 10): it is destroyed at A's last
+ * reference, and A's next output of that size takes a fresh memfd.
+ * Without, A reused the block for its next output and B read it (0x99). */
+TEST_IMPL(channel_forward_kept_fd_reads_none_of_the_owners_next_output) {
+  const size_t S = 2 * MiB;
+  int fds0 = bh_test_fd_count();
+  bh_channel *ha, *wa, *hb, *wb;
+  forward_pair(&ha, &wa, 1);
+  forward_pair(&hb, &wb, 1);
+  bh_block *x, *fw, *seen;
+  bh_frame f;
+  int rc, kept = -1;
+  uint64_t off, len = S;
+  bh_block *held = forward_source(wa, ha, S, 0x11, &x);
+  bh_block_unref(x); /* the loan keeps it */
+  ASSERT_OK(bh_channel_peer_find(hb, bh_block_addr(held), len, &fw, &off));
+  bh_buf v = refs_value(&fw, &off, &len, 1);
+  ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 2, v.data, v.len, &fw, 1));
+  bh_buf_free(&v);
+  bh_block_unref(fw);
+  /* B's code keeps a copy of the block's fd. */
+  ASSERT_EQ(peek_fds(wb, &kept, 1), 1);
+  ASSERT_OK(bh_test_recv(wb, &f, 5000));
+  ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(wb, &f);
+  uint8_t got;
+  ASSERT_EQ(pread(kept, &got, 1, S - 1), 1);
+  ASSERT_EQ(got, 0x11);
+
+  /* Everyone lets go: B returns the forward, the host drops A's array, A
+   * has its block back. */
+  bh_block_unref(seen);
+  carry_notes(wb, hb);
+  bh_block_unref(held);
+  carry_notes(hb, wb);
+  carry_notes(ha, wa);
+  ASSERT_UEQ(stats_of(wa).lent_blocks, 0);
+
+  /* A's next output, of the same size, different bytes: not in the block
+   * B's fd shows. */
+  held = forward_source(wa, ha, S, 0x99, &x);
+  bh_block_unref(x);
+  uint8_t *seen_by_b = mmap(NULL, S, PROT_READ, MAP_SHARED, kept, 0);
+  ASSERT_EQ(seen_by_b != MAP_FAILED, 1);
+  size_t leaked = 0;
+  for (size_t i = 0; i < S; i++) leaked += seen_by_b[i] == 0x99;
+  ASSERT_UEQ(leaked, 0);
+  ASSERT_SYS(munmap(seen_by_b, S));
+  bh_pool_stats s = stats_of(wa);
+  ASSERT_UEQ(s.created, 2); /* a fresh block: the forwarded one is retired */
+  ASSERT_UEQ(s.own_blocks, 1);
+  bh_block_unref(held);
+  carry_notes(ha, wa);
+  /* The retired block is unmapped in the host too (A's retire note). */
+  ASSERT_UEQ(stats_of(ha).peer_blocks, 1);
+  close(kept);
 
   bh_channel_close(ha);
   bh_channel_close(wa);

@@ -107,10 +107,10 @@ TEST_IMPL(proc_output_tail_keeps_the_end) {
   return 0;
 }
 
-/* A HELLO frame (protocol 9, request id 42, empty block section, value nil) as printf
+/* A HELLO frame (protocol 10, request id 42, empty block section, value nil) as printf
  * escapes: sh writes it to fd 3 in one write. */
 #define HELLO_FRAME_PRINTF                                                      \
-  "printf '\\102\\114\\110\\113\\011\\000\\001\\000"                            \
+  "printf '\\102\\114\\110\\113\\012\\000\\001\\000"                            \
   "\\052\\000\\000\\000\\000\\000\\000\\000"                                    \
   "\\000\\000\\000\\000\\021\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000" \
   "\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000' >&3"

@@ -274,19 +274,43 @@ def test_the_receiver_reads_no_byte_of_the_owners_it_was_not_sent(make_worker):
 
 def test_a_kept_forward_shows_the_receiver_none_of_the_owners_new_bytes(make_worker):
     """B returned a forward of A's block and the host dropped A's array: A
-    gets its block back and reuses it for an array B is never sent.  The
-    mapping B kept of the block (#40, for the next forward of it) is
-    retired before A can reuse the block (the dormant forward holds it
-    lent till then), so B reads nothing of A's new bytes there: without,
-    B read them (0x99) through the kept mapping."""
+    gets its block back, and A's next array of that size is one B is never
+    sent.  The mapping B kept of the block (#40, for the next forward of
+    it) is retired before A gets the block back (the dormant forward holds
+    it lent till then), and A retires the block rather than reuse it
+    (protocol 10), so B reads nothing of A's new bytes there: 471c5c9 kept
+    the mapping while A reused the block, and B read them (0x99)."""
     a, b = _pair(make_worker)
     x = a.call("bh_fwdscope:one", 4 * N, 0x11)  # uint8: 1 MiB, forwarded
     assert b.call("bh_fwdpeek:note", x) == 4 * N
     del x
     _settle(a, b, a, b)
-    y = a.call("bh_fwdscope:one", 4 * N, 0x99)  # A's block again, for bytes B never gets
-    assert a.call("bh_backrefs:stats")["created"] == 1  # the same block: the test's premise
+    y = a.call("bh_fwdscope:one", 4 * N, 0x99)  # A's next output, bytes B never gets
     seen = b.call("bh_fwdpeek:peek")
     assert seen is None or set(seen) <= {0, 0x11}, f"B read {seen} of A's"
+    del y
+    _settle(a, b)
+
+
+def test_a_receiver_that_keeps_the_fd_reads_none_of_the_owners_next_output(make_worker):
+    """B's code keeps the fd of the block an array it got came in (the
+    memfd of A's block, forwarded): in one process a node holding its input
+    never sees what another node makes next, and through that fd B reads
+    nothing of A's next output either.  A never reuses a block the host
+    forwarded (its return says so, protocol 10): it retires it, and its
+    next output of that size takes a fresh block.  Without, A reused the
+    block and B read A's next output (0x99) through the fd it kept."""
+    a, b = _pair(make_worker)
+    x = a.call("bh_fwdscope:one", 4 * N, 0x11)  # uint8: 1 MiB, forwarded
+    size = b.call("bh_fwdpeek:keep_fd", x)
+    if size is None:
+        pytest.skip("the worker may not open /proc/self/map_files (needs CAP_CHECKPOINT_RESTORE)")
+    assert size == 4 * N
+    del x
+    _settle(a, b, a, b)
+    y = a.call("bh_fwdscope:one", 4 * N, 0x99)  # A's next output, bytes B never gets
+    seen = b.call("bh_fwdpeek:read_kept")
+    assert 0x99 not in seen, f"B read {seen} of A's through the fd it kept"
+    assert a.call("bh_backrefs:stats")["spent"] == 1  # the forwarded block, retired
     del y
     _settle(a, b)
