@@ -25,7 +25,8 @@ import sys
 import threading
 
 from .. import _native, envlock
-from ..channel import spec, targets
+from .._importwatch import when_imported
+from ..channel import peer as _peer_mod, spec, targets
 from ..channel.nodes import encode_comfy
 from ..channel.peer import Peer, interpreter_info, resolve_target
 from . import typed, zygote
@@ -81,7 +82,7 @@ def call_host(target, /, *args, **kwargs):
     if _peer is None:
         raise RuntimeError("bulkhead.worker.call_host works only inside a bulkhead worker")
     if task_thread is not None and threading.current_thread() is task_thread:
-        from .nodes import task_ask_host  # a cycle: nodes imports this package
+        from .nodes import task_ask_host  # lazy: worker start (and a cycle: nodes imports this package)
         return task_ask_host(target, args, kwargs)
     return _peer.channel.request(_native.CALLBACK, (target, args, kwargs), None)
 
@@ -122,13 +123,11 @@ def main():
         return 2
     envlock.hold(sys.prefix)    # while this worker lives, its environment is in use (a rebuild keeps it)
     if os.environ.get(spec.SANDBOXED) == "1":
-        from . import sandbox
-        from ..channel import peer as _peer_mod
+        from . import sandbox  # lazy: worker start (only a sandboxed one)
         _peer_mod.on_error = sandbox.note   # a refusal that crosses is named in the log, with the fix
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.
     signal.signal(signal.SIGUSR1, _interrupted)
-    from .._importwatch import when_imported
     when_imported("logging", _setup_logging)
     resolve = _pack_target if os.environ.get(spec.PACK_DIR) else resolve_target
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve, cache_sends=True)
@@ -187,7 +186,7 @@ def _attach_memory(peer, ack, host_pid):
     to the release ladders, every call ends with the node-boundary census
     (but a load, targets.LOAD: the memory runtime's own work, which
     publishes its own census, as a release does)."""
-    from .memory import WorkerMemory
+    from .memory import WorkerMemory  # lazy: worker start (only one under the host's budget)
     memory = WorkerMemory(os.environ.get(spec.LEDGER), str(ack.get("name", "")),
                           int(ack.get("generation", 0)), host_pid, call_host,
                           spec.from_env(spec.IDLE_RELEASE_S))
@@ -208,4 +207,3 @@ def _attach_memory(peer, ack, host_pid):
         return call
     peer._resolve = resolve_and_count
     return memory
-

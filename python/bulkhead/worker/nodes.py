@@ -379,7 +379,7 @@ class _Strict(Meta):
 def _describe_v3(key, cls, problems, types):
     """A V3 node: its finalised schema (what GET_NODE_INFO_V1 is made
     from), whether execute is async, and the optional methods it has."""
-    import dataclasses
+    import dataclasses  # lazy: worker start (only a V3 pack's)
     io = sys.modules["comfy_api.latest"].io
     with _FolderRecorder() as rec:
         schema = cls.GET_SCHEMA()
@@ -546,7 +546,7 @@ def describe(host_type_names=()):
     which the pack's own type strings are compared with too (TypeTable)."""
     ready()
     try:
-        import folder_paths  # noqa: F401  (so INPUT_TYPES' file lists can be recognised)
+        import folder_paths  # noqa: F401; comfyui: folder_paths (so INPUT_TYPES' file lists can be recognised)
     except Exception:
         pass
     mod = _load()
@@ -684,8 +684,8 @@ def _task_loop():
     global _aloop, _task_ticket, _host_asks
     with _lock:
         if _aloop is None:
-            import contextvars
-            from _queue import SimpleQueue
+            import contextvars  # lazy: worker start (only async nodes)
+            from _queue import SimpleQueue  # lazy: worker start
             _task_ticket = contextvars.ContextVar("bulkhead_task_ticket", default=None)
             _host_asks = SimpleQueue()
             loop = asyncio.new_event_loop()
@@ -789,7 +789,7 @@ def _start_task(ticket, fn, kwargs, v3):
     if inspect.isawaitable(coro):
         future = asyncio.run_coroutine_threadsafe(_task(ticket, coro), loop)
     else:   # not a coroutine after all: its answer is the outcome
-        import concurrent.futures
+        import concurrent.futures  # lazy: worker start (only async nodes)
         future = concurrent.futures.Future()
         future.set_result(coro)
     _tasks[ticket] = _Task(future, kwargs, received, v3)
@@ -839,7 +839,7 @@ def task_ask_host(target, args, kwargs):
     {"pump"}), and it calls async_pump, which makes the request from the
     main thread.  Blocks the loop thread until the answer is back, as the
     same call blocks the loop in ComfyUI's process."""
-    import concurrent.futures
+    import concurrent.futures  # lazy: worker start (only async nodes)
     answer = concurrent.futures.Future()
     _host_asks.put((target, args, kwargs, answer))
     _notify_task(0, {"pump": True})
@@ -849,7 +849,7 @@ def task_ask_host(target, args, kwargs):
 def async_pump():
     """Makes the loop thread's pending requests to the host (task_ask_host),
     from the main thread."""
-    from _queue import Empty
+    from _queue import Empty  # lazy: worker start (only async nodes)
     asks = _host_asks
     while asks is not None:
         try:

@@ -253,11 +253,11 @@ class Request:
 
     async def post(self):
         if self.content_type == "application/x-www-form-urlencoded":
-            from urllib.parse import parse_qsl
+            from urllib.parse import parse_qsl  # lazy: worker start
             return _MultiDict(parse_qsl(self._body.decode("utf-8"), keep_blank_values=True))
         if self.content_type.startswith("multipart/"):
-            import email.parser
-            import email.policy
+            import email.parser  # lazy: worker start
+            import email.policy  # lazy: worker start
             head = f"Content-Type: {self.headers.get('Content-Type')}\r\n\r\n".encode()
             msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + self._body)
             pairs = []

@@ -165,7 +165,7 @@ def run_prompt_handlers(json_data, timeout_s):
             try:
                 data = h(data)
             except Exception as e:
-                import traceback
+                import traceback  # lazy: worker start
                 print(f"bulkhead: pack {pack_name()!r}: on_prompt handler {h!r} failed: {e!r}\n"
                       + traceback.format_exc(), file=sys.stderr)
         return data

@@ -60,7 +60,7 @@ def _load():
     if _loaded:
         return
     _loaded = True
-    import json  # here: a worker's start imports no json (nor re)
+    import json  # lazy: worker start
     try:
         files = json.loads(os.environ.get(SERIALIZERS) or "[]")
     except ValueError:
@@ -158,7 +158,7 @@ def decode_tagged(m):
     fails: the error of the call whose value held the map."""
     tag = m.get(MARK)
     if isinstance(tag, str) and tag in COMFY_TAGS:  # ComfyUI's own values (channel/nodes.py), never a pack's
-        from . import nodes  # lazy: a cycle (nodes imports this package)
+        from . import nodes  # lazy: worker start (and a cycle: nodes imports this package)
         nodes.ready()  # ComfyUI on sys.path: the value may come with this worker's first call
         return decode_comfy(m)
     if not _loaded:

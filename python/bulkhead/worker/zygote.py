@@ -42,6 +42,7 @@ import signal
 import struct
 import sys
 
+from .. import _native
 from ..channel.spec import AS_ZYGOTE, FD, LOG_LEVEL, PARENT_PID, ZYGOTE_LINGER_S, ZYGOTE_PRELOAD
 
 LINGER_S = 30.0
@@ -129,8 +130,8 @@ class _Zygote:
                 os.close(fd)
 
     def _request(self, become):
-        import json
-        import socket
+        import json  # lazy: worker start
+        import socket  # lazy: worker start
         try:
             msg, fds, _flags, _addr = socket.recv_fds(self.ctl, 1 << 20, 3)
         except OSError:
@@ -208,7 +209,7 @@ def _site_paths():
     The preload still needs the environment's directories: its
     site-packages and the directory lines of its ``.pth`` files (the
     host's shared packages), added here without their import lines."""
-    import site
+    import site  # lazy: worker start (a zygote runs without site)
     prefix = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
     venv = os.path.isfile(os.path.join(prefix, "pyvenv.cfg"))
     for d in site.getsitepackages([prefix] if venv else None):
@@ -253,8 +254,8 @@ def serve():
     # json and socket are imported here, in the zygote, not at the top:
     # every worker imports this module, and a spawned one needs neither
     # (socket, selectors, json and re cost its start several ms).
-    import json
-    import socket
+    import json  # lazy: worker start
+    import socket  # lazy: worker start
     ctl = socket.socket(fileno=fd)
     zygote_pid = os.getpid()
     ctl.send(json.dumps({"ready": True, "failed": failed}).encode())
@@ -288,7 +289,6 @@ def _become(req, fds, base_path, preloaded, zygote_pid):
         if req.get("sandbox"):
             # Before the environment's site runs (its .pth lines are its
             # code) or the pack is imported: a failure ends the child.
-            from .. import _native
             _native.sandbox_apply(tuple(req["sandbox"]))
             if "tempfile" in sys.modules:
                 sys.modules["tempfile"].tempdir = None   # the zygote's TMPDIR is not the pack's
@@ -310,7 +310,7 @@ def _take_environment(python, env, base_path, preloaded):
     """sys.executable, sys.path and site as ``python -m`` would have them
     in env; returns the preloaded modules that env would import from
     elsewhere (then the caller execs)."""
-    import site
+    import site  # lazy: worker start (a zygote runs without site)
     sys.executable = python
     pp = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.getcwd(), *pp, *base_path]
