@@ -397,7 +397,7 @@ static void frame_seeds(void) {
   bh_arena ar = {0};
   bh_block *ab[4];
   uint64_t ao[4];
-  for (int i = 0; i < 4; i++) CHECK(bh_arena_take(a, &ar, 100, &ab[i], &ao[i]) == 0);
+  for (int i = 0; i < 4; i++) CHECK(bh_arena_take(bh_channel_pool(a), &ar, 100, &ab[i], &ao[i]) == 0);
   bh_arena_close(&ar);
   static const struct {
     const char *name;

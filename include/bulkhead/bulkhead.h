@@ -525,16 +525,17 @@ typedef struct bh_arena {
 } bh_arena;
 
 /* Takes nbytes (1..BH_ARENA_ITEM_MAX) at a BH_ARENA_ALIGN-aligned offset
- * of the arena's current block, acquiring a new block from the channel's
- * pool when it is full.  Returns 0 with *out (one reference owned by the
- * caller) and *offset; -EINVAL for a size out of range; what
- * bh_channel_block_acquire returns (-BH_EPOOLFULL) when no block can be
- * had.  List the block in the message's bh_msg.blocks for each tensor (a
+ * of the arena's current block, acquiring a new block from pool p (the
+ * sending channel's: bh_channel_pool) when it is full.  The arena takes the
+ * pool, not the channel, so shm.c needs nothing of channel.c (the channel
+ * builds on the pool, never the other way).  Returns 0 with *out (one
+ * reference owned by the caller) and *offset; -EINVAL for a size out of
+ * range; what bh_channel_block_acquire returns (-BH_EPOOLFULL) when no
+ * block can be had.  List the block in the message's bh_msg.blocks for each tensor (a
  * block listed twice is lent once).  Ranges taken never overlap and their
  * offsets grow, in the order taken: encode tensors in the order their
  * ranges were taken (the receiver checks both, bh_channel_frame_block). */
-BH_EXTERN int bh_arena_take(bh_channel *c, bh_arena *a, size_t nbytes, bh_block **out,
-                            uint64_t *offset);
+BH_EXTERN int bh_arena_take(bh_pool *p, bh_arena *a, size_t nbytes, bh_block **out, uint64_t *offset);
 /* Drops the arena's reference on its current block (the tensors' own
  * references keep it) and zeroes it: it may be used again after, for the
  * next message, as a new one. */

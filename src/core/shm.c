@@ -984,13 +984,13 @@ _Static_assert(BH_ARENA_ITEM_MAX <= BH_ARENA_BLOCK_MIN && BH_ARENA_BLOCK_MIN <= 
                "an arena block holds at least one item");
 _Static_assert(BH__PAGE % BH_ARENA_ALIGN == 0, "blocks are whole pages: aligned offsets stay aligned");
 
-int bh_arena_take(bh_channel *c, bh_arena *a, size_t nbytes, bh_block **out, uint64_t *offset) {
-  if (!c || !a || !out || !offset || nbytes == 0 || nbytes > BH_ARENA_ITEM_MAX) return -EINVAL;
+int bh_arena_take(bh_pool *p, bh_arena *a, size_t nbytes, bh_block **out, uint64_t *offset) {
+  if (!p || !a || !out || !offset || nbytes == 0 || nbytes > BH_ARENA_ITEM_MAX) return -EINVAL;
   size_t at = a->used;
   if (!a->block || nbytes > a->block->size - at) {
     size_t want = a->next_bytes ? a->next_bytes : BH_ARENA_BLOCK_MIN;
     bh_block *b;
-    int rc = bh_channel_block_acquire(c, want, &b);
+    int rc = bh__pool_acquire(p, want, &b);
     if (rc) return rc;
     if (a->block) bh_block_unref(a->block); /* its tensors hold their own references */
     a->block = b;

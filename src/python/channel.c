@@ -613,7 +613,7 @@ static PyObject *Channel_acquire(PyObject *op, PyObject *arg) {
   bh_arena *arena = self->enc && self->enc_thread == PyThread_get_thread_ident() && n <= BH_ARENA_ITEM_MAX
                         ? &self->enc->arena : NULL;
   Py_BEGIN_ALLOW_THREADS
-  if (arena) rc = bh_arena_take(c, arena, (size_t)n, &b, &offset);
+  if (arena) rc = bh_arena_take(bh_channel_pool(c), arena, (size_t)n, &b, &offset);
   else rc = bh_channel_block_acquire(c, (size_t)n, &b);
   Py_END_ALLOW_THREADS
   if (rc < 0) return bh_py_raise(chan_state(self), rc, "acquire");

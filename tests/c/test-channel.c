@@ -1443,10 +1443,11 @@ TEST_IMPL(channel_arena_packs_small_tensors) {
   uint32_t distinct = 0;
   bh_block *tmp;
   uint64_t o;
-  ASSERT_RC(bh_arena_take(a, &ar, 0, &tmp, &o), -EINVAL);
-  ASSERT_RC(bh_arena_take(a, &ar, BH_ARENA_ITEM_MAX + 1, &tmp, &o), -EINVAL);
+  ASSERT_RC(bh_arena_take(bh_channel_pool(a), &ar, 0, &tmp, &o), -EINVAL);
+  ASSERT_RC(bh_arena_take(bh_channel_pool(a), &ar, BH_ARENA_ITEM_MAX + 1, &tmp, &o), -EINVAL);
+  ASSERT_RC(bh_arena_take(NULL, &ar, 1, &tmp, &o), -EINVAL);
   for (uint32_t i = 0; i < N; i++) {
-    ASSERT_OK(bh_arena_take(a, &ar, n, &blk[i], &off[i]));
+    ASSERT_OK(bh_arena_take(bh_channel_pool(a), &ar, n, &blk[i], &off[i]));
     len[i] = n;
     ASSERT_EQ(off[i] % BH_ARENA_ALIGN, 0);
     ASSERT_LE(off[i] + n, bh_block_size(blk[i]));
@@ -1495,7 +1496,7 @@ TEST_IMPL(channel_arena_packs_small_tensors) {
 
   /* The next message reuses the free blocks: nothing new, no fd. */
   int fds1 = bh_test_fd_count();
-  for (uint32_t i = 0; i < N; i++) ASSERT_OK(bh_arena_take(a, &ar, n, &blk[i], &off[i]));
+  for (uint32_t i = 0; i < N; i++) ASSERT_OK(bh_arena_take(bh_channel_pool(a), &ar, n, &blk[i], &off[i]));
   bh_arena_close(&ar);
   ASSERT_EQ(stats_of(a).created, distinct);
   ASSERT_OK(bh_test_send(a, BH_KIND_RESULT, 4, v.data, v.len, blk, N));

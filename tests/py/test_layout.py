@@ -401,3 +401,70 @@ def test_the_architecture_page_lists_every_module():
     listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", page, re.M))
     present = set(package_sources())
     assert listed == present, (sorted(present - listed), sorted(listed - present))
+
+
+# --- the C core: src/core/*.c call each other without a circle ---------
+
+def _core_calls(archive):
+    """{file: {file it calls: [symbols]}} among the objects of the core's
+    static library (nm: what each defines and what it leaves undefined)."""
+    import collections
+    import re
+    out = subprocess.run(["nm", "-A", archive], capture_output=True, text=True, check=True).stdout
+    defined, wanted = {}, collections.defaultdict(set)
+    for line in out.splitlines():
+        m = re.match(r"[^:]*:(?:.*/)?([\w.]+?)\.o:\s*(?:[0-9a-f]+\s+)?([A-Za-z])\s+(\S+)$", line)
+        if not m:
+            continue
+        obj, kind, sym = m.groups()
+        if kind == "U":
+            wanted[obj].add(sym)
+        elif kind in "TDBRVWC":
+            defined.setdefault(sym, obj)
+    calls = collections.defaultdict(dict)
+    for obj, syms in wanted.items():
+        for sym in syms:
+            to = defined.get(sym)
+            if to is not None and to != obj:
+                calls[obj].setdefault(to, []).append(sym)
+    return calls
+
+
+def _circles(calls):
+    """'a -> b -> ... -> a' for each call that closes a circle."""
+    def reaches(a, b):
+        seen, todo = set(), [a]
+        while todo:
+            m = todo.pop()
+            if m == b:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo += calls.get(m, {})
+        return False
+    return sorted(f"{a} -> {b} ({', '.join(sorted(syms))}) -> ... -> {a}"
+                  for a, to in calls.items() for b, syms in to.items() if reaches(b, a))
+
+
+def test_the_c_core_has_no_call_circle():
+    """Each src/core/*.c builds on others without a circle (the channel on
+    the pool, never the pool on the channel: bh_arena_take takes a
+    bh_pool *), read from what each object of the built core defines and
+    needs."""
+    import shutil
+    build = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(os.path.dirname(os.path.dirname(PY_SRC)),
+                                                                           "build", "rel")))
+    archive = os.path.join(build, "src", "core", "libbulkhead_core.a")
+    if shutil.which("nm") is None or not os.path.isfile(archive):
+        import pytest
+        pytest.skip(f"needs nm and the built core ({archive}: make build)")
+    calls = _core_calls(archive)
+    assert "error.c" in calls.get("shm.c", {}), calls  # the scan read the objects (bh__close)
+    assert _circles(calls) == []
+
+
+def test_the_c_circle_scan_sees_one():
+    calls = {"shm.c": {"channel.c": ["bh_channel_block_acquire"], "error.c": ["bh__close"]},
+             "channel.c": {"shm.c": ["bh__pool_acquire"]}}
+    assert _circles(calls) == ["channel.c -> shm.c (bh__pool_acquire) -> ... -> channel.c",
+                               "shm.c -> channel.c (bh_channel_block_acquire) -> ... -> shm.c"]
