@@ -39,11 +39,14 @@ own, both empty, so every build downloads.  Per round:
                      ready_s / slowest_plus_download_s: #36's "about
                      the time of the slowest build plus the download time"
   builds_at_once     how many environments the server builds at once
-                     (host/building.py pool_size: the CPUs, at most 4)
-  waves_s            limit for that pool: single_ready_s + (ceil(6 /
-                     builds_at_once) - 1) * slowest_build_s, six builds in
-                     waves of builds_at_once, each as slow as the slowest;
-                     ready_over_waves = ready_s / waves_s
+                     (host/building.py pool_size), their commands bounded
+                     by cpu_slots CPU slots (cpu_slots: the CPUs, at most
+                     4) and one download stream per index
+  waves_s            limit for a pool of one build per CPU slot (the pool
+                     before #36's download streams): single_ready_s +
+                     (ceil(6 / cpu_slots) - 1) * slowest_build_s, six
+                     builds in waves of cpu_slots, each as slow as the
+                     slowest; ready_over_waves = ready_s / waves_s
 
 Medians over --rounds where more than one.  Exit status 0 whether the
 targets are met or not (a report); nonzero only when something failed to
@@ -222,9 +225,9 @@ def main():
         doc["ready_over_serial"] = doc["ready_s"] / doc["serial_build_s"]
         doc["slowest_plus_download_s"] = doc["single_ready_s"] + doc["download_s"]
         doc["ready_over_slowest_plus_download"] = doc["ready_s"] / doc["slowest_plus_download_s"]
-        from bulkhead.host.building import pool_size
-        doc["builds_at_once"] = pool_size()
-        doc["waves_s"] = doc["single_ready_s"] + (-(-len(PACKAGES) // pool_size()) - 1) * doc["slowest_build_s"]
+        from bulkhead.host.building import cpu_slots, pool_size
+        doc["builds_at_once"], doc["cpu_slots"] = pool_size(), cpu_slots()
+        doc["waves_s"] = doc["single_ready_s"] + (-(-len(PACKAGES) // cpu_slots()) - 1) * doc["slowest_build_s"]
         doc["ready_over_waves"] = doc["ready_s"] / doc["waves_s"]
         doc.update(target_extra_s=TARGET_EXTRA_S, packages=[d for d, _ in PACKAGES], rounds=rounds,
                    cpus=os.cpu_count(), loadavg=list(os.getloadavg()), build_py=BUILD_PY)
@@ -237,7 +240,7 @@ def main():
               f"every pack in /object_info {doc['ready_s']:.1f} s from start: slowest build alone "
               f"{doc['slowest_build_s']:.1f} s (x{doc['ready_over_slowest']:.2f}), slowest pack's server alone "
               f"{doc['single_ready_s']:.1f} s (x{doc['ready_over_single']:.2f}), six built serially "
-              f"{doc['serial_build_s']:.1f} s (x{doc['ready_over_serial']:.2f}), in waves of {doc['builds_at_once']} "
+              f"{doc['serial_build_s']:.1f} s (x{doc['ready_over_serial']:.2f}), in waves of {doc['cpu_slots']} "
               f"{doc['waves_s']:.1f} s (x{doc['ready_over_waves']:.2f}), download {doc['download_s']:.2f} s "
               f"[{args.rounds} round(s), load {doc['loadavg'][0]:.1f}; {args.out}]")
     finally:

@@ -91,7 +91,7 @@ ROWS = [
         "s", "serial_build_s", "the six built one after another", "/", "side by side"),
     row("the same against the slowest pack alone (its server start to its node) plus the download", "six_packs",
         "ready_s", "s", "slowest_plus_download_s", "slowest alone + download", "/", "about 1"),
-    row("the same against six builds in waves of the build pool (the CPUs, at most 4)", "six_packs", "ready_s", "s",
+    row("the same against six builds in waves of one per CPU (the pool before download streams)", "six_packs", "ready_s", "s",
         "waves_s", "waves of the slowest", "/", "about 1"),
     row("20 isolated numpy-only packs: cold first prompt", "many_packs", "rows.20.cold_first_prompt_ms", "ms",
         "rows.20.single_cold_max_ms", "the slowest single pack's", "rows.20.cold_ratio", "≤ 1.5"),

@@ -55,6 +55,7 @@ run).  Every state but ready carries the command that rebuilds it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import fcntl
@@ -411,6 +412,56 @@ def _without_index_args(args):
     return out
 
 
+# --- builds side by side: what each command waits for ---
+#
+# A process that builds several environments at once (ComfyUI's
+# background builds, host/building.py) bounds them by what each command
+# uses: one that downloads from an index (a pip or uv install that may
+# reach one: ``indexes_of``) takes that index's one download stream,
+# every other one a CPU slot.  ``gate``, set by that pool, is what
+# ``_stream`` holds around each command it runs; None (`bulkhead
+# install`, a script's build) runs every command at once.
+
+DEFAULT_INDEX = "the default index"     # indexes_of's name for the index an installer uses unless told one
+gate = None     # gate(indexes, say) -> a context manager held while the command runs; say(line): the build's stream
+
+_MAIN_INDEX_ARGS = ("-i", "--index-url", "--default-index")
+_MORE_INDEX_ARGS = ("--extra-index-url", "--index", "-f", "--find-links")
+
+
+def indexes_of(cmd, env=None):
+    """The indexes (URLs, redacted; ``DEFAULT_INDEX`` for the one an
+    installer uses unless told one) that ``cmd`` may download from: a
+    ``pip install`` or ``uv pip install`` without --no-index or
+    --offline, reading its index arguments, then the environment's
+    (``env``, default ``clean_env()``) PIP_/UV_ index variables; [] for
+    any other command.  A --find-links folder is not an index."""
+    cmd = [os.fspath(c) for c in cmd]
+    at = next((i for i in range(len(cmd) - 1) if cmd[i] == "pip" and cmd[i + 1] == "install"), None)
+    if at is None or "--no-index" in cmd or "--offline" in cmd:
+        return []
+    env = clean_env() if env is None else env
+    uv = at > 0 and os.path.basename(cmd[0]).startswith("uv")
+    main, more = None, []
+    args = cmd[at + 2:]
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if name in _MAIN_INDEX_ARGS:
+            main = value
+        elif name in _MORE_INDEX_ARGS:
+            more.append(value)
+    if main is None:
+        main = (env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL")) if uv else None
+        main = main or env.get("PIP_INDEX_URL") or DEFAULT_INDEX
+    for var in (("UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS") if uv else ()) + \
+            ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"):
+        more += env.get(var, "").split()
+    urls = [main] + [u for u in more if "://" in u and not u.startswith("file:")]
+    return sorted({redact(u.rstrip("/")) for u in urls})
+
+
 def _stream(cmd, progress, what, tail_lines=40, env=None):
     """Runs ``cmd``, handing each output line (stdout and stderr merged) to
     ``progress``.  Raises EnvBuildError with the output's tail when it
@@ -421,6 +472,13 @@ def _stream(cmd, progress, what, tail_lines=40, env=None):
     # it has one: the build's log file and a panel's "what is known", not
     # ComfyUI's log (build's _Teed, host/building.py).
     out = getattr(progress, "stream", progress)
+    held = gate(indexes_of(cmd, env), out) if gate is not None else contextlib.nullcontext()
+    with held:
+        return _run_streamed(cmd, out, what, tail, env)
+
+
+def _run_streamed(cmd, out, what, tail, env):
+    """_stream's command, run once what it waits for (``gate``) is held."""
     if _stopping.is_set():
         raise BuildStopped(f"{what}: not started: this process is stopping (the build is not remembered as "
                            "failed; the next start or `bulkhead install` builds it)")

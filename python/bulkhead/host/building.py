@@ -6,8 +6,12 @@ ComfyUI-Manager update that bumped a pin), host/pack.py hands the build
 here instead of building it inside ComfyUI's start-up: the pack is
 recorded "building" (host/states.py, with its phase), ComfyUI's server
 comes up without it, and the build runs on a small pool of threads
-(``pool_size``: bounded by the CPU count), side by side with other packs'
-builds.  Each environment is built at most once at a time: ``submit``
+(``pool_size``), side by side with other packs' builds, bounded by what
+they wait for (``_Gate``): a command that downloads from an index takes
+that index's one download stream, any other one of the CPU slots
+(``cpu_slots``), so that more builds run at once than there are CPUs
+where they wait on the network.  Each environment is built at most once
+at a time: ``submit``
 keeps one build per environment directory, and envs/build.py's lock on
 the environment is the one ``bulkhead install`` takes too.
 
@@ -41,6 +45,7 @@ offers: ``annotate``).
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -60,11 +65,56 @@ LINE_MAX = states.LINE_MAX   # the most of one line of a build's in ComfyUI's lo
 short = states.short
 
 
-def pool_size():
-    """How many environments build at once: the CPU count, at least 1 and
-    at most 4 (a build is pip's or uv's work: downloads and unpacking,
-    several CPUs each at times)."""
+def cpu_slots():
+    """How many of the builds' commands that work the CPU (a venv made,
+    an install that downloads nothing) run at once: the CPU count, at
+    least 1 and at most 4 (uv and pip use several CPUs each at times)."""
     return max(1, min(4, os.cpu_count() or 1))
+
+
+def pool_size():
+    """How many environments build at once: more than the CPU slots (4
+    builds per slot, at most 8), since a build spends much of its time
+    downloading, one stream per index, and describing its pack in a
+    worker; what bounds their work is ``_Gate``."""
+    return min(8, 4 * cpu_slots())
+
+
+class _Gate:
+    """envs.build's ``gate`` for the pool's builds: held around each
+    command a build runs.  A command that downloads (``indexes``: the
+    indexes it may reach, envs.build.indexes_of) takes each of those
+    indexes' one download stream, in their sorted order; any other takes
+    one of ``cpu_slots`` CPU slots.  A command holds one kind at a time,
+    and streams are taken in one order: no two builds wait on each other.
+    Waiting is said on the build's stream (its log file, the panel's
+    "what is known"), not in ComfyUI's log."""
+
+    def __init__(self, cpus):
+        self.cpus = threading.BoundedSemaphore(cpus)
+        self.streams = {}       # index -> its one download stream (a Lock); under self.lock
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self, indexes, say):
+        if indexes:
+            with self.lock:
+                wanted = [(self.streams.setdefault(i, threading.Lock()),
+                           f"waiting for the download stream of {i} (one build at a time downloads from it)")
+                          for i in indexes]
+        else:
+            wanted = [(self.cpus, f"waiting for a CPU slot ({cpu_slots()} build command(s) at a time work the CPU)")]
+        held = []
+        try:
+            for slot, waiting in wanted:
+                if not slot.acquire(blocking=False):
+                    say(waiting)
+                    slot.acquire()
+                held.append(slot)
+            yield
+        finally:
+            for slot in reversed(held):
+                slot.release()
 
 
 class _Progress:
@@ -147,7 +197,8 @@ def states_update(b, **fields):
 
 
 # The pool: up to pool_size() daemon threads taking (Build, work, env_dir)
-# from _queue.  Daemon threads, not a ThreadPoolExecutor's, so that a
+# from _queue, their commands gated by _Gate (envs.build.gate, set with the
+# first thread).  Daemon threads, not a ThreadPoolExecutor's, so that a
 # ComfyUI stopping while builds run is not held until they end (the
 # interpreter joins an executor's threads before its atexit hooks run):
 # _stop, at exit, ends their commands (envs.build.stop_builds).
@@ -172,6 +223,8 @@ def submit(config, kind, env_dir, directory, module, work):
         _all.append(b)
         if not _threads:
             atexit.register(_stop)
+            from ..envs import build as envs  # lazy: ComfyUI's start (envs loads once a pack builds)
+            envs.gate = _Gate(cpu_slots())
         if len(_threads) < pool_size():
             t = threading.Thread(target=_serve, name=f"bulkhead-build-{len(_threads)}", daemon=True)
             _threads.append(t)
