@@ -40,7 +40,7 @@ DIALECTS = os.path.join(REPO, "docs", "comfy-env-dialects.md")
 # The fields of a view, by the file's role; "refused" is the reader's
 # error (None when it read the file).
 FIELDS = {
-    "env": ("refused", "python", "requirements", "conda", "cuda", "env_vars", "apt", "brew", "local"),
+    "env": ("refused", "python", "requirements", "conda", "cuda", "env_vars", "apt", "brew", "local", "no_deps"),
     "root": ("refused", "node_packs", "types", "apt", "brew", "isolate"),
 }
 ALL_FIELDS = sorted(set(FIELDS["env"]) | set(FIELDS["root"]))
@@ -95,7 +95,7 @@ def corpus_configs(folder):
 
 def shape_of(path):
     """"d1" where the file has 0.0.x's shape (an environment table named
-    for it, ``[env]`` + ``[packages]``, ``[system]``, ``[local]``,
+    for it, ``[env]`` + ``[packages]`` or a top-level ``packages`` alone, ``[system]``, ``[local]``,
     ``[variables]``, ``cuda = [...]`` or ``[cuda] name = "version"``),
     else "current"."""
     try:
@@ -114,7 +114,7 @@ def shape_of(path):
         return "d1"
     if any(k in data for k in ("python", "pypi-dependencies", "dependencies")) and "env" not in data:
         return "current"       # 0.0.66+'s top level, whatever else the file carries
-    if "env" in data and "packages" in data:
+    if "packages" in data:      # [env] + [packages], or a top-level packages alone: 0.0.x's simple shape
         return "d1"
     cuda = data.get("cuda")
     if isinstance(cuda, list) or (isinstance(cuda, dict) and "packages" not in cuda and cuda
@@ -270,7 +270,7 @@ def d1_view(c, role):
     envs = list((c.get("envs") or {}).values())
     system = c.get("system") or {}
     view = {"refused": None, "apt": sorted(_listify(system.get("linux"))),
-            "brew": sorted(_listify(system.get("darwin"))), "cuda": []}
+            "brew": sorted(_listify(system.get("darwin"))), "cuda": [], "no_deps": []}
     if role == "root":
         view.update(node_packs=sorted(r.get("name") for r in c.get("node_reqs") or []), types={}, isolate=None)
         return view
@@ -286,6 +286,9 @@ def d1_view(c, role):
         reqs = list(e.get("requirements") or []) + list(e.get("no_deps_requirements") or []) + \
             list(e.get("linux_requirements") or [])
         view["python"] = e.get("python")
+        # what it installed with --no-deps: its CUDA packages and no_deps
+        view["no_deps"] = _reqs(dict(_bulkhead_req(q) for q in e.get("no_deps_requirements") or []
+                                     if q.strip()).items())
         view["env_vars"] = {str(k): str(v) for k, v in (e.get("env_vars") or {}).items()}
         conda = (e.get("conda") or {}).get("packages") or []
     else:
@@ -296,12 +299,14 @@ def d1_view(c, role):
 
 
 def merged_view(view):
-    """view with its CUDA wheels among its requirements: how a 0.0.x
-    release's answer is compared."""
+    """view with its CUDA wheels among its requirements, and among what
+    is installed without dependencies (as that release installed both its
+    CUDA packages and no_deps): how a 0.0.x release's answer is compared."""
     v = dict(view)
     if v.get("refused") is None and "requirements" in v:
         extra = dict(_bulkhead_req(q) for q in v.get("cuda") or [])
         v["requirements"] = sorted(set(v["requirements"]) | set(_reqs(extra.items())))
+        v["no_deps"] = sorted(set(v.get("no_deps") or []) | set(_reqs(extra.items())))
         v["cuda"] = []
     return v
 
@@ -341,6 +346,7 @@ def release_view(result, role):
     conda.update(target.get("dependencies") or {})
     view["conda"] = sorted(_canon(k) for k in conda if _canon(k) != "python")
     view["local"] = []
+    view["no_deps"] = []
     return view
 
 
@@ -364,7 +370,8 @@ def bulkhead_view(path, role):
             "requirements": _reqs(dict(_bulkhead_req(q) for q in c.requirements).items()),
             "conda": sorted(_canon(re.split(r"[\s=<>!~]", s.split("::")[-1], 1)[0]) for s in c.conda),
             "apt": sorted(c.system_packages.get("apt", ())), "brew": sorted(c.system_packages.get("brew", ())),
-            "local": _reqs(dict(_bulkhead_req(q) for q in c.local).items())}   # `bulkhead install` installs
+            "local": _reqs(dict(_bulkhead_req(q) for q in c.local).items()),   # `bulkhead install` installs
+            "no_deps": _reqs(dict(_bulkhead_req(q) for q in getattr(c, "no_deps", ())).items())}
 
 
 def _same_python(a, b):

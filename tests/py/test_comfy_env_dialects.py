@@ -7,6 +7,7 @@ extras in a dependency key; and the CUDA wheel picked by version where an
 index lists several.  Where bulkhead answers otherwise on purpose the
 difference is in docs/comfy-env-dialects.md and the test says so."""
 
+import json
 import os
 import platform
 import subprocess
@@ -385,3 +386,129 @@ def test_install_puts_local_packages_into_the_host_and_the_start_names_the_comma
     out = subprocess.run([host_py, "-c", "import bhlocalpkg; print(bhlocalpkg.VALUE)"], capture_output=True,
                          text=True, env=interpreters.clean_env())
     assert out.stdout.strip() == "from [local]", (out, lines)
+
+
+# --- 0.0.x's no_deps, bare [packages] and packages = [...]: read as the release read them ---
+
+OLD_SHAPES = {
+    # [env] + [packages]: requirements with their dependencies, no_deps without, {var}s expanded in both
+    "simple-no-deps": f'[env]\nname = "geom"\npython = "{HOST_MM}"\n[packages]\nrequirements = ["trimesh>=4"]\n'
+                      'no_deps = ["torch-cluster==1.6.3+pt{pytorch_mm}cu{cuda_short}", "bhplain"]\n',
+    # a top-level packages = [...]: its CUDA packages, as cuda = [...]
+    "packages-list": 'packages = ["torch-scatter==2.1.2+pt{pytorch_mm}cu{cuda_short}", "spconv"]\n'
+                     f'[env]\nname = "geom"\npython = "{HOST_MM}"\n',
+    "packages-list-alone": 'packages = ["torch-scatter==2.1.2+pt{pytorch_mm}"]\n',
+    # a bare [packages] without [env]: the simple shape's (the release: into ComfyUI's Python)
+    "bare-packages": '[variables]\nscatter = "2.1.2"\n[packages]\n'
+                     'requirements = ["trimesh>=4", "torch-scatter=={scatter}+pt{pytorch_mm}cu{cuda_short}"]\n'
+                     'no_deps = ["bhplain"]\n',
+    "bare-packages-cuda": '[packages]\nnvdiffrast = "0.3.3"\nspconv = "*"\n',
+    # package = "version" beside requirements: not read there
+    "plain-beside-requirements": f'[env]\nname = "geom"\npython = "{HOST_MM}"\n[packages]\n'
+                                 'requirements = ["trimesh>=4"]\nnvdiffrast = "0.3.3"\n',
+    # an environment table's no_deps: not read by that release
+    "named-no-deps": f'[geom]\npython = "{HOST_MM}"\n[geom.packages]\nrequirements = ["trimesh>=4"]\n'
+                     'no_deps = ["bhplain"]\n',
+}
+
+
+def release_0_0_65_split(tmp_path, site, p):
+    """0.0.65's load_config over the file at p: what it installed with
+    their dependencies and what without (its no_deps and CUDA packages,
+    all installed with --no-deps), into its environment or, without one,
+    into ComfyUI's own Python."""
+    return run_release(tmp_path, site, f"""
+        import comfy_env.env.config_file as cf
+        cf.detect_cuda_version = lambda: "12.8"
+        c = cf.load_config({p!r})
+        envs = list(c.envs.values())
+        if envs:
+            out = dict(where="env", deps=envs[0].requirements + envs[0].linux_requirements,
+                       no_deps=envs[0].no_deps_requirements)
+        else:
+            out = dict(where="local", deps=c.local.requirements,
+                       no_deps=[k + ("==" + v if v else "") for k, v in c.local.cuda_packages.items()])
+        print(json.dumps(out))
+    """)
+
+
+@pytest.mark.parametrize("name", sorted(OLD_SHAPES))
+def test_old_no_deps_and_packages_shapes_read_as_the_release_did(tmp_path, monkeypatch, release_0_0_65, name):
+    """What the release installed with its dependencies is bulkhead's
+    requirements less its no_deps; what it installed without (its no_deps
+    and CUDA packages) is bulkhead's no_deps and CUDA wheels.  Where the
+    release made no environment (no [env] name or python) it installed
+    them into ComfyUI's own Python, bulkhead into the pack's environment
+    (docs/comfy-env-dialects.md: the simple shape's packages)."""
+    text = OLD_SHAPES[name]
+    want = release_0_0_65_split(tmp_path, release_0_0_65, write(tmp_path / "rel" / "comfy-env.toml", text))
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.8.0+cu128")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "12.8")
+    c = bulkhead_config(tmp_path, text)
+    deps = sorted(set(c.requirements) - set(c.no_deps))
+    assert (deps, sorted(c.no_deps + c.cuda)) == (sorted(want["deps"]), sorted(want["no_deps"])), (c, want)
+    assert c.local == () and not any("not implemented" in w or "is not read by bulkhead" in w
+                                     for w in c.warnings), c.warnings
+    if name == "named-no-deps":
+        [n] = [w for w in c.warnings if "no_deps is not read" in w]
+        assert n.startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:5: [geom.packages] no_deps is not read, as "
+                            "comfy-env 0.0.x read no_deps only in the simple shape") and "bhplain" in n, n
+    if name == "plain-beside-requirements":
+        [n] = [w for w in c.warnings if "nvdiffrast: not read beside requirements" in w]
+        assert n.startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:6: "), n
+
+
+def test_no_deps_change_the_environment_hash(tmp_path):
+    with_deps = bulkhead_config(tmp_path, '[env]\nname = "g"\n[packages]\nrequirements = ["bhplain"]\n')
+    without = bulkhead_config(tmp_path, '[env]\nname = "g"\n[packages]\nno_deps = ["bhplain"]\n')
+    assert with_deps.requirements == without.requirements == ("bhplain",) and without.no_deps == ("bhplain",)
+    assert with_deps.config_hash != without.config_hash
+
+
+def test_a_var_in_an_environment_table_names_file_line_and_fix(tmp_path, monkeypatch, release_0_0_65):
+    """The release left a {var} in an environment table as written (pip
+    then refused the requirement); bulkhead says so at its line, with the
+    version written out for this host."""
+    text = (f'[geom]\npython = "{HOST_MM}"\n[geom.packages]\n'
+            'requirements = ["trimesh>=4", "torch-scatter==2.1.2+pt{pytorch_mm}cu{cuda_short}"]\n')
+    want = release_0_0_65_split(tmp_path, release_0_0_65, write(tmp_path / "rel" / "comfy-env.toml", text))
+    assert "torch-scatter==2.1.2+pt{pytorch_mm}cu{cuda_short}" in want["deps"], want
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.8.0+cu128")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "12.8")
+    with pytest.raises(PackConfigError) as ei:
+        bulkhead_config(tmp_path, text)
+    e = str(ei.value)
+    assert e.startswith(f"{tmp_path}/bh/nodes/comfy-env.toml:4: 'torch-scatter==2.1.2+pt{{pytorch_mm}}cu{{cuda_short}}' "
+                        "names {pytorch_mm}: comfy-env 0.0.x expanded {var}s only in the simple shape"), e
+    assert "handed the text to pip as written" in e and "(on this host: 'torch-scatter==2.1.2+pt28cu128')" in e, e
+
+
+def test_no_deps_requirements_are_installed_without_their_dependencies(tmp_path):
+    """A 0.0.x simple shape's no_deps requirement is installed without its
+    dependency, as that release ran ``pip install --no-deps``, while a
+    requirement beside it gets its own; every wheel, the dependency
+    included, is in the one folder pip looks in.  The build's log says
+    which run installed them."""
+    import bulkhead
+    from localsources import make_wheel
+    wheels = str(tmp_path / "wheels")
+    make_wheel(wheels, "bhnodeps", "1.0", {"bhnodeps/__init__.py": "VALUE = 'no deps'\n"}, "Requires-Dist: bhdepa\n")
+    make_wheel(wheels, "bhwithdeps", "1.0", {"bhwithdeps/__init__.py": "VALUE = 'with deps'\n"},
+               "Requires-Dist: bhdepb\n")
+    make_wheel(wheels, "bhdepa", "1.0", {"bhdepa/__init__.py": ""})
+    make_wheel(wheels, "bhdepb", "1.0", {"bhdepb/__init__.py": ""})
+    pack = tmp_path / "ComfyUI-NoDeps"
+    write(pack / "nodes" / "comfy-env.toml", f'[env]\nname = "nodeps"\npython = "{HOST_MM}"\n[packages]\n'
+                                             'requirements = ["bhwithdeps"]\nno_deps = ["bhnodeps==1.0"]\n')
+    lines = []
+    [st] = bulkhead.install(str(pack), progress=lines.append, pip_args=["--no-index", "--find-links", wheels])
+    assert st.ok, st
+    out = subprocess.run([st.python, "-I", "-c", "import importlib.metadata as m, json\nout = {}\n"
+                          "for n in ('bhnodeps', 'bhdepa', 'bhwithdeps', 'bhdepb'):\n"
+                          "    try: out[n] = m.version(n)\n    except m.PackageNotFoundError: out[n] = None\n"
+                          "print(json.dumps(out))"],
+                         stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
+    assert json.loads(out) == {"bhnodeps": "1.0", "bhdepa": None, "bhwithdeps": "1.0", "bhdepb": "1.0"}, out
+    [said] = [l for l in lines if "without their dependencies" in l]
+    assert said == ("installing 1 no_deps requirement(s) without their dependencies (--no-deps, as comfy-env "
+                    "0.0.x installed them): bhnodeps==1.0"), lines

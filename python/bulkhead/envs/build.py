@@ -1024,7 +1024,8 @@ def _build(config, progress, force, pip_args, lock_timeout_s=None):
 def _install(config, tmp, final, interp, uv, match, args, progress):
     """Makes the environment in ``tmp`` (to live at ``final``): the venv
     on ``interp``, its conda packages, the host's matched packages, the
-    index-pinned entries, the requirements.  Returns its stamp (what
+    index-pinned entries, the requirements, then the no_deps ones
+    without their dependencies.  Returns its stamp (what
     ``_write_stamp`` writes); an ``EnvBuildError`` names the step that
     failed."""
     if uv:
@@ -1038,7 +1039,10 @@ def _install(config, tmp, final, interp, uv, match, args, progress):
         from . import conda
         conda_records = conda.install(config, tmp, final, interp.version, progress, stream=_stream,
                                       env=clean_env(), cache=os.path.join(workspace(), "conda-pkgs"))
-    reqs = list(config.requirements)
+    # comfy-env 0.0.x's no_deps: installed after the others, without
+    # their dependencies (PackConfig no_deps), in a run of their own.
+    no_deps = list(getattr(config, "no_deps", ()))
+    reqs = [q for q in config.requirements if q not in no_deps]
     cuda_reqs = []
     if config.cuda:
         from . import cudawheels
@@ -1074,6 +1078,10 @@ def _install(config, tmp, final, interp, uv, match, args, progress):
         pip(args + keep_torch + reqs, "the requirements" + (
             f"; if one of them needs {', '.join(lacking)}, which this Python has no build of here "
             "(the warning above), give the pack the host's Python minor" if lacking else ""))
+    if no_deps:
+        progress(f"installing {len(no_deps)} no_deps requirement(s) without their dependencies (--no-deps, as "
+                 f"comfy-env 0.0.x installed them): {' '.join(no_deps)}")
+        pip(args + keep_torch + ["--no-deps"] + no_deps, "the no_deps requirements, without their dependencies")
     if config.conda:
         conda.finish(tmp, final, interp.version)
     from .. import __version__
@@ -1091,6 +1099,7 @@ def _install(config, tmp, final, interp, uv, match, args, progress):
         "installer": "uv" if uv else "pip",
         "host": match.stamp,
         "requirements": reqs,
+        **({"no_deps": no_deps} if no_deps else {}),
         "indexes": [[i, list(rs)] for i, rs in config.indexes],
         "pip_args": args,
         **({"cuda": {"wheels": cuda_reqs, "torch": list(cudawheels.host_torch())}} if config.cuda else {}),

@@ -232,6 +232,12 @@ class PackConfig:
                       that release installed them: installed there only by
                       ``bulkhead install`` (envs/build.py ``install_local``),
                       never part of the environment or its hash.
+    ``no_deps``       those of ``requirements`` a comfy-env 0.0.x simple
+                      shape lists under ``[packages] no_deps``, which
+                      that release installed with ``--no-deps``: the
+                      build installs them after the others, without their
+                      dependencies (envs/build.py).  In the hash when
+                      there are any.
     """
 
     path: str
@@ -250,6 +256,7 @@ class PackConfig:
     channels: Tuple[str, ...] = ()
     cuda: Tuple[str, ...] = ()
     local: Tuple[str, ...] = ()
+    no_deps: Tuple[str, ...] = ()
 
     @property
     def directory(self):
@@ -718,20 +725,53 @@ def _d1_expander(r, data):
     return expand
 
 
-def _d1_requirements(r, table, keypath):
-    """D1 ``packages``: ``requirements = [...]`` (and ``no_deps``), or a
-    bare array."""
+def _d1_strings(r, table, keypath, key):
+    """``table[key]``, an array of requirement strings ([] when absent)."""
+    v = table.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        r.type_error(keypath + (key,), "an array of pip requirement strings", v)
+    return list(v)
+
+
+def _d1_requirements(r, table, keypath, note, no_deps=None):
+    """D1 ``packages``: ``requirements = [...]``, or a bare array, returned.
+    Its ``no_deps = [...]`` goes into ``no_deps`` (a list) where the shape
+    read it -- the simple shape's ``[packages]``, whose release installed
+    those with ``--no-deps`` --; elsewhere (``no_deps`` None: an
+    environment table's, an OS's sub-table) that release did not read it,
+    and a note says so."""
     if isinstance(table, list):
         return list(table)
     if not isinstance(table, dict):
         r.type_error(keypath, "a table with requirements = [...]", table)
-    out = []
-    for k in ("requirements", "no_deps"):
-        v = table.get(k, [])
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            r.type_error(keypath + (k,), "an array of pip requirement strings", v)
-        out += v
-    return out
+    nd = _d1_strings(r, table, keypath, "no_deps")
+    if no_deps is not None:
+        no_deps += nd
+    elif nd:
+        where = ".".join(keypath)
+        note(f"[{where}] no_deps is not read, as comfy-env 0.0.x read no_deps only in the simple shape ([env] + "
+             f"[packages]): the environment does not get {', '.join(nd)}; list {'them' if len(nd) > 1 else 'it'} "
+             "under requirements to install it with its dependencies", *keypath, "no_deps")
+    return _d1_strings(r, table, keypath, "requirements")
+
+
+def _d1_literal_vars(r, reqs, keypath):
+    """An error for a ``{var}`` in an environment table's requirement: the
+    release that read that shape did not expand it and handed it to pip
+    as written, which refused it (no environment was made)."""
+    for req in reqs:
+        m = re.search(r"\{(\w+)\}", req) if isinstance(req, str) else None
+        if m is None:
+            continue
+        try:        # what the simple shape would have made of it, for the fix
+            here = _d1_expander(r, {})(req, keypath)
+        except PackConfigError:
+            here = None
+        r.error(f"{req!r} names {{{m.group(1)}}}: comfy-env 0.0.x expanded {{var}}s only in the simple shape "
+                "([env] + [packages], cuda = [...]); in an environment table it handed the text to pip as "
+                "written, which refused it, and no environment was made. Write the version out"
+                + (f" (on this host: {here!r})" if here else "") + " or move the requirements to the simple "
+                "shape", *keypath)
 
 
 def _older_dialects(data, r, notes):
@@ -740,7 +780,9 @@ def _older_dialects(data, r, notes):
     docs/comfy-env-dialects.md): the D1 environment tables, ``[cuda]``
     as ``package = "version"``, a top-level ``cuda = [...]``,
     ``[system]``, a number for ``python``.  Returns the new mapping; what
-    has no meaning here is left for the warnings below."""
+    has no meaning here is left for the warnings below.  The simple
+    shape's ``no_deps`` requirements are in its ``requirements`` and,
+    under the key ``_NO_DEPS``, apart (``load`` takes them)."""
     data = dict(data)
     path, text = r.path, r.text
 
@@ -756,19 +798,25 @@ def _older_dialects(data, r, notes):
                 f"to nodes/<subdir>/{CONFIG_NAME} of the nodes it serves", named[1])
     env = dict(data.pop(named[0])) if named else None
     where = named[0] if named else None
-    # 0.0.13-0.0.65's simple shape (no [<env>] table, no [local]) expanded
-    # {var}s in its requirement strings; its other shapes did not.
-    expand = _d1_expander(r, data) if not named and "local" not in data else None
-    if env is None and isinstance(data.get("env"), dict):
-        env, where = dict(data.pop("env")), "env"
+    # 0.0.13-0.0.65's simple shape (no [<env>] table, no [local]): [env]
+    # and a top-level packages, each optional; it expanded {var}s in its
+    # requirement strings, which its other shapes did not.
+    simple = not named and "local" not in data
+    expand = _d1_expander(r, data) if simple else None
+    if env is None and (isinstance(data.get("env"), dict) or (simple and "packages" in data)):
+        env = dict(data.pop("env")) if isinstance(data.get("env"), dict) else {}
+        where = "env"
         if "packages" in data:
             packages = data.pop("packages")
             # That shape's reader took [cuda] (or cuda = [...]) instead of
-            # [packages] when the file had both: [packages] was not installed.
-            if data.get("cuda") and "local" not in data:
+            # packages when the file had both: packages was not installed.
+            if data.get("cuda") and simple:
                 note("[packages] is not read beside [cuda] (or cuda = [...]), as comfy-env 0.0.x read this "
                      "shape: move its requirements into [cuda] or requirements = [...] to install them",
                      "packages")
+            elif isinstance(packages, list) and simple:
+                # packages = [...]: its CUDA packages, as cuda = [...] (that release read both alike)
+                data["cuda"] = packages
             else:
                 env["packages"] = packages
     if env is not None:
@@ -790,6 +838,11 @@ def _older_dialects(data, r, notes):
                     'string: python = "3.10"', "python")
         data["python"] = str(py)
     return data
+
+
+# The key under which _older_dialects hands load the simple shape's
+# no_deps requirements: no TOML key (an object), so no file can set it.
+_NO_DEPS = object()
 
 
 def _d1_local(r, local):
@@ -825,10 +878,23 @@ def _d1_environment(data, r, note, env, where, expand):
     and CUDA's versions are noted (the host's are used)."""
     reqs = list(data.get("requirements", []) or [])
     ours = len(reqs)
+    # The simple shape's packages is a top-level table ([env] holds no
+    # packages); its no_deps was read there alone.
+    pre = ("packages",) if where == "env" else (where, "packages")
+    no_deps = [] if where == "env" else None
     if "packages" in env:
-        reqs += _d1_packages(data, r, note, env.pop("packages"), where)
+        reqs += _d1_packages(data, r, note, env.pop("packages"), pre, no_deps)
     if expand is not None:
-        reqs[ours:] = [expand(q, (where, "packages")) for q in reqs[ours:]]
+        reqs[ours:] = [expand(q, pre + ("requirements",)) for q in reqs[ours:]]
+        no_deps = [expand(q, pre + ("no_deps",)) for q in no_deps or []]
+    else:
+        _d1_literal_vars(r, reqs[ours:], pre + ("requirements",))
+    # A no_deps entry also among the requirements is installed with its
+    # dependencies (that release installed it so, after the no_deps run).
+    no_deps = [q for q in no_deps or [] if q not in reqs]
+    if no_deps:
+        data[_NO_DEPS] = no_deps
+    reqs += no_deps
     if reqs:
         data["requirements"] = reqs
     cu = env.pop("cuda", None)
@@ -856,28 +922,37 @@ def _d1_environment(data, r, note, env, where, expand):
         note(f"[{where}] {k} is not read by bulkhead and has no effect", where, k)
 
 
-def _d1_packages(data, r, note, pk, where):
-    """A D1 environment's ``packages``: its requirements (this OS's
-    sub-table's too) returned; its ``package = "version"`` entries, CUDA
-    wheels as comfy-env 0.0.x read them, added to ``data``'s [cuda]."""
+def _d1_packages(data, r, note, pk, pre, no_deps):
+    """A D1 environment's ``packages`` (at key path ``pre``): its
+    requirements (this OS's sub-table's too) returned, its ``no_deps``
+    into ``no_deps`` where the shape read them (``_d1_requirements``);
+    its ``package = "version"`` entries, CUDA wheels as comfy-env 0.0.x
+    read them, added to ``data``'s [cuda] -- in the simple shape only
+    where the table has none of requirements, no_deps and
+    requirements_file, as that release read them."""
     reqs = []
+    where = ".".join(pre)
     if isinstance(pk, dict):
         here = _OS_NAME.get(sys.platform, sys.platform)
         for osname in ("windows", "linux", "darwin"):
             sub = pk.pop(osname, None)
             if sub is not None and osname == here:
-                reqs += _d1_requirements(r, sub, (where, "packages", osname))
+                reqs += _d1_requirements(r, sub, pre + (osname,), note)
+        listed = [k for k in ("requirements", "no_deps", "requirements_file") if k in pk]
         if "requirements_file" in pk:
-            note(f"[{where}.packages] requirements_file is not read: list its requirements under "
-                 "requirements", where, "packages")
+            note(f"[{where}] requirements_file is not read: list its requirements under "
+                 "requirements", *pre)
             pk.pop("requirements_file")
         plain = {k: v for k, v in pk.items() if k not in ("requirements", "no_deps")}
-        if plain:       # package = "version": CUDA wheels, as comfy-env 0.0.x read them
+        if plain and no_deps is not None and listed:
+            note(f"[{where}] {', '.join(plain)}: not read beside {', '.join(listed)}, as comfy-env 0.0.x read "
+                 f"this shape (package = \"version\" entries were its CUDA wheels only in a [packages] without "
+                 "them): move them to [cuda] to install them", *pre, next(iter(plain)))
+        elif plain:     # package = "version": CUDA wheels, as comfy-env 0.0.x read them
             data.setdefault("cuda", {"packages": []})
-            data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + \
-                _d1_cuda(r, plain, (where, "packages"))
+            data["cuda"]["packages"] = list(data["cuda"].get("packages", [])) + _d1_cuda(r, plain, pre)
     return reqs + _d1_requirements(r, {k: v for k, v in pk.items() if k in ("requirements", "no_deps")}
-                                   if isinstance(pk, dict) else pk, (where, "packages"))
+                                   if isinstance(pk, dict) else pk, pre, note, no_deps)
 
 
 def _d1_conda(data, r, conda, where):
@@ -934,6 +1009,7 @@ def load(path, root=None, *, warn=True):
     r = Reader(path, text)
     d = _Doc(r)
     data = _older_dialects(toml_loads(text, path), r, d.notes)
+    d.no_deps = tuple(sorted({_norm_req(q) for q in data.pop(_NO_DEPS, ())}))
     for key, read in _READERS.items():
         if key in data:
             read(d, key, data[key])
@@ -973,6 +1049,7 @@ class _Doc:
         self.system = {}
         self.cuda = ()
         self.local = ()
+        self.no_deps = ()
         self.channels = ()
         self.requirements = []      # the requirements array's, normalised
         self.options = {}
@@ -1000,6 +1077,7 @@ class _Doc:
             **({"indexes": [[i, list(rs)] for i, rs in indexes]} if indexes else {}),
             **({"conda": sorted(conda.values()), "channels": list(channels)} if conda else {}),
             **({"cuda": list(self.cuda)} if self.cuda else {}),
+            **({"no_deps": list(self.no_deps)} if self.no_deps else {}),
         }, sort_keys=True).encode()).hexdigest()
         return PackConfig(
             path=self.path, root=root, name=pack_name(self.path, root), python=self.python,
@@ -1007,7 +1085,7 @@ class _Doc:
             options=types.MappingProxyType(self.options), warnings=tuple(self.notes), config_hash=digest,
             indexes=indexes, system_packages=types.MappingProxyType(self.system), platform=self.platform,
             conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=self.cuda,
-            local=self.local)
+            local=self.local, no_deps=self.no_deps)
 
 
 # --- the key readers: one per top-level key load reads, each reader(doc, key, value) ---
