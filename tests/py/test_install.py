@@ -126,7 +126,7 @@ def test_wheel_holds_the_package_and_command_only(wheel):
     want = {"bulkhead/" + os.path.relpath(p, os.path.join(ROOT, "python", "bulkhead"))
             for p in glob.glob(os.path.join(ROOT, "python", "bulkhead", "**", "*.py"), recursive=True)}
     assert want - names == set(), "package modules missing from the wheel"
-    assert {"bulkhead/_native.abi3.so", "bulkhead/web/bulkhead.js"} <= names
+    assert {"bulkhead/_native.abi3.so", "bulkhead/_native.pyi", "bulkhead/web/bulkhead.js"} <= names
     # the comfy_env hook at interpreter start, at site-packages' top level
     assert {"_bulkhead_comfy_env.py", "bulkhead-comfy-env.pth"} <= names
     assert any(re.fullmatch(r"bulkhead-[^/]+\.data/scripts/bulkhead", n) for n in names), sorted(names)
