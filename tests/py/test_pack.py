@@ -181,6 +181,42 @@ def test_a_pack_unlike_the_host_is_refused_not_run_in_process(tmp_path, case, co
     assert (chosen["display"], chosen["inputs"]) == (r["display"], r["inputs"])
 
 
+def test_a_build_at_import_logs_one_short_line_per_phase(tmp_path):
+    """#36 logs a person reads: outside ComfyUI's server (a script
+    importing a pack) a missing environment is built there and then, its
+    progress one short line per phase as a background build's, and its
+    failure one line: the first error line and the build log's path.  The
+    installer's own output is in that log file only: of the build's lines
+    in the log, only bulkhead's "installing" phase names the requirement
+    (the installer's lines about it, several, are in the file)."""
+    import shutil
+    import tempfile
+    pack = make_pack(tmp_path, "fb_pack", f'python = "{HOST_VERSION}"\nrequirements = ["bh-no-such-dist==3"]\n')
+    # a home as short as a user's (~/.local/share/bulkhead): the failure
+    # line carries its log's path whole, within 200 characters there
+    home = tempfile.mkdtemp(prefix="bh", dir="/tmp")
+    try:
+        r = run_host(tmp_path, pack, """
+            import io
+            buf = io.StringIO()
+            logging.getLogger().addHandler(logging.StreamHandler(buf))
+            logging.getLogger().setLevel(logging.INFO)
+            load(PACK)
+            emit(dict(log=buf.getvalue()))
+        """, env={"BULKHEAD_PIP_ARGS": "--no-index", "BULKHEAD_HOME": home})
+        lines = [line for line in r["log"].splitlines() if "bulkhead" in line]
+        assert not [line for line in lines if len(line) > 200], r["log"]
+        [failed] = [line for line in lines if "building its environment failed: " in line]
+        assert failed.startswith("bulkhead: pack 'fb_pack': ") and failed.endswith(".log)"), failed
+        with open(failed[failed.index(" (log: ") + 7:-1]) as f:
+            whole = f.read()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    named = [line for line in lines if line.startswith("[bulkhead install fb_pack] ") and "bh-no-such-dist" in line]
+    assert len(named) == 1 and "installing 1 requirement(s): bh-no-such-dist==3" in named[0], r["log"]
+    assert whole.count("bh-no-such-dist") > 2, whole     # the installing line, the installer's, FAILED
+
+
 def test_a_changed_config_keeps_the_environment_built_before(tmp_path):
     """#36: a pack whose comfy-env.toml changed since its environment was
     built (a Manager update that bumped a pin) is not run in-process: the

@@ -163,20 +163,13 @@ class Build:
 
     def phase_line(self, line):
         """One of bulkhead's progress lines: one line in ComfyUI's log
-        (the pack's name first, at most LINE_MAX characters; the whole
-        line is in the build's log file), and the pack's phase."""
+        (``log_phase``), and the pack's phase."""
         line = line.strip()
         if not line:
             return
-        prefix = f"[bulkhead install {self.name}] "
-        if self.log_path and self.log_path in line:
-            # "the whole output goes to <path>": a path is never cut; where
-            # it does not fit, the panel and the failure line have it
+        if not log_phase(self.name, line, self.log_path):
             states_update(self, log=self.log_path)
-            if len(prefix) + len(line) <= LINE_MAX:
-                log.info("%s%s", prefix, line)
             return
-        log.info("%s%s", prefix, short(line, max(40, LINE_MAX - len(prefix))))
         self.phase, self.known = short(line, PHASE_LEN), ""
         states_update(self, phase=self.phase, progress="", log=self.log_path)
 
@@ -190,6 +183,43 @@ class Build:
 
     def done(self):
         return self.future is not None and self.future.done()
+
+
+def log_phase(name, line, log_path=None):
+    """One of a build's progress lines (bulkhead's own) as one line in
+    ComfyUI's log: the pack's name first, at most LINE_MAX characters (the
+    whole line is in the build's log file).  The line naming the log's
+    path ("the whole output goes to <path>") is shown whole or not at
+    all: a path is never cut; where it does not fit, the panel and the
+    failure line have it.  Returns False for that line, True for a
+    phase."""
+    prefix = f"[bulkhead install {name}] "
+    if log_path and log_path in line:
+        if len(prefix) + len(line) <= LINE_MAX:
+            log.info("%s%s", prefix, line)
+        return False
+    log.info("%s%s", prefix, short(line, max(40, LINE_MAX - len(prefix))))
+    return True
+
+
+class LogProgress:
+    """envs.build's progress for a build that runs in the foreground (a
+    script importing a pack outside ComfyUI's server: host/pack.py
+    ``build_at_start``): bulkhead's lines in the log as a background
+    build's (``log_phase``), the output of the commands it runs in the
+    build's log file only (envs.build writes every line there)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.log_path = None
+
+    def __call__(self, line):
+        line = line.strip()
+        if line:
+            log_phase(self.name, line, self.log_path)
+
+    def stream(self, line):
+        pass
 
 
 def states_update(b, **fields):

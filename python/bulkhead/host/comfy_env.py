@@ -35,8 +35,9 @@ one, or a ``[types]`` custom type whose ``<pack>/serialization.py`` is
 missing or raises, fails the pack's import (as comfy-env) before any worker
 starts.
 
-``install()`` builds the calling pack's environments (envs.build.install),
-``setup_env()`` reports them, ``copy_files`` copies as comfy-env's does,
+``install()`` builds the calling pack's environments and describes their
+nodes into the node metadata cache (host/pack.py ``install``, as
+``bulkhead.install``), ``setup_env()`` reports them, ``copy_files`` copies as comfy-env's does,
 ``register_serializer`` validates and records a serializer: the host's
 check of the ``serialization.py`` each worker of the pack registers from
 itself (worker/typed.py), by which a custom object made in one worker
@@ -687,15 +688,18 @@ def enable_isolation(node_class_mappings):
 
 def install(config=None, node_dir=None, log_callback=None, dry_run=False):
     """Builds the calling pack's environments with bulkhead (comfy-env's
-    signature; ``config`` is not used: every config of the pack is built)."""
+    signature; ``config`` is not used: every config of the pack is built),
+    then describes their nodes into the node metadata cache ComfyUI's next
+    start reads, as ``bulkhead.install`` does (host/pack.py ``install``)."""
     from ..envs import build as envs, config as packconfig
+    from . import pack as hpack
     pack_dir = os.path.abspath(os.fspath(node_dir)) if node_dir else _caller()[0]
     announce(pack_dir, "install")
     if dry_run:
         for c in packconfig.load_configs(pack_dir):
             (log_callback or print)(str(envs.env_status(c)))
         return True
-    envs.install(pack_dir, progress=log_callback)
+    hpack.install(pack_dir, progress=log_callback)
     return True
 
 

@@ -78,14 +78,28 @@ def load_pack(pack_dir, python, *, name=None, env=None, options=None, memory=Non
         rt.load_metadata()
         rt.build()
         idle.watch(rt)
-        log.info("bulkhead: pack %r: %d node%s, %s, %s, metadata %s", name, len(rt.classes),
-                 "" if len(rt.classes) == 1 else "s", rt.python, sandbox.state_of(rt).words(),
-                 "cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
+        log.info("%s", _loaded_line(name, rt))
         if options.get("prewarm") == "startup":
             prewarm.start(rt)
     set_state(pack_dir, options.get("module", "auto"), name=name, state="isolated", python=rt.python,
               env=os.path.dirname(os.path.dirname(rt.python)), **_without_torch(rt, name))
     return dict(rt.classes), dict(rt.display)
+
+
+def _loaded_line(name, rt):
+    """The one line a pack's load says in ComfyUI's log, at most
+    states.LINE_MAX characters: its name, its node count and where its
+    node metadata came from always whole; its interpreter's path, then
+    why it is not sandboxed, cut to fit (states.short: `bulkhead status`
+    and the panel have them whole)."""
+    n = len(rt.classes)
+    head = f"bulkhead: pack {name!r}: {n} node{'' if n == 1 else 's'}, "
+    tail = ", metadata " + ("cached" if rt.from_cache else f"from worker pid {rt.worker.pid}")
+    words = sandbox.state_of(rt).words()
+    room = states.LINE_MAX - len(head) - len(tail) - 2     # ", " between the interpreter and the sandbox
+    python = states.short(rt.python, max(24, room - len(words)))
+    words = states.short(words, max(16, room - len(python)))
+    return f"{head}{python}, {words}{tail}"
 
 
 def _without_torch(rt, name):

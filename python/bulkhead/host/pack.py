@@ -206,17 +206,19 @@ def build_at_start(config, st):
             f"{st.reason}; its build failed at {before.get('created', '?')} ({before.get('error', '?')}) and "
             f"is not retried at start until its config, the host's packages or bulkhead change; "
             f"`bulkhead install {config.root}` retries it now"))
+    # One short line (the paths are the next lines' and `bulkhead status`'s)
     if rebuild:
         log.info("bulkhead: pack %r: its environment is stale because the host changed (%s); rebuilding it "
-                 "now, as `bulkhead install %s` would (%s=0 leaves it to that command)",
-                 config.name, st.reason.split("; run `")[0], config.root, BUILD_AT_START)
+                 "now, as `bulkhead install` would (%s=0 leaves it to that command)",
+                 config.name, states.short(st.reason.split("; run `")[0], 60), BUILD_AT_START)
     else:
-        log.info("bulkhead: pack %r: its environment is not built; building it now, as `bulkhead install %s` "
-                 "would (%s=0 leaves it to that command)", config.name, config.root, BUILD_AT_START)
+        log.info("bulkhead: pack %r: its environment is not built; building it now, as `bulkhead install` "
+                 "would (%s=0 leaves it to that command)", config.name, BUILD_AT_START)
+    from .building import LogProgress  # lazy: as _build_in_background's
     t0 = time.monotonic()
     try:
-        after = envs.build(config, progress=lambda line: log.info("[bulkhead install %s] %s", config.name, line),
-                           lock_timeout_s=START_LOCK_WAIT_S)
+        # one short line per phase, as a background build's; pip's output in the build's log file
+        after = envs.build(config, progress=LogProgress(config.name), lock_timeout_s=START_LOCK_WAIT_S)
     except (envs.EnvBuildError, PackConfigError, OSError) as e:
         # one line (#36): the whole output is in the build's log file, which it names
         log.warning("bulkhead: pack %r: building its environment failed: %s", config.name,
@@ -266,11 +268,12 @@ def describe_ahead(config):
     described in a worker now, so that start registers them from the cache
     and starts no worker to describe them.  Returns one line for the
     user.  Only where the start's key can be told: a pack served by
-    ``comfy_pack`` (its ``__init__.py`` calls it with no module), in a
-    ComfyUI's custom_nodes/ (or $COMFYUI_PATH), and a description with no
-    type strings of the pack's own (those are compared with the type
-    names of the nodes ComfyUI has registered at start, which this process
-    has not)."""
+    ``comfy_pack`` (its ``__init__.py`` calls it with no module) or by
+    comfy-env's ``register_nodes()`` (``_served_as``), in a ComfyUI's
+    custom_nodes/ (or $COMFYUI_PATH), and a description with no type
+    strings of the pack's own (those are compared with the type names of
+    the nodes ComfyUI has registered at start, which this process has
+    not)."""
     import json
     from ..envs import build as envs, hostmatch
     from .metadata import MetadataCache
@@ -288,10 +291,12 @@ def describe_ahead(config):
             init = f.read()
     except OSError:
         init = ""
-    if "comfy_pack(" not in init or "module=" in init:
-        return f"{config.name}: not described now (not a comfy_pack layout): ComfyUI's start describes its nodes"
-    directory = os.path.realpath(config.directory)
-    env, opts = _worker_args(config, st.python, f"{config.config_hash}:{st.version}", "auto")
+    served = _served_as(config, init)
+    if served is None:
+        return (f"{config.name}: not described now (neither a comfy_pack nor a register_nodes layout): ComfyUI's "
+                "start describes its nodes")
+    directory, module = served
+    env, opts = _worker_args(config, st.python, f"{config.config_hash}:{st.version}", module)
     rt = PackRuntime(directory, st.python, config.name, env, opts, comfyui)
     cache = MetadataCache(opts.get("cache_dir"))
     key = rt.cache_key()
@@ -310,6 +315,32 @@ def describe_ahead(config):
     cache.store(directory, key, text)
     return (f"{config.name}: {len(meta.get('nodes') or {})} node(s) described: ComfyUI's next start registers them "
             "from the cache, without a worker")
+
+
+def _served_as(config, init):
+    """(directory, module) that ComfyUI's start serves config's nodes
+    from, the pack's worker's cache key, as the pack's ``__init__.py``
+    (its text, init) says: ``comfy_pack(__file__)`` serves config's
+    directory, module "auto"; comfy-env's ``register_nodes()``
+    (host/comfy_env.py ``_serve``) the pack's directory, module "nodes"
+    for the config that governs the whole nodes/ package (nodes/'s own,
+    else the pack's), else "nodes.<subdir>" for a nodes/<subdir>/ config.
+    None for any other layout."""
+    from ..envs.config import CONFIG_NAME
+    if "comfy_pack(" in init and "module=" not in init:
+        return os.path.realpath(config.directory), "auto"
+    if "register_nodes()" not in init:
+        return None
+    root = os.path.realpath(config.root)
+    nodes_dir = os.path.join(root, "nodes")
+    here = os.path.realpath(config.path)
+    whole = [p for p in (os.path.join(nodes_dir, CONFIG_NAME), os.path.join(root, CONFIG_NAME)) if os.path.isfile(p)]
+    if whole:
+        return (root, "nodes") if os.path.realpath(whole[0]) == here else None
+    sub = os.path.dirname(here)
+    if os.path.dirname(sub) == nodes_dir:
+        return root, "nodes." + os.path.basename(sub)
+    return None
 
 
 def _first_line(error):
