@@ -512,3 +512,41 @@ def test_no_deps_requirements_are_installed_without_their_dependencies(tmp_path)
     [said] = [l for l in lines if "without their dependencies" in l]
     assert said == ("installing 1 no_deps requirement(s) without their dependencies (--no-deps, as comfy-env "
                     "0.0.x installed them): bhnodeps==1.0"), lines
+
+
+def test_install_takes_local_cuda_wheels_from_the_cuda_wheel_index(tmp_path, monkeypatch):
+    """[local.cuda] names CUDA wheels, which comfy-env 0.0.x took from its
+    wheel sources for the machine's torch and installed without their
+    dependencies into ComfyUI's Python: the install takes the build for
+    the host's torch from the CUDA wheel index (here torch 2.5.1 with
+    CUDA 12.4), never a same-named wheel from pip's indexes (one is in the
+    find-links folder), and installs it into the host's Python (a
+    throwaway venv here); [local.packages] beside it from pip's."""
+    from localsources import make_cuda_index, make_wheel
+    from bulkhead.envs import build as envs
+    monkeypatch.setenv("BULKHEAD_CUDA_INDEX", make_cuda_index(tmp_path))
+    monkeypatch.setenv("BULKHEAD_TORCH_VERSION", "2.5.1")
+    monkeypatch.setenv("BULKHEAD_CUDA_VERSION", "12.4")
+    wheels = tmp_path / "wheels"
+    make_wheel(str(wheels), "bh_cudaext", "1.0", {"bh_cudaext/__init__.py": "VALUE = \"pip's index\"\n"})
+    make_wheel(str(wheels), "bhlocalpkg", "1.0", {"bhlocalpkg/__init__.py": "VALUE = 'from [local]'\n"})
+    pack = tmp_path / "ComfyUI-LocalCuda"
+    write(pack / "nodes" / "comfy-env.toml",
+          '[local.cuda]\nbh_cudaext = "1.0"\n[local.packages]\nrequirements = ["bhlocalpkg==1.0"]\n')
+    [c] = packconfig.load_configs(str(pack), warn=False)
+    assert c.local_cuda == ("bh_cudaext==1.0",) and c.local == ("bh_cudaext==1.0", "bhlocalpkg==1.0"), c
+    host = tmp_path / "host"
+    uv = interpreters.find_uv()
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(host)] if uv else
+                   [sys.executable, "-m", "venv", str(host)], check=True, env=interpreters.clean_env())
+    host_py = str(host / "bin" / "python")
+    monkeypatch.setattr(envs, "build", lambda config, progress, force, pip_args=None: config.name)
+    lines = []
+    envs.install(str(pack), lines.append, pip_args=["--no-index", "--find-links", str(wheels)], host_python=host_py)
+    out = subprocess.run([host_py, "-c", "import bh_cudaext, bhlocalpkg; print(bh_cudaext.VALUE, bhlocalpkg.VALUE)"],
+                         capture_output=True, text=True, env=interpreters.clean_env())
+    assert out.stdout.strip() == "cu124torch2.5 from [local]", (out, lines)
+    [picked] = [l for l in lines if l.startswith("[local.cuda] bh_cudaext==1.0: bh_cudaext-1.0+cu124torch2.5-")]
+    [said] = [l for l in lines if l.startswith("[local.cuda]: installing bh_cudaext @ ")]
+    assert said.endswith(f"into the host's Python ({host_py}) with {'uv pip' if uv else 'pip'}, without their "
+                         "dependencies, from the CUDA wheel index, as comfy-env 0.0.x installed them into ComfyUI's"), said

@@ -70,6 +70,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from typing import Optional
 
 from .. import _native
@@ -1206,28 +1207,64 @@ def install_local(configs, progress, *, pip_args=None, python=None):
     into the host's Python -- ``python``, default this process's, which is
     ComfyUI's when ``bulkhead.install`` runs from a pack's install.py --
     with uv where builds use it, else pip, with ``pip_args`` (default
-    ``$BULKHEAD_PIP_ARGS``); said in one line first.  Only an install
-    does this: ComfyUI's start names the command instead
-    (``local_missing_line``).  Raises EnvBuildError when it fails."""
+    ``$BULKHEAD_PIP_ARGS``); each run said in one line first.  The
+    ``[local.cuda]`` ones (PackConfig ``local_cuda``) first, as that
+    release did: CUDA wheels from the CUDA wheel index for this process's
+    torch and that Python (``cudawheels.resolve``), installed without
+    their dependencies (a wheel's torch requirement never replaces
+    ComfyUI's torch).  Only an install does this: ComfyUI's start names
+    the command instead (``local_missing_line``).  Raises EnvBuildError
+    when it fails."""
     reqs = _local_requirements(configs)
     if not reqs:
         return
     python = python or sys.executable
     uv = find_uv()
     tool = "uv pip" if uv else "pip"
-    progress(f"[local]: installing {' '.join(reqs)} into the host's Python ({python}) with {tool}, as "
-             "comfy-env 0.0.x installed them into ComfyUI's")
     args = _pip_args(pip_args)
-    cmd = ([uv, "pip", "install", "--python", python] if uv else
-           [python, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]) + args + reqs
+    base = [uv, "pip", "install", "--python", python] if uv else \
+        [python, "-m", "pip", "install", "--no-input", "--progress-bar", "off"]
+    cuda = [q for c in configs for q in getattr(c, "local_cuda", ())]
+    wheels = []
+    if cuda:
+        from . import cudawheels  # lazy: ComfyUI start (urllib.request; only [local.cuda])
+        version = _python_version(python)
+        for c in configs:
+            if getattr(c, "local_cuda", ()):
+                wheels += cudawheels.resolve(types.SimpleNamespace(path=c.path, cuda=c.local_cuda), version,
+                                             progress, rebuild=f"bulkhead install {c.root}", table="[local.cuda]")
+    plain = [q for q in reqs if q not in cuda]
+    for what, run, extra in (("[local.cuda] wheels", wheels, ["--no-deps"]), ("[local]", plain, [])):
+        if not run:
+            continue
+        progress(f"{what.split()[0]}: installing {' '.join(run)} into the host's Python ({python}) with {tool}, "
+                 + ("without their dependencies, from the CUDA wheel index, " if extra else "")
+                 + "as comfy-env 0.0.x installed them into ComfyUI's")
+        try:
+            _stream(base + args + extra + run, progress, f"{tool} install of {what} into {python}")
+        except EnvBuildError as e:
+            if e.returncode is None:
+                raise
+            raise EnvBuildError(f"{tool} install of {what} ({' '.join(run)}) into {python} failed with exit "
+                                f"status {e.returncode}\n--- last lines of {tool}'s output ---\n{e.output_tail}",
+                                e.output_tail, e.returncode) from None
+
+
+def _python_version(python):
+    """The full version of the interpreter ``python`` (this process's
+    without asking it)."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return "%d.%d.%d" % sys.version_info[:3]
     try:
-        _stream(cmd, progress, f"{tool} install of [local] into {python}")
-    except EnvBuildError as e:
-        if e.returncode is None:
-            raise
-        raise EnvBuildError(f"{tool} install of [local] ({' '.join(reqs)}) into {python} failed with exit "
-                            f"status {e.returncode}\n--- last lines of {tool}'s output ---\n{e.output_tail}",
-                            e.output_tail, e.returncode) from None
+        out = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                             env=clean_env(), timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EnvBuildError(f"the host's Python {python} cannot be run to read its version: {e}") from None
+    if out.returncode != 0:
+        raise EnvBuildError(f"the host's Python {python} cannot be run to read its version (exit status "
+                            f"{out.returncode}): {out.stdout.strip()[-500:]}")
+    return out.stdout.strip()
 
 
 def local_missing(requirements):

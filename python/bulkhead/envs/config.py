@@ -232,6 +232,11 @@ class PackConfig:
                       that release installed them: installed there only by
                       ``bulkhead install`` (envs/build.py ``install_local``),
                       never part of the environment or its hash.
+    ``local_cuda``    those of ``local`` from ``[local.cuda]``
+                      (``name`` or ``name==version``): CUDA wheels for the
+                      host's torch, from the CUDA wheel index
+                      (``envs.cudawheels``), installed without their
+                      dependencies, as that release installed them.
     ``no_deps``       those of ``requirements`` a comfy-env 0.0.x simple
                       shape lists under ``[packages] no_deps``, which
                       that release installed with ``--no-deps``: the
@@ -257,6 +262,7 @@ class PackConfig:
     cuda: Tuple[str, ...] = ()
     local: Tuple[str, ...] = ()
     no_deps: Tuple[str, ...] = ()
+    local_cuda: Tuple[str, ...] = ()
 
     @property
     def directory(self):
@@ -849,7 +855,8 @@ def _d1_local(r, local):
     """comfy-env 0.0.13-0.0.65's ``[local]``: ``[local.cuda]`` as
     ``package = "version"`` and ``[local.packages]`` (``requirements =
     [...]`` or an array), which that release installed into ComfyUI's own
-    Python, as one list of requirement strings (PackConfig ``local``)."""
+    Python: {"cuda": [...], "packages": [...]} of requirement strings
+    (PackConfig ``local_cuda``, and with the packages ``local``)."""
     if not isinstance(local, dict):
         r.type_error(("local",), "a table with cuda and packages", local)
     out = []
@@ -863,11 +870,12 @@ def _d1_local(r, local):
     for req in reqs:
         if not req.strip() or req.strip().startswith("-") or "\n" in req:
             r.error(f"[local.packages] {req!r}: only requirement strings are accepted", "local", "packages")
-    return out + [_norm_req(q) for q in reqs]
+    return {"cuda": out, "packages": [_norm_req(q) for q in reqs]}
 
 
 def _read_local(d, key, local):
-    d.local = tuple(local)
+    d.local = tuple(local["cuda"] + local["packages"])
+    d.local_cuda = tuple(local["cuda"])
 
 
 def _d1_environment(data, r, note, env, where, expand):
@@ -1049,6 +1057,7 @@ class _Doc:
         self.system = {}
         self.cuda = ()
         self.local = ()
+        self.local_cuda = ()
         self.no_deps = ()
         self.channels = ()
         self.requirements = []      # the requirements array's, normalised
@@ -1085,7 +1094,7 @@ class _Doc:
             options=types.MappingProxyType(self.options), warnings=tuple(self.notes), config_hash=digest,
             indexes=indexes, system_packages=types.MappingProxyType(self.system), platform=self.platform,
             conda=tuple(sorted(conda.values())), channels=channels if conda else (), cuda=self.cuda,
-            local=self.local, no_deps=self.no_deps)
+            local=self.local, no_deps=self.no_deps, local_cuda=self.local_cuda)
 
 
 # --- the key readers: one per top-level key load reads, each reader(doc, key, value) ---

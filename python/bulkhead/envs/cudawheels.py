@@ -162,14 +162,16 @@ def wanted(torch_version, cuda_version):
     return [f"+cu{c}torch{t}", f"+pt{t}cu{c}"]
 
 
-def resolve(config, python_version, progress, rebuild="bulkhead install <pack>", torch=None):
+def resolve(config, python_version, progress, rebuild="bulkhead install <pack>", torch=None,
+            table="[cuda] packages"):
     """``[name @ url, ...]``: a wheel for each of config.cuda.  Raises
     EnvBuildError.  rebuild: the command that rebuilds the environment
     (build.rebuild_command), for the warning when wheels are skipped.
     torch: (torch version, CUDA version or None) wanted instead of the
-    host's (comfy-env's ``get_wheel_url`` names them)."""
+    host's (comfy-env's ``get_wheel_url`` names them).  table: the
+    config's table that lists them, for what is said ("[local.cuda]")."""
     tv, cv = torch if torch is not None else host_torch()
-    where = f"{config.path}: [cuda] packages"
+    where = f"{config.path}: {table}"
     if tv is None:
         raise EnvBuildError(f"{where} lists {', '.join(config.cuda)}, whose wheels are built for a torch "
                             f"version, and the host ({sys.executable}) has no torch; install torch there (or "
@@ -215,7 +217,7 @@ def resolve(config, python_version, progress, rebuild="bulkhead install <pack>",
         # A final release before a pre-release (as pip), then the newest, then manylinux.
         found.sort(key=lambda f: (not f[0].is_prerelease, f[0], f[1]), reverse=True)
         _, _, text, url = found[0]
-        progress(f"[cuda] {spec}: {text} ({url}): {_why(found, pats, py_tag, arch)}")
+        progress(f"{table.split()[0]} {spec}: {text} ({url}): {_why(found, pats, py_tag, arch)}")
         name = text.split("-", 1)[0]
         out.append(f"{name} @ {url}")
     if skipped:
