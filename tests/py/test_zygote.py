@@ -54,10 +54,18 @@ def _venv(root, name, shared=None):
     return os.path.join(path, "bin", "python")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def venvs(tmp_path_factory):
+    """Three venvs, made once for the module: the tests only read them
+    (the one that rewrites a module makes its own, fresh_a)."""
     root = str(tmp_path_factory.mktemp("zyvenvs"))
     return {"a": _venv(root, "a", shared="a"), "b": _venv(root, "b", shared="b"), "plain": _venv(root, "plain")}
+
+
+@pytest.fixture
+def fresh_a(tmp_path):
+    """A venv like venvs["a"], the test's own to change."""
+    return _venv(str(tmp_path), "a", shared="a")
 
 
 # multiprocessing, as torch imports it: it names __main__ (this worker's
@@ -107,12 +115,12 @@ def test_one_zygote_serves_workers_of_many_environments_and_execs_where_a_module
     assert ip["prefix"] == os.path.dirname(os.path.dirname(venvs["plain"]))
 
 
-def test_a_module_rewritten_in_place_is_not_handed_out_from_the_preload(forked, venvs):
+def test_a_module_rewritten_in_place_is_not_handed_out_from_the_preload(forked, fresh_a):
     """An environment rebuilt in place (the same paths, new files) while
     its zygote runs: the next worker imports the new file, not the module
     the zygote preloaded from the old one (it execs, as where a module
     differs)."""
-    w = forked(venvs["a"])
+    w = forked(fresh_a)
     assert w.call("bulkhead_zyprobe:zyshared") == "a"
     zpid = w.call(PROBE)["ppid"]
     path = w.call(PROBE)["zyshared"]
