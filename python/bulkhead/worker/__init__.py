@@ -18,9 +18,9 @@ Python ``logging`` goes to stderr (which the host prefixes with the pack
 name) at the host's level.
 """
 
+import _signal   # not signal: its enum classes cost every worker's start about 1 ms (#40)
 import os
 import select
-import signal
 import sys
 import threading
 
@@ -29,7 +29,7 @@ from .._importwatch import when_imported
 from ..channel import peer as _peer_mod, spec, targets
 from ..channel.nodes import encode_comfy
 from ..channel.peer import Peer, interpreter_info, resolve_target
-from . import typed, zygote
+from . import typed
 
 _peer = None
 # This worker's WorkerMemory when the host attached it to its budget (not
@@ -113,6 +113,9 @@ def _pack_target(target):
 def main():
     global _peer
     if os.environ.get(spec.AS_ZYGOTE) == "1":
+        # A spawned worker needs none of the zygote's code (nor its struct
+        # and signal); a forked one has it from the zygote.
+        from . import zygote  # lazy: worker start
         zygote.serve()   # returns in a worker it forked (the zygote itself ends in it)
     fd = int(os.environ.pop(spec.FD, "3"))
     host_pid = int(os.environ.pop(spec.HOST_PID, os.getppid()))
@@ -127,7 +130,7 @@ def main():
         _peer_mod.on_error = sandbox.note   # a refusal that crosses is named in the log, with the fix
     # Before HELLO: the host signals only running workers, and SIGUSR1's
     # default action would end this one.
-    signal.signal(signal.SIGUSR1, _interrupted)
+    _signal.signal(_signal.SIGUSR1, _interrupted)
     when_imported("logging", _setup_logging)
     resolve = _pack_target if os.environ.get(spec.PACK_DIR) else resolve_target
     peer = Peer(describe=f"host (pid {host_pid})", outgoing=_native.CALLBACK, resolve=resolve, cache_sends=True)
