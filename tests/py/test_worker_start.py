@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 DEFERRED = ["json", "re", "logging", "traceback", "socket", "selectors", "tokenize",
-            # signal (its enum classes) and the zygote's code (with
+            # enum (signal's enum classes too) and the zygote's code (with
             # struct): a spawned worker serves calls without them
-            "signal", "struct", "bulkhead.worker.zygote"]
+            "enum", "signal", "struct", "bulkhead.worker.zygote"]
 
 
 def test_a_started_worker_has_imported_nothing_a_call_does_not_need(make_worker):
