@@ -54,20 +54,20 @@ def _route():
 
 def _bound_spin():
     """ComfyUI imports torch after this script: its idle OpenMP threads are
-    bounded here as a worker's are (bulkhead.host.workers.bound_host_spin),
+    bounded here as a worker's are (bulkhead.host.spin.bound_host_spin),
     so they do not spin on the CPUs the workers need."""
     import logging
     import os
     try:
-        from bulkhead.host import workers
-        done = workers.bound_host_spin()
+        from bulkhead.host import spin
+        done = spin.bound_host_spin()
     except Exception as e:  # ComfyUI must start
         logging.getLogger("bulkhead").warning("bulkhead: prestartup: ComfyUI's idle threads left as they are: %s", e)
         return
     if done:
         logging.getLogger("bulkhead").info(
             "bulkhead: ComfyUI's idle OpenMP/BLAS threads spin %s us before they sleep (%s), as the "
-            "workers' do (BULKHEAD_OMP_SPIN_US sets it)", os.environ.get("BULKHEAD_OMP_SPIN_US") or f"{workers.SPIN_US:g}",
+            "workers' do (BULKHEAD_OMP_SPIN_US sets it)", os.environ.get("BULKHEAD_OMP_SPIN_US") or f"{spin.SPIN_US:g}",
             ", ".join(f"{k}={v}" for k, v in sorted(done.items())))
 
 

@@ -640,7 +640,7 @@ def placement(default, same, cross):
 def main(argv=None):
     args = parse_args(argv)
     import bulkhead
-    from bulkhead.host import workers as bh_host
+    from bulkhead.host import workerenv as bh_host
 
     t_start = time.monotonic()
     coreecho = args.coreecho or os.path.join(os.path.dirname(os.path.abspath(args.pingpong)), "coreecho")

@@ -8,7 +8,7 @@ sleep: 300,000 steps of x86's `pause` by default, 8-15 ms on current CPUs;
 OpenBLAS's (numpy's) 2**28 TSC ticks, about 0.1 s.  After every node a
 worker's pool threads spin that long; on a small machine they hold the CPUs
 the host and the next worker need.  bulkhead bounds both to about 200 us
-(host/workers.py, spin_env).  Three kinds of worker, side by side, each in
+(host/spin.py, spin_env).  Three kinds of worker, side by side, each in
 its own workers (torch and numpy from this interpreter):
 
   bulkhead   what bulkhead gives a worker (from BULKHEAD_OMP_SPIN_US,
@@ -98,7 +98,7 @@ def main(argv=None):
     import torch
     import bulkhead
     import _spin_worker
-    from bulkhead.host import workers as bh_workers
+    from bulkhead.host import spin as bh_spin
 
     img = torch.rand(1, 512, 512, 3)  # 3 MiB, as ComfyUI's IMAGE
     img_np = img.numpy().copy()
@@ -149,8 +149,8 @@ def main(argv=None):
     r = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "machine": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
                      "torch": torch.__version__, "threads": torch.get_num_threads()},
-         "spin_us": float(os.environ.get("BULKHEAD_OMP_SPIN_US") or bh_workers.SPIN_US),
-         "spin_env": bh_workers.spin_env(),
+         "spin_us": float(os.environ.get("BULKHEAD_OMP_SPIN_US") or bh_spin.SPIN_US),
+         "spin_env": bh_spin.spin_env(),
          "relax_ns": bulkhead._native.relax_ns(),
          "chain": args.chain, "rounds": args.rounds,
          "in_process_chain_ms": median(inproc), "in_process_chain_blas_ms": median(inproc_blas),

@@ -21,14 +21,15 @@ if __name__ == "bulkhead":
 #              nodes, memory, the holder, the control socket, ComfyUI routes
 #   worker/    the worker process (``python -m bulkhead.worker``)
 #   envs/      pack configs and their environments (install, status)
+#   cli/       what runs only from the command line (the canary, uninstall)
 # The top-level modules (_importwatch, pager, packimport) are used by both.
 #
 # Host and environment names are imported on first use: a worker imports
 # this package on every start and needs none of them (a test checks that a
 # worker imports no host module).
 _LAZY = {
-    "CallTimeout": "host.workers", "Worker": "host.workers", "WorkerDied": "host.workers",
-    "WorkerStartError": "host.workers", "describe_status": "host.workers",
+    "CallTimeout": "host.errors", "Worker": "host.workers", "WorkerDied": "host.errors",
+    "WorkerStartError": "host.errors", "describe_status": "host.errors",
     "install": "host.pack", "env_status": "envs.build", "EnvStatus": "envs.build", "EnvBuildError": "envs.build",
     "PackConfig": "envs.config", "PackConfigError": "envs.config", "PackConfigWarning": "envs.config",
     "comfy_pack": "host.pack", "host_memory": "host.pack", "load_pack": "host.nodes",

@@ -181,7 +181,7 @@ def test_an_interrupt_ends_every_async_call_in_flight_and_the_worker_lives(tmp_p
 @pytest.mark.torch
 def test_a_worker_that_dies_ends_its_async_calls_with_worker_died(tmp_path):
     r = scenario(tmp_path, """
-        from bulkhead.host.workers import WorkerDied
+        from bulkhead.host.errors import WorkerDied
         fn = m["Sleep"]().go
         asyncio.run(fn(seconds=0.01, steps=1))
 

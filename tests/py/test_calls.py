@@ -40,8 +40,8 @@ def test_call_under_other_interpreter(make_worker):
 
 INSTALLED_HOST = """
 import glob, os, sys, bulkhead
-from bulkhead.host import workers
-root = workers.worker_pythonpath()
+from bulkhead.host import workerenv
+root = workerenv.worker_pythonpath()
 for py in sys.argv[2:]:
     w = bulkhead.Worker(py, name="installed", env={"PYTHONPATH": sys.argv[1]})
     try:
@@ -281,12 +281,12 @@ def test_worker_openmp_spin_is_bounded(make_worker, monkeypatch):
     GOMP_SPINCOUNT is set from the measured cost of a spin step and
     OPENBLAS_THREAD_TIMEOUT from the same time, unless the host's or the
     pack's environment tunes the threads itself."""
-    from bulkhead.host import workers
+    from bulkhead.host import spin
     for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT", "BULKHEAD_OMP_SPIN_US"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(workers, "_spin", None)
+    monkeypatch.setattr(spin, "_spin", None)
     env = make_worker().call("os:environ.copy")
-    assert env["GOMP_SPINCOUNT"] == workers.spin_env()["GOMP_SPINCOUNT"]
+    assert env["GOMP_SPINCOUNT"] == spin.spin_env()["GOMP_SPINCOUNT"]
     assert 0 < int(env["GOMP_SPINCOUNT"]) < 300_000
     assert 4 < int(env["OPENBLAS_THREAD_TIMEOUT"]) < 28
     env = make_worker(env={"GOMP_SPINCOUNT": "5", "OPENBLAS_THREAD_TIMEOUT": "6"}).call("os:environ.copy")
@@ -294,24 +294,24 @@ def test_worker_openmp_spin_is_bounded(make_worker, monkeypatch):
     passive = make_worker(env={"OMP_WAIT_POLICY": "PASSIVE"})
     assert passive.call("os:getenv", "GOMP_SPINCOUNT") is None
 
-    monkeypatch.setattr(workers, "_spin", None)
+    monkeypatch.setattr(spin, "_spin", None)
     monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", "0")
     env = make_worker().call("os:environ.copy")
     assert (env["GOMP_SPINCOUNT"], env["OPENBLAS_THREAD_TIMEOUT"]) == ("0", "4")
-    monkeypatch.setattr(workers, "_spin", None)
+    monkeypatch.setattr(spin, "_spin", None)
     for bad in ("fast", "inf", "nan", "-1"):   # inf was an OverflowError naming nothing
         monkeypatch.setenv("BULKHEAD_OMP_SPIN_US", bad)
         with pytest.raises(bulkhead.BulkheadError, match=rf"BULKHEAD_OMP_SPIN_US='{bad}' is not a number"):
             make_worker().call("os:getpid")
-        monkeypatch.setattr(workers, "_spin", None)
+        monkeypatch.setattr(spin, "_spin", None)
 
 
 _HOST_SPIN_PROBE = """
 import json, os, sys
 for m in sys.argv[1:]:
     __import__(m)
-from bulkhead.host import workers
-done = workers.bound_host_spin()
+from bulkhead.host import spin
+done = spin.bound_host_spin()
 import numpy, torch
 print(json.dumps({"done": done, "env": {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}}))
 """
@@ -319,7 +319,7 @@ print(json.dumps({"done": done, "env": {k: os.environ.get(k) for k in ("GOMP_SPI
 
 def test_host_openmp_spin_is_bounded_before_torch_loads(monkeypatch):
     """ComfyUI's own process gets the same bound from bulkhead's prestartup
-    script (workers.bound_host_spin; ComfyUI imports torch after it): each
+    script (spin.bound_host_spin; ComfyUI imports torch after it): each
     variable where the library reading it (once, as it loads) is not loaded
     yet and the user did not tune it; nothing where it is loaded already."""
     import json

@@ -176,8 +176,8 @@ def test_another_user_cannot_plant_the_workers_bulkhead_nor_disable_the_workers(
 FRESH = r"""
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from bulkhead.host import control, workers
-root = workers.worker_pythonpath()
+from bulkhead.host import control, workerenv
+root = workerenv.worker_pythonpath()
 print("root", root, os.listdir(root), os.path.dirname(os.path.realpath(os.path.join(root, "bulkhead", "__init__.py"))))
 print("control", control.control_dir())
 for d in (control.control_dir(), root):
@@ -210,8 +210,8 @@ def test_a_fresh_private_dir_is_0700_and_the_control_socket_accepts_it(site):
 TWO = r"""
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from bulkhead.host import workers
-root = workers.worker_pythonpath()
+from bulkhead.host import workerenv
+root = workerenv.worker_pythonpath()
 print(root, flush=True)
 sys.stdin.readline()  # the other install's host starts here
 print(os.path.dirname(os.path.realpath(os.path.join(root, "bulkhead", "__init__.py"))), flush=True)

@@ -23,7 +23,7 @@ installed at the host's versions under another, where what cannot be had
 is left out with one warning: ``_install_host_versions``).  A build that
 fails is remembered (``failed_before``): ComfyUI's start does not try it
 again until something it depends on changes.  bulkhead itself is NOT installed there -- a worker imports it
-from the host through PYTHONPATH (``host.worker_pythonpath``), so the host
+from the host through PYTHONPATH (``host.workerenv.worker_pythonpath``), so the host
 and its workers can never disagree about bulkhead's version.
 
 Building (``build``, ``install``): under an fcntl lock on the lock file (a

@@ -30,10 +30,10 @@ from .. import _native, pager
 from ..channel.peer import RemoteError, error_detail
 from ..channel import spec, targets
 from . import release as _release
+from .errors import WorkerBusy
 # The release deadline (RELEASE_TIMEOUT_S; a worker's own outranks it) and
 # every release that waits or posts live in release.py.
 from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, release_timeout_s  # noqa: F401
-from .workers import WorkerBusy
 
 log = logging.getLogger("bulkhead")
 

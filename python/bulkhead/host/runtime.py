@@ -75,12 +75,13 @@ from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, Re
 from ..channel import spec, targets
 from ..packimport import package_for, default_module, package_name
 from ..envs import hostmatch
+from .errors import WorkerDied, WorkerStartError
 from .interrupt import watcher
 from .metadata import MetadataCache, comfyui_version_hash, default_stamp, source_hash
 from .progress import Progress
 from .serverproxy import ServerProxy
 from .v3 import hidden_values
-from .workers import Worker, WorkerDied
+from .workers import Worker
 
 log = logging.getLogger("bulkhead")
 
@@ -549,8 +550,8 @@ class PackRuntime:
         """This start's sandbox (host/sandbox.py), made at each start: the
         options and ComfyUI's folders may have changed.  Raises
         WorkerStartError where it is required and the kernel cannot."""
-        from . import sandbox, workers
-        pp = [workers.worker_pythonpath()] + [p for p in str(self.worker.env.get("PYTHONPATH", "")).split(os.pathsep)
+        from . import sandbox, workerenv
+        pp = [workerenv.worker_pythonpath()] + [p for p in str(self.worker.env.get("PYTHONPATH", "")).split(os.pathsep)
                                               if p]
         plan = sandbox.plan(self.name, self.pack_dir, self.worker.python, self.options, self.comfyui, folders, pp,
                             self.worker.env)
@@ -558,7 +559,7 @@ class PackRuntime:
         if plan.state == "refused":
             let = (f"set {spec.SANDBOX}=on" if spec.SANDBOX in plan.why
                    else 'set [bulkhead] sandbox = "on" in its comfy-env.toml')
-            raise workers.WorkerStartError(
+            raise WorkerStartError(
                 f"cannot start worker {self.name!r}: {plan.why}, so it is not started: run it on a kernel with "
                 f"Landlock (Linux 5.13+), or {let} to let it run unsandboxed where the kernel cannot")
         return plan

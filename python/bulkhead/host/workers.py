@@ -2,9 +2,9 @@
 interpreter, and the calls into it.
 
 A worker is spawned by the C supervisor as ``<python> -m bulkhead.worker``
-with the channel on fd 3 and an environment built here from an allow-list
-(nothing of the host's Python setup leaks in: no PYTHONHOME, no
-VIRTUAL_ENV, no host site-packages).  It says HELLO with its interpreter
+with the channel on fd 3 and an environment built from an allow-list
+(host/workerenv.py: nothing of the host's Python setup leaks in, no
+PYTHONHOME, no VIRTUAL_ENV, no host site-packages).  It says HELLO with its interpreter
 and protocol version; the host answers with the generation number.  A
 worker that dies is noticed at once (EOF), reaped, and reported with how it
 ended and what it printed last; the next call starts the next generation.
@@ -14,308 +14,34 @@ runs on the next generation instead of failing -- and logged.  A worker
 that stops answering is killed at its deadline (``call_timeout_s``,
 ``start_timeout_s``; ``release_timeout_s`` for memory releases and a
 stand-in's loads) and reported as hung, or as stopped when it was (SIGSTOP, a debugger).
+What a failed worker raises is host/errors.py's.
 
 Frames a worker sends unasked (a pack's own thread calling the host with
 request id 0: a PromptServer event, say) are read while a call waits on
 the worker; with ``serve_unasked`` set, a reader thread per generation
-also reads them while none does: it polls the channel and, when a frame
-is there, takes the worker lock and serves what is pending (``serve(0)``).
+also reads them while none does (host/reader.py): it polls the channel
+and, when a frame is there, takes the worker lock where it is free and
+serves what is pending (``serve_idle``).  The object-handle releases the
+host owes a worker go in batches from one thread (host/flusher.py) when
+the worker is idle, else at the end of the call that keeps it busy.
 """
 
 import atexit
 import functools
 import logging
-import math
 import os
-import select
-import shutil
 import signal
 import sys
-import tempfile
 import threading
-import time
 import weakref
-
-from queue import Empty, SimpleQueue
 
 from .. import _native
 from ..channel.nodes import MARK, decode_comfy, typed_packs, encode_comfy
-from ..channel.peer import BulkheadError, Peer
-from ..channel import spec, targets
-from . import zygote
-
-ProtocolError = _native.ProtocolError
-
-
-class WorkerStartError(BulkheadError):
-    """The worker could not be started, or died before its HELLO."""
-
-
-class WorkerDied(BulkheadError):
-    """The worker died while a call waited on it."""
-
-    def __init__(self, message, status=None, output=""):
-        super().__init__(message)
-        self.status = status
-        self.output = output
-
-    @property
-    def signal(self):
-        return os.WTERMSIG(self.status) if self.status is not None and os.WIFSIGNALED(self.status) else None
-
-    @property
-    def exit_code(self):
-        return os.WEXITSTATUS(self.status) if self.status is not None and os.WIFEXITED(self.status) else None
-
-
-class CallTimeout(BulkheadError):
-    """A call did not finish in time; the worker was killed.  ``stopped``
-    says whether it was stopped (SIGSTOP, a debugger) rather than busy."""
-
-    def __init__(self, message, stopped=False):
-        super().__init__(message)
-        self.stopped = stopped
-
-
-class WorkerBusy(BulkheadError):
-    """A release asked with a deadline found the worker in a call past it;
-    nothing was sent (the release does not run later)."""
-
-
-# Variables a worker inherits from the host's environment; everything else
-# must be passed explicitly in env=.
-_PASS = frozenset("""
-PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR TERM SHELL
-CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER NVIDIA_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
-OMP_NUM_THREADS MKL_NUM_THREADS OPENBLAS_NUM_THREADS OPENBLAS_CORETYPE OPENBLAS_L2_SIZE OPENBLAS_THREAD_TIMEOUT
-LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
-HF_HOME HF_HUB_OFFLINE TORCH_HOME SSL_CERT_FILE
-XDG_CACHE_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_RUNTIME_DIR
-""".split())
-_PASS_PREFIXES = ("LC_", spec.PREFIX, "OMP_", "GOMP_", "KMP_")
-# ...except these: the environment builder's pip options may hold an index's
-# credentials (--index-url https://user:token@...), and a worker never
-# builds an environment.
-_NEVER_PASS = frozenset({spec.PIP_ARGS, spec.AS_ZYGOTE})
-
-
-def describe_status(status):
-    """Words for a waitpid status."""
-    if status is None:
-        return "is still running"
-    if status == _native.STATUS_UNREPORTED:   # its zygote stopped or hung (bh_proc_wait)
-        return ("ended (its exit status is unknown: the zygote that forked it did not report it, stopped or "
-                "hung; a new zygote forks the next worker)")
-    if status < 0:   # a zygote's child whose zygote died first: no one could tell (bh_proc_wait)
-        return "ended (its exit status is unknown: the zygote that forked it had gone)"
-    if os.WIFSIGNALED(status):
-        n = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(n).name
-        except ValueError:
-            name = f"signal {n}"
-        return f"was killed by signal {n} ({name})"
-    if os.WIFEXITED(status):
-        return f"exited with status {os.WEXITSTATUS(status)}"
-    return f"ended with wait status {status:#x}"
-
-
-_root_lock = threading.Lock()
-_root = None
-_ROOT_NAME = "pkgroot-"
-
-
-def worker_pythonpath():
-    """A directory holding only the ``bulkhead`` package, for a worker's
-    PYTHONPATH.  The package's own parent when it holds nothing else (a
-    build tree); otherwise a directory of this host process alone, made
-    with mkdtemp in the checked private directory (rundir) and holding a
-    copy of the package's tree made of links (_link_tree): no other user
-    can swap it, another install's host (another version) never repoints
-    it, and a worker never writes into the installed package.  Removed at
-    exit; those of hosts that died without exiting go at the next host's
-    first worker.  Raises rundir.PrivateDirError when the private directory
-    is not ours."""
-    global _root
-    with _root_lock:
-        if _root is not None:
-            return _root
-        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # host/ -> bulkhead/
-        parent = os.path.dirname(pkg)
-        others = [e for e in os.listdir(parent) if e != "bulkhead" and not e.startswith(".")]
-        if not others:
-            _root = parent
-            return _root
-        from . import rundir
-        base = rundir.runtime_dir()
-        _sweep_roots(base)
-        root = tempfile.mkdtemp(prefix=f"{_ROOT_NAME}{os.getpid()}-", dir=base)
-        atexit.register(_remove_root, root, os.getpid())
-        _link_tree(pkg, os.path.join(root, "bulkhead"))
-        _root = root
-        return _root
-
-
-def _link_tree(src, dst):
-    """dst: src's directories made anew, every file in them a symbolic link
-    to src's (the bytecode pip compiled included, so a worker under the
-    host's Python reads it as from the package).  A worker under another
-    minor then writes its own bytecode into dst's __pycache__, never into
-    the installed package: pip uninstall leaves what it did not install,
-    and the folder left then imported as an empty namespace package, on
-    which every pack failed ("module 'bulkhead' has no attribute
-    'comfy_pack'")."""
-    for dirpath, _dirs, files in os.walk(src):
-        out = os.path.normpath(os.path.join(dst, os.path.relpath(dirpath, src)))
-        os.mkdir(out, 0o700)
-        for name in files:
-            os.symlink(os.path.join(dirpath, name), os.path.join(out, name))
-
-
-def _remove_root(root, pid=None):
-    if pid is not None and pid != os.getpid():
-        return  # a forked child exiting: the root is its parent's
-    shutil.rmtree(root, ignore_errors=True)   # directories and links: no link is followed
-
-
-def _sweep_roots(base):
-    """Removes the package roots of host processes that are gone."""
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    from .rundir import owner_gone
-    for name in names:
-        if owner_gone(name, _ROOT_NAME):
-            _remove_root(os.path.join(base, name))
-
-
-# How long a worker's idle OpenMP and BLAS threads spin after their work
-# before they sleep.  libgomp's default, 300,000 steps of `pause`, is 8-15 ms
-# on current x86 CPUs; OpenBLAS's (numpy's BLAS) is 2**28 TSC ticks, about
-# 0.1 s.  After every node a worker's pool threads spin that long, and on a
-# small machine they take the CPUs the host and the next worker need (a
-# 3 MiB IMAGE through five workers, bench/spin.py).  200 us still covers the
-# gaps between a node's own parallel regions, so its compute keeps the
-# default's speed, where OMP_WAIT_POLICY=PASSIVE (sleep at once) costs it
-# up to 3x.  docs/performance.md has the figures.
-SPIN_US = 200.0
-_spin = None
-
-
-def spin_env():
-    """What a worker's environment gets to bound that spin:
-    GOMP_SPINCOUNT ($BULKHEAD_OMP_SPIN_US, default SPIN_US, over what one
-    spin step costs on this CPU, measured once in ~1 ms; at most libgomp's
-    default) and OPENBLAS_THREAD_TIMEOUT (log2 of the same time in TSC
-    ticks, taken as 3 a ns; 4 to 28, OpenBLAS's own range and default).
-    build_env sets each unless the host's or the pack's environment tunes
-    it (GOMP_SPINCOUNT or OMP_WAIT_POLICY; OPENBLAS_THREAD_TIMEOUT)."""
-    global _spin
-    if _spin is None:
-        raw = os.environ.get(spec.OMP_SPIN_US, "")
-        try:
-            us = float(raw) if raw else SPIN_US
-            if not 0 <= us < math.inf:      # nan and inf too: no count of steps
-                raise ValueError(raw)
-        except ValueError:
-            raise BulkheadError(f"{spec.OMP_SPIN_US}={raw!r} is not a number of microseconds (0 or more); "
-                                f"unset it for the default ({SPIN_US:g})") from None
-        steps = min(300_000, round(us * 1000 / max(_native.relax_ns(), 0.1)))
-        ticks_log2 = max(4, min(28, round(math.log2(max(us * 3000, 1)))))
-        _spin = {"GOMP_SPINCOUNT": str(steps), "OPENBLAS_THREAD_TIMEOUT": str(ticks_log2)}
-    return _spin
-
-
-def bound_host_spin():
-    """The same bound for ComfyUI's own process, from bulkhead's prestartup
-    script: the host's torch runs parallel regions too (an EmptyImage's
-    fill, a preview's conversion), and its idle pool thread then spins
-    libgomp's default 8-15 ms on a CPU that the worker running the next
-    node needs (a 3 MiB IMAGE through five workers: half the warm prompt's
-    time here, bench/many_packs.py).  Each variable is set in this process's
-    environment only while the library that reads it is not loaded yet (it
-    reads it once, as it loads: ComfyUI imports torch after the prestartup
-    scripts) and unless it or what replaces it is set already
-    (GOMP_SPINCOUNT or OMP_WAIT_POLICY; OPENBLAS_THREAD_TIMEOUT).  Workers
-    inherit the same values.  Returns {variable: value} for what it set."""
-    try:
-        with open("/proc/self/maps") as f:
-            maps = f.read()
-    except OSError:
-        return {}  # cannot tell what is loaded: leave it all as it is
-    done = {k: v for k, v in _spin_untuned(os.environ).items() if _SPIN_VARS[k][0] not in maps}
-    os.environ.update(done)
-    return done
-
-
-# Each variable spin_env gives: the library that reads it (once, as it
-# loads) and the variables that, set, say the thread spin is tuned already.
-_SPIN_VARS = {"GOMP_SPINCOUNT": ("libgomp", ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")),
-              "OPENBLAS_THREAD_TIMEOUT": ("openblas", ("OPENBLAS_THREAD_TIMEOUT",))}
-
-
-def _spin_untuned(env):
-    """spin_env's variables for what env does not tune itself."""
-    return {k: v for k, v in spin_env().items() if not any(t in env for t in _SPIN_VARS[k][1])}
-
-
-def build_env(extra=None, inherit=True):
-    """The worker's whole environment as a dict."""
-    env = {}
-    if inherit:
-        for k, v in os.environ.items():
-            if (k in _PASS or k.startswith(_PASS_PREFIXES)) and k not in _NEVER_PASS:
-                env[k] = v
-    extra = dict(extra or {})
-    path = worker_pythonpath()
-    user_pp = extra.pop("PYTHONPATH", "")
-    env.update(extra)
-    env["PYTHONPATH"] = path + (os.pathsep + user_pp if user_pp else "")
-    env["PYTHONNOUSERSITE"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    env[spec.FD] = "3"
-    env[spec.HOST_PID] = str(os.getpid())
-    env.update(_spin_untuned(env))
-    env.setdefault(spec.LOG_LEVEL, str(logging.getLogger().getEffectiveLevel()))
-    return env
-
-
-# Object-handle releases: a RemoteObject's finalizer (any thread, any time,
-# even inside an encode) only queues; this thread sends the batch to each
-# worker that is idle, and a worker that is busy sends its own at the end
-# of the call that keeps it busy.
-_flush_queue = SimpleQueue()
-_flusher = None
-_flusher_lock = threading.Lock()
-FLUSH_DELAY_S = 0.05
-
-
-def _flush_loop():
-    while True:
-        pending = {}
-        item = _flush_queue.get()
-        time.sleep(FLUSH_DELAY_S)  # gather a batch
-        while True:
-            if item is not None:
-                w = item()
-                if w is not None:
-                    pending[id(w)] = w
-            try:
-                item = _flush_queue.get_nowait()
-            except Empty:
-                break
-        for w in pending.values():
-            w._try_flush()
-        del pending, item
-
-
-def _start_flusher():
-    global _flusher
-    with _flusher_lock:
-        if _flusher is None:
-            _flusher = threading.Thread(target=_flush_loop, name="bulkhead-release", daemon=True)
-            _flusher.start()
+from ..channel.peer import Peer
+from ..channel import targets
+from . import flusher, reader, zygote
+from .errors import CallTimeout, ProtocolError, WorkerBusy, WorkerDied, WorkerStartError, describe_status
+from .workerenv import build_env
 
 
 _live = weakref.WeakSet()
@@ -329,61 +55,6 @@ def _close_all():
         except Exception:
             pass
     zygote.close_all()
-
-
-# A parked reader tries the worker lock after this many ms, then twice as
-# long each time up to PARK_MAX_MS, until it gets it (the call ended).
-PARK_FIRST_MS, PARK_MAX_MS = 2, 20
-
-
-def _read_unasked(ref, chan, wake_r):
-    """Reader of one generation's channel while no call waits on it (see
-    the module doc).  Ends when its wake pipe closes (teardown), when the
-    channel is no longer the worker's, or at EOF (the next call or poll()
-    sees the death).  A byte on the wake pipe parks it (Worker.park_reader):
-    it leaves the channel to the call, so the call's reply wakes only the
-    thread that waits for it, and takes the worker lock back only when it
-    finds it free, never queuing on it: a waiter got the lock as the call
-    released it, and the next call of the same worker (a pack's next node)
-    then waited for the reader (~50 us a call, measured)."""
-    poller = select.poll()
-    poller.register(chan.fileno(), select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
-    parked = select.poll()
-    parked.register(wake_r, select.POLLIN)
-    try:
-        while True:
-            if any(fd == wake_r for fd, _ in poller.poll()) and not os.read(wake_r, 64):
-                return
-            wait_ms = PARK_FIRST_MS
-            while True:
-                w = ref()
-                if w is None:
-                    return
-                if w._lock.acquire(blocking=False):
-                    break
-                del w
-                if parked.poll(wait_ms) and not os.read(wake_r, 64):
-                    return
-                wait_ms = min(2 * wait_ms, PARK_MAX_MS)
-            try:
-                w._reader_parked = False
-                if w._chan is not chan:
-                    return
-                try:
-                    why = chan.serve(0)
-                except Exception:  # a broken channel: the next call reports it
-                    why = "eof"
-                if why != "idle":
-                    return
-                peer = w._peer
-                if peer is not None and peer.pending_releases:
-                    w._flush_releases()
-            finally:
-                w._lock.release()
-            del w
-    finally:
-        os.close(wake_r)
 
 
 class _Holding:
@@ -543,7 +214,7 @@ class Worker(_native.Caller):
         peer.name = self.name
         peer.generation = gen
         ref = self._ref
-        peer.on_release_queued = lambda _peer: _flush_queue.put(ref)
+        peer.on_release_queued = lambda _peer: flusher.put(ref)
         try:
             chan = _native.channel_open(fd, peer, os.getuid(), proc.pid, first_id=1, forward=True)
         except BaseException:
@@ -586,7 +257,7 @@ class Worker(_native.Caller):
             if isinstance(e, _native.ProtocolError):
                 raise WorkerStartError(f"{where} broke the protocol during start-up: {e}") from None
             raise
-        _start_flusher()
+        flusher.start()
         self._proc, self._chan, self._peer = proc, chan, peer
         peer.timeout = self.call_timeout_s
         self.generation = gen
@@ -594,7 +265,7 @@ class Worker(_native.Caller):
         if self.serve_unasked:
             wake_r, self._reader_wake = os.pipe()
             os.set_blocking(self._reader_wake, False)
-            threading.Thread(target=_read_unasked, args=(self._ref, chan, wake_r),
+            threading.Thread(target=reader.read_unasked, args=(self._ref, chan, wake_r),
                              name=f"bulkhead-reader-{self.name}", daemon=True).start()
 
     def _teardown(self):
@@ -621,6 +292,32 @@ class Worker(_native.Caller):
                 os.write(wake, b"p")
             except OSError:  # full (it is parked already) or closed (teardown)
                 pass
+
+    def serve_idle(self, chan):
+        """The reader thread's turn (host/reader.py): where the worker lock
+        is free, takes it and serves what the worker sent unasked on chan
+        (``serve(0)``), then sends the releases the host owes it.  Returns
+        None when the lock is held (a call runs: the reader tries again
+        later), False when the reader is done (chan is no longer this
+        worker's, or it ended), True when it served and reads on."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            self._reader_parked = False
+            if self._chan is not chan:
+                return False
+            try:
+                why = chan.serve(0)
+            except Exception:  # a broken channel: the next call reports it
+                why = "eof"
+            if why != "idle":
+                return False
+            peer = self._peer
+            if peer is not None and peer.pending_releases:
+                self._flush_releases()
+            return True
+        finally:
+            self._lock.release()
 
     def poll(self):
         """Notices a generation that ended while no call waited on it (a
@@ -728,7 +425,7 @@ class Worker(_native.Caller):
 
     # --- object handles ---
 
-    def _try_flush(self):
+    def try_flush(self):
         """Sends queued object-handle releases unless another thread is
         using the worker (its call sends them when it ends)."""
         with self.holding(0) as held:
