@@ -76,6 +76,9 @@ int bh_cli_answer_read(const uint8_t *p, size_t n, bh_cli_answer *a);
 typedef struct bh_cli_pack {
   char name[128], state[16], reason[512], fix[256];
   char sandbox[160]; /* "sandboxed", or "not sandboxed (why)" (host/sandbox.py), or "" */
+  char log[1024];    /* its newest build's log file, or "" (host/building.py annotate) */
+  char actions[64];  /* what the panel offers: "retry", "retry, rebuild", or "" */
+  char command[1024]; /* the same from a terminal: "bulkhead install <pack>", or "" */
   int64_t pid;
 } bh_cli_pack;
 

@@ -61,13 +61,17 @@ static int bh__packs_of_hosts(const bh_status_snap *snap, bh__host_packs **out) 
 }
 
 /* The packs section of the table: one line per pack, those not isolated
- * with why and the fix under it, wrapped as the table's device reasons
- * are (bh_status_wrapped: shown whole, a fix's command included), every
- * name and message through bh_text_fit first, as every name in the table
- * is (control characters and invalid UTF-8 as '?': a pack's name or
- * message never moves the cursor). */
+ * with why and the fix under it, then its newest build's log file and the
+ * command that does what the panel's button offers (a Retry, a Build; an
+ * isolated pack too where its update's rebuild failed), wrapped as the
+ * table's device reasons are (bh_status_wrapped: shown whole, a fix's
+ * command and a path included), every name and message through
+ * bh_text_fit first, as every name in the table is (control characters
+ * and invalid UTF-8 as '?': a pack's name or message never moves the
+ * cursor). */
 static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned cols) {
-  char name[4 * 28 + 1], text[4 * sizeof hp->rows[0].reason + 1];
+  char name[4 * 28 + 1], text[4 * (sizeof hp->rows[0].command + 64) + 1];
+  char run[sizeof hp->rows[0].command + 64], first[sizeof hp->rows[0].actions];
   for (int i = 0; i < n; i++) {
     const bh__host_packs *h = &hp[i];
     bh_text_appendf(b, "\npacks of host %d:\n", (int)h->host);
@@ -91,6 +95,21 @@ static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned 
         if (!lines[l][0]) continue;
         bh_text_fit(text, sizeof text, lines[l], (unsigned)sizeof p->reason, 0);
         bh_status_wrapped(b, labels[l], text, cols);
+      }
+      if (iso && strncmp(p->actions, "retry", 5) != 0) continue;
+      if (p->log[0]) {
+        bh_text_fit(text, sizeof text, p->log, (unsigned)sizeof p->log, 0);
+        bh_status_wrapped(b, "    log:", text, cols);
+      }
+      if (p->command[0] && p->actions[0]) {
+        /* the first action offered, as its button says it: "Retry" */
+        size_t k = strcspn(p->actions, ",");
+        memcpy(first, p->actions, k);
+        first[k] = 0;
+        if (first[0] >= 'a' && first[0] <= 'z') first[0] = (char)(first[0] - 'a' + 'A');
+        snprintf(run, sizeof run, "%s (or the panel's %s)", p->command, first);
+        bh_text_fit(text, sizeof text, run, (unsigned)sizeof run, 0);
+        bh_status_wrapped(b, "    run:", text, cols);
       }
     }
   }
@@ -118,6 +137,12 @@ static void bh__packs_json(bh_buf *b, const bh__host_packs *hp, int n) {
       bh_text_json_str(b, p->fix, strlen(p->fix));
       bh_text_appendf(b, ",\"sandbox\":");
       bh_text_json_str(b, p->sandbox, strlen(p->sandbox));
+      bh_text_appendf(b, ",\"log\":");
+      bh_text_json_str(b, p->log, strlen(p->log));
+      bh_text_appendf(b, ",\"actions\":");
+      bh_text_json_str(b, p->actions, strlen(p->actions));
+      bh_text_appendf(b, ",\"command\":");
+      bh_text_json_str(b, p->command, strlen(p->command));
       if (p->pid > 0) bh_text_appendf(b, ",\"pid\":%lld}", (long long)p->pid);
       else bh_text_appendf(b, ",\"pid\":null}");
       first = 0;

@@ -153,6 +153,9 @@ static void bh__take_pack(const char *k, size_t kn, const bh_item *val, void *ct
     else if (BH__KEY("reason")) bh__answer_str(out->reason, sizeof out->reason, val);
     else if (BH__KEY("fix")) bh__answer_str(out->fix, sizeof out->fix, val);
     else if (BH__KEY("sandbox")) bh__answer_str(out->sandbox, sizeof out->sandbox, val);
+    else if (BH__KEY("log")) bh__answer_str(out->log, sizeof out->log, val);
+    else if (BH__KEY("actions")) bh__answer_str(out->actions, sizeof out->actions, val);
+    else if (BH__KEY("command")) bh__answer_str(out->command, sizeof out->command, val);
   }
 }
 

@@ -267,10 +267,13 @@ TEST_IMPL(cli_packs_read) {
   memset(reason, 'r', sizeof reason);
   bh_buf_init(&b);
   bh_enc_list(&b, 4);
-  bh_enc_map(&b, 3);
+  bh_enc_map(&b, 6);
   bh_enc_str(&b, "name", 4), bh_enc_str(&b, "good", 4);
   bh_enc_str(&b, "state", 5), bh_enc_str(&b, "isolated", 8);
   bh_enc_str(&b, "pid", 3), bh_enc_int(&b, 77);
+  bh_enc_str(&b, "log", 3), bh_enc_str(&b, "/h/logs/good/1.log", 18);
+  bh_enc_str(&b, "actions", 7), bh_enc_str(&b, "retry, rebuild", 14);
+  bh_enc_str(&b, "command", 7), bh_enc_str(&b, "bulkhead install /p/good", 24);
   bh_enc_int(&b, 5); /* not a row */
   bh_enc_map(&b, 4);
   bh_enc_str(&b, "name", 4), bh_enc_str(&b, "lost", 4);
@@ -285,10 +288,14 @@ TEST_IMPL(cli_packs_read) {
   ASSERT_STR_EQ(rows[0].name, "good");
   ASSERT_STR_EQ(rows[0].state, "isolated");
   ASSERT_EQ(rows[0].pid, 77);
+  ASSERT_STR_EQ(rows[0].log, "/h/logs/good/1.log");
+  ASSERT_STR_EQ(rows[0].actions, "retry, rebuild");
+  ASSERT_STR_EQ(rows[0].command, "bulkhead install /p/good");
   ASSERT_STR_EQ(rows[1].name, "lost");
   ASSERT_EQ(rows[1].pid, -1);
   ASSERT_EQ(strlen(rows[1].reason), sizeof rows[1].reason - 1);
   ASSERT_STR_EQ(rows[1].fix, "");
+  ASSERT_STR_EQ(rows[1].log, "");
   for (size_t cut = 0; cut < b.len; cut++) ASSERT(bh_cli_packs_read(b.data, cut, rows, 2, &n) < 0);
   bh_buf_free(&b);
   bh_buf_init(&b);

@@ -407,6 +407,47 @@ def test_status_lists_where_each_hosts_packs_stand(env, ledger, host, member, co
         nodes._forget_all()
 
 
+def test_status_shows_the_build_log_and_what_the_panel_offers(env, ledger, host, control, tmp_path, monkeypatch):
+    """#36: for a pack whose build failed, `bulkhead status` shows its
+    build's log file and the command that does what the panel's button
+    (Retry) does, whole, as GET /bulkhead/status lists them for the panel
+    (host/building.py annotate); --json carries them."""
+    from bulkhead.envs import build as envs, config as packconfig
+    from bulkhead.host import building, nodes, states
+    monkeypatch.setenv("BULKHEAD_HOME", str(tmp_path / "home"))
+    pack = tmp_path / "a_pack_whose_build_failed"
+    pack.mkdir()
+    (pack / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
+    (pack / "comfy-env.toml").write_text('requirements = ["bh-nowhere"]\n')
+    config = packconfig.load(str(pack / "comfy-env.toml"), warn=False)
+    os.makedirs(envs.logs_dir(config))
+    with open(os.path.join(envs.logs_dir(config), "20260101-000000-1.log"), "w") as f:
+        f.write("FAILED: pip found no bh-nowhere\n")
+    try:
+        building.served(config, str(pack), "auto", None, None, None, None)
+        nodes.fallback(str(pack), nodes.ENV_NOT_BUILT, name=config.name,
+                       detail=": building it at start failed: pip found no bh-nowhere")
+        [panel] = building.annotate(states.pack_states())
+        assert panel["actions"] == ["retry"] and panel["log"] and panel["command"], panel
+        control([])
+        r = cli("status", "--ledger", ledger, env=env)
+        assert r.returncode == 0, r.stderr
+        text = r.stdout.split(f"packs of host {os.getpid()}:\n", 1)[1]
+        assert all(len(line) <= 80 for line in text.splitlines()), text
+        labelled = {}
+        for line in text.splitlines()[1:]:      # each label's lines, wrapped under it: blanks dropped
+            if line.split()[0].endswith(":"):
+                label = line.split()[0]
+            labelled[label] = labelled.get(label, "") + "".join(line.split()[1 if label in line else 0:])
+        assert labelled["log:"] == "".join(panel["log"].split()), text
+        assert labelled["run:"] == "".join(f"{panel['command']} (or the panel's Retry)".split()), text
+        [row] = json.loads(cli("status", "--json", "--ledger", ledger, env=env).stdout)["packs"]
+        assert (row["log"], row["actions"], row["command"]) == (panel["log"], "retry", panel["command"]), row
+    finally:
+        nodes._forget_all()
+        building._served.clear()
+
+
 def test_release_by_pack_and_by_pid(env, ledger, host, member, control):
     a = member("worker", **worker_spec(64 * MiB))
     b = member("worker", **worker_spec(32 * MiB, pack="pack-b"))

@@ -577,21 +577,35 @@ def actions(row, entry=None):
 
 def annotate(rows):
     """Adds to each pack_states row what the panel shows of its builds:
-    "actions" (``actions``), "log" (the path of its newest build's log
-    file, where it has one) and, while a build of it runs, "phase" and
-    "progress" (the last line of the command the build runs)."""
+    "actions" (``actions``), "command" (the same from a terminal:
+    ``command``), "log" (the path of its newest build's log file, where it
+    has one) and, while a build of it runs, "phase" and "progress" (the
+    last line of the command the build runs)."""
     for row in rows:
         with _lock:
             entry = _served.get((row.get("directory"), row.get("name")))
         if entry is None:
             continue
         row["actions"] = actions(row, entry)
+        row["command"] = command(entry, row["actions"])
         b = _pending_for(entry)
         if b is not None:
             row["phase"], row["progress"] = b.phase, b.known
             row["building"] = b.kind
         row["log"] = (b.log_path if b is not None else None) or _last_log(entry)
     return rows
+
+
+def command(entry, offered):
+    """The command line that does from a terminal what the first of the
+    actions ``offered`` for the pack of ``entry`` does (its button in the
+    panel): ``bulkhead install <pack>``, with --force for a rebuild; ""
+    where none is offered.  `bulkhead status` shows it."""
+    if not offered:
+        return ""
+    from ..envs.build import rebuild_command  # lazy: ComfyUI's start (envs loads once a pack builds)
+    cmd = rebuild_command(entry["root"])
+    return cmd.replace("bulkhead install ", "bulkhead install --force ", 1) if offered[0] == "rebuild" else cmd
 
 
 def find(name):

@@ -19,7 +19,8 @@ frame.  A client sends CALL frames ``(target, args, kwargs)``:
         after, as `bulkhead status` shows them (the worker's receipt where
         the host has no ledger).
     workers() -> [{"pid", "pack", "generation", "busy"}...]
-    packs() -> [{"name", "state", "reason", "fix", "pid"}...]
+    packs() -> [{"name", "state", "reason", "fix", "pid", "log", "actions",
+                 "command", "sandbox"}...]
         where each pack the host serves stands (GET /bulkhead/status
         "packs"); `bulkhead status` shows them.
     built(config_paths) -> [line...]
@@ -141,10 +142,14 @@ class ControlServer:
 
     def packs(self):
         """Where each pack this host serves stands (host/states.py
-        pack_states: what GET /bulkhead/status lists as "packs"), for
-        `bulkhead status`."""
-        return [{**{k: r.get(k) for k in ("name", "state", "reason", "fix", "pid")},
-                 "sandbox": (r.get("sandbox") or {}).get("words")} for r in states.pack_states()]
+        pack_states with what the panel offers, building.annotate: what
+        GET /bulkhead/status lists as "packs"), for `bulkhead status`:
+        "actions" one string ("retry", "retry, rebuild"), "command" the
+        same from a terminal, "log" its newest build's log file."""
+        from . import building  # lazy: as built()'s
+        return [{**{k: r.get(k) for k in ("name", "state", "reason", "fix", "pid", "log", "command")},
+                 "actions": ", ".join(r.get("actions") or ()), "sandbox": (r.get("sandbox") or {}).get("words")}
+                for r in building.annotate(states.pack_states())]
 
     def built(self, config_paths):
         """`bulkhead install` built the environments of these configs
