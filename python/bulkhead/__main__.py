@@ -14,7 +14,7 @@ reads (host/pack.py ``describe_ahead``: that start starts no worker to
 describe them), then tells each ComfyUI running on the machine and prints what it does with the result:
 one that serves the pack without it serves it isolated from it at once.  ``env`` prints where each stands.  ``doctor`` imports a ComfyUI
 (as under ``--cpu``) and prints bulkhead's contract with it
-(``bulkhead.contract``): every name bulkhead reads or calls there, its tier
+(``bulkhead.cli.doctor`` over ``bulkhead.host.contract``): every name bulkhead reads or calls there, its tier
 and whether this ComfyUI offers it.  Exit status: 0 done / all ready /
 nothing FATAL fails, 1 failed / not ready / something FATAL fails, 2 usage
 (for doctor also: no ComfyUI in the directory).  ``canary`` checks the
@@ -27,14 +27,12 @@ lists what bulkhead left for this user and removes it after asking
 """
 
 import argparse
-import contextlib
-import json
 import os
 import re
 import sys
 
 from .envs import build as envs, config as packconfig
-from .host import contract, controlclient, rundir
+from .host import controlclient, rundir
 
 
 def _parser():
@@ -167,46 +165,6 @@ def _picked(c, st):
     return f"a build would take {it.path} (Python {it.version}): {it.why}"
 
 
-def _comfyui_version(base):
-    try:
-        with open(os.path.join(base, "comfyui_version.py"), encoding="utf-8") as f:
-            m = re.search(r"""__version__\s*=\s*["']([^"']+)""", f.read())
-    except OSError:
-        return None
-    return m.group(1) if m else None
-
-
-def _doctor(args):
-    base = args.comfyui or os.environ.get("COMFYUI_PATH") or os.getcwd()
-    base = os.path.realpath(base)
-    if not os.path.isfile(os.path.join(base, "comfy", "model_management.py")):
-        print(f"python -m bulkhead doctor: no ComfyUI in {base} (no comfy/model_management.py); "
-              "name its directory, or set COMFYUI_PATH", file=sys.stderr)
-        return 2
-    sys.path.insert(0, base)
-    sys.argv = ["main.py", "--cpu"]
-    # ComfyUI prints while it imports: keep stdout for the report.
-    with contextlib.redirect_stdout(sys.stderr):
-        try:
-            import comfy.options  # comfyui: comfy.options
-            getattr(comfy.options, "enable_args_parsing", lambda: None)()
-        except Exception as e:
-            print(f"python -m bulkhead doctor: comfy.options: {e}", file=sys.stderr)
-        report = contract.check(None)
-    if report.comfyui and report.comfyui != base:
-        print(f"python -m bulkhead doctor: note: comfy was imported from {report.comfyui}, not {base}",
-              file=sys.stderr)
-    version = _comfyui_version(base)
-    if args.json:
-        doc = report.to_dict()
-        doc["version"] = version
-        print(json.dumps(doc, indent=1))
-    else:
-        print(f"bulkhead doctor: ComfyUI at {report.comfyui or base}" + (f" (version {version})" if version else ""))
-        print(report.format())
-    return 0 if report.ok else 1
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["canary"]:
@@ -214,7 +172,8 @@ def main(argv=None):
         return canary.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "doctor":
-        return _doctor(args)
+        from .cli import doctor  # lazy: CLI start (one command's module)
+        return doctor.main(args.comfyui, as_json=args.json)
     if args.command == "uninstall":
         from .cli import uninstall  # lazy: CLI start (one command's module)
         return uninstall.main(yes=args.yes, dry_run=args.dry_run)

@@ -35,8 +35,8 @@ MAY_IMPORT = {
     "cli": {"channel", "host", "envs", "cli", "top"},
 }
 # Top-level modules that are not shared by both processes but are entry
-# points of their own: `python -m bulkhead` (install, env, doctor; it
-# imports cli/ for canary and uninstall) and the
+# points of their own: `python -m bulkhead` (install, env; it imports
+# cli/ for canary, doctor and uninstall) and the
 # package face, whose host names are imported lazily (__getattr__).
 ENTRY_POINTS = {"__main__.py"}
 
