@@ -10,8 +10,9 @@ import sys
 
 DEFERRED = ["json", "re", "logging", "traceback", "socket", "selectors", "tokenize",
             # enum (signal's enum classes too) and the zygote's code (with
-            # struct): a spawned worker serves calls without them
-            "enum", "signal", "struct", "bulkhead.worker.zygote"]
+            # struct): a spawned worker serves calls without them; threading,
+            # where _thread's lock and thread do
+            "enum", "signal", "struct", "bulkhead.worker.zygote", "threading"]
 
 
 def test_a_started_worker_has_imported_nothing_a_call_does_not_need(make_worker):

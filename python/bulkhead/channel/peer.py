@@ -22,11 +22,11 @@ which its owner (host.Worker) sends in batches.  An entry is gone when the
 releases have matched the sends.
 """
 
+import _thread   # not threading: a worker's start needs only its lock (threading, with functools, ~1.5 ms: #40)
 import builtins
 import importlib
 import itertools
 import sys
-import threading
 import weakref
 
 from .. import _native
@@ -355,7 +355,7 @@ class Peer:
         # objects held here for the peer: ident -> [object, times sent]
         self.objects = {}
         self._object_ids = {}
-        self._object_lock = threading.Lock()
+        self._object_lock = _thread.allocate_lock()   # threading.Lock
         # the peer's objects seen here: ident -> RemoteObject
         self.remote_objects = weakref.WeakValueDictionary()
         self.pending_releases = []   # (ident, count) to tell the owner

@@ -68,9 +68,9 @@ tensor made outside it, a leaf that requires grad).  The autograd graph
 stays behind: what arrives is a leaf.
 """
 
+import _thread   # not threading: its RLock is this one (a worker's start imports no threading: #40)
 import os
 import sys
-import threading
 import weakref
 
 from .. import _native
@@ -290,7 +290,7 @@ class SendCache:
         self._entries = {}  # id(tensor) -> [ref, signature, lease, serial]; insertion = LRU order
         # Reentrant: a collection inside a locked section may run a dead
         # tensor's weakref callback (forget) on this very thread.
-        self._lock = threading.RLock()
+        self._lock = _thread.RLock()
 
     def __len__(self):
         return len(self._entries)

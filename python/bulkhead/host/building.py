@@ -398,7 +398,96 @@ def _add(config, classes, display, mapping, names):
             names[key] = display[key]
         added.append(key)
     _registered[config.path] = {classes[k] for k in added}
+    _real[config.path] = {k: classes[k] for k in added}    # what early_nodes' placeholders run
     return added
+
+
+# --- a pack's nodes while it builds: an earlier build's description ---
+#
+# A pack whose environment builds in the background has no nodes until the
+# build ends -- unless its nodes were described before (host/metadata.py's
+# cache: its worker in an earlier environment, or `bulkhead install`), with
+# the pack's sources, ComfyUI and bulkhead's description format unchanged
+# since: a ComfyUI or bulkhead update, the host's packages moved, an
+# environment made again.  The cache's key names the environment (its
+# interpreter and stamp), so the start's lookup misses; ``early_nodes``
+# reads the pack's one file whatever environment it names, and registers
+# its nodes at once as placeholders: /object_info lists them as before,
+# and a node run waits for the build, then runs the real proxy the build
+# registers (``_real``), or raises the build's error and fix.  Where a
+# node needs more than a FUNCTION (V3, async, VALIDATE_INPUTS, lazy
+# inputs) or the pack has type strings of its own, none is registered
+# early: the pack's nodes come when it is built, as without a description.
+
+_real = {}      # config path -> {node type: the class register added for it}
+
+
+def early_nodes(b, config, pack_dir, module):
+    """(classes, display) for config's pack (its nodes in ``module`` of
+    the package at pack_dir), building in the background as Build b:
+    placeholders from the pack's earlier description where it has one that
+    still fits (see above), else ({}, {})."""
+    from .. import _native  # lazy: a pack with no description, or none building, needs none of these
+    from ..channel import spec
+    from ..channel.formats import FORMAT, decode_meta
+    from ..packimport import default_module
+    from .metadata import MetadataCache, comfyui_version_hash, source_hash
+    from .runtime import DESCRIBED, find_comfyui
+    opts = spec.settings(config.options)
+    comfyui = find_comfyui(opts)
+    if opts.get("cache", True) is False or comfyui is None:
+        return {}, {}
+    found = MetadataCache(opts.get("cache_dir")).latest(pack_dir)
+    if found is None:
+        return {}, {}
+    key, text = found
+    want = {"format": FORMAT, "described": DESCRIBED, "protocol": _native.PROTOCOL_VERSION, "pack": pack_dir,
+            "module": default_module(pack_dir) if module == "auto" else module, "sources": source_hash(pack_dir),
+            "comfyui": [comfyui, comfyui_version_hash(comfyui)]}
+    try:
+        meta = json.loads(text)
+    except ValueError:
+        return {}, {}
+    nodes = meta.get("nodes") or {}
+    if any(key.get(k) != v for k, v in want.items()) or meta.get("types") or not nodes or any(
+            n.get("v3") or n.get("function_async") or set(n.get("methods") or ()) & {"VALIDATE_INPUTS",
+                                                                                   "check_lazy_status"}
+            for n in nodes.values()):
+        return {}, {}
+    classes = {k: _waiting(b, config, k, n, decode_meta) for k, n in nodes.items()}
+    _registered[config.path] = set(classes.values())    # register's real proxies replace them
+    log.info("bulkhead: pack %r: %d node type(s) from an earlier build's description; they run once its "
+             "environment is built", config.name, len(classes))
+    return classes, {k: v for k, v in (meta.get("display") or {}).items() if k in classes}
+
+
+def _waiting(b, config, key, node, decode_meta):
+    """A placeholder node class: the described node's inputs, outputs and
+    attributes; its run waits for Build b, then runs the real proxy."""
+    input_types = node["input_types"]
+    ns = {"__module__": f"bulkhead.nodes.{config.name}", "_bulkhead_pack": config.name,
+          "__doc__": f"{node['class_name']} of pack {config.name!r}, whose environment is being built: it runs "
+                     "once the build ends.",
+          "INPUT_TYPES": classmethod(lambda cls: decode_meta(input_types))}
+    for attr, value in node["attrs"].items():
+        ns[attr] = decode_meta(value)
+    function = node["function"]
+    ns["FUNCTION"] = function
+
+    def run(self, **kwargs):
+        b.future.result()
+        real = _real.get(config.path, {}).get(key)
+        if real is None:
+            raise RuntimeError(f"bulkhead: pack {config.name!r}: node {key!r} does not run: the environment of the "
+                               f"pack could not be built ({b.error or 'its build ended without this node'})"
+                               + (f". Fix: {b.fix}" if b.fix else ""))
+        return getattr(real(), real.FUNCTION)(**kwargs)
+    run.__name__ = run.__qualname__ = function
+    ns[function] = run
+    name = node["class_name"].rsplit(".", 1)[-1]
+    cls = type(name if name.isidentifier() else "ProxyNode", (), ns)
+    cls.__qualname__ = node["class_name"]
+    return cls
 
 
 # --- prompts queued while packs build ---

@@ -686,8 +686,8 @@ def _build_in_background(config, pack_dir, module, hm, st):
         log.info("bulkhead: pack %r is ready: %d node type(s) added to ComfyUI's (%s)", config.name, len(added),
                  states.state_of(pack_dir, module))
 
-    building.submit(config, "new", envs.env_dir(config), pack_dir, module, work)
-    return {}, {}
+    b = building.submit(config, "new", envs.env_dir(config), pack_dir, module, work)
+    return building.early_nodes(b, config, pack_dir, module)  # its nodes from an earlier description, if any
 
 
 def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):

@@ -19,10 +19,10 @@ name) at the host's level.
 """
 
 import _signal   # not signal: its enum classes cost every worker's start about 1 ms (#40)
+import _thread   # not threading (with functools: about 1.5 ms of every worker's start, #40)
 import os
 import select
 import sys
-import threading
 
 from .. import _native, envlock
 from .._importwatch import when_imported
@@ -81,7 +81,7 @@ def call_host(target, /, *args, **kwargs):
     makes the call for it (nodes.task_ask_host)."""
     if _peer is None:
         raise RuntimeError("bulkhead.worker.call_host works only inside a bulkhead worker")
-    if task_thread is not None and threading.current_thread() is task_thread:
+    if task_thread is not None and _thread.get_ident() == task_thread.ident:
         from .nodes import task_ask_host  # lazy: worker start (and a cycle: nodes imports this package)
         return task_ask_host(target, args, kwargs)
     return _peer.channel.request(_native.CALLBACK, (target, args, kwargs), None)
@@ -143,7 +143,9 @@ def main():
     chan.set_tagged(typed.MARK, typed.decode_tagged)  # and such a map comes back as its object
     peer.channel = chan
     _peer = peer
-    threading.Thread(target=_watch_host, args=(host_pid,), name="bulkhead-host-watch", daemon=True).start()
+    # A bare thread, as a daemon thread of threading's would be: nothing
+    # waits for it at exit, and a fork's child has none.
+    _thread.start_new_thread(_watch_host, (host_pid,))
     hello = interpreter_info()
     hello.update(protocol=_native.PROTOCOL_VERSION, pid=os.getpid())
     chan.notify(_native.HELLO, hello)
