@@ -108,6 +108,26 @@ class MetadataCache:
             return None
         return data["meta"]
 
+    def latest(self, pack_dir):
+        """(key, meta) of the pack's file whatever key it was made for
+        (``store`` keeps one per pack): an earlier environment's
+        description, for a pack whose new one is being built
+        (host/building.py ``early_nodes``); None where there is none."""
+        prefix = self._prefix(pack_dir) + "-"
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.startswith(prefix) and n.endswith(".json"))
+        except OSError:
+            return None
+        for n in names:
+            try:
+                with open(os.path.join(self.directory, n), encoding="utf-8") as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get("key"), dict) and isinstance(data.get("meta"), str):
+                return data["key"], data["meta"]
+        return None
+
     def store(self, pack_dir, key, meta):
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
