@@ -9,7 +9,11 @@
  *   u32 n_intro, u32 n_return, u32 n_retire, u32 n_lend,
  *   n_intro x (u32 id, u64 size)   own blocks mapped by the peer from now on;
  *                                  their fds are the first n_intro fds
- *   n_return x u32 id              peer blocks we no longer hold
+ *   n_return x u32 id              peer blocks we no longer hold; the top
+ *                                  bit (BH__RETURN_SPENT, protocol 10) set
+ *                                  where this side forwarded the block to a
+ *                                  third process, which got its memfd: the
+ *                                  owner retires it, never reuses it
  *   n_retire x u32 id              own blocks destroyed; the peer unmaps
  *   n_lend x (u32 id, u64 size)    own blocks this frame lends (ids strictly
  *                                  ascending): the only blocks its value's

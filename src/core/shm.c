@@ -63,7 +63,14 @@
  *               reuse the block is queued, as when B's return ended the
  *               forward.  A pool that closes retires its own.  A process
  *               that dies leaves every mapping of its block, and so its
- *               pages, to the others.
+ *               pages, to the others.  B has the block's memfd for good
+ *               (a B whose code keeps it needs no mapping and no note),
+ *               so A must never put other bytes in that block: from its
+ *               first forward the source is spent, its return note says
+ *               so (BH__RETURN_SPENT, protocol 10), and A destroys the
+ *               block at its last reference (a retire note: the host
+ *               unmaps it) instead of reusing it; A's next output takes a
+ *               fresh memfd.
  *
  * Free own blocks beyond keep_bytes, or beyond BH__KEEP_FREE_BLOCKS of
  * them, are destroyed least recently used first; if the peer had mapped
