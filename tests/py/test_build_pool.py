@@ -46,6 +46,8 @@ WATCHER = r"""
 import os, sys, time
 d, me, wants = os.environ["BH_POOL_DIR"], os.environ["BH_POOL_ME"], os.environ["BH_POOL_WANTS"].split()
 open(os.path.join(d, me), "w").close()
+if os.environ.get("BH_POOL_SAY"):
+    print(os.environ["BH_POOL_SAY"], flush=True)
 seen, deadline = set(), time.monotonic() + 60
 while True:
     now = set(os.listdir(d)) - {me}
@@ -107,3 +109,32 @@ def test_one_download_per_index_and_one_command_per_cpu_slot(tmp_path, monkeypat
     assert "C2" not in seen["C1"] and "C1" not in seen["C2"], seen     # one CPU slot
     waited = [line for me in ("A1", "A2") for line in said[me] if line.startswith("waiting for the download stream")]
     assert waited == [f"waiting for the download stream of {dl['A']} (one build at a time downloads from it)"], said
+
+
+def test_a_download_lets_its_stream_go_once_the_installer_says_so(tmp_path, monkeypatch):
+    """Two downloads from one index, each saying uv's "Prepared 1
+    package" at once and then waiting until it has seen the other run:
+    the second starts while the first still runs (it installs), which one
+    stream per index for the whole command would not let happen."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setattr(envs, "gate", building._Gate(1))
+    said, errors = {}, []
+
+    def run(me, other):
+        cmd = [sys.executable, "-c", WATCHER, "pip", "install", "--index-url", "https://a.example/simple", "x"]
+        env = dict(os.environ, BH_POOL_DIR=str(markers), BH_POOL_ME=me, BH_POOL_WANTS=f"ack-{me}-{other}",
+                   BH_POOL_SAY="Prepared 1 package in 1ms")
+        try:
+            envs._stream(cmd, said.setdefault(me, []).append, me, env=env)
+        except Exception as e:  # the assertion below shows it
+            errors.append(f"{me}: {e}")
+
+    threads = [threading.Thread(target=run, args=pair) for pair in (("D1", "D2"), ("D2", "D1"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    seen = {me: next(line for line in lines if line.startswith("saw")).split()[1:] for me, lines in said.items()}
+    assert seen == {"D1": ["D2"], "D2": ["D1"]}, said

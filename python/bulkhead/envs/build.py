@@ -421,10 +421,15 @@ def _without_index_args(args):
 # reach one: ``indexes_of``) takes that index's one download stream,
 # every other one a CPU slot.  ``gate``, set by that pool, is what
 # ``_stream`` holds around each command it runs; None (`bulkhead
-# install`, a script's build) runs every command at once.
+# install`, a script's build) runs every command at once.  A download's
+# stream is let go as soon as the installer says its downloads are done
+# (``DOWNLOADS_DONE``: uv's "Prepared N packages", pip's "Installing
+# collected packages"), so that the next build downloads while this one
+# installs.
 
 DEFAULT_INDEX = "the default index"     # indexes_of's name for the index an installer uses unless told one
 gate = None     # gate(indexes, say) -> a context manager held while the command runs; say(line): the build's stream
+DOWNLOADS_DONE = ("Prepared ", "Installing collected packages")   # the installer's line after its last download
 
 _MAIN_INDEX_ARGS = ("-i", "--index-url", "--default-index")
 _MORE_INDEX_ARGS = ("--extra-index-url", "--index", "-f", "--find-links")
@@ -474,12 +479,14 @@ def _stream(cmd, progress, what, tail_lines=40, env=None):
     # ComfyUI's log (build's _Teed, host/building.py).
     out = getattr(progress, "stream", progress)
     held = gate(indexes_of(cmd, env), out) if gate is not None else contextlib.nullcontext()
-    with held:
-        return _run_streamed(cmd, out, what, tail, env)
+    with held as g:
+        return _run_streamed(cmd, out, what, tail, env, getattr(g, "downloaded", None))
 
 
-def _run_streamed(cmd, out, what, tail, env):
-    """_stream's command, run once what it waits for (``gate``) is held."""
+def _run_streamed(cmd, out, what, tail, env, downloaded=None):
+    """_stream's command, run once what it waits for (``gate``) is held;
+    downloaded(), where given, is called at the installer's line that says
+    its downloads are done (``DOWNLOADS_DONE``)."""
     if _stopping.is_set():
         raise BuildStopped(f"{what}: not started: this process is stopping (the build is not remembered as "
                            "failed; the next start or `bulkhead install` builds it)")
@@ -498,6 +505,9 @@ def _run_streamed(cmd, out, what, tail, env):
             line = line.rstrip("\n")
             tail.append(line)
             out(line)
+            if downloaded is not None and line.lstrip().startswith(DOWNLOADS_DONE):
+                downloaded()
+                downloaded = None
         rc = proc.wait()
     finally:
         if proc.poll() is None:

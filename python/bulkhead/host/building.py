@@ -45,7 +45,6 @@ offers: ``annotate``).
 import asyncio
 import atexit
 import concurrent.futures
-import contextlib
 import json
 import logging
 import os
@@ -87,15 +86,16 @@ class _Gate:
     indexes' one download stream, in their sorted order; any other takes
     one of ``cpu_slots`` CPU slots.  A command holds one kind at a time,
     and streams are taken in one order: no two builds wait on each other.
-    Waiting is said on the build's stream (its log file, the panel's
-    "what is known"), not in ComfyUI's log."""
+    A download lets its streams go when the installer says its downloads
+    are done (``_Held.downloaded``, envs.build.DOWNLOADS_DONE): it installs
+    while the next build downloads.  Waiting is said on the build's stream
+    (its log file, the panel's "what is known"), not in ComfyUI's log."""
 
     def __init__(self, cpus):
         self.cpus = threading.BoundedSemaphore(cpus)
         self.streams = {}       # index -> its one download stream (a Lock); under self.lock
         self.lock = threading.Lock()
 
-    @contextlib.contextmanager
     def __call__(self, indexes, say):
         if indexes:
             with self.lock:
@@ -104,17 +104,40 @@ class _Gate:
                           for i in indexes]
         else:
             wanted = [(self.cpus, f"waiting for a CPU slot ({cpu_slots()} build command(s) at a time work the CPU)")]
-        held = []
+        return _Held(wanted, say, bool(indexes))
+
+
+class _Held:
+    """What one command holds of a _Gate, taken on entering, let go on
+    leaving (in reverse order); a download's streams also when its
+    installer says its downloads are done (``downloaded``)."""
+
+    def __init__(self, wanted, say, streams):
+        self.wanted, self.say, self.streams = wanted, say, streams
+        self.held = []
+
+    def __enter__(self):
         try:
-            for slot, waiting in wanted:
+            for slot, waiting in self.wanted:
                 if not slot.acquire(blocking=False):
-                    say(waiting)
+                    self.say(waiting)
                     slot.acquire()
-                held.append(slot)
-            yield
-        finally:
-            for slot in reversed(held):
-                slot.release()
+                self.held.append(slot)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def release(self):
+        while self.held:
+            self.held.pop().release()
+
+    def downloaded(self):
+        if self.streams:
+            self.release()
 
 
 class _Progress:
