@@ -5,14 +5,20 @@ every worker's start, #40) are imported where they are used, not at the
 worker's start.  Judged against a bare interpreter of the same
 environment, not against a list of what a worker may import."""
 
+import importlib.util
+import os
 import subprocess
 import sys
+
+from conftest import HELPERS
 
 DEFERRED = ["json", "re", "logging", "traceback", "socket", "selectors", "tokenize",
             # enum (signal's enum classes too) and the zygote's code (with
             # struct): a spawned worker serves calls without them; threading,
-            # where _thread's lock and thread do
-            "enum", "signal", "struct", "bulkhead.worker.zygote", "threading"]
+            # where _thread's lock and thread do; runpy (-m's), with what it
+            # imports, where -c starts the worker (host/zygote.py WORKER_ARGS)
+            "enum", "signal", "struct", "bulkhead.worker.zygote", "threading",
+            "runpy", "importlib.util", "importlib.machinery", "contextlib", "functools"]
 
 
 def test_a_started_worker_has_imported_nothing_a_call_does_not_need(make_worker):
@@ -38,3 +44,17 @@ def test_what_was_deferred_still_works_in_a_worker(make_worker):
     assert b.dtype == a.dtype and np.array_equal(b, a)
     assert w.call("bh_startmods:loaded", ["json"]) == ["json"]
     assert w.call("logging:getLevelName", 30) == "WARNING"
+
+
+def test_a_worker_starts_as_dash_m_would(make_worker, tmp_path):
+    """Started with -c, not -m (no runpy), a worker's sys.argv[0] and
+    sys.path[0] are what ``python -m bulkhead.worker`` makes them: the
+    origin of bulkhead.worker.__main__'s spec (runpy's argv[0]) and what a
+    ``python -m`` run in the same directory finds first on sys.path."""
+    w = make_worker(name="entry", cwd=str(tmp_path))
+    w.start()
+    argv0, path0 = w.call("bh_startmods:entry")
+    dash_m = subprocess.run([sys.executable, "-m", "bh_startmods"], cwd=tmp_path, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=HELPERS), check=True).stdout.strip()
+    assert path0 == dash_m
+    assert argv0 == importlib.util.find_spec("bulkhead.worker.__main__").origin

@@ -1,9 +1,10 @@
 """The host side: ``Worker``, one persistent process under another
 interpreter, and the calls into it.
 
-A worker is spawned by the C supervisor as ``<python> -m bulkhead.worker``
-with the channel on fd 3 and an environment built from an allow-list
-(host/workerenv.py: nothing of the host's Python setup leaks in, no
+A worker is spawned by the C supervisor as ``<python> -c 'from
+bulkhead.worker import run; run()'`` (``-m bulkhead.worker`` without
+runpy: zygote.WORKER_ARGS) with the channel on fd 3 and an environment
+built from an allow-list (host/workerenv.py: nothing of the host's Python setup leaks in, no
 PYTHONHOME, no VIRTUAL_ENV, no host site-packages).  It says HELLO with its interpreter
 and protocol version; the host answers with the generation number.  A
 worker that dies is noticed at once (EOF), reaped, and reported with how it
@@ -191,7 +192,7 @@ class Worker(_native.Caller):
             env = build_env(extra, self.inherit_env)
         except PermissionError as e:  # rundir.PrivateDirError: a directory not ours
             raise WorkerStartError(f"cannot start worker {self.name!r}: {e}") from None
-        argv = [self.python, "-m", "bulkhead.worker"]
+        argv = [self.python, *zygote.WORKER_ARGS]
         sink = -1
         if self.output:
             try:

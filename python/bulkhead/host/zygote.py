@@ -37,6 +37,10 @@ def _log():
     return logging.getLogger("bulkhead")
 
 
+# A worker's (and a zygote's) interpreter arguments: worker/__init__.py's
+# run, which starts as ``-m bulkhead.worker`` would, without runpy (about
+# 1.5 ms of every worker's start: #40).
+WORKER_ARGS = ("-c", "from bulkhead.worker import run; run()")
 START_TIMEOUT_S = 120.0   # the preload (torch: about 1.5 s here; far longer on a cold disk)
 # What made a start fail may pass (a start timeout on a loaded machine, an
 # environment being rebuilt): seconds before a later worker tries again.
@@ -83,7 +87,7 @@ class Zygote:
     def __init__(self, python, env, preload, sink):
         zenv = dict(env, **{spec.AS_ZYGOTE: "1", spec.ZYGOTE_PRELOAD: ",".join(preload)})
         self._lock = threading.Lock()
-        self.proc, self.fd = _native.spawn(python, [python, "-S", "-m", "bulkhead.worker"],
+        self.proc, self.fd = _native.spawn(python, [python, "-S", *WORKER_ARGS],
                                            [f"{k}={v}" for k, v in zenv.items()], "/", sink, "[bulkhead zygote] ")
         try:
             ready = self._read_ready()

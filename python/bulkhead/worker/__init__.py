@@ -1,4 +1,5 @@
-"""The worker process: ``<python> -m bulkhead.worker`` (``__main__``).
+"""The worker process: ``<python> -c 'from bulkhead.worker import run;
+run()'`` (``run``: ``-m bulkhead.worker``'s start without runpy).
 
 This package is everything that runs only in a worker: the process's
 channel and call loop (here), the node runner for a pack (``nodes``) and
@@ -178,6 +179,23 @@ def main():
             break
     chan.close()
     return 0
+
+
+def run():
+    """The entry the host starts a worker and a zygote with
+    (host/zygote.py WORKER_ARGS: ``-c``), as ``-m bulkhead.worker`` would
+    start it but without runpy, whose imports (importlib.util and
+    .machinery, contextlib, functools) cost every worker's start about
+    1.5 ms (#40):
+    sys.argv[0] and sys.path[0] are what ``-m`` makes them (this
+    package's ``__main__.py``; the working directory, where the
+    interpreter puts one); ``__main__`` is ``-c``'s (no ``__file__`` nor
+    ``__spec__``: multiprocessing's spawned children, which re-import a
+    ``__main__`` file, re-run nothing of the worker's, as with ``-m``)."""
+    sys.argv[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+    if sys.path and sys.path[0] == "" and not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.getcwd()
+    sys.exit(main())
 
 
 def _tasks_running():

@@ -4,9 +4,9 @@ A cold worker pays its interpreter's start, bulkhead's worker modules and,
 once a tensor arrives, torch's import: about 1.2 s of CPU, so twenty
 packs' first prompt on a small machine costs twenty of those one after the
 other.  A zygote pays them once: the host starts it as it starts a worker
-(``-S -m bulkhead.worker``, BULKHEAD_AS_ZYGOTE=1, the first pack's
-interpreter and environment, no site: no environment's ``.pth`` code
-runs in it), it imports the modules the host names
+(``-S`` and host/zygote.py's WORKER_ARGS, BULKHEAD_AS_ZYGOTE=1, the first
+pack's interpreter and environment, no site: no environment's ``.pth``
+code runs in it), it imports the modules the host names
 (BULKHEAD_ZYGOTE_PRELOAD), and then forks one worker per request; a fork
 of a process with torch loaded costs a few ms, and the pages stay shared
 until written.
