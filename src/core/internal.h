@@ -67,13 +67,9 @@ struct bh_block {
   /* own, a forward: the block of ANOTHER channel's peer this one shows
    * (one reference held; addr, size and the fd to introduce are its); at
    * its last reference it is destroyed, or kept dormant for the next
-   * forward of the same source, still holding its reference (shm.c).
-   * NULL otherwise. */
+   * forward of the same source, holding no reference (shm.c).  NULL
+   * otherwise. */
   bh_block *src;
-  /* peer, kept for forwards: the dormant forwards of it (each holding a
-   * reference); when the references left are only theirs, they are
-   * retired before it goes back to its owner (shm.c). */
-  atomic_int dormant;
   /* peer: the peer sealed it against writes (a block it forwards, or one
    * it keeps for a tensor it sends again): mapped copy-on-write here,
    * sent back or forwarded by reference only where unwritten here

@@ -48,29 +48,26 @@
  *               goes at its last reference.  It is not retired then
  *               (B would unmap A's block and fault every page in again
  *               at the next forward of it, 1,024 faults for 64 MiB):
- *               it is kept dormant (at most BH__DORMANT_MAX per pool)
- *               while something else here still holds its source (a
- *               view: the host's cached output), and the next forward of
- *               the same source block on this channel lends it again,
- *               B's mapping and page tables as they were (B dropped what
- *               it wrote there before it returned it, as for any
- *               copy-on-write block, so it reads the bytes it was sent).
- *               A dormant forward keeps its reference on the source, so
- *               A's block stays lent and A writes nothing new there while
- *               B maps it: when the source's other holders are gone, its
- *               dormant forwards are retired (a retire note: B unmaps;
- *               bh__forwards_forget) before the return note that lets A
- *               reuse the block is queued, as when B's return ended the
- *               forward.  A pool that closes retires its own.  A process
- *               that dies leaves every mapping of its block, and so its
- *               pages, to the others.  B has the block's memfd for good
- *               (a B whose code keeps it needs no mapping and no note),
- *               so A must never put other bytes in that block: from its
- *               first forward the source is spent, its return note says
- *               so (BH__RETURN_SPENT, protocol 10), and A destroys the
- *               block at its last reference (a retire note: the host
- *               unmaps it) instead of reusing it; A's next output takes a
- *               fresh memfd.
+ *               it is kept dormant (at most BH__DORMANT_MAX per pool,
+ *               holding no reference on its source, so A gets its block
+ *               back as ever) and the next forward of the same source
+ *               block on this channel lends it again, B's mapping and
+ *               page tables as they were (B dropped what it wrote there
+ *               before it returned it, as for any copy-on-write block,
+ *               so it reads the bytes it was sent).  B has the block's
+ *               memfd for good (a B whose code keeps it needs no mapping
+ *               and no note), so A must never put other bytes in that
+ *               block: from its first forward the source is spent, its
+ *               return note says so (BH__RETURN_SPENT, protocol 10), and
+ *               A never reuses it (a tensor A keeps there goes again
+ *               unchanged, as the same block: the forward kept for it
+ *               serves) but destroys it at its last reference, with a
+ *               retire note; A's next output takes a fresh memfd.  The
+ *               host unmaps the block at that note and retires its
+ *               dormant forwards first (a retire note: B unmaps;
+ *               bh__forwards_forget), as does a pool that closes.  A
+ *               process that dies leaves every mapping of its block, and
+ *               so its pages, to the others.
  *
  * Free own blocks beyond keep_bytes, or beyond BH__KEEP_FREE_BLOCKS of
  * them, are destroyed least recently used first; if the peer had mapped
@@ -132,8 +129,8 @@ struct bh_pool {
   uint64_t forwarded; /* forwards made here, ever */
   bh_pool *next;     /* the process's open pools (bh__pools), for forwards */
   /* Forwards the peer returned and still maps, kept for the next forward
-   * of the same source (each still holds its reference on its src, and
-   * counts itself in src->dormant). */
+   * of the same source (their src is not referenced: it is only compared,
+   * and bh__forwards_forget drops them before their source is freed). */
   bh_block **dormant;
   size_t n_dormant, cap_dormant;
   /* Set before this pool closes (no lock): a forward of one of its peer
@@ -296,35 +293,26 @@ static void bh__pool_free(bh_pool *p) {
 
 /* Drops the dormant forwards, in every open pool, of the n source blocks
  * in srcs (n 0: of every source), each with a retire note (its peer
- * unmaps it), then their references on their sources (a source's return
- * note is queued after the retire notes).  The pointers in srcs are
- * compared, never followed.  No pool lock held. */
+ * unmaps it): called before those sources are freed, or once they are
+ * (the pointers are compared, never followed).  No pool lock held. */
 static void bh__forwards_forget(bh_block *const *srcs, size_t n) {
-  bh_block *drop[64]; /* sources to unreference once no lock is held */
-  size_t n_drop;
-  do {
-    n_drop = 0;
-    pthread_mutex_lock(&bh__pools_mu);
-    for (bh_pool *q = bh__pools; q && n_drop < 64; q = q->next) {
-      pthread_mutex_lock(&q->mu);
-      for (size_t i = q->n_dormant; i-- > 0 && n_drop < 64;) {
-        bh_block *f = q->dormant[i];
-        int match = n == 0;
-        for (size_t k = 0; k < n && !match; k++) match = f->src == srcs[k];
-        if (!match) continue;
-        bh__remove_at(q->dormant, &q->n_dormant, i);
-        atomic_fetch_sub(&f->src->dormant, 1);
-        /* Without memory for the note the peer keeps a mapping of an id
-         * never lent again, until the channel closes (as for any retire). */
-        (void)bh__push_id(&q->retires, &q->n_retires, &q->cap_retires, f->id);
-        drop[n_drop++] = f->src;
-        bh__block_destroy(f);
-      }
-      pthread_mutex_unlock(&q->mu);
+  pthread_mutex_lock(&bh__pools_mu);
+  for (bh_pool *q = bh__pools; q; q = q->next) {
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = q->n_dormant; i-- > 0;) {
+      bh_block *f = q->dormant[i];
+      int match = n == 0;
+      for (size_t k = 0; k < n && !match; k++) match = f->src == srcs[k];
+      if (!match) continue;
+      bh__remove_at(q->dormant, &q->n_dormant, i);
+      /* Without memory for the note the peer keeps a mapping of an id
+       * never lent again, until the channel closes (as for any retire). */
+      (void)bh__push_id(&q->retires, &q->n_retires, &q->cap_retires, f->id);
+      bh__block_destroy(f);
     }
-    pthread_mutex_unlock(&bh__pools_mu);
-    for (size_t k = 0; k < n_drop; k++) bh_block_unref(drop[k]);
-  } while (n_drop == 64);
+    pthread_mutex_unlock(&q->mu);
+  }
+  pthread_mutex_unlock(&bh__pools_mu);
 }
 
 /* Called with the lock held when the pool is closed: is anything left? */
@@ -336,18 +324,8 @@ void bh__pool_close(bh_pool *p) {
   bh__pools_remove(p);
   pthread_mutex_lock(&p->mu);
   p->closed = 1;
-  /* Forwards' sources, unreferenced once the lock is dropped (on no
-   * memory for the list, a forward stays, or a dormant one's source stays
-   * lent: its source stays mapped). */
-  bh_block **srcs = p->n_own + p->n_dormant ? malloc(sizeof *srcs * (p->n_own + p->n_dormant)) : NULL;
-  size_t n_srcs = 0;
   /* Its dormant forwards go with the peer they were lent to. */
-  for (size_t i = 0; i < p->n_dormant; i++) {
-    bh_block *f = p->dormant[i];
-    atomic_fetch_sub(&f->src->dormant, 1);
-    if (srcs) srcs[n_srcs++] = f->src;
-    bh__block_destroy(f);
-  }
+  for (size_t i = 0; i < p->n_dormant; i++) bh__block_destroy(p->dormant[i]);
   p->n_dormant = 0;
   /* Its peer blocks kept for forwards (those freed here and those their
    * last reference frees later): other channels' dormant forwards of them
@@ -358,6 +336,10 @@ void bh__pool_close(bh_pool *p) {
   bh_block **gone = n_fwd ? malloc(sizeof *gone * n_fwd) : NULL;
   for (size_t i = 0; gone && i < p->n_peer; i++)
     if (p->peer[i]->fd >= 0) gone[n_gone++] = p->peer[i];
+  /* Forwards' sources, unreferenced once the lock is dropped (on no
+   * memory for the list, a forward stays: its source stays mapped). */
+  bh_block **srcs = p->n_own ? malloc(sizeof *srcs * p->n_own) : NULL;
+  size_t n_srcs = 0;
   for (size_t i = p->n_own; i-- > 0;) {
     bh_block *b = p->own[i];
     /* Lent references die with the peer: nobody will return them. */
@@ -571,21 +553,11 @@ int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd) {
 /* Drop one reference with the lock held; returns 1 if the pool must be
  * freed by the caller after unlocking.  A forward's last reference
  * destroys it and leaves its source in *src for the caller to unreference
- * after unlocking (its pool's lock is another).  *forget is set where the
- * references left on a peer block are only its dormant forwards': the
- * caller retires them after unlocking (bh__forwards_forget), which lets
- * the block go back to its owner. */
-static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src, int *forget) {
+ * after unlocking (its pool's lock is another). */
+static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
   *src = NULL;
-  *forget = 0;
   int left = atomic_fetch_sub(&b->refs, 1) - 1;
-  /* Read after the decrement (both sequentially consistent), as a forward
-   * going dormant counts itself before it reads refs: of the two, one
-   * sees the other, so no source is left held by dormant forwards alone. */
-  if (left > 0) {
-    *forget = !b->own && left == atomic_load(&b->dormant);
-    return 0;
-  }
+  if (left > 0) return 0;
   if (left < 0) {
     BH__UNREACHABLE("block reference count below zero");
     atomic_store(&b->refs, 0);
@@ -601,31 +573,21 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src, int *forget
     return bh__pool_empty(p);
   }
   if (b->src) {
-    /* A forward.  The peer here keeps its mapping while the forward is
+    /* A forward: its source goes back to that channel's peer, spent
+     * (bh__pool_forward marked it): its owner never puts other bytes in
+     * it, so the peer here may keep its mapping while the forward is
      * dormant (one per source, BH__DORMANT_MAX at most; not where the
      * source's pool is closing: nothing would retire it), for the next
-     * forward of that source.  A dormant forward keeps its reference on
-     * the source, so the source's owner cannot reuse the block for bytes
-     * never sent here while the peer here maps it; and it is kept only
-     * while something else holds the source (a view, another forward),
-     * whose last unreference retires it (*forget).  Otherwise the source
-     * goes back to that channel's peer and the peer here unmaps it
-     * (without memory for the note it keeps a mapping of an id never
-     * lent again, until the channel closes: memory held longer, never
-     * reused too early).  A sealed block is reused as any: the peer
-     * dropped what it wrote there before it returned it. */
+     * forward of that source (a tensor its owner keeps there and sends
+     * again), till the owner retires the block (bh__pool_retire_peer);
+     * otherwise it unmaps it (without memory for the note it keeps a
+     * mapping of an id never lent again, until the channel closes:
+     * memory held longer, never reused too early). */
     if (bh__find(p->own, p->n_own, b->id, &at) == b) bh__remove_at(p->own, &p->n_own, at);
-    bh_block *s = b->src;
-    int keep = b->peer_mapped && p->n_dormant < BH__DORMANT_MAX && !atomic_load(&s->pool->closing);
-    for (size_t i = 0; keep && i < p->n_dormant; i++) keep = p->dormant[i]->src != s;
-    if (keep) {
-      atomic_fetch_add(&s->dormant, 1); /* counted before refs is read: see above */
-      keep = atomic_load(&s->refs) > atomic_load(&s->dormant) &&
-             bh__push_ptr(&p->dormant, &p->n_dormant, &p->cap_dormant, b) == 0;
-      if (keep) return 0;
-      atomic_fetch_sub(&s->dormant, 1);
-    }
-    *src = s;
+    *src = b->src;
+    int keep = b->peer_mapped && p->n_dormant < BH__DORMANT_MAX && !atomic_load(&b->src->pool->closing);
+    for (size_t i = 0; keep && i < p->n_dormant; i++) keep = p->dormant[i]->src != b->src;
+    if (keep && bh__push_ptr(&p->dormant, &p->n_dormant, &p->cap_dormant, b) == 0) return 0;
     if (b->peer_mapped) (void)bh__push_id(&p->retires, &p->n_retires, &p->cap_retires, b->id);
     bh__block_destroy(b);
     return 0;
@@ -677,8 +639,7 @@ int bh__pool_returned(bh_pool *p, uint32_t id) {
    * another's, and it is never reused anyway). */
   if (spent && !b->src) b->spent = 1;
   bh_block *src;
-  int forget;
-  int free_pool = bh__unref_locked(p, b, &src, &forget); /* an own block: no forget */
+  int free_pool = bh__unref_locked(p, b, &src);
   pthread_mutex_unlock(&p->mu);
   if (src) bh_block_unref(src);
   if (free_pool) bh__pool_free(p);
@@ -753,6 +714,7 @@ int bh__pool_retire_peer(bh_pool *p, uint32_t id) {
   bh__remove_at(p->peer, &p->n_peer, at);
   p->peer_bytes -= b->size;
   pthread_mutex_unlock(&p->mu);
+  if (b->fd >= 0) bh__forwards_forget(&b, 1); /* kept for forwards: those dormant go first */
   bh__block_destroy(b);
   return 0;
 }
@@ -899,21 +861,17 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
   src->spent = 1;
   pthread_mutex_unlock(&src->pool->mu);
   /* A dormant forward of this source: lent again as it is (the peer maps
-   * it still), with the reference on src it kept. */
+   * it still), holding the reference just taken. */
   pthread_mutex_lock(&p->mu);
   for (size_t i = 0; !p->closed && i < p->n_dormant; i++) {
     bh_block *d = p->dormant[i];
     if (d->src != src) continue;
     if (bh__push_ptr(&p->own, &p->n_own, &p->cap_own, d)) break;
     bh__remove_at(p->dormant, &p->n_dormant, i);
-    atomic_fetch_sub(&src->dormant, 1);
     atomic_store(&d->refs, 1);
     d->last_used = ++p->clock;
     p->forwarded++;
     pthread_mutex_unlock(&p->mu);
-    /* It held its reference on src while dormant: the one just taken is
-     * one too many (the caller's view holds src still). */
-    bh_block_unref(src);
     *out = d;
     *offset = off;
     return 0;
@@ -1039,14 +997,9 @@ void bh_block_unref(bh_block *b) {
   if (!b) return;
   bh_pool *p = b->pool;
   bh_block *src;
-  int forget;
   pthread_mutex_lock(&p->mu);
-  int free_pool = bh__unref_locked(p, b, &src, &forget);
+  int free_pool = bh__unref_locked(p, b, &src);
   pthread_mutex_unlock(&p->mu);
-  /* Held by its dormant forwards alone: they are retired, and their
-   * references go (the last queues the block's return); b is held by
-   * them meanwhile, so its pointer is still its own. */
-  if (forget) bh__forwards_forget(&b, 1);
   if (src) bh_block_unref(src);
   if (free_pool) bh__pool_free(p);
 }

@@ -2011,19 +2011,19 @@ TEST_IMPL(channel_forward_lends_another_channels_block) {
   bh_block_unref(held);
   carry_notes(ha, wa);
   ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
-  /* B drops its view: the forward ends and A gets its block.  Nothing
-   * else here holds A's block, so the forward is not kept dormant (A may
-   * now reuse the block for bytes B is never sent): B unmaps it. */
+  /* B drops its view: the forward ends and A gets its block, marked
+   * forwarded (protocol 10); B keeps its mapping (the forward kept for
+   * the next forward of that block: A never puts other bytes there). */
   bh_block_unref(seen);
   carry_notes(wb, hb);
   s = stats_of(hb);
   ASSERT_UEQ(s.forward_blocks, 0);
   ASSERT_UEQ(s.lent_blocks, 0);
   carry_notes(hb, wb);
-  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 1);
+  /* A retires its block rather than keep it for reuse; at its retire
+   * note the host unmaps it and retires the kept forward: B unmaps. */
   carry_notes(ha, wa);
-  /* A's block comes back marked forwarded (protocol 10): A retires it
-   * rather than keep it for reuse, and the host unmaps it. */
   s = stats_of(wa);
   ASSERT_UEQ(s.lent_blocks, 0);
   ASSERT_UEQ(s.own_blocks, 0);
@@ -2032,6 +2032,8 @@ TEST_IMPL(channel_forward_lends_another_channels_block) {
   s = stats_of(ha);
   ASSERT_UEQ(s.peer_blocks, 0);
   ASSERT_UEQ(s.peer_fds, 0);
+  carry_notes(hb, wb);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
 
   bh_channel_close(ha);
   bh_channel_close(wa);
@@ -2087,12 +2089,35 @@ TEST_IMPL(channel_forward_outlives_its_owner) {
   return 0;
 }
 
-/* A forward B returned while the host still holds A's block is kept for
- * the next forward of that block (B keeps its mapping), and holds A's block
- * lent meanwhile: A cannot reuse it for bytes B is never sent.  When the
- * host drops its view, B is told to unmap it before A gets its block back
- * (471c5c9 kept B's mapping while A reused the block). */
-TEST_IMPL(channel_forward_kept_holds_its_source) {
+/* Worker A (wa) lends the host (ha) its block x again (a tensor it keeps
+ * and sends again, unchanged); returns the host's held view of it. */
+static bh_block *send_source_again(bh_channel *wa, bh_channel *ha, bh_block *x) {
+  bh_frame f;
+  bh_block *held;
+  int rc;
+  uint64_t zero = 0, len = bh_block_size(x);
+  bh_buf v = refs_value(&x, &zero, &len, 1);
+  ASSERT_OK(bh_test_send(wa, BH_KIND_RESULT, 1, v.data, v.len, &x, 1));
+  bh_buf_free(&v);
+  ASSERT_OK(bh_test_recv(ha, &f, 5000));
+  ASSERT_EQ(f.h.fd_count, 0);
+  ASSERT_EQ(claim_refs(ha, &f, &held, 1, &rc), 1);
+  ASSERT_OK(rc);
+  bh_channel_frame_done(ha, &f);
+  return held;
+}
+
+/* A forward B returned is kept for the next forward of the same block (B
+ * keeps its mapping; the kept forward holds no reference on A's block) for
+ * as long as A's block lives: A never puts other bytes in a block that was
+ * forwarded (protocol 10).  A block A keeps (a tensor it sends again) goes
+ * to the host and on to B again as the same block, B's mapping kept: no fd
+ * travels, no page is faulted afresh, though the host dropped A's array in
+ * between.  When A lets go, A retires the block; at that note the host
+ * retires the kept forward, and B unmaps.  (471c5c9 kept B's mapping while
+ * A reused the block; 2d328c7 unmapped it whenever the host dropped A's
+ * array, so a tensor A sent again faulted B's pages each time.) */
+TEST_IMPL(channel_forward_kept_till_its_source_retires) {
   const size_t S = 2 * MiB;
   int fds0 = bh_test_fd_count();
   bh_channel *ha, *wa, *hb, *wb;
@@ -2102,57 +2127,51 @@ TEST_IMPL(channel_forward_kept_holds_its_source) {
   bh_frame f;
   int rc;
   uint64_t off, len = S;
-  bh_block *held = forward_source(wa, ha, S, 0x11, &x);
-  bh_block_unref(x); /* the loan keeps it */
+  bh_block *held = forward_source(wa, ha, S, 0x11, &x); /* A keeps x */
   uint8_t *at = bh_block_addr(held);
-  ASSERT_OK(bh_channel_peer_find(hb, at, len, &fw, &off));
-  bh_buf v = refs_value(&fw, &off, &len, 1);
-  ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 2, v.data, v.len, &fw, 1));
-  bh_buf_free(&v);
-  bh_block_unref(fw);
-  ASSERT_OK(bh_test_recv(wb, &f, 5000));
-  ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
-  ASSERT_OK(rc);
-  bh_channel_frame_done(wb, &f);
-  ASSERT_EQ(((uint8_t *)bh_block_addr(seen))[S - 1], 0x11);
+  for (int round = 0; round < 2; round++) {
+    ASSERT_OK(bh_channel_peer_find(hb, at, len, &fw, &off));
+    ASSERT_UEQ(stats_of(hb).forwarded, (uint64_t)round + 1);
+    bh_buf v = refs_value(&fw, &off, &len, 1);
+    ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 2, v.data, v.len, &fw, 1));
+    bh_buf_free(&v);
+    bh_block_unref(fw);
+    ASSERT_OK(bh_test_recv(wb, &f, 5000));
+    ASSERT_EQ(f.h.fd_count, round == 0 ? 1 : 0); /* the second: the kept forward */
+    ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
+    ASSERT_OK(rc);
+    bh_channel_frame_done(wb, &f);
+    ASSERT_EQ(((uint8_t *)bh_block_addr(seen))[S - 1], 0x11);
+    /* B returns it and the host drops A's array: A has its block back,
+     * marked forwarded, and keeps it (x); B keeps its mapping. */
+    bh_block_unref(seen);
+    carry_notes(wb, hb);
+    ASSERT_UEQ(stats_of(hb).forward_blocks, 0);
+    bh_block_unref(held);
+    carry_notes(ha, wa);
+    bh_pool_stats s = stats_of(wa);
+    ASSERT_UEQ(s.lent_blocks, 0);
+    ASSERT_UEQ(s.own_blocks, 1);
+    carry_notes(hb, wb);
+    ASSERT_UEQ(stats_of(wb).peer_blocks, 1);
+    /* A sends the same block again (no fd: the host maps it still). */
+    held = send_source_again(wa, ha, x);
+    ASSERT_EQ(bh_block_addr(held) == at, 1);
+  }
 
-  /* B returns it while the host holds A's block: kept, B still maps it,
-   * A's block stays lent. */
-  bh_block_unref(seen);
-  carry_notes(wb, hb);
-  ASSERT_UEQ(stats_of(hb).forward_blocks, 0);
-  carry_notes(hb, wb);
-  ASSERT_UEQ(stats_of(wb).peer_blocks, 1);
-  carry_notes(ha, wa);
-  ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
-  /* The next forward of it lends the kept one: no fd to introduce. */
-  ASSERT_OK(bh_channel_peer_find(hb, at, len, &fw, &off));
-  ASSERT_UEQ(stats_of(hb).forwarded, 2);
-  v = refs_value(&fw, &off, &len, 1);
-  ASSERT_OK(bh_test_send(hb, BH_KIND_CALL, 3, v.data, v.len, &fw, 1));
-  bh_buf_free(&v);
-  bh_block_unref(fw);
-  ASSERT_OK(bh_test_recv(wb, &f, 5000));
-  ASSERT_EQ(f.h.fd_count, 0);
-  ASSERT_EQ(claim_refs(wb, &f, &seen, 1, &rc), 1);
-  ASSERT_OK(rc);
-  bh_channel_frame_done(wb, &f);
-  ASSERT_EQ(((uint8_t *)bh_block_addr(seen))[0], 0x11);
-  bh_block_unref(seen);
-  carry_notes(wb, hb);
-  carry_notes(ha, wa);
-  ASSERT_UEQ(stats_of(wa).lent_blocks, 1);
-
-  /* The host drops its view: B unmaps, and only then does A get its
-   * block back, to retire it (it was forwarded: never reused). */
+  /* A lets go: the block is destroyed, not freed for reuse; at its retire
+   * note the host unmaps it and retires the kept forward: B unmaps. */
   bh_block_unref(held);
-  carry_notes(hb, wb);
-  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
   carry_notes(ha, wa);
+  bh_block_unref(x);
   bh_pool_stats s = stats_of(wa);
-  ASSERT_UEQ(s.lent_blocks, 0);
   ASSERT_UEQ(s.own_blocks, 0);
   ASSERT_UEQ(s.spent, 1);
+  ASSERT_UEQ(s.created, 1);
+  carry_notes(wa, ha);
+  ASSERT_UEQ(stats_of(ha).peer_blocks, 0);
+  carry_notes(hb, wb);
+  ASSERT_UEQ(stats_of(wb).peer_blocks, 0);
 
   bh_channel_close(ha);
   bh_channel_close(wa);

@@ -64,8 +64,8 @@ def test_a_workers_array_goes_to_another_worker_without_a_copy(make_worker):
     del x
     _settle(a)
     assert a.call("bh_backrefs:stats")["lent_blocks"] == 0
-    # A's block goes (A trims its pool): the forward kept for it is retired
-    # with it, and B unmaps it
+    # A's block goes (forwarded, A retires it rather than reuse it: protocol
+    # 10): the forward kept for it is retired with it, and B unmaps it
     a.call("bh_backrefs:trim")
     _settle(a, b)
     assert b.call("bh_backrefs:stats")["peer_blocks"] == worker_b["peer_blocks"]
@@ -175,6 +175,34 @@ def test_the_next_forward_of_a_block_faults_no_page_in_the_receiver(make_worker)
     _settle(b)
 
 
+@pytest.mark.torch
+def test_a_tensor_the_owner_sends_again_faults_no_page_in_the_receiver(make_worker):
+    """A's cached output (the same torch tensor every call) goes on to B
+    every call, the host dropping it in between (a new prompt).  From its
+    third crossing A sends the block kept for it (tensors.SendCache), and
+    the host forwards that block to B.  A never reuses a forwarded block
+    for other bytes (protocol 10), so B keeps its mapping between forwards
+    and reads the tensor as it reads its own pages, as a node in one
+    process reads the same tensor again; 2d328c7 had B unmap it whenever
+    the host dropped A's array, so every call faulted B's pages afresh."""
+    pytest.importorskip("torch")
+    a, b = _pair(make_worker)
+    n = 8 * N  # 8 MiB
+    faults = []
+    for _ in range(5):
+        t = a.call("bh_backrefs:cached", n)
+        total, f = b.call("bh_backrefs:sum_faults", t)
+        assert total == float(n)
+        faults.append(f)
+        del t
+        _settle(a, b)
+    own_sum, own = b.call("bh_backrefs:own_sum_faults", n)
+    assert own_sum == float(n)
+    assert faults[0] > own + 64  # a fresh mapping faults (the sensitivity of this test)
+    assert faults[-1] <= own + 4, faults  # the kept one as the receiver's own pages
+    _settle(a, b)
+
+
 def test_ten_thousand_forwards_leave_fds_and_blocks_flat(make_worker):
     """A's array forwarded to B 10,000 times (intro, map, return, retire
     each time): no fd, block or mapping more anywhere, nothing copied."""
@@ -276,8 +304,7 @@ def test_a_kept_forward_shows_the_receiver_none_of_the_owners_new_bytes(make_wor
     """B returned a forward of A's block and the host dropped A's array: A
     gets its block back, and A's next array of that size is one B is never
     sent.  The mapping B kept of the block (#40, for the next forward of
-    it) is retired before A gets the block back (the dormant forward holds
-    it lent till then), and A retires the block rather than reuse it
+    it) is retired with the block, which A retires rather than reuse
     (protocol 10), so B reads nothing of A's new bytes there: 471c5c9 kept
     the mapping while A reused the block, and B read them (0x99)."""
     a, b = _pair(make_worker)
