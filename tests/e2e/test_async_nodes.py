@@ -14,8 +14,7 @@ import shutil
 import time
 import uuid
 
-from .e2eenv import PACKS
-from .test_server import _worker_pids
+from .e2eenv import PACKS, worker_pids
 
 WAYS = {"isolated": "", "in-process": "InProc"}
 
@@ -81,7 +80,7 @@ def test_an_interrupt_ends_a_prompt_of_running_async_nodes(comfyui, tmp_path):
     for way, prefix in WAYS.items():
         warm = srv.queue(_sleeps(prefix, 0.01))   # the worker started and its imports done first
         assert srv.wait_history(warm, timeout_s=120)["status"]["status_str"] == "success"
-        workers[way] = set(_worker_pids(srv))
+        workers[way] = set(worker_pids(srv))
         prompt_id = srv.queue(_sleeps(prefix, 300.0))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -95,7 +94,7 @@ def test_an_interrupt_ends_a_prompt_of_running_async_nodes(comfyui, tmp_path):
         ended[way] = (entry["status"]["status_str"], [m[0] for m in entry["status"]["messages"]][-1])
     assert ended["in-process"] == ("error", "execution_interrupted"), ended
     assert ended["isolated"] == ended["in-process"], ended
-    assert set(_worker_pids(srv)) == workers["isolated"], srv.log()   # its worker lives on
+    assert set(worker_pids(srv)) == workers["isolated"], srv.log()   # its worker lives on
     again = srv.wait_history(srv.queue(_sleeps("", 0.01)), timeout_s=60)
     assert again["status"]["status_str"] == "success", srv.log()
 

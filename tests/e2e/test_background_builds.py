@@ -11,87 +11,10 @@ is a local source tree whose build backend waits for a gate file the test
 creates (no timing)."""
 
 import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
-from localsources import BACKEND, HOST_MM, write  # noqa: E402
-
-INIT = '''
-import bulkhead
-NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
-'''
-
-NODES = '''
-import os, sys
-
-
-class {cls}:
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {{"required": {{"n": ("INT", {{"default": 0}})}}}}
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "e2e/builds"
-
-    def run(self, n):
-        import bhgate
-        return {{"ui": {{"pid": [os.getpid()], "prefix": [sys.prefix], "value": [bhgate.VALUE]}}}}
-
-
-NODE_CLASS_MAPPINGS = {{"{cls}": {cls}}}
-'''
-
-# BACKEND's build_wheel, first waiting for the gate file (at most 300 s).
-GATED = BACKEND.replace("def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n", '''
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    import time
-    deadline = time.monotonic() + 300
-    while not os.path.exists(GATE) and time.monotonic() < deadline:
-        time.sleep(0.05)
-''')
-assert GATED != BACKEND
-
-
-def _source(root, version, gate, fail=False):
-    """bhgate <version> as a source tree whose build waits for ``gate``
-    (then fails, where ``fail``)."""
-    d = os.path.join(str(root), f"bhgate-{version}")
-    write(os.path.join(d, "NAME"), f"bhgate {version}\n")
-    backend = GATED.replace("        time.sleep(0.05)\n", "        time.sleep(0.05)\n" + (
-        "    raise RuntimeError('bhgate: this build fails on purpose')\n" if fail else ""), 1)
-    write(os.path.join(d, "bhbackend.py"), f"GATE = {str(gate)!r}\n" + backend)
-    write(os.path.join(d, "pyproject.toml"), '''
-        [build-system]
-        requires = []
-        build-backend = "bhbackend"
-        backend-path = ["."]
-    ''')
-    write(os.path.join(d, "bhgate", "__init__.py"), f"VALUE = 'bhgate {version}'\n")
-    return d
-
-
-def _config(requirement):
-    return f'python = "{HOST_MM}"\n[pypi-dependencies]\n{requirement}\n'
-
-
-def _pack(tmp_path, name, requirement, cls="E2EGateWhere"):
-    pack = tmp_path / "repos" / name
-    write(pack / "__init__.py", INIT)
-    write(pack / "nodes.py", NODES.format(cls=cls))
-    write(pack / "comfy-env.toml", _config(requirement))
-    return pack
-
-
-ENV = {"BULKHEAD_PIP_ARGS": "--no-index"}
-
-
-def _pack_state(srv, name):
-    status, doc = srv.http("GET", "/bulkhead/status")
-    assert status == 200, doc
-    return next(p for p in doc["packs"] if p["name"] == name)
+from .e2eenv import NO_INDEX, env_config, gated_pack, gated_source, pack_state
 
 
 def _run(srv, n):
@@ -114,19 +37,20 @@ def test_the_server_is_up_while_packs_build(comfyui, tmp_path):
     and runs in its worker; one that also names the second's node is
     refused at that node with the build's error and the fix."""
     gate = tmp_path / "gate"
-    good = _pack(tmp_path, "ComfyUI-Gated", f'bhgate = {{ path = "{_source(tmp_path / "src", "1.0", gate)}" }}')
-    bad = _pack(tmp_path, "ComfyUI-GatedBad", f'bhgate = {{ path = "{_source(tmp_path / "bad", "9.0", gate, True)}" }}',
-                cls="E2EGateBad")
-    srv = comfyui(packs=(), pack_dirs=[str(good), str(bad)], env=ENV, wait_built=False)
+    good = gated_pack(tmp_path, "ComfyUI-Gated",
+                      f'bhgate = {{ path = "{gated_source(tmp_path / "src", "1.0", gate)}" }}')
+    bad = gated_pack(tmp_path, "ComfyUI-GatedBad",
+                     f'bhgate = {{ path = "{gated_source(tmp_path / "bad", "9.0", gate, True)}" }}', cls="E2EGateBad")
+    srv = comfyui(packs=(), pack_dirs=[str(good), str(bad)], env=NO_INDEX, wait_built=False)
     # stopped while they build: the builds' processes end with the server
     # (stop() checks none is left), and the next start builds them again
-    assert _pack_state(srv, "ComfyUI-Gated")["state"] == "building"
+    assert pack_state(srv, "ComfyUI-Gated")["state"] == "building"
     srv.stop()
     srv.start()
     assert "is not retried at start" not in srv.log_since_start()
     # the builds wait for the gate: the packs are building, the server answers
     for name in ("ComfyUI-Gated", "ComfyUI-GatedBad"):
-        state = _pack_state(srv, name)
+        state = pack_state(srv, name)
         assert state["state"] == "building" and state["phase"], state
     status, stats = srv.http("GET", "/system_stats")
     assert status == 200 and "system" in stats, stats
@@ -136,8 +60,8 @@ def test_the_server_is_up_while_packs_build(comfyui, tmp_path):
     if (os.cpu_count() or 1) >= 2:
         # side by side: both have left the queue while the gate holds each
         deadline = time.monotonic() + 120
-        while any(_pack_state(srv, n)["phase"].startswith("queued") for n in ("ComfyUI-Gated", "ComfyUI-GatedBad")):
-            assert time.monotonic() < deadline, [_pack_state(srv, n) for n in ("ComfyUI-Gated", "ComfyUI-GatedBad")]
+        while any(pack_state(srv, n)["phase"].startswith("queued") for n in ("ComfyUI-Gated", "ComfyUI-GatedBad")):
+            assert time.monotonic() < deadline, [pack_state(srv, n) for n in ("ComfyUI-Gated", "ComfyUI-GatedBad")]
             time.sleep(0.1)
     # prompts queued meanwhile wait for the builds
     answers = {}
@@ -176,18 +100,18 @@ def test_the_server_is_up_while_packs_build(comfyui, tmp_path):
     assert "fails on purpose" not in srv.log_since_start()
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and "E2EGateWhere" in info
-    state = _pack_state(srv, "ComfyUI-Gated")
+    state = pack_state(srv, "ComfyUI-Gated")
     assert state["state"] == "isolated" and state["pid"] == out["pid"][0], state
-    assert _pack_state(srv, "ComfyUI-GatedBad")["state"] != "building"
+    assert pack_state(srv, "ComfyUI-GatedBad")["state"] != "building"
     assert "background builds done: " in srv.log_since_start()
 
 
 def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, tmp_path):
     gate = tmp_path / "gate"
     gate.write_text("open")
-    v1 = _source(tmp_path / "src", "1.0", gate)
-    pack = _pack(tmp_path, "ComfyUI-Update", f'bhgate = {{ path = "{v1}" }}')
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=ENV)
+    v1 = gated_source(tmp_path / "src", "1.0", gate)
+    pack = gated_pack(tmp_path, "ComfyUI-Update", f'bhgate = {{ path = "{v1}" }}')
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=NO_INDEX)
     pid, value, old_prefix = _run(srv, 1)
     assert pid != srv.proc.pid and value == "bhgate 1.0"
     config = os.path.join(srv.base, "custom_nodes", "ComfyUI-Update", "comfy-env.toml")
@@ -195,17 +119,17 @@ def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, t
     # a rebuild that fails: the old environment keeps serving, and says so
     srv.stop()
     with open(config, "w") as f:
-        f.write(_config('bh-nowhere-to-be-found = "*"'))
+        f.write(env_config('bh-nowhere-to-be-found = "*"'))
     srv.wait_for_builds = False
     srv.start()
     pid, value, prefix = _run(srv, 2)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
     srv.wait_built()
     deadline = time.monotonic() + 300
-    while not _pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("failed"):
-        assert time.monotonic() < deadline, (_pack_state(srv, "ComfyUI-Update"), srv.log())
+    while not pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("failed"):
+        assert time.monotonic() < deadline, (pack_state(srv, "ComfyUI-Update"), srv.log())
         time.sleep(0.2)
-    state = _pack_state(srv, "ComfyUI-Update")
+    state = pack_state(srv, "ComfyUI-Update")
     assert state["state"] == "isolated" and "bh-nowhere-to-be-found" in state["rebuild"], state
     assert "bulkhead install" in state["rebuild"], state
     assert "keeps serving it, isolated with its old requirements" in srv.log_since_start()
@@ -216,18 +140,18 @@ def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, t
     # an update that builds: the old environment serves until the new one is built
     srv.stop()
     gate.unlink()
-    v2 = _source(tmp_path / "src", "2.0", gate)
+    v2 = gated_source(tmp_path / "src", "2.0", gate)
     with open(config, "w") as f:
-        f.write(_config(f'bhgate = {{ path = "{v2}" }}'))
+        f.write(env_config(f'bhgate = {{ path = "{v2}" }}'))
     srv.start()
     pid, value, prefix = _run(srv, 4)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
-    assert "rebuilding" in _pack_state(srv, "ComfyUI-Update")["rebuild"]
+    assert "rebuilding" in pack_state(srv, "ComfyUI-Update")["rebuild"]
     gate.write_text("open")
     srv.wait_built()
     deadline = time.monotonic() + 300
-    while not _pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("built"):
-        assert time.monotonic() < deadline, (_pack_state(srv, "ComfyUI-Update"), srv.log())
+    while not pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("built"):
+        assert time.monotonic() < deadline, (pack_state(srv, "ComfyUI-Update"), srv.log())
         time.sleep(0.2)
     # the worker's next start runs in the new environment (ComfyUI's
     # "Free model and node cache" stops the idle worker)
@@ -235,7 +159,7 @@ def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, t
     assert status == 200
     pid, value, prefix = _run(srv, 5)
     assert pid != srv.proc.pid and value == "bhgate 2.0" and prefix != old_prefix, (value, prefix)
-    state = _pack_state(srv, "ComfyUI-Update")
+    state = pack_state(srv, "ComfyUI-Update")
     assert state["state"] == "isolated" and state["env"] == prefix, state
     assert "runs in-process" not in srv.log_since_start()
 
@@ -247,9 +171,10 @@ def test_an_environment_of_another_protocol_is_rebuilt_in_the_background(comfyui
     import json
     gate = tmp_path / "gate"
     gate.write_text("open")
-    pack = _pack(tmp_path, "ComfyUI-Proto", f'bhgate = {{ path = "{_source(tmp_path / "src", "1.0", gate)}" }}')
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=ENV)
-    env = _pack_state(srv, "ComfyUI-Proto")["env"]
+    source = gated_source(tmp_path / "src", "1.0", gate)
+    pack = gated_pack(tmp_path, "ComfyUI-Proto", f'bhgate = {{ path = "{source}" }}')
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=NO_INDEX)
+    env = pack_state(srv, "ComfyUI-Proto")["env"]
     srv.stop()
     stamp = os.path.join(env, "bulkhead-stamp.json")
     with open(stamp) as f:

@@ -19,8 +19,7 @@ import time
 
 import pytest
 
-from .e2eenv import CLI
-from .test_background_builds import ENV, _config, _pack, _pack_state, _source
+from .e2eenv import CLI, NO_INDEX, env_config, gated_pack, gated_source, pack_state
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -36,7 +35,7 @@ TOP_IMPORT = "import bhgate  # noqa: F401  (only in its environment)\n"
 def _wait_state(srv, name, ok, timeout_s=300):
     deadline = time.monotonic() + timeout_s
     while True:
-        state = _pack_state(srv, name)
+        state = pack_state(srv, name)
         if ok(state):
             return state
         assert time.monotonic() < deadline, (state, srv.log())
@@ -45,7 +44,7 @@ def _wait_state(srv, name, ok, timeout_s=300):
 
 def _fix(srv, name, source):
     with open(os.path.join(srv.base, "custom_nodes", name, "comfy-env.toml"), "w") as f:
-        f.write(_config(f'bhgate = {{ path = "{source}" }}'))
+        f.write(env_config(f'bhgate = {{ path = "{source}" }}'))
 
 
 def _run(srv, name, n):
@@ -86,14 +85,14 @@ def _panel(srv, tmp_path, query=""):
 def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     gate = tmp_path / "gate"
     gate.write_text("open")
-    broken = _source(tmp_path / "broken", "9.0", gate, fail=True)
+    broken = gated_source(tmp_path / "broken", "9.0", gate, fail=True)
     packs = []
     for name, cls in NODE.items():
-        pack = _pack(tmp_path, name, f'bhgate = {{ path = "{broken}" }}', cls=cls)
+        pack = gated_pack(tmp_path, name, f'bhgate = {{ path = "{broken}" }}', cls=cls)
         nodes = pack / "nodes.py"
         nodes.write_text(TOP_IMPORT + nodes.read_text())
         packs.append(str(pack))
-    srv = comfyui(packs=("e2e_frontend",), pack_dirs=packs, env=ENV, bulkhead_home=short_home)
+    srv = comfyui(packs=("e2e_frontend",), pack_dirs=packs, env=NO_INDEX, bulkhead_home=short_home)
     start_log = srv.log_since_start()
 
     # Each failed: its fix is a button (Retry), its build's log is kept,
@@ -106,7 +105,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
         assert state["state"] != "isolated" and state["actions"] == ["retry"], state
         assert state["log"].startswith(os.path.join(srv.env["BULKHEAD_HOME"], "logs")), state
     status, shown = srv.http("GET", "/bulkhead/log?pack=ComfyUI-RetryHttp")
-    assert status == 200 and shown["path"] == _pack_state(srv, "ComfyUI-RetryHttp")["log"], shown
+    assert status == 200 and shown["path"] == pack_state(srv, "ComfyUI-RetryHttp")["log"], shown
     assert "bhgate: this build fails on purpose" in shown["text"], shown["text"][-3000:]
     assert "fails on purpose" not in start_log
     # The log rule: one line per phase, the pack's name first; the start
@@ -135,7 +134,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
 
     # Retry over HTTP, once its config is fixed: built, its nodes join
     # /object_info and run in its worker, without a restart.
-    good = _source(tmp_path / "good", "2.0", gate)
+    good = gated_source(tmp_path / "good", "2.0", gate)
     _fix(srv, "ComfyUI-RetryHttp", good)
     status, body = srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-RetryHttp", "action": "retry"})
     assert status == 202 and body["pack"] == "ComfyUI-RetryHttp", body
@@ -173,7 +172,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     # holds (held by a gate in the requirement's build), then finds it
     # built, and says the running ComfyUI serves it already.
     gate2 = tmp_path / "gate2"
-    _fix(srv, "ComfyUI-RetryLock", _source(tmp_path / "gated", "3.0", gate2))
+    _fix(srv, "ComfyUI-RetryLock", gated_source(tmp_path / "gated", "3.0", gate2))
     assert srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-RetryLock", "action": "retry"})[0] == 202
     state = _wait_state(srv, "ComfyUI-RetryLock", lambda s: str(s.get("phase")).startswith("installing "))
     logs = os.path.dirname(state["log"])
@@ -217,7 +216,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     dom = _panel(srv, tmp_path, "?act=ComfyUI-RetryPanel:log:1500")
     assert 'data-acted="yes"' in dom, dom[-3000:]
     box = dom[dom.index("data-bh-log="):]
-    log_path = _pack_state(srv, "ComfyUI-RetryPanel")["log"]
+    log_path = pack_state(srv, "ComfyUI-RetryPanel")["log"]
     assert log_path in box and "bhgate" in box[box.index("data-bh-log-text"):], box[:3000]
     # its path is shown whole, and every pack's row offers its fix as a button
     assert 'data-bh-action="rebuild" data-pack="ComfyUI-RetryPanel"' in dom

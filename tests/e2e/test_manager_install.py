@@ -5,7 +5,7 @@ nothing else done -- no PYTHONPATH, no build tree -- and driven over HTTP."""
 
 import os
 
-from .test_server import _rss
+from .e2eenv import rss
 
 
 def _maps(pid):
@@ -40,11 +40,11 @@ def test_a_manager_install_works_on_first_start(comfyui, manager_install):
     status, doc = srv.http("GET", "/bulkhead/status")
     assert status == 200
     assert any(p["pid"] == pid and p.get("host_pid") == srv.proc.pid for p in doc["processes"]), doc
-    rss_before = _rss(pid)
+    rss_before = rss(pid)
     status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
     assert status == 200 and body["bulkhead"]["freed_bytes"] >= 128 << 20, body
     # "Free model and node cache" stops the idle worker, which holds nothing ComfyUI references
     [row] = [r for r in body["bulkhead"]["processes"] if r["pid"] == pid]
     assert row["state"] in ("released", "exited"), row
     if row["state"] == "released":
-        assert _rss(pid) < rss_before - (100 << 20)
+        assert rss(pid) < rss_before - (100 << 20)

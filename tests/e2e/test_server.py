@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .e2eenv import PACKS
+from .e2eenv import PACKS, rss, worker_pids
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -36,13 +36,6 @@ def _in_process_info():
     return json.loads(json.dumps(out))
 
 
-def _worker_pids(srv):
-    status, doc = srv.http("GET", "/bulkhead/status")
-    assert status == 200, doc
-    return {p["pid"]: p for p in doc["processes"] if p.get("role") == "worker" and p.get("host_pid") ==
-            srv.proc.pid}
-
-
 def test_object_info_shows_the_isolated_nodes_as_in_process(comfyui):
     srv = comfyui()
     status, info = srv.http("GET", "/object_info")
@@ -61,7 +54,7 @@ def test_prompt_runs_in_the_worker_and_its_ui_is_in_the_history(comfyui):
     assert entry["status"]["status_str"] == "success", (entry["status"], srv.log()[-3000:])
     ui = entry["outputs"]["1"]
     assert ui["text"] == ["ababab"] and ui["node"] == ["1"]
-    assert ui["pid"][0] != srv.proc.pid and ui["pid"][0] in _worker_pids(srv)
+    assert ui["pid"][0] != srv.proc.pid and ui["pid"][0] in worker_pids(srv)
     # validation as upstream: VALIDATE_INPUTS (inline on the event loop,
     # crossing to the worker) and min/max, each a 400 naming the node
     status, bad = srv.http("POST", "/prompt", {"prompt": {
@@ -115,7 +108,7 @@ def _queue_spin(srv):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:   # running: the worker has the node
         _, q = srv.http("GET", "/queue")
-        if q["queue_running"] and _worker_pids(srv):
+        if q["queue_running"] and worker_pids(srv):
             break
         time.sleep(0.05)
     time.sleep(0.3)
@@ -129,7 +122,7 @@ def test_interrupt_stops_a_running_isolated_node(comfyui):
     entry = srv.wait_history(prompt_id, timeout_s=20)
     assert entry["status"]["status_str"] == "error"
     assert [m[0] for m in entry["status"]["messages"]][-1] == "execution_interrupted"
-    assert len(_worker_pids(srv)) == 1, srv.log()[-4000:]   # the worker survived its interrupt
+    assert len(worker_pids(srv)) == 1, srv.log()[-4000:]   # the worker survived its interrupt
     again = srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "after", "times": 1}}})
     assert srv.wait_history(again)["outputs"]["1"]["text"] == ["after"]
 
@@ -150,11 +143,11 @@ def test_interrupt_stops_a_progress_bar_node_on_a_fresh_worker(comfyui):
             if msg["type"] == "progress" and msg["data"]["value"] >= 2:
                 return prompt_id
     prompt_id = srv.run_ws(go)
-    pids = set(_worker_pids(srv))
+    pids = set(worker_pids(srv))
     assert srv.http("POST", "/interrupt", {})[0] == 200
     entry = srv.wait_history(prompt_id, timeout_s=20)
     assert [m[0] for m in entry["status"]["messages"]][-1] == "execution_interrupted", entry["status"]
-    assert set(_worker_pids(srv)) == pids and len(pids) == 1, srv.log()[-4000:]   # the same worker, alive
+    assert set(worker_pids(srv)) == pids and len(pids) == 1, srv.log()[-4000:]   # the same worker, alive
 
 
 def test_bulkhead_status_and_free_answer(comfyui):
@@ -172,7 +165,7 @@ def test_free_reports_the_bytes_a_worker_gave_back(comfyui):
     entry = srv.wait_history(prompt_id)
     assert entry["status"]["status_str"] == "success", (entry["status"], srv.log()[-3000:])
     pid = entry["outputs"]["1"]["pid"][0]
-    rss_before = _rss(pid)
+    rss_before = rss(pid)
     status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
     assert status == 200
     rows = [r for r in body["bulkhead"]["processes"] if r["pid"] == pid]
@@ -184,7 +177,7 @@ def test_free_reports_the_bytes_a_worker_gave_back(comfyui):
     if rows[0]["state"] == "exited":
         assert _wait_gone(pid, 10)
     else:
-        assert _rss(pid) < rss_before - (200 << 20)
+        assert rss(pid) < rss_before - (200 << 20)
 
 
 def test_one_free_reports_what_comfyuis_cache_drop_lets_go(comfyui):
@@ -199,7 +192,7 @@ def test_one_free_reports_what_comfyuis_cache_drop_lets_go(comfyui):
     assert entry["status"]["status_str"] == "success", entry["status"]
     pid = entry["outputs"]["1"]["pid"][0]
     deadline = time.monotonic() + 10   # the worker's recount after the call publishes the block
-    while time.monotonic() < deadline and _worker_pids(srv)[pid]["held_bytes"] < 48 << 20:
+    while time.monotonic() < deadline and worker_pids(srv)[pid]["held_bytes"] < 48 << 20:
         time.sleep(0.05)
     status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
     assert status == 200, body
@@ -308,10 +301,10 @@ FLOW_PROMPT = {
 
 def _flow(srv):
     """What the user sees of FLOW_PROMPT on srv: its /history entry and its
-    websocket messages node by node (test_v3_server's _by_node), with the
+    websocket messages node by node (differential.by_node), with the
     prompt id, timestamps and what follows the order of ComfyUI's sets (an
     error's `executed`) taken out."""
-    from .test_v3_server import _by_node, _normal
+    from .differential import by_node, normal
 
     async def session(ws, sid):
         prompt_id = srv.queue(FLOW_PROMPT, client_id=sid)
@@ -329,9 +322,9 @@ def _flow(srv):
                     and msg["data"].get("prompt_id") == prompt_id:
                 return prompt_id, messages
     prompt_id, messages = srv.run_ws(session)
-    history = _normal(srv.wait_history(prompt_id), prompt_id)
+    history = normal(srv.wait_history(prompt_id), prompt_id)
     history["prompt"][-1].sort()   # the outputs to execute: a set's order in real ComfyUI
-    return {"history": history, "messages": _by_node(_normal(messages, prompt_id))}
+    return {"history": history, "messages": by_node(normal(messages, prompt_id))}
 
 
 def test_blockers_dynprompt_and_expansions_are_what_they_are_in_process(comfyui):
@@ -419,14 +412,6 @@ def test_idle_workers_exit_first_under_machine_memory_pressure(comfyui, tmp_path
     assert f"its worker (pid {second}) exited" not in srv.log()
 
 
-def _rss(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
 def test_a_second_instance_works_independently(comfyui):
     a = comfyui(name="a")
     b = comfyui(name="b")
@@ -436,7 +421,7 @@ def test_a_second_instance_works_independently(comfyui):
     ea, eb = a.wait_history(pa), b.wait_history(pb)
     assert ea["outputs"]["1"]["text"] == ["a"] and eb["outputs"]["1"]["text"] == ["bb"]
     wa, wb = ea["outputs"]["1"]["pid"][0], eb["outputs"]["1"]["pid"][0]
-    assert wa != wb and wa in _worker_pids(a) and wb in _worker_pids(b)
+    assert wa != wb and wa in worker_pids(a) and wb in worker_pids(b)
     assert pb not in a.http("GET", "/history")[1] and pa not in b.http("GET", "/history")[1]
     a.stop()   # one instance ending leaves the other's worker serving
     again = b.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "c", "times": 1}}})
