@@ -10,16 +10,18 @@ import pytest
 
 from .e2eenv import BUILD, CLI, EXAMPLE_PACKS, HELPERS, Server, _shm, assemble, clone_into, run_manager_flow
 
-@pytest.fixture
-def comfyui(tmp_path):
-    """comfyui(packs=(...), example_packs=(...), name="a") -> a started
-    Server; every one is stopped (and checked for leftovers) after the test.
-    Servers of one test share a ledger, as two ComfyUIs on a machine do."""
-    made = []
-    shm_before = _shm()
-    ledger = str(tmp_path / "ledger")
+class _Servers:
+    """Starts servers under one directory and stops them all, checking what
+    they leave.  Servers started from one share a ledger, as two ComfyUIs
+    on a machine do."""
 
-    def start(packs=("e2e_pack",), example_packs=(), name="comfyui", env=None, bulkhead_home=None,
+    def __init__(self, root):
+        self.root = root
+        self.made = []
+        self.shm_before = _shm()
+        self.ledger = str(root / "ledger")
+
+    def start(self, packs=("e2e_pack",), example_packs=(), name="comfyui", env=None, bulkhead_home=None,
               installed=None, pack_dirs=(), wait_built=True):
         """installed: a (python, clone) pair from the manager_install
         fixture: the server runs that Python, bulkhead comes from its
@@ -27,33 +29,54 @@ def comfyui(tmp_path):
         packs to copy into custom_nodes/ (directories a test wrote).
         wait_built: return (and restart) only once no pack's environment
         builds in the background (Server.wait_built)."""
-        base = str(tmp_path / name)
+        base = str(self.root / name)
         python, clone = installed or (None, None)
         path = assemble(base, packs, example_packs, clone=clone, pack_dirs=pack_dirs)
         full = dict(os.environ)
         full.pop("COMFYUI_PATH", None)
         if installed:
             full.pop("BULKHEAD_BUILD", None)
-        full.update({"PYTHONPATH": os.pathsep.join(path), "BULKHEAD_LEDGER": ledger,
+        full.update({"PYTHONPATH": os.pathsep.join(path), "BULKHEAD_LEDGER": self.ledger,
                      "BH_E2E_HELPERS": HELPERS, "PYTHONUNBUFFERED": "1",
                      # the test packs import helpers from there (e2e_pack's HoldRam): their sandboxes may read it
                      "BULKHEAD_SANDBOX_READ": HELPERS,
-                     "BULKHEAD_HOME": bulkhead_home or str(tmp_path / "bulkhead-home")})
+                     "BULKHEAD_HOME": bulkhead_home or str(self.root / "bulkhead-home")})
         full.update(env or {})
-        s = Server(base, full, ledger, python=python)
+        s = Server(base, full, self.ledger, python=python)
         s.wait_for_builds = wait_built
-        made.append(s)
+        self.made.append(s)
         return s.start()
 
-    yield start
-    errors = []
-    for s in made:
-        try:
-            s.stop()
-        except AssertionError as e:
-            errors.append(str(e))
-    assert not errors, "\n".join(errors)
-    assert _shm() == shm_before, f"/dev/shm changed: {set(_shm()) ^ set(shm_before)}"
+    def close(self):
+        errors = []
+        for s in self.made:
+            try:
+                s.stop()
+            except AssertionError as e:
+                errors.append(str(e))
+        assert not errors, "\n".join(errors)
+        assert _shm() == self.shm_before, f"/dev/shm changed: {set(_shm()) ^ set(self.shm_before)}"
+
+
+@pytest.fixture
+def comfyui(tmp_path):
+    """comfyui(packs=(...), example_packs=(...), name="a") -> a started
+    Server; every one is stopped (and checked for leftovers) after the test.
+    Servers of one test share a ledger, as two ComfyUIs on a machine do."""
+    servers = _Servers(tmp_path)
+    yield servers.start
+    servers.close()
+
+
+@pytest.fixture(scope="module")
+def comfyui_module(tmp_path_factory):
+    """comfyui, once for a module: its servers are stopped (and checked)
+    after the module's last test.  For tests that only read what a server
+    serves, or change nothing another test of the module reads: a server
+    start costs seconds."""
+    servers = _Servers(tmp_path_factory.mktemp("comfyui"))
+    yield servers.start
+    servers.close()
 
 
 @pytest.fixture(scope="session")

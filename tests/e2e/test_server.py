@@ -36,8 +36,17 @@ def _in_process_info():
     return json.loads(json.dumps(out))
 
 
-def test_object_info_shows_the_isolated_nodes_as_in_process(comfyui):
-    srv = comfyui()
+@pytest.fixture(scope="module")
+def served(comfyui_module):
+    """One server with the e2e pack for the module's tests that only ask it
+    (the node list, a prompt of their own, /bulkhead/status, an empty
+    /free); its worker never exits idle, so nothing of it changes while
+    the module's other tests run."""
+    return comfyui_module(env={"BH_E2E_IDLE_EXIT": "0"})
+
+
+def test_object_info_shows_the_isolated_nodes_as_in_process(served):
+    srv = served
     status, info = srv.http("GET", "/object_info")
     assert status == 200
     expected = _in_process_info()
@@ -47,8 +56,8 @@ def test_object_info_shows_the_isolated_nodes_as_in_process(comfyui):
     assert status == 200 and one == {"E2EEcho": expected["E2EEcho"]}
 
 
-def test_prompt_runs_in_the_worker_and_its_ui_is_in_the_history(comfyui):
-    srv = comfyui()
+def test_prompt_runs_in_the_worker_and_its_ui_is_in_the_history(served):
+    srv = served
     prompt_id = srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "ab", "times": 3}}})
     entry = srv.wait_history(prompt_id)
     assert entry["status"]["status_str"] == "success", (entry["status"], srv.log()[-3000:])
@@ -70,8 +79,8 @@ def test_prompt_runs_in_the_worker_and_its_ui_is_in_the_history(comfyui):
     assert "Nope" in bad["error"]["message"], bad
 
 
-def test_progress_frames_reach_the_websocket(comfyui):
-    srv = comfyui()
+def test_progress_frames_reach_the_websocket(served):
+    srv = served
 
     async def go(ws, sid):
         first = json.loads((await ws.receive()).data)
@@ -150,8 +159,8 @@ def test_interrupt_stops_a_progress_bar_node_on_a_fresh_worker(comfyui):
     assert set(worker_pids(srv)) == pids and len(pids) == 1, srv.log()[-4000:]   # the same worker, alive
 
 
-def test_bulkhead_status_and_free_answer(comfyui):
-    srv = comfyui()
+def test_bulkhead_status_and_free_answer(served):
+    srv = served
     status, doc = srv.http("GET", "/bulkhead/status")
     assert status == 200 and any(p["pid"] == srv.proc.pid and p["role"] == "host" for p in doc["processes"])
     status, doc = srv.http("GET", "/api/bulkhead/status")
