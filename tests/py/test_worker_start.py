@@ -16,9 +16,11 @@ DEFERRED = ["json", "re", "logging", "traceback", "socket", "selectors", "tokeni
             # enum (signal's enum classes too) and the zygote's code (with
             # struct): a spawned worker serves calls without them; threading,
             # where _thread's lock and thread do; runpy (-m's), with what it
-            # imports, where -c starts the worker (host/zygote.py WORKER_ARGS)
+            # imports, where -c starts the worker (host/zygote.py WORKER_ARGS);
+            # collections, for channel/spec.py's two rows
             "enum", "signal", "struct", "bulkhead.worker.zygote", "threading",
-            "runpy", "importlib.util", "importlib.machinery", "contextlib", "functools"]
+            "runpy", "importlib.util", "importlib.machinery", "contextlib", "functools",
+            "collections", "keyword", "reprlib"]
 
 
 def test_a_started_worker_has_imported_nothing_a_call_does_not_need(make_worker):

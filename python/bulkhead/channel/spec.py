@@ -19,12 +19,50 @@ nothing a call does not need (json where a JSON value is read or
 written; no typing, which imports re: tests/py/test_worker_start.py).
 """
 
-import collections
 import os
 
 
-class Option(collections.namedtuple("Option", "name kind what default low low_ok choices env",
-                                    defaults=(None, 0.0, True, (), None))):
+class _Row(tuple):
+    """A row of the tables below: a tuple whose fields have names and
+    defaults, as collections.namedtuple's are (its repr too), written out
+    because collections (with keyword, operator and reprlib) cost every
+    worker's start about 1.5 ms (#40).  A subclass names its ``_fields``
+    and the ``_defaults`` of the last of them, and gets each field's
+    property from ``_fields_of``."""
+    __slots__ = ()
+    _fields = ()
+    _defaults = ()
+
+    def __new__(cls, *args, **kwargs):
+        fields, defaults = cls._fields, cls._defaults
+        if len(args) > len(fields):
+            raise TypeError(f"{cls.__name__} takes {len(fields)} values, not {len(args)}")
+        values = list(args)
+        for i in range(len(args), len(fields)):
+            if fields[i] in kwargs:
+                values.append(kwargs.pop(fields[i]))
+            elif i >= len(fields) - len(defaults):
+                values.append(defaults[i - len(fields) + len(defaults)])
+            else:
+                raise TypeError(f"{cls.__name__} needs its {fields[i]!r}")
+        if kwargs:
+            raise TypeError(f"{cls.__name__} has no field {next(iter(kwargs))!r} (its fields: {', '.join(fields)})")
+        return tuple.__new__(cls, values)
+
+    def __getnewargs__(self):
+        return tuple(self)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{f}={v!r}' for f, v in zip(self._fields, self))})"
+
+
+def _fields_of(names):
+    """One read-only property per field name, in order (each the tuple's
+    item at its place)."""
+    return tuple(property(lambda self, i=i: self[i], doc=f"field {i}: {name}") for i, name in enumerate(names))
+
+
+class Option(_Row):
     """One ``[bulkhead]`` key.  kind: "seconds" (a number of seconds,
     at least ``low``; ``low`` itself allowed where ``low_ok``), "choice"
     (one of ``choices``), "flag" (true or false) or "paths" (an array of
@@ -32,6 +70,9 @@ class Option(collections.namedtuple("Option", "name kind what default low low_ok
     gives none (None: the reader's own rule, said in ``what``).  env: the
     worker environment name that carries it, where the worker reads it."""
     __slots__ = ()
+    _fields = ("name", "kind", "what", "default", "low", "low_ok", "choices", "env")
+    _defaults = (None, 0.0, True, (), None)
+    name, kind, what, default, low, low_ok, choices, env = _fields_of(_fields)
 
     @property
     def unit(self):
@@ -121,10 +162,13 @@ def settings(options):
 
 # --- the worker's environment names ---
 
-class Env(collections.namedtuple("Env", "name kind what default", defaults=(None,))):
+class Env(_Row):
     """One environment name a worker reads.  kind: "seconds" (a number),
     "json" (a JSON document), "text", or "flag" ("1" or unset)."""
     __slots__ = ()
+    _fields = ("name", "kind", "what", "default")
+    _defaults = (None,)
+    name, kind, what, default = _fields_of(_fields)
 
 
 # The names, for the code on either side that sets or reads one: no other
