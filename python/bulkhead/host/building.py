@@ -52,7 +52,16 @@ import queue
 import sys
 import threading
 
+from .. import _native
+from ..channel import spec
+from ..channel.formats import FORMAT, decode_meta
+from ..envs import config as packconfig
+from ..envs.config import PackConfigError
+from ..packimport import default_module
 from . import states
+from .metadata import MetadataCache, comfyui_version_hash, source_hash
+from .runtime import DESCRIBED, find_comfyui
+from .serverproxy import late_routes_middleware
 
 log = logging.getLogger("bulkhead")
 
@@ -318,7 +327,7 @@ def _run(b, work, env_dir):
 def _stop():
     """At exit: the builds still running end (their commands and what
     those started), not remembered as failed; a later start builds them."""
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     if pending():
         log.info("bulkhead: stopping the background builds of %s (the next start builds them)",
                  ", ".join(repr(b.name) for b in pending()))
@@ -450,12 +459,6 @@ def early_nodes(b, config, pack_dir, module):
     the package at pack_dir), building in the background as Build b:
     placeholders from the pack's earlier description where it has one that
     still fits (see above), else ({}, {})."""
-    from .. import _native  # lazy: a pack with no description, or none building, needs none of these
-    from ..channel import spec
-    from ..channel.formats import FORMAT, decode_meta
-    from ..packimport import default_module
-    from .metadata import MetadataCache, comfyui_version_hash, source_hash
-    from .runtime import DESCRIBED, find_comfyui
     opts = spec.settings(config.options)
     comfyui = find_comfyui(opts)
     if opts.get("cache", True) is False or comfyui is None:
@@ -557,7 +560,7 @@ def wait_middleware():
     meanwhile) waits for those builds (off the server's loop), then goes on to
     ComfyUI's own handler, or is refused where a build it waited for
     failed (``refusal``)."""
-    from aiohttp import web
+    from aiohttp import web  # optional: aiohttp
 
     @web.middleware
     async def bulkhead_build_wait(request, handler):
@@ -604,7 +607,6 @@ def install_wait(server=None):
         return False
     if id(server) in _middleware_on:
         return True
-    from .serverproxy import late_routes_middleware
     try:
         app.middlewares.append(wait_middleware())
         app.middlewares.append(late_routes_middleware())   # the routes of packs built meanwhile
@@ -646,7 +648,7 @@ def served(config, pack_dir, module, hm, refusal, serve, load):
 
 
 def _env_dir(config):
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     return envs.env_dir(config)
 
 
@@ -657,7 +659,7 @@ def _pending_for(entry):
 
 
 def _last_log(entry):
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     d = os.path.join(envs.workspace(), "logs", entry["env_dir"])
     try:
         names = sorted(n for n in os.listdir(d) if n.endswith(".log"))
@@ -740,7 +742,6 @@ def act(name, action, force=None):
     any).  Raises LookupError (no such pack), ValueError (an action not
     offered for it now: the message names those that are) or the
     PackConfigError of its comfy-env.toml, read again now."""
-    from ..envs import config as packconfig
     entry = find(name)
     if action not in ACTIONS:
         raise ValueError(f"{action!r} is not an action: ask one of {', '.join(ACTIONS)}")
@@ -766,8 +767,7 @@ def act(name, action, force=None):
 
 
 def _act_work(b, entry, config, action, prev, force):
-    from ..envs import build as envs
-    from ..envs.config import PackConfigError
+    from ..envs import build as envs  # lazy: ComfyUI start
     name, directory, module = entry["name"], entry["directory"], entry["module"]
 
     def restore(**fields):

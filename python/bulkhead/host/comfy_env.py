@@ -67,14 +67,20 @@ import inspect
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
+import subprocess
 import sys
 import threading
 import traceback
+from importlib.metadata import version
+from pathlib import Path
 
 from ..channel.spec import COMFY_ENV
-from . import comfy_env_legacy as legacy
+from ..envs import config as packconfig, rootconfig
+from ..envs.config import PackConfigError
+from . import comfy_env_legacy as legacy, states
 
 log = logging.getLogger("bulkhead")
 
@@ -107,7 +113,6 @@ class _Loader(importlib.abc.Loader):
         legacy.switch_notes()
         module.__bulkhead__ = True
         try:
-            from importlib.metadata import version
             module.__version__ = version("comfy-env")
         except Exception:
             module.__version__ = "0.4.46"
@@ -224,7 +229,6 @@ def route():
 
 def _real_version():
     try:
-        from importlib.metadata import version
         return version("comfy-env")
     except Exception:
         return None
@@ -258,7 +262,6 @@ def ce_root():
 
 
 def _sanitize(s):
-    import re
     s = re.sub(r"[^a-z0-9-]+", "-", s.lower())
     return re.sub(r"-+", "-", s).strip("-")
 
@@ -285,7 +288,6 @@ def ce_abi_tag():
     py<XY>-torch<major.minor>-<cuXYZ|rocmX|cpu|...> (notorch without torch)."""
     parts = ["py%d%d" % sys.version_info[:2]]
     try:
-        from importlib.metadata import version
         tv = str(version("torch"))
     except Exception:
         tv = None
@@ -347,13 +349,11 @@ def ce_env(config):
     if not os.access(py, os.X_OK):
         return None, f"comfy-env's environment {d} has no interpreter at {py}; {fix}"
     try:
-        import subprocess
         v = subprocess.run([py, "-I", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                            timeout=30, check=True).stdout.strip()
     except Exception as e:
         return None, f"comfy-env's interpreter {py} does not run ({e}); {fix}"
-    from ..envs import config as packconfig     # the module's other imports of envs are in functions too
     if config.python and not packconfig.python_admits(config.python if packconfig.is_specifier(config.python)
                                                       else ".".join(config.python.split(".")[:2]), v):
         return None, f"comfy-env's environment {d} runs Python {v}, the config asks for {config.python}; {fix}"
@@ -380,7 +380,6 @@ def register_serializer(type_name, serialize, deserialize=None, tag=None):
 
 
 def _load_serializers(pack_dir, root):
-    from ..envs.config import PackConfigError
     custom = sorted(k for k, v in root.types.items() if v == "custom")
     if not custom:
         return
@@ -420,14 +419,12 @@ def register_nodes(nodes_package="nodes"):
 
 def serve(pack_dir, pkg_name, nodes_package="nodes"):
     """register_nodes for an explicit pack directory and package name."""
-    from . import states
     with states.serving():
         return _serve(pack_dir, pkg_name, nodes_package)
 
 
 def _serve(pack_dir, pkg_name, nodes_package):
-    from ..envs import config as packconfig, rootconfig
-    from . import pack as hpack, states
+    from . import pack as hpack  # lazy: prestartup (host.pack, its nodes and runtime: loaded with the first pack)
     announce(pack_dir, "register_nodes")
     try:
         root = rootconfig.load_root(pack_dir)
@@ -519,7 +516,6 @@ def _serve_in_process(pack_dir, pkg_name, nodes_package, root=None):
 
 
 def _lost_subdir(pack_dir, name, module, error, others=True):
-    from . import states
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     what = lines[-1] if len(lines) > 1 else f"{type(error).__name__}: {error}"
     log.error("%s", states.pack_line(name, "is NOT loaded, in ComfyUI's process neither", what))
@@ -573,8 +569,7 @@ def _serve_dir(mapping, directory, pack_dir, what):
     proxies in mapping's place.  In-process (the pack's own classes kept)
     with one warning where the environment cannot run, as register_nodes;
     mapping emptied while the environment builds in the background."""
-    from . import pack as hpack, states
-    from ..envs import config as packconfig
+    from . import pack as hpack  # lazy: prestartup (host.pack, its nodes and runtime: loaded with the first pack)
     pack_dir = os.path.realpath(pack_dir)
     directory = os.path.realpath(directory)
     module = _module_for(directory, pack_dir)
@@ -691,8 +686,8 @@ def install(config=None, node_dir=None, log_callback=None, dry_run=False):
     signature; ``config`` is not used: every config of the pack is built),
     then describes their nodes into the node metadata cache ComfyUI's next
     start reads, as ``bulkhead.install`` does (host/pack.py ``install``)."""
-    from ..envs import build as envs, config as packconfig
-    from . import pack as hpack
+    from ..envs import build as envs  # lazy: ComfyUI start
+    from . import pack as hpack  # lazy: prestartup (host.pack, its nodes and runtime: loaded with the first pack)
     pack_dir = os.path.abspath(os.fspath(node_dir)) if node_dir else _caller()[0]
     announce(pack_dir, "install")
     if dry_run:
@@ -706,7 +701,7 @@ def install(config=None, node_dir=None, log_callback=None, dry_run=False):
 def setup_env(node_dir=None):
     """Prestartup: reports where each of the calling pack's environments
     stands (bulkhead's, or comfy-env's reused)."""
-    from ..envs import build as envs, config as packconfig
+    from ..envs import build as envs  # lazy: ComfyUI start
     pack_dir = os.path.abspath(os.fspath(node_dir)) if node_dir else _caller()[0]
     try:
         configs = packconfig.load_configs(pack_dir, warn=False)
@@ -722,7 +717,6 @@ def setup_env(node_dir=None):
         if py:
             log.info("bulkhead: %s: comfy-env's environment, reused (%s)", c.name, py)
         else:
-            from . import states
             log.warning("%s", states.pack_line(c.name, f"environment {st.state}",
                                                f"{st.reason}; {why}" if why else st.reason))
 
@@ -731,7 +725,6 @@ def copy_files(src, dst, pattern="*", overwrite=False):
     """Copies files matching pattern from src to dst (relative paths from
     the calling script's directory; a dst starting input/, output/, temp/
     or user/ in ComfyUI's directory of that kind).  Returns the count."""
-    from pathlib import Path
     caller = Path(_caller()[0])
 
     def rel(p):
@@ -745,7 +738,7 @@ def copy_files(src, dst, pattern="*", overwrite=False):
                   "temp": "get_temp_directory", "user": "get_user_directory"}.get(head)
         if getter:
             try:
-                import folder_paths
+                import folder_paths  # comfyui: folder_paths
                 base = Path(getattr(folder_paths, getter)())
                 dst_path = base / rest if rest else base
             except Exception:

@@ -36,12 +36,17 @@ ComfyUI's process, and so does bulkhead, said once; ``COMFY_ENV_AUTO_INSTALL``
 anyway, and one line says so and which switch of bulkhead's decides.
 """
 
+import importlib
 import logging
 import os
 import sys
 import threading
+import types
 
 from ..channel.spec import BUILD_AT_START, COMFY_ENV
+from ..envs import config as packconfig, rootconfig
+from ..envs.errors import EnvBuildError
+from . import states
 
 log = logging.getLogger("bulkhead")
 
@@ -302,7 +307,7 @@ def cuda_wheels_index():
     """The first CUDA wheel index bulkhead resolves ``[cuda] packages`` from
     (``BULKHEAD_CUDA_INDEX``, comfy-env's ``COMFY_ENV_CUDA_WHEELS_INDEX``, or
     the default): comfy-env's ``CUDA_WHEELS_INDEX`` meant the index it used."""
-    from ..envs import cudawheels
+    from ..envs import cudawheels  # lazy: ComfyUI start (urllib.request)
     return cudawheels.indexes()[0]
 
 
@@ -340,7 +345,6 @@ def load_config(path):
     ``comfy-env-root.toml``) read by bulkhead's reader, as a
     ComfyEnvConfig.  A file bulkhead refuses raises its PackConfigError (a
     ValueError, as comfy-env raised) naming the file, line and fix."""
-    from ..envs import config as packconfig, rootconfig
     path = os.path.abspath(os.fspath(path))
     if os.path.basename(path) == ROOT_CONFIG_FILE_NAME:
         root = rootconfig.load_root(os.path.dirname(path), warn=False)
@@ -398,7 +402,7 @@ def detect_cuda_version():
     """The host torch's CUDA version ("12.8"), None without CUDA or torch:
     the build bulkhead matches environments and CUDA wheels to (read from
     torch's version file, no import)."""
-    from ..envs import cudawheels
+    from ..envs import cudawheels  # lazy: ComfyUI start (urllib.request)
     tv, cv = cudawheels.host_torch()
     return ".".join(str(cv).split(".")[:2]) if tv and cv else None
 
@@ -410,7 +414,7 @@ def get_bootstrap_python_version():
 
 def get_bootstrap_torch_version():
     """The host torch's version without its local label ("2.8.0"), or None."""
-    from ..envs import cudawheels
+    from ..envs import cudawheels  # lazy: ComfyUI start (urllib.request)
     tv, _ = cudawheels.host_torch()
     return tv.split("+", 1)[0] if tv else None
 
@@ -423,7 +427,6 @@ def get_bootstrap_torch_cuda():
 def get_pixi_platform():
     """This machine's pixi platform ("linux-64", "osx-arm64", ...), the one
     bulkhead applies ``[target.*]`` tables for."""
-    from ..envs import config as packconfig
     return packconfig.current_platform()
 
 
@@ -448,7 +451,7 @@ def has_nvidia_gpu():
 def get_cuda_torch_mapping():
     """{cuda: torch} for the host's build ({} without CUDA): what comfy-env's
     table paired, here the one pair bulkhead builds for."""
-    from ..envs import cudawheels
+    from ..envs import cudawheels  # lazy: ComfyUI start (urllib.request)
     tv, cv = cudawheels.host_torch()
     if not tv or not cv:
         return {}
@@ -459,9 +462,7 @@ def get_wheel_url(package, torch_version, cuda_version, python_version, log=None
     """The URL of the wheel of package built for that torch, CUDA and
     Python from bulkhead's CUDA wheel indexes, chosen as bulkhead chooses
     for ``[cuda] packages``; None when none fits (comfy-env's answer)."""
-    import types
-    from ..envs import cudawheels
-    from ..envs.errors import EnvBuildError
+    from ..envs import cudawheels  # lazy: ComfyUI start (urllib.request)
     lines = []
     where = types.SimpleNamespace(path=f"get_wheel_url({package!r})", cuda=(str(package),))
     try:
@@ -478,7 +479,6 @@ def get_wheel_url(package, torch_version, cuda_version, python_version, log=None
 def verify_installation(packages, log=print):
     """True when every package imports here (comfy-env's check), each
     failure passed to log."""
-    import importlib
     ok = True
     for p in packages:
         name = str(p).replace("-", "_").split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip()
@@ -580,7 +580,6 @@ def in_process(mapping, pack_dir, module, root=None):
     """The pack's own classes, as the off-switch or the pack's
     ``[settings] isolate = false`` (root) asks: said once, and its state
     says so."""
-    from . import states
     pack_dir = os.path.realpath(pack_dir)
     name = os.path.basename(pack_dir)
     if getattr(root, "isolate", None) is False:

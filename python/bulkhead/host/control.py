@@ -54,7 +54,7 @@ import threading
 
 from .. import _native
 from ..channel.peer import Peer
-from . import release as _release, states
+from . import building, release as _release, states
 # The client side (where sockets live, request, sweep) is controlclient's:
 # release.py asks other hosts through it, and this module calls release.
 from .controlclient import ControlUnreachable, control_dir, control_path, request, sweep  # noqa: F401
@@ -154,7 +154,6 @@ class ControlServer:
     def built(self, config_paths):
         """`bulkhead install` built the environments of these configs
         (host/building.py ``picked_up``)."""
-        from . import building
         return building.picked_up([str(p) for p in config_paths])
 
     def _resolve(self, target):

@@ -77,7 +77,7 @@ def device_name(device):
     if name == "cuda":
         index = 0
         try:
-            import torch
+            import torch  # optional: torch
             index = torch.cuda.current_device()
         except Exception:
             pass

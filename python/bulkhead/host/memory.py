@@ -30,6 +30,7 @@ from .. import _native, pager
 from ..channel.peer import RemoteError, error_detail
 from ..channel import spec, targets
 from . import release as _release
+from .control import ControlServer
 from .errors import WorkerBusy
 # The release deadline (RELEASE_TIMEOUT_S; a worker's own outranks it) and
 # every release that waits or posts live in release.py.
@@ -54,7 +55,7 @@ def standin_identity():
 
 
 def _torch_device(name):
-    import torch
+    import torch  # optional: torch
     return torch.device(name)
 
 
@@ -186,7 +187,7 @@ class HostMemory:
 
     def __init__(self, mm=None, ledger_path=None, pack="host", control=True, register_standins=True):
         if mm is None:
-            import comfy.model_management as mm
+            import comfy.model_management as mm  # comfyui: comfy.model_management
         self.mm = mm
         # False on a ComfyUI with the MemoryHolder registry (bulkhead.holder):
         # upstream asks the holder, so reconcile lists no stand-in there.
@@ -208,7 +209,6 @@ class HostMemory:
         self._host_devices = set()
         self.control = None
         if control:
-            from .control import ControlServer
             try:
                 self.control = ControlServer(self, RELEASE_TIMEOUT_S)
             except OSError as e:  # a control directory not ours (rundir): stay in the budget
@@ -359,7 +359,7 @@ class HostMemory:
             if gpu is None:
                 return False, 0
             try:
-                import torch
+                import torch  # optional: torch
                 uuid = str(torch.cuda.get_device_properties(device).uuid)
                 index = gpu.find(uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid)
             except Exception:

@@ -108,7 +108,7 @@ def _without_torch(rt, name):
     its Python: envs/build.py left it out with one warning) and some of its
     nodes take or return tensors, which then cannot run (said once in the
     log too); else {}.  Its other nodes run isolated."""
-    from ..envs import build as envs, hostmatch
+    from ..envs import build as envs, hostmatch  # lazy: ComfyUI start (envs.build)
     stamp = envs.read_stamp(os.path.dirname(os.path.dirname(rt.python))) or {}
     lacking = (stamp.get("host") or {}).get("lacking") or {}
     torch = [p for p in lacking if hostmatch.pin_name(p) == "torch"]
@@ -138,4 +138,3 @@ def _forget_all():
     """Tests: forget every runtime (as a fresh ComfyUI start would)."""
     close_all()
     states.forget_all()
-

@@ -32,15 +32,23 @@ the background (``_serve_while_rebuilding``): never in-process.
 """
 
 import dataclasses
+import json
 import logging
 import os
 import sys
 import threading
+import time
+from importlib import metadata
 
-from .. import packimport
+from .. import _native, packimport
 from ..channel import spec
-from . import nodes, states
-from .runtime import PackLoadError
+from ..envs import config as packconfig, hostmatch, rootconfig
+from ..envs.config import CONFIG_NAME, PackConfigError
+from ..envs.hostmatch import InvalidRequirement, InvalidVersion, Requirement, Version, canonicalize_name
+from . import building, nodes, states, zygote
+from .building import LogProgress
+from .metadata import MetadataCache
+from .runtime import PackLoadError, PackRuntime
 
 log = logging.getLogger("bulkhead")
 
@@ -56,12 +64,11 @@ def host_memory():
     with _memory_lock:
         if _memory is None and not _memory_failed:
             try:
-                import comfy.model_management as mm
+                import comfy.model_management as mm  # comfyui: comfy.model_management
             except Exception:
                 return None
-            from .. import _native
-            from . import holder
-            from .memory import HostMemory
+            from . import holder  # lazy: CLI start (ComfyUI's process only)
+            from .memory import HostMemory  # lazy: CLI start (ComfyUI's process only)
             try:
                 _memory = HostMemory(mm)
             except (_native.Error, OSError) as e:
@@ -80,10 +87,10 @@ def contract_refusal():
     run once per process), or None.  None too outside ComfyUI: there is
     nothing to check, and load_pack falls back for that on its own."""
     try:
-        import comfy.model_management  # noqa: F401
+        import comfy.model_management  # noqa: F401; comfyui: comfy.model_management
     except Exception:
         return None
-    from . import contract
+    from . import contract  # lazy: CLI start (ComfyUI's process only)
     return contract.startup().refusal()
 
 
@@ -103,7 +110,6 @@ def comfy_pack(init_file, *, module="auto"):
 
 
 def _comfy_pack(pack_dir, module, gone=None):
-    from ..envs import config as packconfig
     try:
         paths = packconfig.find_configs(pack_dir)
     except OSError as e:
@@ -146,7 +152,7 @@ def tell_local(pack_dir, configs):
     for ComfyUI's own Python) are missing from it, naming the command that
     installs them: only ``bulkhead install`` installs into ComfyUI's Python,
     never its start."""
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     if any(c.local for c in configs):
         line = envs.local_missing_line(pack_dir, configs)
         if line:
@@ -157,7 +163,6 @@ def load_config(path, pack_dir):
     """The PackConfig at ``path`` (its warnings logged), or the
     PackConfigError that refuses it: a refused config costs only the
     nodes it governs their isolation."""
-    from ..envs import config as packconfig
     try:
         return packconfig.load(path, root=pack_dir)
     except packconfig.PackConfigError as e:
@@ -194,10 +199,7 @@ def build_at_start(config, st):
     if not (st.state == "missing" or rebuild) or \
             os.environ.get(BUILD_AT_START, "1").lower() in ("0", "off", "no", "false"):
         return st
-    import dataclasses
-    import time
-    from ..envs import build as envs
-    from ..envs.config import PackConfigError
+    from ..envs import build as envs  # lazy: ComfyUI start
     before = envs.failed_before(config)
     if before is not None:
         # Not paid again at every start: only a change to the config, the
@@ -214,7 +216,6 @@ def build_at_start(config, st):
     else:
         log.info("bulkhead: pack %r: its environment is not built; building it now, as `bulkhead install` "
                  "would (%s=0 leaves it to that command)", config.name, BUILD_AT_START)
-    from .building import LogProgress  # lazy: as _build_in_background's
     t0 = time.monotonic()
     try:
         # one short line per phase, as a background build's; pip's output in the build's log file
@@ -248,7 +249,7 @@ def _worker_args(config, python, stamp, module):
     opts["module"] = module
     if stamp:
         opts["stamp"] = stamp
-    from ..envs import conda
+    from ..envs import conda  # lazy: ComfyUI start (only conda packages need it)
     env = conda.worker_env(os.path.dirname(os.path.dirname(python)))
     env.update(config.env_vars)
     ser = serializer_files(config.root)
@@ -274,10 +275,7 @@ def describe_ahead(config):
     strings of the pack's own (those are compared with the type names of
     the nodes ComfyUI has registered at start, which this process has
     not)."""
-    import json
-    from ..envs import build as envs, hostmatch
-    from .metadata import MetadataCache
-    from .runtime import PackRuntime
+    from ..envs import build as envs  # lazy: ComfyUI start
     st = envs.env_status(config)
     root = os.path.realpath(config.root)
     comfyui = hostmatch.comfyui_for(config)
@@ -326,7 +324,6 @@ def _served_as(config, init):
     for the config that governs the whole nodes/ package (nodes/'s own,
     else the pack's), else "nodes.<subdir>" for a nodes/<subdir>/ config.
     None for any other layout."""
-    from ..envs.config import CONFIG_NAME
     if "comfy_pack(" in init and "module=" not in init:
         return os.path.realpath(config.directory), "auto"
     if "register_nodes()" not in init:
@@ -356,8 +353,6 @@ def describe_pack(pack_dir):
     its nodes).  Outside ComfyUI's process (``bulkhead install``, a pack's
     ``install.py``) the zygotes its workers came from are ended after; in
     it they are the host's, which its exit ends."""
-    from ..envs import config as packconfig
-    from . import zygote
     lines = []
     try:
         for config in packconfig.load_configs(os.path.abspath(os.fspath(pack_dir)), warn=False):
@@ -390,7 +385,7 @@ def install(pack_dir, progress=None, force=False, *, pip_args=None):
     start registers them without a worker.  Each describing line goes to
     ``progress`` (default: stderr); a description that fails is one such
     line, never the install's failure."""
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     statuses = envs.install(pack_dir, progress, force, pip_args=pip_args)
     for line in describe_pack(pack_dir):
         if progress is not None:
@@ -432,7 +427,6 @@ def serializer_files(pack_root):
     loads (worker/typed.py): its own when its comfy-env-root.toml declares
     custom [types], then those of the packs its [node_packs] / [node_reqs]
     name that are installed beside it and declare custom types."""
-    from ..envs import config as packconfig, rootconfig
     out = []
     try:
         root = rootconfig.load_root(pack_root, warn=False)
@@ -464,8 +458,7 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
     bulkhead's built now when there is none (build_at_start) -- or
     imported in-process with one warning saying why.  comfy_pack serves
     each of its configs through it too."""
-    from ..envs import build as envs
-    from . import building
+    from ..envs import build as envs  # lazy: ComfyUI start
     building.served(config, pack_dir, module, hm, refusal, serve_config, load_config)  # the panel's Build, Retry, Rebuild
     if refusal is not None:
         return states.fallback(pack_dir, states.CONTRACT_REFUSED, detail=refusal, name=config.name, module=module,
@@ -493,7 +486,7 @@ def serve_config(config, pack_dir, module, refusal, hm, reuse=None):
 def _not_isolated(config, pack_dir, module, st, why=None):
     """The fallback of a config whose environment is not usable (st):
     in-process or failed, by its policy, with the reason and the fix."""
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     reason = states.ENV_NOT_BUILT if st.state == "missing" and not why else states.STAMP_REFUSED
     detail = f"{st.state}: {st.reason}" + (f"; {why}" if why else "")
     if reason == states.ENV_NOT_BUILT and envs.failed_before(config) is not None:
@@ -520,17 +513,6 @@ def host_differs(config):
     markers do not apply here are skipped; the host's own packages (torch,
     ComfyUI's requirements: ``host_packages = "match"``) are the host's by
     definition."""
-    import sys
-    from importlib import metadata
-    from ..envs import config as packconfig
-    try:        # bulkhead has no Python dependencies: packaging, else pip's copy (envs/config.py's way)
-        from packaging.requirements import InvalidRequirement, Requirement
-        from packaging.utils import canonicalize_name
-        from packaging.version import InvalidVersion, Version
-    except ImportError:
-        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
-        from pip._vendor.packaging.utils import canonicalize_name
-        from pip._vendor.packaging.version import InvalidVersion, Version
     differs = []
     want, here = config.python, "%d.%d.%d" % sys.version_info[:3]
     if want and os.path.isabs(want):
@@ -600,7 +582,6 @@ def in_comfyui_server():
     (host/building.py).  Elsewhere (a script, a test) the pack's import
     is the only chance to serve it: a missing environment is built there
     and then."""
-    import sys
     server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
     return server is not None and hasattr(sys.modules.get("nodes"), "NODE_CLASS_MAPPINGS") and \
         not packimport.in_worker()
@@ -620,7 +601,7 @@ def _builds_at_start(config, st, background=False):
     one whose interpreter is gone, a broken one, or one whose config
     changed with no environment built before to serve it meanwhile --
     rather than run the pack in ComfyUI's process."""
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     if _build_off() or envs.failed_before(config) is not None:
         return False
     return not st.ok if background else st.state == "missing" or (st.state == "stale" and st.host_changed)
@@ -631,8 +612,7 @@ def _build_in_background(config, pack_dir, module, hm, st):
     is built on host/building.py's pool; when the build ends the pack is
     served (described in its worker, or its fallback where the build
     failed) and its nodes are added to ComfyUI's mappings."""
-    from ..envs import build as envs
-    from . import building
+    from ..envs import build as envs  # lazy: ComfyUI start
     pack_dir = os.path.realpath(pack_dir)
     what = ("not built" if st.state == "missing" else
             f"stale because the host changed ({st.reason.split('; run `')[0]})" if st.host_changed else
@@ -645,8 +625,6 @@ def _build_in_background(config, pack_dir, module, hm, st):
     building.install_wait()
 
     def work(b):
-        import time
-        from ..envs.config import PackConfigError
         t0 = time.monotonic()
         try:
             # Not bounded by START_LOCK_WAIT_S: nothing waits on this but
@@ -703,15 +681,15 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
     BULKHEAD_BUILD_AT_START=0, or where the rebuild failed before with
     nothing changed since, the old one serves and ``bulkhead install``
     builds the new one."""
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     pack_dir = os.path.realpath(pack_dir)
     before = envs.failed_before(config)
     background = not _build_off() and before is None and in_comfyui_server()
     changed = st.reason.split("; run `")[0]
     if background:
-        from .building import short     # one short line: the paths are the panel's and `bulkhead status`'s
+        # one short line: the paths are the panel's and `bulkhead status`'s
         log.info("bulkhead: pack %r: %s; rebuilding it in the background, the environment built before serving it "
-                 "meanwhile", config.name, short(changed, 80))
+                 "meanwhile", config.name, building.short(changed, 80))
         note = f"rebuilding into {st.env_dir} in the background; {old.env_dir} serves meanwhile"
     else:
         if before is not None:
@@ -733,11 +711,8 @@ def _serve_while_rebuilding(config, pack_dir, module, hm, st, old):
     moved = follow_rebuild(rt.worker, config, old.python) if rt is not None else {}
     if not background:
         return classes, display
-    from . import building
 
     def work(b):
-        import time
-        from ..envs.config import PackConfigError
         t0 = time.monotonic()
         try:
             after = envs.build(config, progress=b.progress)
@@ -772,7 +747,7 @@ def follow_rebuild(worker, config, old_python):
     SUPERSEDED note there, which a removed environment does not have;
     from the new one on it does (``envs.build.current_python``, the
     worker's ``resolve_python``)."""
-    from ..envs import build as envs
+    from ..envs import build as envs  # lazy: ComfyUI start
     moved = {}
 
     def resolve(python):

@@ -19,7 +19,7 @@ def _comfy_utils():
     utils = sys.modules.get("comfy.utils")
     if utils is None and "comfy" in sys.modules:
         try:
-            import comfy.utils as utils
+            import comfy.utils as utils  # comfyui: comfy.utils
         except Exception:
             return None
     return utils

@@ -70,9 +70,11 @@ import ipaddress
 import json
 import logging
 import os
+import urllib.parse
 import weakref
 
-from . import prewarm, states
+from ..envs.config import PackConfigError
+from . import building, prewarm, states
 from .service import ALLOW_REMOTE_ENV, BulkheadService, RouteError, refuse_other_hosts, default_host_memory
 
 log = logging.getLogger("bulkhead")
@@ -157,7 +159,6 @@ def same_origin_or_loopback(request):
     only where both give one), from anywhere: ComfyUI's own page; one
     without an Origin (a script) only from this machine (``from_loopback``)
     or with $BULKHEAD_ALLOW_REMOTE_ALL_HOSTS=1."""
-    import urllib.parse
     headers = getattr(request, "headers", None) or {}
     origin = headers.get("Origin")
     if origin is None:
@@ -252,14 +253,14 @@ class BulkheadRoutes(BulkheadService):
             raise RouteError(400, f"the body is not JSON: {e}") from None
 
     async def get_status(self, request):
-        from aiohttp import web
+        from aiohttp import web  # optional: aiohttp
         doc = await self.status_async()
         if not may_reach_other_hosts(request):
             doc = only_this_host(doc)
         return web.json_response(doc)
 
     async def post_release(self, request):
-        from aiohttp import web
+        from aiohttp import web  # optional: aiohttp
         try:
             who, nbytes = _parse_release(await self._json_body(request))
             refused = None if may_reach_other_hosts(request) else (request.remote or "")
@@ -268,7 +269,7 @@ class BulkheadRoutes(BulkheadService):
             return web.json_response({"error": str(e)}, status=e.status)
 
     async def post_free(self, request):
-        from aiohttp import web
+        from aiohttp import web  # optional: aiohttp
         try:
             all_hosts, wait_s = _parse_free(await self._json_body(request, {}))
             if all_hosts and not may_reach_other_hosts(request):
@@ -279,9 +280,7 @@ class BulkheadRoutes(BulkheadService):
             return web.json_response({"error": str(e)}, status=e.status)
 
     async def post_build(self, request):
-        from aiohttp import web
-        from . import building
-        from ..envs.config import PackConfigError
+        from aiohttp import web  # optional: aiohttp
         try:
             body = await self._json_body(request)
             if not isinstance(body, dict) or not isinstance(body.get("pack"), str) or \
@@ -305,8 +304,7 @@ class BulkheadRoutes(BulkheadService):
             return web.json_response({"error": str(e)}, status=e.status)
 
     async def get_log(self, request):
-        from aiohttp import web
-        from . import building
+        from aiohttp import web  # optional: aiohttp
         try:
             name = request.query.get("pack")
             if not name:
@@ -332,7 +330,7 @@ class BulkheadRoutes(BulkheadService):
         /api/free): upstream's handler runs first and sets its flags; then,
         if either flag was asked for, this host's workers run the full
         ladder, and the answer carries their before/after bytes."""
-        from aiohttp import web
+        from aiohttp import web  # optional: aiohttp
 
         @web.middleware
         async def bulkhead_free_observer(request, handler):
@@ -417,7 +415,7 @@ def install(server=None, host_memory=None, **options):
     list then).  Idempotent per server; returns its BulkheadRoutes, whose
     ``prompt_hook`` says which prompt hook was found (None: none)."""
     if server is None:
-        import server as comfy_server
+        import server as comfy_server  # comfyui: server
         server = comfy_server.PromptServer.instance
     routes = _installed.get(server)
     if routes is not None:

@@ -57,7 +57,9 @@ PromptServer there too.
 This module only reads ComfyUI's state; it never assigns to a comfy module.
 """
 
+import asyncio
 import collections
+import contextvars
 import inspect
 import itertools
 import json
@@ -65,6 +67,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 
 from .. import _native
@@ -75,6 +78,7 @@ from ..channel.peer import BulkheadError, HandleError, HostObject, NodeValue, Re
 from ..channel import spec, targets
 from ..packimport import package_for, default_module, package_name
 from ..envs import hostmatch
+from . import sandbox, workerenv
 from .errors import WorkerDied, WorkerStartError
 from .interrupt import watcher
 from .metadata import MetadataCache, comfyui_version_hash, default_stamp, source_hash
@@ -206,8 +210,6 @@ def _host_type_names():
 async def _in_thread(fn, *args):
     """fn(*args) in a thread, awaited (its context copied: ComfyUI's
     progress reads the executing node from it)."""
-    import asyncio
-    import contextvars
     ctx = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(None, lambda: ctx.run(fn, *args))
 
@@ -458,7 +460,7 @@ class PackRuntime:
         self.worker.zygote_preload = self._zygote_preload
         self.sandbox = None         # this start's sandbox.Plan (_worker_env makes it)
         self.worker.sandbox = lambda: self.sandbox.spec() if self.sandbox is not None else None
-        from ..envs.build import current_python
+        from ..envs.build import current_python  # lazy: ComfyUI start
         self.worker.resolve_python = current_python   # a rebuild while it runs: the next generation moves
         if memory is not None:
             memory.attach(self.worker)
@@ -550,7 +552,6 @@ class PackRuntime:
         """This start's sandbox (host/sandbox.py), made at each start: the
         options and ComfyUI's folders may have changed.  Raises
         WorkerStartError where it is required and the kernel cannot."""
-        from . import sandbox, workerenv
         pp = [workerenv.worker_pythonpath()] + [p for p in str(self.worker.env.get("PYTHONPATH", "")).split(os.pathsep)
                                               if p]
         plan = sandbox.plan(self.name, self.pack_dir, self.worker.python, self.options, self.comfyui, folders, pp,
@@ -688,7 +689,7 @@ class PackRuntime:
         worker with the hidden values, and which has the real node's
         validate_inputs / fingerprint_inputs / check_lazy_status (with
         their signatures) where it has its own."""
-        from comfy_api.latest import io
+        from comfy_api.latest import io  # comfyui: comfy_api
         rt = self
         ns = {"__module__": f"bulkhead.nodes.{self.name}", "__doc__": f"{node['class_name']} "
               f"of pack {self.name!r} (a V3 node), run in its worker ({self.python}).",
@@ -845,8 +846,6 @@ class PackRuntime:
         covers the whole wait; a worker that dies meanwhile fails the call
         with WorkerDied, and a prompt that ends first (the coroutine
         cancelled) cancels the task there."""
-        import asyncio  # start-up cost: only async nodes need it here
-        import contextvars
         mm = _mm()
         if mm is not None and mm.processing_interrupted():
             raise mm.InterruptProcessingException()
@@ -881,7 +880,6 @@ class PackRuntime:
     async def _await_task(self, w, peer, call, key, mm):
         """Waits for the task's end, under the interrupt watcher, looking
         every ASYNC_POLL_S whether its worker still lives."""
-        import asyncio  # start-up cost, as run_async
         watch = None
         if mm is not None and hasattr(mm, "processing_interrupted"):
             watch = watcher.begin(w, mm, self.options["interrupt_grace_s"])
@@ -986,7 +984,6 @@ class PackRuntime:
     def live_combos(self):
         """{key: {category: {input: [options]}}} from the worker (see
         above), or {}."""
-        import time
         now = time.monotonic()
         with self._deferred_lock:
             cached = self._combos
@@ -1073,8 +1070,6 @@ class PackRuntime:
         if box.get("why") == "not started" and memo is not None and memo in self._validated:
             return True     # these inputs passed before: a prompt ComfyUI may serve from its cache starts no worker
         if box.get("why") != "busy" and _executor_awaits_tasks():
-            import asyncio
-
             def started():
                 if box.get("why") == "not started":
                     box.clear()
@@ -1168,7 +1163,7 @@ class PackRuntime:
     def _node_output(res, kwargs):
         """The worker's answer for a V3 node's execute as an io.NodeOutput
         of the host's comfy_api."""
-        from comfy_api.latest import io
+        from comfy_api.latest import io  # comfyui: comfy_api
         out = res["outputs"]
         args = out["args"]
         if res.get("same"):  # inputs the node passed through: the host's own objects

@@ -50,8 +50,9 @@ import sys
 import tempfile
 import threading
 
-from .. import _native
+from .. import _native, envlock
 from ..channel.spec import LEDGER, NETWORK, SANDBOX, SANDBOX_NO_LANDLOCK, SANDBOX_READ, SANDBOX_WRITE, SERIALIZERS
+from . import rundir
 
 log = logging.getLogger("bulkhead")
 
@@ -181,7 +182,6 @@ def private_tmp(name):
     once per host (``/tmp/bulkhead-<uid>-<pid>-sandbox-<pack>-*``: a
     later host's rundir.sweep_tmp removes it where this one died without
     exiting) and removed at exit."""
-    from . import rundir
     with _tmp_lock:
         path = _tmp.get(name)
         if path and os.path.isdir(path):
@@ -368,7 +368,6 @@ def _touch_in_use(python):
     """The environment's in-use lock file, made here where missing: the
     worker opens it read-only to hold its shared lock (envlock.hold), and
     its sandbox would refuse making it."""
-    from .. import envlock
     env = os.path.dirname(os.path.dirname(os.path.abspath(python)))
     if os.path.exists(os.path.join(env, envlock.STAMP)):
         try:

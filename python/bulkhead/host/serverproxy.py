@@ -65,7 +65,7 @@ def _late_router():
     global _late
     with _late_lock:
         if _late is None:
-            from aiohttp import web
+            from aiohttp import web  # optional: aiohttp
             _late = web.UrlDispatcher()
         return _late
 
@@ -74,7 +74,7 @@ def late_routes_middleware():
     """The aiohttp middleware serving the routes of packs described after
     the server started (see above); every other request goes on as it
     came."""
-    from aiohttp import web
+    from aiohttp import web  # optional: aiohttp
 
     @web.middleware
     async def bulkhead_late_routes(request, handler):
@@ -176,7 +176,7 @@ class ServerProxy:
         proxy = self
 
         async def handler(request):
-            from aiohttp import web
+            from aiohttp import web  # optional: aiohttp
             data = events.encode_request(request, await request.read() if request.can_read_body else b"")
             loop = asyncio.get_running_loop()
             try:

@@ -74,6 +74,7 @@ pid); a worker whose host has no live record stands on its own.  idle_s is
 (now - last_used_ns) on CLOCK_MONOTONIC, null before a first use.
 """
 
+import gc
 import json
 import logging
 import os
@@ -416,7 +417,7 @@ class BulkheadService:
         if self._provider is not None:
             return self.prompt_hook
         try:
-            from comfy_execution import cache_provider as cp
+            from comfy_execution import cache_provider as cp  # comfyui: comfy_execution
             register = cp.register_cache_provider
         except (ImportError, AttributeError):
             # /bulkhead/status says so ("prompt_hook": null); not a start-up line (#25)
@@ -431,7 +432,7 @@ class BulkheadService:
     def unhook_prompt_boundary(self):
         if self._provider is None:
             return
-        from comfy_execution import cache_provider as cp
+        from comfy_execution import cache_provider as cp  # comfyui: comfy_execution
         cp.unregister_cache_provider(self._provider)
         self._provider = None
         self.prompt_hook = None
@@ -448,7 +449,6 @@ def comfyui_settled(timeout_s):
     after the last time they were seen set.  True when seen; False at the
     bound (a prompt is running: ComfyUI acts on the flags after it) or
     where this ComfyUI's queue has no flags to watch."""
-    import gc
     srv = serverproxy.prompt_server()
     q = getattr(srv, "prompt_queue", None)
     get_flags = getattr(q, "get_flags", None)

@@ -25,9 +25,11 @@ import os
 import threading
 import time
 
+from .. import __version__
 from ..channel import spec
 from ..channel.peer import BulkheadError
 from ..packimport import import_nodes
+from . import sandbox
 
 log = logging.getLogger("bulkhead")
 
@@ -177,7 +179,6 @@ def pack_states():
             w = getattr(rt, "worker", None)
             r["pid"] = w.pid if w is not None else None
             if rt is not None:     # sandboxed or not, and why (host/sandbox.py)
-                from . import sandbox
                 r["sandbox"] = sandbox.state_of(rt).describe()
             if w is not None and w.python != r["python"]:    # a rebuild moved it (envs.build.current_python)
                 r["python"], r["env"] = w.python, os.path.dirname(os.path.dirname(w.python))
@@ -207,7 +208,6 @@ def startup_line(lead=""):
     isolated, which build, which do not (each one's reason and fix are in
     its own line, the panel and `bulkhead status`), and the time spent
     loading them."""
-    from .. import __version__
     rows = pack_states()
     iso = [r for r in rows if r["state"] == "isolated"]
     lost = [f"{r['name']}: {r['state']}" for r in rows if r["state"] not in ("isolated", "building")]

@@ -12,5 +12,5 @@ from ..channel.nodes import encode_hidden
 
 
 def hidden_values(clone):
-    from comfy_api.latest import io
+    from comfy_api.latest import io  # comfyui: comfy_api
     return encode_hidden(clone, io)

@@ -15,6 +15,7 @@ import tempfile
 import threading
 
 from ..channel import spec
+from . import rundir
 from .spin import spin_untuned
 
 
@@ -61,7 +62,6 @@ def worker_pythonpath():
         if not others:
             _root = parent
             return _root
-        from . import rundir
         base = rundir.runtime_dir()
         _sweep_roots(base)
         root = tempfile.mkdtemp(prefix=f"{_ROOT_NAME}{os.getpid()}-", dir=base)
@@ -99,9 +99,8 @@ def _sweep_roots(base):
         names = os.listdir(base)
     except OSError:
         return
-    from .rundir import owner_gone
     for name in names:
-        if owner_gone(name, _ROOT_NAME):
+        if rundir.owner_gone(name, _ROOT_NAME):
             _remove_root(os.path.join(base, name))
 
 

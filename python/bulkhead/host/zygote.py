@@ -23,6 +23,7 @@ what it forked and ends.
 """
 
 import json
+import logging
 import os
 import select
 import threading
@@ -33,7 +34,6 @@ from ..channel import spec
 
 
 def _log():
-    import logging   # not at the top: a worker that starts workers of its own imports this module too
     return logging.getLogger("bulkhead")
 
 
