@@ -44,11 +44,13 @@ follows).  Nothing else is raised for any source text.
 import ast
 import errno
 import inspect
+import json
 import os
 import stat
 import sys
 import warnings
 
+from .. import _native
 from .canarywalk import CALL, INNER_PREFIX, PROBE, READ, WRITE, Walk, shape_text  # noqa: F401 (WRITE: tests)
 
 MAX_SOURCE_BYTES = 4 << 20  # upstream's file is ~70 KiB
@@ -131,7 +133,6 @@ def surface_of(cls, names):
 
 def standin_surface():
     """The StandIn's surface, read off bulkhead._native.StandIn."""
-    from .. import _native
     return surface_of(_native.StandIn, _native.COMFY_SURFACE)
 
 
@@ -249,7 +250,6 @@ def _parse(source, path):
 
 def inner_surface():
     """What the StandIn's ``.model`` answers: a RemoteModel's own names."""
-    from .. import _native
     return {n for n in dir(_native.RemoteModel) if not n.startswith("__")}
 
 
@@ -278,7 +278,7 @@ def _check_identities(report, compared, identity):
 
 
 def _host_identity():
-    from ..host.memory import standin_identity
+    from ..host.memory import standin_identity  # lazy: CLI start (host.memory and what it imports)
     return standin_identity()
 
 
@@ -356,7 +356,6 @@ def analyze(source, without=(), surface=None, path="<source>", inner=None, ident
 def _js(s):
     """A JSON string: UTF-8 as is; a path that is not UTF-8 (surrogate
     escapes) as \\u escapes."""
-    import json
     try:
         s.encode("utf-8")
         return json.dumps(s, ensure_ascii=False)

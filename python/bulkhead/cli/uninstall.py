@@ -33,7 +33,10 @@ import os
 import shutil
 import sys
 
+from .. import _native
 from ..channel.spec import HOME, LEDGER
+from ..envs import build as envs
+from ..host import metadata, rundir, service
 
 
 def _size(path):
@@ -64,9 +67,6 @@ def _made():
     """[(path, what)]: every path bulkhead makes for this user (existing
     or not), and [dir]: the folders bulkhead named for itself that hold
     them, removed once empty (see the module's doc)."""
-    from .. import _native
-    from ..envs import build as envs
-    from ..host import metadata, rundir
     ws = envs.workspace()
     whats = {"envs": "pack environments", "host": "the host link farm", "failed": "remembered build failures",
              "conda-pkgs": "the conda package cache"}
@@ -121,15 +121,12 @@ def _host_dir_in_use(path):
     """Whether path is a host's own directory under /tmp
     (``bulkhead-<uid>-<pid>-*``) whose process still runs: never a
     leftover, whatever else the user asks removed."""
-    from ..host import rundir
     name, prefix = os.path.basename(path), rundir.tmp_prefix()
     return name.startswith(prefix) and not rundir.owner_gone(name, prefix)
 
 
 def running():
     """Lines naming the bulkhead processes of this user that run now."""
-    from ..envs import build as envs
-    from ..host import service
     seen = {}           # pid -> what it is
     try:
         for p in service.status_document().get("processes", []):
