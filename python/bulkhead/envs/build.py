@@ -71,12 +71,14 @@ import tempfile
 import threading
 import time
 import types
+from importlib import metadata
 from typing import Optional
 
-from .. import _native
+from .. import __version__, _native
 from . import config as packconfig
 from . import rootconfig
 from . import hostmatch
+from .hostmatch import InvalidRequirement, Requirement
 from .errors import EnvBuildError, InterpreterNotFound  # noqa: F401  (build's names for its callers too)
 from .interpreters import PROBE_ENV, clean_env, find_interpreter, find_uv, probe
 from .interpreters import Interpreter, list_interpreters  # noqa: F401  (build's names for its callers too)
@@ -800,7 +802,6 @@ def _failure_path(config):
 def _failure_key(config):
     """What a failed build is remembered against: the config, the host's
     matched set and bulkhead; any change is worth another try."""
-    from .. import __version__
     mode = config.options.get("host_packages", "match")
     return {"config_hash": config.config_hash, "bulkhead_version": __version__,
             "host": hostmatch.fingerprint(hostmatch.comfyui_for(config), mode)}
@@ -1047,7 +1048,7 @@ def _install(config, tmp, final, interp, uv, match, args, progress):
     py = env_python(tmp)
     conda_records = []
     if config.conda:
-        from . import conda
+        from . import conda  # lazy: ComfyUI start (only conda packages need it)
         conda_records = conda.install(config, tmp, final, interp.version, progress, stream=_stream,
                                       env=clean_env(), cache=os.path.join(workspace(), "conda-pkgs"))
     # comfy-env 0.0.x's no_deps: installed after the others, without
@@ -1056,7 +1057,7 @@ def _install(config, tmp, final, interp, uv, match, args, progress):
     reqs = [q for q in config.requirements if q not in no_deps]
     cuda_reqs = []
     if config.cuda:
-        from . import cudawheels
+        from . import cudawheels  # lazy: ComfyUI start (urllib.request; only [cuda] packages)
         cuda_reqs = cudawheels.resolve(config, interp.version, progress, rebuild=rebuild_command(config))
         reqs += cuda_reqs
     tool = "uv pip" if uv else "pip"
@@ -1095,7 +1096,6 @@ def _install(config, tmp, final, interp, uv, match, args, progress):
         pip(args + keep_torch + ["--no-deps"] + no_deps, "the no_deps requirements, without their dependencies")
     if config.conda:
         conda.finish(tmp, final, interp.version)
-    from .. import __version__
     now = time.time()
     return {
         "format": STAMP_FORMAT,
@@ -1281,11 +1281,6 @@ def local_missing(requirements):
     """Those of ``requirements`` this process's Python (the host's) does
     not satisfy: not installed, or at a version outside the specifier;
     one whose marker excludes this platform is never missing."""
-    from importlib import metadata
-    try:        # packaging, else pip's copy: bulkhead has no Python dependencies
-        from packaging.requirements import InvalidRequirement, Requirement
-    except ImportError:
-        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
     missing = []
     for q in requirements:
         try:

@@ -40,12 +40,15 @@ the channels do not have (the solver's words, naming it).
 
 from __future__ import annotations
 
+import asyncio
 import glob
+import json
 import os
 import shlex
 import sys
 
 from ..channel.spec import CONDA_CHANNELS
+from . import config as packconfig
 from .errors import EnvBuildError
 
 PREFIX = "conda"            # the prefix's name inside an environment
@@ -71,8 +74,8 @@ def _rattler():
             f"this Python ({sys.executable}) is {sys.version_info[0]}.{sys.version_info[1]}: run ComfyUI under "
             "Python 3.10 or later, or give the pack no conda [dependencies]")
     try:
-        import rattler
-        import rattler.exceptions
+        import rattler  # optional: rattler
+        import rattler.exceptions  # optional: rattler
     except ImportError as e:
         raise EnvBuildError(
             f"conda packages need py-rattler, which is not importable in {sys.executable} ({e}); "
@@ -105,8 +108,6 @@ def install(config, tmp, final, python_version, progress, *, stream, env, cache)
     threads, sockets and event fds for the life of a process, which has
     no place in a ComfyUI host, and a child is killed and reaped with the
     rest of the build when the install is interrupted."""
-    import json
-    from . import config as packconfig
     chans = channels_for(config)
     where = f"the conda packages of {config.name} ({config.path}: {', '.join(config.conda)})"
     job = {"channels": chans, "specs": list(config.conda), "platform": packconfig.current_platform(),
@@ -134,8 +135,6 @@ def install(config, tmp, final, python_version, progress, *, stream, env, cache)
 def _main(job):
     """The child's side of ``install``: prints progress, writes the records
     to job["out"]; on a failure one ``ERROR_MARK`` line and exit status 3."""
-    import asyncio
-    import json
     rattler = _rattler()
     ex = rattler.exceptions
     chans, specs, where = job["channels"], job["specs"], job["where"]
@@ -215,9 +214,8 @@ def worker_env(env_dir, base=None):
 
 
 if __name__ == "__main__":
-    import json as _json
     try:
-        _rc = _main(_json.loads(sys.argv[1]))
+        _rc = _main(json.loads(sys.argv[1]))
     except EnvBuildError as _e:
         print(ERROR_MARK + str(_e), flush=True)
         _rc = 3

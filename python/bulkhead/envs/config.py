@@ -92,12 +92,18 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform as _platform
 import re
 import shutil
 import sys
 import types
 import warnings
 from typing import Mapping, Optional, Tuple
+
+try:
+    from packaging.specifiers import SpecifierSet
+except ImportError:     # bulkhead has no Python dependencies; pip (which builds environments) has packaging
+    from pip._vendor.packaging.specifiers import SpecifierSet
 
 from .. import _native
 from ..channel import spec
@@ -345,10 +351,10 @@ def pack_name(path, root):
 
 def toml_loads(text, path):
     try:
-        import tomllib as toml
+        import tomllib as toml  # optional: tomllib (Python 3.11+)
     except ImportError:
         try:
-            import tomli as toml
+            import tomli as toml  # optional: tomli
         except ImportError:
             raise PackConfigError(
                 path, "cannot read TOML: this Python has no tomllib (3.11+) and no tomli; "
@@ -601,7 +607,6 @@ def current_platform():
     forced = os.environ.get(spec.PLATFORM)
     if forced:
         return forced
-    import platform as _platform
     machine = _platform.machine().lower()
     if sys.platform.startswith("linux"):
         osname = "linux"
@@ -661,7 +666,7 @@ _KNOWN_TOP = ("python", "requirements", "env_vars", "pypi-dependencies", "bulkhe
 
 def _closest(word, choices):
     """The one of ``choices`` ``word`` is a likely misspelling of, or None."""
-    import difflib
+    import difflib  # lazy: ComfyUI start (only a misspelled key)
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
     return close[0] if close else None
 
@@ -707,7 +712,7 @@ def _d1_expander(r, data):
         if "{" not in req:
             return req
         if not read:        # the host's torch, read once and only for a file that has a {var}
-            from .cudawheels import host_torch      # urllib and the rest of a build's: only for a {var}
+            from .cudawheels import host_torch  # lazy: ComfyUI start (urllib.request; only for a {var})
             (tv, cv), read = host_torch(), True
             if cv:
                 cuda = ".".join(cv.split(".")[:2])
@@ -1351,13 +1356,8 @@ def is_specifier(python):
 
 def specifier_set(spec):
     """packaging's ``SpecifierSet`` of ``spec``; raises ``ValueError`` when
-    it is not one.  Imported here, when a config names a specifier:
-    importing this module costs a worker nothing (packaging, else pip's
-    copy: bulkhead has no Python dependencies)."""
-    try:
-        from packaging.specifiers import SpecifierSet
-    except ImportError:
-        from pip._vendor.packaging.specifiers import SpecifierSet
+    it is not one (packaging's, else pip's copy: bulkhead has no Python
+    dependencies)."""
     return SpecifierSet(spec)
 
 

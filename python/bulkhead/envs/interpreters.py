@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from ..channel.spec import INSTALLER
 from . import config as packconfig
@@ -100,12 +101,11 @@ def find_uv():
     found = shutil.which("uv")
     if found:
         return found
-    import sysconfig
     beside = os.path.join(sysconfig.get_path("scripts"), "uv")
     if os.path.isfile(beside) and os.access(beside, os.X_OK):
         return beside
     try:
-        import uv
+        import uv  # optional: uv
         found = uv.find_uv_bin()
     except (ImportError, FileNotFoundError, AttributeError):
         return None
