@@ -227,8 +227,13 @@ check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV
 # tests that build pack environments and wheels, or drive chromium
 # (ASAN_SKIP): their time goes to pip, uv, meson and the browser, all
 # preloaded with the runtime, and the extension code they reach is what the
-# other tests run.
-ASAN_SKIP = test_install test_envs test_hostmatch test_comfy_env test_bench test_panel
+# other tests run.  And so are the tests whose subject is Python alone --
+# reading configs and comfy-env's releases, the canary's AST walk, the
+# source and table checks -- which reach no extension code past a constant
+# or a type's attribute: ASan has nothing to watch there.
+ASAN_SKIP = test_install test_envs test_hostmatch test_comfy_env test_bench test_panel \
+            test_comfy_env_dialects test_comfy_env_names test_comfy_env_settings test_comfy_env_differences \
+            test_packconfig test_canary_ast test_canary_fuzz test_bench_tables test_source test_find_uv
 check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo $(VENV)/.stamp-hypothesis \
             $(VENV)/.stamp-rattler $(VENV)/.stamp-uv $(VENV)/.stamp-xdist chromium
 	$(XDIST_ENV) PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
