@@ -5,9 +5,10 @@ view of it.  Sent to worker B, that array goes as a forward (protocol 7):
 the host introduces A's block to B (its memfd, which a host keeps for
 blocks of 1 MiB or more, sealed against writes from then on) as a block
 of its own channel with B, and B maps it copy-on-write.  The host copies
-nothing and makes no block; B's writes stay in B; A does not reuse the
-block while B holds it; a block whose owner died stays readable to the
-holders.  Every test ends with the fds, children and /dev/shm it started
+nothing and makes no block; B's writes stay in B; A never reuses a
+block that was forwarded (protocol 10: B has its memfd for good), but
+retires it when it lets go; a block whose owner died stays readable to
+the holders.  Every test ends with the fds, children and /dev/shm it started
 with (conftest's no_leaks).
 """
 
