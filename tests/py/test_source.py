@@ -1,8 +1,9 @@
 """The product source's shape and words, checked over its text: no Python
 function longer than a screenful or two (issue #39: envs/config.py's load
-was 215 lines of one block per key), and no comment, docstring or doc
-naming a file the repository does not hold (comments that sent the reader
-to files that had moved)."""
+was 215 lines of one block per key), no comment, docstring or doc naming
+a file the repository does not hold (comments that sent the reader to
+files that had moved), and no import inside a function without its
+reason in a word (223 said none)."""
 
 import ast
 import io
@@ -193,3 +194,83 @@ def test_the_re_export_scan_sees_one(tmp_path):
     (tmp_path / "m.py").write_text("from __future__ import annotations\nimport os, sys as system\n"
                                    "from .x import a, b as c  # noqa: F401\nprint(os.sep, c)\n")
     assert unused_imports(str(tmp_path / "m.py")) == ["a", "system"]
+
+
+# --- why an import stands in a function ---
+
+# The reasons a function-body import of the package may give: a word of a
+# comment on its line, a colon and what it is about ("# lazy: worker
+# start").  Without one of these there is no reason, and the import belongs
+# at the top of its module.  docs/architecture.md ("Imports inside
+# functions") says the same.
+REASONS = {
+    "cycle": "the module named imports this one (or its package) while it loads: at the top the import "
+             "would be circular",
+    "lazy": "kept out of a start, named next (worker start, ComfyUI start, prestartup, CLI start): only "
+            "some calls need it, and it costs there (a worker's start is measured: test_worker_start.py)",
+    "optional": "the module named may be missing where this runs (another interpreter, an environment "
+                "without it), and the code copes without it",
+    "comfyui": "one of ComfyUI's own modules, importable only in a process with ComfyUI on its path",
+    "host-only": "host code, from a module a worker imports too, on a path only the host takes (a worker "
+                 "never imports host code: test_layout.py)",
+}
+REASON = re.compile(r"#.*?(?<![\w-])(" + "|".join(map(re.escape, REASONS)) + r"): \S")
+
+
+def unexplained_imports(root):
+    """'path:line: import ...' for every import statement inside a function
+    (methods and nested functions too) of the .py files under root whose
+    lines carry no comment giving a reason of REASONS."""
+    out = []
+    for path in sorted(os.path.join(d, f) for d, _dirs, files in os.walk(root) for f in files if f.endswith(".py")):
+        with open(path) as fh:
+            text = fh.read()
+        comments = {}
+        for t in tokenize.generate_tokens(io.StringIO(text).readline):
+            if t.type == tokenize.COMMENT:
+                comments[t.start[0]] = t.string
+        lines = text.splitlines()
+
+        def walk(node, in_function):
+            for child in ast.iter_child_nodes(node):
+                if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                    said = " ".join(comments.get(n, "") for n in range(child.lineno, child.end_lineno + 1))
+                    if not REASON.search(said):
+                        out.append(f"{os.path.relpath(path, root)}:{child.lineno}: {lines[child.lineno - 1].strip()}")
+                walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+        walk(ast.parse(text, path), False)
+    return out
+
+
+def test_every_function_body_import_says_why():
+    """An import inside a function says why it is not at the top of its
+    module, in a word of REASONS (STYLE.md: "A lazy import says why in one
+    word where it stands"): cycle (the module named imports this one),
+    lazy (kept out of a start: worker start, ComfyUI start, prestartup, CLI
+    start), optional (may be missing: torch, aiohttp, tomli...), comfyui
+    (ComfyUI's own module), host-only (host code in a module a worker
+    imports too).  One with no reason is at the top (223 said none)."""
+    assert unexplained_imports(PY_SRC) == []
+
+
+def test_the_import_reason_scan_sees_one(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import json\n"
+        "def f():\n"
+        "    import re\n"
+        "    import torch  # optional: torch\n"
+        "    from . import (a,   # cycle: p.a\n"
+        "                   b)\n"
+        "    import socket  # only sometimes\n"
+        "    import enum  # noqa: F401; lazy: worker start\n"
+        "    import zlib  # relazy: x\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            import ssl\n"
+        "    return lambda: __import__('x')\n")
+    assert unexplained_imports(str(tmp_path)) == [
+        "m.py:3: import re",
+        "m.py:7: import socket  # only sometimes",
+        "m.py:9: import zlib  # relazy: x",
+        "m.py:12: import ssl",
+    ]
