@@ -146,7 +146,6 @@ class ControlServer:
         GET /bulkhead/status lists as "packs"), for `bulkhead status`:
         "actions" one string ("retry", "retry, rebuild"), "command" the
         same from a terminal, "log" its newest build's log file."""
-        from . import building  # lazy: as built()'s
         return [{**{k: r.get(k) for k in ("name", "state", "reason", "fix", "pid", "log", "command")},
                  "actions": ", ".join(r.get("actions") or ()), "sandbox": (r.get("sandbox") or {}).get("words")}
                 for r in building.annotate(states.pack_states())]
