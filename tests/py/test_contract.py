@@ -32,7 +32,6 @@ from comfyenv import SHIMS, STUB_ROOT, run_comfy_script, using_real_checkout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-PY_SRC = os.path.join(ROOT, "python", "bulkhead")
 BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(ROOT, "build", "rel")))
 TOOL = os.path.join(BUILD, "tools", "bulkhead")
 
@@ -45,7 +44,7 @@ LOADED_MODEL = (MM, "LoadedModel")
 # attributes), besides what the imports and sys.modules look-ups bind.
 CONVENTIONAL = {"mm": MM, "self.mm": MM, "utils": contract.UTILS, "self.utils": contract.UTILS,
                 "cli": contract.CLI, "fp": contract.FP, "mem": contract.MEM, "lm": LOADED_MODEL}
-from test_memory import WORKER_FILES, WORKER_FUNCTIONS, package_sources  # noqa: E402
+from pkgsource import PY_SRC, WORKER_FILES, WORKER_FUNCTIONS, package_sources  # noqa: E402
 
 NOT_SCANNED = {"host/contract.py"}   # the table itself: names as data
 _MODULE_NAME = re.compile(r"^(comfy(\.\w+)*|folder_paths)$")

@@ -22,7 +22,7 @@ import sys
 import bulkhead
 from bulkhead.channel import targets
 
-from test_memory import PY_SRC, package_sources
+from pkgsource import PY_SRC, package_sources
 
 FOLDERS = {"channel", "host", "worker", "envs", "cli"}
 # What each side may import of the package's folders.

@@ -512,7 +512,7 @@ def test_releases_in_progress_are_bounded(tmp_path, monkeypatch):
 def test_route_code_writes_nothing_into_comfy():
     """DESIGN.md 5 holds for the new host-side files too (test_memory's scan
     covers every file of the package; this names the ones added here)."""
-    from test_memory import PY_SRC, comfy_assignments
+    from pkgsource import PY_SRC, comfy_assignments
     for fn in ("host/routes.py", "__init__.py"):
         with open(os.path.join(PY_SRC, fn)) as f:
             assert comfy_assignments(f.read(), fn) == []
