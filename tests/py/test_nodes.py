@@ -27,23 +27,17 @@ from bulkhead.channel import targets
 from bulkhead.host import metadata, nodes, runtime, states
 from comfyenv import run_comfy_script
 from conftest import WORKER_VENVS, other_interpreter
+from nodepacks import LOAD_PACK_INIT, import_real, write_pack
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(ROOT, "build", "rel")))
 
-INIT = '''\
-import os
-from bulkhead.host.nodes import load_pack
-NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = load_pack(
-    os.path.dirname(os.path.abspath(__file__)), os.environ["BH_TEST_PACK_PYTHON"],
-    options={"comfyui": os.environ.get("BH_TEST_COMFYUI")})
-'''
 
 # A pack with every attribute ComfyUI reads, a model that cannot cross,
 # a relative import, and the "any type" trick.
 FULL_PACK = {
-    "__init__.py": INIT,
+    "__init__.py": LOAD_PACK_INIT,
     "util.py": "def double(x):\n    return 2 * x\n",
     "nodes.py": '''
 import enum, os, sys
@@ -185,7 +179,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {"MakeModel": "Make a model", "UseModel": "Use a mo
 }
 
 OTHER_PACK = {
-    "__init__.py": INIT,
+    "__init__.py": LOAD_PACK_INIT,
     "nodes.py": '''
 import sys
 
@@ -230,15 +224,6 @@ def get_filename_list(name):
 '''
 
 
-def write_pack(root, name, files):
-    d = root / name
-    for rel, text in files.items():
-        p = d / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    return str(d)
-
-
 @pytest.fixture
 def base(tmp_path):
     """A tmp directory standing for ComfyUI's base (folder_paths only)."""
@@ -259,21 +244,11 @@ def host(tmp_path, monkeypatch):
     nodes._forget_all()
 
 
-def _import_real(pack_dir):
-    """The pack's own node module, imported here for comparison."""
-    name = "bh_real_" + os.path.basename(pack_dir)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(pack_dir, "__init__.py"),
-                                                  submodule_search_locations=[pack_dir])
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules[name] = pkg
-    return importlib.import_module(name + ".nodes")
-
-
 def test_proxies_carry_the_real_nodes_metadata(tmp_path, base, host):
     py = other_interpreter()
     pack = write_pack(tmp_path, "fullpack", FULL_PACK)
     mappings, display = nodes.load_pack(pack, py, options={"comfyui": base})
-    real = _import_real(pack)
+    real = import_real(pack)
     assert set(mappings) == {"MakeModel", "UseModel", "Counter", "Odd", "Lists", "Show"}  # Broken left out
     assert display == {"MakeModel": "Make a model", "UseModel": "Use a model"}
     for key in ("MakeModel", "UseModel", "Counter"):
@@ -472,7 +447,7 @@ def test_pack_loaded_the_way_ComfyUI_loads_it(tmp_path, base, host, monkeypatch)
 
 
 def test_a_pack_that_fails_to_import_is_a_clear_error(tmp_path, base, host):
-    pack = write_pack(tmp_path, "badpack", {"__init__.py": INIT, "nodes.py": "import no_such_module_xyz\n"})
+    pack = write_pack(tmp_path, "badpack", {"__init__.py": LOAD_PACK_INIT, "nodes.py": "import no_such_module_xyz\n"})
     with pytest.raises(runtime.PackLoadError, match=r"(?s)pack 'badpack' .* failed to import in its worker.*"
                                                   r"No module named 'no_such_module_xyz'"):
         nodes.load_pack(pack, other_interpreter(), options={"comfyui": base})
@@ -551,7 +526,7 @@ def test_load_pack_falls_back_without_ComfyUI_or_environment(tmp_path, base, hos
 # --- inside ComfyUI (torch) ---
 
 TORCH_PACK = {
-    "__init__.py": INIT,
+    "__init__.py": LOAD_PACK_INIT,
     "nodes.py": '''
 import json, logging, time
 
@@ -1073,7 +1048,7 @@ def test_host_object_input_is_refused_by_name(tmp_path, base, host):
 
 # Nodes that hand on what they were given (#27: a pass-through costs no copy).
 PASS_PACK = {
-    "__init__.py": INIT,
+    "__init__.py": LOAD_PACK_INIT,
     "nodes.py": '''
 import numpy as np
 

@@ -3,17 +3,13 @@ environment -> proxy nodes in a worker under the host's memory budget, and
 every fallback case with its one warning.  Each case runs in a fresh host
 (tests/comfyui, or COMFYUI_PATH) through comfyenv."""
 
-import os
 import textwrap
 
 import pytest
 
-from comfyenv import run_comfy_script
+from nodepacks import COMFY_PACK_INIT, HOST_VERSION, run_host
 
 pytestmark = pytest.mark.torch
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-BUILD = os.path.abspath(os.environ.get("BULKHEAD_BUILD", os.path.join(HERE, "..", "..", "build", "rel")))
 
 NODES = '''
 import os
@@ -34,37 +30,16 @@ NODE_CLASS_MAPPINGS = {"WhereAmI": WhereAmI}
 NODE_DISPLAY_NAME_MAPPINGS = {"WhereAmI": "Where am I"}
 '''
 
-INIT = '''
-import bulkhead
-NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)
-'''
 
 
 def make_pack(root, name, config):
     d = root / name
     d.mkdir()
-    (d / "__init__.py").write_text(INIT)
+    (d / "__init__.py").write_text(COMFY_PACK_INIT)
     (d / "nodes.py").write_text(NODES)
     if config is not None:
         (d / "comfy-env.toml").write_text(textwrap.dedent(config))
     return d
-
-
-def run_host(tmp_path, pack, body, env=None):
-    code = f"""
-        import logging, warnings
-        logging.basicConfig(level=logging.WARNING, format="LOG %(message)s")
-        import bulkhead
-        load = load_custom_node
-        PACK = {str(pack)!r}
-    """
-    code = textwrap.dedent(code) + textwrap.dedent(body)
-    env = {"PYTHONPATH": os.path.join(BUILD, "python"), "BULKHEAD_HOME": str(tmp_path / "home"),
-           "BULKHEAD_LEDGER": str(tmp_path / "ledger"), **(env or {})}
-    return run_comfy_script(code, timeout=240, env=env)
-
-
-HOST_VERSION = "%d.%d" % os.sys.version_info[:2]
 
 
 @pytest.mark.parametrize("built", ["by bulkhead install", "at start"])

@@ -20,7 +20,7 @@ from bulkhead.channel.formats import (TYPE_MARK, Meta, PackType, TypeTable, deco
                                       types_from_host, types_to_worker)
 from bulkhead.host import nodes
 from conftest import other_interpreter
-from test_nodes import INIT, write_pack
+from nodepacks import LOAD_PACK_INIT, import_real, write_pack
 
 
 class AnyType(str):
@@ -156,7 +156,7 @@ def test_input_types_cross_back_as_the_packs_own_objects():
 
 
 PACK = {
-    "__init__.py": INIT,
+    "__init__.py": LOAD_PACK_INIT,
     "nodes.py": '''
 class AnyType(str):
     def __ne__(self, other):
@@ -202,7 +202,6 @@ def host(tmp_path, monkeypatch):
 
 
 def test_a_pack_described_in_its_worker(tmp_path, host, caplog):
-    from test_nodes import _import_real
     pack = write_pack(tmp_path, "typespack", PACK)
     base = tmp_path / "comfyui"
     base.mkdir()
@@ -210,7 +209,7 @@ def test_a_pack_described_in_its_worker(tmp_path, host, caplog):
         mappings, _ = nodes.load_pack(pack, other_interpreter(), options={"comfyui": str(base)})
     assert "node 'Typed'" not in caplog.text   # described, not left out
     assert "type typespack.nodes.Raises('BAD'): comparing it with a type name raised RuntimeError" in caplog.text
-    real = _import_real(pack).Typed
+    real = import_real(pack).Typed
     proxy = mappings["Typed"]
     want = [t[0] for t in real.INPUT_TYPES()["required"].values()] + list(real.RETURN_TYPES)
     got = [t[0] for t in proxy.INPUT_TYPES()["required"].values()] + list(proxy.RETURN_TYPES)

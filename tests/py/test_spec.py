@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from test_pack import INIT, HOST_VERSION, run_host
+from nodepacks import COMFY_PACK_INIT, HOST_VERSION, run_host
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRODUCT = os.path.join(HERE, "..", "..", "python", "bulkhead")
@@ -104,7 +104,7 @@ def test_a_packs_zero_reaches_the_worker_over_the_host_wide_variable(tmp_path):
     for name, extra in (("zero_pack", "[bulkhead]\nidle_release_s = 0\n"), ("plain_pack", "")):
         d = tmp_path / name
         d.mkdir()
-        (d / "__init__.py").write_text(INIT)
+        (d / "__init__.py").write_text(COMFY_PACK_INIT)
         (d / "nodes.py").write_text(NODES)
         (d / "comfy-env.toml").write_text(f'python = "{HOST_VERSION}"\n' + extra)
         packs.append(str(d))
