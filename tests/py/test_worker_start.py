@@ -6,10 +6,12 @@ worker's start.  Judged against a bare interpreter of the same
 environment, not against a list of what a worker may import."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 
+import pytest
 from conftest import HELPERS
 
 DEFERRED = ["json", "re", "logging", "traceback", "socket", "selectors", "tokenize",
@@ -60,3 +62,32 @@ def test_a_worker_starts_as_dash_m_would(make_worker, tmp_path):
                             env=dict(os.environ, PYTHONPATH=HELPERS), check=True).stdout.strip()
     assert path0 == dash_m
     assert argv0 == importlib.util.find_spec("bulkhead.worker.__main__").origin
+
+
+WARM_TORCH = """
+import json, os, torch
+from bulkhead.worker import nodes
+threads = lambda: len(os.listdir("/proc/self/task"))
+rng = torch.random.get_rng_state()
+nodes._warm_torch()
+warmed = threads()
+x = torch.full((512, 512), 0.5)          # a node's first tensor ops
+float(torch.tanh(x @ x + 0.5).sum())
+print(json.dumps([warmed, threads(), torch.equal(rng, torch.random.get_rng_state()), torch.cuda.is_initialized()]))
+"""
+
+
+def test_a_prewarmed_worker_s_first_tensor_ops_start_nothing():
+    """rehearse (a prewarm's last step) runs torch's first-op set-up where
+    the pack imported torch: a node's first tensor ops then start no
+    thread (torch's intra-op pool runs already, as in a process whose
+    torch ran before), and the warm-up drew nothing from the random
+    stream and made no CUDA context.  A fresh interpreter, whose torch has
+    run nothing yet."""
+    torch = pytest.importorskip("torch")
+    if torch.get_num_threads() < 2:
+        pytest.skip("one intra-op thread here: torch starts no pool")
+    warmed, after_node, rng_same, cuda = json.loads(subprocess.run(
+        [sys.executable, "-c", WARM_TORCH], capture_output=True, text=True, check=True).stdout)
+    assert after_node == warmed
+    assert rng_same and not cuda

@@ -212,7 +212,32 @@ def rehearse(kwargs):
     peer = _worker._peer
     peer.drop_unsent()
     out = _invoke(lambda **kw: (kw,), kwargs)
+    _warm_torch()
     return {"outputs": NodeValue(out), "instance": peer.hold(_Rehearsal())}
+
+
+def _warm_torch():
+    """Where the pack imported torch: what the first tensor operations of
+    a process pay once -- torch's intra-op thread pool started (a parallel
+    fill), the CPU allocator, and the first run of an elementwise op, a
+    matmul (the BLAS's set-up) and a reduction -- paid here, at prewarm, so
+    that the first node does not (in ComfyUI's own process a pack's first
+    node runs after torch ran models there; #40: the first node, prewarmed,
+    cost 1.12-1.17x in-process).  On the CPU, in float32 and under
+    inference_mode whatever defaults the pack set (no CUDA context, no
+    autograd record), and nothing random (the pack's random streams stay as
+    they were).  Never here in a zygote: its pool's threads would not
+    survive the fork."""
+    torch = sys.modules.get("torch")
+    full = getattr(torch, "full", None)
+    if full is None:   # no torch, or one only partly imported: the node pays, as it would have
+        return
+    try:
+        with torch.inference_mode():
+            x = full((256, 256), 1.0 / 256, dtype=torch.float32, device="cpu")   # above the parallel grain
+            float(torch.tanh(x @ x + 0.5).sum())
+    except Exception:  # best effort: a torch that fails here fails the node, which says why
+        pass
 
 
 def _load():
