@@ -51,7 +51,7 @@ import sys
 import warnings
 
 from .. import _native
-from .canarywalk import CALL, INNER_PREFIX, PROBE, READ, WRITE, Walk, shape_text  # noqa: F401 (WRITE: tests)
+from .canarywalk import CALL, INNER_PREFIX, PROBE, READ, WRITE, Walk, shape_text
 
 MAX_SOURCE_BYTES = 4 << 20  # upstream's file is ~70 KiB
 

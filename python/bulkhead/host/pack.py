@@ -621,7 +621,7 @@ def _build_in_background(config, pack_dir, module, hm, st):
     log.info("bulkhead: pack %r: its environment is %s; building it in the background",
              config.name, building.short(what, 120))
     states.building(pack_dir, module, config.name, f"its environment is {what}; it builds in the background",
-                    phase=f"queued ({building.pool_size()} build(s) at a time)")
+                    phase=f"queued (up to {building.pool_size()} builds side by side, {building.cpu_slots()} at work on the CPU, one download per index)")
     building.install_wait()
 
     def work(b):

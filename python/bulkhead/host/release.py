@@ -39,7 +39,7 @@ EVENTS_KEPT = 256   # HostMemory.events keeps as many
 DEAD = (WorkerDied, CallTimeout, ProtocolError, _native.PeerClosed)
 
 __all__ = ["RELEASE_TIMEOUT_S", "Local", "Remote", "Candidate", "NotFound", "Ambiguous",
-           "WorkerBusy", "release_timeout_s", "find", "release", "post", "note", "read", "records",
+           "release_timeout_s", "find", "release", "post", "note", "read", "records",
            "held"]
 
 

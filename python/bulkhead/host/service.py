@@ -91,7 +91,8 @@ from . import release as _release
 from . import serverproxy
 from . import states
 from .controlclient import ControlUnreachable
-from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, WorkerBusy, held as _held
+from .errors import WorkerBusy
+from .release import DEAD as _DEAD, RELEASE_TIMEOUT_S, held as _held
 
 log = logging.getLogger("bulkhead")
 
