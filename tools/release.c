@@ -161,8 +161,12 @@ static int bh__control_paths(pid_t host, bh__sock_path *paths) {
   if (xdg_first) bh__add_path(paths, &n, xdg, host);
   snprintf(pat, sizeof pat, "/tmp/bulkhead-%u-%d-*", (unsigned)getuid(), (int)host);
   if (glob(pat, 0, NULL, &g) == 0) {
+    /* A pack's private TMPDIR (host/sandbox.py: <prefix>sandbox-...)
+     * matches too; it holds no socket.  mkdtemp's part has no '-'. */
+    size_t skip = strlen(pat) - 1;
     for (size_t i = 0; i < g.gl_pathc; i++)
-      if (bh_private_dir(g.gl_pathv[i], 0) == 0) bh__add_path(paths, &n, g.gl_pathv[i], host);
+      if (strncmp(g.gl_pathv[i] + skip, "sandbox-", 8) != 0 && bh_private_dir(g.gl_pathv[i], 0) == 0)
+        bh__add_path(paths, &n, g.gl_pathv[i], host);
     globfree(&g);
   }
   snprintf(legacy, sizeof legacy, "/tmp/bulkhead-%u", (unsigned)getuid());

@@ -553,6 +553,23 @@ def test_release_host_unreachable_exits_3(env, ledger, host, member):
     assert r.returncode == 3 and f"worker {lone.pid} (lone) has no host" in r.stderr
 
 
+def test_release_looks_in_no_packs_tmpdir(env, ledger, host, member, tmp_path):
+    """A pack's private TMPDIR under /tmp (host/sandbox.py private_tmp)
+    shares the host's /tmp prefix; neither the CLI nor rundir takes it
+    for a directory a control socket may be in."""
+    import tempfile
+    from bulkhead.host import rundir
+    member("worker", **worker_spec(MiB))
+    tmp = tempfile.mkdtemp(prefix=f"{rundir.tmp_prefix(os.getpid())}{rundir.SANDBOX_TMP}pack-a-", dir="/tmp")
+    try:
+        r = cli("release", "pack-a", "--ledger", ledger, env=env)
+        assert r.returncode == 3 and f"/tmp/bulkhead-{os.getuid()}/host-{os.getpid()}.sock" in r.stderr
+        assert tmp not in r.stderr
+        assert tmp not in rundir.runtime_dirs(os.getpid())
+    finally:
+        os.rmdir(tmp)
+
+
 def test_release_host_that_never_answers_exits_3(env, ledger, host, member):
     import socket
     a = member("worker", **worker_spec(MiB))

@@ -75,6 +75,13 @@ def tmp_prefix(pid=None):
     return f"bulkhead-{os.getuid()}-" + ("" if pid is None else f"{pid}-")
 
 
+# What follows a host's prefix in a pack's private TMPDIR under /tmp
+# (host/sandbox.py private_tmp), never in a runtime directory: mkdtemp's
+# random part has no "-".  The socket finders here and in the CLI's
+# release.c skip those; the sweep of a dead host's leftovers takes both.
+SANDBOX_TMP = "sandbox-"
+
+
 def runtime_dir():
     """This user's private bulkhead directory, made and checked:
     ``$XDG_RUNTIME_DIR/bulkhead`` when XDG_RUNTIME_DIR is a private
@@ -148,6 +155,13 @@ def sweep_tmp():
     return removed
 
 
+def _sandbox_tmp(name):
+    """Whether /tmp's ``name`` is a pack's private TMPDIR
+    (``<prefix><pid>-sandbox-...``), not a host's runtime directory."""
+    rest = name[len(tmp_prefix()):]
+    return rest.partition("-")[2].startswith(SANDBOX_TMP)
+
+
 def runtime_dirs(pid=None):
     """Every directory a host of this user (host `pid`, when given) may
     have put its control socket in, the one ``runtime_dir`` picks here
@@ -156,5 +170,6 @@ def runtime_dirs(pid=None):
     bulkhead put them.  Not created; the /tmp ones checked."""
     run = os.environ.get("XDG_RUNTIME_DIR")
     xdg = [os.path.join(run, "bulkhead")] if run and os.path.isabs(run) else []
-    tmp = _tmp_dirs(pid) + [os.path.join(TMP, f"bulkhead-{os.getuid()}")]
+    tmp = [d for d in _tmp_dirs(pid) if not _sandbox_tmp(os.path.basename(d))]
+    tmp.append(os.path.join(TMP, f"bulkhead-{os.getuid()}"))
     return xdg + tmp if _xdg_runtime() else tmp + xdg

@@ -187,7 +187,7 @@ def private_tmp(name):
         if path and os.path.isdir(path):
             return path
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40]
-        path = tempfile.mkdtemp(prefix=f"{rundir.tmp_prefix(os.getpid())}sandbox-{safe}-", dir=rundir.TMP)
+        path = tempfile.mkdtemp(prefix=f"{rundir.tmp_prefix(os.getpid())}{rundir.SANDBOX_TMP}{safe}-", dir=rundir.TMP)
         atexit.register(_remove_tmp, path, os.getpid())
         _tmp[name] = path
         return path
