@@ -427,6 +427,10 @@ typedef struct bh_pool_stats {
   /* own blocks the peer forwarded to a third process, destroyed at their
    * last reference instead of reused (protocol 10), ever */
   uint64_t spent;
+  /* a fresh block prepared for the next output of a spent block's size,
+   * off the call path (at most one per pool; not in own_*) */
+  uint64_t spare_bytes;
+  uint64_t spare_takes; /* own blocks that were such a spare, ever (in created) */
 } bh_pool_stats;
 
 BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);

@@ -674,13 +674,13 @@ static PyObject *Channel_stats(PyObject *op, PyObject *unused) {
   bh_pool_stats s;
   if (!c) return NULL;
   bh_pool_stats_get(bh_channel_pool(c), &s);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "own_blocks",
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "own_blocks",
                        s.own_blocks, "own_bytes", s.own_bytes, "free_blocks", s.free_blocks,
                        "free_bytes", s.free_bytes, "lent_blocks", s.lent_blocks, "peer_blocks",
                        s.peer_blocks, "peer_bytes", s.peer_bytes, "created", s.created, "reused",
                        s.reused, "forward_blocks", s.forward_blocks, "forward_bytes",
                        s.forward_bytes, "forwarded", s.forwarded, "peer_fds", s.peer_fds, "sealed_blocks",
-                       s.sealed_blocks, "spent", s.spent);
+                       s.sealed_blocks, "spent", s.spent, "spare_bytes", s.spare_bytes, "spare_takes", s.spare_takes);
 }
 
 static PyObject *Channel_trim_pool(PyObject *op, PyObject *args) {

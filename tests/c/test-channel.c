@@ -13,6 +13,7 @@
 #include "task.h"
 #include "src/core/internal.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -2215,9 +2216,20 @@ static int peek_fds(bh_channel *c, int *fds, int max) {
  * says the block was forwarded, protocol 10): it is destroyed at A's last
  * reference, and A's next output of that size takes a fresh memfd.
  * Without, A reused the block for its next output and B read it (0x99). */
+/* This process's threads (/proc/self/task's entries). */
+static int task_count(void) {
+  DIR *d = opendir("/proc/self/task");
+  int n = 0;
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
 TEST_IMPL(channel_forward_kept_fd_reads_none_of_the_owners_next_output) {
   const size_t S = 2 * MiB;
   int fds0 = bh_test_fd_count();
+  int tasks0 = task_count();
   bh_channel *ha, *wa, *hb, *wb;
   forward_pair(&ha, &wa, 1);
   forward_pair(&hb, &wb, 1);
@@ -2264,6 +2276,10 @@ TEST_IMPL(channel_forward_kept_fd_reads_none_of_the_owners_next_output) {
   bh_pool_stats s = stats_of(wa);
   ASSERT_UEQ(s.created, 2); /* a fresh block: the forwarded one is retired */
   ASSERT_UEQ(s.own_blocks, 1);
+  /* ... prepared off the call path at that retire (shm.c's spare), and
+   * the next asked for meanwhile: a 2 MiB spare at most besides. */
+  ASSERT_UEQ(s.spare_takes, 1);
+  ASSERT_EQ(s.spare_bytes == 0 || s.spare_bytes == S, 1);
   bh_block_unref(held);
   carry_notes(ha, wa);
   /* The retired block is unmapped in the host too (A's retire note). */
@@ -2274,7 +2290,10 @@ TEST_IMPL(channel_forward_kept_fd_reads_none_of_the_owners_next_output) {
   bh_channel_close(wa);
   bh_channel_close(hb);
   bh_channel_close(wb);
+  /* The spare and its thread go with the pool. */
   ASSERT_FD_COUNT(fds0);
+  ASSERT_UEQ(bh__block_fds_open(), 0);
+  ASSERT_EQ(task_count(), tasks0);
   return 0;
 }
 
