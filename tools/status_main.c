@@ -71,7 +71,7 @@ static int bh__packs_of_hosts(const bh_status_snap *snap, bh__host_packs **out) 
  * cursor). */
 static void bh__packs_text(bh_buf *b, const bh__host_packs *hp, int n, unsigned cols) {
   char name[4 * 28 + 1], text[4 * (sizeof hp->rows[0].command + 64) + 1];
-  char run[sizeof hp->rows[0].command + 64], first[sizeof hp->rows[0].actions];
+  char run[sizeof hp->rows[0].command + sizeof hp->rows[0].actions + 32], first[sizeof hp->rows[0].actions];
   for (int i = 0; i < n; i++) {
     const bh__host_packs *h = &hp[i];
     bh_text_appendf(b, "\npacks of host %d:\n", (int)h->host);
