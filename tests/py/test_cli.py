@@ -492,7 +492,7 @@ def test_python_client_finds_the_socket_where_the_host_put_it(env, ledger, host,
                                                                monkeypatch):
     """control.request looks in both places, as the command does (issue 17
     item 16): a host without XDG_RUNTIME_DIR, a client with one."""
-    from bulkhead.host import control as bh_control
+    from bulkhead.host import controlclient as bh_control
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     a = member("worker", **worker_spec(8 * MiB))
     srv = control([StandInWorker(a.pid, "pack-a", 8 * MiB)])
@@ -902,7 +902,7 @@ def test_release_of_a_worker_in_a_long_call_answers_within_its_release_timeout(
     timeout, serves workers() meanwhile, and runs no stale release after
     the call ends (issue 17, item 7)."""
     import threading
-    from bulkhead.host import control
+    from bulkhead.host import control, controlclient
     a = member("worker", **worker_spec(8 * MiB))
     real = make_worker(name="pack-a")
     real.start()
@@ -915,7 +915,7 @@ def test_release_of_a_worker_in_a_long_call_answers_within_its_release_timeout(
         while not real.busy and time.monotonic() < deadline:
             time.sleep(0.01)
         r = cli("release", "pack-a", "--timeout", "20", "--ledger", ledger, env=env)
-        listed = control.request(os.getpid(), "workers", timeout_s=1.0)  # while the call runs
+        listed = controlclient.request(os.getpid(), "workers", timeout_s=1.0)  # while the call runs
         still_busy = real.busy
         call.join()
         time.sleep(0.5)

@@ -19,7 +19,9 @@ import pytest
 
 import bulkhead
 from bulkhead.envs import build as envs, config as packconfig
-from bulkhead.envs.build import EnvBuildError, InterpreterNotFound
+from bulkhead.envs.build import EnvBuildError
+from bulkhead.envs.errors import InterpreterNotFound
+from bulkhead.envs.interpreters import list_interpreters
 
 from conftest import HELPERS
 
@@ -167,7 +169,7 @@ def test_explicit_and_default_interpreter(tmp_path):
         envs.find_interpreter(str(tmp_path / "nope" / "python3"))
     with pytest.raises(InterpreterNotFound, match="cannot be used: does not run"):
         envs.find_interpreter("/bin/false")
-    old = [p for v, p, _ in envs.list_interpreters() if tuple(map(int, v.split(".")))[:2] < (3, 9)]
+    old = [p for v, p, _ in list_interpreters() if tuple(map(int, v.split(".")))[:2] < (3, 9)]
     if old:
         with pytest.raises(InterpreterNotFound, match="a bulkhead worker needs 3.9 or newer"):
             envs.find_interpreter(old[0])

@@ -20,6 +20,7 @@ import pytest
 import bulkhead
 from bulkhead.envs import build as envs, hostmatch
 from bulkhead.envs.build import EnvBuildError
+from bulkhead.envs.errors import InterpreterNotFound
 from comfyenv import STUB_ROOT, run_comfy_script
 from test_envs import HOST_MM, cli, make_pack, make_wheel, only_config
 
@@ -286,7 +287,7 @@ def _du(path, follow=False):
 def _other_minor():
     try:
         envs.find_interpreter(OTHER_MM)
-    except envs.InterpreterNotFound:
+    except InterpreterNotFound:
         pytest.skip(f"no Python {OTHER_MM} here to build under")
 
 
@@ -465,7 +466,7 @@ def test_another_minor_resolves_the_host_versions_it_has_none_of(tmp_path, home,
     old_mm = "3.10"
     try:
         old = envs.find_interpreter(old_mm)
-    except envs.InterpreterNotFound:
+    except InterpreterNotFound:
         pytest.skip(f"no Python {old_mm} here to build under")
     numpy_dist = importlib.metadata.distribution("numpy")
     from packaging.specifiers import SpecifierSet

@@ -111,7 +111,7 @@ import logging, signal, threading, time
 import numpy as np
 import bulkhead
 from bulkhead import _native
-from bulkhead.host import control
+from bulkhead.host import controlclient
 from bulkhead.host import zygote as zygotes
 from bulkhead.host.memory import HostMemory
 
@@ -165,7 +165,7 @@ def state():
             pass
     return {"fds": fds, "children": children(),
             "shm": [n for n in ours(os.listdir("/dev/shm")) if n != f"bulkhead-{os.geteuid()}"],  # the ledger's (kept) directory
-            "control": ours(os.listdir(control.control_dir())),
+            "control": ours(os.listdir(controlclient.control_dir())),
             "tmp": ours(os.listdir("/tmp")), "tmpdir": sorted(os.listdir(TMP))}
 
 def diff(a, b):
@@ -591,7 +591,7 @@ def _proc_state(pid):
 
 def test_host_killed_workers_exit_and_records_are_reaped(tmp_path):
     from bulkhead import _native
-    from bulkhead.host import control
+    from bulkhead.host import controlclient
     from comfyenv import script_prelude, comfy_root
 
     ledger = str(tmp_path / "ledger")
@@ -641,7 +641,7 @@ def test_host_killed_workers_exit_and_records_are_reaped(tmp_path):
         # The host could not remove its control socket; the next host's
         # server sweeps it (here: the sweep itself).
         assert os.path.exists(sock)
-        assert sock in control.sweep(os.path.dirname(sock))
+        assert sock in controlclient.sweep(os.path.dirname(sock))
         assert not os.path.exists(sock)
     finally:
         for pid in workers:

@@ -176,11 +176,11 @@ def test_another_user_cannot_plant_the_workers_bulkhead_nor_disable_the_workers(
 FRESH = r"""
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from bulkhead.host import control, workerenv
+from bulkhead.host import controlclient, workerenv
 root = workerenv.worker_pythonpath()
 print("root", root, os.listdir(root), os.path.dirname(os.path.realpath(os.path.join(root, "bulkhead", "__init__.py"))))
-print("control", control.control_dir())
-for d in (control.control_dir(), root):
+print("control", controlclient.control_dir())
+for d in (controlclient.control_dir(), root):
     print("mode", d, oct(os.lstat(d).st_mode & 0o777))
 print("pid", os.getpid())
 """

@@ -79,9 +79,8 @@ from . import config as packconfig
 from . import rootconfig
 from . import hostmatch
 from .hostmatch import InvalidRequirement, Requirement
-from .errors import EnvBuildError, InterpreterNotFound  # noqa: F401  (build's names for its callers too)
+from .errors import EnvBuildError
 from .interpreters import PROBE_ENV, clean_env, find_interpreter, find_uv, probe
-from .interpreters import Interpreter, list_interpreters  # noqa: F401  (build's names for its callers too)
 from .config import PackConfigError
 from ..channel.spec import HOME, INSTALLER, PIP_ARGS
 from ..envlock import STAMP, holders as _lock_holders   # STAMP: the name a worker looks for too

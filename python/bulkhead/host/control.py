@@ -57,7 +57,7 @@ from ..channel.peer import Peer
 from . import building, release as _release, states
 # The client side (where sockets live, request, sweep) is controlclient's:
 # release.py asks other hosts through it, and this module calls release.
-from .controlclient import ControlUnreachable, control_dir, control_path, request, sweep  # noqa: F401
+from .controlclient import control_path, sweep
 
 log = logging.getLogger("bulkhead")
 

@@ -27,7 +27,7 @@ from .. import _native
 from ..channel import targets
 from ..channel.spec import RELEASE_TIMEOUT
 from .controlclient import request as _ask_host
-from .errors import CallTimeout, ProtocolError, WorkerBusy, WorkerDied
+from .errors import CallTimeout, ProtocolError, WorkerDied
 
 # How long a release may take before the worker is declared hung and
 # killed (a hung worker must never block ComfyUI's eviction loop).  A

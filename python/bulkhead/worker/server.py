@@ -43,7 +43,6 @@ and worker/nodes.py find them on ``server``.
 
 import asyncio
 import concurrent.futures
-import os
 import sys
 import threading
 
