@@ -228,6 +228,26 @@ def _wait_gone(pid, timeout_s=30):
     return not _alive(pid)
 
 
+def test_free_right_after_a_node_that_computed_stops_its_worker(comfyui):
+    """A worker whose node has just computed is not "at work of its own":
+    ComfyUI's "Free model and node cache" right after the node stops it.
+    The idle sweeper's CPU sample, taken before the node ran, counted the
+    node's own CPU second as work in no call, and /free kept the worker
+    (bench/many_packs.py's /free found workers left)."""
+    from bulkhead.host import idle
+    srv = comfyui()
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "a", "times": 1}}}))
+    pid = entry["outputs"]["1"]["pid"][0]
+    time.sleep(idle.SWEEP_S + 1)             # the sweeper has sampled the worker's CPU
+    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EBurn", "inputs": {"seconds": 1.5}}}))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
+    assert status == 200
+    [row] = [r for r in body["bulkhead"]["processes"] if r["pid"] == pid]
+    assert row["state"] == "exited", (body["bulkhead"], srv.log()[-2000:])
+    assert "runs no node but stays" not in srv.log()
+
+
 def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
     """#27: an idle worker costs nothing.  With idle_exit_s = 2: a worker
     whose object ComfyUI caches (a handle) stays and is released instead,

@@ -162,9 +162,12 @@ def _children(pid):
     return kids
 
 
-def working(rt):
+def working(rt, idle_s=None):
     """Why rt's worker, in no call, is at work of its own (module doc), in
-    words, or None."""
+    words, or None.  idle_s: how long it has been in no call; a CPU sample
+    older than that counts its last call's CPU as work of its own, so the
+    worker is sampled afresh (a /free right after a node that computed for
+    a second found it "at work")."""
     w = rt.worker
     pid = w.pid
     try:
@@ -177,8 +180,9 @@ def working(rt):
     if kids:
         return f"its own processes run (pid {', '.join(map(str, kids[:4]))})"
     last = _cpu.get(pid)
-    if last is None or time.monotonic() - last[1] < CPU_WINDOW_S / 4:
-        if last is None:
+    before_call = last is not None and idle_s is not None and time.monotonic() - last[1] > idle_s
+    if last is None or before_call or time.monotonic() - last[1] < CPU_WINDOW_S / 4:
+        if last is None or before_call:
             _sample(pid)
         time.sleep(CPU_WINDOW_S)
         last = _cpu.get(pid)
@@ -281,7 +285,7 @@ def _exit_one(rt, idle, why, wait_s=0):
     the release flusher hold it for a frame at a time).  Returns its row,
     or None when it was left alone."""
     w = rt.worker
-    why_working = working(rt) if w.alive and not w.busy else None
+    why_working = working(rt, idle) if w.alive and not w.busy else None
     if why_working is not None:
         if w.pid not in _kept_working:
             _kept_working.add(w.pid)

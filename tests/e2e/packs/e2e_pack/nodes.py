@@ -71,6 +71,26 @@ class Spin:
         return {"ui": {"ran_s": [time.monotonic() - t0]}, "result": (time.monotonic() - t0,)}
 
 
+class Burn:
+    """Computes `seconds` on one CPU inside its call, then returns."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seconds": ("FLOAT", {"default": 0.2})}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "bulkhead e2e"
+
+    def run(self, seconds):
+        t0 = time.monotonic()
+        n = 0
+        while time.monotonic() - t0 < seconds:
+            n += 1
+        return {"ui": {"burned": [n > 0]}}
+
+
 class HoldRam:
     """Loads a model of `mib` MiB in the worker through its comfy.model_management
     (tests/py/helpers/bh_mempack, found through BH_E2E_HELPERS)."""
@@ -254,7 +274,7 @@ class Expand:
         return {"result": (out,), "expand": graph.finalize()}
 
 
-NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2EBigArray": BigArray, "E2ESteps": Steps, "E2ESpin": Spin, "E2EHoldRam": HoldRam,
+NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2EBigArray": BigArray, "E2ESteps": Steps, "E2ESpin": Spin, "E2EBurn": Burn, "E2EHoldRam": HoldRam,
                        "E2EMakeThing": MakeThing, "E2EUseThing": UseThing, "E2EBlock": Block, "E2EShow": Show,
                        "E2EWhere": Where, "E2EExpand": Expand}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}
