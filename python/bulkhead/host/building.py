@@ -81,13 +81,11 @@ def cpu_slots():
 
 
 def pool_size():
-    """How many environments build at once: twice the CPU slots (at most
-    8), so a build can download (one stream per index) while another works
-    each CPU; what bounds their work is ``_Gate``.  More oversubscribe the
-    CPUs, which a build's uncounted work (its pack described in a worker)
-    also needs: six packs on 2 CPUs, quiet, 3 rounds each, were all in
-    /object_info after 7.0 s with 2 at once, 7.2 s with 4, 8.3 s with 8."""
-    return min(8, 2 * cpu_slots())
+    """How many environments build at once: more than the CPU slots (4
+    builds per slot, at most 8), since a build spends much of its time
+    downloading, one stream per index, and describing its pack in a
+    worker; what bounds their work is ``_Gate``."""
+    return min(8, 4 * cpu_slots())
 
 
 class _Gate:
