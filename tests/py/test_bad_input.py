@@ -199,7 +199,8 @@ def _as_nobody(fn):
 @needs_root
 def test_foreign_uid_on_the_control_socket(tmp_path, host_worker, monkeypatch, caplog):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    from bulkhead.host.control import ControlServer, request
+    from bulkhead.host.control import ControlServer
+    from bulkhead.host.controlclient import request
     srv = ControlServer(_Host([host_worker]), release_timeout_s=5)
     try:
         # Connecting as another uid: the directory (0700) and socket (0600) refuse.
@@ -327,7 +328,8 @@ def test_control_server_never_closes_an_fd_channel_open_consumed(tmp_path, host_
     threaded host its number may be another thread's file by the time the
     server looks again, and the server must leave it alone."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    from bulkhead.host.control import ControlServer, request
+    from bulkhead.host.control import ControlServer
+    from bulkhead.host.controlclient import request
     real = _native.channel_open
     victim = []
 
@@ -378,7 +380,8 @@ def _wait_for(cond, timeout=10.0):
 ], ids=["http", "short", "version", "badvalue"])
 def test_control_client_sending_garbage(tmp_path, host_worker, monkeypatch, caplog, garbage, named):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    from bulkhead.host.control import ControlServer, request
+    from bulkhead.host.control import ControlServer
+    from bulkhead.host.controlclient import request
     srv = ControlServer(_Host([host_worker]), release_timeout_s=5)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s, \

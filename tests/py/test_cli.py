@@ -490,7 +490,7 @@ def test_release_finds_the_socket_where_the_host_put_it(env, ledger, host, membe
 
 def test_python_client_finds_the_socket_where_the_host_put_it(env, ledger, host, member, control,
                                                                monkeypatch):
-    """control.request looks in both places, as the command does (issue 17
+    """controlclient.request looks in both places, as the command does (issue 17
     item 16): a host without XDG_RUNTIME_DIR, a client with one."""
     from bulkhead.host import controlclient as bh_control
     monkeypatch.delenv("XDG_RUNTIME_DIR")

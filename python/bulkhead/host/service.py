@@ -8,7 +8,7 @@ builds the same JSON document ``bulkhead status --json`` prints (schema 1,
 below), from the ledger's records and the device probes.  Acting needs the
 host that holds a worker's channel: a worker of this process is released
 through its ``Worker``; a worker of another ComfyUI instance on the machine
-through that host's control socket (``control.request``).  Every release
+through that host's control socket (``controlclient.request``).  Every release
 answered here is measured twice from the ledger, before and after, so a
 response never claims bytes that did not move.
 
