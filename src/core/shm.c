@@ -251,6 +251,30 @@ static void bh__prefault(void *addr, size_t size) {
   for (size_t off = 0; off < size; off += BH__PAGE) p[off] = 0;
 }
 
+/* A new own block of pool p: its memfd "bulkhead-block-<id>" of size
+ * bytes, mapped and prefaulted, with refs references.  The caller counted
+ * its fd in bh__block_fds.  0, or -errno with *out NULL. */
+static int bh__block_new(bh_pool *p, uint32_t id, size_t size, int refs, bh_block **out) {
+  char name[32];
+  bh_block *b = calloc(1, sizeof *b);
+  *out = NULL;
+  if (!b) return -ENOMEM;
+  snprintf(name, sizeof name, "bulkhead-block-%u", id);
+  int rc = bh__memfd_create(name, size, &b->fd, &b->addr);
+  if (rc) {
+    free(b);
+    return rc;
+  }
+  bh__prefault(b->addr, size);
+  b->pool = p;
+  b->id = id;
+  b->own = 1;
+  b->size = size;
+  atomic_init(&b->refs, refs);
+  *out = b;
+  return 0;
+}
+
 int bh__pool_open(bh_pool **out, size_t keep_bytes, int forward) {
   bh_pool *p = calloc(1, sizeof *p);
   if (!p) return -ENOMEM;
@@ -334,21 +358,8 @@ static void *bh__spare_main(void *arg) {
     bh_block *b = NULL;
     /* The spare first: it is what the next take waits for. */
     if (size) {
-      char name[32];
-      snprintf(name, sizeof name, "bulkhead-block-%u", id);
-      b = calloc(1, sizeof *b);
-      if (b && bh__memfd_create(name, size, &b->fd, &b->addr) == 0) {
-        bh__prefault(b->addr, size);
-        b->pool = p;
-        b->id = id;
-        b->own = 1;
-        b->size = size;
-        atomic_init(&b->refs, 0);
-      } else {
-        free(b);
-        b = NULL;
+      if (bh__block_new(p, id, size, 0, &b) != 0)
         atomic_fetch_sub(&bh__block_fds, 1); /* counted when asked for */
-      }
     }
     pthread_mutex_lock(&p->mu);
     bh_block *old = p->spare;
@@ -649,21 +660,12 @@ static int bh__pool_take(bh_pool *p, size_t nbytes, int fresh, bh_block **out) {
   uint32_t id = p->next_id++;
   pthread_mutex_unlock(&p->mu);
 
-  bh_block *b = calloc(1, sizeof *b);
-  char name[32];
-  snprintf(name, sizeof name, "bulkhead-block-%u", id);
-  int rc = b ? bh__memfd_create(name, size, &b->fd, &b->addr) : -ENOMEM;
+  bh_block *b;
+  int rc = bh__block_new(p, id, size, 1, &b);
   if (rc) {
     atomic_fetch_sub(&bh__block_fds, 1);
-    free(b);
     return rc;
   }
-  bh__prefault(b->addr, size);
-  b->pool = p;
-  b->id = id;
-  b->own = 1;
-  b->size = size;
-  atomic_init(&b->refs, 1);
 
   pthread_mutex_lock(&p->mu);
   b->last_used = ++p->clock;
