@@ -34,7 +34,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
 
-from e2eenv import Server, assemble  # noqa: E402
+from _server import server_env, start  # noqa: E402
+from e2eenv import assemble  # noqa: E402
 
 PACK_INIT = ("import bulkhead\n"
              "NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = bulkhead.comfy_pack(__file__)\n")
@@ -59,12 +60,7 @@ def _packs(root):
 
 
 def _start_s(base, home, env):
-    full = dict(os.environ, BULKHEAD_HOME=home, BULKHEAD_LEDGER=os.path.join(home, "ledger"),
-                PYTHONUNBUFFERED="1", **env)
-    full.pop("COMFYUI_PATH", None)
-    srv = Server(base, full, full["BULKHEAD_LEDGER"])
-    t0 = time.monotonic()
-    srv.start()
+    srv, t0 = start(base, server_env(home, **env))
     took = time.monotonic() - t0
     srv.stop()
     return took

@@ -94,7 +94,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 
-from e2eenv import BUILD_PY, Server, assemble  # noqa: E402
+from _server import server_env, start  # noqa: E402
+from e2eenv import BUILD_PY, assemble  # noqa: E402
 
 IMAGE_SHAPE = (1, 512, 512, 3)          # float32: 3 MiB
 HOLD_MIB = 50
@@ -271,15 +272,11 @@ class Bench:
     def __init__(self, work, name, pack_dirs, home):
         self.base = os.path.join(work, name)
         self.path = assemble(self.base, pack_dirs=pack_dirs)
-        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(self.path), BULKHEAD_HOME=home,
-                        BULKHEAD_LEDGER=os.path.join(home, "ledger"), PYTHONUNBUFFERED="1")
-        self.env.pop("COMFYUI_PATH", None)      # the base directory is the ComfyUI
+        self.env = server_env(home, PYTHONPATH=os.pathsep.join(self.path))
         self.srv = None
 
     def start(self):
-        self.srv = Server(self.base, self.env, self.env["BULKHEAD_LEDGER"])
-        t0 = time.monotonic()
-        self.srv.start()
+        self.srv, t0 = start(self.base, self.env)
         return time.monotonic() - t0
 
     def stop(self):

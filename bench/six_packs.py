@@ -67,7 +67,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 
-from e2eenv import BUILD_PY, Server, assemble  # noqa: E402
+from _server import server_env, start  # noqa: E402
+from e2eenv import BUILD_PY, assemble  # noqa: E402
 
 # (distribution, module): small, pure Python, no dependencies, none of
 # them in the host's environment (so none comes from its matched set).
@@ -123,20 +124,15 @@ def fresh_env(work, name, extra=None):
     empty installer caches."""
     home = os.path.join(work, "homes", name)
     os.makedirs(home)
-    env = dict(os.environ, BULKHEAD_HOME=home, BULKHEAD_LEDGER=os.path.join(home, "ledger"),
-               UV_CACHE_DIR=os.path.join(home, "uv-cache"), PIP_CACHE_DIR=os.path.join(home, "pip-cache"),
-               PYTHONUNBUFFERED="1", **(extra or {}))
-    return env
+    return server_env(home, UV_CACHE_DIR=os.path.join(home, "uv-cache"),
+                      PIP_CACHE_DIR=os.path.join(home, "pip-cache"), **(extra or {}))
 
 
 def serve(base, env, nodes):
     """Starts the server at base: (seconds to the first /system_stats
     answer, seconds until each of nodes is in /object_info)."""
-    srv = Server(base, env, env["BULKHEAD_LEDGER"])
-    srv.wait_for_builds = False
-    t0 = time.monotonic()
+    srv, t0 = start(base, env, wait_for_builds=False)     # returns once GET /prompt answers
     try:
-        srv.start()        # returns once GET /prompt answers
         while srv.http("GET", "/system_stats", timeout=5)[0] != 200:
             time.sleep(0.02)
         up = time.monotonic() - t0
