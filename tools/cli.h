@@ -82,6 +82,19 @@ typedef struct bh_cli_pack {
   int64_t pid;
 } bh_cli_pack;
 
+/* The string members of a bh_cli_pack: each one's key (the same in a
+ * host's `packs` answer and in `bulkhead status --json`), where it lies
+ * and its size, in the order the JSON lists them.  bh_cli_packs_read
+ * fills a row by this table and status_main.c writes one by it, so a
+ * member added here is read and written both. */
+typedef struct bh_cli_pack_str {
+  const char *key;
+  size_t offset, size;
+} bh_cli_pack_str;
+
+#define BH_CLI_PACK_STRS 8
+extern const bh_cli_pack_str bh_cli_pack_strs[BH_CLI_PACK_STRS];
+
 /* Reads a host's `packs` answer (a list of maps) into rows[0..max), the
  * rows past max and any item that is not a map skipped; *count the rows
  * read.  Returns 0, -BH_EBADTAG when the value is not a list, or the

@@ -127,22 +127,12 @@ static void bh__packs_json(bh_buf *b, const bh__host_packs *hp, int n) {
   for (int i = 0; i < n; i++)
     for (int j = 0; j < hp[i].n; j++) {
       const bh_cli_pack *p = &hp[i].rows[j];
-      bh_text_appendf(b, "%s{\"host_pid\":%d,\"name\":", first ? "" : ",", (int)hp[i].host);
-      bh_text_json_str(b, p->name, strlen(p->name));
-      bh_text_appendf(b, ",\"state\":");
-      bh_text_json_str(b, p->state, strlen(p->state));
-      bh_text_appendf(b, ",\"reason\":");
-      bh_text_json_str(b, p->reason, strlen(p->reason));
-      bh_text_appendf(b, ",\"fix\":");
-      bh_text_json_str(b, p->fix, strlen(p->fix));
-      bh_text_appendf(b, ",\"sandbox\":");
-      bh_text_json_str(b, p->sandbox, strlen(p->sandbox));
-      bh_text_appendf(b, ",\"log\":");
-      bh_text_json_str(b, p->log, strlen(p->log));
-      bh_text_appendf(b, ",\"actions\":");
-      bh_text_json_str(b, p->actions, strlen(p->actions));
-      bh_text_appendf(b, ",\"command\":");
-      bh_text_json_str(b, p->command, strlen(p->command));
+      bh_text_appendf(b, "%s{\"host_pid\":%d", first ? "" : ",", (int)hp[i].host);
+      for (int f = 0; f < BH_CLI_PACK_STRS; f++) {
+        const char *v = (const char *)p + bh_cli_pack_strs[f].offset;
+        bh_text_appendf(b, ",\"%s\":", bh_cli_pack_strs[f].key);
+        bh_text_json_str(b, v, strlen(v));
+      }
       if (p->pid > 0) bh_text_appendf(b, ",\"pid\":%lld}", (long long)p->pid);
       else bh_text_appendf(b, ",\"pid\":null}");
       first = 0;

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,19 +145,24 @@ static void bh__take_answer(const char *k, size_t kn, const bh_item *val, void *
   }
 }
 
+#define BH__PACK_STR(member) {#member, offsetof(bh_cli_pack, member), sizeof((bh_cli_pack *)0)->member}
+const bh_cli_pack_str bh_cli_pack_strs[BH_CLI_PACK_STRS] = {
+    BH__PACK_STR(name),    BH__PACK_STR(state), BH__PACK_STR(reason),  BH__PACK_STR(fix),
+    BH__PACK_STR(sandbox), BH__PACK_STR(log),   BH__PACK_STR(actions), BH__PACK_STR(command),
+};
+#undef BH__PACK_STR
+
 static void bh__take_pack(const char *k, size_t kn, const bh_item *val, void *ctx) {
   bh_cli_pack *out = ctx;
   if (val->tag == BH_TAG_INT && BH__KEY("pid")) out->pid = val->u.i;
-  else if (val->tag == BH_TAG_STR) {
-    if (BH__KEY("name")) bh__answer_str(out->name, sizeof out->name, val);
-    else if (BH__KEY("state")) bh__answer_str(out->state, sizeof out->state, val);
-    else if (BH__KEY("reason")) bh__answer_str(out->reason, sizeof out->reason, val);
-    else if (BH__KEY("fix")) bh__answer_str(out->fix, sizeof out->fix, val);
-    else if (BH__KEY("sandbox")) bh__answer_str(out->sandbox, sizeof out->sandbox, val);
-    else if (BH__KEY("log")) bh__answer_str(out->log, sizeof out->log, val);
-    else if (BH__KEY("actions")) bh__answer_str(out->actions, sizeof out->actions, val);
-    else if (BH__KEY("command")) bh__answer_str(out->command, sizeof out->command, val);
-  }
+  else if (val->tag == BH_TAG_STR)
+    for (int i = 0; i < BH_CLI_PACK_STRS; i++) {
+      const bh_cli_pack_str *f = &bh_cli_pack_strs[i];
+      if (kn == strlen(f->key) && memcmp(k, f->key, kn) == 0) {
+        bh__answer_str((char *)out + f->offset, f->size, val);
+        break;
+      }
+    }
 }
 
 #undef BH__KEY
