@@ -185,6 +185,79 @@ def pack_state(srv, name):
     return next(p for p in doc["packs"] if p["name"] == name)
 
 
+def built_gated_pack(comfyui, tmp_path, name):
+    """gated_pack ``name``, its requirement bhgate 1.0 from a source tree
+    under tmp_path/src whose gate is open, built and served: (the server,
+    the gate file, the source tree)."""
+    gate = tmp_path / "gate"
+    gate.write_text("open")
+    source = gated_source(tmp_path / "src", "1.0", gate)
+    pack = gated_pack(tmp_path, name, f'bhgate = {{ path = "{source}" }}')
+    return comfyui(packs=(), pack_dirs=[str(pack)], env=NO_INDEX), gate, source
+
+
+def make_foreign(srv, name):
+    """Stops srv and leaves pack ``name``'s environment as a bulkhead
+    update that changed its protocol does, "foreign" (its stamp's protocol
+    -1): the next start rebuilds it in the background.  Returns the
+    environment's path."""
+    env = pack_state(srv, name)["env"]
+    srv.stop()
+    stamp = os.path.join(env, "bulkhead-stamp.json")
+    with open(stamp) as f:
+        doc = json.load(f)
+    doc["protocol"] = -1
+    with open(stamp, "w") as f:
+        json.dump(doc, f)
+    return env
+
+
+def unbuilt_server(comfyui, pack, **kw):
+    """The server with the pack at ``pack`` and no build at start
+    (BULKHEAD_BUILD_AT_START=0): the pack is not isolated, nothing
+    describes its nodes.  kw: more of comfyui's arguments."""
+    srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"}, **kw)
+    assert "metadata " not in srv.log_since_start(), srv.log()
+    return srv
+
+
+def described_line(srv, name):
+    """The line srv's last start logged for pack ``name``'s one node: it
+    ends "metadata cached" (read from the node metadata cache) or says
+    " metadata from worker pid N" (described in a worker)."""
+    [line] = [l for l in srv.log_since_start().splitlines() if f"bulkhead: pack {name!r}: 1 node, " in l]
+    return line
+
+
+def start_from_cache(srv, name, node):
+    """Starts the stopped srv after an install described pack ``name``'s
+    node ``node``: the start registers it from the node metadata cache and
+    starts no worker to describe it.  Returns (the start's line for the
+    pack, the node's /object_info entry)."""
+    srv.start()
+    line = described_line(srv, name)
+    assert line.endswith("metadata cached"), line
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and node in info, srv.log()
+    row = pack_state(srv, name)
+    assert row["state"] == "isolated" and not row.get("pid"), row     # no worker runs yet
+    return line, info[node]
+
+
+def start_describing(srv, name, node):
+    """Stops srv and starts it again with the node metadata cache emptied:
+    the start describes pack ``name``'s node ``node`` in a worker.
+    Returns the node's /object_info entry."""
+    srv.stop()
+    shutil.rmtree(os.path.join(srv.env["BULKHEAD_HOME"], "cache", "nodes"))
+    srv.start()
+    line = described_line(srv, name)
+    assert " metadata from worker pid " in line, line
+    status, info = srv.http("GET", "/object_info")
+    assert status == 200 and node in info, srv.log()
+    return info[node]
+
+
 def worker_pids(srv):
     """The server's workers in GET /bulkhead/status, by pid."""
     status, doc = srv.http("GET", "/bulkhead/status")

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 
-from .e2eenv import NO_INDEX, env_config, gated_pack, gated_source, pack_state
+from .e2eenv import NO_INDEX, built_gated_pack, env_config, gated_pack, gated_source, make_foreign, pack_state
 
 
 def _run(srv, n):
@@ -107,11 +107,7 @@ def test_the_server_is_up_while_packs_build(comfyui, tmp_path):
 
 
 def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, tmp_path):
-    gate = tmp_path / "gate"
-    gate.write_text("open")
-    v1 = gated_source(tmp_path / "src", "1.0", gate)
-    pack = gated_pack(tmp_path, "ComfyUI-Update", f'bhgate = {{ path = "{v1}" }}')
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=NO_INDEX)
+    srv, gate, _ = built_gated_pack(comfyui, tmp_path, "ComfyUI-Update")
     pid, value, old_prefix = _run(srv, 1)
     assert pid != srv.proc.pid and value == "bhgate 1.0"
     config = os.path.join(srv.base, "custom_nodes", "ComfyUI-Update", "comfy-env.toml")
@@ -168,20 +164,8 @@ def test_an_environment_of_another_protocol_is_rebuilt_in_the_background(comfyui
     """A bulkhead update that changed its protocol leaves each environment
     "foreign": ComfyUI's start rebuilds it in the background, as a
     missing one, rather than run the pack in its process."""
-    import json
-    gate = tmp_path / "gate"
-    gate.write_text("open")
-    source = gated_source(tmp_path / "src", "1.0", gate)
-    pack = gated_pack(tmp_path, "ComfyUI-Proto", f'bhgate = {{ path = "{source}" }}')
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=NO_INDEX)
-    env = pack_state(srv, "ComfyUI-Proto")["env"]
-    srv.stop()
-    stamp = os.path.join(env, "bulkhead-stamp.json")
-    with open(stamp) as f:
-        doc = json.load(f)
-    doc["protocol"] = -1
-    with open(stamp, "w") as f:
-        json.dump(doc, f)
+    srv, _, _ = built_gated_pack(comfyui, tmp_path, "ComfyUI-Proto")
+    env = make_foreign(srv, "ComfyUI-Proto")
     srv.start()
     log = srv.log_since_start()
     assert "its environment is foreign" in log and "building it in the background" in log, log

@@ -7,36 +7,24 @@ gate file: no timing).  Meanwhile /object_info lists the pack's node as
 the start before did (its worker's description), and a prompt queued for
 it waits for the build, then runs in the pack's worker."""
 
-import json
 import os
 import time
 
-from .e2eenv import NO_INDEX, gated_pack, gated_source, pack_state
+from .e2eenv import built_gated_pack, make_foreign, pack_state
 
 NAME = "ComfyUI-Early"
 
 
 def test_a_building_pack_has_its_nodes_from_an_earlier_description(comfyui, tmp_path):
-    gate = tmp_path / "gate"
-    gate.write_text("open")
-    source = gated_source(tmp_path / "src", "1.0", gate)
-    pack = gated_pack(tmp_path, NAME, f'bhgate = {{ path = "{source}" }}')
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env=NO_INDEX)
+    srv, gate, source = built_gated_pack(comfyui, tmp_path, NAME)
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and "E2EGateWhere" in info
     described = info["E2EGateWhere"]
-    env = pack_state(srv, NAME)["env"]
-    srv.stop()
 
     # another protocol's environment: rebuilt in the background, its
     # requirement's build held until the gate opens (its source touched,
     # so that the installer builds it again rather than reuse its wheel)
-    stamp = os.path.join(env, "bulkhead-stamp.json")
-    with open(stamp) as f:
-        doc = json.load(f)
-    doc["protocol"] = -1
-    with open(stamp, "w") as f:
-        json.dump(doc, f)
+    env = make_foreign(srv, NAME)
     gate.unlink()
     with open(os.path.join(source, "pyproject.toml"), "a") as f:
         f.write("\n")

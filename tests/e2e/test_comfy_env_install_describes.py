@@ -8,7 +8,7 @@ registers them from the cache and starts no worker to describe them, and
 import os
 import subprocess
 
-from .e2eenv import HOST_MM, write
+from .e2eenv import HOST_MM, start_from_cache, unbuilt_server, write
 
 NAME = "ComfyUI-CeDescribed"
 
@@ -49,14 +49,6 @@ ROUTED = ("import runpy; from bulkhead.host import comfy_env; comfy_env.route();
           "runpy.run_path('install.py', run_name='__main__')")
 
 
-def _described(log):
-    """The start's line for the pack: 'metadata cached' or 'from worker pid
-    N', at most 200 characters."""
-    [line] = [l for l in log.splitlines() if l.startswith(f"bulkhead: pack '{NAME}") and ": 1 node, " in l]
-    assert len(line) <= 200, line
-    return line
-
-
 def test_comfy_env_install_fills_the_metadata_cache(comfyui, tmp_path):
     pack = tmp_path / "repos" / NAME
     write(pack / "__init__.py", INIT)
@@ -67,8 +59,7 @@ def test_comfy_env_install_fills_the_metadata_cache(comfyui, tmp_path):
     # described.  Its home is deep: the pack's load line cuts the
     # interpreter's path, never its name, count or metadata's source.
     home = tmp_path / ("a-long-folder-name-" * 8) / "bulkhead"
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"}, bulkhead_home=str(home))
-    assert "metadata " not in srv.log_since_start()
+    srv = unbuilt_server(comfyui, pack, bulkhead_home=str(home))
     # the real answer: its node as ComfyUI's process lists it (not built: imported here for its definition)
     status, info = srv.http("GET", "/object_info")
     assert status == 200 and "E2ECeDescribed" in info
@@ -81,12 +72,7 @@ def test_comfy_env_install_fills_the_metadata_cache(comfyui, tmp_path):
     assert "1 node(s) described: ComfyUI's next start registers them from the cache" in run.stderr, \
         run.stderr[-3000:]
 
-    # the next start: isolated, its nodes from the cache, no worker started to describe them
-    srv.start()
-    line = _described(srv.log_since_start())
-    assert line.endswith("metadata cached"), line
-    status, info = srv.http("GET", "/object_info")
-    assert status == 200 and info.get("E2ECeDescribed") == in_process
-    status, doc = srv.http("GET", "/bulkhead/status")
-    [row] = [p for p in doc["packs"] if NAME in p["name"]]
-    assert row["state"] == "isolated" and not row.get("pid"), row     # no worker runs yet
+    # the next start: isolated, its nodes from the cache, no worker
+    # started to describe them; its line at most 200 characters
+    line, cached = start_from_cache(srv, NAME, "E2ECeDescribed")
+    assert len(line) <= 200 and cached == in_process, line

@@ -9,10 +9,9 @@ it installs the pack."""
 
 import os
 import pathlib
-import shutil
 import subprocess
 
-from .e2eenv import CLI, host_config, write_pack
+from .e2eenv import CLI, host_config, start_describing, start_from_cache, unbuilt_server, write_pack
 
 NODES = '''
 import os
@@ -46,17 +45,10 @@ bulkhead.install(os.path.dirname(os.path.abspath(__file__)))
 '''
 
 
-def _described(log, name):
-    """The start's line for the pack: 'metadata cached' or 'from worker pid N'."""
-    [line] = [l for l in log.splitlines() if f"bulkhead: pack {name!r}: 1 node, " in l]
-    return line
-
-
 def test_install_fills_the_metadata_cache_the_next_start_reads(comfyui, tmp_path):
     pack = write_pack(tmp_path / "repos" / "ComfyUI-Described", NODES, host_config())
     # a start that builds nothing: the pack is not isolated, nothing is described
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"})
-    assert "metadata " not in srv.log_since_start()
+    srv = unbuilt_server(comfyui, pack)
     srv.stop()
     cli = subprocess.run([CLI, "install", os.path.join(srv.base, "custom_nodes", "ComfyUI-Described")],
                          env=srv.env, capture_output=True, text=True, timeout=600)
@@ -65,33 +57,19 @@ def test_install_fills_the_metadata_cache_the_next_start_reads(comfyui, tmp_path
         cli.stdout, cli.stdout
 
     # the next start: isolated, its nodes from the cache, no worker started to describe them
-    srv.start()
-    line = _described(srv.log_since_start(), "ComfyUI-Described")
-    assert line.endswith("metadata cached"), line
-    status, info = srv.http("GET", "/object_info")
-    assert status == 200 and "E2EDescribed" in info
-    cached = info["E2EDescribed"]
-    status, doc = srv.http("GET", "/bulkhead/status")
-    [row] = [p for p in doc["packs"] if p["name"] == "ComfyUI-Described"]
-    assert row["state"] == "isolated" and not row.get("pid"), row     # no worker runs yet
+    _, cached = start_from_cache(srv, "ComfyUI-Described", "E2EDescribed")
     entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EDescribed", "inputs": {"n": 1, "text": "x"}}}), timeout_s=120)
     assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
     assert entry["outputs"]["1"]["pid"][0] != srv.proc.pid
 
     # a start that describes them in a worker (no cache) lists the same
-    srv.stop()
-    shutil.rmtree(os.path.join(srv.env["BULKHEAD_HOME"], "cache", "nodes"))
-    srv.start()
-    line = _described(srv.log_since_start(), "ComfyUI-Described")
-    assert " metadata from worker pid " in line, line
-    status, info = srv.http("GET", "/object_info")
-    assert status == 200 and info["E2EDescribed"] == cached
+    assert start_describing(srv, "ComfyUI-Described", "E2EDescribed") == cached
 
 
 def test_a_packs_install_py_fills_the_cache_as_the_manager_runs_it(comfyui, tmp_path):
     pack = write_pack(tmp_path / "repos" / "ComfyUI-ManagerDescribed", NODES, host_config())
     (pathlib.Path(pack) / "install.py").write_text(INSTALL_PY.lstrip("\n"))
-    srv = comfyui(packs=(), pack_dirs=[str(pack)], env={"BULKHEAD_BUILD_AT_START": "0"})
+    srv = unbuilt_server(comfyui, pack)
     srv.stop()
     # what the Manager does after it cloned the pack: `python install.py` in its directory
     here = os.path.join(srv.base, "custom_nodes", "ComfyUI-ManagerDescribed")
@@ -101,24 +79,10 @@ def test_a_packs_install_py_fills_the_cache_as_the_manager_runs_it(comfyui, tmp_
     assert "ComfyUI-ManagerDescribed: 1 node(s) described: ComfyUI's next start registers them from the " \
         "cache" in run.stderr, run.stderr[-3000:]
 
-    srv.start()
-    line = _described(srv.log_since_start(), "ComfyUI-ManagerDescribed")
-    assert line.endswith("metadata cached"), line
-    status, info = srv.http("GET", "/object_info")
-    assert status == 200 and "E2EDescribed" in info
-    cached = info["E2EDescribed"]
-    status, doc = srv.http("GET", "/bulkhead/status")
-    [row] = [p for p in doc["packs"] if p["name"] == "ComfyUI-ManagerDescribed"]
-    assert row["state"] == "isolated" and not row.get("pid"), row     # no worker runs yet
+    _, cached = start_from_cache(srv, "ComfyUI-ManagerDescribed", "E2EDescribed")
 
     # a start that describes them in a worker (no cache) lists the same
-    srv.stop()
-    shutil.rmtree(os.path.join(srv.env["BULKHEAD_HOME"], "cache", "nodes"))
-    srv.start()
-    line = _described(srv.log_since_start(), "ComfyUI-ManagerDescribed")
-    assert " metadata from worker pid " in line, line
-    status, info = srv.http("GET", "/object_info")
-    assert status == 200 and info["E2EDescribed"] == cached
+    assert start_describing(srv, "ComfyUI-ManagerDescribed", "E2EDescribed") == cached
 
     # a pack whose nodes fail to import in its worker: installed all the same, one line says why
     broken = write_pack(os.path.join(srv.base, "custom_nodes", "ComfyUI-ManagerBroken"),
