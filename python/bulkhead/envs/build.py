@@ -79,7 +79,7 @@ from . import config as packconfig
 from . import rootconfig
 from . import hostmatch
 from .hostmatch import InvalidRequirement, Requirement
-from .errors import EnvBuildError
+from .errors import EnvBuildError, short
 from .interpreters import PROBE_ENV, clean_env, find_interpreter, find_uv, probe
 from .config import PackConfigError
 from ..channel.spec import HOME, INSTALLER, PIP_ARGS
@@ -940,11 +940,7 @@ def brief(error, log_path=None, limit=200):
     out = getattr(error, "output_tail", "")
     line = (redact(_last_error(out)) if out and getattr(error, "returncode", None) is not None else "") or \
         (str(error).splitlines() or [""])[0]
-    line = " ".join(line.split())
-    room = max(40, limit - len(tail))
-    if len(line) > room:
-        line = line[:room - 3] + "..."
-    return line + tail
+    return short(line, max(40, limit - len(tail))) + tail
 
 
 def build(config, progress=None, force=False, *, pip_args=None, lock_timeout_s=None):

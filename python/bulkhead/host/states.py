@@ -28,6 +28,7 @@ import time
 from .. import __version__
 from ..channel import spec
 from ..channel.peer import BulkheadError
+from ..envs.errors import short     # states.short: building.py's, nodes.py's and pack.py's too
 from ..packimport import import_nodes
 from . import sandbox
 
@@ -259,13 +260,6 @@ def pack_line(name, state, why, whole=WHOLE):
     so a name that long makes the line longer)."""
     head, tail = f"bulkhead: pack {name!r} {state}: ", f" ({whole})" if whole else ""
     return head + short(str(why), max(20, LINE_MAX - len(head) - len(tail))) + tail
-
-
-def short(text, limit):
-    """text on one line (its whitespace runs one space), cut to at most
-    limit characters with "..." where it is longer."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def failed(pack_dir, name, reason, *, module="auto"):
