@@ -242,6 +242,20 @@ def _module_imports(root, top_name):
     return mods, out
 
 
+def _reaches(graph, a, b):
+    """Whether b is reached from a along graph's edges (graph[m]: what m
+    leads to, a collection or a dict's keys)."""
+    seen, todo = set(), [a]
+    while todo:
+        m = todo.pop()
+        if m == b:
+            return True
+        if m not in seen:
+            seen.add(m)
+            todo += graph.get(m, ())
+    return False
+
+
 def _import_cycles(root, top_name, lazy_face=True, through_deferred=False):
     """'path:line: a -> b -> ... -> a' for every import that closes a
     cycle: a top-level one, or one deferred into a function to break it
@@ -254,21 +268,9 @@ def _import_cycles(root, top_name, lazy_face=True, through_deferred=False):
     top = {m: {t for t, _line, deferred in e
                if not deferred or (through_deferred and not (lazy_face and m == top_name))}
            for m, e in imports.items()}
-
-    def reaches(a, b):
-        seen, todo = set(), [a]
-        while todo:
-            m = todo.pop()
-            if m == b:
-                return True
-            if m not in seen:
-                seen.add(m)
-                todo += top.get(m, ())
-        return False
-
     return sorted(f"{mods[m]}:{line}: {m} -> {t} -> ... -> {m}"
                   for m, e in imports.items() for t, line, deferred in e
-                  if reaches(t, m) and not (lazy_face and deferred and m == top_name)
+                  if _reaches(top, t, m) and not (lazy_face and deferred and m == top_name)
                   and (deferred or not through_deferred))
 
 
@@ -432,18 +434,8 @@ def _core_calls(archive):
 
 def _circles(calls):
     """'a -> b -> ... -> a' for each call that closes a circle."""
-    def reaches(a, b):
-        seen, todo = set(), [a]
-        while todo:
-            m = todo.pop()
-            if m == b:
-                return True
-            if m not in seen:
-                seen.add(m)
-                todo += calls.get(m, {})
-        return False
     return sorted(f"{a} -> {b} ({', '.join(sorted(syms))}) -> ... -> {a}"
-                  for a, to in calls.items() for b, syms in to.items() if reaches(b, a))
+                  for a, to in calls.items() for b, syms in to.items() if _reaches(calls, b, a))
 
 
 def test_the_c_core_has_no_call_circle():
