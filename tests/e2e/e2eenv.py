@@ -185,6 +185,15 @@ def pack_state(srv, name):
     return next(p for p in doc["packs"] if p["name"] == name)
 
 
+def run_gated(srv, n, cls="E2EGateWhere"):
+    """Runs a prompt of one gated_pack node, ``cls`` with input n, to its
+    success: (the pid it ran in, its bhgate.VALUE, its sys.prefix)."""
+    entry = srv.wait_history(srv.queue({"1": {"class_type": cls, "inputs": {"n": n}}}), timeout_s=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
+    out = entry["outputs"]["1"]
+    return out["pid"][0], out["value"][0], out["prefix"][0]
+
+
 def built_gated_pack(comfyui, tmp_path, name):
     """gated_pack ``name``, its requirement bhgate 1.0 from a source tree
     under tmp_path/src whose gate is open, built and served: (the server,
@@ -194,6 +203,17 @@ def built_gated_pack(comfyui, tmp_path, name):
     source = gated_source(tmp_path / "src", "1.0", gate)
     pack = gated_pack(tmp_path, name, f'bhgate = {{ path = "{source}" }}')
     return comfyui(packs=(), pack_dirs=[str(pack)], env=NO_INDEX), gate, source
+
+
+def wait_pack_state(srv, name, ok, timeout_s=300):
+    """Polls pack ``name``'s row (pack_state) until ok(row); returns it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = pack_state(srv, name)
+        if ok(state):
+            return state
+        assert time.monotonic() < deadline, (state, srv.log())
+        time.sleep(0.2)
 
 
 def make_foreign(srv, name):

@@ -14,14 +14,8 @@ import os
 import threading
 import time
 
-from .e2eenv import NO_INDEX, built_gated_pack, env_config, gated_pack, gated_source, make_foreign, pack_state
-
-
-def _run(srv, n):
-    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EGateWhere", "inputs": {"n": n}}}), timeout_s=120)
-    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
-    out = entry["outputs"]["1"]
-    return out["pid"][0], out["value"][0], out["prefix"][0]
+from .e2eenv import (NO_INDEX, built_gated_pack, env_config, gated_pack, gated_source, make_foreign, pack_state,
+                     run_gated, wait_pack_state)
 
 
 def _wait_log(srv, text, timeout_s=120):
@@ -108,7 +102,7 @@ def test_the_server_is_up_while_packs_build(comfyui, tmp_path):
 
 def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, tmp_path):
     srv, gate, _ = built_gated_pack(comfyui, tmp_path, "ComfyUI-Update")
-    pid, value, old_prefix = _run(srv, 1)
+    pid, value, old_prefix = run_gated(srv, 1)
     assert pid != srv.proc.pid and value == "bhgate 1.0"
     config = os.path.join(srv.base, "custom_nodes", "ComfyUI-Update", "comfy-env.toml")
 
@@ -118,18 +112,15 @@ def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, t
         f.write(env_config('bh-nowhere-to-be-found = "*"'))
     srv.wait_for_builds = False
     srv.start()
-    pid, value, prefix = _run(srv, 2)
+    pid, value, prefix = run_gated(srv, 2)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
     srv.wait_built()
-    deadline = time.monotonic() + 300
-    while not pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("failed"):
-        assert time.monotonic() < deadline, (pack_state(srv, "ComfyUI-Update"), srv.log())
-        time.sleep(0.2)
+    wait_pack_state(srv, "ComfyUI-Update", lambda s: s.get("rebuild", "").startswith("failed"))
     state = pack_state(srv, "ComfyUI-Update")
     assert state["state"] == "isolated" and "bh-nowhere-to-be-found" in state["rebuild"], state
     assert "bulkhead install" in state["rebuild"], state
     assert "keeps serving it, isolated with its old requirements" in srv.log_since_start()
-    pid, value, prefix = _run(srv, 3)
+    pid, value, prefix = run_gated(srv, 3)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
     assert "runs in-process" not in srv.log_since_start()
 
@@ -140,20 +131,17 @@ def test_a_changed_config_is_rebuilt_while_the_old_environment_serves(comfyui, t
     with open(config, "w") as f:
         f.write(env_config(f'bhgate = {{ path = "{v2}" }}'))
     srv.start()
-    pid, value, prefix = _run(srv, 4)
+    pid, value, prefix = run_gated(srv, 4)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
     assert "rebuilding" in pack_state(srv, "ComfyUI-Update")["rebuild"]
     gate.write_text("open")
     srv.wait_built()
-    deadline = time.monotonic() + 300
-    while not pack_state(srv, "ComfyUI-Update").get("rebuild", "").startswith("built"):
-        assert time.monotonic() < deadline, (pack_state(srv, "ComfyUI-Update"), srv.log())
-        time.sleep(0.2)
+    wait_pack_state(srv, "ComfyUI-Update", lambda s: s.get("rebuild", "").startswith("built"))
     # the worker's next start runs in the new environment (ComfyUI's
     # "Free model and node cache" stops the idle worker)
     status, _ = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
     assert status == 200
-    pid, value, prefix = _run(srv, 5)
+    pid, value, prefix = run_gated(srv, 5)
     assert pid != srv.proc.pid and value == "bhgate 2.0" and prefix != old_prefix, (value, prefix)
     state = pack_state(srv, "ComfyUI-Update")
     assert state["state"] == "isolated" and state["env"] == prefix, state
@@ -169,6 +157,6 @@ def test_an_environment_of_another_protocol_is_rebuilt_in_the_background(comfyui
     srv.start()
     log = srv.log_since_start()
     assert "its environment is foreign" in log and "building it in the background" in log, log
-    pid, value, prefix = _run(srv, 1)
+    pid, value, prefix = run_gated(srv, 1)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == env
     assert "runs in-process" not in srv.log_since_start()

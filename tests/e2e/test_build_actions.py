@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from .e2eenv import CLI, NO_INDEX, env_config, gated_pack, gated_source, pack_state
+from .e2eenv import CLI, NO_INDEX, env_config, gated_pack, gated_source, pack_state, run_gated, wait_pack_state
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -32,26 +32,13 @@ NODE = {"ComfyUI-RetryHttp": "E2ERetryHttp", "ComfyUI-RetryPanel": "E2ERetryPane
 TOP_IMPORT = "import bhgate  # noqa: F401  (only in its environment)\n"
 
 
-def _wait_state(srv, name, ok, timeout_s=300):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = pack_state(srv, name)
-        if ok(state):
-            return state
-        assert time.monotonic() < deadline, (state, srv.log())
-        time.sleep(0.2)
-
-
 def _fix(srv, name, source):
     with open(os.path.join(srv.base, "custom_nodes", name, "comfy-env.toml"), "w") as f:
         f.write(env_config(f'bhgate = {{ path = "{source}" }}'))
 
 
 def _run(srv, name, n):
-    entry = srv.wait_history(srv.queue({"1": {"class_type": NODE[name], "inputs": {"n": n}}}), timeout_s=120)
-    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
-    out = entry["outputs"]["1"]
-    return out["pid"][0], out["value"][0]
+    return run_gated(srv, n, NODE[name])[:2]
 
 
 def _bulkhead_lines(text):
@@ -101,7 +88,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     assert status == 200 and not set(NODE.values()) & set(info)
     for name in NODE:
         # (its actions once the build's thread has let it go, just after its state says failed)
-        state = _wait_state(srv, name, lambda s: s.get("actions"))
+        state = wait_pack_state(srv, name, lambda s: s.get("actions"))
         assert state["state"] != "isolated" and state["actions"] == ["retry"], state
         assert state["log"].startswith(os.path.join(srv.env["BULKHEAD_HOME"], "logs")), state
     status, shown = srv.http("GET", "/bulkhead/log?pack=ComfyUI-RetryHttp")
@@ -138,7 +125,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     _fix(srv, "ComfyUI-RetryHttp", good)
     status, body = srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-RetryHttp", "action": "retry"})
     assert status == 202 and body["pack"] == "ComfyUI-RetryHttp", body
-    state = _wait_state(srv, "ComfyUI-RetryHttp", lambda s: s["state"] == "isolated" and s.get("actions"))
+    state = wait_pack_state(srv, "ComfyUI-RetryHttp", lambda s: s["state"] == "isolated" and s.get("actions"))
     assert state["actions"] == ["rebuild"], state
     status, info = srv.http("GET", "/object_info")
     assert "E2ERetryHttp" in info
@@ -151,7 +138,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     # Rebuild on a built pack: a new build (its own log), still isolated.
     status, body = srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-RetryHttp", "action": "rebuild"})
     assert status == 202, body
-    state = _wait_state(srv, "ComfyUI-RetryHttp", lambda s: "building" not in s and s["log"] != first_log)
+    state = wait_pack_state(srv, "ComfyUI-RetryHttp", lambda s: "building" not in s and s["log"] != first_log)
     assert state["state"] == "isolated" and state["rebuild"].startswith("rebuilt "), state
     pid, value = _run(srv, "ComfyUI-RetryHttp", 2)
     assert pid != srv.proc.pid and value == "bhgate 2.0"
@@ -163,7 +150,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
                          env=srv.env, capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stderr[-3000:]
     assert f"ComfyUI (bulkhead host pid {srv.proc.pid}): ComfyUI-RetryCli: picked up" in cli.stdout, cli.stdout
-    _wait_state(srv, "ComfyUI-RetryCli", lambda s: s["state"] == "isolated")
+    wait_pack_state(srv, "ComfyUI-RetryCli", lambda s: s["state"] == "isolated")
     pid, value = _run(srv, "ComfyUI-RetryCli", 3)
     assert pid != srv.proc.pid and value == "bhgate 2.0"
 
@@ -174,7 +161,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     gate2 = tmp_path / "gate2"
     _fix(srv, "ComfyUI-RetryLock", gated_source(tmp_path / "gated", "3.0", gate2))
     assert srv.http("POST", "/bulkhead/build", {"pack": "ComfyUI-RetryLock", "action": "retry"})[0] == 202
-    state = _wait_state(srv, "ComfyUI-RetryLock", lambda s: str(s.get("phase")).startswith("installing "))
+    state = wait_pack_state(srv, "ComfyUI-RetryLock", lambda s: str(s.get("phase")).startswith("installing "))
     logs = os.path.dirname(state["log"])
     err_path = tmp_path / "install-lock.err"
     with open(err_path, "w") as err:
@@ -198,7 +185,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     assert cli.returncode == 0 and "ComfyUI-RetryLock: ready" in out, (out, err_path.read_text()[-3000:])
     # (the host may still be serving it, its build done, when the command asks)
     assert "ComfyUI-RetryLock: isolated in it already" in out or "ComfyUI-RetryLock: being built here" in out, out
-    _wait_state(srv, "ComfyUI-RetryLock", lambda s: s["state"] == "isolated")
+    wait_pack_state(srv, "ComfyUI-RetryLock", lambda s: s["state"] == "isolated")
     assert os.listdir(logs) == [os.path.basename(state["log"])], os.listdir(logs)   # one build, the host's
     pid, value = _run(srv, "ComfyUI-RetryLock", 5)
     assert pid != srv.proc.pid and value == "bhgate 3.0"
@@ -209,7 +196,7 @@ def test_retry_show_log_and_rebuild(short_home, comfyui, tmp_path):
     _fix(srv, "ComfyUI-RetryPanel", good)
     dom = _panel(srv, tmp_path, "?act=ComfyUI-RetryPanel:retry:1500")
     assert 'data-acted="yes"' in dom, dom[-3000:]
-    _wait_state(srv, "ComfyUI-RetryPanel", lambda s: s["state"] == "isolated")
+    wait_pack_state(srv, "ComfyUI-RetryPanel", lambda s: s["state"] == "isolated")
     assert "E2ERetryPanel" in srv.http("GET", "/object_info")[1]
     pid, value = _run(srv, "ComfyUI-RetryPanel", 4)
     assert pid != srv.proc.pid and value == "bhgate 2.0"

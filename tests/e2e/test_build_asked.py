@@ -11,29 +11,11 @@ it, with the new pin.  The builds are local source trees (no index), their
 gate open from the start."""
 
 import os
-import time
 
-from .e2eenv import NO_INDEX, env_config, gated_pack, gated_source, pack_state
+from .e2eenv import NO_INDEX, env_config, gated_pack, gated_source, pack_state, run_gated, wait_pack_state
 
 NAME = "ComfyUI-Asked"
 ENV = dict(NO_INDEX, BULKHEAD_BUILD_AT_START="0")
-
-
-def _wait_state(srv, ok, timeout_s=300):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = pack_state(srv, NAME)
-        if ok(state):
-            return state
-        assert time.monotonic() < deadline, (state, srv.log())
-        time.sleep(0.2)
-
-
-def _run(srv, n):
-    entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EGateWhere", "inputs": {"n": n}}}), timeout_s=120)
-    assert entry["status"]["status_str"] == "success", (entry["status"], srv.log())
-    out = entry["outputs"]["1"]
-    return out["pid"][0], out["value"][0], out["prefix"][0]
 
 
 def test_build_and_rebuild_asked_where_the_start_builds_nothing(comfyui, tmp_path):
@@ -47,10 +29,10 @@ def test_build_and_rebuild_asked_where_the_start_builds_nothing(comfyui, tmp_pat
     assert state["state"] != "isolated" and state["actions"] == ["build"], state
     status, body = srv.http("POST", "/bulkhead/build", {"pack": NAME, "action": "build"})
     assert status == 202 and body["pack"] == NAME, body
-    state = _wait_state(srv, lambda s: s["state"] == "isolated" and s.get("actions"))
+    state = wait_pack_state(srv, NAME, lambda s: s["state"] == "isolated" and s.get("actions"))
     assert state["actions"] == ["rebuild"], state
     assert "E2EGateWhere" in srv.http("GET", "/object_info")[1]
-    pid, value, old_prefix = _run(srv, 1)
+    pid, value, old_prefix = run_gated(srv, 1)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and old_prefix == state["env"], (value, old_prefix, state)
 
     # Its config changes between two starts: not rebuilt at start, the
@@ -62,18 +44,18 @@ def test_build_and_rebuild_asked_where_the_start_builds_nothing(comfyui, tmp_pat
     state = pack_state(srv, NAME)
     assert state["state"] == "isolated" and state["rebuild"].startswith("not rebuilt"), state
     assert state["actions"] == ["rebuild"], state
-    pid, value, prefix = _run(srv, 2)
+    pid, value, prefix = run_gated(srv, 2)
     assert pid != srv.proc.pid and value == "bhgate 1.0" and prefix == old_prefix
 
     # Rebuild pressed: the new environment is built (the old one serving
     # meanwhile), and the worker's next start runs there, with the new pin.
     status, body = srv.http("POST", "/bulkhead/build", {"pack": NAME, "action": "rebuild"})
     assert status == 202, body
-    state = _wait_state(srv, lambda s: "building" not in s and s.get("rebuild", "").startswith("rebuilt "))
+    state = wait_pack_state(srv, NAME, lambda s: "building" not in s and s.get("rebuild", "").startswith("rebuilt "))
     assert state["state"] == "isolated", state
     status, _ = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})   # its idle worker stops
     assert status == 200
-    pid, value, prefix = _run(srv, 3)
+    pid, value, prefix = run_gated(srv, 3)
     assert pid != srv.proc.pid and value == "bhgate 2.0" and prefix != old_prefix, (value, prefix)
     assert pack_state(srv, NAME)["env"] == prefix
     assert "runs in-process" not in srv.log_since_start()
