@@ -9,6 +9,7 @@ seeing which others run beside it (marker files, no timing)."""
 import os
 import sys
 import threading
+import time
 
 import pytest
 
@@ -138,3 +139,101 @@ def test_a_download_lets_its_stream_go_once_the_installer_says_so(tmp_path, monk
     assert not errors, errors
     seen = {me: next(line for line in lines if line.startswith("saw")).split()[1:] for me, lines in said.items()}
     assert seen == {"D1": ["D2"], "D2": ["D1"]}, said
+
+
+# --- the pool's builds: what each holds while it waits ---
+
+class _Pack:
+    """What submit reads of a pack's config: its name."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _submit(tmp_path, name, work):
+    return building.submit(_Pack(name), "new", str(tmp_path / "envs" / name), str(tmp_path / name), "auto", work)
+
+
+def test_builds_waiting_for_another_install_keep_no_other_build_waiting(tmp_path, monkeypatch):
+    """Nine builds wait for the lock of their environment, which another
+    install holds (this test: the lock envs.build takes, on the file
+    `bulkhead install` locks too); more than the pool had threads (eight).
+    A tenth build, of another environment, runs meanwhile, on the one CPU
+    slot: the waiting ones hold none.  Once the lock is let go they go on."""
+    monkeypatch.setattr(envs, "gate", building._Gate(1))
+    lock_path = str(tmp_path / ".env.lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    import fcntl
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def waits(b):
+        with envs._Lock(lock_path, b.progress, b.name):
+            envs._stream([sys.executable, "-c", "pass"], b.progress, b.name)
+
+    try:
+        waiting = [_submit(tmp_path, f"waits{k}", waits) for k in range(9)]
+        other = _submit(tmp_path, "other", lambda b: envs._stream([sys.executable, "-c", "print('built')"],
+                                                                  b.progress, b.name))
+        assert building.wait([other], 60), [(b.name, b.phase, b.known) for b in waiting + [other]]
+        assert other.error is None and other.known == "built", (other.error, other.known)
+        assert not any(b.done() for b in waiting)
+        assert all(b.phase.startswith(building.LOCK_WAIT + b.name) for b in waiting), [b.phase for b in waiting]
+    finally:
+        os.close(fd)
+    assert building.wait(waiting, 60), [(b.name, b.phase, b.known) for b in waiting]
+    assert not [b.error for b in waiting if b.error], [b.error for b in waiting]
+
+
+def test_a_builds_work_after_its_commands_holds_its_cpu_slot(tmp_path, monkeypatch):
+    """A build's work beside its commands (its pack described in a worker
+    once built) works the CPU too: on one CPU slot, a build submitted
+    while the first one's work goes on after its command waits for it
+    (says so) rather than run its command beside it."""
+    monkeypatch.setattr(envs, "gate", building._Gate(1))
+    ran = tmp_path / "second-ran"
+    describing, second, seen = threading.Event(), [], []
+
+    def first(b):
+        envs._stream([sys.executable, "-c", "pass"], b.progress, b.name)
+        describing.set()
+        deadline = time.monotonic() + 60      # a bound, not a timing
+        while time.monotonic() < deadline:
+            if ran.exists():
+                seen.append("ran beside")
+                return
+            if second and second[0].known.startswith("waiting for a CPU slot"):
+                seen.append("waited")
+                return
+            time.sleep(0.01)
+
+    a = _submit(tmp_path, "first", first)
+    assert describing.wait(60)
+    second.append(_submit(tmp_path, "second", lambda b: envs._stream(
+        [sys.executable, "-c", f"open({str(ran)!r}, 'w').close()"], b.progress, b.name)))
+    assert building.wait([a, second[0]], 120)
+    assert seen == ["waited"] and ran.exists(), (seen, second[0].known)
+
+
+def test_a_build_that_downloads_lets_its_cpu_slot_go(tmp_path, monkeypatch):
+    """On one CPU slot, a build's download and another build's CPU
+    command run at once (each waits until it has seen the other): a
+    download holds its index's stream, not the build's CPU slot."""
+    monkeypatch.setattr(envs, "gate", building._Gate(1))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    said = {}
+
+    def run(me, wants, download):
+        def work(b):
+            cmd = [sys.executable, "-c", WATCHER] + (["pip", "install", "--index-url", "https://a.example/simple",
+                                                      "x"] if download else [])
+            env = dict(os.environ, BH_POOL_DIR=str(markers), BH_POOL_ME=me, BH_POOL_WANTS=wants)
+            envs._stream(cmd, said.setdefault(me, []).append, me, env=env)
+        return work
+
+    bs = [_submit(tmp_path, "downloads", run("A1", "ack-A1-C1", True)),
+          _submit(tmp_path, "works", run("C1", "ack-C1-A1", False))]
+    assert building.wait(bs, 120)
+    assert [b.error for b in bs] == [None, None], [b.error for b in bs]
+    seen = {me: next(line for line in lines if line.startswith("saw")).split()[1:] for me, lines in said.items()}
+    assert seen == {"A1": ["C1"], "C1": ["A1"]}, said

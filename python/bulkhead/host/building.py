@@ -5,15 +5,23 @@ stale because the host changed) or rebuilt (its comfy-env.toml changed: a
 ComfyUI-Manager update that bumped a pin), host/pack.py hands the build
 here instead of building it inside ComfyUI's start-up: the pack is
 recorded "building" (host/states.py, with its phase), ComfyUI's server
-comes up without it, and the build runs on a small pool of threads
-(``pool_size``), side by side with other packs' builds, bounded by what
-they wait for (``_Gate``): a command that downloads from an index takes
-that index's one download stream, any other one of the CPU slots
-(``cpu_slots``), so that more builds run at once than there are CPUs
-where they wait on the network.  Each environment is built at most once
-at a time: ``submit``
-keeps one build per environment directory, and envs/build.py's lock on
-the environment is the one ``bulkhead install`` takes too.
+comes up without it, and the build runs in a thread of its own, side by
+side with other packs' builds, bounded by what they use (``_Gate``): a
+build at work holds one of the CPU slots (``cpu_slots``) -- its Python
+steps, the commands that work the CPU (a venv made, an install that
+downloads nothing) and its pack described in a worker once built --
+except while it downloads: a command that downloads from an index takes
+that index's one download stream instead, and its CPU slot again once
+the installer says its downloads are done.  A build that waits (for a
+CPU slot, a download stream, or the lock of an environment another
+process installs) holds nothing meanwhile, so that no build waits behind
+one that waits: at most one build per CPU slot and one per download
+stream are at work at once (``pool_size``), more than there are CPUs
+where they download, and the slots go to the builds submitted first, so
+that they end one after another rather than all at the end.  Each
+environment is built at most once at a time: ``submit`` keeps one build
+per environment directory, and envs/build.py's lock on the environment
+is the one ``bulkhead install`` takes too.
 
 When a build ends, the caller's ``finish`` (on the build's thread) serves
 the pack -- described in its worker, or the fallback its failure calls
@@ -45,10 +53,12 @@ offers: ``annotate``).
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
+import heapq
+import itertools
 import json
 import logging
 import os
-import queue
 import sys
 import threading
 
@@ -70,83 +80,210 @@ log = logging.getLogger("bulkhead")
 READY_EVENT = "bulkhead.pack_ready"
 PHASE_LEN = 160          # the most of a progress line a pack's phase shows
 LINE_MAX = states.LINE_MAX   # the most of one line of a build's in ComfyUI's log, as of every pack's line
+LOCK_WAIT = "waiting for another install of "   # envs.build's line before it waits for an environment's lock
 short = states.short
 
 
 def cpu_slots():
-    """How many of the builds' commands that work the CPU (a venv made,
-    an install that downloads nothing) run at once: the CPU count, at
-    least 1 and at most 4 (uv and pip use several CPUs each at times)."""
+    """How many builds work the CPU at once (their Python steps, a venv
+    made, an install that downloads nothing, a pack described in a
+    worker): the CPU count, at least 1 and at most 4 (uv and pip use
+    several CPUs each at times)."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
 def pool_size():
-    """How many environments build at once: more than the CPU slots (4
-    builds per slot, at most 8), since a build spends much of its time
-    downloading, one stream per index, and describing its pack in a
-    worker; what bounds their work is ``_Gate``."""
-    return min(8, 4 * cpu_slots())
+    """How many environments are at work at once, not counting those that
+    wait: one build per CPU slot, and one per download stream (an index
+    the builds download from, at least the one they use unless told
+    another), which works the network, not the CPU."""
+    streams = len(_gate.streams) if _gate is not None else 0
+    return cpu_slots() + max(1, streams)
+
+
+class _Slots:
+    """A counting semaphore whose waiters go by their ``order``, the
+    smallest first (a build submitted before goes on before one submitted
+    after, whatever it waited for), not by who asks first: ``ask`` takes
+    a slot where one is free and no smaller order waits, else puts the
+    order in line; ``wait`` then blocks until the slot is its own."""
+
+    def __init__(self, n):
+        self.free = n
+        self.cond = threading.Condition()
+        self.waiting = []       # the orders in line, a heap; under self.cond
+
+    def ask(self, order):
+        """True: a slot is taken; False: order is in line (``wait``)."""
+        with self.cond:
+            if self.free > 0 and (not self.waiting or self.waiting[0] > order):
+                self.free -= 1
+                return True
+            heapq.heappush(self.waiting, order)
+            return False
+
+    def wait(self, order):
+        with self.cond:
+            try:
+                while not (self.free > 0 and self.waiting[0] == order):
+                    self.cond.wait()
+            except BaseException:
+                self.waiting.remove(order)
+                heapq.heapify(self.waiting)
+                self.cond.notify_all()
+                raise
+            heapq.heappop(self.waiting)
+            self.free -= 1
+            self.cond.notify_all()      # the next in line goes too where another slot is free
+
+    def release(self):
+        with self.cond:
+            self.free += 1
+            self.cond.notify_all()
+
+
+_orders = itertools.count()     # the order of builds (and of other threads' commands) for _Slots
 
 
 class _Gate:
-    """envs.build's ``gate`` for the pool's builds: held around each
-    command a build runs.  A command that downloads (``indexes``: the
-    indexes it may reach, envs.build.indexes_of) takes each of those
-    indexes' one download stream, in their sorted order; any other takes
-    one of ``cpu_slots`` CPU slots.  A command holds one kind at a time,
-    and streams are taken in one order: no two builds wait on each other.
-    A download lets its streams go when the installer says its downloads
-    are done (``_Held.downloaded``, envs.build.DOWNLOADS_DONE): it installs
-    while the next build downloads.  Waiting is said on the build's stream
-    (its log file, the panel's "what is known"), not in ComfyUI's log."""
+    """envs.build's ``gate``, and the CPU slots of the pool's builds.  A
+    build of the pool (``_Turn``) holds a CPU slot while at work; a
+    command it runs that downloads (``indexes``: the indexes it may
+    reach, envs.build.indexes_of) lets its CPU slot go and takes each of
+    those indexes' one download stream, in their sorted order, until the
+    installer says its downloads are done (``_Held.downloaded``,
+    envs.build.DOWNLOADS_DONE): then it takes its CPU slot again (it
+    installs) while the next build downloads.  A command of any other
+    thread (a build in the foreground) takes a CPU slot for itself where
+    it downloads nothing.  One kind is held at a time and streams are
+    taken in one order: no two builds wait on each other.  Waiting is
+    said on the build's stream (its log file, the panel's "what is
+    known"), not in ComfyUI's log."""
 
     def __init__(self, cpus):
-        self.cpus = threading.BoundedSemaphore(cpus)
+        self.n, self.cpus = cpus, _Slots(cpus)
         self.streams = {}       # index -> its one download stream (a Lock); under self.lock
         self.lock = threading.Lock()
 
     def __call__(self, indexes, say):
-        if indexes:
-            with self.lock:
-                wanted = [(self.streams.setdefault(i, threading.Lock()),
-                           f"waiting for the download stream of {i} (one build at a time downloads from it)")
-                          for i in indexes]
-        else:
-            wanted = [(self.cpus, f"waiting for a CPU slot ({cpu_slots()} build command(s) at a time work the CPU)")]
-        return _Held(wanted, say, bool(indexes))
+        with self.lock:
+            streams = [(i, self.streams.setdefault(i, threading.Lock())) for i in indexes]
+        return _Held(self, streams, say)
+
+    def take_cpu(self, order, say, asked=False):
+        """Takes a CPU slot for order, saying so where it waits; asked:
+        order was put in line already (``_Slots.ask`` said False)."""
+        if asked or not self.cpus.ask(order):
+            say(f"waiting for a CPU slot ({self.n} build(s) at a time work the CPU)")
+            self.cpus.wait(order)
+
+
+class _Turn:
+    """A build of the pool's hold on a CPU slot of its _Gate: taken when
+    it starts (``take``), let go while it waits on something else or
+    downloads (``let_go``), taken again when it goes on.  ``lock_wait``:
+    it waits for the lock of its environment, which another process
+    holds (``_Progress``).  owner: the Build, whose stream says what it
+    waits for."""
+
+    def __init__(self, gate, order, owner):
+        self.gate, self.order, self.owner = gate, order, owner
+        self.say = owner.stream_line
+        self.held = False
+        self.queued = False     # in line for a slot since ``ask``
+        self.lock_wait = False
+
+    def ask(self):
+        """Takes a slot now where one is free, else puts the build in line
+        (when it is submitted: the builds' order is the submitters')."""
+        self.held = self.gate.cpus.ask(self.order)
+        self.queued = not self.held
+
+    def take(self):
+        if not self.held:
+            queued, self.queued = self.queued, False
+            self.gate.take_cpu(self.order, self.say, asked=queued)
+            self.held = True
+
+    def let_go(self):
+        if self.held:
+            self.held = False
+            self.gate.cpus.release()
+
+
+_here = threading.local()       # .turn: the _Turn of the pool's build on this thread, if it is one
+
+
+def _turn():
+    return getattr(_here, "turn", None)
+
+
+@contextlib.contextmanager
+def _off_cpu():
+    """Around a wait of a build of the pool on something that is not
+    CPU work (ComfyUI's server loop taking its nodes): its CPU slot goes
+    to another build meanwhile."""
+    turn = _turn()
+    held = turn is not None and turn.held
+    if held:
+        turn.let_go()
+    try:
+        yield
+    finally:
+        if held:
+            turn.take()
 
 
 class _Held:
     """What one command holds of a _Gate, taken on entering, let go on
-    leaving (in reverse order); a download's streams also when its
-    installer says its downloads are done (``downloaded``)."""
+    leaving; a download's streams also when its installer says its
+    downloads are done (``downloaded``).  For a build of the pool, what
+    its _Turn holds: let go for a download, taken again after."""
 
-    def __init__(self, wanted, say, streams):
-        self.wanted, self.say, self.streams = wanted, say, streams
-        self.held = []
+    def __init__(self, gate, streams, say):
+        self.gate, self.wanted, self.say = gate, streams, say
+        self.turn = _turn() if _turn() is not None and _turn().gate is gate else None
+        self.streams = []
+        self.cpu = False        # a CPU slot this command took for itself (a thread not of the pool)
 
     def __enter__(self):
         try:
-            for slot, waiting in self.wanted:
-                if not slot.acquire(blocking=False):
-                    self.say(waiting)
-                    slot.acquire()
-                self.held.append(slot)
+            if self.wanted:
+                if self.turn is not None:
+                    self.turn.let_go()
+                for index, stream in self.wanted:
+                    if not stream.acquire(blocking=False):
+                        self.say(f"waiting for the download stream of {index} (one build at a time downloads "
+                                 "from it)")
+                        stream.acquire()
+                    self.streams.append(stream)
+            elif self.turn is not None:
+                self.turn.take()
+            else:
+                self.gate.take_cpu(next(_orders), self.say)
+                self.cpu = True
         except BaseException:
-            self.release()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc):
-        self.release()
+        self._streams_go()
+        if self.cpu:
+            self.cpu = False
+            self.gate.cpus.release()
+        if self.turn is not None:
+            self.turn.take()
 
-    def release(self):
-        while self.held:
-            self.held.pop().release()
+    def _streams_go(self):
+        while self.streams:
+            self.streams.pop().release()
 
     def downloaded(self):
         if self.streams:
-            self.release()
+            self._streams_go()
+            if self.turn is not None:
+                self.turn.take()
 
 
 class _Progress:
@@ -161,6 +298,21 @@ class _Progress:
         self.log_path = None
 
     def __call__(self, line):
+        # envs.build says LOCK_WAIT just before it waits for the lock of
+        # the environment, which another process holds (`bulkhead
+        # install`, another ComfyUI): the build's CPU slot goes to another
+        # build meanwhile, and is taken again at its next line (the lock
+        # is its own then).
+        turn = _turn()
+        if turn is not None and turn.owner is self.build:
+            if line.strip().startswith(LOCK_WAIT):
+                self.build.phase_line(line)
+                turn.lock_wait = True
+                turn.let_go()
+                return
+            if turn.lock_wait:
+                turn.lock_wait = False
+                turn.take()
         self.build.phase_line(line)
 
     def stream(self, line):
@@ -258,14 +410,17 @@ def states_update(b, **fields):
     states.update(b.directory, b.module, **fields)
 
 
-# The pool: up to pool_size() daemon threads taking (Build, work, env_dir)
-# from _queue, their commands gated by _Gate (envs.build.gate, set with the
-# first thread).  Daemon threads, not a ThreadPoolExecutor's, so that a
+# The pool: a daemon thread per Build, which takes a CPU slot of the
+# _Gate (envs.build.gate, set with the first build) before it starts
+# (``_Turn``), in the order builds were submitted, and lets it go while it
+# waits or downloads: what bounds the builds at work is the gate's slots
+# and streams, not a count of threads, so that a build that waits (for
+# another process's install of its environment) keeps no other from
+# going on.  Daemon threads, not a ThreadPoolExecutor's, so that a
 # ComfyUI stopping while builds run is not held until they end (the
 # interpreter joins an executor's threads before its atexit hooks run):
 # _stop, at exit, ends their commands (envs.build.stop_builds).
-_queue = queue.Queue()
-_threads = []
+_gate = None            # the pool's _Gate, made with the first build
 _builds = {}            # environment directory -> its Build in progress; under _lock
 _all = []               # every Build of this process, in order; under _lock
 _lock = threading.Lock()
@@ -275,6 +430,8 @@ def submit(config, kind, env_dir, directory, module, work):
     """Runs ``work(build)`` for config's environment at env_dir on the
     pool, unless a build of that environment is in progress already (then
     that Build is returned and work is not run).  Returns the Build."""
+    global _gate
+    from ..envs import build as envs  # lazy: ComfyUI's start (envs loads once a pack builds)
     with _lock:
         b = _builds.get(env_dir)
         if b is not None and not b.done():
@@ -283,27 +440,24 @@ def submit(config, kind, env_dir, directory, module, work):
         b.future = concurrent.futures.Future()
         _builds[env_dir] = b
         _all.append(b)
-        if not _threads:
+        if _gate is None:
             atexit.register(_stop)
-            from ..envs import build as envs  # lazy: ComfyUI's start (envs loads once a pack builds)
-            envs.gate = _Gate(cpu_slots())
-        if len(_threads) < pool_size():
-            t = threading.Thread(target=_serve, name=f"bulkhead-build-{len(_threads)}", daemon=True)
-            _threads.append(t)
-            t.start()
-        _queue.put((b, work, env_dir))
+            _gate = _Gate(cpu_slots())
+        if envs.gate is None:
+            envs.gate = _gate
+        gate = envs.gate if isinstance(envs.gate, _Gate) else _gate
+        turn = _Turn(gate, next(_orders), b)
+        turn.ask()
+        b.future.set_running_or_notify_cancel()
+        threading.Thread(target=_run, args=(b, work, env_dir, turn), name=f"bulkhead-build {b.name}",
+                         daemon=True).start()
     return b
 
 
-def _serve():
-    while True:
-        b, work, env_dir = _queue.get()
-        if b.future.set_running_or_notify_cancel():
-            _run(b, work, env_dir)
-
-
-def _run(b, work, env_dir):
+def _run(b, work, env_dir, turn):
+    _here.turn = turn
     try:
+        turn.take()
         work(b)
     except Exception as e:  # work records its own outcome; what escapes is a bug, logged, not lost
         log.exception("bulkhead: pack %r: its background build ended with an error", b.name)
@@ -312,6 +466,8 @@ def _run(b, work, env_dir):
         if states.state_of(b.directory, b.module) == "building":     # not left "building" for ever
             states.failed(b.directory, b.name, b.error, module=b.module)
     finally:
+        turn.let_go()
+        _here.turn = None
         with _lock:
             if _builds.get(env_dir) is b:
                 del _builds[env_dir]
@@ -379,7 +535,9 @@ def register(config, classes, display):
             finally:
                 done.set()
         loop.call_soon_threadsafe(add)
-        if not done.wait(REGISTER_WAIT_S):
+        with _off_cpu():
+            on_time = done.wait(REGISTER_WAIT_S)
+        if not on_time:
             log.warning("bulkhead: pack %r: ComfyUI's server loop did not take its nodes within %g s; they are "
                         "added from the build's thread", config.name, REGISTER_WAIT_S)
             added.extend(_add(config, classes, display, mapping, names))
