@@ -74,8 +74,8 @@ struct bh_block {
    * it keeps for a tensor it sends again): mapped copy-on-write here,
    * sent back or forwarded by reference only where unwritten here
    * (bh__range_clean), its written pages dropped at each return (so a
-   * next loan reads the owner's bytes).  Its fd is kept as any peer
-   * block's (a forward of it needs no new seal). */
+   * next loan reads the owner's bytes).  In a pool that forwards, the
+   * only peer blocks that keep their fd and may be forwarded (shm.c). */
   uint8_t private_map;
   /* own: sealed against writes before the peer mapped it (the peer maps
    * it copy-on-write and drops what it wrote there before each return, so
@@ -95,9 +95,10 @@ struct bh_block {
 #define BH__RETURN_SPENT 0x80000000u
 _Static_assert(BH__RETURN_SPENT == BH_BLOCK_BACK, "own ids stay below the spent bit");
 
-/* Peer blocks of at least this size keep their memfd in a pool that
- * forwards (bh_channel_opts.forward), so another channel can introduce
- * them; smaller ones cost less to copy than a mapping does. */
+/* Peer blocks of at least this size that their owner sealed keep their
+ * memfd in a pool that forwards (bh_channel_opts.forward), so another
+ * channel can introduce them; smaller ones cost less to copy than a
+ * mapping does. */
 #define BH__FORWARD_MIN (1u << 20)
 
 int bh__pool_open(bh_pool **out, size_t keep_bytes, int forward);
@@ -142,12 +143,13 @@ int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out,
  * present, or a file page), 0 when one is, or a negative errno. */
 int bh__range_clean(const void *addr, uint64_t n);
 /* A forward: the held peer block of ANOTHER open pool of this process
- * that holds [addr, addr + n) at an aligned offset and kept its memfd,
- * sealed against writes from now on (F_SEAL_FUTURE_WRITE: the mappings
- * there are stay writable, new ones cannot be), shown in `p` as an own
- * block of p's id space (src set, one reference owned by the caller) that
- * p's peer maps copy-on-write when it is lent.  -ENOENT if none (no such
- * block, no fd kept, the seal refused). */
+ * that its owner sealed against writes (F_SEAL_FUTURE_WRITE: the owner's
+ * mapping stays writable, new ones cannot be), that holds [addr, addr + n)
+ * alone and kept its memfd, shown in `p` as an own block of p's id space
+ * (src set, one reference owned by the caller) that p's peer maps
+ * copy-on-write when it is lent.  -ENOENT if none (no such block, one its
+ * owner did not seal, no fd kept, a range of it, written here): the
+ * caller copies the bytes instead. */
 int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset);
 /* The fd a frame introducing own block b passes (a forward's: its
  * source's), or -1. */

@@ -30,13 +30,23 @@
  *   forward     (protocol 7) a peer block of ANOTHER channel's pool, shown
  *               here as an own block (src set) so this channel's peer
  *               maps it too: a host passes worker A's output to worker B
- *               with no copy.  A pool opened to forward keeps the memfd of
- *               each peer block of at least BH__FORWARD_MIN bytes (within
- *               a process-wide bound, apart from own blocks'); the
- *               forward seals it against writes (F_SEAL_FUTURE_WRITE:
- *               the owner's and this process's mappings, made before, stay
- *               writable) and B, seeing the seal, maps it copy-on-write
- *               (its writes stay its own) and sends it back by
+ *               with no copy.  Only a block its owner sealed against
+ *               writes before lending it (F_SEAL_FUTURE_WRITE,
+ *               bh__pool_acquire_sealed: a tensor the owner keeps and
+ *               sends again, tensors.SendCache) is forwarded: a pool opened
+ *               to forward keeps the memfd of each such peer block of at
+ *               least BH__FORWARD_MIN bytes (within a process-wide bound,
+ *               apart from own blocks').  Any other block of the owner's
+ *               is one its pool reuses for its next output; forwarding it
+ *               would spend it (below), and its owner would pay a fresh
+ *               memfd per output (~40 ms per 64 MiB on a small VM, every
+ *               page faulted in B besides), so its bytes are copied
+ *               instead into a block of this channel's pool, one memcpy
+ *               into pages B has mapped already, and the owner gets its
+ *               block back for reuse: B never sees a block its owner
+ *               reuses.  B, seeing the seal, maps a forward copy-on-write
+ *               (its writes stay its own; the owner's mapping, made
+ *               before the seal, stays writable) and sends it back by
  *               reference only where it wrote nothing (bh__range_clean,
  *               as for any copy-on-write block).  B maps the whole block,
  *               so only a tensor that fills its block alone is forwarded
@@ -62,7 +72,7 @@
  *               A never reuses it (a tensor A keeps there goes again
  *               unchanged, as the same block: the forward kept for it
  *               serves) but destroys it at its last reference, with a
- *               retire note; A's next output takes a fresh memfd.  The
+ *               retire note; A's next such block takes a fresh memfd.  The
  *               host unmaps the block at that note and retires its
  *               dormant forwards first (a retire note: B unmaps;
  *               bh__forwards_forget), as does a pool that closes.  A
@@ -89,7 +99,7 @@
  * block comes back when the peer dropped its last view of any of them).
  *
  * A spent block's retire and its successor are kept off the call path
- * (protocol 10 makes every forwarded output of the owner a fresh memfd,
+ * (protocol 10 makes every forwarded block of the owner's a fresh memfd,
  * whose pages cost ~40 ms per 64 MiB to allocate and map on a small VM):
  * at a spent block's last reference a thread of the pool's (the spare
  * thread, one at a time, joined before the next and at close) unmaps it
@@ -871,9 +881,10 @@ int bh__pool_adopt(bh_pool *p, uint32_t id, int fd, uint64_t size) {
   b->id = id;
   b->size = (size_t)size;
   b->fd = -1;
-  /* A pool that forwards keeps a large block's fd (within the process's
-   * bound) so another channel can introduce it. */
-  if (p->forward && size >= BH__FORWARD_MIN) {
+  /* A pool that forwards keeps the fd of a large block its owner sealed
+   * (within the process's bound) so another channel can introduce it:
+   * only those are forwarded (bh__pool_forward). */
+  if (p->forward && b->private_map && size >= BH__FORWARD_MIN) {
     if (atomic_fetch_add(&bh__peer_fds, 1) < bh__block_fds_max()) b->fd = fd, fd = -1;
     else atomic_fetch_sub(&bh__peer_fds, 1);
   }
@@ -1009,8 +1020,9 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
       uintptr_t lo = (uintptr_t)b->addr;
       if (a < lo || a - lo > b->size || n > b->size - (a - lo)) continue;
       /* Held here (a view lives), so that peer keeps it lent; the
-       * reference taken keeps it so while the forward lives. */
-      if (atomic_load(&b->refs) > 0 && b->fd >= 0 && (a - lo) % BH_ARENA_ALIGN == 0) {
+       * reference taken keeps it so while the forward lives.  Only a
+       * block its owner sealed (see the top). */
+      if (atomic_load(&b->refs) > 0 && b->fd >= 0 && b->private_map && (a - lo) % BH_ARENA_ALIGN == 0) {
         atomic_fetch_add(&b->refs, 1);
         src = b;
         off = a - lo;
@@ -1029,15 +1041,14 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
    * would show the receiver bytes never sent to it: copied instead. */
   if (off != 0 || src->size - n >= BH__PAGE || !bh__zero((const char *)addr + n, src->size - n))
     goto err;
-  /* A copy-on-write one (sealed already) only where nothing was written
-   * here: the receiver must get the bytes this process sees. */
-  if (src->private_map && bh__range_clean(addr, n) != 1) goto err;
-  /* Sealed against writes: mappings made before (the owner's, this
-   * process's) stay writable, the receiver's cannot be. */
+  /* Copy-on-write here (its owner sealed it): only where nothing was
+   * written here, as the receiver must get the bytes this process sees. */
+  if (bh__range_clean(addr, n) != 1) goto err;
+  /* Sealed against writes by its owner (bh__pool_adopt saw the seal):
+   * mappings made before (the owner's) stay writable, the receiver's
+   * cannot be. */
   int seals = fcntl(src->fd, F_GET_SEALS);
-  if (seals >= 0 && !(seals & BH__WRITE_SEALS) && fcntl(src->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0)
-    seals = fcntl(src->fd, F_GET_SEALS);
-  if (seals < 0 || !(seals & BH__WRITE_SEALS)) goto err; /* an old kernel, or F_SEAL_SEAL: copy */
+  if (seals < 0 || !(seals & BH__WRITE_SEALS)) goto err;
   /* The receiver will hold its memfd for good: its owner must never
    * reuse the block for other bytes, which its return note will say.
    * Marked before the block can be forwarded, and kept where this forward

@@ -1,15 +1,24 @@
-"""#26: pack A's output into pack B's worker with one copy in all.
+"""#26: pack A's output into pack B's worker.
 
 Worker A's reply lends the host a block of A's; the host's array is a
-view of it.  Sent to worker B, that array goes as a forward (protocol 7):
-the host introduces A's block to B (its memfd, which a host keeps for
-blocks of 1 MiB or more, sealed against writes from then on) as a block
-of its own channel with B, and B maps it copy-on-write.  The host copies
-nothing and makes no block; B's writes stay in B; A never reuses a
-block that was forwarded (protocol 10: B has its memfd for good), but
-retires it when it lets go; a block whose owner died stays readable to
-the holders.  Every test ends with the fds, children and /dev/shm it started
-with (conftest's no_leaks).
+view of it.  Sent to worker B, that array goes one of two ways (#40):
+
+- A block A sealed against writes before lending it (a torch tensor A
+  keeps and sends again: tensors.SendCache's block, from its second
+  crossing) goes as a forward (protocol 7): the host introduces A's block
+  to B (its memfd, which a host keeps for such blocks of 1 MiB or more) as
+  a block of its own channel with B, and B maps it copy-on-write.  The
+  host copies nothing and makes no block; B's writes stay in B; A never
+  reuses a block that was forwarded (protocol 10: B has its memfd for
+  good), but retires it when it lets go; a block whose owner died stays
+  readable to the holders.
+- Any other block (A's pool reuses it for its next output) is copied by
+  the host into a block of its channel with B, which B has mapped already
+  from the last such copy: one memcpy, no page faulted afresh in B, and A
+  gets its block back for its next output.  B never sees a block A reuses.
+
+Every test ends with the fds, children and /dev/shm it started with
+(conftest's no_leaks).
 """
 
 import gc
@@ -39,15 +48,64 @@ def _pair(make_worker):
     return a, b
 
 
-def test_a_workers_array_goes_to_another_worker_without_a_copy(make_worker):
+def _sealed(a, n, fill=1.0):
+    """A's cached torch tensor of n float32 as the host gets it on its
+    second crossing: in the block A keeps for it, sealed (SendCache), which
+    the host forwards."""
+    pytest.importorskip("torch")
+    a.call("bh_backrefs:cached", n, fill)  # the first crossing: copied
+    t = a.call("bh_backrefs:cached", n, fill)
+    assert a.call("bh_backrefs:stats")["sealed_blocks"] >= 1
+    return t
+
+
+def _sealed_bytes(a, n, fill):
+    """A's kept uint8 tensor of n bytes `fill` on its second crossing (in
+    its sealed block: what the host forwards)."""
+    pytest.importorskip("torch")
+    a.call("bh_fwdscope:kept", n, fill)
+    return a.call("bh_fwdscope:kept", n, fill)
+
+
+def test_a_workers_new_array_goes_to_another_worker_copied_once_by_the_host(make_worker):
+    """A's array in a block of A's pool (not sealed: A's next output takes
+    it again) is copied by the host into a block of its own for B; the
+    host keeps no fd of A's block, and A, given its block back, reuses it
+    for its next output (#40: forwarding it spent it, so each output
+    took a fresh memfd)."""
     a, b = _pair(make_worker)
     x = a.call("bh_backrefs:make", N, "numpy", 2.0)
+    assert a.stats()["peer_fds"] == 0  # not kept: never forwarded
+    host_b, worker_a = b.stats(), a.call("bh_backrefs:stats")
+    rows, _ = b.call("bh_backrefs:inspect", x)
+    assert rows[0]["sum"] == 2.0 * N
+    assert rows[0]["own"] is False  # the host's block, mapped in B
+    after = b.stats()
+    assert after["forwarded"] == host_b["forwarded"]
+    assert after["created"] + after["reused"] == host_b["created"] + host_b["reused"] + 1
+    del x
+    _settle(a, b)
+    y = a.call("bh_backrefs:make", N, "numpy", 3.0)
+    s = a.call("bh_backrefs:stats")
+    assert s["created"] == worker_a["created"] and s["spent"] == 0  # the same block again
+    assert b.call("bh_backrefs:inspect", y)[0][0]["sum"] == 3.0 * N
+    del y
+    _settle(a, b)
+
+
+@pytest.mark.torch
+def test_a_workers_sealed_tensor_goes_to_another_worker_without_a_copy(make_worker):
+    """A's kept tensor (its sealed block) goes to B as a forward, and
+    10,000 forwards of it (lent, returned, kept dormant, lent again) leave
+    no fd, block or mapping more anywhere, nothing copied; when A lets it
+    go, A retires the block and B unmaps it."""
+    a, b = _pair(make_worker)
+    x = _sealed(a, N, 2.0)
     host_b, worker_b = b.stats(), b.call("bh_backrefs:stats")
     assert a.stats()["peer_fds"] == 1  # kept, for a forward
 
     rows, during = b.call("bh_backrefs:inspect", x, x)
     assert [r["sum"] for r in rows] == [2.0 * N, 2.0 * N]
-    assert rows[0]["own"] is False and rows[0]["writeable"]  # A's block, mapped in B
     after = b.stats()
     # the host made no block and copied nothing: one forward each, the
     # same block for both (lent once)
@@ -62,61 +120,75 @@ def test_a_workers_array_goes_to_another_worker_without_a_copy(make_worker):
     assert b.stats()["forward_blocks"] == 0
     assert b.call("bh_backrefs:stats")["peer_blocks"] == worker_b["peer_blocks"] + 1
     assert float(x.sum()) == 2.0 * N
+
+    fds, host_a, host_b = _fds(), a.stats(), b.stats()
+    worker_b = b.call("bh_backrefs:stats")
+    for _ in range(10_000):
+        assert b.call("bh_backrefs:first", x) == 2.0
+    _settle(b)
+    assert _fds() == fds
+    assert a.stats() == host_a
+    after = b.stats()
+    assert after["forwarded"] == host_b["forwarded"] + 10_000
+    after.pop("forwarded"), host_b.pop("forwarded")
+    assert after == host_b
+    after = b.call("bh_backrefs:stats")
+    for k in ("created", "own_blocks", "own_bytes", "peer_blocks", "peer_bytes"):
+        assert after[k] == worker_b[k], (k, after, worker_b)
+
     del x
     _settle(a)
     assert a.call("bh_backrefs:stats")["lent_blocks"] == 0
     # A's block goes (forwarded, A retires it rather than reuse it: protocol
     # 10): the forward kept for it is retired with it, and B unmaps it
-    a.call("bh_backrefs:trim")
+    a.call("bh_backrefs:forget_cached", N)
     _settle(a, b)
-    assert b.call("bh_backrefs:stats")["peer_blocks"] == worker_b["peer_blocks"]
+    assert a.call("bh_backrefs:stats")["spent"] == 1
+    assert b.call("bh_backrefs:stats")["peer_blocks"] == worker_b["peer_blocks"] - 1
 
 
 @pytest.mark.torch
 def test_a_forwarded_tensor_is_copy_on_write_in_the_receiver(make_worker):
     """B writes into the tensor it got (torch has no read-only tensors):
-    the write stays in B; A's block and the host's view keep A's bytes."""
+    the write stays in B; A's block and the host's view keep A's bytes.
+    B returning what it got names the block (a back ref to the host's
+    forward: no copy) while B wrote nothing there; once B wrote into it
+    (its bytes differ from A's), the reply is copied, once, in B."""
     torch = pytest.importorskip("torch")
     a, b = _pair(make_worker)
-    t = a.call("bh_backrefs:make", N, "torch", 3.0)
+    t = _sealed(a, N, 3.0)
+    taken, forwarded = b.call("bh_backrefs:stats"), b.stats()["forwarded"]
+    y = b.call("bh_testmod:echo", t)[0][0]
+    assert torch.equal(t, y)
+    after = b.call("bh_backrefs:stats")
+    assert after["created"] + after["reused"] == taken["created"] + taken["reused"]
+    del y
     assert b.call("bh_backrefs:fill", t, 1.0) == float(N)
+    assert b.stats()["forwarded"] == forwarded + 2
     assert float(t.sum()) == 3.0 * N
     created = a.stats()["created"]
     rows, _ = a.call("bh_backrefs:inspect", t)  # back to A: its own block, unchanged
     assert rows[0]["sum"] == 3.0 * N and a.stats()["created"] == created
     assert b.stats()["created"] == 0
+    b.call("bh_backrefs:keep", t)
+    assert b.call("bh_backrefs:fill", t, 1.0) == float(N)  # B's own copy of the pages now
+    rows, _ = b.call("bh_backrefs:inspect", t)
+    assert rows[0]["sum"] == 3.0 * N  # a new crossing: A's bytes
+    b.call("bh_backrefs:drop")
     del t
     _settle(a, b)
 
 
-def test_a_forwarded_array_sent_back_is_copied_only_once_written(make_worker):
-    """B returning what it got names the block (a back ref to the host's
-    forward: no copy) while B wrote nothing there; once B wrote into it
-    (copy-on-write: B's bytes differ from A's), the reply is copied, once,
-    in B."""
-    a, b = _pair(make_worker)
-    x = a.call("bh_backrefs:make", N, "numpy", 4.0)
-    taken = b.call("bh_backrefs:stats")
-    y = b.call("bh_testmod:echo", x)[0][0]
-    assert np.array_equal(x, y)
-    after = b.call("bh_backrefs:stats")
-    assert after["created"] + after["reused"] == taken["created"] + taken["reused"]
-    del y
-    b.call("bh_backrefs:keep", x)
-    assert b.call("bh_backrefs:fill", x, 1.0) == float(N)  # B's own copy of the pages now
-    rows, _ = b.call("bh_backrefs:inspect", x)
-    assert rows[0]["sum"] == 4.0 * N  # a new crossing: A's bytes
-    b.call("bh_backrefs:drop")
-    del x
-    _settle(a, b)
-
-
+@pytest.mark.torch
 def test_the_source_block_is_not_reused_while_the_receiver_holds_it(make_worker):
-    """The host drops its view while B keeps the forwarded array: A's block
-    stays lent (the forward holds it) and A's next arrays take others;
-    once B drops it, the block goes back to A."""
+    """The host drops its view while B keeps the forwarded tensor: A's
+    block stays lent (the forward holds it) and A's next arrays take
+    others; once B drops it, the block goes back to A, spent (protocol
+    10), and goes when A lets its tensor go.  Then A is killed while B
+    (and the host) hold another of its blocks: both still read A's bytes
+    (every mapping keeps the pages); then it all goes."""
     a, b = _pair(make_worker)
-    x = a.call("bh_backrefs:make", N, "numpy", 5.0)
+    x = _sealed(a, N, 5.0)
     b.call("bh_backrefs:keep", x)
     del x
     _settle(a, b)
@@ -127,24 +199,23 @@ def test_the_source_block_is_not_reused_while_the_receiver_holds_it(make_worker)
     b.call("bh_backrefs:drop")
     _settle(b, a)
     s = a.call("bh_backrefs:stats")
-    assert s["lent_blocks"] == 0 and s["free_blocks"] == s["own_blocks"]
+    assert s["lent_blocks"] == 0 and s["free_blocks"] == s["own_blocks"] - 1  # the kept one
     assert b.stats()["forward_blocks"] == 0
+    a.call("bh_backrefs:forget_cached", N)
+    _settle(a, b)
+    s = a.call("bh_backrefs:stats")
+    assert s["spent"] == 1 and s["free_blocks"] == s["own_blocks"]
 
-
-def test_a_dead_owner_leaves_the_holders_data_intact(make_worker):
-    """A is killed while B (and the host) hold its block: both still read
-    A's bytes (every mapping keeps the pages); then it all goes."""
-    a, b = _pair(make_worker)
-    x = a.call("bh_backrefs:make", N, "numpy", 6.0)
+    x = _sealed(a, N, 6.0)
     b.call("bh_backrefs:keep", x)
-    pid = a.pid
-    os.kill(pid, signal.SIGKILL)
+    assert b.stats()["forwarded"] == 2
+    os.kill(a.pid, signal.SIGKILL)
     poller = select.poll()
     poller.register(a._chan.fileno(), select.POLLRDHUP)
     assert poller.poll(10_000), "the killed worker's socket never closed"
     assert float(x.sum()) == 6.0 * N
     assert b.call("bh_backrefs:kept_sum")[0] == 6.0 * N
-    assert b.call("bh_backrefs:inspect", x)[0][0]["sum"] == 6.0 * N  # forwarded again
+    assert b.call("bh_backrefs:inspect", x)[0][0]["sum"] == 6.0 * N  # copied: A's channel is gone
     del x
     gc.collect()
     assert b.call("bh_backrefs:kept_sum")[0] == 6.0 * N
@@ -157,23 +228,34 @@ def _fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_the_next_forward_of_a_block_faults_no_page_in_the_receiver(make_worker):
-    """A's array forwarded to B again (#40): B reads it through the mapping
-    it kept from the forward before, its pages already there, as it reads
-    an array of its own a second time; the first forward's reading is what
-    mapping A's block afresh costs (every page faulted), which each forward
-    cost before."""
+def test_a_new_output_each_call_faults_no_page_in_the_receiver(make_worker):
+    """A new array of A's to B on every call (#40), the host dropping it in
+    between: the host copies each into the block it copied the last one
+    into, which B maps still, so B reads it as it reads an array of its own
+    a second time, and A reuses its one block.  The first crossing's
+    reading is what a block mapped afresh costs (every page faulted),
+    which each call cost while the host forwarded A's block: A then never
+    reused a forwarded block (protocol 10), so every output was a fresh
+    memfd and a fresh mapping in B."""
     a, b = _pair(make_worker)
     n = 8 * N  # 8 MiB
-    x = a.call("bh_backrefs:make", n, "numpy", 1.0)
-    first_sum, first = b.call("bh_backrefs:sum_faults", x)
-    _settle(b)
-    again_sum, again = b.call("bh_backrefs:sum_faults", x)
+    faults = []
+    for i in range(4):
+        x = a.call("bh_backrefs:make", n, "numpy", float(i))
+        total, f = b.call("bh_backrefs:sum_faults", x)
+        assert total == float(i * n)
+        faults.append(f)
+        del x
+        _settle(a, b)
+        if i == 0:
+            created_a, created_b = a.call("bh_backrefs:stats")["created"], b.stats()["created"]
     own_sum, own = b.call("bh_backrefs:own_sum_faults", n)
-    assert first_sum == again_sum == own_sum == float(n)
-    assert first > own + 64   # a fresh mapping faults (the sensitivity of this test)
-    assert again <= own + 4   # the kept one as the receiver's own pages
-    _settle(b)
+    assert own_sum == float(n)
+    assert faults[0] > own + 64  # a fresh mapping faults (the sensitivity of this test)
+    assert faults[-1] <= own + 4, faults  # the kept one as the receiver's own pages
+    assert a.call("bh_backrefs:stats")["created"] == created_a  # A's block, reused
+    assert b.stats()["created"] == created_b  # the host's block for B, reused
+    _settle(a, b)
 
 
 @pytest.mark.torch
@@ -202,31 +284,6 @@ def test_a_tensor_the_owner_sends_again_faults_no_page_in_the_receiver(make_work
     assert faults[0] > own + 64  # a fresh mapping faults (the sensitivity of this test)
     assert faults[-1] <= own + 4, faults  # the kept one as the receiver's own pages
     _settle(a, b)
-
-
-def test_ten_thousand_forwards_leave_fds_and_blocks_flat(make_worker):
-    """A's array forwarded to B 10,000 times (intro, map, return, retire
-    each time): no fd, block or mapping more anywhere, nothing copied."""
-    a, b = _pair(make_worker)
-    x = a.call("bh_backrefs:make", N, "numpy", 1.0)
-    assert b.call("bh_backrefs:first", x) == 1.0
-    _settle(b)
-    fds, host_a, host_b = _fds(), a.stats(), b.stats()
-    worker_b = b.call("bh_backrefs:stats")
-    for _ in range(10_000):
-        assert b.call("bh_backrefs:first", x) == 1.0
-    _settle(b)
-    assert _fds() == fds
-    assert a.stats() == host_a
-    after = b.stats()
-    assert after["forwarded"] == host_b["forwarded"] + 10_000
-    after.pop("forwarded"), host_b.pop("forwarded")
-    assert after == host_b
-    after = b.call("bh_backrefs:stats")
-    for k in ("created", "own_blocks", "own_bytes", "peer_blocks", "peer_bytes"):
-        assert after[k] == worker_b[k], (k, after, worker_b)
-    del x
-    _settle(a)
 
 
 def test_small_blocks_are_copied_and_keep_no_fd(make_worker):
@@ -258,8 +315,10 @@ def test_the_receiver_reads_no_byte_of_the_owners_it_was_not_sent(make_worker):
     message (an arena block of 1 MiB or more), the rest of the array a view
     was cut from, and A's older bytes past a tensor in a reused block.  As
     in one process, where a node sees only the array it got, B now reads
-    nothing but its array's bytes and zeros in the mapping that holds it;
-    an array that fills its block alone is still forwarded."""
+    nothing but its array's bytes and zeros in the mapping that holds it
+    (#40: an array of A's pool is copied by the host; a tensor A keeps, in
+    a sealed block of its own, is forwarded:
+    test_a_kept_forward_shows_the_receiver_none_of_the_owners_new_bytes)."""
     a, b = _pair(make_worker)
     # one message of eight 200 KB arrays: the arena's third block (1 MiB)
     # holds the last five
@@ -286,50 +345,72 @@ def test_the_receiver_reads_no_byte_of_the_owners_it_was_not_sent(make_worker):
     assert b.call("bh_fwdscope:around", z)[0] in ([], [0])
     del z
     _settle(a, b)
-    # reused for a size that ends inside its last page: the page's tail
-    # is cleared, and the array, alone in its block, is forwarded
+    # reused for a size that ends inside its last page: copied (#40: A's
+    # pool reuses it), the host's block for B shows nothing else either
     a.call("bh_fwdscope:trim")
     a.call("bh_fwdscope:one", (1 << 20) + 8192, 0x66)
     _settle(a)
     forwarded = b.stats()["forwarded"]
     w = a.call("bh_fwdscope:one", (1 << 20) + 4096 + 100, 0x44)
+    _fresh(b)
     seen, size = b.call("bh_fwdscope:around", w)
-    assert seen in ([], [0]) and size == (1 << 20) + 8192, (seen, size)
-    assert b.stats()["forwarded"] == forwarded + 1
+    assert seen in ([], [0]), (seen, size)
+    assert b.stats()["forwarded"] == forwarded
     del w
     _settle(a, b)
-    assert b.stats()["forward_blocks"] == 0
 
 
+@pytest.mark.torch
 def test_a_kept_forward_shows_the_receiver_none_of_the_owners_new_bytes(make_worker):
-    """B returned a forward of A's block and the host dropped A's array: A
-    gets its block back, and A's next array of that size is one B is never
-    sent.  The mapping B kept of the block (#40, for the next forward of
-    it) is retired with the block, which A retires rather than reuse
-    (protocol 10), so B reads nothing of A's new bytes there: 471c5c9 kept
-    the mapping while A reused the block, and B read them (0x99)."""
+    """B returned a forward of A's kept block, the host dropped A's tensor
+    and A let it go.  The mapping B kept of the block (#40, for the next
+    forward of it) is retired with the block, which A retires rather than
+    reuse (protocol 10), so B reads nothing of A's new bytes there (in a
+    tensor A keeps next, a sealed block again, or in its next output):
+    471c5c9 kept the mapping while A reused the block, and B read them
+    (0x99).  Nor does B through the block's fd, kept as a pack's code
+    could keep the fd it was sent: A's next kept tensor of that size takes
+    a fresh block."""
     a, b = _pair(make_worker)
-    x = a.call("bh_fwdscope:one", 4 * N, 0x11)  # uint8: 1 MiB, forwarded
-    assert b.call("bh_fwdpeek:note", x) == 4 * N
+    # a kept tensor that ends inside its block's last page: forwarded, and
+    # the mapping B gets shows nothing but it and zeros (#37)
+    k = _sealed_bytes(a, (1 << 20) + 4096 + 100, 0x44)
+    seen, size = b.call("bh_fwdscope:around", k.numpy())
+    assert seen in ([], [0]) and size == (1 << 20) + 8192, (seen, size)
+    assert b.stats()["forwarded"] == 1
+    del k
+    x = _sealed_bytes(a, 4 * N, 0x11)  # 1 MiB, forwarded
+    size = b.call("bh_fwdpeek:keep_fd", x)  # notes the mapping too
+    assert size in (None, 4 * N)  # None: the worker may not open its map_files
     del x
+    a.call("bh_fwdscope:drop_kept")
     _settle(a, b, a, b)
-    y = a.call("bh_fwdscope:one", 4 * N, 0x99)  # A's next output, bytes B never gets
+    y = _sealed_bytes(a, 4 * N, 0x99)  # bytes B never gets
+    z = a.call("bh_fwdscope:one", 4 * N, 0x99)
     seen = b.call("bh_fwdpeek:peek")
     assert seen is None or set(seen) <= {0, 0x11}, f"B read {seen} of A's"
-    del y
+    if size is not None:
+        seen = b.call("bh_fwdpeek:read_kept")
+        assert 0x99 not in seen, f"B read {seen} of A's through the fd it kept"
+    assert b.stats()["forwarded"] == 2
+    assert a.call("bh_backrefs:stats")["spent"] == 2  # the forwarded blocks, retired
+    del y, z
+    a.call("bh_fwdscope:drop_kept")
     _settle(a, b)
 
 
 def test_a_receiver_that_keeps_the_fd_reads_none_of_the_owners_next_output(make_worker):
-    """B's code keeps the fd of the block an array it got came in (the
-    memfd of A's block, forwarded): in one process a node holding its input
-    never sees what another node makes next, and through that fd B reads
-    nothing of A's next output either.  A never reuses a block the host
-    forwarded (its return says so, protocol 10): it retires it, and its
-    next output of that size takes a fresh block.  Without, A reused the
-    block and B read A's next output (0x99) through the fd it kept."""
+    """B's code keeps the fd of the block an array it got came in: in one
+    process a node holding its input never sees what another node makes
+    next, and through that fd B reads nothing of A's next output either.
+    A's new output is copied by the host into a block of its channel with
+    B (#40), so B never gets the fd of a block A reuses: A takes the same
+    block for its next output, and B reads none of it.  Before protocol
+    10, A reused a forwarded block and B read A's next output (0x99)
+    through the fd it kept."""
     a, b = _pair(make_worker)
-    x = a.call("bh_fwdscope:one", 4 * N, 0x11)  # uint8: 1 MiB, forwarded
+    x = a.call("bh_fwdscope:one", 4 * N, 0x11)  # uint8: 1 MiB
+    created = a.call("bh_backrefs:stats")["created"]
     size = b.call("bh_fwdpeek:keep_fd", x)
     if size is None:
         pytest.skip("the worker may not open /proc/self/map_files (needs CAP_CHECKPOINT_RESTORE)")
@@ -339,6 +420,7 @@ def test_a_receiver_that_keeps_the_fd_reads_none_of_the_owners_next_output(make_
     y = a.call("bh_fwdscope:one", 4 * N, 0x99)  # A's next output, bytes B never gets
     seen = b.call("bh_fwdpeek:read_kept")
     assert 0x99 not in seen, f"B read {seen} of A's through the fd it kept"
-    assert a.call("bh_backrefs:stats")["spent"] == 1  # the forwarded block, retired
+    s = a.call("bh_backrefs:stats")
+    assert s["spent"] == 0 and s["created"] == created  # A's block, reused
     del y
     _settle(a, b)

@@ -99,6 +99,11 @@ def cached(n, fill=1.0):
     return t
 
 
+def forget_cached(n):
+    """Lets the cached tensor of n go (the block kept for it with it)."""
+    _kept.pop(("cached", n), None)
+
+
 def cached_add(n, value):
     """Changes the cached tensor in place."""
     cached(n).add_(value)

@@ -11,8 +11,9 @@ _noted = {}
 
 
 def note(a):
-    """Notes the mapping that holds a's bytes; returns its size."""
-    addr = a.__array_interface__["data"][0]
+    """Notes the mapping that holds a's bytes (an array or a torch
+    tensor); returns its size."""
+    addr = a.data_ptr() if hasattr(a, "data_ptr") else a.__array_interface__["data"][0]
     with open("/proc/self/maps") as f:
         for line in f:
             lo, hi = (int(x, 16) for x in line.split()[0].split("-"))

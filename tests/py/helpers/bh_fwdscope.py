@@ -16,6 +16,26 @@ def one(n, fill):
     return np.full(n, fill, dtype=np.uint8)
 
 
+_kept = {}
+
+
+def kept(n, fill):
+    """A torch uint8 tensor of n bytes `fill`, the same object on every
+    call (a cached output): its second crossing on goes in a block kept
+    for it, sealed against writes (tensors.SendCache), the only kind the
+    host forwards."""
+    import torch
+    t = _kept.get((n, fill))
+    if t is None:
+        t = _kept[(n, fill)] = torch.full((n,), fill, dtype=torch.uint8)
+    return t
+
+
+def drop_kept():
+    """Lets the cached tensors go (their kept blocks with them)."""
+    _kept.clear()
+
+
 def around(a):
     """The byte values this process can read in the mapping that holds a's
     bytes, outside a's own bytes (sorted), and that mapping's size."""
