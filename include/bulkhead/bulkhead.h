@@ -440,13 +440,18 @@ BH_EXTERN int bh_pool_stats_get(bh_pool *p, bh_pool_stats *out);
  * lent stay.  Returns the bytes freed. */
 BH_EXTERN size_t bh_pool_trim(bh_pool *p, size_t keep_bytes);
 
-/* Copies nbytes from src to dst (not overlapping) on `threads` threads:
- * this one and threads-1 helpers started for the call and joined before it
- * returns, each copying one contiguous share (at most 16 threads; a helper
- * that cannot be started leaves its share to this thread).  1: one memcpy
- * here.  Returns the number of threads that copied (>= 1), or -EINVAL for
- * NULL pointers with nbytes > 0 or threads 0.  No memory is allocated;
- * nothing is owned. */
+/* Copies nbytes from src to dst (not overlapping) on up to `threads`
+ * threads: this one and threads-1 helpers of the process's (started at the
+ * first such copy and kept asleep between copies; at most 16 threads in
+ * all), which claim 1 MiB chunks until none is left, so a helper that gets
+ * no CPU leaves its chunks to this thread.  One copy uses the helpers at a
+ * time: a copy that finds them busy is done on this thread alone, as is a
+ * copy of one chunk or threads 1.  16 MiB and more are written with stores
+ * that bypass the cache where the CPU has them (src/core/copy.c says why).
+ * Every byte is in place, and no helper touches dst or src, when it
+ * returns.  Returns the number of threads that copied (>= 1), or -EINVAL
+ * for NULL pointers with nbytes > 0 or threads 0.  Nothing is owned; a
+ * forked child starts helpers of its own. */
 BH_EXTERN int bh_copy(void *dst, const void *src, size_t nbytes, unsigned threads);
 
 /* ----------------------------------------------------------------- channel */

@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #define MiB (1024u * 1024u)
 
@@ -472,9 +473,11 @@ TEST_IMPL(shm_threads) {
  * unevenly into cache-line shares and thread counts past the bound; the
  * bytes around the destination stay untouched. */
 TEST_IMPL(shm_copy_split) {
-  static const size_t sizes[] = {0, 1, 63, 64 * 3 + 5, MiB + 17, 9 * MiB + 4093};
+  /* The last size streams past the cache (16 MiB and up), from and to
+   * addresses off a cache line, with a tail short of one. */
+  static const size_t sizes[] = {0, 1, 63, 64 * 3 + 5, MiB + 17, 9 * MiB + 4093, 16 * MiB + 4093};
   static const unsigned threads[] = {1, 2, 3, 4, 16, 17};
-  size_t most = 9 * MiB + 4093;
+  size_t most = 16 * MiB + 4093;
   uint8_t *src = malloc(most), *dst = malloc(most + 2), *want = malloc(most + 2);
   ASSERT_NOT_NULL(src);
   ASSERT_NOT_NULL(dst);
@@ -495,6 +498,107 @@ TEST_IMPL(shm_copy_split) {
   ASSERT_RC(bh_copy(dst, src, 1, 0), -EINVAL);
   ASSERT_EQ(bh_copy(NULL, NULL, 0, 2), 1);
   free(want);
+  free(dst);
+  free(src);
+  return 0;
+}
+
+/* bh_copy's helpers serve one copy at a time and never write after it
+ * returned: copies of three chunks into four buffers back to back, a
+ * marker byte written at each chunk's start the moment bh_copy returns,
+ * then the four checked (a helper that went on claiming chunks of a later
+ * copy with an earlier copy's addresses would write the earlier bytes over
+ * a marker); two threads copying at once each get their own bytes. */
+struct copy_loop {
+  uint8_t *src, *dst[4];
+  size_t n;
+  int rounds, bad;
+};
+
+static void *copy_loop_run(void *arg) {
+  struct copy_loop *c = arg;
+  for (int r = 0; r < c->rounds; r += 4) {
+    for (int j = 0; j < 4; j++) {
+      if (bh_copy(c->dst[j], c->src, c->n, 3) < 1) c->bad++;
+      for (size_t off = 0; off < c->n; off += MiB) c->dst[j][off] = (uint8_t)(c->src[off] + 1);
+    }
+    for (int j = 0; j < 4; j++)
+      for (size_t off = 0; off < c->n; off += MiB) {
+        if (c->dst[j][off] != (uint8_t)(c->src[off] + 1)) c->bad++;
+        size_t len = c->n - off - 1 < MiB - 1 ? c->n - off - 1 : MiB - 1;
+        if (memcmp(c->dst[j] + off + 1, c->src + off + 1, len) != 0) c->bad++;
+      }
+  }
+  return NULL;
+}
+
+TEST_IMPL(shm_copy_helpers_write_nothing_late) {
+  struct copy_loop c[2];
+  for (int k = 0; k < 2; k++) {
+    c[k].n = 2 * MiB + 4096; /* three chunks */
+    c[k].rounds = 400;
+    c[k].bad = 0;
+    c[k].src = malloc(c[k].n);
+    ASSERT_NOT_NULL(c[k].src);
+    for (size_t i = 0; i < c[k].n; i++) c[k].src[i] = (uint8_t)(i * 7 + k * 101 + (i >> 13));
+    for (int j = 0; j < 4; j++) {
+      c[k].dst[j] = malloc(c[k].n);
+      ASSERT_NOT_NULL(c[k].dst[j]);
+    }
+  }
+  copy_loop_run(&c[0]); /* alone */
+  ASSERT_EQ(c[0].bad, 0);
+  pthread_t t;
+  ASSERT_OK(pthread_create(&t, NULL, copy_loop_run, &c[1])); /* and two at once */
+  copy_loop_run(&c[0]);
+  ASSERT_OK(pthread_join(t, NULL));
+  ASSERT_EQ(c[0].bad, 0);
+  ASSERT_EQ(c[1].bad, 0);
+  for (int k = 0; k < 2; k++) {
+    for (int j = 0; j < 4; j++) free(c[k].dst[j]);
+    free(c[k].src);
+  }
+  return 0;
+}
+
+static int count_tasks(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* The helpers are kept (a second copy starts none), and a child forked
+ * after they started has none of them: its first split copy starts its
+ * own and copies right (without the fork handler it would count its
+ * parent's and start none). */
+TEST_IMPL(shm_copy_helpers_kept_and_not_inherited) {
+  size_t n = 4 * MiB;
+  uint8_t *src = malloc(n), *dst = malloc(n);
+  ASSERT_NOT_NULL(src);
+  ASSERT_NOT_NULL(dst);
+  for (size_t i = 0; i < n; i++) src[i] = (uint8_t)(i * 13 + (i >> 11));
+  ASSERT_GE(bh_copy(dst, src, n, 2), 1);
+  int tasks = count_tasks();
+  ASSERT_GE(tasks, 2); /* this thread and a helper, at least */
+  ASSERT_GE(bh_copy(dst, src, n, 2), 1);
+  ASSERT_EQ(count_tasks(), tasks);
+  ASSERT_EQ(memcmp(dst, src, n), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int ok = count_tasks() == 1;
+    memset(dst, 0, n);
+    ok = ok && bh_copy(dst, src, n, 2) >= 1 && memcmp(dst, src, n) == 0;
+    ok = ok && count_tasks() == 2;
+    _exit(ok ? 0 : 1);
+  }
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   free(dst);
   free(src);
   return 0;
