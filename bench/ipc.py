@@ -15,7 +15,9 @@ set against them:
   rss_overhead_mib  idle worker RSS - bare interpreter RSS     <= 5
 
   a2b_copy_ratio  64 MiB from worker A to worker B through the host
-                  / one torch copy_ of 64 MiB               <= 1.2 (#26)
+                  / one torch copy_ of 64 MiB               <= 1.2 (#26;
+                  a new numpy output each call: A's copy and, since #40,
+                  the host's into its block for B, so about 2)
   same_h2w_torch_copy_ratio, cached_w2h_torch_copy_ratio
                   the same host tensor again / a worker's cached one
                   returned, / one torch copy_               <= 0.1 (#26)
@@ -390,17 +392,21 @@ def loaded_crossings(w, reps):
 
 def pack_to_pack(a, b, reps):
     """64 MiB from one isolated pack's worker to another's through the host
-    (#26): worker A returns its cached array (copied into a block of A's:
-    the one copy) and the host passes it to worker B (a forward: B maps
-    A's block, the host copies nothing).  Two calls per figure.
+    (#26): worker A returns its cached array or tensor and the host passes
+    it to worker B.  A numpy array is copied anew into a block of A's pool
+    each call, and the host copies it on into its block for B (#40: A
+    reuses its block, B maps the host's already): two copies.  A torch
+    tensor sent again unchanged goes from A in the block A keeps for it,
+    sealed (SendCache), and the host forwards that block (B maps A's block,
+    the host copies nothing).  Two calls per figure.
 
-      a2b_64m_ms        numpy
+      a2b_64m_ms        numpy (a new output each call)
       a2b_torch_64m_ms  torch, where both ends have it
       a2b_torch_sum_ms  torch, B summing it (reads every page: what B's
                         mapping costs), against sum_64m_ms, that sum alone
                         (a2b_torch_sum_ratio <= 1.5, #40)
       a2b_host_blocks   blocks the host took for B in all the timed calls
-                        (0: it copied nothing)
+                        (one per numpy call; none for a forward)
     """
     import numpy as np
     x = a.call("_bench_worker:big", BIG)

@@ -43,12 +43,18 @@ shared between two nodes is in one ComfyUI process.  The block is not
 reused while any view of it lives on either side.
 
 A view of ANOTHER channel's peer block goes on by reference too (a
-forward, protocol 7): the host passes worker A's output to worker B by
-lending B A's block itself (``chan.peer_lease`` finds it among the host's
-channels; a host keeps the memfd of each block of 1 MiB or more that a
-worker lends it).  B maps it copy-on-write: a write there stays in B, and B sends it back by
-reference only where it wrote nothing (else it is copied).  One copy in
-all, A's.  A node that returns one of its input tensors as it arrived
+forward, protocol 7) where its owner sealed that block against writes
+before lending it (the block a SendCache keeps for a tensor sent again):
+the host passes worker A's kept tensor to worker B by lending B A's block
+itself (``chan.peer_lease`` finds it among the host's channels; a host
+keeps the memfd of each such block of 1 MiB or more that a worker lends
+it).  B maps it copy-on-write: a write there stays in B, and B sends it
+back by reference only where it wrote nothing (else it is copied).  Any
+other block of A's is one A's pool reuses for its next output: the host
+copies a view of it into a block of its channel with B, which B maps
+already from the last such copy, and A gets its block back (#40: a
+forward spends its block, protocol 10, so a new output each call would
+cost A a fresh memfd and B a fresh mapping).  A node that returns one of its input tensors as it arrived
 sends no tensor at all: the host takes back its own input object
 (Peer.passes_back, channel/nodes.py passed_through), as one ComfyUI
 process would pass the same object on.  A torch tensor sent again unchanged goes by reference from its
@@ -280,8 +286,9 @@ class SendCache:
     ``own_bytes``; ``clear()`` drops them all (memory pressure).
     numpy arrays and torch inference tensors (made under
     ``torch.inference_mode()``) have no version counter: they are never
-    kept (those already in a block go by reference anyway: a back ref or a
-    forward)."""
+    kept (those already in a block of the peer's go by reference anyway: a
+    back ref; those in another channel's peer block are copied unless
+    that block was kept, sealed, by its owner: a forward)."""
 
     def __init__(self, max_bytes=SEND_CACHE_BYTES, max_entries=SEND_CACHE_ENTRIES):
         self.max_bytes = max_bytes
