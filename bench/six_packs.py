@@ -38,10 +38,24 @@ own, both empty, so every build downloads.  Per round:
   ready_over_slowest_plus_download
                      ready_s / slowest_plus_download_s: #36's "about
                      the time of the slowest build plus the download time"
-  builds_at_once     how many environments the server builds at once
-                     (host/building.py pool_size), their commands bounded
-                     by cpu_slots CPU slots (cpu_slots: the CPUs, at most
-                     4) and one download stream per index
+  builds_at_once     how many builds are at work at once (host/building.py
+                     pool_size): one per CPU slot (cpu_slots: the CPUs, at
+                     most 4) and one per download stream (one per index);
+                     a build that waits holds neither
+  cpu_s, host_cpu_s  per start (without, six, single): CPU seconds of the
+                     server and of the processes it ran and reaped (the
+                     builds' commands, its workers), and of ComfyUI's own
+                     process alone, whose threads run Python one at a time
+                     (one GIL): the builds' Python steps (hostmatch's plan,
+                     the shared farm) and what the server does for them
+  builds_cpu_s       six cpu_s - without cpu_s: the CPU the six builds and
+                     descriptions cost; builds_host_cpu_s the same of
+                     host_cpu_s
+  builds_floor_s     start_with_s + max(builds_cpu_s / cpus,
+                     builds_host_cpu_s): the soonest every pack could be
+                     ready on this machine with its CPUs always busy (the
+                     builds start before the server answers, so a little
+                     under), to read ready_s and the #36 ratio against
   waves_s            limit for a pool of one build per CPU slot (the pool
                      before #36's download streams): single_ready_s +
                      (ceil(6 / cpu_slots) - 1) * slowest_build_s, six
@@ -56,6 +70,7 @@ run.
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -128,9 +143,23 @@ def fresh_env(work, name, extra=None):
                       PIP_CACHE_DIR=os.path.join(home, "pip-cache"), **(extra or {}))
 
 
-def serve(base, env, nodes):
+def _cpu_s(pid=None):
+    """CPU seconds (user and system) of the processes this one reaped, or
+    of process pid alone (its threads; not its children)."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve(base, env, nodes, cpu=None):
     """Starts the server at base: (seconds to the first /system_stats
-    answer, seconds until each of nodes is in /object_info)."""
+    answer, seconds until each of nodes is in /object_info).  cpu, a
+    dict, gets "cpu_s" and "host_cpu_s" (see above) of the start up to
+    then, the server stopped."""
+    before = _cpu_s()
     srv, t0 = start(base, env, wait_for_builds=False)     # returns once GET /prompt answers
     try:
         while srv.http("GET", "/system_stats", timeout=5)[0] != 200:
@@ -150,9 +179,13 @@ def serve(base, env, nodes):
                     raise SystemExit(f"six_packs: {sorted(set(nodes) - set(ready))} not in /object_info "
                                      f"after {READY_TIMEOUT_S} s:\n{srv.log()}")
                 time.sleep(0.1)
+        if cpu is not None:
+            cpu["host_cpu_s"] = _cpu_s(srv.proc.pid)
         return up, ready
     finally:
         srv.stop()
+        if cpu is not None:
+            cpu["cpu_s"] = _cpu_s() - before
 
 
 def build_alone(pack, env):
@@ -184,12 +217,14 @@ def one_round(work, k, packs, path):
     extra = {"PYTHONPATH": os.pathsep.join(path)}
     nodes = {dist: node_class(dist) for dist in packs}
     # the server without packs, then with the six (each start a fresh home)
-    without, _ = serve(os.path.join(work, "without"), fresh_env(rw, "without", extra), [])
-    with_s, ready = serve(os.path.join(work, "six"), fresh_env(rw, "six", extra), list(nodes.values()))
+    cpu = {"without": {}, "six": {}, "single": {}}
+    without, _ = serve(os.path.join(work, "without"), fresh_env(rw, "without", extra), [], cpu["without"])
+    with_s, ready = serve(os.path.join(work, "six"), fresh_env(rw, "six", extra), list(nodes.values()), cpu["six"])
     # each pack built alone, one after another
     builds = {dist: build_alone(pack, fresh_env(rw, "alone-" + dist, extra)) for dist, pack in packs.items()}
     slowest = max(builds, key=builds.get)
-    _, single = serve(os.path.join(work, "single-" + slowest), fresh_env(rw, "single", extra), [nodes[slowest]])
+    _, single = serve(os.path.join(work, "single-" + slowest), fresh_env(rw, "single", extra), [nodes[slowest]],
+                      cpu["single"])
     dl = download_s(rw, fresh_env(rw, "download", extra))
     shutil.rmtree(rw, ignore_errors=True)
     return {"start_without_s": without, "start_with_s": with_s, "start_extra_s": with_s - without,
@@ -197,7 +232,9 @@ def one_round(work, k, packs, path):
             "pack_ready_s": {dist: ready[n] for dist, n in nodes.items()},
             "build_s": builds, "slowest_pack": slowest, "slowest_build_s": builds[slowest],
             "serial_build_s": sum(builds.values()), "single_ready_s": single[nodes[slowest]],
-            "download_s": dl}
+            "download_s": dl, "cpu": cpu,
+            "builds_cpu_s": cpu["six"]["cpu_s"] - cpu["without"]["cpu_s"],
+            "builds_host_cpu_s": cpu["six"]["host_cpu_s"] - cpu["without"]["host_cpu_s"]}
 
 
 def main():
@@ -225,6 +262,8 @@ def main():
         doc["builds_at_once"], doc["cpu_slots"] = pool_size(), cpu_slots()
         doc["waves_s"] = doc["single_ready_s"] + (-(-len(PACKAGES) // cpu_slots()) - 1) * doc["slowest_build_s"]
         doc["ready_over_waves"] = doc["ready_s"] / doc["waves_s"]
+        doc["builds_floor_s"] = doc["start_with_s"] + max(doc["builds_cpu_s"] / (os.cpu_count() or 1),
+                                                          doc["builds_host_cpu_s"])
         doc.update(target_extra_s=TARGET_EXTRA_S, packages=[d for d, _ in PACKAGES], rounds=rounds,
                    cpus=os.cpu_count(), loadavg=list(os.getloadavg()), build_py=BUILD_PY)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -237,7 +276,9 @@ def main():
               f"{doc['slowest_build_s']:.1f} s (x{doc['ready_over_slowest']:.2f}), slowest pack's server alone "
               f"{doc['single_ready_s']:.1f} s (x{doc['ready_over_single']:.2f}), six built serially "
               f"{doc['serial_build_s']:.1f} s (x{doc['ready_over_serial']:.2f}), in waves of {doc['cpu_slots']} "
-              f"{doc['waves_s']:.1f} s (x{doc['ready_over_waves']:.2f}), download {doc['download_s']:.2f} s "
+              f"{doc['waves_s']:.1f} s (x{doc['ready_over_waves']:.2f}), download {doc['download_s']:.2f} s; "
+              f"the six builds' CPU {doc['builds_cpu_s']:.1f} s ({doc['builds_host_cpu_s']:.1f} s in ComfyUI's "
+              f"process), so at best {doc['builds_floor_s']:.1f} s on {os.cpu_count()} CPU(s) "
               f"[{args.rounds} round(s), load {doc['loadavg'][0]:.1f}; {args.out}]")
     finally:
         shutil.rmtree(work, ignore_errors=True)
