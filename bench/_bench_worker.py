@@ -65,6 +65,14 @@ def sum_torch(t):
     return float(t.sum())
 
 
+def sum_own_torch(nbytes):
+    """The sum of this worker's own big_torch tensor: a node's work on a
+    tensor of its own, the limit a forwarded tensor's sum is set against
+    in a worker (a call's round trip and the worker's intra-op threads
+    woken, as for a forward)."""
+    return float(big_torch(nbytes).sum())
+
+
 def touch_torch(nbytes):
     """Changes big_torch's tensor in place (one element, through a view:
     torch bumps the whole tensor's version), so its next return is a new

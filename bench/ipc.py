@@ -405,6 +405,12 @@ def pack_to_pack(a, b, reps):
       a2b_torch_sum_ms  torch, B summing it (reads every page: what B's
                         mapping costs), against sum_64m_ms, that sum alone
                         (a2b_torch_sum_ratio <= 1.5, #40)
+      b_sum_64m_ms      B summing a 64 MiB tensor of its own through a call
+                        (a node's own work in a worker: the call's round
+                        trip, B's intra-op threads woken);
+                        a2b_torch_sum_own_ratio, a2b_torch_sum_ms over it,
+                        is what the forward itself adds (A's call, the
+                        host's forward, B's return)
       a2b_host_blocks   blocks the host took for B in all the timed calls
                         (one per numpy call; none for a forward)
     """
@@ -441,6 +447,9 @@ def pack_to_pack(a, b, reps):
         own = torch.ones(BIG // 4, dtype=torch.float32)
         out["sum_64m_ms"] = time_transfer(lambda: float(own.sum()), reps)
         out["a2b_torch_sum_ratio"] = ratio(out["a2b_torch_sum_ms"], out["sum_64m_ms"])
+        if b.call("_bench_worker:big_torch", BIG) is not None:  # B's own, made once
+            out["b_sum_64m_ms"] = time_transfer(lambda: b.call("_bench_worker:sum_own_torch", BIG), reps)
+            out["a2b_torch_sum_own_ratio"] = ratio(out["a2b_torch_sum_ms"], out["b_sum_64m_ms"])
     after = b.stats()
     out["a2b_host_blocks"] = after["created"] + after["reused"] - before["created"] - before["reused"]
     gc.collect()
@@ -582,6 +591,8 @@ def table(r):
         ("a2b_torch_sum_ms", r.get("a2b_torch_sum_ms"), None),
         ("sum_64m_ms", r.get("sum_64m_ms"), None),
         ("a2b_torch_sum_ratio", r.get("a2b_torch_sum_ratio"), 1.5),
+        ("b_sum_64m_ms", r.get("b_sum_64m_ms"), None),
+        ("a2b_torch_sum_own_ratio", r.get("a2b_torch_sum_own_ratio"), None),
         ("a2b_host_blocks", r.get("a2b_host_blocks"), None),
         ("h2w_small_ms", r.get("h2w_small_ms"), None),
         ("w2h_small_ms", r.get("w2h_small_ms"), None),
