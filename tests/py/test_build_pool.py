@@ -4,7 +4,10 @@ command that downloads takes its index's one download stream, any other
 one of the CPU slots.  Which indexes an installer command reaches is read
 from its arguments and environment (envs.build ``indexes_of``).  The gate
 is driven with real commands through envs.build's own runner, each one
-seeing which others run beside it (marker files, no timing)."""
+seeing which others run beside it (marker files, no timing).  The pool's
+builds (host/building.py ``submit``) each hold a CPU slot while at work,
+their steps beside their commands included, and none while they wait for
+another install's lock or download."""
 
 import os
 import sys
