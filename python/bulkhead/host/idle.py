@@ -31,10 +31,20 @@ A worker in no call may still be at work of its own (a job a pack's route
 started, a download on a pack's thread): in-process nothing would stop it,
 so none of the above stops it (``working``): not while its pack holds
 ``bulkhead.working()`` (its ledger run state "working"), has a process of
-its own running (a helper it forked), or used CPU_BUSY_PCT of a CPU since
-the sweep before.  The sweeper samples every watched worker's CPU time on
-each pass for that; a worker seen for the first time is sampled over
-CPU_WINDOW_S.
+its own running (a helper it forked), or uses CPU_BUSY_PCT of a CPU now.
+The sweeper samples every watched worker's CPU time on each pass: little
+CPU time used since that sample is a quick "not at work"; more, and the
+worker is sampled afresh over CPU_WINDOW_S from now (as is a worker seen
+for the first time), because since the sweeper's sample the host may
+have asked the worker for work that is no call -- /free's own release
+ladder just before it stops idle workers (a collection, the heap
+trimmed: 0.1-0.2 s of CPU with torch loaded), a prompt's end, blocks
+returned -- and the ledger's stamp of its last call says nothing of
+that.  The host waits for what it asks (a release for its receipt), and
+the window is taken holding the worker's lock (no request of another
+thread runs meanwhile), so it holds only what the worker does of its own
+accord.  CPU time is the process's CPU clock (nanoseconds), not /proc's
+clock ticks: one 10 ms tick in a 0.1 s window reads as 10% of a CPU.
 """
 
 import logging
@@ -53,10 +63,13 @@ IDLE_EXIT_S = 600.0
 SWEEP_S = 5.0
 PRESSURE_SWITCH = spec.IDLE_PRESSURE_PCT
 PRESSURE_PCT = 10.0          # below this % of RAM available, idle workers exit (LRU first)
-BRIEF_S = 0.25              # the longest an asked exit (/free) waits for a worker's lock
+# The longest an asked exit (/free) waits for a worker's lock: a frame of
+# the reader's, or the sweeper measuring the worker's CPU under it (two
+# CPU_WINDOW_S at most) before it stops the worker itself.
+BRIEF_S = 0.65
 PRESSURE_MIN_IDLE_S = 10.0   # ... once idle this long (not between two nodes, or two prompts in a row)
-CPU_BUSY_PCT = 10.0          # a worker in no call that used this much of one CPU since the last sample is working
-CPU_WINDOW_S = 0.2           # the first sample of a worker is taken over this long
+CPU_BUSY_PCT = 10.0          # a worker in no call that uses this much of one CPU is working
+CPU_WINDOW_S = 0.2           # a fresh sample of a worker is taken over this long
 
 _watched = []               # PackRuntime, in load order
 _lock = threading.Lock()
@@ -121,8 +134,15 @@ def idle_for(rt):
 
 
 def _cpu_s(pid):
-    """The CPU time pid has used (user + system, all its threads), in
-    seconds, or None."""
+    """The CPU time pid has used (all its threads), in seconds, or None:
+    its process CPU-time clock, whose id is what glibc's
+    clock_getcpuclockid(pid) makes it (MAKE_PROCESS_CPUCLOCK(pid,
+    CPUCLOCK_SCHED): ~pid << 3 | 2), to the nanosecond; else /proc's
+    utime + stime, in clock ticks."""
+    try:
+        return time.clock_gettime_ns((~pid << 3) | 2) / 1e9
+    except OSError:
+        pass
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -132,10 +152,21 @@ def _cpu_s(pid):
 
 
 def _sample(pid):
+    """A CPU sample of pid, (CPU seconds, time.monotonic()), kept as its
+    last (the sweeper's, for working()); None when it cannot be read."""
     used = _cpu_s(pid)
-    if used is not None:
-        _cpu[pid] = (used, time.monotonic())
-    return used
+    if used is None:
+        return None
+    _cpu[pid] = sample = (used, time.monotonic())
+    return sample
+
+
+def _busy_pct(pid, since):
+    """The percent of one CPU pid used from sample `since` to now, or None."""
+    now = _sample(pid)
+    if since is None or now is None:
+        return None
+    return 100.0 * (now[0] - since[0]) / max(now[1] - since[1], 1e-3)
 
 
 def _sample_all():
@@ -165,9 +196,13 @@ def _children(pid):
 def working(rt, idle_s=None):
     """Why rt's worker, in no call, is at work of its own (module doc), in
     words, or None.  idle_s: how long it has been in no call; a CPU sample
-    older than that counts its last call's CPU as work of its own, so the
-    worker is sampled afresh (a /free right after a node that computed for
-    a second found it "at work")."""
+    older than that cannot even say "not at work" (its window holds the
+    last call: a /free right after a node that computed for a second found
+    it "at work").  Whatever the sweeper's sample saw, the verdict "at
+    work" comes from a window that starts now: between that sample and now
+    the host may have had the worker run its release ladder (/free does,
+    just before), which is no work of its pack's (bench/many_packs.py: a
+    worker that had just run a node "used 42% of a CPU in no call")."""
     w = rt.worker
     pid = w.pid
     try:
@@ -180,20 +215,16 @@ def working(rt, idle_s=None):
     if kids:
         return f"its own processes run (pid {', '.join(map(str, kids[:4]))})"
     last = _cpu.get(pid)
-    before_call = last is not None and idle_s is not None and time.monotonic() - last[1] > idle_s
-    if last is None or before_call or time.monotonic() - last[1] < CPU_WINDOW_S / 4:
-        if last is None or before_call:
-            _sample(pid)
-        time.sleep(CPU_WINDOW_S)
-        last = _cpu.get(pid)
-    if last is None:
-        return None
-    then_s, then = last
-    now_s = _sample(pid)
-    if now_s is None:
-        return None
-    pct = 100.0 * (now_s - then_s) / max(time.monotonic() - then, 1e-3)
-    if pct >= CPU_BUSY_PCT:
+    if last is not None and (idle_s is None or time.monotonic() - last[1] <= idle_s):
+        if time.monotonic() - last[1] < CPU_WINDOW_S / 4:
+            time.sleep(CPU_WINDOW_S)     # too short a window to tell
+        pct = _busy_pct(pid, last)
+        if pct is None or pct < CPU_BUSY_PCT:
+            return None
+    start = _sample(pid)
+    time.sleep(CPU_WINDOW_S)
+    pct = _busy_pct(pid, start)
+    if pct is not None and pct >= CPU_BUSY_PCT:
         return f"it used {pct:.0f}% of a CPU in no call (a thread of its pack)"
     return None
 
@@ -281,20 +312,24 @@ def exit_under_pressure():
 def _exit_one(rt, idle, why, wait_s=0):
     """Stops rt's worker (idle for `idle` s) unless it is working for its
     pack (``working``: left alone, said once), the host holds its objects
-    (then releases it, once per generation) or it is no longer idle.  wait_s: how long to wait for its lock (the reader thread and
-    the release flusher hold it for a frame at a time).  Returns its row,
-    or None when it was left alone."""
+    (then releases it, once per generation) or it is no longer idle.
+    wait_s: how long to wait for its lock (the reader thread and the
+    release flusher hold it for a frame at a time).  ``working`` looks
+    under the lock, so no request of the host's (a /free's release on
+    another thread) runs in the worker while its CPU is measured, and no
+    call starts between the verdict and the stop.  Returns its row, or
+    None when it was left alone."""
     w = rt.worker
-    why_working = working(rt, idle) if w.alive and not w.busy else None
-    if why_working is not None:
-        if w.pid not in _kept_working:
-            _kept_working.add(w.pid)
-            log.info("bulkhead: pack %r: its worker (pid %d) runs no node but stays: %s", rt.name, w.pid,
-                     why_working)
-        return None
     with w.holding(wait_s) as held:
         if not held or not w.alive or w.busy or rt.async_calls():
             return None  # a call is starting or running (or async calls' tasks run): not idle after all
+        why_working = working(rt, idle)
+        if why_working is not None:
+            if w.pid not in _kept_working:
+                _kept_working.add(w.pid)
+                log.info("bulkhead: pack %r: its worker (pid %d) runs no node but stays: %s", rt.name, w.pid,
+                         why_working)
+            return None
         pid, handles = w.pid, held_handles(rt)
         if handles:
             if (rt.pack_dir, pid) not in _released:

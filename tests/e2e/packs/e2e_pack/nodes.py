@@ -91,6 +91,27 @@ class Burn:
         return {"ui": {"burned": [n > 0]}}
 
 
+class HoldObjects:
+    """Holds `count` small Python objects (a pack's large object graph: a
+    tokenizer's vocabulary, an index) until its next call: a collection in
+    the worker -- the full release ladder's -- walks every one of them."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"count": ("INT", {"default": 1000, "min": 0, "max": 4_000_000})}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "bulkhead e2e"
+
+    held = []
+
+    def run(self, count):
+        HoldObjects.held = [[i] for i in range(count)]
+        return {"ui": {"pid": [os.getpid()]}}
+
+
 class HoldRam:
     """Loads a model of `mib` MiB in the worker through its comfy.model_management
     (tests/py/helpers/bh_mempack, found through BH_E2E_HELPERS)."""
@@ -275,8 +296,8 @@ class Expand:
 
 
 NODE_CLASS_MAPPINGS = {"E2EEcho": Echo, "E2ESlowCheck": SlowCheck, "E2EBigArray": BigArray, "E2ESteps": Steps, "E2ESpin": Spin, "E2EBurn": Burn, "E2EHoldRam": HoldRam,
-                       "E2EMakeThing": MakeThing, "E2EUseThing": UseThing, "E2EBlock": Block, "E2EShow": Show,
-                       "E2EWhere": Where, "E2EExpand": Expand}
+                       "E2EHoldObjects": HoldObjects, "E2EMakeThing": MakeThing, "E2EUseThing": UseThing, "E2EBlock": Block,
+                       "E2EShow": Show, "E2EWhere": Where, "E2EExpand": Expand}
 NODE_DISPLAY_NAME_MAPPINGS = {"E2EEcho": "Echo (isolated)", "E2ESteps": "Steps (isolated)"}
 
 
