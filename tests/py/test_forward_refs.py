@@ -69,10 +69,12 @@ def _sealed_bytes(a, n, fill):
 
 def test_a_workers_new_array_goes_to_another_worker_copied_once_by_the_host(make_worker):
     """A's array in a block of A's pool (not sealed: A's next output takes
-    it again) is copied by the host into a block of its own for B; the
-    host keeps no fd of A's block, and A, given its block back, reuses it
-    for its next output (#40: forwarding it spent it, so each output
-    took a fresh memfd)."""
+    it again) is copied by the host into a block of its own for B, sealed
+    against writes (B maps it copy-on-write, so an array B hands back as
+    it arrived is the host's object, as with a forward); the host keeps no
+    fd of A's block, and A, given its block back, reuses it for its next
+    output (#40: forwarding it spent it, so each output took a fresh
+    memfd)."""
     a, b = _pair(make_worker)
     x = a.call("bh_backrefs:make", N, "numpy", 2.0)
     assert a.stats()["peer_fds"] == 0  # not kept: never forwarded
@@ -83,6 +85,8 @@ def test_a_workers_new_array_goes_to_another_worker_copied_once_by_the_host(make
     after = b.stats()
     assert after["forwarded"] == host_b["forwarded"]
     assert after["created"] + after["reused"] == host_b["created"] + host_b["reused"] + 1
+    assert after["sealed_blocks"] == host_b["sealed_blocks"] + 1
+    assert b.call("bh_backrefs:copy_on_write", x)  # sealed: B's writes stay B's
     del x
     _settle(a, b)
     y = a.call("bh_backrefs:make", N, "numpy", 3.0)

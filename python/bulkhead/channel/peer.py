@@ -504,6 +504,8 @@ class Peer:
         """Hook (codec.c): a tensor ref (with an ARRAY's dtype description,
         desc) -> the array or tensor."""
         obj = _tensors.decode(lib, code, shape, strides, lease, desc)
+        if lease is not None and not isinstance(lease, bytearray) and lib != _native.TENSOR_NUMPY_SCALAR:
+            _tensors.note_received(obj, lease)  # sent on to a third process: a sealed copy
         rec = self.received
         if rec is not None and lease is not None and not isinstance(lease, bytearray) \
                 and lib != _native.TENSOR_NUMPY_SCALAR:
@@ -518,10 +520,12 @@ class Peer:
         peer's object's own bytes, and the peer sees them as they are
         here: the same view (layout), of this side's own block sent back
         by reference (both map it shared: a write here is the peer's too),
-        or of a block the peer forwarded from a third process that this
-        side wrote nothing into (copy-on-write; peer_lease's check).  The
-        peer's own object then stands for it.  A view of the peer's own
-        block is not one: the peer's object may be what it copied in."""
+        or of a block the peer sealed against writes that this side wrote
+        nothing into (copy-on-write; peer_lease's check): one the peer
+        forwarded from a third process, or the peer's copy of a third
+        process's tensor (tensors.note_received).  The peer's own object
+        then stands for it.  A view of the peer's plain block is not one:
+        a write here would be in the peer's copy, not in its object."""
         entry = self.received.get(id(obj)) if self.received else None
         if entry is None or entry[0]() is not obj:
             return False

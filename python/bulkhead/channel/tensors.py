@@ -54,7 +54,10 @@ other block of A's is one A's pool reuses for its next output: the host
 copies a view of it into a block of its channel with B, which B maps
 already from the last such copy, and A gets its block back (#40: a
 forward spends its block, protocol 10, so a new output each call would
-cost A a fresh memfd and B a fresh mapping).  A node that returns one of its input tensors as it arrived
+cost A a fresh memfd and B a fresh mapping).  That block is sealed
+against writes (note_received), so B maps it copy-on-write as it would
+a forward, and an input B hands back as it arrived is the host's object
+again.  A node that returns one of its input tensors as it arrived
 sends no tensor at all: the host takes back its own input object
 (Peer.passes_back, channel/nodes.py passed_through), as one ComfyUI
 process would pass the same object on.  A torch tensor sent again unchanged goes by reference from its
@@ -388,6 +391,51 @@ def _forget_later(cache_ref, key):
     return forget
 
 
+# Tensors of 1 MiB or more (shm.c's BH__FORWARD_MIN) received in a block
+# of the peer's that the peer reuses (not sealed: never forwarded), id ->
+# weakref (Peer.decode_tensor notes them, note_received): the host's view
+# of worker A's new output.  Sent on to worker B it is copied (B must never
+# see a block A reuses, #40), into a block sealed against writes, which B
+# maps copy-on-write (reused as any block of this channel's: B's mapping
+# and its pages stay): B's writes stay B's, so an input B hands back as it
+# arrived is still the host's object (Peer.passes_back), as with a
+# forward.  Any other copy goes into a plain block, as before.
+_SEALED_COPY_MIN = 1 << 20
+_received = {}
+_received_lock = _thread.allocate_lock()
+
+
+def note_received(obj, lease):
+    """Notes obj (just decoded over lease) if it is such a tensor."""
+    if lease.nbytes < _SEALED_COPY_MIN or lease.own or lease.copy_on_write:
+        return
+    key = id(obj)
+    ref = weakref.ref(obj, lambda _r, key=key: _received_pop(key, _r))
+    with _received_lock:
+        _received[key] = ref
+
+
+def _received_pop(key, ref):
+    with _received_lock:
+        if _received.get(key) is ref:
+            del _received[key]
+
+
+def _was_received(obj):
+    ref = _received.get(id(obj))
+    return ref is not None and ref() is obj
+
+
+def _acquire_for(chan, obj, nbytes):
+    """The lease a copy of obj's nbytes goes into: sealed where obj is a
+    tensor noted received (above), else a plain block."""
+    if nbytes >= _SEALED_COPY_MIN and _was_received(obj):
+        lease = chan.acquire_sealed(nbytes)
+        if lease is not None:
+            return lease
+    return chan.acquire(nbytes)
+
+
 def encode(chan, obj, cache=None):
     """Copies obj into a block of chan's pool (or names a block it is in
     already, or, given a SendCache, the block kept for it).  Returns the
@@ -410,7 +458,7 @@ def encode(chan, obj, cache=None):
             if lease is not None:
                 return (ENCODE_TENSOR, _native.TENSOR_NUMPY, code, obj.shape, lease)
         if obj.nbytes:
-            lease = chan.acquire(obj.nbytes)
+            lease = _acquire_for(chan, obj, obj.nbytes)
             if obj.flags.c_contiguous:  # bh_copy, as a torch tensor's (_copy_into)
                 lease.fill(obj.__array_interface__["data"][0], obj.nbytes, copy_threads(obj.nbytes))
             else:
@@ -448,7 +496,7 @@ def encode(chan, obj, cache=None):
             if lease is not None:
                 return (ENCODE_TENSOR, lib, code, tuple(t.shape), lease)
         if nbytes:
-            lease = chan.acquire(nbytes)
+            lease = _acquire_for(chan, obj, nbytes)
             _copy_into(torch, lease, nbytes, t)
         return (ENCODE_TENSOR, lib, code, tuple(t.shape), lease)
     return None

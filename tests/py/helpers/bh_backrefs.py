@@ -46,6 +46,12 @@ def stats():
     return worker._peer.channel.stats()
 
 
+def copy_on_write(a):
+    """Whether the block a numpy array came in is mapped copy-on-write
+    here (sealed against writes by the peer)."""
+    return _lease(a).copy_on_write
+
+
 def keep(a):
     """Keeps a (the host may drop its own view of the block meanwhile)."""
     _kept["a"] = a
