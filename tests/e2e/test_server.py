@@ -310,19 +310,20 @@ def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
 def test_a_worker_at_work_of_its_own_is_not_stopped(comfyui, tmp_path):
     """#37: a worker running no node but working for its pack (a thread
     computing, a process of its own, or a thread inside
-    bulkhead.working()) is stopped neither by its idle exit (2 s here)
+    bulkhead.working()) is stopped neither by its idle exit (1 s here:
+    the sweeper looks every 0.5 s, five times while the job runs past it)
     nor, for the pack's busy context, by ComfyUI's "Free model and node
     cache"; in-process nothing stops a pack's own thread.  Once the work
     ends, the worker exits after its idle time.  (A 20 s job was cut at
     2-4 s.)"""
-    srv = comfyui(env={"BH_E2E_IDLE_EXIT": "2"})
+    srv = comfyui(env={"BH_E2E_IDLE_EXIT": "1"})
     for kind in ("cpu", "child", "context"):
         done = tmp_path / f"{kind}.done"
         entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EBackground",
-                                                  "inputs": {"kind": kind, "seconds": 7.0, "done": str(done)}}}))
+                                                  "inputs": {"kind": kind, "seconds": 3.5, "done": str(done)}}}))
         assert entry["status"]["status_str"] == "success", entry["status"]
         pid = entry["outputs"]["1"]["pid"][0]
-        time.sleep(4.5)                      # past twice its idle exit time
+        time.sleep(2.5)                      # past twice its idle exit time
         if kind == "context":
             status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
             assert status == 200 and all(r["state"] != "exited" for r in body["bulkhead"]["processes"]
@@ -446,10 +447,16 @@ def test_idle_workers_exit_first_under_machine_memory_pressure(comfyui, tmp_path
     """#27: below BULKHEAD_IDLE_PRESSURE_PCT (10%) of RAM available, an idle
     worker exits whatever its idle exit time (600 s here), saying why; with
     memory back, the next prompt's worker starts and stays.  (The RAM the
-    host sees is a /proc tree, BULKHEAD_RAM_ROOT, as the probe's tests use.)"""
+    host sees is a /proc tree, BULKHEAD_RAM_ROOT, as the probe's tests use.)
+    The sweeper looks every 0.5 s and a worker must be idle 1 s before
+    pressure stops it (the e2e pack's BH_E2E_SWEEP_S and
+    BH_E2E_PRESSURE_MIN_IDLE_S), not 5 s and 10 s: the same sweep on a
+    shorter clock, on which the worker that stays is seen through six
+    sweeps past its least idle time (the 12 s waited on the product's
+    clock held one at most)."""
     ram = str(tmp_path / "ram")
     _ram_tree(ram, 1 << 20)                 # 1 GiB of 16: 6% available
-    srv = comfyui(env={"BULKHEAD_RAM_ROOT": ram})
+    srv = comfyui(env={"BULKHEAD_RAM_ROOT": ram, "BH_E2E_SWEEP_S": "0.5", "BH_E2E_PRESSURE_MIN_IDLE_S": "1"})
     entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "p", "times": 1}}}))
     assert entry["status"]["status_str"] == "success", entry["status"]
     pid = entry["outputs"]["1"]["pid"][0]
@@ -462,7 +469,7 @@ def test_idle_workers_exit_first_under_machine_memory_pressure(comfyui, tmp_path
     _ram_tree(ram, 8 << 20)                 # 8 GiB of 16: no pressure
     entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EEcho", "inputs": {"text": "q", "times": 1}}}))
     second = entry["outputs"]["1"]["pid"][0]
-    assert second != pid and not _wait_gone(second, 12)     # two sweeps and more: it stays
+    assert second != pid and not _wait_gone(second, 4)      # six sweeps past its least idle time: it stays
     assert f"its worker (pid {second}) exited" not in srv.log()
 
 

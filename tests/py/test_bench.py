@@ -88,13 +88,16 @@ def test_spin_bench_writes_its_figures(tmp_path):
                           "--rounds", "1", "--chain", "2"], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     r = json.loads(out.read_text())
-    assert set(r["modes"]) == {"bulkhead", "default", "passive"}
+    assert set(r["modes"]) == {"bulkhead", "default", "passive"} and (r["chain"], r["rounds"]) == (2, 1)
     assert 0 < int(r["spin_env"]["GOMP_SPINCOUNT"]) < 300_000 and r["relax_ns"] > 0
     for mode, m in r["modes"].items():
         for key in ("chain_ms", "chain_blas_ms", "h2w_64m_ms", "elementwise", "matmul", "conv", "gaps_50us",
                     "blas_50us"):
             assert m[key] > 0, (mode, key)
-        assert m["per_node_ms"] == pytest.approx((m["chain_ms"] - r["in_process_chain_ms"]) / 2)
+        # per node: over the workers the chain had (--chain), not over a number of the test's own
+        assert m["per_node_ms"] == pytest.approx((m["chain_ms"] - r["in_process_chain_ms"]) / r["chain"])
+        assert m["per_node_blas_ms"] == pytest.approx(
+            (m["chain_blas_ms"] - r["in_process_chain_blas_ms"]) / r["chain"])
         assert m["h2w_over_copy"] == pytest.approx(m["h2w_64m_ms"] / r["copy_64m_ms"])
         assert m["compute_over_default"]["conv"] == pytest.approx(m["conv"] / r["modes"]["default"]["conv"])
 
