@@ -207,7 +207,9 @@ check-c: build build-asan
 # one), each in a mount namespace of its own with private /dev/shm and /tmp
 # (tests/xdist-worker: every test checks what it leaves there), where this
 # machine lets a process make one (root: CI here); else, or with XDIST=0,
-# in one process.
+# in one process.  -rs lists every skip with its reason at the end: a
+# skip that hides what this machine could run shows in each run's log
+# (opt-in ones: COMFYUI_PATH, BULKHEAD_REAL_PACKS, BULKHEAD_COMFY_ENV_GIT).
 XDIST ?= 2
 XDIST_FLAGS = $(shell [ "$(XDIST)" != 0 ] && unshare --mount --propagation private true 2>/dev/null && \
                 echo "-p xdist --tx $(XDIST)*popen//python=tests/xdist-worker --dist loadfile")
@@ -216,7 +218,7 @@ XDIST_ENV = BH_XDIST_PYTHON=$(abspath $(VPY))
 check-py: build worker-venvs $(VENV)/.stamp-psutil $(VENV)/.stamp-aiohttp $(VENV)/.stamp-pillow $(VENV)/.stamp-aimdo \
           $(VENV)/.stamp-hypothesis $(VENV)/.stamp-rattler $(VENV)/.stamp-pkg $(VENV)/.stamp-uv $(VENV)/.stamp-xdist chromium
 	$(XDIST_ENV) PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(REL) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) PYTHONPATH=$(REL)/python \
-	  $(VPY) -m pytest -q $(XDIST_FLAGS) $(PYTEST_PATHS) $(PYTEST_FLAGS)
+	  $(VPY) -m pytest -q -rs $(XDIST_FLAGS) $(PYTEST_PATHS) $(PYTEST_FLAGS)
 
 # The Python tests once more with the extension built under ASan+UBSan; the
 # runtime is preloaded into the host and, through the environment, every
@@ -239,7 +241,7 @@ check-asan: build-asan worker-venvs $(VENV)/.stamp-aiohttp $(VENV)/.stamp-aimdo 
 	$(XDIST_ENV) PATH=$(abspath $(VENV))/bin:$$PATH BULKHEAD_BUILD=$(ASAN) BULKHEAD_WORKER_VENVS=$(WORKER_VENVS) BULKHEAD_ASAN=1 PYTHONPATH=$(ASAN)/python \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  $(VPY) -m pytest -q $(XDIST_FLAGS) tests/py -m "not torch" $(foreach t,$(ASAN_SKIP),--ignore=tests/py/$(t).py) $(PYTEST_FLAGS)
+	  $(VPY) -m pytest -q -rs $(XDIST_FLAGS) tests/py -m "not torch" $(foreach t,$(ASAN_SKIP),--ignore=tests/py/$(t).py) $(PYTEST_FLAGS)
 
 # Three stages, one after another, each announced with the time so far:
 # about 14 minutes on 2 cores (841 s from a fresh clone under /tmp with
