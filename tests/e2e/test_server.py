@@ -250,23 +250,26 @@ def test_free_right_after_a_node_that_computed_stops_its_worker(comfyui):
 
 def test_free_right_after_a_prompt_stops_its_worker_whose_release_took_cpu(comfyui):
     """ComfyUI's "Free model and node cache" right after a prompt stops the
-    prompt's worker, though the release ladder /free runs on it first
-    costs CPU in the worker (its collection walks the 1.5 million objects
-    its pack holds).  The idle sweeper's CPU sample, taken after the node
-    and before the end of that release, counted the release as work the
-    worker did of its own in no call, and /free kept it ("runs no node but
-    stays: it used 42% of a CPU in no call": bench/many_packs.py's /free
-    found workers left).  With idle_exit_s = 1 the sweeper samples every
-    0.5 s, and the prompt's end is 0.6 s behind: a sample falls there in
-    every round, and only one taken in the release's last few hundredths
-    of a second would not have counted it (a round in ten, at most);
-    two rounds."""
+    prompt's worker, though a release ladder on it just before -- /free's
+    own, or the panel's Release (POST /bulkhead/free) -- cost CPU in the
+    worker (its collection walks the 1.5 million objects its pack holds).
+    The idle sweeper's CPU sample, taken after the node and before the end
+    of that release, counted the release as work the worker did of its own
+    in no call, and /free kept it ("runs no node but stays: it used 42% of
+    a CPU in no call": bench/many_packs.py's /free found workers left).
+    With idle_exit_s = 1 the sweeper samples every 0.5 s, and the prompt's
+    end is 0.6 s behind: a sample falls there in every round, and only one
+    taken in the release's last few hundredths of a second would not have
+    counted it (a round in ten, at most)."""
     srv = comfyui(env={"BH_E2E_IDLE_EXIT": "1"})
-    for i in range(2):
+    for i, release_first in enumerate((False, True, True)):
         entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EHoldObjects", "inputs": {"count": 1_500_000 + i}}}))
         assert entry["status"]["status_str"] == "success", entry["status"]
         pid = entry["outputs"]["1"]["pid"][0]
         time.sleep(0.6)
+        if release_first:
+            status, body = srv.http("POST", "/bulkhead/free", {})
+            assert status == 200 and [r["state"] for r in body["processes"] if r["pid"] == pid] == ["released"], body
         status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
         assert status == 200
         assert "runs no node but stays" not in srv.log(), (i, body["bulkhead"], srv.log()[-2000:])

@@ -307,12 +307,25 @@ class BulkheadService:
         before: held_now() taken earlier, when something else (upstream's
         own unload) may have freed bytes in between.  exit_idle (ComfyUI's
         "Free model and node cache"): then every idle worker that holds no
-        handle of the host's exits (host/idle.py), its row "exited"."""
+        handle of the host's exits (host/idle.py), its row "exited", before
+        the ladder runs on the others."""
         before = before or {}
         rows = []
-        local = sorted(self._local_workers(), key=lambda w: bool(w.busy))
-        for w in local:
-            row = {"pid": w.pid, "pack": w.name, "host_pid": os.getpid()}
+        local = [(w, w.pid) for w in sorted(self._local_workers(), key=lambda w: bool(w.busy))]
+        gone = set()
+        if exit_idle:
+            # Idle workers stop first: the ladder on a worker about to exit
+            # is CPU spent for nothing (a collection with torch loaded), and
+            # it ran just before the worker's check for work of its own.
+            held_before = {pid: before.get(pid, _held(self._read(pid))) for _, pid in local}
+            gone = {e["pid"] for e in idle.exit_idle(0.0) if e["exited"]}
+        for w, pid in local:
+            row = {"pid": pid, "pack": w.name, "host_pid": os.getpid()}
+            if pid in gone:
+                row.update(state="exited", before_bytes=held_before[pid], after_bytes=0,
+                           freed_bytes=held_before[pid])
+                rows.append(row)
+                continue
             try:
                 r = self.release_local(w, None, wait_s, before.get(w.pid))
                 row.update(state="died" if "error" in r else "released", before_bytes=r["before_bytes"],
@@ -324,11 +337,6 @@ class BulkheadService:
                            after_bytes=held, freed_bytes=max(0, was - held),
                            error=(str(e).splitlines() or [type(e).__name__])[0])
             rows.append(row)
-        if exit_idle:
-            gone = {e["pid"] for e in idle.exit_idle(0.0) if e["exited"]}
-            for row in rows:
-                if row["pid"] in gone:
-                    row.update(state="exited", after_bytes=0, freed_bytes=row["before_bytes"])
         if all_hosts:
             me = os.getpid()
             records = self._records()
