@@ -257,11 +257,11 @@ def test_free_right_after_a_prompt_stops_its_worker_whose_release_took_cpu(comfy
     of that release, counted the release as work the worker did of its own
     in no call, and /free kept it ("runs no node but stays: it used 42% of
     a CPU in no call": bench/many_packs.py's /free found workers left).
-    With idle_exit_s = 1 the sweeper samples every 0.5 s, and the prompt's
-    end is 0.6 s behind: a sample falls there in every round, and only one
-    taken in the release's last few hundredths of a second would not have
-    counted it (a round in ten, at most)."""
-    srv = comfyui(env={"BH_E2E_IDLE_EXIT": "1"})
+    The sweeper samples every 0.5 s here (BH_E2E_SWEEP_S), and the
+    prompt's end is 0.6 s behind: a sample falls there in every round, and
+    only one taken in the release's last few hundredths of a second would
+    not have counted it (a round in ten, at most)."""
+    srv = comfyui(env={"BH_E2E_SWEEP_S": "0.5"})
     for i, release_first in enumerate((False, True, True)):
         entry = srv.wait_history(srv.queue({"1": {"class_type": "E2EHoldObjects", "inputs": {"count": 1_500_000 + i}}}))
         assert entry["status"]["status_str"] == "success", entry["status"]
@@ -273,7 +273,8 @@ def test_free_right_after_a_prompt_stops_its_worker_whose_release_took_cpu(comfy
         status, body = srv.http("POST", "/free", {"unload_models": True, "free_memory": True})
         assert status == 200
         assert "runs no node but stays" not in srv.log(), (i, body["bulkhead"], srv.log()[-2000:])
-        assert _wait_gone(pid, 5), (i, body["bulkhead"], srv.log()[-2000:])   # /free's, or its idle exit's
+        [row] = [r for r in body["bulkhead"]["processes"] if r["pid"] == pid]
+        assert row["state"] == "exited" and not _alive(pid), (i, body["bulkhead"], srv.log()[-2000:])
 
 
 def test_an_idle_worker_exits_unless_comfyui_holds_its_objects(comfyui):
