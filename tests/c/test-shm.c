@@ -571,10 +571,33 @@ static int count_tasks(void) {
   return n;
 }
 
-/* The helpers are kept (a second copy starts none), and a child forked
- * after they started has none of them: its first split copy starts its
- * own and copies right (without the fork handler it would count its
- * parent's and start none). */
+/* Whether every thread of this process but the calling one blocks SIGINT,
+ * SIGTERM and SIGCHLD (/proc/self/task/<tid>/status's SigBlk). */
+static int others_block_signals(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return 0;
+  int ok = 1;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.' || atoi(e->d_name) == (int)gettid()) continue;
+    char path[300], line[128];
+    snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+    FILE *f = fopen(path, "r");
+    unsigned long long blk = 0;
+    while (f && fgets(line, sizeof line, f))
+      if (sscanf(line, "SigBlk: %llx", &blk) == 1) break;
+    if (f) fclose(f);
+    unsigned long long want = 1ull << (SIGINT - 1) | 1ull << (SIGTERM - 1) | 1ull << (SIGCHLD - 1);
+    ok = ok && (blk & want) == want;
+  }
+  closedir(d);
+  return ok;
+}
+
+/* The helpers are kept (a second copy starts none) and block the signals
+ * meant for the process, and a child forked after they started has none
+ * of them: its first split copy starts its own and copies right (without
+ * the fork handler it would count its parent's and start none). */
 TEST_IMPL(shm_copy_helpers_kept_and_not_inherited) {
   size_t n = 4 * MiB;
   uint8_t *src = malloc(n), *dst = malloc(n);
@@ -587,6 +610,7 @@ TEST_IMPL(shm_copy_helpers_kept_and_not_inherited) {
   ASSERT_GE(bh_copy(dst, src, n, 2), 1);
   ASSERT_EQ(count_tasks(), tasks);
   ASSERT_EQ(memcmp(dst, src, n), 0);
+  ASSERT(others_block_signals());
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
