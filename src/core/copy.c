@@ -7,14 +7,17 @@
  * (2 CPUs, 64 MiB):
  *
  *   - How it stores.  A destination this large does not stay in any cache
- *     for the peer, and glibc's memcpy (rep movsb on AMD's FSRM CPUs, up
- *     to any size) reads each destination line before writing it.  Stores
- *     that bypass the cache (x86's non-temporal stores) write lines
- *     without reading them: one thread copies 64 MiB in about 60 % of
- *     memcpy's time, as fast as torch's copy_ on its two intra-op
- *     threads.  Copies of at least BH__COPY_STREAM_MIN bytes stream so;
- *     smaller ones (a 3 MiB IMAGE the peer reads at once from the shared
- *     cache) are memcpy's.
+ *     for the peer, and ordinary stores read each destination line before
+ *     writing it.  Stores that bypass the cache (x86's non-temporal
+ *     stores) write lines without reading them: one thread copies 64 MiB
+ *     in about 60 % of memcpy's time here, as fast as torch's copy_ on its
+ *     two intra-op threads.  glibc's memcpy streams so only past its
+ *     x86_non_temporal_threshold, 3/4 of the shared cache it computes,
+ *     which on some machines is far above any tensor (240 MiB on our 2-CPU
+ *     EPYC VM, whose L3 is 32 MiB; ld.so --list-tunables shows it).
+ *     Copies of at least BH__COPY_STREAM_MIN bytes stream; smaller ones (a
+ *     3 MiB IMAGE the peer reads at once from the shared cache) are
+ *     memcpy's.
  *   - How many threads share it.  Two cores pull about twice what one
  *     does.  The calling thread and up to threads-1 helpers claim 1 MiB
  *     chunks from one counter until none is left, so a helper that is not
