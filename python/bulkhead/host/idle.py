@@ -27,24 +27,26 @@ clamped to the cgroup) is below PRESSURE_SWITCH percent of its total
 longest (at least PRESSURE_MIN_IDLE_S) is stopped, then the next, until it
 is not.  A pack whose idle_exit_s is 0 is never stopped, as above.
 
-A worker in no call may still be at work of its own (a job a pack's route
-started, a download on a pack's thread): in-process nothing would stop it,
-so none of the above stops it (``working``): not while its pack holds
-``bulkhead.working()`` (its ledger run state "working"), has a process of
-its own running (a helper it forked), or uses CPU_BUSY_PCT of a CPU now.
-The sweeper samples every watched worker's CPU time on each pass: little
-CPU time used since that sample is a quick "not at work"; more, and the
-worker is sampled afresh over CPU_WINDOW_S from now (as is a worker seen
-for the first time), because since the sweeper's sample the host may
-have asked the worker for work that is no call -- /free's own release
-ladder just before it stops idle workers (a collection, the heap
-trimmed: 0.1-0.2 s of CPU with torch loaded), a prompt's end, blocks
-returned -- and the ledger's stamp of its last call says nothing of
-that.  The host waits for what it asks (a release for its receipt), and
-the window is taken holding the worker's lock (no request of another
-thread runs meanwhile), so it holds only what the worker does of its own
-accord.  CPU time is the process's CPU clock (nanoseconds), not /proc's
-clock ticks: one 10 ms tick in a 0.1 s window reads as 10% of a CPU.
+A worker in no call may still be at work of its own (a job a pack's
+route started, a download on a pack's thread): in-process nothing would
+stop it, so none of the above stops it (``working``): not while its pack
+holds ``bulkhead.working()`` (its ledger run state "working"), has a
+process of its own running (a helper it forked), or uses CPU_BUSY_PCT of
+a CPU now.  The sweeper samples every watched worker's CPU time on each
+pass: little CPU time used since that sample is a quick "not at work";
+more, and the worker is sampled afresh over CPU_WINDOW_S from now (as is
+a worker seen for the first time), because since the sweeper's sample
+the host may have asked the worker for work that is no call -- a release
+ladder (the panel's Release just before ComfyUI's "Free model and node
+cache"; a collection and the heap trimmed: 0.1-0.2 s of CPU with torch
+loaded), a prompt's end, blocks returned -- and the ledger's stamp of
+its last call says nothing of that.  (/free itself stops idle workers
+before it runs the ladder on the others: host/service.py.)  The host
+waits for what it asks (a release for its receipt), and the window is
+taken holding the worker's lock (no request of another thread runs
+meanwhile), so it holds only what the worker does of its own accord.
+CPU time is the process's CPU clock (nanoseconds), not /proc's clock
+ticks: one 10 ms tick in a 0.1 s window reads as 10% of a CPU.
 """
 
 import logging
@@ -200,9 +202,10 @@ def working(rt, idle_s=None):
     last call: a /free right after a node that computed for a second found
     it "at work").  Whatever the sweeper's sample saw, the verdict "at
     work" comes from a window that starts now: between that sample and now
-    the host may have had the worker run its release ladder (/free does,
-    just before), which is no work of its pack's (bench/many_packs.py: a
-    worker that had just run a node "used 42% of a CPU in no call")."""
+    the host may have had the worker run its release ladder, which is no
+    work of its pack's (bench/many_packs.py, when /free ran the ladder on
+    every worker before stopping the idle ones: a worker that had just run
+    a node "used 42% of a CPU in no call")."""
     w = rt.worker
     pid = w.pid
     try:
