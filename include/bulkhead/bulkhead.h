@@ -446,7 +446,7 @@ BH_EXTERN size_t bh_pool_trim(bh_pool *p, size_t keep_bytes);
  * all), which claim 1 MiB chunks until none is left, so a helper that gets
  * no CPU leaves its chunks to this thread.  One copy uses the helpers at a
  * time: a copy that finds them busy is done on this thread alone, as is a
- * copy of one chunk or threads 1.  16 MiB and more are written with stores
+ * copy of one chunk or threads 1.  4 MiB and more are written with stores
  * that bypass the cache where the CPU has them (src/core/copy.c says why).
  * Every byte is in place, and no helper touches dst or src, when it
  * returns.  Returns the number of threads that copied (>= 1), or -EINVAL

@@ -15,9 +15,11 @@
  *     x86_non_temporal_threshold, 3/4 of the shared cache it computes,
  *     which on some machines is far above any tensor (240 MiB on our 2-CPU
  *     EPYC VM, whose L3 is 32 MiB; ld.so --list-tunables shows it).
- *     Copies of at least BH__COPY_STREAM_MIN bytes stream; smaller ones (a
- *     3 MiB IMAGE the peer reads at once from the shared cache) are
- *     memcpy's.
+ *     Copies of at least BH__COPY_STREAM_MIN bytes stream (8 and 12 MiB
+ *     here too: a copy and a read of it 0.8 and 1.2 ms against memcpy's
+ *     1.0 and 2.1, and a reader on the other CPU found memcpy's bytes no
+ *     faster); smaller ones stay memcpy's (a 3 MiB IMAGE, which the next
+ *     node may find in a large cache elsewhere).
  *   - How many threads share it.  Two cores pull about twice what one
  *     does.  The calling thread and up to threads-1 helpers claim 1 MiB
  *     chunks from one counter until none is left, so a helper that is not
@@ -61,7 +63,7 @@
 
 #define BH__COPY_THREADS_MAX 16
 #define BH__COPY_CHUNK ((size_t)1 << 20)        /* what one claim copies */
-#define BH__COPY_STREAM_MIN ((size_t)16 << 20)  /* copies this large bypass the cache */
+#define BH__COPY_STREAM_MIN ((size_t)4 << 20)   /* copies this large bypass the cache */
 #define BH__COPY_HELPER_STACK ((size_t)64 << 10)
 #define BH__COPY_SPIN 2000 /* checks of `done` (with a pause each) before the caller sleeps */
 

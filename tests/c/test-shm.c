@@ -473,11 +473,11 @@ TEST_IMPL(shm_threads) {
  * unevenly into cache-line shares and thread counts past the bound; the
  * bytes around the destination stay untouched. */
 TEST_IMPL(shm_copy_split) {
-  /* The last size streams past the cache (16 MiB and up), from and to
+  /* The last two sizes stream past the cache (4 MiB and up), from and to
    * addresses off a cache line, with a tail short of one. */
-  static const size_t sizes[] = {0, 1, 63, 64 * 3 + 5, MiB + 17, 9 * MiB + 4093, 16 * MiB + 4093};
+  static const size_t sizes[] = {0, 1, 63, 64 * 3 + 5, MiB + 17, 4 * MiB, 9 * MiB + 4093};
   static const unsigned threads[] = {1, 2, 3, 4, 16, 17};
-  size_t most = 16 * MiB + 4093;
+  size_t most = 9 * MiB + 4093;
   uint8_t *src = malloc(most), *dst = malloc(most + 2), *want = malloc(most + 2);
   ASSERT_NOT_NULL(src);
   ASSERT_NOT_NULL(dst);

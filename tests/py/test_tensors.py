@@ -236,12 +236,12 @@ def test_a_large_tensor_copied_on_several_threads_arrives_as_sent(worker, torch_
     (Lease.fill; how many, copy_threads decides by the CPUs idle, so here
     it is told): what the worker received, sent back by reference, is the
     host's tensor byte for byte, for torch and numpy, at a size that does
-    not split evenly and is copied past the cache (16 MiB and up)."""
+    not split evenly and is copied past the cache (4 MiB and up)."""
     torch = torch_mod
     from bulkhead.channel import tensors
     asked = []
     monkeypatch.setattr(tensors, "copy_threads", lambda n: asked.append(n) or 3)
-    n = (17 << 20) // 4 + 3
+    n = (9 << 20) // 4 + 3
     t = torch.arange(n, dtype=torch.int32).mul_(2654435761 % (1 << 31))
     r = worker.call("bh_testmod:echo", t)[0][0]
     assert torch.equal(r, t)
