@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -266,6 +267,73 @@ class Shade:
 
 NODE_CLASS_MAPPINGS["Shade"] = Shade
 '''
+
+
+def test_a_distribution_installed_into_the_host_between_two_builds_is_seen(tmp_path, home, monkeypatch):
+    """#36: a build reads the host's distributions once per process (its
+    plan and farm run in ComfyUI's process, one GIL), and again once a
+    directory on the host's path changed: bhlate, which ComfyUI's
+    requirements.txt lists, installed by pip into a host site directory
+    between two builds in this process is shared with the second build,
+    whose Python imports it, as an in-process pack would."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # a site directory as a host's is: written long before these builds
+    # (one written within the last seconds is read again on every call)
+    past = time.time() - 3600
+    os.utime(site, (past, past))
+    monkeypatch.syspath_prepend(str(site))
+    # kept whatever else on sys.path was written just now (the build tree): what follows tests the key
+    monkeypatch.setattr(hostmatch, "_RACY_S", -1e9)
+    comfy = tmp_path / "comfyui"
+    shutil.copytree(STUB_ROOT, comfy, symlinks=True)
+    with open(comfy / "requirements.txt", "a") as f:
+        f.write("bhlate\n")
+    monkeypatch.setenv("COMFYUI_PATH", str(comfy))
+    first = make_pack(tmp_path, f'python = "{HOST_MM}"\n', name="first")
+    lines = []
+    [st] = bulkhead.install(first, progress=lines.append, pip_args=["--no-index"])
+    assert st.ok and "bhlate" not in envs.read_stamp(st.env_dir)["host"]["shared"]
+    assert any("the host has no bhlate installed" in l for l in lines), lines
+    assert hostmatch._host() is hostmatch._host()      # the read is kept
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(str(wheels), "bhlate", "1.0", {"bhlate/__init__.py": "V = '1.0'\n"})
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
+                    "--find-links", str(wheels), "--target", str(site), "bhlate"], check=True)
+    second = make_pack(tmp_path, f'python = "{HOST_MM}"\n', name="second")
+    [st] = bulkhead.install(second, progress=lambda l: None, pip_args=["--no-index"])
+    s = envs.read_stamp(st.env_dir)["host"]
+    assert st.ok and s["shared"].get("bhlate") == "1.0", s
+    assert env_run(st.python, "import bhlate; print(bhlate.V, bhlate.__file__)") == \
+        f"1.0 {os.path.join(s['farm'], 'bhlate', '__init__.py')}"
+
+
+def test_a_distribution_made_within_the_mtime_of_the_last_read_is_seen(tmp_path, monkeypatch):
+    """#36: a read of the host's distributions is not kept while a
+    directory on the host's path was modified within seconds of it (one
+    mtime tick may cover a write made after the read): bhtick made in a
+    site directory that then shows the very mtime it had at the first
+    plan (a write within the same tick) is in the second plan."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # its mtime set ahead: the first read is within seconds of it however slow this machine is
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(site, ns=(ahead, ahead))
+    monkeypatch.syspath_prepend(str(site))
+    comfy = tmp_path / "comfyui"
+    shutil.copytree(STUB_ROOT, comfy, symlinks=True)
+    with open(comfy / "requirements.txt", "a") as f:
+        f.write("bhtick\n")
+    c = only_config(make_pack(tmp_path, f'python = "{HOST_MM}"\n'))
+    version = "%d.%d.%d" % sys.version_info[:3]
+    assert "bhtick" not in hostmatch.plan(c, version, str(comfy)).share
+    info = site / "bhtick-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bhtick\nVersion: 1.0\n")
+    (info / "RECORD").write_text("bhtick-1.0.dist-info/METADATA,,\n")
+    os.utime(site, ns=(ahead, ahead))
+    assert "bhtick" in hostmatch.plan(c, version, str(comfy)).share
 
 
 def _du(path, follow=False):

@@ -13,7 +13,9 @@ beside the pack's own requirements:
 
 "The host" is the Python running this module: ComfyUI's, or the one
 ``bulkhead install`` runs in (BULKHEAD_PYTHON).  Its installed
-distributions (``importlib.metadata``) are the source of truth; a
+distributions (``importlib.metadata``) are the source of truth, read
+once per process while sys.path and its directories are unchanged
+(``_host``: the builds in ComfyUI's process share one GIL); a
 requirement the host does not have installed is left out with a note.
 
 How they get there depends on the environment's interpreter.  Of the
@@ -58,6 +60,7 @@ has no build for).
 from __future__ import annotations
 
 import ast
+import csv
 import shutil
 import dataclasses
 import hashlib
@@ -67,6 +70,8 @@ import os
 import re
 import sys
 import tempfile
+import threading
+import time
 import urllib.parse
 from typing import Dict, List, Tuple
 
@@ -178,15 +183,178 @@ def canonical(name):
     return canonicalize_name(name)
 
 
+class _Dist:
+    """One host distribution as this process read it: its metadata parsed
+    once (importlib.metadata parses a distribution's METADATA anew on every
+    ``metadata``, ``version`` or ``requires``, and makes a pathlib object
+    per RECORD line on every ``files``: with ComfyUI's ~200 distributions
+    that was most of a build's CPU in ComfyUI's process, one GIL)."""
+
+    def __init__(self, d, meta):
+        self.dist = d
+        self.metadata = meta
+        self.version = meta["Version"]
+        self._requires = self._parsed = self._has_files = self._location = _UNREAD
+
+    @property
+    def requires(self):
+        """Its Requires-Dist lines (an egg-info's requires.txt), or None."""
+        if self._requires is _UNREAD:
+            reqs = self.metadata.get_all("Requires-Dist")
+            self._requires = reqs if reqs is not None else self.dist.requires
+        return self._requires
+
+    @property
+    def parsed_requires(self):
+        """``requires`` parsed, what does not parse left out."""
+        if self._parsed is _UNREAD:
+            out = []
+            for r in self.requires or ():
+                try:
+                    out.append(Requirement(r))
+                except InvalidRequirement:
+                    continue
+            self._parsed = out
+        return self._parsed
+
+    @property
+    def files(self):
+        """Its files as path parts relative to its site directory
+        (("numpy", "__init__.py"), ...), from its RECORD read as the CSV
+        it is; None when it lists none (importlib.metadata's ``files``).
+        Read anew on each call: a host's RECORDs are tens of MB as tuples,
+        not kept in ComfyUI's process for a farm made once."""
+        text = self.dist.read_text("RECORD")
+        if text is None:
+            files = self.dist.files
+            return None if files is None else [tuple(f.parts) for f in files]
+        out = []
+        for row in csv.reader(text.splitlines()):
+            if row:
+                parts = row[0].split("/")
+                if "" in parts or "." in parts:     # "./x", "a//b": as pathlib reads them
+                    parts = [x for x in parts if x not in ("", ".")]
+                out.append(tuple(parts))
+        return out
+
+    @property
+    def has_files(self):
+        """Whether it lists its files (what a farm links)."""
+        if self._has_files is _UNREAD:
+            self._has_files = self.dist.read_text("RECORD") is not None or self.dist.files is not None
+        return self._has_files
+
+    @property
+    def location(self):
+        """The real path of its site directory."""
+        if self._location is _UNREAD:
+            self._location = os.path.realpath(str(self.dist.locate_file("")))
+        return self._location
+
+    def locate_file(self, path):
+        return self.dist.locate_file(path)
+
+    def read_text(self, name):
+        return self.dist.read_text(name)
+
+
+_UNREAD = object()
+
+
+class _Host:
+    """The host's installed distributions, read once for as long as
+    ``key`` (what ``_host_key`` says) holds."""
+
+    def __init__(self, key):
+        self.key = key
+        self.dists = {}         # {canonical name: _Dist}, the first on sys.path winning (as import does)
+        for d in metadata.distributions():
+            meta = d.metadata
+            name = meta["Name"] if meta else None
+            if name and canonicalize_name(name) not in self.dists:
+                self.dists[canonicalize_name(name)] = _Dist(d, meta)
+        self.torch_cuda = _UNREAD
+        self.farms = {}         # {farm path: threading.Lock}: one thread of this process makes a farm
+        self._owners = {}
+        self._lock = threading.Lock()
+
+    def owners(self, loc):
+        """{the parts of a directory in the site directory ``loc``: the
+        canonical name of the distribution with files under it, or the
+        set of them where several have}: where a farm must make a real
+        directory and link one level down (``build_farm``)."""
+        with self._lock:    # builds side by side: read once
+            got = self._owners.get(loc)
+            if got is None:
+                got = self._owners[loc] = {}
+                for n, d in self.dists.items():
+                    if d.location != loc:
+                        continue
+                    for parts in d.files or ():
+                        for k in range(1, len(parts)):
+                            o = got.setdefault(parts[:k], n)
+                            if o != n:
+                                if isinstance(o, str):
+                                    got[parts[:k]] = o = {o}
+                                o.add(n)
+            return got
+
+
+# A read of the host's distributions is kept while its key holds: sys.path
+# and, of each of its entries, the directory's (or zip's) device, inode and
+# mtime, which a distribution installed, upgraded or removed there changes
+# (its .dist-info directory made or removed), as importlib's own path
+# finder keys its directory listings.  A directory modified within
+# _RACY_S of the read is not trusted to show everything made there (one
+# mtime tick may cover a write made after the read, as git's "racy" index
+# entries): such a read serves its own caller and is not kept.
+_RACY_S = 2.0
+_host_lock = threading.Lock()
+_host_read = None
+
+
+def _host_key():
+    """What a kept read of the host's distributions holds for (above)."""
+    out = [tuple(sys.path)]
+    for p in sys.path:
+        try:
+            st = os.stat(p or ".")
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_dev, st.st_ino, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _host():
+    """The host's distributions (a _Host), read again only where its key
+    changed (or the last read was racy)."""
+    global _host_read
+    key = _host_key()
+    got = _host_read
+    if got is not None and got.key == key:
+        return got
+    with _host_lock:
+        got = _host_read
+        if got is not None and got.key == key:
+            return got
+        began = time.time()
+        # importlib.metadata (3.10 on) keeps its own listing of each path
+        # entry, keyed on the entry's mtime alone: the same race, its cache
+        # cleared here (an instance's method: 3.10-3.12 lack @classmethod).
+        finder = getattr(metadata, "MetadataPathFinder", None)
+        if finder is not None and hasattr(finder, "invalidate_caches"):
+            finder().invalidate_caches()
+        got = _Host(key)
+        newest = max((k[2] for k in key[1:] if k is not None), default=0) / 1e9
+        _host_read = got if newest < began - _RACY_S else None
+    return got
+
+
 def _host_dists():
-    """{canonical name: Distribution} of the host, the first on sys.path
-    winning (as import does)."""
-    out = {}
-    for d in metadata.distributions():
-        name = d.metadata["Name"] if d.metadata else None
-        if name:
-            out.setdefault(canonicalize_name(name), d)
-    return out
+    """{canonical name: _Dist} of the host, the first on sys.path winning
+    (as import does); read once while nothing changed (``_host``)."""
+    return _host().dists
 
 
 def _torch_cuda(d):
@@ -216,11 +384,7 @@ def _closure(dists, roots):
         if n in out or n not in dists:
             continue
         out.append(n)
-        for r in dists[n].requires or ():
-            try:
-                req = Requirement(r)
-            except InvalidRequirement:
-                continue
+        for req in dists[n].parsed_requires:
             if req.marker is None or req.marker.evaluate(env):
                 todo.append(req.name)
     return out
@@ -232,17 +396,15 @@ def fingerprint(comfyui, mode="match"):
     torch/version.py and ComfyUI's requirements.txt)."""
     if mode == "none":
         return {"format": FINGERPRINT_FORMAT, "mode": "none"}
-    found = {}
-    for name in ALWAYS:
-        try:
-            found[name] = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
+    host = _host()
+    found = {name: host.dists.get(name) for name in ALWAYS}
     torch = found["torch"]
+    if torch is not None and host.torch_cuda is _UNREAD:
+        host.torch_cuda = _torch_cuda(torch)
     req = _requirements_file(comfyui)
     return {"format": FINGERPRINT_FORMAT, "mode": "match",
             "torch": torch.version if torch is not None else None,
-            "torch_cuda": _torch_cuda(torch) if torch is not None else None,
+            "torch_cuda": host.torch_cuda if torch is not None else None,
             "comfy-aimdo": found["comfy-aimdo"].version if found["comfy-aimdo"] else None,
             "comfy-kitchen": found["comfy-kitchen"].version if found["comfy-kitchen"] else None,
             "comfyui": comfyui,
@@ -487,7 +649,7 @@ def plan(config, python_version, comfyui):
     share, install, resolve = [], [], {}
     for n in names:
         d = dists[n]
-        if same_minor and d.files is not None:
+        if same_minor and d.has_files:
             share.append(n)
         elif (not same_minor and n not in ALWAYS and not _local(d.version)
               and not _runs_under(d, python_version)):
@@ -526,52 +688,58 @@ def _local(version):
 def _site_files(d):
     """(site directory, [path parts]) of a distribution's files that lie
     in its site directory."""
-    loc = os.path.realpath(str(d.locate_file("")))
     out = []
-    for f in d.files or ():
-        parts = tuple(f.parts)
+    for parts in d.files or ():
         if not parts or ".." in parts or parts[0] == "__pycache__" or (len(parts) == 1 and parts[0].endswith(".pth")):
             continue
         out.append(parts)
-    return loc, out
+    return d.location, out
 
 
 def build_farm(names, directory):
     """Makes (or finds) the symlink farm holding exactly the host's
     distributions ``names`` under ``directory`` and returns its path."""
-    dists = _host_dists()
+    host = _host()
+    dists = host.dists
     key = hashlib.sha256(repr(sorted((n, dists[n].version, str(dists[n].locate_file(""))) for n in names))
                          .encode()).hexdigest()[:12]
     farm = os.path.join(directory, key)
     if os.path.isdir(farm):
         return farm
+    # Builds side by side in this process share one farm: one makes it,
+    # the others wait and find it (another process's is its rename's race).
+    with _host_lock:
+        lock = host.farms.setdefault(farm, threading.Lock())
+    with lock:
+        if os.path.isdir(farm):
+            return farm
+        return _make_farm(host, names, directory, key, farm)
+
+
+def _make_farm(host, names, directory, key, farm):
+    """Makes ``farm`` (named ``key`` under ``directory``) of the host's
+    distributions ``names``: a file's path is linked at its first
+    directory no other host distribution has files under."""
     os.makedirs(directory, exist_ok=True)
     mine = {}
     for n in names:
-        loc, files = _site_files(dists[n])
+        loc, files = _site_files(host.dists[n])
         mine.setdefault(loc, []).extend(files)
-    others = {}
     chosen = set(names)
-    for n, d in dists.items():
-        if n in chosen:
-            continue
-        loc = os.path.realpath(str(d.locate_file("")))
-        if loc not in mine:
-            continue
-        pre = others.setdefault(loc, set())
-        for f in d.files or ():
-            parts = tuple(f.parts)
-            for k in range(1, len(parts) + 1):
-                pre.add(parts[:k])
+
+    def taken(owners, head):
+        # Another distribution (one not shared) has files under it.
+        o = owners.get(head)
+        return o is not None and (o not in chosen if isinstance(o, str) else not o <= chosen)
     tmp = tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=directory)
     try:
         os.chmod(tmp, 0o755)
         for loc, files in mine.items():
-            taken = others.get(loc, set())
+            owners = host.owners(loc)
             linked = set()
             for parts in files:
                 k = 1
-                while k < len(parts) and parts[:k] in taken:
+                while k < len(parts) and taken(owners, parts[:k]):
                     k += 1
                 head = parts[:k]
                 if any(head[:j] in linked for j in range(1, k + 1)):
