@@ -609,7 +609,9 @@ def test_a_slow_validate_inputs_on_an_idle_worker_does_not_freeze_the_server(com
     time.sleep(0.1)
     status, queue_s = _timed(srv, "GET", "/queue")
     t.join(30)
-    assert status == 200 and queue_s < 1.5, queue_s
+    # Answered before the 4 s validator ended: the loop was not held by it
+    # (a bound between two behaviours, not a speed).
+    assert status == 200 and queue_s < 3.0, queue_s
     status, bad = answer["r"]
     assert status == 400 and "no is no" in json.dumps(bad["node_errors"]["1"]), answer
 

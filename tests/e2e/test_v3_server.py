@@ -10,6 +10,8 @@ import json
 import os
 import time
 
+from bulkhead.channel import spec
+
 from . import differential as diff
 
 PROMPT = {
@@ -145,7 +147,10 @@ def test_the_stop_button_stops_an_isolated_node_that_never_checks(comfyui):
     prompt_id, end, stop_s = srv.run_ws(session)
     print(f"\nstop button on an isolated node that never checks: {stop_s * 1000:.0f} ms (grace 1000 ms)")
     assert end["type"] == "execution_interrupted" and end["data"]["node_id"] == "1", end
-    assert stop_s < 1.0 + 0.5, stop_s   # the grace, plus the kill and the report on a loaded machine
+    # The pack's grace, not the default's (3 s) nor the node's 30 s: a
+    # behaviour bound, however loaded the machine (the kill and the report
+    # come on top of the 1 s).
+    assert stop_s < spec.BY_NAME["interrupt_grace_s"].default, stop_s
     assert srv.wait_history(prompt_id)["status"]["status_str"] == "error"
     assert "e2e_v3" in srv.log() and "interrupt" in srv.log()
     next_id = srv.queue({"1": {"class_type": "E2EV3Count", "inputs": {"n": 1}},

@@ -735,7 +735,9 @@ def test_the_interrupt_watcher_starts_no_thread_per_call_and_reads_the_flag(tmp_
         emit({"started": started, "raised": raised, "stop_ms": stop_ms, "watchers": names})
     """)
     assert r["started"] == []
-    assert r["raised"] is True and r["stop_ms"] < 1000
+    # Stopped by the watcher, well before the node's 30 s would have ended
+    # it: a bound between two behaviours, not a speed.
+    assert r["raised"] is True and r["stop_ms"] < 15_000, r
     assert r["watchers"] == ["bulkhead-interrupt"]
 
 
