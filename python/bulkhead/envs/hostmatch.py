@@ -195,6 +195,7 @@ class _Dist:
         self.metadata = meta
         self.version = meta["Version"]
         self._requires = self._parsed = self._has_files = self._location = _UNREAD
+        self.torch_cuda = _UNREAD   # torch's alone: its torch.version.cuda (fingerprint)
 
     @property
     def requires(self):
@@ -262,18 +263,12 @@ _UNREAD = object()
 
 
 class _Host:
-    """The host's installed distributions, read once for as long as
-    ``key`` (what ``_host_key`` says) holds."""
+    """The host's installed distributions as ``_host`` read them for
+    ``key`` (what ``_host_key`` says)."""
 
-    def __init__(self, key):
+    def __init__(self, key, dists):
         self.key = key
-        self.dists = {}         # {canonical name: _Dist}, the first on sys.path winning (as import does)
-        for d in metadata.distributions():
-            meta = d.metadata
-            name = meta["Name"] if meta else None
-            if name and canonicalize_name(name) not in self.dists:
-                self.dists[canonicalize_name(name)] = _Dist(d, meta)
-        self.torch_cuda = _UNREAD
+        self.dists = dists      # {canonical name: _Dist}, the first on sys.path winning (as import does)
         self.farms = {}         # {farm path: threading.Lock}: one thread of this process makes a farm
         self._owners = {}
         self._lock = threading.Lock()
@@ -300,36 +295,49 @@ class _Host:
             return got
 
 
-# A read of the host's distributions is kept while its key holds: sys.path
-# and, of each of its entries, the directory's (or zip's) device, inode and
-# mtime, which a distribution installed, upgraded or removed there changes
-# (its .dist-info directory made or removed), as importlib's own path
-# finder keys its directory listings.  A directory modified within
-# _RACY_S of the read is not trusted to show everything made there (one
+# The distributions of each sys.path entry are read once and kept while
+# the entry's directory (or zip) has the same device, inode and mtime: a
+# distribution installed, upgraded or removed there makes or removes its
+# .dist-info directory, which changes the mtime (importlib's own path
+# finder keys its directory listings so).  An entry modified within
+# _RACY_S of its read is not trusted to show everything made there (one
 # mtime tick may cover a write made after the read, as git's "racy" index
-# entries): such a read serves its own caller and is not kept.
+# entries): it serves that read and is read again on the next (ComfyUI's
+# own directory, on sys.path, is one at its start; it holds no
+# distribution and is listed in no time).
 _RACY_S = 2.0
 _host_lock = threading.Lock()
-_host_read = None
+_host_read = None           # the last _Host, while none of its entries was racy
+_entries = {}               # {sys.path entry: (its stat key, [(canonical name, _Dist)])}
+
+
+def _entry_key(p):
+    try:
+        st = os.stat(p or ".")
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
 def _host_key():
     """What a kept read of the host's distributions holds for (above)."""
-    out = [tuple(sys.path)]
-    for p in sys.path:
-        try:
-            st = os.stat(p or ".")
-        except OSError:
-            out.append(None)
-        else:
-            out.append((st.st_dev, st.st_ino, st.st_mtime_ns))
-    return tuple(out)
+    return (tuple(sys.path),) + tuple(_entry_key(p) for p in sys.path)
+
+
+def _read_entry(p):
+    out = []
+    for d in metadata.distributions(path=[p]):
+        meta = d.metadata
+        name = meta["Name"] if meta else None
+        if name:
+            out.append((canonicalize_name(name), _Dist(d, meta)))
+    return out
 
 
 def _host():
-    """The host's distributions (a _Host), read again only where its key
-    changed (or the last read was racy)."""
-    global _host_read
+    """The host's distributions (a _Host): each sys.path entry read again
+    only where its key changed (or its last read was racy)."""
+    global _host_read, _entries
     key = _host_key()
     got = _host_read
     if got is not None and got.key == key:
@@ -339,15 +347,31 @@ def _host():
         if got is not None and got.key == key:
             return got
         began = time.time()
-        # importlib.metadata (3.10 on) keeps its own listing of each path
-        # entry, keyed on the entry's mtime alone: the same race, its cache
-        # cleared here (an instance's method: 3.10-3.12 lack @classmethod).
-        finder = getattr(metadata, "MetadataPathFinder", None)
-        if finder is not None and hasattr(finder, "invalidate_caches"):
-            finder().invalidate_caches()
-        got = _Host(key)
-        newest = max((k[2] for k in key[1:] if k is not None), default=0) / 1e9
-        _host_read = got if newest < began - _RACY_S else None
+        dists, racy, kept, cleared = {}, False, {}, False
+        for p, k in zip(sys.path, key[1:]):
+            hit = _entries.get(p)
+            if hit is not None and hit[0] == k:
+                found = hit[1]
+            else:
+                if not cleared:
+                    # importlib.metadata (3.10 on) keeps its own listing of
+                    # each path entry, keyed on its mtime alone: the same
+                    # race, cleared (an instance's method: 3.10-3.12 lack
+                    # @classmethod).
+                    finder = getattr(metadata, "MetadataPathFinder", None)
+                    if finder is not None and hasattr(finder, "invalidate_caches"):
+                        finder().invalidate_caches()
+                    cleared = True
+                found = _read_entry(p)
+            if k is not None and k[2] / 1e9 >= began - _RACY_S:
+                racy = True
+            else:
+                kept[p] = (k, found)
+            for n, d in found:
+                dists.setdefault(n, d)
+        _entries = kept
+        got = _Host(key, dists)
+        _host_read = None if racy else got
     return got
 
 
@@ -396,15 +420,15 @@ def fingerprint(comfyui, mode="match"):
     torch/version.py and ComfyUI's requirements.txt)."""
     if mode == "none":
         return {"format": FINGERPRINT_FORMAT, "mode": "none"}
-    host = _host()
-    found = {name: host.dists.get(name) for name in ALWAYS}
+    dists = _host().dists
+    found = {name: dists.get(name) for name in ALWAYS}
     torch = found["torch"]
-    if torch is not None and host.torch_cuda is _UNREAD:
-        host.torch_cuda = _torch_cuda(torch)
+    if torch is not None and torch.torch_cuda is _UNREAD:
+        torch.torch_cuda = _torch_cuda(torch)
     req = _requirements_file(comfyui)
     return {"format": FINGERPRINT_FORMAT, "mode": "match",
             "torch": torch.version if torch is not None else None,
-            "torch_cuda": host.torch_cuda if torch is not None else None,
+            "torch_cuda": torch.torch_cuda if torch is not None else None,
             "comfy-aimdo": found["comfy-aimdo"].version if found["comfy-aimdo"] else None,
             "comfy-kitchen": found["comfy-kitchen"].version if found["comfy-kitchen"] else None,
             "comfyui": comfyui,
