@@ -242,7 +242,8 @@ class _Held:
 
     def __init__(self, gate, streams, say):
         self.gate, self.wanted, self.say = gate, streams, say
-        self.turn = _turn() if _turn() is not None and _turn().gate is gate else None
+        turn = _turn()
+        self.turn = turn if turn is not None and turn.gate is gate else None
         self.streams = []
         self.cpu = False        # a CPU slot this command took for itself (a thread not of the pool)
 
