@@ -957,7 +957,11 @@ def build(config, progress=None, force=False, *, pip_args=None, lock_timeout_s=N
     commands' output included, goes to a log file of its own
     (``logs_dir``, ``last_log``); an error raised carries its path
     (``log_path``)."""
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    # To the microsecond: two builds of one environment within a second (a
+    # Retry then a Rebuild from the panel, each under a second now) got
+    # one log name, so the second's log was the first's file and "Show
+    # log" could not tell them apart.  Names sort by time as before.
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S.%f")
     teed = _Teed(progress or _default_progress(config.name),
                  os.path.join(logs_dir(config), f"{stamp}-{os.getpid()}.log"))
     try:
