@@ -464,9 +464,11 @@ typedef struct bh_channel_opts {
                              * and its death ends a wait (see bh_channel_recv) */
   size_t pool_keep_bytes;   /* free own blocks kept for reuse (0: default) */
   int64_t spin_ns;          /* before blocking in recv, poll this long
-                             * yielding the CPU (0: default 20 us, <0: never;
-                             * never when only one CPU is usable).  Waking a
-                             * sleeper on another CPU costs far more here. */
+                             * yielding the CPU (0: default 100 us, <0:
+                             * never; never when only one CPU is usable, and
+                             * cut short when a yield ran another task).
+                             * Waking a sleeper on another CPU costs far
+                             * more here. */
   int forward;              /* keep the memfd of each peer block of at least
                              * 1 MiB (within a process-wide bound, a quarter
                              * of the soft RLIMIT_NOFILE), so that a view of

@@ -70,6 +70,9 @@
  * alone before it polls on both: the longest a peer's death hidden by a
  * forked child goes unseen. */
 #define BH__SLICE_NS (10 * 1000000ll)
+/* One turn of the spin (a recvmsg and a yield) that took longer than this
+ * ran another task. */
+#define BH__YIELD_BUSY_NS (20 * 1000ll)
 #define BH__CMSG_SPACE (CMSG_SPACE(sizeof(int) * BH_FRAME_FDS_MAX) + CMSG_SPACE(sizeof(struct ucred)))
 
 _Static_assert(sizeof(bh_frame_header) == 32, "frame header is 32 bytes");
@@ -146,7 +149,7 @@ int bh_channel_open(bh_channel **out, int fd, const bh_channel_opts *o) {
   c->peer_uid = o->peer_uid;
   c->peer_pid = o->peer_pid;
   c->peer_pidfd = bh__peer_pidfd(o->peer_pid);
-  c->spin_ns = o->spin_ns < 0 ? 0 : o->spin_ns ? o->spin_ns : 20000;
+  c->spin_ns = o->spin_ns < 0 ? 0 : o->spin_ns ? o->spin_ns : 100000;
   cpu_set_t cpus;
   if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2) c->spin_ns = 0;
   c->rx = malloc(BH__HDR + BH_FRAME_INLINE_MAX);
@@ -676,12 +679,18 @@ int bh_channel_recv(bh_channel *c, bh_frame *f, int64_t deadline_ns) {
      * that last sent from this CPU will most likely run here again, and
      * then spinning only delays it: blocking hands it the CPU at once. */
     if (c->spin_ns && !sliced && !(c->peer_cpu && c->peer_cpu == bh__cpu_hint())) {
-      int64_t until = bh_now_ns() + c->spin_ns;
+      int64_t t = bh_now_ns(), until = t + c->spin_ns;
       do {
         rc = bh__recv_one(c, f, fds, &n_fds, MSG_DONTWAIT);
         if (rc != -ETIMEDOUT) break;
         sched_yield();
-      } while (bh_now_ns() < until);
+        /* Another task ran in the yield: this CPU is wanted.  A spinner
+         * yielding to it would see the reply only when the scheduler
+         * comes back to it; blocked, it is woken by the reply. */
+        int64_t then = t;
+        t = bh_now_ns();
+        if (t - then > BH__YIELD_BUSY_NS) break;
+      } while (t < until);
     }
     /* A deadline already past (serve(0): "what is pending") still reads a
      * frame that is there: the waits below give up at once, and a reader

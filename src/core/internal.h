@@ -140,8 +140,12 @@ int bh__pool_back_get(bh_pool *p, const bh_tensor_ref *t, bh_block **out);
 int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset);
 /* 1 when no page of [addr, addr + n) is an anonymous (written,
  * copy-on-write) page of this process (/proc/self/pagemap's flags: not
- * present, or a file page), 0 when one is, or a negative errno. */
+ * present, or a file page), 0 when one is, or a negative errno.  One
+ * PAGEMAP_SCAN ioctl where the kernel has it (6.7), else pagemap read. */
 int bh__range_clean(const void *addr, uint64_t n);
+/* For tests: 1 makes bh__range_clean read pagemap as on a kernel without
+ * PAGEMAP_SCAN (before 6.7); 0 lets it scan again. */
+void bh__range_clean_scan_off(int off);
 /* A forward: the held peer block of ANOTHER open pool of this process
  * that its owner sealed against writes (F_SEAL_FUTURE_WRITE: the owner's
  * mapping stays writable, new ones cannot be), that holds [addr, addr + n)

@@ -124,6 +124,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -946,12 +947,48 @@ int bh__pool_back_get(bh_pool *p, const bh_tensor_ref *t, bh_block **out) {
   return rc;
 }
 
+/* PAGEMAP_SCAN (Linux 6.7, <linux/fs.h>; spelled here for older headers). */
+struct bh__page_region {
+  uint64_t start, end, categories;
+};
+struct bh__pm_scan_arg {
+  uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+  uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+#define BH__PAGEMAP_SCAN _IOWR('f', 16, struct bh__pm_scan_arg)
+#define BH__PAGE_IS_FILE (1u << 2)
+#define BH__PAGE_IS_PRESENT (1u << 3)
+#define BH__PAGE_IS_SWAPPED (1u << 4)
+
+/* PAGEMAP_SCAN refused (an older kernel): pagemap is read instead. */
+static atomic_int bh__pagemap_scan_off;
+
 int bh__range_clean(const void *addr, uint64_t n) {
   const uint64_t PRESENT = 1ull << 63, SWAPPED = 1ull << 62, FILE_PAGE = 1ull << 61;
   uintptr_t first = (uintptr_t)addr / BH__PAGE, last = ((uintptr_t)addr + n - 1) / BH__PAGE;
-  uint64_t entries[512];
+  /* Opened per check (3 us): the file reads the memory of the process
+   * that opened it, and a zygote's worker is a fork. */
   int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC), rc = 1;
   if (fd < 0) return -errno;
+  if (!atomic_load_explicit(&bh__pagemap_scan_off, memory_order_relaxed)) {
+    /* The kernel walks the page tables and stops at the first page that
+     * is present or swapped and not a file's: no entry per page copied
+     * out, and a range never touched here (no page tables) costs nothing. */
+    struct bh__page_region hit;
+    struct bh__pm_scan_arg a = {
+        .size = sizeof a, .start = first * BH__PAGE, .end = (last + 1) * BH__PAGE,
+        .vec = (uintptr_t)&hit, .vec_len = 1, .max_pages = 1,
+        .category_inverted = BH__PAGE_IS_FILE, .category_mask = BH__PAGE_IS_FILE,
+        .category_anyof_mask = BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED,
+        .return_mask = BH__PAGE_IS_FILE | BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED};
+    int got = ioctl(fd, BH__PAGEMAP_SCAN, &a), err = errno;
+    if (got >= 0 || (err != ENOTTY && err != EINVAL)) {
+      close(fd);
+      return got >= 0 ? got == 0 : -err;
+    }
+    atomic_store(&bh__pagemap_scan_off, 1);
+  }
+  uint64_t entries[512];
   for (uintptr_t page = first; page <= last && rc == 1;) {
     size_t want = last - page + 1 < 512 ? (size_t)(last - page + 1) : 512;
     ssize_t got = pread(fd, entries, want * sizeof *entries, (off_t)(page * sizeof *entries));
@@ -970,6 +1007,10 @@ int bh__range_clean(const void *addr, uint64_t n) {
   close(fd);
   return rc;
 }
+
+/* For tests: read pagemap as on a kernel without PAGEMAP_SCAN (1), or try
+ * it again (0). */
+void bh__range_clean_scan_off(int off) { atomic_store(&bh__pagemap_scan_off, off); }
 
 int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out, uint64_t *offset) {
   uintptr_t a = (uintptr_t)addr;

@@ -627,3 +627,60 @@ TEST_IMPL(shm_copy_helpers_kept_and_not_inherited) {
   free(src);
   return 0;
 }
+
+/* bh__range_clean, by PAGEMAP_SCAN and by reading pagemap (a kernel
+ * before 6.7): a copy-on-write mapping of a memfd is clean untouched and
+ * read, written where one page was written here, clean again once that
+ * page is dropped; memory of this process's own (anonymous) is not.  A
+ * forked child checks its own pages, not its parent's (the pagemap file
+ * is opened per process). */
+TEST_IMPL(shm_range_clean_sees_written_pages) {
+  size_t n = 8 * MiB;
+  int fd = memfd_create("bh-test-clean", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, (off_t)n), 0);
+  uint8_t *w = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT(w != MAP_FAILED);
+  memset(w, 7, n);
+  uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  ASSERT(p != MAP_FAILED);
+  uint8_t *anon = mmap(NULL, 1 * MiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT(anon != MAP_FAILED);
+  memset(anon, 1, 1 * MiB);
+  for (int off = 0; off < 2; off++) {
+    bh__range_clean_scan_off(off);
+    ASSERT_EQ(bh__range_clean(p, n), 1); /* untouched */
+    volatile unsigned sum = 0;
+    for (size_t i = 0; i < n; i += 4096) sum += p[i];
+    ASSERT_EQ(bh__range_clean(p, n), 1); /* read: the file's pages */
+    p[5 * MiB + 3] = 9;
+    ASSERT_EQ(bh__range_clean(p, n), 0);
+    ASSERT_EQ(bh__range_clean(p, 5 * MiB), 1);       /* before the written page */
+    ASSERT_EQ(bh__range_clean(p + 5 * MiB + 4096, 3 * MiB - 4096), 1); /* after it */
+    ASSERT_EQ(bh__range_clean(p + 5 * MiB + 100, 1), 0);
+    ASSERT_EQ(madvise(p, n, MADV_DONTNEED), 0);
+    ASSERT_EQ(bh__range_clean(p, n), 1);
+    ASSERT_EQ(p[5 * MiB + 3], 7); /* the file's byte again */
+    ASSERT_EQ(bh__range_clean(anon, 1 * MiB), 0);
+  }
+  bh__range_clean_scan_off(0);
+  ASSERT_EQ(bh__range_clean(p, n), 1); /* this process's pagemap open now */
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    p[100] = 1; /* the child's page, not the parent's */
+    int ok = bh__range_clean(p, n) == 0;
+    ok = ok && madvise(p, n, MADV_DONTNEED) == 0 && bh__range_clean(p, n) == 1;
+    _exit(ok ? 0 : 1);
+  }
+  int st;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  p[200] = 1;
+  ASSERT_EQ(bh__range_clean(p, n), 0); /* the parent's own fd still reads its pages */
+  munmap(anon, 1 * MiB);
+  munmap(p, n);
+  munmap(w, n);
+  close(fd);
+  return 0;
+}
