@@ -635,7 +635,7 @@ TEST_IMPL(shm_copy_helpers_kept_and_not_inherited) {
  * forked child checks its own pages, not its parent's (the pagemap file
  * is opened per process). */
 TEST_IMPL(shm_range_clean_sees_written_pages) {
-  size_t n = 8 * MiB;
+  size_t n = 32 * MiB; /* past BH__SCAN_SPLIT_MIN: the copy helpers check too */
   int fd = memfd_create("bh-test-clean", MFD_CLOEXEC);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, (off_t)n), 0);
@@ -653,14 +653,22 @@ TEST_IMPL(shm_range_clean_sees_written_pages) {
     volatile unsigned sum = 0;
     for (size_t i = 0; i < n; i += 4096) sum += p[i];
     ASSERT_EQ(bh__range_clean(p, n), 1); /* read: the file's pages */
-    p[5 * MiB + 3] = 9;
+    p[21 * MiB + 3] = 9;
     ASSERT_EQ(bh__range_clean(p, n), 0);
-    ASSERT_EQ(bh__range_clean(p, 5 * MiB), 1);       /* before the written page */
-    ASSERT_EQ(bh__range_clean(p + 5 * MiB + 4096, 3 * MiB - 4096), 1); /* after it */
-    ASSERT_EQ(bh__range_clean(p + 5 * MiB + 100, 1), 0);
+    ASSERT_EQ(bh__range_clean(p, 21 * MiB), 1);       /* before the written page */
+    ASSERT_EQ(bh__range_clean(p + 21 * MiB + 4096, 11 * MiB - 4096), 1); /* after it */
+    ASSERT_EQ(bh__range_clean(p + 21 * MiB + 100, 1), 0);
     ASSERT_EQ(madvise(p, n, MADV_DONTNEED), 0);
     ASSERT_EQ(bh__range_clean(p, n), 1);
-    ASSERT_EQ(p[5 * MiB + 3], 7); /* the file's byte again */
+    ASSERT_EQ(p[21 * MiB + 3], 7); /* the file's byte again */
+    for (size_t at = 0; at < n; at += 4 * MiB + 4096) { /* in each chunk of a split check */
+      volatile unsigned again = 0;
+      for (size_t i = 0; i < n; i += 4096) again += p[i];
+      p[at] = 3;
+      ASSERT_EQ(bh__range_clean(p, n), 0);
+      ASSERT_EQ(madvise(p, n, MADV_DONTNEED), 0);
+      ASSERT_EQ(bh__range_clean(p, n), 1);
+    }
     ASSERT_EQ(bh__range_clean(anon, 1 * MiB), 0);
   }
   bh__range_clean_scan_off(0);
