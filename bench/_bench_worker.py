@@ -27,14 +27,15 @@ def small(count, nbytes):
 
 
 def keep(a):
-    """Keeps a (an array the host sent: a view of the host's block) to
-    return it on every kept() call."""
+    """Keeps a (an array or torch tensor the host sent: a view of the
+    host's block) to return it on every kept() call."""
     _cache["kept"] = a
     return a.nbytes
 
 
 def kept():
-    """The array keep() kept: the host's own block, sent back by reference."""
+    """The array or tensor keep() kept: the host's own block, sent back by
+    reference."""
     return _cache["kept"]
 
 
@@ -61,7 +62,8 @@ def first(a):
 
 def sum_torch(t):
     """The sum of a tensor the host sent (reads every page of it): the
-    worker's own work in the new-tensor crossing's figure."""
+    worker's own work in the new-tensor crossing's figure, and in those of
+    a tensor sent again or handed back (set against sum_own_torch)."""
     return float(t.sum())
 
 

@@ -21,6 +21,22 @@ set against them:
   same_h2w_torch_copy_ratio, cached_w2h_torch_copy_ratio
                   the same host tensor again / a worker's cached one
                   returned, / one torch copy_               <= 0.1 (#26)
+  cached_w2h_torch_rt_ratio, back_w2h_rt_ratio, back_w2h_torch_rt_ratio
+                  a worker's cached torch tensor returned / the host's
+                  array (numpy) or tensor (torch) the worker kept,
+                  returned by reference, / the raw same-CPU round trip
+                  (pingpong_same_cpu_us): a round trip plus the handle's
+                  bookkeeping                               <= 5 (#40)
+  same_h2w_torch_sum_ratio, back_h2w_torch_sum_ratio
+                  the same host tensor sent again unchanged / the
+                  worker's cached tensor handed back to it, summed there,
+                  / the worker's sum of a tensor of its own through a call
+                  (w_sum_64m_ms: the receiver's own work)    <= 1.5 (#40)
+  a2b_torch_sum_own_ratio  worker A's cached tensor on to worker B,
+                  summed there / B's sum of its own through a call
+                  (b_sum_64m_ms)                            <= 1.5 (#40;
+                  a2b_torch_sum_ratio, the same over the host's sum
+                  alone, has no target)
   new_h2w_torch_sum_ratio  a 64 MiB torch tensor changed since it last
                   crossed, host -> worker, summed there
                   / one torch copy_ and that sum here        <= 1.2 (#40)
@@ -67,6 +83,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIB = 1 << 20
 BIG = 64 * MIB
+# #40: each zero-copy path's ratio to its limit, and the most it may be
+ZERO_COPY_TARGETS = {
+    "cached_w2h_torch_rt_ratio": 5.0,
+    "back_w2h_rt_ratio": 5.0,
+    "back_w2h_torch_rt_ratio": 5.0,
+    "same_h2w_torch_sum_ratio": 1.5,
+    "back_h2w_torch_sum_ratio": 1.5,
+    "a2b_torch_sum_own_ratio": 1.5,
+}
 
 
 def parse_args(argv=None):
@@ -275,6 +300,15 @@ def crossings_again(w, reps):
                           host's block
       *_torch_*           the same for torch tensors, where both ends have
                           torch
+      w_sum_64m_ms        the worker summing a 64 MiB tensor of its own
+                          through a call (the receiver's own work: the
+                          call's round trip, its intra-op threads woken;
+                          torch)
+      same_h2w_torch_sum_ms, back_h2w_torch_sum_ms
+                          the same host tensor sent again unchanged / the
+                          worker's cached tensor handed back to it, summed
+                          there (every page read), each against
+                          w_sum_64m_ms (#40: <= 1.5)
     """
     import numpy as np
     a = np.full(BIG // 4, 1.5, dtype=np.float32)
@@ -304,6 +338,22 @@ def crossings_again(w, reps):
         out["same_h2w_torch_64m_ms"] = time_transfer(lambda: w.call("builtins:len", ht), reps)
         out["cached_w2h_torch_64m_ms"] = time_transfer(lambda: w.call("_bench_worker:big_torch", BIG), reps)
         out["back_h2w_torch_64m_ms"] = time_transfer(lambda: w.call("builtins:len", t), reps)
+        w.call("_bench_worker:keep", ht)
+        back = w.call("_bench_worker:kept")
+        if not torch.equal(back, ht):
+            raise RuntimeError("the worker's kept tensor came back other than the host's")
+        del back
+        out["back_w2h_torch_64m_ms"] = time_transfer(lambda: w.call("_bench_worker:kept"), reps)
+        w.call("_bench_worker:drop")
+        # #40: the receiver's own work, and the same work on what crossed
+        # again (every page read where it arrived); measured back to back
+        if w.call("_bench_worker:sum_torch", ht) != float(ht.sum()):
+            raise RuntimeError("the worker's sum of the host's tensor differs from the host's")
+        if w.call("_bench_worker:sum_torch", t) != w.call("_bench_worker:sum_own_torch", BIG):
+            raise RuntimeError("the worker's sum of its own tensor handed back differs from its own sum")
+        out["w_sum_64m_ms"] = time_transfer(lambda: w.call("_bench_worker:sum_own_torch", BIG), reps)
+        out["same_h2w_torch_sum_ms"] = time_transfer(lambda: w.call("_bench_worker:sum_torch", ht), reps)
+        out["back_h2w_torch_sum_ms"] = time_transfer(lambda: w.call("_bench_worker:sum_torch", t), reps)
     del t
     gc.collect()
     return out
@@ -403,14 +453,15 @@ def pack_to_pack(a, b, reps):
       a2b_64m_ms        numpy (a new output each call)
       a2b_torch_64m_ms  torch, where both ends have it
       a2b_torch_sum_ms  torch, B summing it (reads every page: what B's
-                        mapping costs), against sum_64m_ms, that sum alone
-                        (a2b_torch_sum_ratio <= 1.5, #40)
+                        mapping costs)
       b_sum_64m_ms      B summing a 64 MiB tensor of its own through a call
-                        (a node's own work in a worker: the call's round
-                        trip, B's intra-op threads woken);
-                        a2b_torch_sum_own_ratio, a2b_torch_sum_ms over it,
-                        is what the forward itself adds (A's call, the
-                        host's forward, B's return)
+                        (a node's own work in a worker, the receiver's own
+                        work: the call's round trip, B's intra-op threads
+                        woken); a2b_torch_sum_own_ratio, a2b_torch_sum_ms
+                        over it, is what the forward adds (A's call, the
+                        host's forward, B's mapping): <= 1.5 (#40)
+      sum_64m_ms        that sum alone, here (a2b_torch_sum_ratio, no
+                        target: it leaves out the call B's work needs)
       a2b_host_blocks   blocks the host took for B in all the timed calls
                         (one per numpy call; none for a forward)
     """
@@ -442,7 +493,8 @@ def pack_to_pack(a, b, reps):
             t = a.call("_bench_worker:big_torch", BIG)
             b.call("_bench_worker:sum_torch", t)
             del t
-        # #40: B reads every page of what it got; the limit, that sum alone
+        # #40: B reads every page of what it got; the limit, B's own sum
+        # through a call (below), and that sum alone here for information
         out["a2b_torch_sum_ms"] = time_transfer(a2b_torch_sum, reps)
         own = torch.ones(BIG // 4, dtype=torch.float32)
         out["sum_64m_ms"] = time_transfer(lambda: float(own.sum()), reps)
@@ -534,6 +586,7 @@ def table(r):
             return "n/a"
         return "pass" if value <= limit else "FAIL"
 
+    zc = ZERO_COPY_TARGETS
     rows = [
         ("pingpong_median_us", r["pingpong_median_us"], None),
         ("pingpong_same_cpu_us", r.get("pingpong_same_cpu_us"), None),
@@ -564,12 +617,22 @@ def table(r):
         ("back_h2w_ratio", r.get("back_h2w_ratio"), None),
         ("back_w2h_64m_ms", r.get("back_w2h_64m_ms"), None),
         ("back_w2h_ratio", r.get("back_w2h_ratio"), None),
+        ("back_w2h_rt_ratio", r.get("back_w2h_rt_ratio"), zc["back_w2h_rt_ratio"]),
         ("same_h2w_torch_64m_ms", r.get("same_h2w_torch_64m_ms"), None),
         ("same_h2w_torch_ratio", r.get("same_h2w_torch_ratio"), None),
         ("cached_w2h_torch_64m_ms", r.get("cached_w2h_torch_64m_ms"), None),
         ("cached_w2h_torch_ratio", r.get("cached_w2h_torch_ratio"), None),
+        ("cached_w2h_torch_rt_ratio", r.get("cached_w2h_torch_rt_ratio"), zc["cached_w2h_torch_rt_ratio"]),
         ("back_h2w_torch_64m_ms", r.get("back_h2w_torch_64m_ms"), None),
         ("back_h2w_torch_ratio", r.get("back_h2w_torch_ratio"), None),
+        ("back_w2h_torch_64m_ms", r.get("back_w2h_torch_64m_ms"), None),
+        ("back_w2h_torch_ratio", r.get("back_w2h_torch_ratio"), None),
+        ("back_w2h_torch_rt_ratio", r.get("back_w2h_torch_rt_ratio"), zc["back_w2h_torch_rt_ratio"]),
+        ("w_sum_64m_ms", r.get("w_sum_64m_ms"), None),
+        ("same_h2w_torch_sum_ms", r.get("same_h2w_torch_sum_ms"), None),
+        ("same_h2w_torch_sum_ratio", r.get("same_h2w_torch_sum_ratio"), zc["same_h2w_torch_sum_ratio"]),
+        ("back_h2w_torch_sum_ms", r.get("back_h2w_torch_sum_ms"), None),
+        ("back_h2w_torch_sum_ratio", r.get("back_h2w_torch_sum_ratio"), zc["back_h2w_torch_sum_ratio"]),
         ("copy_64m_ms", r.get("copy_64m_ms"), None),
         ("same_h2w_torch_copy_ratio", r.get("same_h2w_torch_copy_ratio"), 0.1),
         ("cached_w2h_torch_copy_ratio", r.get("cached_w2h_torch_copy_ratio"), 0.1),
@@ -590,9 +653,9 @@ def table(r):
         ("a2b_torch_copy_ratio", r.get("a2b_torch_copy_ratio"), 1.2),
         ("a2b_torch_sum_ms", r.get("a2b_torch_sum_ms"), None),
         ("sum_64m_ms", r.get("sum_64m_ms"), None),
-        ("a2b_torch_sum_ratio", r.get("a2b_torch_sum_ratio"), 1.5),
+        ("a2b_torch_sum_ratio", r.get("a2b_torch_sum_ratio"), None),
         ("b_sum_64m_ms", r.get("b_sum_64m_ms"), None),
-        ("a2b_torch_sum_own_ratio", r.get("a2b_torch_sum_own_ratio"), None),
+        ("a2b_torch_sum_own_ratio", r.get("a2b_torch_sum_own_ratio"), zc["a2b_torch_sum_own_ratio"]),
         ("a2b_host_blocks", r.get("a2b_host_blocks"), None),
         ("h2w_small_ms", r.get("h2w_small_ms"), None),
         ("w2h_small_ms", r.get("w2h_small_ms"), None),
@@ -712,7 +775,7 @@ def main(argv=None):
     r["w2h_ratio"] = ratio(r["w2h_64m_ms"], r["memcpy_64m_ms"])
     r["echo_ratio"] = ratio(r["echo_64m_ms"], r["memcpy_64m_ms"])
     for k in ("same_h2w", "cached_w2h", "back_h2w", "back_w2h", "same_h2w_torch",
-              "cached_w2h_torch", "back_h2w_torch"):
+              "cached_w2h_torch", "back_h2w_torch", "back_w2h_torch"):
         if k.endswith("_torch"):
             r[k + "_ratio"] = ratio(r.get(k[:-6] + "_torch_64m_ms"), r["memcpy_64m_ms"])
         else:
@@ -720,6 +783,15 @@ def main(argv=None):
     # #26's rows against one torch copy_ of the same size (same run)
     for k in ("same_h2w", "cached_w2h", "same_h2w_torch", "cached_w2h_torch", "a2b", "a2b_torch"):
         r[k + "_copy_ratio"] = ratio(r.get(k + "_64m_ms"), r["copy_64m_ms"])
+    # #40's zero-copy paths against their limits: a return against the raw
+    # same-CPU round trip (a round trip plus the handle's bookkeeping), an
+    # argument against the receiver's own work (the worker's sum of a
+    # tensor of its own, through a call)
+    rt_ms = None if r.get("pingpong_same_cpu_us") is None else r["pingpong_same_cpu_us"] / 1e3
+    for k in ("cached_w2h_torch", "back_w2h", "back_w2h_torch"):
+        r[k + "_rt_ratio"] = ratio(r.get(k + "_64m_ms"), rt_ms)
+    for k in ("same_h2w_torch_sum", "back_h2w_torch_sum"):
+        r[k + "_ratio"] = ratio(r.get(k + "_ms"), r.get("w_sum_64m_ms"))
     # None where the unpinned figures ran on unlike placements (see note).
     r["targets"] = {
         "call_ratio": (r["call_ratio"] <= 1.3 if r["pingpong_placement"] == r["call_placement"] else None),
@@ -740,6 +812,9 @@ def main(argv=None):
                                       else r["same_h2w_torch_copy_ratio"] <= 0.1),
         "cached_w2h_torch_copy_ratio": (None if r["cached_w2h_torch_copy_ratio"] is None
                                         else r["cached_w2h_torch_copy_ratio"] <= 0.1),
+        # #40: the zero-copy paths at their limits
+        **{k: (None if r.get(k) is None else r[k] <= limit)
+           for k, limit in ZERO_COPY_TARGETS.items()},
     }
     r.update(
         python=worker_python,

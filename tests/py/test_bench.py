@@ -26,6 +26,10 @@ KEYS = ["call_median_us", "pingpong_median_us", "call_ratio", "h2w_64m_ms", "w2h
 # #40: a new torch tensor crossing each way, quiet and loaded, with limits
 NEW_TENSOR_KEYS = ["new_h2w_torch_sum_ms", "copy_sum_64m_ms", "new_h2w_torch_sum_ratio", "new_w2h_torch_ms",
                    "new_w2h_torch_copy_ratio"]
+# #40: the zero-copy paths against their limits (a round trip; the receiver's own work), torch's
+ZERO_COPY_TORCH_KEYS = ["back_w2h_torch_64m_ms", "w_sum_64m_ms", "same_h2w_torch_sum_ms", "back_h2w_torch_sum_ms",
+                        "b_sum_64m_ms", "cached_w2h_torch_rt_ratio", "back_w2h_torch_rt_ratio",
+                        "same_h2w_torch_sum_ratio", "back_h2w_torch_sum_ratio", "a2b_torch_sum_own_ratio"]
 LAYERS = ["pingpong_same_cpu_us", "pipe_same_cpu_us", "core_same_cpu_us", "binding_same_cpu_us",
           "chan_same_cpu_us", "call_same_cpu_us"]
 
@@ -55,6 +59,9 @@ def test_ipc_bench_writes_every_named_key(tmp_path):
     assert r["call_ratio_same_cpu"] == pytest.approx(r["call_same_cpu_us"] / r["pingpong_same_cpu_us"])
     assert r["h2w_ratio"] == pytest.approx(r["h2w_64m_ms"] / r["memcpy_64m_ms"])
     assert r["back_h2w_ratio"] == pytest.approx(r["back_h2w_64m_ms"] / r["memcpy_64m_ms"])
+    # #40: a return against the raw same-CPU round trip (ms over µs)
+    assert r["back_w2h_rt_ratio"] == pytest.approx(r["back_w2h_64m_ms"] * 1e3 / r["pingpong_same_cpu_us"])
+    assert r["targets"]["back_w2h_rt_ratio"] == (r["back_w2h_rt_ratio"] <= 5)
     assert r["a2b_copy_ratio"] == pytest.approx(r["a2b_64m_ms"] / r["copy_64m_ms"])
     # #40 (9ee6867): each new numpy output of A is copied by the host into a block for B, one per call
     # (time_transfer's warm-up calls and the --reps timed ones); a torch tensor A keeps is forwarded: none
@@ -69,6 +76,24 @@ def test_ipc_bench_writes_every_named_key(tmp_path):
         assert r["new_h2w_torch_sum_ratio"] == pytest.approx(r["new_h2w_torch_sum_ms"] / r["copy_sum_64m_ms"])
         assert r["loaded_new_w2h_torch_copy_ratio"] == pytest.approx(r["loaded_new_w2h_torch_ms"]
                                                                       / r["loaded_copy_64m_ms"])
+        for key in ZERO_COPY_TORCH_KEYS:
+            assert isinstance(r[key], (int, float)) and r[key] > 0, (key, r.get(key))
+        assert r["cached_w2h_torch_rt_ratio"] == pytest.approx(r["cached_w2h_torch_64m_ms"] * 1e3
+                                                               / r["pingpong_same_cpu_us"])
+        assert r["back_w2h_torch_rt_ratio"] == pytest.approx(r["back_w2h_torch_64m_ms"] * 1e3
+                                                             / r["pingpong_same_cpu_us"])
+        for key in ("same_h2w_torch_sum", "back_h2w_torch_sum"):
+            assert r[key + "_ratio"] == pytest.approx(r[key + "_ms"] / r["w_sum_64m_ms"])
+        assert r["a2b_torch_sum_own_ratio"] == pytest.approx(r["a2b_torch_sum_ms"] / r["b_sum_64m_ms"])
+        # each against its own limit: <= 5 round trips for a return, <= 1.5x the receiver's work otherwise
+        for key, limit in (("cached_w2h_torch_rt_ratio", 5), ("back_w2h_torch_rt_ratio", 5),
+                           ("same_h2w_torch_sum_ratio", 1.5), ("back_h2w_torch_sum_ratio", 1.5),
+                           ("a2b_torch_sum_own_ratio", 1.5)):
+            assert r["targets"][key] == (r[key] <= limit), key
+        assert "a2b_torch_sum_ratio" not in r["targets"]  # against the host's sum: informational
+    else:
+        assert all(r.get(key) is None for key in ZERO_COPY_TORCH_KEYS)
+        assert all(r["targets"][key] is None for key in ZERO_COPY_TORCH_KEYS if key.endswith("_ratio"))
     assert len(r["rounds"]) == 2 and all("call_ratio_same_cpu" in x for x in r["rounds"])
     assert set(r["targets"]) >= {"call_ratio", "h2w_ratio", "w2h_ratio", "ready_ms", "rss_overhead_mib"}
     assert "call_ratio_same_cpu" in run.stdout  # the table was printed

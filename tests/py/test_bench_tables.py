@@ -40,3 +40,12 @@ def test_a_figure_changed_in_the_json_changes_the_table():
     changed = copy.deepcopy(results)
     changed["ipc"]["h2w_64m_ms"] = results["ipc"]["h2w_64m_ms"] * 3 + 1
     assert tables.render("readme", changed) != tables.render("readme", results)
+
+
+def test_a_row_in_ms_against_a_limit_in_us_is_converted():
+    """A 64 MiB return (ms) set against a round trip (µs): the limit is
+    shown in its own unit and the ratio is of like units."""
+    tables = _tables()
+    [r] = [x for x in tables.ROWS if x["value"] == "back_w2h_64m_ms" and x["limit"] == "pingpong_same_cpu_us"]
+    line = tables.render_row(r, {"ipc": {"back_w2h_64m_ms": 0.05, "pingpong_same_cpu_us": 8.0}})
+    assert "8.00 µs" in line and "| 6.25 |" in line, line
