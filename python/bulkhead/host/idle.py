@@ -47,6 +47,15 @@ taken holding the worker's lock (no request of another thread runs
 meanwhile), so it holds only what the worker does of its own accord.
 CPU time is the process's CPU clock (nanoseconds), not /proc's clock
 ticks: one 10 ms tick in a 0.1 s window reads as 10% of a CPU.
+
+The workers one step looks at (exit_idle: /free's twenty idle workers;
+exit_under_pressure) share one window: the start of each one's window is
+taken first (the sweeper's sample where it can serve, else a new one),
+one CPU_WINDOW_S is slept for them all, holding no worker's lock, and then
+each worker is looked at in turn under its lock.  Like the sweeper's
+sample, that shared window can only clear a worker; one it finds using
+CPU is sampled afresh under its lock, as above (_window_starts says why
+no lock is held across the shared sleep).
 """
 
 import logging
@@ -66,8 +75,9 @@ SWEEP_S = 5.0
 PRESSURE_SWITCH = spec.IDLE_PRESSURE_PCT
 PRESSURE_PCT = 10.0          # below this % of RAM available, idle workers exit (LRU first)
 # The longest an asked exit (/free) waits for a worker's lock: a frame of
-# the reader's, or the sweeper measuring the worker's CPU under it (two
-# CPU_WINDOW_S at most) before it stops the worker itself.
+# the reader's, or the sweeper measuring the worker's CPU under it (one
+# CPU_WINDOW_S at most: the window it shares with other workers is slept
+# holding no lock) before it stops the worker itself.
 BRIEF_S = 0.65
 PRESSURE_MIN_IDLE_S = 10.0   # ... once idle this long (not between two nodes, or two prompts in a row)
 CPU_BUSY_PCT = 10.0          # a worker in no call that uses this much of one CPU is working
@@ -183,6 +193,55 @@ def _sample_all():
         _sample(pid)
 
 
+def _clears(last, idle_s):
+    """Whether CPU sample `last` (the sweeper's) can start a window that
+    says "not at work" of a worker in no call for idle_s seconds, without
+    waiting: taken within those seconds (after its last call), and at
+    least a quarter of CPU_WINDOW_S ago (a shorter window cannot tell)."""
+    if last is None:
+        return False
+    age = time.monotonic() - last[1]
+    return (idle_s is None or age <= idle_s) and age >= CPU_WINDOW_S / 4
+
+
+def _window_starts(candidates):
+    """The start of each candidate's CPU window, taken for all at once:
+    {pid: CPU sample} for [(rt, idle_s)...] whose workers are in no call.
+    The sweeper's sample where it can clear the worker now (_clears),
+    else a new one; then, where any is new, one CPU_WINDOW_S is slept for
+    all of them (N idle workers looked at one after another slept N
+    windows: ~4 s of /free with 20 packs, bench/many_packs.py).
+
+    No worker's lock is held here, neither for the samples nor across the
+    sleep.  Holding every candidate's lock for the shared window would
+    stop any other thread from calling, releasing or starting all of them
+    at once, and a thread that holds one worker's lock while it waits for
+    another's (a call whose callback reaches a second worker) would wait
+    for this whole step, where today it waits one window at most.  So the
+    window may hold a request another thread made meanwhile, which only
+    adds CPU: like the sweeper's sample it can only clear a worker, and
+    the verdict "at work" still comes from a fresh window under the
+    worker's own lock (working), one worker at a time: those are the few
+    at work of their own, each kept anyway.  The window ends under that
+    lock (working reads it there), so no call starts between the verdict
+    and the stop."""
+    starts, new = {}, False
+    for rt, idle_s in candidates:
+        pid = rt.worker.pid
+        if pid is None:
+            continue        # stopped meanwhile (_exit_one looks again under its lock)
+        last = _cpu.get(pid)
+        if _clears(last, idle_s):
+            starts[pid] = last
+            continue
+        sample = _sample(pid)
+        if sample is not None:
+            starts[pid], new = sample, True
+    if new:
+        time.sleep(CPU_WINDOW_S)
+    return starts
+
+
 def _children(pid):
     """The pids of pid's child processes (each thread's children file)."""
     kids = []
@@ -195,17 +254,20 @@ def _children(pid):
     return kids
 
 
-def working(rt, idle_s=None):
+def working(rt, idle_s=None, since=None):
     """Why rt's worker, in no call, is at work of its own (module doc), in
     words, or None.  idle_s: how long it has been in no call; a CPU sample
     older than that cannot even say "not at work" (its window holds the
     last call: a /free right after a node that computed for a second found
-    it "at work").  Whatever the sweeper's sample saw, the verdict "at
-    work" comes from a window that starts now: between that sample and now
-    the host may have had the worker run its release ladder, which is no
-    work of its pack's (bench/many_packs.py, when /free ran the ladder on
-    every worker before stopping the idle ones: a worker that had just run
-    a node "used 42% of a CPU in no call")."""
+    it "at work").  since: the start of its window that the caller took
+    (_window_starts: with other workers', in no call), used instead of the
+    sweeper's sample and, as that, only to clear it.  Whatever the
+    sweeper's sample saw, the verdict "at work" comes from a window that
+    starts now, under the worker's lock (_exit_one): between that sample
+    and now the host may have had the worker run its release ladder, which
+    is no work of its pack's (bench/many_packs.py, when /free ran the
+    ladder on every worker before stopping the idle ones: a worker that
+    had just run a node "used 42% of a CPU in no call")."""
     w = rt.worker
     pid = w.pid
     try:
@@ -217,8 +279,8 @@ def working(rt, idle_s=None):
     kids = _children(pid)
     if kids:
         return f"its own processes run (pid {', '.join(map(str, kids[:4]))})"
-    last = _cpu.get(pid)
-    if last is not None and (idle_s is None or time.monotonic() - last[1] <= idle_s):
+    last = since if since is not None else _cpu.get(pid)
+    if last is not None and (since is not None or idle_s is None or time.monotonic() - last[1] <= idle_s):
         if time.monotonic() - last[1] < CPU_WINDOW_S / 4:
             time.sleep(CPU_WINDOW_S)     # too short a window to tell
         pct = _busy_pct(pid, last)
@@ -248,7 +310,7 @@ def exit_idle(min_idle_s=None):
     for the workers it acted on."""
     with _lock:
         rts = list(_watched)
-    out = []
+    todo = []
     for rt in rts:
         limit = limit_s(rt.options) if min_idle_s is None else min_idle_s
         idle = idle_for(rt)
@@ -257,7 +319,12 @@ def exit_idle(min_idle_s=None):
                             # _exit_one leaves a worker whose pack holds bulkhead.working())
         if idle is None or idle < limit or (min_idle_s is None and limit <= 0):
             continue
-        row = _exit_one(rt, idle, f"after {idle:.0f} s idle", wait_s=0 if min_idle_s is None else BRIEF_S)
+        todo.append((rt, idle))
+    starts = _window_starts(todo)
+    out = []
+    for rt, idle in todo:
+        row = _exit_one(rt, idle, f"after {idle:.0f} s idle", wait_s=0 if min_idle_s is None else BRIEF_S,
+                        starts=starts)
         if row is not None:
             out.append(row)
     if any(row["exited"] for row in out):
@@ -297,13 +364,13 @@ def exit_under_pressure():
     with _lock:
         rts = list(_watched)
     idle = sorted(((idle_for(rt), rt) for rt in rts), key=lambda x: -(x[0] or 0))
+    idle = [(idle_s, rt) for idle_s, rt in idle if idle_s is not None and idle_s >= PRESSURE_MIN_IDLE_S]
+    starts = _window_starts([(rt, idle_s) for idle_s, rt in idle])   # one window, however many are stopped
     out = []
     for idle_s, rt in idle:
-        if idle_s is None or idle_s < PRESSURE_MIN_IDLE_S:
-            continue
         row = _exit_one(rt, idle_s, f"under machine memory pressure ({short >> 20} MiB short of "
                                     f"{pressure_pct():g}% of RAM available, {PRESSURE_SWITCH}; the least "
-                                    f"recently used first, idle {idle_s:.0f} s)")
+                                    f"recently used first, idle {idle_s:.0f} s)", starts=starts)
         if row is not None:
             out.append(row)
             short = ram_short_bytes()
@@ -312,7 +379,7 @@ def exit_under_pressure():
     return out
 
 
-def _exit_one(rt, idle, why, wait_s=0):
+def _exit_one(rt, idle, why, wait_s=0, starts=None):
     """Stops rt's worker (idle for `idle` s) unless it is working for its
     pack (``working``: left alone, said once), the host holds its objects
     (then releases it, once per generation) or it is no longer idle.
@@ -320,13 +387,15 @@ def _exit_one(rt, idle, why, wait_s=0):
     release flusher hold it for a frame at a time).  ``working`` looks
     under the lock, so no request of the host's (a /free's release on
     another thread) runs in the worker while its CPU is measured, and no
-    call starts between the verdict and the stop.  Returns its row, or
-    None when it was left alone."""
+    call starts between the verdict and the stop.  starts: _window_starts'
+    {pid: CPU sample}, the start of its window taken with the others' (a
+    worker started again since, another pid, has none).  Returns its row,
+    or None when it was left alone."""
     w = rt.worker
     with w.holding(wait_s) as held:
         if not held or not w.alive or w.busy or rt.async_calls():
             return None  # a call is starting or running (or async calls' tasks run): not idle after all
-        why_working = working(rt, idle)
+        why_working = working(rt, idle, (starts or {}).get(w.pid))
         if why_working is not None:
             if w.pid not in _kept_working:
                 _kept_working.add(w.pid)
