@@ -180,6 +180,12 @@ struct bh_pool {
   int spare_busy, spare_joinable, spare_stop;
   pthread_t spare_thread;
   pthread_cond_t spare_cv;
+  /* This process's /proc/self/pagemap for the copy-on-write checks
+   * (bh__pool_pagemap; -1: not open), closed with the pool.  The file
+   * reads the memory of the process that opened it: pagemap_pid says
+   * which (a pool copied into a forked child opens its own). */
+  int pagemap_fd;
+  pid_t pagemap_pid;
 };
 
 /* Dormant forwards a pool keeps at most (each a mapping in the peer). */
@@ -294,6 +300,7 @@ int bh__pool_open(bh_pool **out, size_t keep_bytes, int forward) {
   p->keep_bytes = keep_bytes ? keep_bytes : BH__DEFAULT_KEEP;
   p->next_id = 1;
   p->forward = forward != 0;
+  p->pagemap_fd = -1;
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   p->peer_max_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : UINT64_MAX;
   pthread_mutex_lock(&bh__pools_mu);
@@ -459,6 +466,7 @@ static void bh__spare_stop(bh_pool *p) {
 }
 
 static void bh__pool_free(bh_pool *p) {
+  if (p->pagemap_fd >= 0) close(p->pagemap_fd);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->spare_cv);
   free(p->dormant);
@@ -750,6 +758,9 @@ int bh__pool_lend(bh_pool *p, bh_block *b, int *needs_fd) {
  * freed by the caller after unlocking.  A forward's last reference
  * destroys it and leaves its source in *src for the caller to unreference
  * after unlocking (its pool's lock is another). */
+static int bh__pool_pagemap(bh_pool *p);
+static int bh__pool_range_clean(int fd, const void *addr, uint64_t n);
+
 static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
   *src = NULL;
   int left = atomic_fetch_sub(&b->refs, 1) - 1;
@@ -806,7 +817,7 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
   /* A copy-on-write block: what was written here goes before the return
    * (the owner sends it again unchanged, or reuses it), so the next loan
    * reads the owner's bytes; an unwritten one keeps its pages mapped. */
-  if (b->private_map && bh__range_clean(b->addr, b->size) != 1)
+  if (b->private_map && bh__pool_range_clean(bh__pool_pagemap(p), b->addr, b->size) != 1)
     (void)madvise(b->addr, b->size, MADV_DONTNEED);
   /* Forwarded from here (b->spent): a third process got its memfd, so the
    * owner must retire it rather than reuse it; the note says so. */
@@ -998,13 +1009,11 @@ static int bh__scan_first(int fd, const void *addr, size_t n, uintptr_t *at) {
   return got > 0;
 }
 
-int bh__range_clean(const void *addr, uint64_t n) {
+/* bh__range_clean on pagemap fd `fd` (open: the caller's). */
+static int bh__range_clean_fd(int fd, const void *addr, uint64_t n) {
   const uint64_t PRESENT = 1ull << 63, SWAPPED = 1ull << 62, FILE_PAGE = 1ull << 61;
   uintptr_t first = (uintptr_t)addr / BH__PAGE, last = ((uintptr_t)addr + n - 1) / BH__PAGE;
-  /* Opened per check (3 us): the file reads the memory of the process
-   * that opened it, and a zygote's worker is a fork. */
-  int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC), rc = 1;
-  if (fd < 0) return -errno;
+  int rc = 1;
   if (!atomic_load_explicit(&bh__pagemap_scan_off, memory_order_relaxed)) {
     /* A walk of present pages costs ~25-50 ns a page here (64 MiB read:
      * 0.4-0.8 ms), so a large range is split over the copy helpers
@@ -1020,10 +1029,7 @@ int bh__range_clean(const void *addr, uint64_t n) {
     } else if (rc == 0) {
       rc = 1; /* nothing present or swapped: nothing written */
     }
-    if (rc != -ENOTTY && rc != -EINVAL) {
-      close(fd);
-      return rc;
-    }
+    if (rc != -ENOTTY && rc != -EINVAL) return rc;
     atomic_store(&bh__pagemap_scan_off, 1);
     rc = 1;
   }
@@ -1043,8 +1049,33 @@ int bh__range_clean(const void *addr, uint64_t n) {
       }
     page += k;
   }
+  return rc;
+}
+
+int bh__range_clean(const void *addr, uint64_t n) {
+  int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  int rc = bh__range_clean_fd(fd, addr, n);
   close(fd);
   return rc;
+}
+
+/* p's pagemap fd (mu held), opened at its first check in this process:
+ * an open of /proc/self/pagemap is half of what a check of a range never
+ * touched here costs (a worker's cached tensor the host drops unread). */
+static int bh__pool_pagemap(bh_pool *p) {
+  pid_t me = getpid();
+  if (p->pagemap_fd >= 0 && p->pagemap_pid == me) return p->pagemap_fd;
+  if (p->pagemap_fd >= 0) close(p->pagemap_fd); /* the parent's, in a forked child */
+  p->pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  p->pagemap_pid = me;
+  return p->pagemap_fd;
+}
+
+/* bh__range_clean on p's pagemap fd (fd: bh__pool_pagemap's, or < 0:
+ * opened for this check). */
+static int bh__pool_range_clean(int fd, const void *addr, uint64_t n) {
+  return fd >= 0 ? bh__range_clean_fd(fd, addr, n) : bh__range_clean(addr, n);
 }
 
 /* For tests: read pagemap as on a kernel without PAGEMAP_SCAN (1), or try
@@ -1067,11 +1098,12 @@ int bh__pool_peer_find(bh_pool *p, const void *addr, uint64_t n, bh_block **out,
     *offset = a - lo;
     break;
   }
+  int fd = found && found->private_map ? bh__pool_pagemap(p) : -1; /* p lives: found holds it */
   pthread_mutex_unlock(&p->mu);
   if (!found) return -ENOENT;
   /* A copy-on-write one only where nothing was written here: the peer's
    * bytes are these. */
-  if (found->private_map && bh__range_clean(addr, n) != 1) {
+  if (found->private_map && bh__pool_range_clean(fd, addr, n) != 1) {
     bh_block_unref(found);
     return -ENOENT;
   }
@@ -1123,7 +1155,10 @@ int bh__pool_forward(bh_pool *p, const void *addr, uint64_t n, bh_block **out, u
     goto err;
   /* Copy-on-write here (its owner sealed it): only where nothing was
    * written here, as the receiver must get the bytes this process sees. */
-  if (bh__range_clean(addr, n) != 1) goto err;
+  pthread_mutex_lock(&p->mu);
+  int fd = bh__pool_pagemap(p);
+  pthread_mutex_unlock(&p->mu);
+  if (bh__pool_range_clean(fd, addr, n) != 1) goto err;
   /* Sealed against writes by its owner (bh__pool_adopt saw the seal):
    * mappings made before (the owner's) stay writable, the receiver's
    * cannot be. */
