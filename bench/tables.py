@@ -260,14 +260,22 @@ def machine():
 def save(src, commit=None):
     """Copies src's bench JSON into bench/results and records, for each,
     the date it was written and the commit it measured (commit, or this
-    checkout's HEAD); benches not in src keep what run.json said."""
+    checkout's HEAD); benches not in src keep what run.json said, and so
+    does one whose JSON there is the one saved already (an opt-in bench
+    such as six_packs left in build/bench by an earlier run: its commit
+    is the one it measured, not this HEAD)."""
     os.makedirs(RESULTS, exist_ok=True)
-    found = []
+    found, copied = [], []
     for b in BENCHES:
         path = os.path.join(src, b + ".json")
-        if os.path.exists(path):
-            shutil.copyfile(path, os.path.join(RESULTS, b + ".json"))
-            found.append(b)
+        if not os.path.exists(path):
+            continue
+        found.append(b)
+        dst = os.path.join(RESULTS, b + ".json")
+        if os.path.exists(dst) and _same_bytes(path, dst):
+            continue
+        shutil.copyfile(path, dst)
+        copied.append(b)
     if not found:
         raise SystemExit(f"tables.py: no bench JSON in {src} (run `make bench` first)")
     commit = commit or subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=10", "HEAD"],
@@ -278,14 +286,19 @@ def save(src, commit=None):
         with open(path) as f:
             run = json.load(f)
     run["machine"] = machine()
-    for b in found:  # the date the bench wrote its JSON
+    for b in copied:  # the date the bench wrote its JSON
         when = datetime.datetime.fromtimestamp(os.path.getmtime(os.path.join(src, b + ".json")),
                                                datetime.timezone.utc)
         run["benches"][b] = {"date": when.strftime("%Y-%m-%d %H:%M UTC"), "commit": commit}
     with open(path, "w") as f:
         json.dump(run, f, indent=2)
         f.write("\n")
-    return found
+    return copied
+
+
+def _same_bytes(a, b):
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
 
 
 def main(argv=None):
@@ -295,7 +308,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="only check the tables; exit 1 where one differs")
     args = ap.parse_args(argv)
     if args.save:
-        print(f"saved {', '.join(save(args.save, args.commit))} into {RESULTS}")
+        print(f"saved {', '.join(save(args.save, args.commit)) or 'nothing new'} into {RESULTS}")
     results = load_results()
     stale = [path for name, path in DOCS.items() if not write(name, path, results, check=args.check)]
     if stale:

@@ -49,3 +49,26 @@ def test_a_row_in_ms_against_a_limit_in_us_is_converted():
     [r] = [x for x in tables.ROWS if x["value"] == "back_w2h_64m_ms" and x["limit"] == "pingpong_same_cpu_us"]
     line = tables.render_row(r, {"ipc": {"back_w2h_64m_ms": 0.05, "pingpong_same_cpu_us": 8.0}})
     assert "8.00 µs" in line and "| 6.25 |" in line, line
+
+
+def test_save_keeps_the_commit_of_a_bench_json_it_has_already(tmp_path, monkeypatch):
+    """`--save build/bench` after a `make bench` that left an older opt-in
+    bench's JSON there (six_packs, from an earlier run): that bench keeps
+    the commit and date it was saved with; the benches run anew take
+    this HEAD."""
+    tables = _tables()
+    results, src = tmp_path / "results", tmp_path / "run"
+    results.mkdir()
+    src.mkdir()
+    monkeypatch.setattr(tables, "RESULTS", str(results))
+    (results / "six_packs.json").write_text('{"start_with_s": 1.5}\n')
+    (results / "run.json").write_text(
+        '{"benches": {"six_packs": {"date": "2026-12-01 09:00 UTC", "commit": "0ld"}}}\n')
+    (src / "six_packs.json").write_text('{"start_with_s": 1.5}\n')   # the same run's JSON
+    (src / "ipc.json").write_text('{"h2w_64m_ms": 3.0}\n')            # a new run
+    assert tables.save(str(src), commit="n3w") == ["ipc"]
+    import json
+    run = json.loads((results / "run.json").read_text())
+    assert run["benches"]["six_packs"] == {"date": "2026-12-01 09:00 UTC", "commit": "0ld"}
+    assert run["benches"]["ipc"]["commit"] == "n3w"
+    assert (results / "ipc.json").read_text() == '{"h2w_64m_ms": 3.0}\n'
