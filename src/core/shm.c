@@ -976,37 +976,38 @@ struct bh__pm_scan_arg {
 /* PAGEMAP_SCAN refused (an older kernel): pagemap is read instead. */
 static atomic_int bh__pagemap_scan_off;
 
-int bh__scan_clean(int fd, const void *addr, size_t n) {
-  /* The kernel walks the page tables and stops at the first page that is
-   * present or swapped and not a file's: no entry per page copied out,
-   * and a range never touched here (no page tables) costs nothing. */
+/* One PAGEMAP_SCAN of [addr, addr + n) for the first page whose
+ * categories, with `inverted` flipped, hold every bit of `mask` and one
+ * of `anyof`: 1 (its address in *at), 0 where none does, or a negative
+ * errno.  The kernel walks the page tables itself, copies out no entry
+ * per page, and skips ranges with no page tables. */
+static int bh__scan_pages(int fd, const void *addr, size_t n, uint64_t inverted, uint64_t mask, uint64_t anyof,
+                          uintptr_t *at) {
   uintptr_t first = (uintptr_t)addr / BH__PAGE, last = ((uintptr_t)addr + n - 1) / BH__PAGE;
   struct bh__page_region hit;
   struct bh__pm_scan_arg a = {
       .size = sizeof a, .start = first * BH__PAGE, .end = (last + 1) * BH__PAGE,
       .vec = (uintptr_t)&hit, .vec_len = 1, .max_pages = 1,
-      .category_inverted = BH__PAGE_IS_FILE, .category_mask = BH__PAGE_IS_FILE,
-      .category_anyof_mask = BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED,
+      .category_inverted = inverted, .category_mask = mask, .category_anyof_mask = anyof,
       .return_mask = BH__PAGE_IS_FILE | BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED};
-  int got = ioctl(fd, BH__PAGEMAP_SCAN, &a);
-  return got >= 0 ? got == 0 : -errno;
-}
-
-/* The first page of [addr, addr + n) present or swapped (any kind) into
- * *at: 1, or 0 where none is (no page tables to walk: fast), or a
- * negative errno. */
-static int bh__scan_first(int fd, const void *addr, size_t n, uintptr_t *at) {
-  uintptr_t first = (uintptr_t)addr / BH__PAGE, last = ((uintptr_t)addr + n - 1) / BH__PAGE;
-  struct bh__page_region hit;
-  struct bh__pm_scan_arg a = {
-      .size = sizeof a, .start = first * BH__PAGE, .end = (last + 1) * BH__PAGE,
-      .vec = (uintptr_t)&hit, .vec_len = 1, .max_pages = 1,
-      .category_anyof_mask = BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED,
-      .return_mask = BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED};
   int got = ioctl(fd, BH__PAGEMAP_SCAN, &a);
   if (got < 0) return -errno;
   if (got > 0) *at = (uintptr_t)hit.start;
   return got > 0;
+}
+
+int bh__scan_clean(int fd, const void *addr, size_t n) {
+  /* Present or swapped, and not a file's: an anonymous page, written. */
+  uintptr_t at;
+  int rc = bh__scan_pages(fd, addr, n, BH__PAGE_IS_FILE, BH__PAGE_IS_FILE,
+                          BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED, &at);
+  return rc < 0 ? rc : rc == 0;
+}
+
+/* The first page of [addr, addr + n) present or swapped, of any kind:
+ * where a check's walk of present pages starts. */
+static int bh__scan_first(int fd, const void *addr, size_t n, uintptr_t *at) {
+  return bh__scan_pages(fd, addr, n, 0, 0, BH__PAGE_IS_PRESENT | BH__PAGE_IS_SWAPPED, at);
 }
 
 /* bh__range_clean on pagemap fd `fd` (open: the caller's). */
