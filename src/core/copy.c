@@ -39,12 +39,13 @@
  * block every signal, so a signal meant for the process never runs on
  * them.
  *
- * The same helpers check a large copy-on-write range for pages written
- * here (bh__range_clean: a block mapped copy-on-write, at its return),
- * 4 MiB of page tables a claim: the kernel's walk of present pages costs
+ * The same helpers run a large check (bh__split_check), 4 MiB a claim:
+ * shm.c's of a copy-on-write range for pages written here
+ * (bh__range_clean: a block mapped copy-on-write, at its return), whose the kernel's walk of present pages costs
  * ~25 ns a page on our VM, 0.4 ms for 64 MiB read, and two threads walk
- * it in ~0.25 ms.  The first written page found ends the check: chunks
- * claimed after it are counted, not walked.
+ * it in ~0.25 ms.  The first part that fails ends the check: chunks
+ * claimed after it are counted, not checked.  (The check is a function
+ * the caller passes: this file calls no other of the core's.)
  *
  * Claims and jobs: the job is published under `mu` (its fields, then the
  * claim word, then `gen`); a helper reads the fields under `mu` and then
@@ -90,8 +91,9 @@ static struct {
   const char *src;
   size_t nbytes, n_chunks;
   int stream;
-  int scan_fd;            /* a check's (bh__range_clean): pagemap's fd; -1: a copy */
-  _Atomic int clean;      /* a check's verdict: 1 clean, 0 written, < 0 an error */
+  bh__check_fn check;     /* a check's (bh__split_check), or NULL: a copy */
+  int check_fd;           /* the check's fd */
+  _Atomic int clean;      /* a check's verdict: 1 passed, else the first other answer */
   _Atomic uint64_t claim; /* gen << 32 | next chunk */
   _Atomic size_t done;    /* chunks copied */
   _Atomic unsigned helped; /* helpers that copied a chunk of this job */
@@ -137,8 +139,8 @@ static void copy_bytes(char *dst, const char *src, size_t n, int stream) {
  * `helped` at its first chunk, before that chunk counts in `done` (which
  * the caller reads before `helped`).  Returns the chunks copied. */
 static size_t copy_chunks(uint32_t gen, char *dst, const char *src, size_t nbytes, size_t n_chunks, int stream,
-                          int scan_fd, int helper) {
-  size_t copied = 0, chunk = scan_fd >= 0 ? BH__SCAN_CHUNK : BH__COPY_CHUNK;
+                          bh__check_fn check, int check_fd, int helper) {
+  size_t copied = 0, chunk = check ? BH__SCAN_CHUNK : BH__COPY_CHUNK;
   uint64_t w = atomic_load_explicit(&bh__cp.claim, memory_order_acquire);
   for (;;) {
     if ((uint32_t)(w >> 32) != gen || (w & UINT32_MAX) >= n_chunks) break;
@@ -147,10 +149,10 @@ static size_t copy_chunks(uint32_t gen, char *dst, const char *src, size_t nbyte
       continue;
     size_t off = (size_t)(w & UINT32_MAX) * chunk;
     size_t n = nbytes - off < chunk ? nbytes - off : chunk;
-    if (scan_fd < 0) {
+    if (!check) {
       copy_bytes(dst + off, src + off, n, stream);
     } else if (atomic_load_explicit(&bh__cp.clean, memory_order_relaxed) == 1) { /* else decided */
-      int rc = bh__scan_clean(scan_fd, src + off, n);
+      int rc = check(check_fd, src + off, n);
       int one = 1;
       if (rc != 1) atomic_compare_exchange_strong(&bh__cp.clean, &one, rc);
     }
@@ -181,9 +183,10 @@ static void *copy_helper(void *arg) {
     char *dst = bh__cp.dst;
     const char *src = bh__cp.src;
     size_t nbytes = bh__cp.nbytes, n_chunks = bh__cp.n_chunks;
-    int stream = bh__cp.stream, scan_fd = bh__cp.scan_fd;
+    int stream = bh__cp.stream, check_fd = bh__cp.check_fd;
+    bh__check_fn check = bh__cp.check;
     pthread_mutex_unlock(&bh__cp.mu);
-    copy_chunks(seen, dst, src, nbytes, n_chunks, stream, scan_fd, 1);
+    copy_chunks(seen, dst, src, nbytes, n_chunks, stream, check, check_fd, 1);
     pthread_mutex_lock(&bh__cp.mu);
   }
   return NULL;
@@ -224,10 +227,10 @@ static void copy_start_helpers(unsigned want) {
 }
 
 /* Runs one job on the calling thread and up to threads - 1 helpers (the
- * caller holds `busy`): a copy, or a check (scan_fd >= 0).  Returns the
+ * caller holds `busy`): a copy, or a check (check set).  Returns the
  * threads that took part. */
-static int run_job(char *dst, const char *src, size_t nbytes, size_t n_chunks, int stream, int scan_fd,
-                   unsigned threads) {
+static int run_job(char *dst, const char *src, size_t nbytes, size_t n_chunks, int stream, bh__check_fn check,
+                   int check_fd, unsigned threads) {
   pthread_mutex_lock(&bh__cp.mu);
   copy_start_helpers(threads - 1);
   uint32_t gen = ++bh__cp.gen;
@@ -236,7 +239,8 @@ static int run_job(char *dst, const char *src, size_t nbytes, size_t n_chunks, i
   bh__cp.nbytes = nbytes;
   bh__cp.n_chunks = n_chunks;
   bh__cp.stream = stream;
-  bh__cp.scan_fd = scan_fd;
+  bh__cp.check = check;
+  bh__cp.check_fd = check_fd;
   atomic_store_explicit(&bh__cp.clean, 1, memory_order_relaxed);
   atomic_store_explicit(&bh__cp.done, 0, memory_order_relaxed);
   atomic_store_explicit(&bh__cp.helped, 0, memory_order_relaxed);
@@ -245,7 +249,7 @@ static int run_job(char *dst, const char *src, size_t nbytes, size_t n_chunks, i
   for (unsigned i = 0; i < bh__cp.slots; i++) pthread_cond_signal(&bh__cp.wake);
   pthread_mutex_unlock(&bh__cp.mu);
 
-  copy_chunks(gen, dst, src, nbytes, n_chunks, stream, scan_fd, 0);
+  copy_chunks(gen, dst, src, nbytes, n_chunks, stream, check, check_fd, 0);
   /* What is left is a helper's last chunk or two: tens of microseconds
    * where the helper runs, so spin that long before sleeping. */
   for (int i = 0; i < BH__COPY_SPIN && atomic_load_explicit(&bh__cp.done, memory_order_acquire) != n_chunks; i++)
@@ -273,19 +277,19 @@ int bh_copy(void *dst, const void *src, size_t nbytes, unsigned threads) {
     if (nbytes) copy_bytes(dst, src, nbytes, stream);
     return 1;
   }
-  int copied_by = run_job(dst, src, nbytes, n_chunks, stream, -1, threads);
+  int copied_by = run_job(dst, src, nbytes, n_chunks, stream, NULL, -1, threads);
   pthread_mutex_unlock(&bh__cp.busy);
   return copied_by;
 }
 
-int bh__scan_clean_split(int fd, const void *addr, size_t nbytes) {
+int bh__split_check(bh__check_fn check, int fd, const void *addr, size_t nbytes) {
   size_t n_chunks = (nbytes + BH__SCAN_CHUNK - 1) / BH__SCAN_CHUNK;
   cpu_set_t cpus;
   unsigned threads = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? (unsigned)CPU_COUNT(&cpus) : 1;
   if (threads > BH__SCAN_THREADS_MAX) threads = BH__SCAN_THREADS_MAX;
   if (threads < 2 || n_chunks < 2 || pthread_mutex_trylock(&bh__cp.busy) != 0)
-    return bh__scan_clean(fd, addr, nbytes);
-  run_job(NULL, addr, nbytes, n_chunks, 0, fd, threads);
+    return check(fd, addr, nbytes);
+  run_job(NULL, addr, nbytes, n_chunks, 0, check, fd, threads);
   int rc = atomic_load_explicit(&bh__cp.clean, memory_order_relaxed);
   pthread_mutex_unlock(&bh__cp.busy);
   return rc;

@@ -146,14 +146,14 @@ int bh__range_clean(const void *addr, uint64_t n);
 /* For tests: 1 makes bh__range_clean read pagemap as on a kernel without
  * PAGEMAP_SCAN (before 6.7); 0 lets it scan again. */
 void bh__range_clean_scan_off(int off);
-/* One PAGEMAP_SCAN of [addr, addr + n) on pagemap fd `fd`: 1 when no
- * page there is an anonymous one of this process, 0 when one is, or a
- * negative errno (-ENOTTY, -EINVAL: a kernel before 6.7). */
-int bh__scan_clean(int fd, const void *addr, size_t n);
-/* bh__scan_clean on the calling thread and the copy helpers (copy.c),
- * 4 MiB a claim; on this thread alone where one CPU is usable or the
- * helpers serve a copy. */
-int bh__scan_clean_split(int fd, const void *addr, size_t n);
+/* A check of part [addr, addr + n) of a range: 1 where it passes, else
+ * what the whole check answers (0, or a negative errno). */
+typedef int (*bh__check_fn)(int fd, const void *addr, size_t n);
+/* check over [addr, addr + n) in 4 MiB parts, on the calling thread and
+ * the copy helpers (copy.c); on this thread alone where one CPU is usable
+ * or the helpers serve a copy.  1 where every part passes, else the first
+ * other answer (the parts after it are not checked). */
+int bh__split_check(bh__check_fn check, int fd, const void *addr, size_t n);
 /* A forward: the held peer block of ANOTHER open pool of this process
  * that its owner sealed against writes (F_SEAL_FUTURE_WRITE: the owner's
  * mapping stays writable, new ones cannot be), that holds [addr, addr + n)

@@ -996,7 +996,10 @@ static int bh__scan_pages(int fd, const void *addr, size_t n, uint64_t inverted,
   return got > 0;
 }
 
-int bh__scan_clean(int fd, const void *addr, size_t n) {
+/* One PAGEMAP_SCAN of [addr, addr + n) on pagemap fd `fd`: 1 when no
+ * page there is an anonymous one of this process, 0 when one is, or a
+ * negative errno (-ENOTTY, -EINVAL: a kernel before 6.7). */
+static int bh__scan_clean(int fd, const void *addr, size_t n) {
   /* Present or swapped, and not a file's: an anonymous page, written. */
   uintptr_t at;
   int rc = bh__scan_pages(fd, addr, n, BH__PAGE_IS_FILE, BH__PAGE_IS_FILE,
@@ -1026,7 +1029,7 @@ static int bh__range_clean_fd(int fd, const void *addr, uint64_t n) {
       rc = bh__scan_clean(fd, addr, n);
     } else if ((rc = bh__scan_first(fd, addr, n, &at)) == 1) {
       uintptr_t skip = at > (uintptr_t)addr ? at - (uintptr_t)addr : 0;
-      rc = bh__scan_clean_split(fd, (const char *)addr + skip, n - skip);
+      rc = bh__split_check(bh__scan_clean, fd, (const char *)addr + skip, n - skip);
     } else if (rc == 0) {
       rc = 1; /* nothing present or swapped: nothing written */
     }
