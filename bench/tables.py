@@ -21,6 +21,7 @@ the committed tables are what this script writes from the committed JSON.
 
 import argparse
 import datetime
+import filecmp
 import json
 import os
 import platform
@@ -272,7 +273,7 @@ def save(src, commit=None):
             continue
         found.append(b)
         dst = os.path.join(RESULTS, b + ".json")
-        if os.path.exists(dst) and _same_bytes(path, dst):
+        if os.path.exists(dst) and filecmp.cmp(path, dst, shallow=False):
             continue
         shutil.copyfile(path, dst)
         copied.append(b)
@@ -294,11 +295,6 @@ def save(src, commit=None):
         json.dump(run, f, indent=2)
         f.write("\n")
     return copied
-
-
-def _same_bytes(a, b):
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return fa.read() == fb.read()
 
 
 def main(argv=None):

@@ -73,8 +73,8 @@
 
 #define BH__COPY_THREADS_MAX 16
 #define BH__COPY_CHUNK ((size_t)1 << 20)        /* what one claim copies */
-#define BH__SCAN_CHUNK ((size_t)4 << 20)        /* what one claim of a check scans: 1,024 entries */
-#define BH__SCAN_THREADS_MAX 4
+#define BH__CHECK_CHUNK ((size_t)4 << 20)        /* what one claim of a check covers: 1,024 pages */
+#define BH__CHECK_THREADS_MAX 4
 #define BH__COPY_STREAM_MIN ((size_t)4 << 20)   /* copies this large bypass the cache */
 #define BH__COPY_HELPER_STACK ((size_t)64 << 10)
 #define BH__COPY_SPIN 2000 /* checks of `done` (with a pause each) before the caller sleeps */
@@ -140,7 +140,7 @@ static void copy_bytes(char *dst, const char *src, size_t n, int stream) {
  * the caller reads before `helped`).  Returns the chunks copied. */
 static size_t copy_chunks(uint32_t gen, char *dst, const char *src, size_t nbytes, size_t n_chunks, int stream,
                           bh__check_fn check, int check_fd, int helper) {
-  size_t copied = 0, chunk = check ? BH__SCAN_CHUNK : BH__COPY_CHUNK;
+  size_t copied = 0, chunk = check ? BH__CHECK_CHUNK : BH__COPY_CHUNK;
   uint64_t w = atomic_load_explicit(&bh__cp.claim, memory_order_acquire);
   for (;;) {
     if ((uint32_t)(w >> 32) != gen || (w & UINT32_MAX) >= n_chunks) break;
@@ -283,10 +283,10 @@ int bh_copy(void *dst, const void *src, size_t nbytes, unsigned threads) {
 }
 
 int bh__split_check(bh__check_fn check, int fd, const void *addr, size_t nbytes) {
-  size_t n_chunks = (nbytes + BH__SCAN_CHUNK - 1) / BH__SCAN_CHUNK;
+  size_t n_chunks = (nbytes + BH__CHECK_CHUNK - 1) / BH__CHECK_CHUNK;
   cpu_set_t cpus;
   unsigned threads = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? (unsigned)CPU_COUNT(&cpus) : 1;
-  if (threads > BH__SCAN_THREADS_MAX) threads = BH__SCAN_THREADS_MAX;
+  if (threads > BH__CHECK_THREADS_MAX) threads = BH__CHECK_THREADS_MAX;
   if (threads < 2 || n_chunks < 2 || pthread_mutex_trylock(&bh__cp.busy) != 0)
     return check(fd, addr, nbytes);
   run_job(NULL, addr, nbytes, n_chunks, 0, check, fd, threads);

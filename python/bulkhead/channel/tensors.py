@@ -656,13 +656,9 @@ def _torch_of(torch, dtype, shape, strides, lease, inline):
     contiguous = tuple(strides) == _contiguous(shape)
     if inline:
         t = torch.frombuffer(lease, dtype=torch.uint8).view(dtype)
-    else:
-        t = _torch_view(torch, lease, lease.nbytes, dtype, shape if contiguous else (-1,))
-        if contiguous:
-            return t
-    if contiguous:
-        return t.view(shape)
-    return t.as_strided(shape, strides)
+        return t.view(shape) if contiguous else t.as_strided(shape, strides)
+    t = _torch_view(torch, lease, lease.nbytes, dtype, shape if contiguous else (-1,))
+    return t if contiguous else t.as_strided(shape, strides)
 
 
 def layout(obj):
