@@ -77,6 +77,13 @@ struct bh_block {
    * next loan reads the owner's bytes).  In a pool that forwards, the
    * only peer blocks that keep their fd and may be forwarded (shm.c). */
   uint8_t private_map;
+  /* peer, private_map: write-protected by this process's userfaultfd
+   * since a return found it unwritten (async: a write clears its page's
+   * bit, so a check reads the bits, not each page's kind: shm.c), in
+   * process wp_pid (0: not; a forked child is not); clean_returns: returns
+   * that found it unwritten (it is write-protected at the second). */
+  pid_t wp_pid;
+  uint8_t clean_returns;
   /* own: sealed against writes before the peer mapped it (the peer maps
    * it copy-on-write and drops what it wrote there before each return, so
    * it is reused as any block, by bh__pool_acquire_sealed first). */
@@ -146,6 +153,13 @@ int bh__range_clean(const void *addr, uint64_t n);
 /* For tests: 1 makes bh__range_clean read pagemap as on a kernel without
  * PAGEMAP_SCAN (before 6.7); 0 lets it scan again. */
 void bh__range_clean_scan_off(int off);
+/* For tests: 1 keeps copy-on-write blocks unprotected (as where the kernel
+ * has no async write protection, before 6.7, or refuses userfaultfd); 0
+ * lets them be protected again. */
+void bh__range_clean_wp_off(int off);
+/* Whether b (a copy-on-write peer block) is write-protected in this
+ * process: its checks read the protection bits. */
+int bh__block_write_protected(const bh_block *b);
 /* A check of part [addr, addr + n) of a range: 1 where it passes, else
  * what the whole check answers (0, or a negative errno). */
 typedef int (*bh__check_fn)(int fd, const void *addr, size_t n);

@@ -2465,6 +2465,93 @@ TEST_IMPL(channel_forward_only_what_it_may) {
   return 0;
 }
 
+/* A sealed block lent again and again, only read by the peer: from its
+ * second unwritten return the peer write-protects its copy-on-write
+ * mapping (userfaultfd, asynchronously), and checks read the protection
+ * bits.  A write there, the peer's own or the kernel's for it (read(2)), is
+ * still found, at a send back and at the return, where its pages go and
+ * the protection with them; the next loans read the owner's bytes, and two
+ * unwritten returns protect it again.  A forked child checks its pages by
+ * their kind (the protection is its parent's).  The same with the
+ * protection off (a kernel without it), and no fd left behind. */
+TEST_IMPL(channel_sealed_block_write_protected_while_unwritten) {
+  const size_t S = 2 * MiB;
+  int fds0 = bh_test_fd_count();
+  for (int wp_off = 0; wp_off < 2; wp_off++) {
+    bh__range_clean_wp_off(wp_off);
+    bh_channel *a, *b;
+    bh_test_pair(&a, &b, 0);
+    bh_block *x, *seen, *found;
+    bh_frame f;
+    int rc;
+    uint64_t zero = 0, len = S, off;
+    ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &x));
+    memset(bh_block_addr(x), 0x5c, S);
+    bh_buf v = refs_value(&x, &zero, &len, 1);
+    /* What the peer does with each loan: 0 reads, 1 writes a byte, 2 has
+     * read(2) write two, 3 reads and forks a child that writes. */
+    static const int what[] = {0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 3, 0};
+    int protected = 0, clean = 0;
+    for (size_t loan = 0; loan < sizeof what / sizeof *what; loan++) {
+      ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 1, v.data, v.len, &x, 1));
+      ASSERT_OK(bh_test_recv(b, &f, 5000));
+      ASSERT_EQ(claim_refs(b, &f, &seen, 1, &rc), 1);
+      bh_channel_frame_done(b, &f);
+      uint8_t *in_b = bh_block_addr(seen);
+      ASSERT_EQ(bh__block_write_protected(seen), protected);
+      unsigned sum = 0;
+      for (size_t i = 0; i < S; i += 4096) sum += in_b[i];
+      ASSERT_UEQ(sum, 0x5cu * (S / 4096));
+      ASSERT_EQ(in_b[S / 2 + 7], 0x5c); /* the owner's bytes, whatever was written before */
+      ASSERT_EQ(in_b[S - 100], 0x5c);
+      if (what[loan] == 1) in_b[S / 2 + 7] = 0x77;
+      if (what[loan] == 2) {
+        int pfd[2];
+        ASSERT_EQ(pipe(pfd), 0);
+        ASSERT_EQ(write(pfd[1], "xy", 2), 2);
+        ASSERT_EQ(read(pfd[0], in_b + S - 100, 2), 2);
+        close(pfd[0]);
+        close(pfd[1]);
+      }
+      if (what[loan] == 3) {
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+          int ok = !bh__block_write_protected(seen);
+          ok = ok && bh_channel_peer_find(b, in_b, S, &found, &off) == 0;
+          if (ok) bh_block_unref(found);
+          in_b[5] = 1; /* the child's page, not the parent's */
+          ok = ok && bh_channel_peer_find(b, in_b, S, &found, &off) == -ENOENT;
+          _exit(ok ? 0 : 1);
+        }
+        int st;
+        ASSERT_EQ(waitpid(pid, &st, 0), pid);
+        ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        ASSERT_EQ(in_b[5], 0x5c);
+      }
+      rc = bh_channel_peer_find(b, in_b, S, &found, &off);
+      if (what[loan] == 1 || what[loan] == 2) {
+        ASSERT_RC(rc, -ENOENT);
+        ASSERT_OK(bh_channel_peer_find(b, in_b, S / 2, &found, &off)); /* the half before the write */
+      } else {
+        ASSERT_OK(rc);
+      }
+      bh_block_unref(found);
+      bh_block_unref(seen);
+      carry_notes(b, a);
+      if (what[loan] == 1 || what[loan] == 2) protected = clean = 0;
+      else if (++clean >= 2) protected = !wp_off;
+    }
+    bh_buf_free(&v);
+    bh_block_unref(x);
+    bh_channel_close(a);
+    bh_channel_close(b);
+  }
+  bh__range_clean_wp_off(0);
+  ASSERT_FD_COUNT(fds0);
+  return 0;
+}
+
 /* A sealed block (bh_channel_block_acquire_sealed), for a tensor sent
  * again unchanged: the owner fills it through its own mapping after the
  * seal; the peer maps it copy-on-write, so its write stays its own and is
