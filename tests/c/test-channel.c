@@ -2465,6 +2465,17 @@ TEST_IMPL(channel_forward_only_what_it_may) {
   return 0;
 }
 
+/* A pair of channels and a sealed block of a's (S bytes of 0x5c, written
+ * through a's own mapping after the seal), with a value naming it. */
+static void sealed_pair(bh_channel **a, bh_channel **b, size_t S, bh_block **x, bh_buf *v) {
+  static uint64_t zero = 0;
+  uint64_t len = S;
+  bh_test_pair(a, b, 0);
+  ASSERT_OK(bh_channel_block_acquire_sealed(*a, S, x));
+  memset(bh_block_addr(*x), 0x5c, S); /* this process's mapping stays writable */
+  *v = refs_value(x, &zero, &len, 1);
+}
+
 /* A sealed block lent again and again, only read by the peer: from its
  * second unwritten return the peer write-protects its copy-on-write
  * mapping (userfaultfd, asynchronously), and checks read the protection
@@ -2480,19 +2491,17 @@ TEST_IMPL(channel_sealed_block_write_protected_while_unwritten) {
   for (int wp_off = 0; wp_off < 2; wp_off++) {
     bh__range_clean_wp_off(wp_off);
     bh_channel *a, *b;
-    bh_test_pair(&a, &b, 0);
     bh_block *x, *seen, *found;
-    bh_frame f;
-    int rc;
-    uint64_t zero = 0, len = S, off;
-    ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &x));
-    memset(bh_block_addr(x), 0x5c, S);
-    bh_buf v = refs_value(&x, &zero, &len, 1);
+    bh_buf v;
+    sealed_pair(&a, &b, S, &x, &v);
     /* What the peer does with each loan: 0 reads, 1 writes a byte, 2 has
      * read(2) write two, 3 reads and forks a child that writes. */
     static const int what[] = {0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 3, 0};
     int protected = 0, clean = 0;
     for (size_t loan = 0; loan < sizeof what / sizeof *what; loan++) {
+      bh_frame f;
+      int rc;
+      uint64_t off;
       ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 1, v.data, v.len, &x, 1));
       ASSERT_OK(bh_test_recv(b, &f, 5000));
       ASSERT_EQ(claim_refs(b, &f, &seen, 1, &rc), 1);
@@ -2562,15 +2571,13 @@ TEST_IMPL(channel_sealed_block_is_copy_on_write_per_loan) {
   const size_t S = 1 * MiB;
   int fds0 = bh_test_fd_count();
   bh_channel *a, *b;
-  bh_test_pair(&a, &b, 0);
   bh_block *x, *seen, *found;
+  bh_buf v;
+  sealed_pair(&a, &b, S, &x, &v);
   bh_frame f;
   int rc;
   uint64_t zero = 0, len = S, off;
-  ASSERT_OK(bh_channel_block_acquire_sealed(a, S, &x));
-  memset(bh_block_addr(x), 0x5c, S); /* this process's mapping stays writable */
   ASSERT_UEQ(stats_of(a).sealed_blocks, 1);
-  bh_buf v = refs_value(&x, &zero, &len, 1);
   for (int loan = 0; loan < 3; loan++) {
     ASSERT_EQ(bh_block_is_lent(x), 0);
     ASSERT_OK(bh_test_send(a, BH_KIND_CALL, 1, v.data, v.len, &x, 1));
