@@ -774,6 +774,7 @@ static int bh__pool_pagemap(bh_pool *p);
 #define BH__WP_MIN ((size_t)1 << 20)
 static int bh__pool_range_clean(int fd, pid_t wp_pid, const void *addr, uint64_t n);
 static void bh__block_protect(bh_pool *p, bh_block *b);
+static void bh__block_unprotect(bh_pool *p, bh_block *b);
 
 static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
   *src = NULL;
@@ -834,8 +835,7 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
   if (b->private_map) {
     if (bh__pool_range_clean(bh__pool_pagemap(p), b->wp_pid, b->addr, b->size) != 1) {
       (void)madvise(b->addr, b->size, MADV_DONTNEED);
-      /* Pages read again are mapped without the bit: unprotected. */
-      b->wp_pid = 0;
+      bh__block_unprotect(p, b);
       b->clean_returns = 0;
     } else if (b->wp_pid != getpid() && b->size >= BH__WP_MIN && (b->clean_returns += b->clean_returns < 2) == 2) {
       bh__block_protect(p, b);
@@ -1167,6 +1167,18 @@ static void bh__block_protect(bh_pool *p, bh_block *b) {
   struct uffdio_register reg = {.range = {(uintptr_t)b->addr, b->size}, .mode = UFFDIO_REGISTER_MODE_WP};
   struct uffdio_writeprotect wp = {.range = {(uintptr_t)b->addr, b->size}, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
   if (ioctl(uffd, UFFDIO_REGISTER, &reg) == 0 && ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) == 0) b->wp_pid = getpid();
+}
+
+/* Unregisters b (mu held), protected here, once its written pages are
+ * dropped: pages read again would come without the bit, and a range
+ * registered for protection is faulted in a page at a time (the kernel
+ * maps no neighbours with a fault there: 64 MiB read 17 ms, against 4-5
+ * ms with them). */
+static void bh__block_unprotect(bh_pool *p, bh_block *b) {
+  if (b->wp_pid == 0 || b->wp_pid != getpid()) return;
+  b->wp_pid = 0;
+  struct uffdio_range range = {(uintptr_t)b->addr, b->size};
+  if (p->uffd >= 0 && p->uffd_pid == getpid()) (void)ioctl(p->uffd, UFFDIO_UNREGISTER, &range);
 }
 
 /* bh__range_clean of [addr, addr + n) in a copy-on-write block write-

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stddef.h>
@@ -2465,6 +2466,25 @@ TEST_IMPL(channel_forward_only_what_it_may) {
   return 0;
 }
 
+/* Whether this process's mapping at `addr` is registered for userfaultfd
+ * write protection (its VmFlags in /proc/self/smaps say "uw"): -1 if no
+ * mapping starts there. */
+static int vma_uffd_wp(const void *addr) {
+  FILE *f = fopen("/proc/self/smaps", "re");
+  if (!f) return -1;
+  char line[512];
+  int in = 0, found = -1;
+  while (found < 0 && fgets(line, sizeof line, f)) {
+    uintptr_t lo, hi;
+    if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2) /* a mapping's first line */
+      in = lo == (uintptr_t)addr;
+    else if (in && strncmp(line, "VmFlags:", 8) == 0)
+      found = strstr(line, " uw") != NULL;
+  }
+  fclose(f);
+  return found;
+}
+
 /* A pair of channels and a sealed block of a's (S bytes of 0x5c, written
  * through a's own mapping after the seal), with a value naming it. */
 static void sealed_pair(bh_channel **a, bh_channel **b, size_t S, bh_block **x, bh_buf *v) {
@@ -2508,6 +2528,9 @@ TEST_IMPL(channel_sealed_block_write_protected_while_unwritten) {
       bh_channel_frame_done(b, &f);
       uint8_t *in_b = bh_block_addr(seen);
       ASSERT_EQ(bh__block_write_protected(seen), protected);
+      /* Registered only while protected: a registered range is faulted in
+       * a page at a time. */
+      ASSERT_EQ(vma_uffd_wp(in_b), protected);
       unsigned sum = 0;
       for (size_t i = 0; i < S; i += 4096) sum += in_b[i];
       ASSERT_UEQ(sum, 0x5cu * (S / 4096));
