@@ -1166,7 +1166,14 @@ static void bh__block_protect(bh_pool *p, bh_block *b) {
   if (uffd < 0) return;
   struct uffdio_register reg = {.range = {(uintptr_t)b->addr, b->size}, .mode = UFFDIO_REGISTER_MODE_WP};
   struct uffdio_writeprotect wp = {.range = {(uintptr_t)b->addr, b->size}, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
-  if (ioctl(uffd, UFFDIO_REGISTER, &reg) == 0 && ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) == 0) b->wp_pid = getpid();
+  if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return;
+  if (ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) == 0) {
+    b->wp_pid = getpid();
+    return;
+  }
+  /* Not protected after all (some pages may be): checked page by page, and
+   * not left registered (bh__block_unprotect says why). */
+  (void)ioctl(uffd, UFFDIO_UNREGISTER, &reg.range);
 }
 
 /* Unregisters b (mu held), protected here, once its written pages are
