@@ -365,7 +365,7 @@ def crossings_again(w, reps):
         out["back_w2h_torch_64m_ms"] = time_transfer(lambda: w.call("_bench_worker:kept"), reps)
         w.call("_bench_worker:drop")
         # #40: the receiver's own work, and the same work on what crossed
-        # again (every page read where it arrived); measured back to back
+        # again (every page read where it arrived); measured in turn, call by call
         if w.call("_bench_worker:sum_torch", ht) != float(ht.sum()):
             raise RuntimeError("the worker's sum of the host's tensor differs from the host's")
         if w.call("_bench_worker:sum_torch", t) != w.call("_bench_worker:sum_own_torch", BIG):
