@@ -2,7 +2,7 @@
 round: what a change did to each figure.
 
     python bench/compare.py --base fbd0e87 [--head WORKTREE|<rev>] [--rounds 4] \
-        [--bench ipc,first_node] [--out build/bench-compare/<base>-<head>.json]
+        [--bench ipc,first_node] [--out build/bench-compare/<base>-<head>-<UTC time>.json]
 
 (`make bench-compare BASE=<rev>` runs it.)  The base revision is checked out
 beside the working tree (`git worktree add --detach` under
@@ -73,7 +73,7 @@ def parse_args(argv=None):
                     help="own: each tree runs its own bench scripts; head: both run the head's (a figure "
                          "the base's scripts do not measure yet, measured on the base's build too)")
     ap.add_argument("--full", action="store_true", help="the benches' own default sizes, not the quick ones")
-    ap.add_argument("--out", help="the summary JSON (default build/bench-compare/<base>-<head>.json)")
+    ap.add_argument("--out", help="the summary JSON (default build/bench-compare/<base>-<head>-<UTC time>.json)")
     args = ap.parse_args(argv)
     args.bench = [b for b in args.bench.split(",") if b]
     unknown = [b for b in args.bench if b not in BENCHES]
@@ -180,7 +180,8 @@ def main(argv=None):
     base = checkout(args.base)
     head = working_tree() if args.head == "WORKTREE" else checkout(args.head)
     trees = {"base": base, "head": head}
-    name = f"{base[0][:10]}-{head[0][:10]}"
+    # When, too: a second run on the same pair keeps the first's.
+    name = f"{base[0][:10]}-{head[0][:10]}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     out = os.path.abspath(args.out or os.path.join(ROOT, "build", "bench-compare", name + ".json"))
     runs_dir = os.path.splitext(out)[0] + ".runs"
     os.makedirs(runs_dir, exist_ok=True)
