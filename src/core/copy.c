@@ -41,11 +41,12 @@
  *
  * The same helpers run a large check (bh__split_check), 4 MiB a claim:
  * shm.c's of a copy-on-write range for pages written here
- * (bh__range_clean: a block mapped copy-on-write, at its return), where
- * the kernel's walk of present pages costs ~25 ns a page on our VM, 0.4
- * ms for 64 MiB read, and two threads walk it in ~0.25 ms.  The first part that fails ends the check: chunks
- * claimed after it are counted, not checked.  (The check is a function
- * the caller passes: this file calls no other of the core's.)
+ * (bh__range_clean: a block mapped copy-on-write, at its return, not
+ * write-protected), where the kernel's walk of present pages costs ~25 ns
+ * a page on our VM, 0.4 ms for 64 MiB read, and two threads walk it in
+ * ~0.25 ms.  The first part that fails ends the check: chunks claimed
+ * after it are counted, not checked.  (The check is a function the caller
+ * passes: this file calls no other of the core's.)
  *
  * Claims and jobs: the job is published under `mu` (its fields, then the
  * claim word, then `gen`); a helper reads the fields under `mu` and then

@@ -837,8 +837,9 @@ static int bh__unref_locked(bh_pool *p, bh_block *b, bh_block **src) {
       (void)madvise(b->addr, b->size, MADV_DONTNEED);
       bh__block_unprotect(p, b);
       b->clean_returns = 0;
-    } else if (b->wp_pid != getpid() && b->size >= BH__WP_MIN && (b->clean_returns += b->clean_returns < 2) == 2) {
-      bh__block_protect(p, b);
+    } else if (b->wp_pid != getpid() && b->size >= BH__WP_MIN) {
+      if (b->clean_returns < 2) b->clean_returns++;
+      if (b->clean_returns == 2) bh__block_protect(p, b);
     }
   }
   /* Forwarded from here (b->spent): a third process got its memfd, so the
@@ -1159,11 +1160,10 @@ static void bh__block_protect(bh_pool *p, bh_block *b) {
   /* Only a block read here: one never touched is checked by a walk of no
    * page tables, where protecting it would put a marker in every page's
    * entry (tables it had none of) for each check to walk. */
+  int uffd = bh__pool_uffd(p); /* first: where it is refused, no scan at each return */
   uintptr_t at;
   int pm = bh__pool_pagemap(p);
-  if (pm < 0 || bh__scan_first(pm, b->addr, b->size, &at) != 1) return;
-  int uffd = bh__pool_uffd(p);
-  if (uffd < 0) return;
+  if (uffd < 0 || pm < 0 || bh__scan_first(pm, b->addr, b->size, &at) != 1) return;
   struct uffdio_register reg = {.range = {(uintptr_t)b->addr, b->size}, .mode = UFFDIO_REGISTER_MODE_WP};
   struct uffdio_writeprotect wp = {.range = {(uintptr_t)b->addr, b->size}, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
   if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return;
@@ -1182,10 +1182,11 @@ static void bh__block_protect(bh_pool *p, bh_block *b) {
  * maps no neighbours with a fault there: 64 MiB read 17 ms, against 4-5
  * ms with them). */
 static void bh__block_unprotect(bh_pool *p, bh_block *b) {
-  if (b->wp_pid == 0 || b->wp_pid != getpid()) return;
+  if (b->wp_pid != getpid()) return;
   b->wp_pid = 0;
+  /* Protected in this process: by p->uffd, which is this process's. */
   struct uffdio_range range = {(uintptr_t)b->addr, b->size};
-  if (p->uffd >= 0 && p->uffd_pid == getpid()) (void)ioctl(p->uffd, UFFDIO_UNREGISTER, &range);
+  (void)ioctl(p->uffd, UFFDIO_UNREGISTER, &range);
 }
 
 /* bh__range_clean of [addr, addr + n) in a copy-on-write block write-
@@ -1195,7 +1196,7 @@ static void bh__block_unprotect(bh_pool *p, bh_block *b) {
  * not registered after all (checked page by page). */
 static int bh__pool_range_clean(int fd, pid_t wp_pid, const void *addr, uint64_t n) {
   if (fd < 0) return bh__range_clean(addr, n);
-  if (wp_pid != 0 && wp_pid == getpid()) {
+  if (wp_pid == getpid()) { /* 0 (none) never is */
     uintptr_t at;
     int rc = bh__scan_pages(fd, addr, n, BH__PM_SCAN_CHECK_WPASYNC, 0, BH__PAGE_IS_WRITTEN, 0, &at);
     if (rc >= 0) return rc == 0;
@@ -1205,7 +1206,7 @@ static int bh__pool_range_clean(int fd, pid_t wp_pid, const void *addr, uint64_t
 
 int bh__block_write_protected(const bh_block *b) {
   pthread_mutex_lock(&b->pool->mu);
-  int on = b->private_map && b->wp_pid != 0 && b->wp_pid == getpid();
+  int on = b->private_map && b->wp_pid == getpid();
   pthread_mutex_unlock(&b->pool->mu);
   return on;
 }
